@@ -1,0 +1,157 @@
+"""Routing metrics and the simple baselines LOCUS is compared with, on the same arrays.
+
+Arrays: qvecs [Nq,Dq] float32 (unit norm); correct [M,Nq] int8 with 1/0 and -1 = missing. A score matrix is
+[M,N] over the queries being routed (higher = route there). A missing (model, query) counts as wrong when chosen;
+predictor metrics (accuracy, AUC, Brier) use observed entries only.
+"""
+from __future__ import annotations
+
+from math import comb
+
+import numpy as np
+import torch
+from sklearn.metrics import roc_auc_score
+
+
+# ---------------------------------------------------------------- metrics
+
+def topk_models(scores: np.ndarray, k: int) -> np.ndarray:
+    """[M,N] scores -> [k,N] model indices, best first; ties go to the lower model index (stable sort)."""
+    return np.argsort(-np.asarray(scores, dtype=np.float64), axis=0, kind="stable")[:k]
+
+
+def hit_at_k(scores: np.ndarray, correct: np.ndarray, k: int = 1) -> float:
+    """Share of queries where one of the k top-scored models answered correctly (missing = wrong)."""
+    top = topk_models(scores, k)                                  # [k,N]
+    right = np.take_along_axis(correct, top, axis=0) == 1         # [k,N]
+    return float(right.any(axis=0).mean())
+
+
+def oracle_hit(correct: np.ndarray) -> float:
+    return float((correct == 1).any(axis=0).mean())
+
+
+def random_hit_at_k(correct: np.ndarray, k: int = 1) -> float:
+    """Expected hit@k of k models drawn uniformly without replacement: 1 - C(M-c, k) / C(M, k) per query."""
+    M = correct.shape[0]
+    c = (correct == 1).sum(axis=0)
+    miss = np.array([comb(M - int(ci), k) / comb(M, k) for ci in c])
+    return float(1.0 - miss.mean())
+
+
+def predictor_metrics(probs: np.ndarray, correct: np.ndarray) -> dict:
+    """Accuracy (p > 0.5), ROC-AUC and Brier score of P(correct) over the observed entries."""
+    obs = correct >= 0
+    p, y = np.asarray(probs, dtype=np.float64)[obs], correct[obs].astype(np.float64)
+    return {"acc": float(((p > 0.5) == (y == 1)).mean()),
+            "auc": float(roc_auc_score(y, p)) if 0 < y.mean() < 1 else float("nan"),
+            "brier": float(((p - y) ** 2).mean())}
+
+
+def routing_report(scores: np.ndarray, correct: np.ndarray, probs: np.ndarray | None = None) -> dict:
+    out = {f"hit@{k}": hit_at_k(scores, correct, k) for k in (1, 3, 5)}
+    out["n_chosen"] = int(len(np.unique(topk_models(scores, 1))))   # how many distinct models get routed to
+    if probs is not None:
+        out.update(predictor_metrics(probs, correct))
+    return out
+
+
+# ---------------------------------------------------------------- baselines
+
+def model_accuracy(correct: np.ndarray) -> np.ndarray:
+    """[M] accuracy over observed entries."""
+    obs = correct >= 0
+    return (correct == 1).sum(1) / np.maximum(obs.sum(1), 1)
+
+
+def best_single_scores(correct: np.ndarray, train_idx, eval_idx) -> np.ndarray:
+    """Each model's train accuracy as its score on every query: routes everything to the best model."""
+    acc = model_accuracy(correct[:, train_idx])
+    return np.repeat(acc[:, None], len(eval_idx), axis=1)
+
+
+def knn_scores(qvecs: np.ndarray, correct: np.ndarray, train_idx, eval_idx, k: int) -> np.ndarray:
+    """Mean correctness of each model on the k most cosine-similar train queries (observed entries only)."""
+    tr, ev = np.asarray(train_idx), np.asarray(eval_idx)
+    y = correct[:, tr].astype(np.float32)                          # [M,Ntr]
+    obs = (y >= 0).astype(np.float32)
+    y = np.where(y > 0, 1.0, 0.0).astype(np.float32)
+    out = np.empty((correct.shape[0], len(ev)), dtype=np.float64)
+    for s in range(0, len(ev), 1024):                             # chunks keep the [n,Ntr] similarity small
+        sims = qvecs[ev[s:s + 1024]] @ qvecs[tr].T                 # [n,Ntr]
+        nn_idx = np.argpartition(-sims, k - 1, axis=1)[:, :k]      # [n,k]
+        hits = y[:, nn_idx].sum(-1)                                # [M,n]
+        seen = obs[:, nn_idx].sum(-1)
+        out[:, s:s + 1024] = hits / np.maximum(seen, 1)
+    return out
+
+
+def knn_router(qvecs, correct, train_idx, val_idx, ks=(5, 10, 20, 50, 100)) -> tuple[int, dict]:
+    """k chosen by validation hit@1 (ties: smaller k)."""
+    val = {k: hit_at_k(knn_scores(qvecs, correct, train_idx, val_idx, k), correct[:, val_idx]) for k in ks}
+    return max(ks, key=lambda k: (val[k], -k)), val
+
+
+class MF(torch.nn.Module):
+    """EmbedLLM-style matrix factorisation: logit = <e_m, W q> + b_m. One vector per known model."""
+
+    def __init__(self, n_models: int, d_query: int, dim: int):
+        super().__init__()
+        self.e = torch.nn.Embedding(n_models, dim)
+        self.w = torch.nn.Linear(d_query, dim)
+        self.b = torch.nn.Parameter(torch.zeros(n_models))
+        torch.nn.init.normal_(self.e.weight, std=dim ** -0.5)
+
+    def logits(self, q):                                           # q [N,Dq] -> [M,N]
+        return self.e.weight @ self.w(q).T + self.b[:, None]
+
+
+def train_mf(qvecs, correct, train_idx, val_idx, dim: int, seed: int = 0, epochs: int = 30, lr: float = 1e-3,
+             weight_decay: float = 1e-4, batch: int = 4096) -> tuple[MF, dict]:
+    """BCE on observed train pairs with Adam; the epoch with the best validation hit@1 (ties: lower BCE) is kept."""
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    tr = np.asarray(train_idx)
+    m_idx, n_idx = np.nonzero(correct[:, tr] >= 0)
+    pm, pn = torch.from_numpy(m_idx), torch.from_numpy(tr[n_idx])
+    py = torch.from_numpy((correct[m_idx, tr[n_idx]] == 1).astype(np.float32))
+    q = torch.from_numpy(qvecs)
+    qv, cv = q[np.asarray(val_idx)], correct[:, val_idx]
+    model = MF(correct.shape[0], qvecs.shape[1], dim)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    best, best_state = None, None
+    for ep in range(epochs):
+        model.train()
+        perm = torch.randperm(len(py), generator=g)
+        for s in range(0, len(perm), batch):
+            b = perm[s:s + batch]
+            logit = (model.e(pm[b]) * model.w(q[pn[b]])).sum(-1) + model.b[pm[b]]
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(logit, py[b])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        model.eval()
+        with torch.no_grad():
+            lv = model.logits(qv).numpy()
+        obs = cv >= 0
+        bce = float(torch.nn.functional.binary_cross_entropy_with_logits(
+            torch.from_numpy(lv[obs]), torch.from_numpy((cv[obs] == 1).astype(np.float32))))
+        key = (hit_at_k(lv, cv), -bce)
+        if best is None or key > best[0]:
+            best, best_state = (key, ep), {k: v.clone() for k, v in model.state_dict().items()}
+    model.load_state_dict(best_state)
+    model.eval()
+    return model, {"dim": dim, "epoch": best[1], "val_hit@1": best[0][0], "val_bce": -best[0][1]}
+
+
+def mf_router(qvecs, correct, train_idx, val_idx, dims=(16, 32, 64, 128), seed: int = 0, **kw) -> tuple[MF, dict]:
+    """Dimension chosen by validation hit@1 (ties: lower validation BCE)."""
+    runs = [train_mf(qvecs, correct, train_idx, val_idx, d, seed=seed, **kw) for d in dims]
+    model, info = max(runs, key=lambda r: (r[1]["val_hit@1"], -r[1]["val_bce"]))
+    info = dict(info, val_by_dim={r[1]["dim"]: r[1]["val_hit@1"] for r in runs})
+    return model, info
+
+
+def mf_probs(model: MF, qvecs, eval_idx) -> np.ndarray:
+    with torch.no_grad():
+        return torch.sigmoid(model.logits(torch.from_numpy(qvecs[np.asarray(eval_idx)]))).numpy()

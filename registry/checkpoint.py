@@ -1,0 +1,67 @@
+"""LOCUS checkpoints as safetensors bytes: tensors, plus config and meta as JSON in the header. Never unpickles.
+
+The header metadata holds one key (safetensors keeps metadata in a hash map, so with several keys their order in the
+file could vary between processes); its JSON is written with sorted keys, so saving the same model twice, or saving a
+loaded checkpoint again, gives the same bytes.
+"""
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import asdict, fields
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from .encoder import EncoderConfig, LocusModel
+
+FORMAT = "locus-checkpoint/1"
+_KEY = "locus"
+
+
+def save_checkpoint(model: LocusModel, config: EncoderConfig, meta: dict) -> bytes:
+    header = {"format": FORMAT, "config": asdict(config), "meta": meta}
+    text = json.dumps(header, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
+    return st_save(tensors, metadata={_KEY: text})
+
+
+def _read_header(blob: bytes) -> dict:
+    """The safetensors JSON header, checked by hand before any tensor is parsed; anything else is refused."""
+    if not isinstance(blob, (bytes, bytearray, memoryview)):
+        raise ValueError("checkpoint must be bytes")
+    blob = bytes(blob)
+    if blob[:1] == b"\x80" or blob[:2] == b"PK":
+        raise ValueError("checkpoint is a pickle / torch.save file, not safetensors; refusing to load it")
+    if len(blob) < 8:
+        raise ValueError("not a safetensors checkpoint (too short)")
+    (n,) = struct.unpack("<Q", blob[:8])
+    if n == 0 or 8 + n > len(blob) or blob[8:9] != b"{":
+        raise ValueError("not a safetensors checkpoint (bad header)")
+    try:
+        header = json.loads(blob[8:8 + n].decode("utf-8"))
+        text = header["__metadata__"][_KEY]
+        info = json.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ValueError(f"not a LOCUS safetensors checkpoint: {e}") from None
+    if info.get("format") != FORMAT:
+        raise ValueError(f"unknown checkpoint format {info.get('format')!r}")
+    return info
+
+
+def load_checkpoint(blob: bytes) -> tuple[LocusModel, EncoderConfig, dict]:
+    info = _read_header(blob)
+    known = {f.name for f in fields(EncoderConfig)}
+    unknown = set(info["config"]) - known
+    if unknown:
+        raise ValueError(f"checkpoint config has unknown fields {sorted(unknown)}")
+    config = EncoderConfig(**info["config"])
+    model = LocusModel(config)
+    tensors = st_load(bytes(blob))
+    missing, extra = set(model.state_dict()) - set(tensors), set(tensors) - set(model.state_dict())
+    if missing or extra:
+        raise ValueError(f"checkpoint tensors do not match the model: missing {sorted(missing)}, extra {sorted(extra)}")
+    model.load_state_dict(tensors, strict=True)
+    model.eval()
+    return model, config, info["meta"]

@@ -1,0 +1,130 @@
+"""LOCUS networks: a set encoder (evaluations of one model -> embedding z) and a correctness predictor (z, q -> logit).
+
+Shapes: B = models in a batch, N = rows (evaluations) per set, Dq = query-vector width, D = d_model, H = heads,
+K = inducing points. Masks are bool with True = real row; padded rows never reach z (every attention over the set
+masks them, and they are zeroed on entry). Blocks follow the Set Transformer paper (Lee et al. 2019): MAB, ISAB, PMA.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class EncoderConfig:
+    d_query: int = 384     # query-vector width (MiniLM)
+    d_model: int = 128     # encoder width, and the width of z and u
+    n_inducing: int = 64   # ISAB inducing points
+    n_heads: int = 4
+    n_isab: int = 2
+    d_hidden: int = 64     # predictor MLP hidden width
+    dropout: float = 0.1
+
+
+class MAB(nn.Module):
+    """Multihead attention block: MAB(X, Y) = LN(H + rFF(H)), H = LN(X + Attn(X, Y, Y))."""
+
+    def __init__(self, d: int, n_heads: int, dropout: float):
+        super().__init__()
+        self.n_heads = n_heads
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.ff = nn.Sequential(nn.Linear(d, d), nn.ReLU(), nn.Linear(d, d))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x, y, y_mask=None):
+        # x [B,Nx,D] queries; y [B,Ny,D] keys/values; y_mask [B,Ny] bool or None (all real)
+        B, Nx, D = x.shape
+        Ny, H = y.shape[1], self.n_heads
+        split = lambda t, n: t.view(B, n, H, D // H).transpose(1, 2)           # [B,H,n,D/H]
+        q, k, v = split(self.q(x), Nx), split(self.k(y), Ny), split(self.v(y), Ny)
+        attn_mask = None if y_mask is None else y_mask[:, None, None, :]      # [B,1,1,Ny] True = attend
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)     # [B,H,Nx,D/H]
+        a = a.transpose(1, 2).reshape(B, Nx, D)                              # [B,Nx,D]
+        h = self.ln1(x + self.drop(self.o(a)))
+        return self.ln2(h + self.drop(self.ff(h)))                           # [B,Nx,D]
+
+
+class ISAB(nn.Module):
+    """Induced set attention: K learned points read the (masked) set, then the set reads them back: O(N*K)."""
+
+    def __init__(self, d: int, n_heads: int, n_inducing: int, dropout: float):
+        super().__init__()
+        self.inducing = nn.Parameter(torch.randn(1, n_inducing, d) / d ** 0.5)  # [1,K,D]
+        self.mab_in = MAB(d, n_heads, dropout)
+        self.mab_out = MAB(d, n_heads, dropout)
+
+    def forward(self, x, mask):
+        # x [B,N,D], mask [B,N]
+        h = self.mab_in(self.inducing.expand(x.shape[0], -1, -1), x, mask)   # [B,K,D], padded rows masked out
+        return self.mab_out(x, h)                                            # [B,N,D]; padded rows: junk, never read
+
+
+class PMA(nn.Module):
+    """Pooling by multihead attention with learned seeds: [B,N,D] -> [B,S,D]."""
+
+    def __init__(self, d: int, n_heads: int, n_seeds: int, dropout: float):
+        super().__init__()
+        self.seeds = nn.Parameter(torch.randn(1, n_seeds, d) / d ** 0.5)     # [1,S,D]
+        self.mab = MAB(d, n_heads, dropout)
+
+    def forward(self, x, mask):
+        return self.mab(self.seeds.expand(x.shape[0], -1, -1), x, mask)      # [B,S,D]
+
+
+class LocusModel(nn.Module):
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__()
+        self.cfg = cfg
+        d, dq = cfg.d_model, cfg.d_query
+        # encoder
+        self.inp = nn.Linear(2 * dq + 1, d)                                  # row [q, y, q*(2y-1)] -> D
+        self.isabs = nn.ModuleList(ISAB(d, cfg.n_heads, cfg.n_inducing, cfg.dropout) for _ in range(cfg.n_isab))
+        self.pma = PMA(d, cfg.n_heads, 1, cfg.dropout)
+        self.out = nn.Linear(d, d)
+        # predictor ("decoder"): first layer split into the z, u and z*u parts so M x N scoring never builds [M,N,3D]
+        self.q_proj = nn.Linear(dq, d)                                       # u = Linear(q)
+        self.w_z = nn.Linear(d, cfg.d_hidden)                                # carries the hidden bias
+        self.w_u = nn.Linear(d, cfg.d_hidden, bias=False)
+        self.w_zu = nn.Linear(d, cfg.d_hidden, bias=False)
+        self.head = nn.Linear(cfg.d_hidden, 1)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def embed(self, q, y, mask):
+        # q [B,N,Dq] float, y [B,N] float 0/1, mask [B,N] bool -> z [B,D]
+        y = y.to(q.dtype)[..., None]                                         # [B,N,1]
+        x = torch.cat([q, y, q * (2 * y - 1)], dim=-1)                       # [B,N,2Dq+1]
+        x = x.masked_fill(~mask[..., None], 0.0)                             # padded values never enter, even NaN
+        h = self.inp(x)                                                      # [B,N,D]
+        for isab in self.isabs:
+            h = isab(h, mask)                                                # [B,N,D]
+        return self.out(self.pma(h, mask)[:, 0])                             # [B,D]
+
+    def query_proj(self, q):
+        return self.q_proj(q)                                                # [N,Dq] -> u [N,D]
+
+    def predict_logits(self, z, q, chunk_elems: int = 1 << 24):
+        # z [M,D], q [N,Dq] -> logits [M,N]; u is computed once per query, the z*u term as M*Hd rows x N matmul
+        u = self.query_proj(q)                                               # [N,D]
+        return self.logits_from_u(z, u, chunk_elems)
+
+    def logits_from_u(self, z, u, chunk_elems: int = 1 << 24):
+        M, D = z.shape
+        Hd = self.cfg.d_hidden
+        a = self.w_z(z)                                                      # [M,Hd] (with bias)
+        zw = (z[:, None, :] * self.w_zu.weight[None]).reshape(M * Hd, D)     # [M*Hd,D]: row (m,h) = z_m * W_zu[h]
+        step = max(1, chunk_elems // max(1, M * Hd))                         # queries per chunk, bounds memory
+        out = []
+        for s in range(0, u.shape[0], step):
+            uc = u[s:s + step]                                               # [n,D]
+            pre = (zw @ uc.T).view(M, Hd, -1)                                # [M,Hd,n] = W_zu (z*u)
+            pre = pre + a[:, :, None] + self.w_u(uc).T[None]                 # + W_z z + b + W_u u
+            h = self.drop(F.relu(pre))                                       # [M,Hd,n]
+            out.append(torch.einsum("mhn,h->mn", h, self.head.weight[0]) + self.head.bias)  # [M,n]
+        return torch.cat(out, dim=1)                                         # [M,N]
+
+    def n_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())

@@ -1,0 +1,494 @@
+"""Bulk import of models, queries, evaluations and splits, validated, in one transaction.
+
+Files are read by DuckDB itself (`read_csv`, `read_json`, `read_parquet`, gzip included) into temporary stage tables,
+checked with a few set-based queries, and written with `INSERT ... SELECT`: no row goes through the ORM. Any problem
+raises `InputError` naming the file, the line and the problem, and the transaction rolls back, so a failed import
+leaves the database exactly as it was.
+
+Line numbers: for CSV, line = record number + 1 (the header is line 1); for JSONL, the record number; for Parquet,
+the row number.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pyarrow as pa
+
+from . import textvec
+from .errors import InputError
+from .store import Tx
+
+# Accepted column names, first one canonical.
+COLUMNS = {
+    "models": {"name": ("model", "name"), "family": ("family",), "provider": ("provider",),
+               "params_b": ("params_b", "params", "parameters_b"), "cost": ("cost", "price"),
+               "open_weights": ("open_weights", "open"), "tags": ("tags",)},
+    "queries": {"id": ("question_id", "query_id", "id"), "text": ("question", "text", "query"),
+                "category": ("category",), "source": ("source", "benchmark"), "options": ("options", "choices")},
+    "evaluations": {"model": ("model", "model_name"), "qid": ("question_id", "query_id", "query", "id"),
+                    "correct": ("correct", "score", "label")},
+    "splits": {"qid": ("question_id", "query_id", "query", "id"), "split": ("split",)},
+}
+REQUIRED = {"models": ("name",), "queries": ("id", "text"), "evaluations": ("model", "qid", "correct"),
+            "splits": ("qid", "split")}
+DIR_FILES = {"models": ("models",), "queries": ("questions", "queries"), "evaluations": ("evaluations",),
+             "splits": ("splits",)}
+SUFFIXES = (".csv", ".csv.gz", ".jsonl", ".jsonl.gz", ".ndjson", ".json", ".parquet")
+SPLIT_NAMES = {"train": "train", "val": "val", "valid": "val", "validation": "val", "dev": "val", "test": "test"}
+TRUE_FALSE = "CASE lower(trim({c})) WHEN '1' THEN true WHEN 'true' THEN true WHEN '0' THEN false " \
+             "WHEN 'false' THEN false ELSE NULL END"
+
+
+@dataclass
+class ImportResult:
+    batch_id: int | None
+    already_imported: bool = False
+    models_added: int = 0
+    models_updated: int = 0
+    queries_added: int = 0
+    evaluations_read: int = 0
+    evaluations_added: int = 0
+    splits_set: int = 0
+    texts_embedded: int = 0
+    affected_models: list[str] = field(default_factory=list)
+    ignored_columns: dict[str, list[str]] = field(default_factory=dict)
+
+
+@dataclass
+class Staged:
+    """A file read into a temporary table `table` with canonical column names and a `line` column."""
+    kind: str
+    path: str
+    table: str
+    rows: int
+    ignored: list[str]
+
+
+# --- locating and reading files ----------------------------------------------------------------------------------
+
+def files_in_dir(directory: str | Path) -> dict[str, str]:
+    """A folder laid out like ../shared/data/mmlu-pro: models.csv, questions.csv.gz, evaluations.csv.gz, splits.csv."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise InputError("not a directory", file=str(directory))
+    found: dict[str, str] = {}
+    for kind, stems in DIR_FILES.items():
+        for stem in stems:
+            for suffix in SUFFIXES:
+                candidate = directory / f"{stem}{suffix}"
+                if candidate.is_file() and kind not in found:
+                    found[kind] = str(candidate)
+    if not found:
+        raise InputError("no models, questions, evaluations or splits file found", file=str(directory))
+    return found
+
+
+def _file_format(path: str) -> str:
+    name = path.lower().removesuffix(".gz")
+    if name.endswith(".parquet"):
+        return "parquet"
+    if name.endswith((".jsonl", ".ndjson", ".json")):
+        return "jsonl"
+    return "csv"
+
+
+def _check_path(path: str) -> None:
+    p = Path(path)
+    if not p.exists():
+        raise InputError("no such file", file=path)
+    if p.is_dir():
+        raise InputError("is a directory, not a file", file=path)
+    if p.stat().st_size == 0:
+        raise InputError("file is empty", file=path)
+
+
+def _duck_error(path: str, exc: Exception) -> InputError:
+    """DuckDB's reader errors are many lines long; keep the line number and the first sentence of the problem."""
+    import re
+
+    text = str(exc)
+    line = re.search(r"[Ll]ine:? (\d+)", text)
+    first = text.splitlines()[0]
+    for prefix in ("Invalid Input Error: ", "IO Error: ", "Conversion Error: ", "Binder Error: "):
+        first = first.removeprefix(prefix)
+    if "unicode" in text.lower() or "utf-8" in text.lower() or "utf8" in text.lower():
+        first = "invalid UTF-8 (the file must be UTF-8 encoded)"
+    elif "gzip" in text.lower():
+        first = "truncated or corrupt gzip file"
+    if line and "CSV Error on Line" in first:
+        first = "malformed CSV row"
+    return InputError(first.strip().rstrip("."), file=path, line=int(line.group(1)) if line else None)
+
+
+def _sql_str(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def stage(tx: Tx, kind: str, path: str, table: str) -> Staged:
+    """Read one file into a temporary table with canonical columns (all VARCHAR) and its line numbers."""
+    _check_path(path)
+    fmt = _file_format(path)
+    src = {"csv": f"read_csv({_sql_str(path)}, header=true, all_varchar=true)",
+           "jsonl": f"read_json({_sql_str(path)}, format='newline_delimited')",
+           "parquet": f"read_parquet({_sql_str(path)})"}[fmt]
+    first_line = {"csv": 2, "jsonl": 1, "parquet": 1}[fmt]
+    try:
+        described = tx.sql(f"DESCRIBE SELECT * FROM {src}")
+    except Exception as exc:
+        raise _duck_error(path, exc) from None
+    types = {row[0].strip().lower(): (row[0], row[1]) for row in described}
+    chosen: dict[str, str] = {}
+    for canon, aliases in COLUMNS[kind].items():
+        for alias in aliases:
+            if alias in types:
+                chosen[canon] = alias
+                break
+    missing = [c for c in REQUIRED[kind] if c not in chosen]
+    if missing:
+        wanted = " or ".join(repr(a) for a in COLUMNS[kind][missing[0]])
+        raise InputError(f"missing column {wanted} (found: {', '.join(types) or 'none'})", file=path, line=1)
+    if fmt == "parquet":
+        _check_parquet_types(kind, path, chosen, types)
+    selects = []
+    for canon, alias in chosen.items():
+        original, dtype = types[alias]
+        col = '"' + original.replace('"', '""') + '"'
+        expr = f"to_json({col})::VARCHAR" if dtype.endswith("[]") or dtype.startswith(("STRUCT", "MAP")) \
+            else f"CAST({col} AS VARCHAR)"
+        selects.append(f"{expr} AS {canon}")
+    ignored = [types[c][0] for c in types if c not in chosen.values()]
+    if kind == "models":  # kept, as tags
+        selects += ['CAST("{0}" AS VARCHAR) AS "x:{0}"'.format(c.replace('"', '""')) for c in ignored]
+        ignored = []
+    try:
+        tx.duck.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT {', '.join(selects)} FROM {src}")
+        # rowid follows the file's order (insertion order is preserved), so it gives the line number.
+        tx.duck.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT rowid + {first_line} AS line, * FROM {table}")
+        rows = tx.sql(f"SELECT count(*) FROM {table}")[0][0]
+    except Exception as exc:
+        raise _duck_error(path, exc) from None
+    if rows == 0:
+        raise InputError("no rows (only a header)", file=path)
+    return Staged(kind, path, table, rows, ignored)
+
+
+def _check_parquet_types(kind: str, path: str, chosen: dict[str, str], types: dict[str, tuple[str, str]]) -> None:
+    numeric = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT", "HUGEINT")
+    expected = {("evaluations", "correct"): ("BOOLEAN",) + numeric,
+                ("evaluations", "model"): ("VARCHAR",),
+                ("evaluations", "qid"): ("VARCHAR",) + numeric,
+                ("queries", "id"): ("VARCHAR",) + numeric,
+                ("queries", "text"): ("VARCHAR",),
+                ("splits", "split"): ("VARCHAR",)}
+    for canon, alias in chosen.items():
+        allowed = expected.get((kind, canon))
+        dtype = types[alias][1]
+        if allowed and dtype not in allowed:
+            raise InputError(f"column {types[alias][0]!r} has type {dtype}, expected {' or '.join(allowed)}",
+                             file=path)
+
+
+def _first_bad(tx: Tx, staged: Staged, condition: str, message: str, value_col: str | None = None) -> None:
+    value = f", {value_col}" if value_col else ""
+    row = tx.sql(f"SELECT line{value} FROM {staged.table} WHERE {condition} ORDER BY line LIMIT 1")
+    if row:
+        shown = repr(row[0][1]) if value_col else ""
+        raise InputError(message.format(value=shown), file=staged.path, line=int(row[0][0]))
+
+
+# --- per kind -----------------------------------------------------------------------------------------------------
+
+def _bool_or_none(raw: str | None, path: str, line: int, column: str) -> bool | None:
+    if raw is None or raw.strip() == "":
+        return None
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes"):
+        return True
+    if value in ("0", "false", "no"):
+        return False
+    raise InputError(f"{column} must be true or false, got {raw!r}", file=path, line=line)
+
+
+def _float_or_none(raw: str | None, path: str, line: int, column: str) -> float | None:
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise InputError(f"{column} must be a number, got {raw!r}", file=path, line=line) from None
+    if math.isnan(value) or math.isinf(value) or value < 0:
+        raise InputError(f"{column} must be a non-negative finite number, got {raw!r}", file=path, line=line)
+    return value
+
+
+def _parse_tags(raw: str | None, path: str, line: int) -> dict:
+    if raw is None or raw.strip() == "":
+        return {}
+    raw = raw.strip()
+    if raw.startswith("{"):
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            raise InputError("tags must be a JSON object or k=v;k=v", file=path, line=line) from None
+        if isinstance(value, dict):
+            return value
+    tags = {}
+    for part in raw.split(";"):
+        if "=" not in part:
+            raise InputError(f"tag {part!r} is not k=v", file=path, line=line)
+        k, v = part.split("=", 1)
+        tags[k.strip()] = v.strip()
+    return tags
+
+
+def import_models(tx: Tx, staged: Staged, result: ImportResult) -> None:
+    """Models are metadata-sized: validated in Python, written with two bulk statements."""
+    names = [d[0] for d in tx.duck.execute(f"SELECT * FROM {staged.table} LIMIT 0").description]
+    rows = tx.sql(f"SELECT * FROM {staged.table} ORDER BY line")
+    parsed, seen = [], {}
+    for row in rows:
+        rec = dict(zip(names, row))
+        line = int(rec["line"])
+        name = (rec.get("name") or "").strip()
+        if not name:
+            raise InputError("empty model name", file=staged.path, line=line)
+        if name in seen:
+            raise InputError(f"model {name!r} listed twice (lines {seen[name]} and {line})", file=staged.path,
+                             line=line)
+        seen[name] = line
+        tags = _parse_tags(rec.get("tags"), staged.path, line)
+        # columns we do not model (e.g. instruction_tuned) become tags: nothing the user gave is lost
+        tags.update({k[2:]: v for k, v in rec.items() if k.startswith("x:") and v not in (None, "")})
+        parsed.append({"name": name, "family": rec.get("family") or None, "provider": rec.get("provider") or None,
+                       "params_b": _float_or_none(rec.get("params_b"), staged.path, line, "params_b"),
+                       "cost": _float_or_none(rec.get("cost"), staged.path, line, "cost"),
+                       "open_weights": _bool_or_none(rec.get("open_weights"), staged.path, line, "open_weights"),
+                       "tags": json.dumps(tags, sort_keys=True)})
+    upsert_models(tx, parsed, result)
+
+
+def upsert_models(tx: Tx, parsed: list[dict], result: ImportResult) -> None:
+    """Insert new models; update the metadata of known ones where it changed."""
+    if not parsed:
+        return
+    fields = ["name", "family", "provider", "params_b", "cost", "open_weights", "tags"]
+    table = pa.Table.from_pylist(parsed, schema=pa.schema([
+        ("name", pa.string()), ("family", pa.string()), ("provider", pa.string()), ("params_b", pa.float64()),
+        ("cost", pa.float64()), ("open_weights", pa.bool_()), ("tags", pa.string())]))
+    tx.duck.register("_models_in", table)
+    try:
+        changed = tx.sql("""
+            SELECT count(*) FROM _models_in i JOIN models m ON m.name = i.name
+            WHERE m.family IS DISTINCT FROM i.family OR m.provider IS DISTINCT FROM i.provider
+               OR m.params_b IS DISTINCT FROM i.params_b OR m.cost IS DISTINCT FROM i.cost
+               OR m.open_weights IS DISTINCT FROM i.open_weights OR m.tags::VARCHAR IS DISTINCT FROM i.tags""")[0][0]
+        if changed:
+            tx.duck.execute("""
+                UPDATE models SET family = i.family, provider = i.provider, params_b = i.params_b, cost = i.cost,
+                                  open_weights = i.open_weights, tags = i.tags::JSON
+                FROM _models_in i WHERE models.name = i.name AND (
+                    models.family IS DISTINCT FROM i.family OR models.provider IS DISTINCT FROM i.provider
+                    OR models.params_b IS DISTINCT FROM i.params_b OR models.cost IS DISTINCT FROM i.cost
+                    OR models.open_weights IS DISTINCT FROM i.open_weights
+                    OR models.tags::VARCHAR IS DISTINCT FROM i.tags)""")
+        added = tx.sql(f"""
+            INSERT INTO models ({', '.join(fields)})
+            SELECT name, family, provider, params_b, cost, open_weights, tags::JSON FROM _models_in
+            WHERE name NOT IN (SELECT name FROM models) RETURNING name""")
+    finally:
+        tx.duck.unregister("_models_in")
+    result.models_added += len(added)
+    result.models_updated += int(changed)
+
+
+def import_queries(tx: Tx, staged: Staged, result: ImportResult) -> None:
+    """Queries: the text embedded is the question plus its lettered options; its sha256 is the content hash."""
+    has = {d[0] for d in tx.duck.execute(f"SELECT * FROM {staged.table} LIMIT 0").description}
+    pick = ", ".join(c if c in has else f"NULL AS {c}" for c in ("id", "text", "category", "source", "options"))
+    _first_bad(tx, staged, "id IS NULL OR trim(id) = ''", "empty query id")
+    _first_bad(tx, staged, "text IS NULL OR trim(text) = ''", "empty query text")
+    rows = tx.sql(f"SELECT line, {pick} FROM {staged.table} ORDER BY line")
+    out, seen = [], {}
+    for line, qid, question, category, source, options in rows:
+        qid = qid.strip()
+        try:
+            opts = textvec.parse_options(options)
+        except (ValueError, json.JSONDecodeError):
+            raise InputError(f"options of query {qid!r} must be a JSON list", file=staged.path, line=line) from None
+        text = textvec.query_text(question, opts)
+        digest = textvec.content_hash(text)
+        if qid in seen:
+            if seen[qid] != digest:
+                raise InputError(f"query id {qid!r} appears twice with different text", file=staged.path, line=line)
+            continue
+        seen[qid] = digest
+        out.append({"external_id": qid, "source": source or None, "category": category or None, "text": text,
+                    "content_hash": digest, "line": line})
+    table = pa.Table.from_pylist(out)
+    tx.duck.register("_queries_in", table)
+    try:
+        clash = tx.sql("""SELECT i.line, i.external_id FROM _queries_in i JOIN queries q ON q.external_id = i.external_id
+                          WHERE q.content_hash <> i.content_hash ORDER BY i.line LIMIT 1""")
+        if clash:
+            raise InputError(f"query id {clash[0][1]!r} is already registered with a different text",
+                             file=staged.path, line=int(clash[0][0]))
+        added = tx.sql("""INSERT INTO queries (external_id, source, category, text, content_hash)
+                          SELECT external_id, source, category, text, content_hash FROM _queries_in
+                          WHERE external_id NOT IN (SELECT external_id FROM queries) RETURNING id""")
+    finally:
+        tx.duck.unregister("_queries_in")
+    result.queries_added += len(added)
+
+
+def import_evaluations(tx: Tx, staged: Staged, batch_id: int, result: ImportResult) -> None:
+    """Validate with set-based queries, then append only what is new or changed (the newest evaluation counts)."""
+    t = staged.table
+    tx.duck.execute(f"""CREATE OR REPLACE TEMP TABLE {t}_n AS
+        SELECT line, trim(model) AS model, trim(qid) AS qid, correct AS raw, {TRUE_FALSE.format(c='correct')} AS c
+        FROM {t}""")
+    n = _Checked(tx, staged, f"{t}_n")
+    n.bad("model IS NULL OR model = ''", "empty model name")
+    n.bad("qid IS NULL OR qid = ''", "empty query id")
+    n.bad("c IS NULL", "correct must be 0, 1, true or false, got {value}", "raw")
+    n.bad(f"qid NOT IN (SELECT external_id FROM queries)",
+          "unknown query id {value} (import the query first, e.g. with --queries)", "qid")
+    dup = tx.sql(f"""SELECT model, qid, min(line), max(line) FROM {t}_n GROUP BY model, qid
+                     HAVING count(DISTINCT c) > 1 ORDER BY min(line) LIMIT 1""")
+    if dup:
+        m, q, first, last = dup[0]
+        raise InputError(f"model {m!r}, query {q!r} appears twice with different results (lines {first} and {last})",
+                         file=staged.path, line=int(last))
+    new_models = tx.sql(f"""INSERT INTO models (name, tags)
+                            SELECT DISTINCT model, '{{}}'::JSON FROM {t}_n
+                            WHERE model NOT IN (SELECT name FROM models) RETURNING name""")
+    result.models_added += len(new_models)
+    affected = tx.sql(f"""
+        INSERT INTO evaluations (model_id, query_id, correct, batch_id)
+        SELECT DISTINCT m.id, q.id, e.c, {int(batch_id)}
+        FROM {t}_n e JOIN models m ON m.name = e.model JOIN queries q ON q.external_id = e.qid
+        LEFT JOIN (SELECT model_id, query_id, arg_max(correct, batch_id) AS correct
+                   FROM evaluations GROUP BY model_id, query_id) cur
+               ON cur.model_id = m.id AND cur.query_id = q.id
+        WHERE cur.correct IS DISTINCT FROM e.c
+        RETURNING model_id""")
+    result.evaluations_read += staged.rows
+    result.evaluations_added += len(affected)
+    if affected:
+        ids = sorted({r[0] for r in affected})
+        names = tx.sql(f"SELECT name FROM models WHERE id IN ({', '.join(map(str, ids))}) ORDER BY name")
+        result.affected_models = sorted(set(result.affected_models) | {r[0] for r in names})
+
+
+def import_splits(tx: Tx, staged: Staged, result: ImportResult) -> None:
+    t = staged.table
+    cases = " ".join(f"WHEN '{k}' THEN '{v}'" for k, v in SPLIT_NAMES.items())
+    tx.duck.execute(f"""CREATE OR REPLACE TEMP TABLE {t}_n AS
+        SELECT line, trim(qid) AS qid, split AS raw, CASE lower(trim(split)) {cases} ELSE NULL END AS split FROM {t}""")
+    n = _Checked(tx, staged, f"{t}_n")
+    n.bad("split IS NULL", "split must be train, val or test, got {value}", "raw")
+    n.bad("qid NOT IN (SELECT external_id FROM queries)", "unknown query id {value}", "qid")
+    dup = tx.sql(f"SELECT qid, max(line) FROM {t}_n GROUP BY qid HAVING count(DISTINCT split) > 1 LIMIT 1")
+    if dup:
+        raise InputError(f"query {dup[0][0]!r} is given two different splits", file=staged.path, line=int(dup[0][1]))
+    changed = tx.sql(f"""
+        INSERT OR REPLACE INTO query_splits (query_id, split)
+        SELECT DISTINCT q.id, s.split FROM {t}_n s JOIN queries q ON q.external_id = s.qid
+        LEFT JOIN query_splits cur ON cur.query_id = q.id
+        WHERE cur.split IS DISTINCT FROM s.split RETURNING query_id""")
+    result.splits_set += len(changed)
+
+
+@dataclass
+class _Checked:
+    tx: Tx
+    staged: Staged
+    table: str
+
+    def bad(self, condition: str, message: str, value_col: str | None = None) -> None:
+        _first_bad(self.tx, Staged(self.staged.kind, self.staged.path, self.table, 0, []), condition, message,
+                   value_col)
+
+
+# --- text vectors -------------------------------------------------------------------------------------------------
+
+def embed_missing_texts(tx: Tx, progress: bool = False,
+                        encode: Callable[[list[str]], "object"] | None = None) -> int:
+    """Embed every query text that has no vector under the current text encoder; each text exactly once."""
+    missing = tx.sql(f"""
+        SELECT DISTINCT q.content_hash, q.text FROM queries q
+        WHERE q.content_hash NOT IN (SELECT content_hash FROM text_vectors WHERE text_encoder = ?)
+        ORDER BY q.content_hash""", [textvec.TEXT_ENCODER])
+    if not missing:
+        return 0
+    hashes = [r[0] for r in missing]
+    vectors = (encode or (lambda texts: textvec.encode(texts, progress=progress)))([r[1] for r in missing])
+    table = pa.table({"content_hash": hashes, "text_encoder": [textvec.TEXT_ENCODER] * len(hashes),
+                      "vector": pa.array(list(vectors), type=pa.list_(pa.float32()))})
+    tx.duck.register("_vectors_in", table)
+    try:
+        tx.duck.execute("INSERT INTO text_vectors (content_hash, text_encoder, vector) "
+                        "SELECT content_hash, text_encoder, vector FROM _vectors_in")
+    finally:
+        tx.duck.unregister("_vectors_in")
+    return len(hashes)
+
+
+# --- the whole import -----------------------------------------------------------------------------------------------
+
+def files_digest(files: dict[str, str]) -> str:
+    h = hashlib.sha256()
+    for kind in sorted(files):
+        h.update(kind.encode())
+        with open(files[kind], "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def run_import(tx: Tx, files: dict[str, str], progress: bool = False, embed_texts: bool = True,
+               on_evaluations: Callable[[Tx, int, ImportResult], None] | None = None) -> ImportResult:
+    """Import the given files (keys: models, queries, evaluations, splits) inside the caller's transaction."""
+    for path in files.values():
+        _check_path(path)
+    digest = files_digest(files)
+    done = tx.sql("SELECT id FROM import_batches WHERE digest = ? LIMIT 1", [digest])
+    if done:  # the very same files were imported before: nothing to add, nothing to re-embed
+        return ImportResult(batch_id=int(done[0][0]), already_imported=True)
+    batch_id = int(tx.sql("SELECT nextval('import_batches_id_seq')")[0][0])
+    result = ImportResult(batch_id=batch_id)
+    staged = {kind: stage(tx, kind, files[kind], f"_stage_{kind}") for kind in
+              ("models", "queries", "evaluations", "splits") if kind in files}
+    for kind, s in staged.items():
+        if s.ignored and kind != "models":
+            result.ignored_columns[Path(s.path).name] = s.ignored
+    if "models" in staged:
+        import_models(tx, staged["models"], result)
+    if "queries" in staged:
+        import_queries(tx, staged["queries"], result)
+    if "evaluations" in staged:
+        import_evaluations(tx, staged["evaluations"], batch_id, result)
+    if "splits" in staged:
+        import_splits(tx, staged["splits"], result)
+    if embed_texts:
+        result.texts_embedded = embed_missing_texts(tx, progress=progress)
+    for s in staged.values():
+        tx.duck.execute(f"DROP TABLE IF EXISTS {s.table}; DROP TABLE IF EXISTS {s.table}_n")
+    changed = (result.models_added or result.models_updated or result.queries_added or result.evaluations_added
+               or result.splits_set)
+    if not changed:
+        result.batch_id = None
+        return result
+    counts = {"models_added": result.models_added, "models_updated": result.models_updated,
+              "queries_added": result.queries_added, "evaluations_read": result.evaluations_read,
+              "evaluations_added": result.evaluations_added, "splits_set": result.splits_set}
+    tx.duck.execute("INSERT INTO import_batches (id, files, row_counts, digest) VALUES (?, ?, ?, ?)",
+                    [batch_id, json.dumps({k: str(Path(v).resolve()) for k, v in files.items()}),
+                     json.dumps(counts), digest])
+    if on_evaluations is not None and result.evaluations_added:
+        on_evaluations(tx, batch_id, result)
+    return result

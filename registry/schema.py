@@ -1,0 +1,98 @@
+"""The registry's tables, as SQLAlchemy ORM classes. The schema itself is built only by the Alembic migrations in
+`alembic/versions/`; a test checks that what they build equals what these classes describe.
+
+DuckDB notes that shape this file (../shared/notes/stack-facts.md):
+- no SERIAL/IDENTITY: integer keys come from a named Sequence with a server default;
+- no database-level foreign keys: DuckDB forbids ALTERing a referenced table and checks every bulk row, so later
+  migrations could only ever add tables. References are kept by our code, inside one transaction per operation;
+- evaluations have no primary key or index on purpose: they are bulk-loaded, append-only rows (the newest
+  evaluation of a (model, query) pair counts; see the `current_evaluations` view).
+"""
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import (JSON, Boolean, Double, Float, Integer, LargeBinary, Sequence, String, UniqueConstraint,
+                        func)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import ARRAY, DateTime, UserDefinedType
+
+
+class FixedVector(UserDefinedType):
+    """DuckDB FLOAT[n]: a fixed-length array, so a vector of the wrong length is refused by the database."""
+    cache_ok = True
+
+    def __init__(self, dim: int):
+        self.dim = dim
+
+    def get_col_spec(self, **kw):
+        return f"FLOAT[{self.dim}]"
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+def _id(seq_name: str):
+    seq = Sequence(seq_name)
+    return mapped_column(Integer, seq, server_default=seq.next_value(), primary_key=True)
+
+
+class Model(Base):
+    __tablename__ = "models"
+    id: Mapped[int] = _id("models_id_seq")
+    name: Mapped[str] = mapped_column(String, unique=True, nullable=False)
+    family: Mapped[str | None] = mapped_column(String)
+    provider: Mapped[str | None] = mapped_column(String)
+    params_b: Mapped[float | None] = mapped_column(Double)
+    cost: Mapped[float | None] = mapped_column(Double)
+    open_weights: Mapped[bool | None] = mapped_column(Boolean)
+    tags: Mapped[dict | None] = mapped_column(JSON)
+    created: Mapped[datetime] = mapped_column(DateTime, server_default=func.now(), nullable=False)
+
+
+class Query(Base):
+    __tablename__ = "queries"
+    id: Mapped[int] = _id("queries_id_seq")
+    external_id: Mapped[str] = mapped_column(String, unique=True, nullable=False)
+    source: Mapped[str | None] = mapped_column(String)
+    category: Mapped[str | None] = mapped_column(String)
+    text: Mapped[str] = mapped_column(String, nullable=False)  # as embedded: question plus lettered options
+    content_hash: Mapped[str] = mapped_column(String, nullable=False)  # sha256 of text
+    created: Mapped[datetime] = mapped_column(DateTime, server_default=func.now(), nullable=False)
+
+
+class TextVector(Base):
+    """One vector per (text, text encoder): a text already embedded is never embedded again."""
+    __tablename__ = "text_vectors"
+    content_hash: Mapped[str] = mapped_column(String, primary_key=True)
+    text_encoder: Mapped[str] = mapped_column(String, primary_key=True)
+    vector: Mapped[list[float]] = mapped_column(ARRAY(Float), nullable=False)
+    created: Mapped[datetime] = mapped_column(DateTime, server_default=func.now(), nullable=False)
+
+
+class ImportBatch(Base):
+    __tablename__ = "import_batches"
+    id: Mapped[int] = _id("import_batches_id_seq")
+    files: Mapped[dict] = mapped_column(JSON, nullable=False)       # {"evaluations": "/path/file.csv.gz", ...}
+    row_counts: Mapped[dict] = mapped_column(JSON, nullable=False)  # rows read and rows added, per kind
+    digest: Mapped[str] = mapped_column(String, nullable=False)     # sha256 over the files' bytes
+    created: Mapped[datetime] = mapped_column(DateTime, server_default=func.now(), nullable=False)
+
+
+class Evaluation(Base):
+    __tablename__ = "evaluations"
+    # No primary key in the database (bulk-loaded, append-only); the ORM needs one to map the class.
+    __mapper_args__ = {"primary_key": ["model_id", "query_id", "batch_id"]}
+    model_id: Mapped[int] = mapped_column(Integer, nullable=False)
+    query_id: Mapped[int] = mapped_column(Integer, nullable=False)
+    correct: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    batch_id: Mapped[int] = mapped_column(Integer, nullable=False)
+    created: Mapped[datetime] = mapped_column(DateTime, server_default=func.now(), nullable=False)
+
+
+class QuerySplit(Base):
+    """Which queries are train, validation and test, so that every figure is on the same test set."""
+    __tablename__ = "query_splits"
+    query_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    split: Mapped[str] = mapped_column(String, nullable=False)  # train | val | test

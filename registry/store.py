@@ -1,0 +1,127 @@
+"""The DuckDB file behind the registry: engine, migrations, and one managed transaction per public operation.
+
+Bulk rows go through the DuckDB connection that the SQLAlchemy session holds (`Tx.duck`), so native bulk paths
+(`read_csv`, Arrow) and ORM rows share one transaction: an import commits whole or not at all.
+"""
+from __future__ import annotations
+
+import os
+import re
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from sqlalchemy import create_engine, text
+from sqlalchemy.orm import Session
+
+from .errors import DatabaseLocked, RegistryError, SchemaOutdated
+
+DEFAULT_DB = "registry.duckdb"
+ROOT = Path(__file__).resolve().parent.parent
+ALEMBIC_DIR = ROOT / "alembic"
+
+
+def default_db_path() -> str:
+    return os.environ.get("REGISTRY_DB", DEFAULT_DB)
+
+
+def _locked_message(path: str, exc: Exception) -> str:
+    pid = re.search(r"PID (\d+)", str(exc))
+    who = f"process {pid.group(1)}" if pid else "another process"
+    return (f"{path}: the database is locked by {who} (a running `registry serve`?); "
+            f"stop it or use its HTTP API")
+
+
+def _alembic_config(connection=None):
+    from alembic.config import Config
+
+    cfg = Config(str(ROOT / "alembic.ini"))
+    cfg.set_main_option("script_location", str(ALEMBIC_DIR))
+    if connection is not None:
+        cfg.attributes["connection"] = connection
+    return cfg
+
+
+def head_revision() -> str:
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory.from_config(_alembic_config()).get_current_head()
+
+
+@dataclass
+class Tx:
+    """One open transaction: the ORM session and the raw DuckDB connection inside it."""
+    session: Session
+
+    @property
+    def duck(self):
+        return self.session.connection().connection.driver_connection
+
+    def sql(self, statement: str, params=None):
+        """Run SQL on the raw DuckDB connection and fetch all rows."""
+        return self.duck.execute(statement, params or []).fetchall()
+
+
+class Store:
+    def __init__(self, path: str | os.PathLike | None = None, migrate: bool = True):
+        self.path = str(path or default_db_path())
+        if Path(self.path).is_dir():
+            raise RegistryError(f"{self.path}: is a directory, not a database file")
+        try:
+            self.engine = create_engine(f"duckdb:///{self.path}")
+            with self.engine.connect() as conn:
+                conn.execute(text("select 1"))
+        except Exception as exc:  # duckdb raises IOException for a held lock
+            if "lock" in str(exc).lower():
+                raise DatabaseLocked(_locked_message(self.path, exc)) from None
+            raise RegistryError(f"{self.path}: cannot open database: {str(exc).splitlines()[0]}") from None
+        if migrate:
+            self.ensure_schema()
+
+    # --- schema -------------------------------------------------------------------------------------------
+    def current_revision(self) -> str | None:
+        with self.engine.connect() as conn:
+            exists = conn.execute(text(
+                "select count(*) from duckdb_tables() where table_name = 'alembic_version'")).scalar()
+            if not exists:
+                return None
+            return conn.execute(text("select version_num from alembic_version")).scalar()
+
+    def ensure_schema(self) -> None:
+        """A new file is migrated to head; a file with an older schema is refused."""
+        current = self.current_revision()
+        if current is None:
+            self.upgrade("head")
+            return
+        head = head_revision()
+        if current != head:
+            raise SchemaOutdated(f"{self.path}: schema is at revision {current}, this registry needs {head}; "
+                                 f"run `registry db upgrade`")
+
+    def upgrade(self, revision: str = "head") -> None:
+        from alembic import command
+
+        with self.engine.begin() as conn:
+            command.upgrade(_alembic_config(conn), revision)
+
+    def downgrade(self, revision: str) -> None:
+        from alembic import command
+
+        with self.engine.begin() as conn:
+            command.downgrade(_alembic_config(conn), revision)
+
+    # --- transactions -------------------------------------------------------------------------------------
+    @contextmanager
+    def tx(self) -> Iterator[Tx]:
+        """Commit on success, roll back on any error: a failed operation changes nothing."""
+        with Session(self.engine, expire_on_commit=False) as session:
+            try:
+                yield Tx(session)
+                session.commit()
+            except BaseException:
+                session.rollback()
+                raise
+
+    def close(self) -> None:
+        self.engine.dispose()

@@ -1,0 +1,126 @@
+import io
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from registry.checkpoint import load_checkpoint, save_checkpoint
+from registry.encoder import EncoderConfig, LocusModel
+from registry.training import TrainConfig, embed_models, predict_proba, train
+
+torch.set_num_threads(1)  # tiny tensors: extra threads only add contention on a shared machine
+
+SMALL = EncoderConfig(d_query=16, d_model=32, n_inducing=8, n_heads=4, n_isab=2, d_hidden=16, dropout=0.1)
+
+
+def small_model(seed=0):
+    torch.manual_seed(seed)
+    return LocusModel(SMALL).eval()
+
+
+def random_set(b=3, n=20, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, n, SMALL.d_query, generator=g)
+    y = (torch.rand(b, n, generator=g) > 0.5).float()
+    return q, y, torch.ones(b, n, dtype=torch.bool)
+
+
+def test_embedding_invariant_to_order():
+    m = small_model()
+    q, y, mask = random_set()
+    perm = torch.randperm(q.shape[1], generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        torch.testing.assert_close(m.embed(q, y, mask), m.embed(q[:, perm], y[:, perm], mask[:, perm]),
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_padded_rows_never_change_embedding():
+    m = small_model()
+    q, y, mask = random_set()
+    g = torch.Generator().manual_seed(9)
+    pad = 13
+    qp = torch.cat([q, 100 * torch.randn(q.shape[0], pad, q.shape[2], generator=g)], 1)   # junk, not zeros
+    yp = torch.cat([y, torch.rand(y.shape[0], pad, generator=g)], 1)
+    mp = torch.cat([mask, torch.zeros(mask.shape[0], pad, dtype=torch.bool)], 1)
+    # and interleave the padding with the real rows
+    perm = torch.randperm(qp.shape[1], generator=g)
+    qp[0, 3] = float("nan")                                      # a NaN in a padded row must not leak either
+    mp[0, 3] = False
+    with torch.no_grad():
+        z0 = m.embed(q[1:], y[1:], mask[1:])
+        z1 = m.embed(qp[1:, perm], yp[1:, perm], mp[1:, perm])
+        torch.testing.assert_close(z0, z1, rtol=1e-5, atol=1e-5)
+        zr = m.embed(qp[:1], yp[:1], mp[:1])
+        assert torch.isfinite(zr).all()
+        keep = mp[0]
+        torch.testing.assert_close(zr, m.embed(qp[:1, keep], yp[:1, keep], mp[:1, keep]), rtol=1e-5, atol=1e-5)
+
+
+def test_set_of_one_is_finite_and_predictor_shapes():
+    m = small_model()
+    q, y, mask = random_set(b=2, n=1)
+    with torch.no_grad():
+        z = m.embed(q, y, mask)
+        assert z.shape == (2, SMALL.d_model) and torch.isfinite(z).all()
+        logits = m.predict_logits(z, torch.randn(7, SMALL.d_query))
+        assert logits.shape == (2, 7) and torch.isfinite(logits).all()
+
+
+def test_predictor_chunking_matches_direct_mlp():
+    m = small_model()
+    z, qq = torch.randn(5, SMALL.d_model), torch.randn(11, SMALL.d_query)
+    with torch.no_grad():
+        u = m.q_proj(qq)
+        zz, uu = z[:, None].expand(5, 11, -1), u[None].expand(5, 11, -1)
+        w = torch.cat([m.w_z.weight, m.w_u.weight, m.w_zu.weight], 1)
+        direct = m.head(torch.relu(torch.cat([zz, uu, zz * uu], -1) @ w.T + m.w_z.bias))[..., 0]
+        torch.testing.assert_close(m.predict_logits(z, qq, chunk_elems=5 * SMALL.d_hidden * 3), direct,
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_checkpoint_round_trip_bit_for_bit():
+    m = small_model()
+    meta = {"text_encoder": "x", "metrics": {"hit@1": 0.7123456789}, "digest": "abc"}
+    blob = save_checkpoint(m, SMALL, meta)
+    m2, cfg2, meta2 = load_checkpoint(blob)
+    assert cfg2 == SMALL and meta2 == meta
+    assert save_checkpoint(m2, cfg2, meta2) == blob
+    q, y, mask = random_set()
+    with torch.no_grad():
+        assert torch.equal(m.embed(q, y, mask), m2.embed(q, y, mask))
+        z = m.embed(q, y, mask)
+        assert torch.equal(m.predict_logits(z, q[0]), m2.predict_logits(z, q[0]))
+
+
+def test_pickle_blob_is_refused():
+    m = small_model()
+    buf = io.BytesIO()
+    torch.save(m.state_dict(), buf)
+    for blob in (pickle.dumps({"a": 1}), buf.getvalue(), b"", b"garbage-bytes-here"):
+        with pytest.raises(ValueError):
+            load_checkpoint(blob)
+
+
+def synthetic(seed=0, n_models=6, n_q=300):
+    rng = np.random.default_rng(seed)
+    qv = rng.normal(size=(n_q, SMALL.d_query)).astype(np.float32)
+    qv /= np.linalg.norm(qv, axis=1, keepdims=True)
+    skill = rng.normal(size=(n_models, SMALL.d_query))
+    correct = (qv @ skill.T > 0).T.astype(np.int8)
+    correct[0, :10] = -1                                          # a few missing evaluations
+    return qv, correct, np.arange(0, 200), np.arange(200, 250), np.arange(250, 300)
+
+
+def test_training_is_deterministic():
+    qv, correct, tr, va, te = synthetic()
+    cfg = TrainConfig(seed=3, max_steps=12, eval_every=4, anchors=64, min_anchors=4, n_targets=64,
+                      warmup=2, encoder=SMALL)
+    runs = []
+    for _ in range(2):
+        model, ecfg, metrics = train(qv, correct, tr, va, cfg)
+        z = embed_models(model, qv, correct, tr)
+        runs.append((metrics["history"], metrics["val_hit@1"], predict_proba(model, z, qv[te])))
+    assert runs[0][0] == runs[1][0] and runs[0][1] == runs[1][1]
+    assert np.array_equal(runs[0][2], runs[1][2])
+    assert ecfg == SMALL

@@ -57,6 +57,7 @@ def main():
     ap.add_argument("--mf-seeds", type=int, default=1)
     ap.add_argument("--skip-baselines", action="store_true")
     ap.add_argument("--set", nargs="*", default=[], help="TrainConfig overrides, e.g. noise_start=0.05")
+    ap.add_argument("--embed-max-set", type=int, default=None, help="cap per model for routing embeddings")
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -71,7 +72,8 @@ def main():
         cfg.max_steps = args.max_steps
     for kv in args.set:
         k, v = kv.split("=", 1)
-        setattr(cfg, k, type(getattr(cfg, k))(v) if getattr(cfg, k) is not None else int(v))
+        old = getattr(cfg, k)
+        setattr(cfg, k, None if v == "None" else type(old)(v) if old is not None else int(v))
 
     def show(i):
         print(f"  step {i['step']:5d}  loss {i['loss']:.4f}  val hit@1 {i['val_hit@1']:.4f}  auc {i['val_auc']:.4f}"
@@ -91,7 +93,7 @@ def main():
     model, ecfg, meta = load_checkpoint(blob)
     assert save_checkpoint(model, ecfg, meta) == blob
 
-    z = embed_models(model, qvecs, correct, tr)
+    z = embed_models(model, qvecs, correct, tr, max_set=args.embed_max_set)
     p = predict_proba(model, z, qvecs[te])
     rows = {"LOCUS": B.routing_report(p, ct, p)}
     meta["test"] = {k: rows["LOCUS"][k] for k in ("hit@1", "hit@3", "hit@5", "auc", "brier")}

@@ -167,8 +167,9 @@ def stage(tx: Tx, kind: str, path: str, table: str) -> Staged:
         ignored = []
     try:
         tx.duck.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT {', '.join(selects)} FROM {src}")
-        # rowid follows the file's order (insertion order is preserved), so it gives the line number.
-        tx.duck.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT rowid + {first_line} AS line, * FROM {table}")
+        # rowids follow the file's order (insertion order is preserved) from an arbitrary start: the line number.
+        tx.duck.execute(f"""CREATE OR REPLACE TEMP TABLE {table} AS
+            SELECT rowid - (SELECT min(rowid) FROM {table}) + {first_line} AS line, * FROM {table}""")
         rows = tx.sql(f"SELECT count(*) FROM {table}")[0][0]
     except Exception as exc:
         raise _duck_error(path, exc) from None

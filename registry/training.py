@@ -25,20 +25,21 @@ from .encoder import EncoderConfig, LocusModel
 @dataclass
 class TrainConfig:
     seed: int = 0
-    max_steps: int = 3000
-    eval_every: int = 50          # steps between validation checks
-    patience: int = 12            # validation checks without improvement before stopping
+    max_steps: int = 600
+    eval_every: int = 25          # steps between validation checks
+    patience: int = 8             # validation checks without improvement before stopping
     anchors: int = 1024           # largest anchor set per model and step
     min_anchors: int = 32         # smallest
-    n_targets: int = 1024         # target queries per step (shared by the models, minus each one's anchors)
-    lr_encoder: float = 2e-4
-    lr_predictor: float = 8e-4
+    n_targets: int = 2048         # target queries per step (shared by the models, minus each one's anchors)
+    lr_encoder: float = 5e-4
+    lr_predictor: float = 1e-3
     weight_decay: float = 0.05
-    warmup: int = 100
-    noise_start: float = 0.10     # std of Gaussian noise on query vectors, cosine-annealed over max_steps
-    noise_end: float = 0.05
+    warmup: int = 30
+    noise_start: float = 0.03     # std of Gaussian noise on query vectors, cosine-annealed over max_steps
+    noise_end: float = 0.01
     grad_clip: float = 1.0
-    eval_max_set: int | None = None  # cap on evaluations per model when embedding for validation (None = all)
+    ema: float = 0.98             # validation and the result use an exponential moving average of the weights (0: off)
+    eval_max_set: int | None = 1024  # cap per model when embedding for validation (seeded draw; None = all)
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
 
 
@@ -137,6 +138,7 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
         opt = torch.optim.AdamW([{"params": enc_params, "lr": cfg.lr_encoder},
                                  {"params": dec_params, "lr": cfg.lr_predictor}], weight_decay=cfg.weight_decay)
         base_lrs = [cfg.lr_encoder, cfg.lr_predictor]
+        ema_model = copy.deepcopy(model) if cfg.ema > 0 else model    # smooths step-to-step noise in the routing
 
         q_all = torch.from_numpy(np.ascontiguousarray(qvecs, dtype=np.float32))
         tr = np.asarray(train_idx)
@@ -181,15 +183,20 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             opt.step()
+            if cfg.ema > 0:
+                with torch.no_grad():
+                    d = min(cfg.ema, (step - 1) / (step + 9))             # short warm-up of the average
+                    for pe, p in zip(ema_model.parameters(), model.parameters()):
+                        pe.lerp_(p, 1 - d)
             losses.append(float(loss.detach()))
 
             if step % cfg.eval_every == 0 or step == cfg.max_steps:
-                val = evaluate(model, qvecs, correct, tr, val_idx, max_set=cfg.eval_max_set)
+                val = evaluate(ema_model, qvecs, correct, tr, val_idx, max_set=cfg.eval_max_set)
                 key = (round(val["hit@1"], 9), -val["bce"])
                 improved = best_key is None or key > best_key
                 if improved:
                     best_key, best_step, best_val, bad = key, step, val, 0
-                    best_state = copy.deepcopy(model.state_dict())
+                    best_state = copy.deepcopy(ema_model.state_dict())
                 else:
                     bad += 1
                 info = {"step": step, "max_steps": cfg.max_steps, "loss": float(np.mean(losses[-cfg.eval_every:])),

@@ -1,0 +1,68 @@
+"""Shared fixtures: a small slice of the real MMLU-Pro data, and a registry built from it once per session (real
+DuckDB file, real migrations, real MiniLM vectors); each test gets its own copy of that file."""
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from registry import Registry
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "mmlu-pro"
+N_QUESTIONS = 160
+
+
+@pytest.fixture(scope="session")
+def mmlu_dir() -> Path:
+    if not SHARED.is_dir():
+        pytest.skip(f"shared data not found at {SHARED}")
+    return SHARED
+
+
+@pytest.fixture(scope="session")
+def small_data(tmp_path_factory, mmlu_dir) -> Path:
+    """A folder laid out like the shared data: N_QUESTIONS questions (seeded sample) and all their evaluations."""
+    out = tmp_path_factory.mktemp("small_data")
+    con = duckdb.connect()
+    con.execute(f"""CREATE TABLE q AS SELECT * FROM read_csv('{mmlu_dir}/questions.csv.gz')
+                    USING SAMPLE reservoir({N_QUESTIONS} ROWS) REPEATABLE (7)""")
+    con.execute(f"COPY q TO '{out}/questions.csv.gz' (HEADER, COMPRESSION gzip)")
+    con.execute(f"""COPY (SELECT e.* FROM read_csv('{mmlu_dir}/evaluations.csv.gz') e SEMI JOIN q USING (question_id)
+                    ORDER BY model, question_id) TO '{out}/evaluations.csv.gz' (HEADER, COMPRESSION gzip)""")
+    con.execute(f"""COPY (SELECT s.* FROM read_csv('{mmlu_dir}/splits.csv') s SEMI JOIN q USING (question_id))
+                    TO '{out}/splits.csv' (HEADER)""")
+    shutil.copy(mmlu_dir / "models.csv", out / "models.csv")
+    con.close()
+    return out
+
+
+@pytest.fixture(scope="session")
+def base_db(tmp_path_factory, small_data) -> Path:
+    path = tmp_path_factory.mktemp("base") / "base.duckdb"
+    with Registry(path) as reg:
+        reg.import_files(directory=str(small_data))
+    return path
+
+
+@pytest.fixture
+def db_copy(base_db, tmp_path) -> Path:
+    """A private copy of the session's registry file."""
+    path = tmp_path / "registry.duckdb"
+    shutil.copy(base_db, path)
+    return path
+
+
+def snapshot(path: Path) -> dict[str, str]:
+    """Every table's rows, hashed: equal snapshots mean the database holds exactly the same data."""
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        out = {}
+        for (table,) in con.execute("SELECT table_name FROM duckdb_tables() ORDER BY 1").fetchall():
+            rows = sorted(map(repr, con.execute(f'SELECT * FROM "{table}"').fetchall()))
+            out[table] = hashlib.sha256("\n".join(rows).encode()).hexdigest() + f":{len(rows)}"
+        return out
+    finally:
+        con.close()

@@ -1,0 +1,75 @@
+"""A SIGKILL in the middle of an import leaves all of it or none of it; start-up stays light."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import duckdb
+
+from registry import Registry
+
+from .conftest import snapshot
+
+
+def test_sigkill_during_evaluations_import_is_all_or_nothing(db_copy, small_data, tmp_path):
+    # A big evaluations file for a new model, so the import takes long enough to be killed in the middle.
+    big = tmp_path / "big.csv"
+    con = duckdb.connect()
+    con.execute(f"""COPY (SELECT 'killed-model-' || (i % 400) AS model, q.question_id, (i + q.question_id) % 2 AS correct
+                    FROM range(400) t(i), read_csv('{small_data}/questions.csv.gz') q)
+                    TO '{big}' (HEADER)""")
+    con.close()
+    before = snapshot(db_copy)
+    code = ("import sys; from registry import Registry; reg = Registry(sys.argv[1]); print('go', flush=True); "
+            "reg.import_files(evaluations=sys.argv[2]); print('done', flush=True)")
+    outcomes = set()
+    for delay in (0.05, 0.2, 5.0):  # killed right after the import began, a little later, and (likely) after it
+        proc = subprocess.Popen([sys.executable, "-c", code, str(db_copy), str(big)], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "go"
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        with Registry(db_copy) as reg:  # opens, recovers from its WAL
+            n = sum(1 for m in reg.models() if m.name.startswith("killed-model-"))
+            rows = reg.stats().evaluation_rows
+        assert n in (0, 400)
+        if n == 0:
+            assert snapshot(db_copy) == before
+            outcomes.add("none")
+        else:
+            assert rows == int(before["evaluations"].split(":")[1]) + 400 * 160
+            outcomes.add("all")
+            break
+    assert outcomes
+
+
+LIGHT_CHECK = """
+import sys
+from click.testing import CliRunner
+from registry.cli import cli
+for args in {args!r}:
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 0, r.output
+heavy = [m for m in ("torch", "sentence_transformers", "faiss") if m in sys.modules]
+print(",".join(heavy))
+"""
+
+
+def test_help_and_read_commands_do_not_import_heavy_libraries(db_copy):
+    args = [["--help"], ["--db", str(db_copy), "models"], ["--db", str(db_copy), "stats", "--json"],
+            ["--db", str(db_copy), "show", "gemma-7b"]]
+    out = subprocess.run([sys.executable, "-c", LIGHT_CHECK.format(args=args)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ""
+
+
+def test_python_dash_m_runs(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "registry", "--db", str(tmp_path / "x.duckdb"), "stats", "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["models"] == 0

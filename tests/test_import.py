@@ -1,0 +1,180 @@
+"""Import: counts, idempotence, newer results, and every bad input giving one clear line and changing nothing."""
+from __future__ import annotations
+
+import gzip
+import json
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from registry import InputError, Registry
+from registry.cli import cli
+
+from .conftest import N_QUESTIONS, snapshot
+
+
+def some_query_ids(small_data, n=3) -> list[str]:
+    con = duckdb.connect()
+    ids = [str(r[0]) for r in con.execute(
+        f"SELECT question_id FROM read_csv('{small_data}/questions.csv.gz') ORDER BY 1 LIMIT {n}").fetchall()]
+    con.close()
+    return ids
+
+
+def test_directory_import_counts(base_db, small_data):
+    with Registry(base_db) as reg:
+        s = reg.stats()
+        models = reg.models()
+    expected = duckdb.sql(f"SELECT count(*) FROM read_csv('{small_data}/evaluations.csv.gz')").fetchall()[0][0]
+    assert (s.models, s.queries, s.evaluations) == (31, N_QUESTIONS, expected)
+    assert s.text_vectors == N_QUESTIONS
+    assert sum(s.splits.values()) == N_QUESTIONS
+    gpt = next(m for m in models if m.name == "gpt-4o-2024-05-13")
+    assert gpt.params_b is None and gpt.open_weights is False and gpt.family == "gpt-4o"
+    assert 0.5 < gpt.accuracy < 0.95
+    assert gpt.tags == {"instruction_tuned": "true"}  # a column we do not model is kept as a tag
+
+
+def test_reimport_adds_nothing_and_embeds_nothing(db_copy, small_data):
+    before = snapshot(db_copy)
+    with Registry(db_copy) as reg:
+        again = reg.import_files(directory=str(small_data))
+        assert again.already_imported
+        # the same rows under other file names: the row-level check finds nothing new either
+        files = {"evaluations": str(small_data / "evaluations.csv.gz")}
+        r = reg.import_files(**files)
+        assert r.already_imported or (r.evaluations_added == 0 and r.texts_embedded == 0)
+    assert snapshot(db_copy) == before
+
+
+def test_changed_result_is_a_newer_evaluation(db_copy, small_data, tmp_path):
+    qid = some_query_ids(small_data, 1)[0]
+    with Registry(db_copy) as reg:
+        old = next(m for m in reg.models() if m.name == "gemma-7b")
+        cur = duckdb.sql(f"""SELECT correct FROM read_csv('{small_data}/evaluations.csv.gz')
+                             WHERE model = 'gemma-7b' AND question_id = {qid}""").fetchall()[0][0]
+        f = tmp_path / "change.csv"
+        f.write_text(f"model,question_id,correct\ngemma-7b,{qid},{1 - cur}\n")
+        r = reg.import_files(evaluations=str(f))
+        assert r.evaluations_added == 1 and r.affected_models == ["gemma-7b"]
+        new = next(m for m in reg.models() if m.name == "gemma-7b")
+        s = reg.stats()
+    assert new.evaluations == old.evaluations
+    assert new.accuracy == pytest.approx(old.accuracy + (1 - 2 * cur) / old.evaluations, abs=1e-4)
+    assert s.evaluation_rows == s.evaluations + 1  # the old row is kept, not overwritten
+
+
+def test_unknown_model_in_evaluations_is_registered(db_copy, small_data, tmp_path):
+    qids = some_query_ids(small_data, 2)
+    f = tmp_path / "new.jsonl"
+    f.write_text("".join(json.dumps({"model": "brand-new", "query_id": q, "correct": True}) + "\n" for q in qids))
+    with Registry(db_copy) as reg:
+        r = reg.import_files(evaluations=str(f))
+        assert r.models_added == 1
+        assert reg.show("brand-new").evaluations == 2
+
+
+def _write(tmp_path, name, content: bytes | str):
+    p = tmp_path / name
+    p.write_bytes(content if isinstance(content, bytes) else content.encode())
+    return p
+
+
+def bad_inputs(tmp_path, qids):
+    q0, q1 = qids[0], qids[1]
+    good_gz = gzip.compress(f"model,question_id,correct\nm,{q0},1\nm,{q1},0\n".encode() * 200)
+    cases = {
+        "missing column": ("evaluations", _write(tmp_path, "a.csv", f"model,question_id,correctness\nm,{q0},1\n"),
+                           "a.csv: line 1: missing column 'correct'"),
+        "misspelled column": ("evaluations", _write(tmp_path, "b.csv", f"modle,question_id,correct\nm,{q0},1\n"),
+                              "b.csv: line 1: missing column 'model'"),
+        "value outside 0/1": ("evaluations", _write(tmp_path, "c.csv", f"model,question_id,correct\nm,{q0},1\nm,{q1},2\n"),
+                              "c.csv: line 3: correct must be 0, 1, true or false, got '2'"),
+        "unknown query id": ("evaluations", _write(tmp_path, "d.csv", f"model,question_id,correct\nm,{q0},1\nm,99999999,1\n"),
+                             "d.csv: line 3: unknown query id '99999999'"),
+        "same pair twice": ("evaluations", _write(tmp_path, "e.csv", f"model,question_id,correct\nm,{q0},1\nx,{q1},1\nm,{q0},0\n"),
+                            "e.csv: line 4: model 'm', query '{}' appears twice with different results (lines 2 and 4)".format(q0)),
+        "empty file": ("evaluations", _write(tmp_path, "f.csv", ""), "f.csv: file is empty"),
+        "only a header": ("evaluations", _write(tmp_path, "g.csv", "model,question_id,correct\n"),
+                          "g.csv: no rows (only a header)"),
+        "truncated gzip": ("evaluations", _write(tmp_path, "h.csv.gz", good_gz[: len(good_gz) // 2]),
+                           "h.csv.gz: truncated or corrupt gzip file"),
+        "invalid utf-8": ("evaluations", _write(tmp_path, "i.csv", b"model,question_id,correct\nm,1,1\n\xff\xfem,2,1\n"),
+                          "i.csv: line 3: invalid UTF-8"),
+        "empty model name": ("evaluations", _write(tmp_path, "j.csv", f"model,question_id,correct\nm,{q0},1\n ,{q1},1\n"),
+                             "j.csv: line 3: empty model name"),
+        "NaN": ("evaluations", _write(tmp_path, "k.csv", f"model,question_id,correct\nm,{q0},NaN\n"),
+                "k.csv: line 2: correct must be 0, 1, true or false, got 'NaN'"),
+        "NaN parameter count": ("models", _write(tmp_path, "l.csv", "model,params_b\na,7\nb,nan\n"),
+                                "l.csv: line 3: params_b must be a non-negative finite number, got 'nan'"),
+        "non-existent path": ("evaluations", tmp_path / "nope.csv", "nope.csv: no such file"),
+        "directory": ("evaluations", tmp_path, f"{tmp_path.name}: is a directory, not a file"),
+        "bad JSONL line": ("queries", _write(tmp_path, "m.jsonl", '{"id": "z1", "text": "hi"}\nnot json\n'),
+                           "m.jsonl: line "),
+    }
+    pq.write_table(pa.table({"model": ["m", "m"], "question_id": [q0, q1], "correct": ["yes", "no"]}),
+                   tmp_path / "n.parquet")
+    cases["parquet wrong column type"] = ("evaluations", tmp_path / "n.parquet",
+                                          "n.parquet: column 'correct' has type VARCHAR, expected BOOLEAN")
+    return cases
+
+
+@pytest.fixture
+def cases(tmp_path, small_data):
+    return bad_inputs(tmp_path, some_query_ids(small_data, 2))
+
+
+CASE_NAMES = ["missing column", "misspelled column", "value outside 0/1", "unknown query id", "same pair twice",
+              "empty file", "only a header", "truncated gzip", "invalid utf-8", "empty model name", "NaN",
+              "NaN parameter count", "non-existent path", "directory", "bad JSONL line", "parquet wrong column type"]
+
+
+@pytest.mark.parametrize("case", CASE_NAMES)
+def test_bad_input_is_one_line_and_changes_nothing(db_copy, cases, case):
+    kind, path, expected = cases[case]
+    before = snapshot(db_copy)
+    with Registry(db_copy) as reg:
+        with pytest.raises(InputError) as err:
+            reg.import_files(**{kind: str(path)})
+    message = str(err.value)
+    assert "\n" not in message
+    assert expected in message, message
+    assert snapshot(db_copy) == before
+
+
+def test_bad_input_through_the_cli(db_copy, cases):
+    kind, path, expected = cases["value outside 0/1"]
+    before = snapshot(db_copy)
+    result = CliRunner().invoke(cli, ["--db", str(db_copy), "import", f"--{kind}", str(path)])
+    assert result.exit_code == 1
+    assert result.output.strip().startswith("Error: ") and expected in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert snapshot(db_copy) == before
+
+
+def test_bad_file_in_a_directory_import_changes_nothing(db_copy, small_data, tmp_path):
+    """A good questions file beside a bad evaluations file: the whole import rolls back, queries included."""
+    d = tmp_path / "dir"
+    d.mkdir()
+    (d / "questions.csv").write_text('question_id,question,options,category\nnewq,"What is 2+2?","[""3"",""4""]",math\n')
+    (d / "evaluations.csv").write_text("model,question_id,correct\nm,newq,maybe\n")
+    before = snapshot(db_copy)
+    with Registry(db_copy) as reg:
+        with pytest.raises(InputError, match="evaluations.csv: line 2: correct must be"):
+            reg.import_files(directory=str(d))
+    assert snapshot(db_copy) == before
+
+
+def test_cli_read_commands_json(db_copy):
+    runner = CliRunner()
+    stats = json.loads(runner.invoke(cli, ["--db", str(db_copy), "stats", "--json"]).output)
+    assert stats["models"] == 31 and stats["queries"] == N_QUESTIONS and stats["evaluations"] > 4000
+    models = json.loads(runner.invoke(cli, ["--db", str(db_copy), "models", "--json"]).output)
+    assert len(models) == 31 and {"name", "evaluations", "accuracy"} <= set(models[0])
+    shown = json.loads(runner.invoke(cli, ["--db", str(db_copy), "show", "gemma-7b", "--json"]).output)
+    assert shown["name"] == "gemma-7b" and shown["per_category"]
+    missing = runner.invoke(cli, ["--db", str(db_copy), "show", "no-such-model"])
+    assert missing.exit_code == 1 and "unknown model 'no-such-model'" in missing.output

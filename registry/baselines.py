@@ -83,7 +83,7 @@ def knn_scores(qvecs: np.ndarray, correct: np.ndarray, train_idx, eval_idx, k: i
         hits = y[:, nn_idx].sum(-1)                                # [M,n]
         seen = obs[:, nn_idx].sum(-1)
         out[:, s:s + 1024] = hits / np.maximum(seen, 1)
-    return out
+    return out + 1e-6 * model_accuracy(correct[:, tr])[:, None]     # ties among neighbours: the stronger model
 
 
 def knn_router(qvecs, correct, train_idx, val_idx, ks=(5, 10, 20, 50, 100)) -> tuple[int, dict]:
@@ -106,7 +106,7 @@ class MF(torch.nn.Module):
         return self.e.weight @ self.w(q).T + self.b[:, None]
 
 
-def train_mf(qvecs, correct, train_idx, val_idx, dim: int, seed: int = 0, epochs: int = 30, lr: float = 1e-3,
+def train_mf(qvecs, correct, train_idx, val_idx, dim: int, seed: int = 0, epochs: int = 12, lr: float = 1e-3,
              weight_decay: float = 1e-4, batch: int = 4096) -> tuple[MF, dict]:
     """BCE on observed train pairs with Adam; the epoch with the best validation hit@1 (ties: lower BCE) is kept."""
     g = torch.Generator().manual_seed(seed)

@@ -67,6 +67,7 @@ class Staged:
     table: str
     rows: int
     ignored: list[str]
+    line_sql: str = "line"  # SQL giving a row's line number in `table`
 
 
 # --- locating and reading files ----------------------------------------------------------------------------------
@@ -129,19 +130,59 @@ def _sql_str(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-def stage(tx: Tx, kind: str, path: str, table: str) -> Staged:
-    """Read one file into a temporary table with canonical columns (all VARCHAR) and its line numbers."""
+def _csv_header(path: str) -> tuple[list[str], str]:
+    """The header's column names and the delimiter, read by us: cheaper than DuckDB's sniffer on a big gzip file."""
+    import csv
+    import gzip
+
+    opener = gzip.open if path.lower().endswith(".gz") else open
+    try:
+        with opener(path, "rb") as fh:
+            raw = fh.readline()
+    except (OSError, EOFError):
+        raise InputError("truncated or corrupt gzip file", file=path) from None
+    try:
+        header = raw.decode("utf-8-sig").rstrip("\r\n")
+    except UnicodeDecodeError:
+        raise InputError("invalid UTF-8 (the file must be UTF-8 encoded)", file=path, line=1) from None
+    delim = max((",", "\t", ";", "|"), key=header.count) if header else ","
+    names = next(csv.reader([header], delimiter=delim), [])
+    return names, delim
+
+
+def _source(path: str, fmt: str, names: list[str] | None = None, delim: str = ",") -> str:
+    if fmt == "csv":
+        cols = ", ".join(f"{_sql_str(n)}: 'VARCHAR'" for n in names or [])
+        return (f"read_csv({_sql_str(path)}, header=true, auto_detect=false, delim={_sql_str(delim)}, "
+                f"quote='\"', escape='\"', columns={{{cols}}})")
+    if fmt == "jsonl":
+        return f"read_json({_sql_str(path)}, format='newline_delimited')"
+    return f"read_parquet({_sql_str(path)})"
+
+
+def stage(tx: Tx, kind: str, path: str, table: str, project: Callable[[dict[str, str]], str] | None = None,
+          with_lines: bool = True) -> Staged:
+    """Read one file into a temporary table with canonical columns (VARCHAR).
+
+    `project` may turn the canonical columns into the stage's select list (to normalise in the same pass);
+    `with_lines` adds a `line` column (cheap for small files; big ones compute lines only when reporting an error).
+    """
     _check_path(path)
     fmt = _file_format(path)
-    src = {"csv": f"read_csv({_sql_str(path)}, header=true, all_varchar=true)",
-           "jsonl": f"read_json({_sql_str(path)}, format='newline_delimited')",
-           "parquet": f"read_parquet({_sql_str(path)})"}[fmt]
     first_line = {"csv": 2, "jsonl": 1, "parquet": 1}[fmt]
-    try:
-        described = tx.sql(f"DESCRIBE SELECT * FROM {src}")
-    except Exception as exc:
-        raise _duck_error(path, exc) from None
-    types = {row[0].strip().lower(): (row[0], row[1]) for row in described}
+    if fmt == "csv":
+        names, delim = _csv_header(path)
+        if not [n for n in names if n.strip()]:
+            raise InputError("no header line", file=path, line=1)
+        src = _source(path, fmt, names, delim)
+        types = {n.strip().lower(): (n, "VARCHAR") for n in names}
+    else:
+        src = _source(path, fmt)
+        try:
+            described = tx.sql(f"DESCRIBE SELECT * FROM {src}")
+        except Exception as exc:
+            raise _duck_error(path, exc) from None
+        types = {row[0].strip().lower(): (row[0], row[1]) for row in described}
     chosen: dict[str, str] = {}
     for canon, aliases in COLUMNS[kind].items():
         for alias in aliases:
@@ -154,28 +195,29 @@ def stage(tx: Tx, kind: str, path: str, table: str) -> Staged:
         raise InputError(f"missing column {wanted} (found: {', '.join(types) or 'none'})", file=path, line=1)
     if fmt == "parquet":
         _check_parquet_types(kind, path, chosen, types)
-    selects = []
+    exprs = {}
     for canon, alias in chosen.items():
         original, dtype = types[alias]
         col = '"' + original.replace('"', '""') + '"'
-        expr = f"to_json({col})::VARCHAR" if dtype.endswith("[]") or dtype.startswith(("STRUCT", "MAP")) \
-            else f"CAST({col} AS VARCHAR)"
-        selects.append(f"{expr} AS {canon}")
+        exprs[canon] = f"to_json({col})::VARCHAR" if dtype.endswith("]") or dtype.startswith(("STRUCT", "MAP")) \
+            else (col if dtype == "VARCHAR" else f"CAST({col} AS VARCHAR)")
     ignored = [types[c][0] for c in types if c not in chosen.values()]
+    selects = project(exprs) if project else ", ".join(f"{e} AS {c}" for c, e in exprs.items())
     if kind == "models":  # kept, as tags
-        selects += ['CAST("{0}" AS VARCHAR) AS "x:{0}"'.format(c.replace('"', '""')) for c in ignored]
+        selects += "".join(', CAST("{0}" AS VARCHAR) AS "x:{0}"'.format(c.replace('"', '""')) for c in ignored)
         ignored = []
     try:
-        tx.duck.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT {', '.join(selects)} FROM {src}")
-        # rowids follow the file's order (insertion order is preserved) from an arbitrary start: the line number.
-        tx.duck.execute(f"""CREATE OR REPLACE TEMP TABLE {table} AS
-            SELECT rowid - (SELECT min(rowid) FROM {table}) + {first_line} AS line, * FROM {table}""")
-        rows = tx.sql(f"SELECT count(*) FROM {table}")[0][0]
+        tx.duck.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT {selects} FROM {src}")
+        # rowids follow the file's order (insertion order is preserved) from an arbitrary start
+        rows, start = tx.sql(f"SELECT count(*), min(rowid) FROM {table}")[0]
+        if with_lines and rows:
+            tx.duck.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS "
+                            f"SELECT rowid - {start} + {first_line} AS line, * FROM {table}")
     except Exception as exc:
         raise _duck_error(path, exc) from None
     if rows == 0:
         raise InputError("no rows (only a header)", file=path)
-    return Staged(kind, path, table, rows, ignored)
+    return Staged(kind, path, table, rows, ignored, line_sql=f"(rowid - {start} + {first_line})")
 
 
 def _check_parquet_types(kind: str, path: str, chosen: dict[str, str], types: dict[str, tuple[str, str]]) -> None:
@@ -196,7 +238,7 @@ def _check_parquet_types(kind: str, path: str, chosen: dict[str, str], types: di
 
 def _first_bad(tx: Tx, staged: Staged, condition: str, message: str, value_col: str | None = None) -> None:
     value = f", {value_col}" if value_col else ""
-    row = tx.sql(f"SELECT line{value} FROM {staged.table} WHERE {condition} ORDER BY line LIMIT 1")
+    row = tx.sql(f"SELECT {staged.line_sql} AS l{value} FROM {staged.table} WHERE {condition} ORDER BY l LIMIT 1")
     if row:
         shown = repr(row[0][1]) if value_col else ""
         raise InputError(message.format(value=shown), file=staged.path, line=int(row[0][0]))
@@ -347,42 +389,67 @@ def import_queries(tx: Tx, staged: Staged, result: ImportResult) -> None:
 
 
 def import_evaluations(tx: Tx, staged: Staged, batch_id: int, result: ImportResult) -> None:
-    """Validate with set-based queries, then append only what is new or changed (the newest evaluation counts)."""
+    """Validate with set-based queries, then append only what is new or changed (the newest evaluation counts).
+
+    `staged` was read by `stage_evaluations`: one pass over the file, normalised on the way in, no line column.
+    """
     t = staged.table
-    tx.duck.execute(f"""CREATE OR REPLACE TEMP TABLE {t}_n AS
-        SELECT line, trim(model) AS model, trim(qid) AS qid, correct AS raw, {TRUE_FALSE.format(c='correct')} AS c
-        FROM {t}""")
-    n = _Checked(tx, staged, f"{t}_n")
-    n.bad("model IS NULL OR model = ''", "empty model name")
-    n.bad("qid IS NULL OR qid = ''", "empty query id")
-    n.bad("c IS NULL", "correct must be 0, 1, true or false, got {value}", "raw")
-    n.bad(f"qid NOT IN (SELECT external_id FROM queries)",
-          "unknown query id {value} (import the query first, e.g. with --queries)", "qid")
-    dup = tx.sql(f"""SELECT model, qid, min(line), max(line) FROM {t}_n GROUP BY model, qid
-                     HAVING count(DISTINCT c) > 1 ORDER BY min(line) LIMIT 1""")
-    if dup:
+    bad_model, bad_qid, bad_c = tx.sql(f"""SELECT count(*) FILTER (WHERE model IS NULL OR model = ''),
+        count(*) FILTER (WHERE qid IS NULL OR qid = ''), count(*) FILTER (WHERE c IS NULL) FROM {t}""")[0]
+    if bad_model:
+        _first_bad(tx, staged, "model IS NULL OR model = ''", "empty model name")
+    if bad_qid:
+        _first_bad(tx, staged, "qid IS NULL OR qid = ''", "empty query id")
+    if bad_c:
+        _first_bad(tx, staged, "c IS NULL", "correct must be 0, 1, true or false, got {value}", "raw")
+    unknown = tx.sql(f"""SELECT qid FROM (SELECT DISTINCT qid FROM {t})
+                         WHERE qid NOT IN (SELECT external_id FROM queries) LIMIT 1""")
+    if unknown:
+        _first_bad(tx, staged, f"qid = {_sql_str(unknown[0][0])}",
+                   "unknown query id {value} (import the query first, e.g. with --queries)", "qid")
+    new_models = tx.sql(f"""INSERT INTO models (name, tags)
+                            SELECT model, '{{}}'::JSON FROM (SELECT DISTINCT model FROM {t})
+                            WHERE model NOT IN (SELECT name FROM models) ORDER BY model RETURNING name""")
+    result.models_added += len(new_models)
+    has_current = tx.sql("SELECT count(*) > 0 FROM (SELECT 1 FROM evaluations LIMIT 1)")[0][0]
+    # Only what differs from the current (newest) evaluation is appended; an empty registry skips that join.
+    changed = """LEFT JOIN (SELECT model_id, query_id, arg_max(correct, batch_id) AS correct
+                            FROM evaluations GROUP BY model_id, query_id) cur
+                      ON cur.model_id = m.id AND cur.query_id = q.id
+                 WHERE cur.correct IS DISTINCT FROM e.c""" if has_current else ""
+    insert = f"""
+        INSERT INTO evaluations (model_id, query_id, correct, batch_id)
+        SELECT {{distinct}} m.id, q.id, e.c, {int(batch_id)}
+        FROM {t} e JOIN models m ON m.name = e.model JOIN queries q ON q.external_id = e.qid {changed}"""
+    count = f"""SELECT model_id, count(*), count(DISTINCT query_id) FROM evaluations
+                WHERE batch_id = {int(batch_id)} GROUP BY model_id"""
+    tx.duck.execute(insert.format(distinct=""))  # fast path: files rarely repeat a row
+    added = tx.sql(count)
+    if any(n != distinct for _, n, distinct in added):
+        # Repeated (model, query) rows: identical repeats collapse into one; different results are an error.
+        tx.duck.execute(f"DELETE FROM evaluations WHERE batch_id = {int(batch_id)}")  # only this batch's own rows
+        tx.duck.execute(insert.format(distinct="DISTINCT"))
+        added = tx.sql(count)
+    conflicting = [m for m, n, distinct in added if n != distinct]
+    if conflicting:
+        dup = tx.sql(f"""SELECT model, qid, min({staged.line_sql}), max({staged.line_sql}) FROM {t}
+                         WHERE model = (SELECT name FROM models WHERE id = {conflicting[0]})
+                         GROUP BY model, qid HAVING count(DISTINCT c) > 1 ORDER BY 3 LIMIT 1""")
         m, q, first, last = dup[0]
         raise InputError(f"model {m!r}, query {q!r} appears twice with different results (lines {first} and {last})",
                          file=staged.path, line=int(last))
-    new_models = tx.sql(f"""INSERT INTO models (name, tags)
-                            SELECT DISTINCT model, '{{}}'::JSON FROM {t}_n
-                            WHERE model NOT IN (SELECT name FROM models) RETURNING name""")
-    result.models_added += len(new_models)
-    affected = tx.sql(f"""
-        INSERT INTO evaluations (model_id, query_id, correct, batch_id)
-        SELECT DISTINCT m.id, q.id, e.c, {int(batch_id)}
-        FROM {t}_n e JOIN models m ON m.name = e.model JOIN queries q ON q.external_id = e.qid
-        LEFT JOIN (SELECT model_id, query_id, arg_max(correct, batch_id) AS correct
-                   FROM evaluations GROUP BY model_id, query_id) cur
-               ON cur.model_id = m.id AND cur.query_id = q.id
-        WHERE cur.correct IS DISTINCT FROM e.c
-        RETURNING model_id""")
     result.evaluations_read += staged.rows
-    result.evaluations_added += len(affected)
-    if affected:
-        ids = sorted({r[0] for r in affected})
-        names = tx.sql(f"SELECT name FROM models WHERE id IN ({', '.join(map(str, ids))}) ORDER BY name")
-        result.affected_models = sorted(set(result.affected_models) | {r[0] for r in names})
+    result.evaluations_added += sum(n for _, n, _ in added)
+    if added:
+        ids = ", ".join(str(m) for m, _, _ in added)
+        result.affected_models = sorted(set(result.affected_models) | {
+            r[0] for r in tx.sql(f"SELECT name FROM models WHERE id IN ({ids})")})
+
+
+def stage_evaluations(tx: Tx, path: str, table: str) -> Staged:
+    return stage(tx, "evaluations", path, table, with_lines=False, project=lambda e: (
+        f"trim({e['model']}) AS model, trim({e['qid']}) AS qid, {e['correct']} AS raw, "
+        f"{TRUE_FALSE.format(c=e['correct'])} AS c"))
 
 
 def import_splits(tx: Tx, staged: Staged, result: ImportResult) -> None:
@@ -462,8 +529,9 @@ def run_import(tx: Tx, files: dict[str, str], progress: bool = False, embed_text
         return ImportResult(batch_id=int(done[0][0]), already_imported=True)
     batch_id = int(tx.sql("SELECT nextval('import_batches_id_seq')")[0][0])
     result = ImportResult(batch_id=batch_id)
-    staged = {kind: stage(tx, kind, files[kind], f"_stage_{kind}") for kind in
-              ("models", "queries", "evaluations", "splits") if kind in files}
+    staged = {kind: (stage_evaluations if kind == "evaluations" else
+                     lambda t, p, n, k=kind: stage(t, k, p, n))(tx, files[kind], f"_stage_{kind}")
+              for kind in ("models", "queries", "evaluations", "splits") if kind in files}
     for kind, s in staged.items():
         if s.ignored and kind != "models":
             result.ignored_columns[Path(s.path).name] = s.ignored
@@ -475,7 +543,7 @@ def run_import(tx: Tx, files: dict[str, str], progress: bool = False, embed_text
         import_evaluations(tx, staged["evaluations"], batch_id, result)
     if "splits" in staged:
         import_splits(tx, staged["splits"], result)
-    if embed_texts:
+    if embed_texts and "queries" in staged:  # in the queries' transaction: no query is left without its vector
         result.texts_embedded = embed_missing_texts(tx, progress=progress)
     for s in staged.values():
         tx.duck.execute(f"DROP TABLE IF EXISTS {s.table}; DROP TABLE IF EXISTS {s.table}_n")

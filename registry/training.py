@@ -25,21 +25,22 @@ from .encoder import EncoderConfig, LocusModel
 @dataclass
 class TrainConfig:
     seed: int = 0
-    max_steps: int = 600
+    max_steps: int = 400
     eval_every: int = 25          # steps between validation checks
     patience: int = 8             # validation checks without improvement before stopping
-    anchors: int = 1024           # largest anchor set per model and step
+    anchors: int = 512            # largest anchor set per model and step
     min_anchors: int = 32         # smallest
     n_targets: int = 2048         # target queries per step (shared by the models, minus each one's anchors)
     lr_encoder: float = 5e-4
     lr_predictor: float = 1e-3
     weight_decay: float = 0.05
     warmup: int = 30
-    noise_start: float = 0.03     # std of Gaussian noise on query vectors, cosine-annealed over max_steps
-    noise_end: float = 0.01
+    noise_start: float = 0.02     # std of Gaussian noise on query vectors, cosine-annealed over max_steps
+    noise_end: float = 0.005
     grad_clip: float = 1.0
+    route_weight: float = 1.0     # weight of the listwise routing loss (softmax over models per target query)
     ema: float = 0.98             # validation and the result use an exponential moving average of the weights (0: off)
-    eval_max_set: int | None = 1024  # cap per model when embedding for validation (seeded draw; None = all)
+    eval_max_set: int | None = 512   # cap per model when embedding for validation (seeded draw; None = all)
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
 
 
@@ -121,6 +122,17 @@ def evaluate(model: LocusModel, qvecs, correct, embed_idx, eval_idx, max_set=Non
 
 # ---------------------------------------------------------------- training
 
+def routing_loss(logits, y, valid):
+    """-log P(route to a model that answered), softmax over the models per query: BCE alone learns base rates
+    well but barely ranks models within a query, so routing collapses onto the strongest model.
+    logits, y, valid [M,T]; queries no valid model answered are skipped. Finite fill (not -inf) keeps grads finite."""
+    pos = valid & (y > 0.5)
+    has = pos.any(0)                                                       # [T]
+    lse_all = torch.logsumexp(logits.masked_fill(~valid, -1e4), 0)        # [T]
+    lse_pos = torch.logsumexp(logits.masked_fill(~pos, -1e4), 0)          # [T]
+    return (lse_all - lse_pos)[has].mean()
+
+
 def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: TrainConfig | None = None,
           progress: Callable[[dict], None] | None = None) -> tuple[LocusModel, EncoderConfig, dict]:
     """Train on the train queries; keep the state with the best validation hit@1 (ties: lower validation BCE)."""
@@ -178,7 +190,10 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
             valid = obs_tr[:, t_idx] & ~in_anchor[:, t_idx]                                      # [M,T]
             qt = q_tr[t_idx] + noise * torch.randn(len(t_idx), q_tr.shape[1])
             logits = model.predict_logits(z, qt)                                                  # [M,T]
-            loss = F.binary_cross_entropy_with_logits(logits[valid], y_tr[:, t_idx][valid])
+            yt = y_tr[:, t_idx]
+            loss = F.binary_cross_entropy_with_logits(logits[valid], yt[valid])
+            if cfg.route_weight > 0:
+                loss = loss + cfg.route_weight * routing_loss(logits, yt, valid)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)

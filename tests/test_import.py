@@ -178,3 +178,13 @@ def test_cli_read_commands_json(db_copy):
     assert shown["name"] == "gemma-7b" and shown["per_category"]
     missing = runner.invoke(cli, ["--db", str(db_copy), "show", "no-such-model"])
     assert missing.exit_code == 1 and "unknown model 'no-such-model'" in missing.output
+
+
+def test_identical_repeated_rows_collapse_into_one(db_copy, small_data, tmp_path):
+    q0, q1 = some_query_ids(small_data, 2)
+    f = tmp_path / "rep.csv"
+    f.write_text(f"model,question_id,correct\nrep-model,{q0},1\nrep-model,{q1},0\nrep-model,{q0},1\n")
+    with Registry(db_copy) as reg:
+        r = reg.import_files(evaluations=str(f))
+        assert r.evaluations_added == 2 and r.evaluations_read == 3
+        assert reg.show("rep-model").evaluations == 2

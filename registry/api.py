@@ -7,9 +7,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import ingest
-from .errors import InputError, NotFound
-from .store import Store
+from . import encoders, index, ingest, onboarding
+from .errors import InputError, NotFound, RegistryError
+from .store import Store, Tx
 
 
 @dataclass
@@ -53,12 +53,66 @@ def to_dict(obj) -> dict:
     return asdict(obj)
 
 
+@dataclass
+class Neighbour:
+    model: str
+    distance: float
+    disagreement: float | None = None   # share of shared evaluated queries where the two differ
+    shared_queries: int | None = None
+
+
+@dataclass
+class RegisterResult:
+    model: str
+    version: int | None
+    outcome: str                        # embedded | unchanged | too few evaluations
+    n_evaluations: int
+    stability: float | None
+    neighbours: list[Neighbour]
+    warning: str | None
+    evaluations_added: int
+    queries_added: int
+
+
+@dataclass
+class VersionInfo:
+    version: int
+    encoder: str
+    encoder_id: int
+    n_evaluations: int
+    created: str
+    reason: str
+    batch_id: int | None
+    stability: float | None
+    digest: str
+    distance_moved: float | None        # from the previous version under the same encoder
+
+
+@dataclass
+class History:
+    model: str
+    versions: list[VersionInfo]
+
+
+@dataclass
+class Diff:
+    model: str
+    v1: int
+    v2: int
+    distance: float
+    neighbours_v1: list[Neighbour]
+    neighbours_v2: list[Neighbour]
+    predicted_accuracy: dict[str, dict]  # category -> {"v1", "v2", "change"}
+
+
 class Registry:
     """A model registry in one DuckDB file. `Registry(path)` opens (and, if new, creates) it."""
 
-    def __init__(self, path: str | Path | None = None, migrate: bool = True):
+    def __init__(self, path: str | Path | None = None, migrate: bool = True,
+                 min_evaluations: int = onboarding.MIN_EVALUATIONS):
         self.store = Store(path, migrate=migrate)
         self.path = self.store.path
+        self.min_evaluations = min_evaluations
 
     def close(self) -> None:
         self.store.close()
@@ -72,7 +126,7 @@ class Registry:
     # --- writing ------------------------------------------------------------------------------------------------
     def import_files(self, models: str | None = None, queries: str | None = None, evaluations: str | None = None,
                      splits: str | None = None, directory: str | None = None,
-                     progress: bool = False) -> ingest.ImportResult:
+                     progress: bool = False, onboard: bool = True) -> ingest.ImportResult:
         """Import any of models (CSV), queries (CSV/JSONL/Parquet), evaluations (long format) and splits, or a
         folder laid out like ../shared/data/mmlu-pro. All or nothing: a bad file changes nothing."""
         files = ingest.files_in_dir(directory) if directory else {}
@@ -83,8 +137,12 @@ class Registry:
         if not files:
             raise InputError("nothing to import: give a folder or at least one of --models, --queries, "
                              "--evaluations, --splits")
+        self._finish_pending()  # a crash may have left jobs behind: any writing command finishes them
         with self.store.tx() as tx:
-            return ingest.run_import(tx, files, progress=progress)
+            result = ingest.run_import(tx, files, progress=progress)
+        if onboard:
+            result.onboarding = [asdict(o) for o in self.onboard()]
+        return result
 
     # --- reading ------------------------------------------------------------------------------------------------
     def models(self) -> list[ModelInfo]:
@@ -126,6 +184,259 @@ class Registry:
             splits = dict(tx.sql("SELECT split, count(*) FROM query_splits GROUP BY split ORDER BY split"))
         return Stats(models=models, queries=queries, evaluations=current, evaluation_rows=rows,
                      text_vectors=vectors, import_batches=batches, splits=splits, path=self.path)
+
+
+    # --- onboarding, embedding versions, neighbours ----------------------------------------------------------
+    def onboard(self, all_models: bool = False) -> list[onboarding.JobOutcome]:
+        """Run every pending onboarding job (`all_models`: re-embed every model) and write the new versions."""
+        with self.store.tx() as tx:
+            return onboarding.run_pending(tx, self.min_evaluations, all_models=all_models)
+
+    def _finish_pending(self) -> None:
+        with self.store.tx() as tx:
+            has = bool(onboarding.pending(tx))
+        if has:
+            self.onboard()
+
+    def register(self, name: str, evals: str, family: str | None = None, provider: str | None = None,
+                  params_b: float | None = None, cost: float | None = None, open_weights: bool | None = None,
+                  tags: dict | None = None, k: int = 5, progress: bool = False) -> RegisterResult:
+        """Register (or update) a model with its 0/1 results and embed it with the active encoder, in one call."""
+        name = (name or "").strip()
+        if not name:
+            raise InputError("empty model name")
+        for label, value in (("params_b", params_b), ("cost", cost)):
+            if value is not None and not (value >= 0 and value != float("inf")):
+                raise InputError(f"{label} must be a non-negative number, got {value}")
+        self._finish_pending()
+        with self.store.tx() as tx:
+            _upsert_model_metadata(tx, name, family=family, provider=provider, params_b=params_b, cost=cost,
+                                   open_weights=open_weights, tags=tags)
+            imported = ingest.run_model_import(tx, name, str(evals), progress=progress)
+        outcomes = {o.model: o for o in self.onboard()}
+        with self.store.tx() as tx:
+            o = outcomes.get(name)
+            if o is None:  # nothing new: report the model's current state
+                n = tx.sql(f"""SELECT count(*) FROM {CURRENT_EVALUATIONS} e JOIN models m ON m.id = e.model_id
+                               WHERE m.name = ?""", [name])[0][0]
+                latest = tx.sql("""SELECT max(version) FROM embedding_versions v JOIN models m ON m.id = v.model_id
+                                   WHERE m.name = ?""", [name])[0][0]
+                o = onboarding.JobOutcome(name, "unchanged", latest, int(n))
+            neighbours, warning = [], None
+            if o.version is not None:
+                neighbours = self._neighbours_of(tx, name, k)
+                warning = _duplicate_warning(tx, name, neighbours)
+        return RegisterResult(model=name, version=o.version, outcome=o.outcome, n_evaluations=o.n_evaluations,
+                              stability=o.stability, neighbours=neighbours, warning=warning,
+                              evaluations_added=imported.evaluations_added, queries_added=imported.queries_added)
+
+    def _neighbours_of(self, tx: Tx, name: str, k: int, as_of: str | None = None,
+                       exclude: set[str] | None = None) -> list[Neighbour]:
+        encoder_id = _active_encoder(tx, as_of)
+        vector, _ = _vector_of(tx, name, encoder_id, as_of)
+        return self._similar_by_vector(tx, vector, k, encoder_id, as_of, exclude=(exclude or set()) | {name},
+                                       compare_with=name)
+
+    def _similar_by_vector(self, tx: Tx, vector, k: int, encoder_id: int, as_of: str | None = None,
+                           exclude: set[str] | None = None, compare_with: str | None = None) -> list[Neighbour]:
+        """The core of every similarity question: the k nearest current embeddings to one vector."""
+        vi = index.get(tx, self.path, encoder_id, as_of)
+        exclude = exclude or set()
+        if k <= 0:
+            raise InputError(f"k must be at least 1, got {k}")
+        dist, ids = vi.search(vector[None, :], min(vi.size, k + len(exclude)))
+        out = [Neighbour(vi.names[int(i)], round(float(d), 4)) for d, i in zip(dist[0], ids[0])
+               if i >= 0 and vi.names[int(i)] not in exclude][:k]
+        if compare_with and out:
+            agree = dict((r[0], (r[1], r[2])) for r in tx.sql(f"""
+                SELECT o.name, count(*), avg((a.correct <> b.correct)::INT)
+                FROM {CURRENT_EVALUATIONS} a JOIN {CURRENT_EVALUATIONS} b ON a.query_id = b.query_id
+                JOIN models s ON s.id = a.model_id JOIN models o ON o.id = b.model_id
+                WHERE s.name = ? AND o.name IN (SELECT unnest(?)) GROUP BY o.name""",
+                [compare_with, [n.model for n in out]]))
+            for n in out:
+                if n.model in agree:
+                    n.shared_queries, n.disagreement = int(agree[n.model][0]), round(float(agree[n.model][1]), 4)
+        return out
+
+    def history(self, name: str) -> History:
+        with self.store.tx() as tx:
+            if not tx.sql("SELECT 1 FROM models WHERE name = ?", [name]):
+                raise NotFound(f"unknown model {name!r}")
+            rows = tx.sql("""
+                SELECT v.version, e.name, v.encoder_id, v.n_evaluations, v.created::VARCHAR, v.reason, v.batch_id,
+                       v.stability, v.digest, v.vector
+                FROM embedding_versions v JOIN models m ON m.id = v.model_id JOIN encoders e ON e.id = v.encoder_id
+                WHERE m.name = ? ORDER BY v.version""", [name])
+        import numpy as np
+
+        versions, last = [], {}
+        for version, enc, enc_id, n, created, reason, batch, stab, digest, vec in rows:
+            vec = np.asarray(vec, dtype=np.float32)
+            moved = None if enc_id not in last else round(float(np.linalg.norm(vec - last[enc_id])), 4)
+            last[enc_id] = vec
+            versions.append(VersionInfo(version, enc, enc_id, n, created, reason, batch,
+                                        None if stab is None else round(stab, 4), digest, moved))
+        return History(name, versions)
+
+    def diff(self, name: str, v1: int | None = None, v2: int | None = None, k: int = 5) -> Diff:
+        """How far a model moved between two versions (default: the two newest), how its nearest neighbours changed
+        (as the registry stood at each version), and how its predicted accuracy per category changed."""
+        import numpy as np
+
+        with self.store.tx() as tx:
+            rows = {r[0]: r[1:] for r in tx.sql("""
+                SELECT v.version, v.encoder_id, v.vector, v.created::VARCHAR FROM embedding_versions v
+                JOIN models m ON m.id = v.model_id WHERE m.name = ? ORDER BY v.version""", [name])}
+            if not rows:
+                self.show(name)  # raises NotFound for an unknown model
+                raise NotFound(f"model {name!r} has no embedding versions")
+            newest = sorted(rows)
+            v2 = v2 if v2 is not None else newest[-1]
+            v1 = v1 if v1 is not None else (newest[-2] if len(newest) > 1 else newest[-1])
+            for v in (v1, v2):
+                if v not in rows:
+                    raise NotFound(f"model {name!r} has no version {v} (versions: {newest})")
+            (e1, z1, t1), (e2, z2, t2) = rows[v1], rows[v2]
+            z1, z2 = np.asarray(z1, np.float32), np.asarray(z2, np.float32)
+            distance = float(np.linalg.norm(z1 - z2)) if e1 == e2 else float("nan")
+            n1 = self._similar_by_vector(tx, z1, k, e1, as_of=t1, exclude={name}, compare_with=name)
+            n2 = self._similar_by_vector(tx, z2, k, e2, as_of=t2, exclude={name}, compare_with=name)
+            acc = {}
+            for version, enc, z in ((v1, e1, z1), (v2, e2, z2)):
+                for cat, p in _predicted_category_accuracy(tx, enc, z).items():
+                    acc.setdefault(cat, {})["v1" if version == v1 else "v2"] = round(p, 4)
+            for cat, d in acc.items():
+                d.setdefault("v2", d.get("v1"))
+                d["change"] = round(d["v2"] - d["v1"], 4)
+        return Diff(name, v1, v2, round(distance, 4), n1, n2, acc)
+
+    def encoders(self) -> list[encoders.EncoderInfo]:
+        with self.store.tx() as tx:
+            encoders.ensure_default(tx)
+            return encoders.listing(tx)
+
+    def activate_encoder(self, encoder_id: int) -> list[onboarding.JobOutcome]:
+        """Make an encoder active; every model is re-embedded under it (old versions stay)."""
+        with self.store.tx() as tx:
+            encoders.activate(tx, int(encoder_id))
+        return self.onboard()
+
+    def install_encoder(self, path: str, name: str | None = None, activate: bool = False) -> int:
+        p = Path(path)
+        if not p.is_file():
+            raise InputError("no such file", file=str(path))
+        with self.store.tx() as tx:
+            encoder_id = encoders.install(tx, p.read_bytes(), name=name, source=str(path))
+        if activate:
+            self.activate_encoder(encoder_id)
+        return encoder_id
+
+    def recompute_version(self, name: str, version: int):
+        """(stored vector, recomputed vector, digest matches) for one version: versions are reproducible."""
+        with self.store.tx() as tx:
+            row = tx.sql("""SELECT v.id FROM embedding_versions v JOIN models m ON m.id = v.model_id
+                            WHERE m.name = ? AND v.version = ?""", [name, version])
+            if not row:
+                raise NotFound(f"model {name!r} has no version {version}")
+            return onboarding.recompute(tx, row[0][0])
+
+    def similar(self, model: str | None = None, k: int = 5, evals: str | None = None,
+                 as_of: str | None = None) -> list[Neighbour]:
+        """Nearest registered models to a registered model, or to results of an unregistered one (`evals`, embedded
+        on the fly, nothing written)."""
+        if (model is None) == (evals is None):
+            raise InputError("give a model name or an evaluations file (not both)")
+        with self.store.tx() as tx:
+            if model is not None:
+                return self._neighbours_of(tx, model, k, as_of)
+            encoder_id = _active_encoder(tx, as_of)
+            vector = self._embed_file(tx, evals, encoder_id)
+            return self._similar_by_vector(tx, vector, k, encoder_id, as_of)
+
+    def _embed_file(self, tx: Tx, evals: str, encoder_id: int):
+        """Embed results of an unregistered model from a file, inside a transaction that the caller rolls back."""
+        probe = "__probe__"
+        tx.sql("INSERT INTO models (name, tags) VALUES (?, '{}'::JSON) RETURNING id", [probe])
+        imported = ingest.run_model_import(tx, probe, str(evals))
+        model_id = tx.sql("SELECT id FROM models WHERE name = ?", [probe])[0][0]
+        model, meta = encoders.load(tx, encoder_id)
+        s = onboarding.evaluation_sets(tx, [model_id], imported.batch_id or 0, meta.get("embed_max_set"))[model_id]
+        if s.n < self.min_evaluations:
+            raise InputError(f"{s.n} evaluations; at least {self.min_evaluations} are needed to embed a model",
+                             file=str(evals))
+        z, _ = onboarding.compute(tx, model, [s], with_stability=False)
+        tx.session.rollback()  # nothing of the probe is written
+        return z[0]
+
+
+def _upsert_model_metadata(tx: Tx, name: str, **fields) -> None:
+    """Insert the model if new; set only the metadata fields given (None leaves a field as it is)."""
+    tags = fields.pop("tags", None)
+    if not tx.sql("SELECT 1 FROM models WHERE name = ?", [name]):
+        tx.sql("INSERT INTO models (name, tags) VALUES (?, ?::JSON) RETURNING id", [name, json.dumps(tags or {})])
+    sets = {k: v for k, v in fields.items() if v is not None}
+    if sets:
+        assignments = ", ".join(f"{k} = ?" for k in sets)
+        tx.sql(f"UPDATE models SET {assignments} WHERE name = ? RETURNING id", list(sets.values()) + [name])
+    if tags:
+        old = json.loads(tx.sql("SELECT tags::VARCHAR FROM models WHERE name = ?", [name])[0][0] or "{}")
+        tx.sql("UPDATE models SET tags = ?::JSON WHERE name = ? RETURNING id", [json.dumps({**old, **tags}), name])
+
+
+def _duplicate_warning(tx: Tx, name: str, neighbours: list[Neighbour]) -> str | None:
+    from . import fingerprint
+
+    if not neighbours:
+        return None
+    threshold = fingerprint.threshold(tx)
+    nearest = neighbours[0]
+    if threshold is not None and nearest.distance <= threshold:
+        return (f"{name} sits {nearest.distance:.3f} from {nearest.model} (same-model threshold {threshold:.3f}): "
+                f"probably the same model under another name")
+    return None
+
+
+def _vector_of(tx: Tx, name: str, encoder_id: int, as_of: str | None = None):
+    when = "AND v.created <= ?::TIMESTAMP" if as_of else ""
+    row = tx.sql(f"""SELECT v.vector, v.version FROM embedding_versions v JOIN models m ON m.id = v.model_id
+                     WHERE m.name = ? AND v.encoder_id = ? {when} ORDER BY v.version DESC LIMIT 1""",
+                 [name, encoder_id] + ([as_of] if as_of else []))
+    if not row:
+        if not tx.sql("SELECT 1 FROM models WHERE name = ?", [name]):
+            raise NotFound(f"unknown model {name!r}")
+        raise NotFound(f"model {name!r} has no embedding under the active encoder"
+                       + (f" as of {as_of}" if as_of else "") + " (too few evaluations? run `registry onboard`)")
+    import numpy as np
+
+    return np.asarray(row[0][0], dtype=np.float32), row[0][1]
+
+
+def _active_encoder(tx: Tx, as_of: str | None = None) -> int:
+    encoder_id = encoders.active_id(tx, as_of) if as_of else encoders.ensure_default(tx)
+    if encoder_id is None:
+        raise RegistryError("no active encoder: train one (`registry train`) or install one "
+                            "(`registry encoders install FILE`)")
+    return encoder_id
+
+
+def _predicted_category_accuracy(tx: Tx, encoder_id: int, z) -> dict[str, float]:
+    """Mean predicted P(correct) per query category, over every query the registry has a vector for."""
+    import numpy as np
+    import torch
+
+    model, _ = encoders.load(tx, encoder_id)
+    qids = np.array([r[0] for r in tx.sql("SELECT id FROM queries ORDER BY id")], dtype=np.int64)
+    if not len(qids):
+        return {}
+    row_of, qmat = onboarding.query_vectors(tx, qids)
+    cats = dict(tx.sql("SELECT id, coalesce(category, '(none)') FROM queries"))
+    with torch.no_grad():
+        p = torch.sigmoid(model.predict_logits(torch.from_numpy(z[None, :]), torch.from_numpy(qmat)))[0].numpy()
+    out: dict[str, list] = {}
+    for qid, row in row_of.items():
+        out.setdefault(cats[qid], []).append(p[row])
+    return {c: float(np.mean(v)) for c, v in sorted(out.items())}
 
 
 def _model_info(cls, row):

@@ -22,6 +22,7 @@ class EncoderConfig:
     n_isab: int = 2
     d_hidden: int = 64     # predictor MLP hidden width
     dropout: float = 0.1
+    query_bias: bool = False  # predictor adds a per-query logit bias from u alone (difficulty)
 
 
 class MAB(nn.Module):
@@ -92,16 +93,33 @@ class LocusModel(nn.Module):
         self.w_zu = nn.Linear(d, cfg.d_hidden, bias=False)
         self.head = nn.Linear(cfg.d_hidden, 1)
         self.drop = nn.Dropout(cfg.dropout)
+        if cfg.query_bias:
+            self.q_bias = nn.Linear(d, 1)                                    # difficulty: logit += q_bias(u)
 
-    def embed(self, q, y, mask):
-        # q [B,N,Dq] float, y [B,N] float 0/1, mask [B,N] bool -> z [B,D]
-        y = y.to(q.dtype)[..., None]                                         # [B,N,1]
-        x = torch.cat([q, y, q * (2 * y - 1)], dim=-1)                       # [B,N,2Dq+1]
-        x = x.masked_fill(~mask[..., None], 0.0)                             # padded values never enter, even NaN
-        h = self.inp(x)                                                      # [B,N,D]
+    def row_proj(self, q):
+        """q [...,Dq] -> (P, S) [...,D]: the query parts of the input layer. A row [q, y, q*(2y-1)] enters as
+        P + (2y-1) * S + y * w_y + b, so P and S can be computed once per query and shared by every model's set."""
+        dq = self.cfg.d_query
+        w = self.inp.weight                                                  # [D, 2Dq+1]
+        return F.linear(q, w[:, :dq]), F.linear(q, w[:, dq + 1:])
+
+    def embed_proj(self, P, S, y, mask):
+        # P, S [B,N,D] (row_proj of the rows' query vectors), y [B,N] 0/1, mask [B,N] bool or None -> z [B,D]
+        y = y.to(P.dtype)[..., None]                                         # [B,N,1]
+        h = P + (2 * y - 1) * S + y * self.inp.weight[:, self.cfg.d_query] + self.inp.bias   # = inp([q, y, q*(2y-1)])
+        if mask is not None:
+            h = h.masked_fill(~mask[..., None], 0.0)                         # padded values never enter, even NaN
+            if bool(mask.all()):
+                mask = None                                                  # no padding: unmasked attention
         for isab in self.isabs:
             h = isab(h, mask)                                                # [B,N,D]
         return self.out(self.pma(h, mask)[:, 0])                             # [B,D]
+
+    def embed(self, q, y, mask):
+        # q [B,N,Dq] float, y [B,N] float 0/1, mask [B,N] bool -> z [B,D]
+        q = q.masked_fill(~mask[..., None], 0.0)                             # padded values never enter, even NaN
+        P, S = self.row_proj(q)
+        return self.embed_proj(P, S, y, mask)
 
     def query_proj(self, q):
         return self.q_proj(q)                                                # [N,Dq] -> u [N,D]
@@ -123,7 +141,10 @@ class LocusModel(nn.Module):
             pre = (zw @ uc.T).view(M, Hd, -1)                                # [M,Hd,n] = W_zu (z*u)
             pre = pre + a[:, :, None] + self.w_u(uc).T[None]                 # + W_z z + b + W_u u
             h = self.drop(F.relu(pre))                                       # [M,Hd,n]
-            out.append(torch.einsum("mhn,h->mn", h, self.head.weight[0]) + self.head.bias)  # [M,n]
+            o = torch.einsum("mhn,h->mn", h, self.head.weight[0]) + self.head.bias         # [M,n]
+            if self.cfg.query_bias:
+                o = o + self.q_bias(uc)[:, 0][None]
+            out.append(o)
         return torch.cat(out, dim=1)                                         # [M,N]
 
     def n_params(self) -> int:

@@ -19,7 +19,7 @@ from typing import Callable
 
 import pyarrow as pa
 
-from . import textvec
+from . import onboarding, textvec
 from .errors import InputError
 from .store import Tx
 
@@ -57,6 +57,7 @@ class ImportResult:
     texts_embedded: int = 0
     affected_models: list[str] = field(default_factory=list)
     ignored_columns: dict[str, list[str]] = field(default_factory=dict)
+    onboarding: list[dict] = field(default_factory=list)  # what the onboarding jobs did right after the import
 
 
 @dataclass
@@ -161,7 +162,7 @@ def _source(path: str, fmt: str, names: list[str] | None = None, delim: str = ",
 
 
 def stage(tx: Tx, kind: str, path: str, table: str, project: Callable[[dict[str, str]], str] | None = None,
-          with_lines: bool = True) -> Staged:
+          with_lines: bool = True, constants: dict[str, str] | None = None) -> Staged:
     """Read one file into a temporary table with canonical columns (VARCHAR).
 
     `project` may turn the canonical columns into the stage's select list (to normalise in the same pass);
@@ -189,7 +190,7 @@ def stage(tx: Tx, kind: str, path: str, table: str, project: Callable[[dict[str,
             if alias in types:
                 chosen[canon] = alias
                 break
-    missing = [c for c in REQUIRED[kind] if c not in chosen]
+    missing = [c for c in REQUIRED[kind] if c not in chosen and c not in (constants or {})]
     if missing:
         wanted = " or ".join(repr(a) for a in COLUMNS[kind][missing[0]])
         raise InputError(f"missing column {wanted} (found: {', '.join(types) or 'none'})", file=path, line=1)
@@ -201,6 +202,8 @@ def stage(tx: Tx, kind: str, path: str, table: str, project: Callable[[dict[str,
         col = '"' + original.replace('"', '""') + '"'
         exprs[canon] = f"to_json({col})::VARCHAR" if dtype.endswith("]") or dtype.startswith(("STRUCT", "MAP")) \
             else (col if dtype == "VARCHAR" else f"CAST({col} AS VARCHAR)")
+    for canon, value in (constants or {}).items():
+        exprs.setdefault(canon, _sql_str(value))
     ignored = [types[c][0] for c in types if c not in chosen.values()]
     selects = project(exprs) if project else ", ".join(f"{e} AS {c}" for c, e in exprs.items())
     if kind == "models":  # kept, as tags
@@ -441,13 +444,16 @@ def import_evaluations(tx: Tx, staged: Staged, batch_id: int, result: ImportResu
     result.evaluations_read += staged.rows
     result.evaluations_added += sum(n for _, n, _ in added)
     if added:
+        onboarding.enqueue(tx, [m for m, _, _ in added], "new evaluations", batch_id=batch_id)  # the outbox
         ids = ", ".join(str(m) for m, _, _ in added)
         result.affected_models = sorted(set(result.affected_models) | {
             r[0] for r in tx.sql(f"SELECT name FROM models WHERE id IN ({ids})")})
 
 
-def stage_evaluations(tx: Tx, path: str, table: str) -> Staged:
-    return stage(tx, "evaluations", path, table, with_lines=False, project=lambda e: (
+def stage_evaluations(tx: Tx, path: str, table: str, model: str | None = None) -> Staged:
+    """One pass over the file, normalised on the way in. `model` names the model when the file has no column."""
+    return stage(tx, "evaluations", path, table, with_lines=False, constants={"model": model} if model else None,
+                 project=lambda e: (
         f"trim({e['model']}) AS model, trim({e['qid']}) AS qid, {e['correct']} AS raw, "
         f"{TRUE_FALSE.format(c=e['correct'])} AS c"))
 
@@ -518,8 +524,7 @@ def files_digest(files: dict[str, str]) -> str:
     return h.hexdigest()
 
 
-def run_import(tx: Tx, files: dict[str, str], progress: bool = False, embed_texts: bool = True,
-               on_evaluations: Callable[[Tx, int, ImportResult], None] | None = None) -> ImportResult:
+def run_import(tx: Tx, files: dict[str, str], progress: bool = False, embed_texts: bool = True) -> ImportResult:
     """Import the given files (keys: models, queries, evaluations, splits) inside the caller's transaction."""
     for path in files.values():
         _check_path(path)
@@ -547,17 +552,46 @@ def run_import(tx: Tx, files: dict[str, str], progress: bool = False, embed_text
         result.texts_embedded = embed_missing_texts(tx, progress=progress)
     for s in staged.values():
         tx.duck.execute(f"DROP TABLE IF EXISTS {s.table}; DROP TABLE IF EXISTS {s.table}_n")
+    _record_batch(tx, batch_id, files, digest, result)
+    return result
+
+
+def _record_batch(tx: Tx, batch_id: int, files: dict[str, str], digest: str, result: ImportResult) -> None:
+    """Write the batch row if the import changed anything (a no-op import leaves no trace)."""
     changed = (result.models_added or result.models_updated or result.queries_added or result.evaluations_added
                or result.splits_set)
     if not changed:
         result.batch_id = None
-        return result
+        return
     counts = {"models_added": result.models_added, "models_updated": result.models_updated,
               "queries_added": result.queries_added, "evaluations_read": result.evaluations_read,
               "evaluations_added": result.evaluations_added, "splits_set": result.splits_set}
     tx.duck.execute("INSERT INTO import_batches (id, files, row_counts, digest) VALUES (?, ?, ?, ?)",
                     [batch_id, json.dumps({k: str(Path(v).resolve()) for k, v in files.items()}),
                      json.dumps(counts), digest])
-    if on_evaluations is not None and result.evaluations_added:
-        on_evaluations(tx, batch_id, result)
+
+
+def run_model_import(tx: Tx, model: str, path: str, progress: bool = False) -> ImportResult:
+    """One model's results (`registry register`): query id and correct per row, the model column optional; query
+    texts may come along (a text/question column) for queries the registry does not have yet."""
+    _check_path(path)
+    batch_id = int(tx.sql("SELECT nextval('import_batches_id_seq')")[0][0])
+    result = ImportResult(batch_id=batch_id)
+    fmt = _file_format(path)
+    columns = set(_csv_header(path)[0]) if fmt == "csv" else {
+        r[0] for r in tx.sql(f"DESCRIBE SELECT * FROM {_source(path, fmt)}")}
+    columns = {c.strip().lower() for c in columns}
+    if any(a in columns for a in COLUMNS["queries"]["text"]):
+        queries = stage(tx, "queries", path, "_stage_queries")
+        tx.duck.execute("DELETE FROM _stage_queries WHERE id IN (SELECT external_id FROM queries)")
+        if tx.sql("SELECT count(*) FROM _stage_queries")[0][0]:
+            import_queries(tx, queries, result)
+            result.texts_embedded = embed_missing_texts(tx, progress=progress)
+    staged = stage_evaluations(tx, path, "_stage_evaluations", model=model)
+    other = tx.sql(f"SELECT model FROM _stage_evaluations WHERE model IS DISTINCT FROM {_sql_str(model)} LIMIT 1")
+    if other:
+        raise InputError(f"the file holds results of model {other[0][0]!r}, not {model!r}", file=path)
+    import_evaluations(tx, staged, batch_id, result)
+    tx.duck.execute("DROP TABLE IF EXISTS _stage_evaluations; DROP TABLE IF EXISTS _stage_queries")
+    _record_batch(tx, batch_id, {"evaluations": path}, files_digest({"evaluations": path}), result)
     return result

@@ -96,3 +96,62 @@ class QuerySplit(Base):
     __tablename__ = "query_splits"
     query_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     split: Mapped[str] = mapped_column(String, nullable=False)  # train | val | test
+
+
+class Encoder(Base):
+    """A LOCUS checkpoint: safetensors bytes (config and meta inside), never pickled."""
+    __tablename__ = "encoders"
+    id: Mapped[int] = _id("encoders_id_seq")
+    name: Mapped[str] = mapped_column(String, unique=True, nullable=False)
+    text_encoder: Mapped[str] = mapped_column(String, nullable=False)
+    config: Mapped[dict] = mapped_column(JSON, nullable=False)
+    meta: Mapped[dict] = mapped_column(JSON, nullable=False)   # metrics, training-data digest, embedding policy
+    weights: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+    weights_sha256: Mapped[str] = mapped_column(String, nullable=False)
+    created: Mapped[datetime] = mapped_column(DateTime, server_default=func.now(), nullable=False)
+
+
+class EncoderActivation(Base):
+    """Append-only: the newest activation names the active encoder (and `--as-of` can look back)."""
+    __tablename__ = "encoder_activations"
+    id: Mapped[int] = _id("encoder_activations_id_seq")
+    encoder_id: Mapped[int] = mapped_column(Integer, nullable=False)
+    created: Mapped[datetime] = mapped_column(DateTime, server_default=func.now(), nullable=False)
+
+
+class EmbeddingVersion(Base):
+    """Append-only: a version is never changed or deleted."""
+    __tablename__ = "embedding_versions"
+    __table_args__ = (UniqueConstraint("model_id", "version"),)
+    id: Mapped[int] = _id("embedding_versions_id_seq")
+    model_id: Mapped[int] = mapped_column(Integer, nullable=False)
+    version: Mapped[int] = mapped_column(Integer, nullable=False)           # 1, 2, ... per model
+    encoder_id: Mapped[int] = mapped_column(Integer, nullable=False)
+    vector: Mapped[list[float]] = mapped_column(FixedVector(128), nullable=False)
+    n_evaluations: Mapped[int] = mapped_column(Integer, nullable=False)
+    digest: Mapped[str] = mapped_column(String, nullable=False)             # sha256 of exactly the evaluations used
+    through_batch: Mapped[int] = mapped_column(Integer, nullable=False)     # evaluations of batches <= this one
+    reason: Mapped[str] = mapped_column(String, nullable=False)             # new evaluations | new encoder | manual
+    batch_id: Mapped[int | None] = mapped_column(Integer)                   # the import batch that triggered it
+    stability: Mapped[float | None] = mapped_column(Double)                 # spread over random halves
+    created: Mapped[datetime] = mapped_column(DateTime, server_default=func.now(), nullable=False)
+
+
+class OnboardingJob(Base):
+    """The outbox: written in the same transaction as the evaluations that call for a new embedding."""
+    __tablename__ = "onboarding_jobs"
+    id: Mapped[int] = _id("onboarding_jobs_id_seq")
+    model_id: Mapped[int] = mapped_column(Integer, nullable=False)
+    reason: Mapped[str] = mapped_column(String, nullable=False)
+    batch_id: Mapped[int | None] = mapped_column(Integer)
+    encoder_id: Mapped[int | None] = mapped_column(Integer)
+    created: Mapped[datetime] = mapped_column(DateTime, server_default=func.now(), nullable=False)
+
+
+class OnboardingResult(Base):
+    """A job is done when it has a result (append-only, so a crash can never leave a job half-updated)."""
+    __tablename__ = "onboarding_results"
+    job_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    outcome: Mapped[str] = mapped_column(String, nullable=False)   # embedded | unchanged | too few evaluations
+    version_id: Mapped[int | None] = mapped_column(Integer)
+    finished: Mapped[datetime] = mapped_column(DateTime, server_default=func.now(), nullable=False)

@@ -77,7 +77,11 @@ class Store:
                 raise DatabaseLocked(_locked_message(self.path, exc)) from None
             raise RegistryError(f"{self.path}: cannot open database: {str(exc).splitlines()[0]}") from None
         if migrate:
-            self.ensure_schema()
+            try:
+                self.ensure_schema()
+            except BaseException:
+                self.engine.dispose()  # release the file: nothing of ours may keep it open after a refusal
+                raise
 
     # --- schema -------------------------------------------------------------------------------------------
     def current_revision(self) -> str | None:

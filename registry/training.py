@@ -27,21 +27,25 @@ class TrainConfig:
     seed: int = 0
     max_steps: int = 400
     eval_every: int = 25          # steps between validation checks
-    patience: int = 8             # validation checks without improvement before stopping
-    anchors: int = 512            # largest anchor set per model and step
-    min_anchors: int = 32         # smallest
-    n_targets: int = 2048         # target queries per step (shared by the models, minus each one's anchors)
+    patience: int = 1000          # validation checks without improvement before stopping (default: never)
+    n_targets: int = 2048         # target queries per step, shared by the models, disjoint from the sets below
+    big_set: int = 1024           # per step, each model embeds this many train evaluations (shared queries) -> z_big
+    anchors: int = 512            # largest small set (a random subset of the big set) -> z_small
+    min_anchors: int = 32         # smallest small set (log-uniform size, one size per step)
+    consistency: float = 1.0      # weight of mean((z_small - stopgrad(z_big))^2)
+    geo_weight: float = 0.0       # weight of the geometry loss (s*||z_a - z_b|| - disagreement_ab)^2 on z_big
     lr_encoder: float = 5e-4
     lr_predictor: float = 1e-3
-    weight_decay: float = 0.05
+    lr_min_frac: float = 0.05     # cosine decay to this fraction of the peak lr
+    weight_decay: float = 0.01
     warmup: int = 30
-    noise_start: float = 0.02     # std of Gaussian noise on query vectors, cosine-annealed over max_steps
-    noise_end: float = 0.005
+    noise_start: float = 0.0      # std of Gaussian noise on query vectors, cosine-annealed over max_steps
+    noise_end: float = 0.0
     grad_clip: float = 1.0
-    route_weight: float = 1.0     # weight of the listwise routing loss (softmax over models per target query)
-    ema: float = 0.98             # validation and the result use an exponential moving average of the weights (0: off)
-    eval_max_set: int | None = 512   # cap per model when embedding for validation (seeded draw; None = all)
-    encoder: EncoderConfig = field(default_factory=EncoderConfig)
+    route_weight: float = 0.0     # weight of the listwise routing loss (softmax over models per target query)
+    ema: float = 0.0              # validation and the result use an exponential moving average of the weights (0: off)
+    eval_max_set: int | None = 2048  # cap per model when embedding for validation (seeded draw; None = all)
+    encoder: EncoderConfig = field(default_factory=lambda: EncoderConfig(dropout=0.0))
 
 
 # ---------------------------------------------------------------- embedding and scoring
@@ -64,6 +68,7 @@ def _model_rows(correct: np.ndarray, idx_subset, max_set: int | None, seed: int 
 def _embed_rows(model: LocusModel, q: torch.Tensor, correct: np.ndarray, rows: list[np.ndarray],
                 budget: int = 1 << 16) -> torch.Tensor:
     """Padded, masked batches of sets; about `budget` padded rows per forward pass. -> z [M,D]"""
+    P_all, S_all = model.row_proj(q)                                       # [Nq,D] each, once for every model
     zs, start = [], 0
     while start < len(rows):
         end, width = start, 0
@@ -77,7 +82,8 @@ def _embed_rows(model: LocusModel, q: torch.Tensor, correct: np.ndarray, rows: l
         for i, m in enumerate(range(start, end)):
             r = rows[m]
             idx[i, :len(r)], y[i, :len(r)], mask[i, :len(r)] = r, correct[m, r], True
-        zs.append(model.embed(q[torch.from_numpy(idx)], torch.from_numpy(y), torch.from_numpy(mask)))
+        it = torch.from_numpy(idx)
+        zs.append(model.embed_proj(P_all[it], S_all[it], torch.from_numpy(y), torch.from_numpy(mask)))
         start = end
     return torch.cat(zs)
 
@@ -117,7 +123,8 @@ def evaluate(model: LocusModel, qvecs, correct, embed_idx, eval_idx, max_set=Non
     obs = c >= 0
     pt = torch.from_numpy(p[obs].astype(np.float64)).clamp(1e-7, 1 - 1e-7)
     bce = float(F.binary_cross_entropy(pt, torch.from_numpy((c[obs] == 1).astype(np.float64))))
-    return {"hit@1": hit_at_k(p, c, 1), "bce": bce, **predictor_metrics(p, c)}
+    n_routed = int(len(np.unique(np.argmax(p.astype(np.float64), axis=0))))
+    return {"hit@1": hit_at_k(p, c, 1), "bce": bce, "n_routed": n_routed, **predictor_metrics(p, c)}
 
 
 # ---------------------------------------------------------------- training
@@ -133,9 +140,26 @@ def routing_loss(logits, y, valid):
     return (lse_all - lse_pos)[has].mean()
 
 
+def disagreement(correct: np.ndarray, idx) -> np.ndarray:
+    """[M,M] share of queries in idx, among those both models answered, on which they differ."""
+    c = correct[:, np.asarray(idx)]
+    obs = (c >= 0).astype(np.float64)
+    y = (c == 1).astype(np.float64)
+    both = obs @ obs.T
+    diff = (y * obs) @ ((1 - y) * obs).T
+    return (diff + diff.T) / np.maximum(both, 1)
+
+
 def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: TrainConfig | None = None,
           progress: Callable[[dict], None] | None = None) -> tuple[LocusModel, EncoderConfig, dict]:
-    """Train on the train queries; keep the state with the best validation hit@1 (ties: lower validation BCE)."""
+    """Train on the train queries; keep the state with the best validation hit@1 (ties: lower validation BCE).
+
+    Each step: the train queries are split at random into targets (n_targets) and the rest; every model embeds its
+    evaluations on big_set of the rest (the same queries for all models) -> z_big, nearly deterministic, and a random
+    subset of that (size log-uniform in [min_anchors, anchors], its own draw per model) -> z_small. The predictor is
+    trained with BCE on the targets from both embeddings (targets are never in a set, as at routing time); a
+    consistency term pulls z_small to stopgrad(z_big), so a few evaluations embed close to many.
+    """
     cfg = cfg or TrainConfig()
     t0 = time.time()
     det_before = torch.are_deterministic_algorithms_enabled()
@@ -145,22 +169,29 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
         rng = np.random.default_rng(cfg.seed)
         ecfg = copy.deepcopy(cfg.encoder)
         model = LocusModel(ecfg)
-        enc_params = [p for n, p in model.named_parameters() if not n.startswith(("q_proj", "w_", "head"))]
-        dec_params = [p for n, p in model.named_parameters() if n.startswith(("q_proj", "w_", "head"))]
-        opt = torch.optim.AdamW([{"params": enc_params, "lr": cfg.lr_encoder},
-                                 {"params": dec_params, "lr": cfg.lr_predictor}], weight_decay=cfg.weight_decay)
-        base_lrs = [cfg.lr_encoder, cfg.lr_predictor]
-        ema_model = copy.deepcopy(model) if cfg.ema > 0 else model    # smooths step-to-step noise in the routing
+        is_dec = lambda n: n.startswith(("q_proj", "q_bias", "w_", "head"))
+        enc_params = [p for n, p in model.named_parameters() if not is_dec(n)]
+        dec_params = [p for n, p in model.named_parameters() if is_dec(n)]
+        log_s = torch.zeros((), requires_grad=True)              # geometry scale, training only (not saved)
+        groups = [{"params": enc_params, "lr": cfg.lr_encoder}, {"params": dec_params, "lr": cfg.lr_predictor}]
+        if cfg.geo_weight > 0:
+            groups.append({"params": [log_s], "lr": cfg.lr_predictor, "weight_decay": 0.0})
+        opt = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
+        base_lrs = [g["lr"] for g in groups]
+        ema_model = copy.deepcopy(model) if cfg.ema > 0 else model
 
         q_all = torch.from_numpy(np.ascontiguousarray(qvecs, dtype=np.float32))
         tr = np.asarray(train_idx)
         c_tr = correct[:, tr]                                   # [M,Ntr]
         M, n_tr = c_tr.shape
-        obs_rows = [np.nonzero(c_tr[m] >= 0)[0] for m in range(M)]   # positions within tr
         y_tr = torch.from_numpy((c_tr == 1).astype(np.float32))
-        obs_tr = torch.from_numpy(c_tr >= 0)
+        obs_np = c_tr >= 0
+        obs_tr = torch.from_numpy(obs_np)
         q_tr = q_all[torch.from_numpy(tr)]                      # [Ntr,Dq]
         lo, hi = math.log(cfg.min_anchors), math.log(cfg.anchors)
+        n_big = min(cfg.big_set, n_tr - cfg.n_targets)
+        iu = np.triu_indices(M, 1)
+        dis = torch.from_numpy(disagreement(correct, tr)[iu].astype(np.float32))      # [pairs]
 
         best_key, best_state, best_step, best_val, bad = None, None, 0, {}, 0
         hist, losses = [], []
@@ -169,31 +200,55 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
             model.train()
             frac = (step - 1) / max(1, cfg.max_steps - 1)
             noise = cfg.noise_end + 0.5 * (cfg.noise_start - cfg.noise_end) * (1 + math.cos(math.pi * frac))
+            if step <= cfg.warmup:
+                lr_f = step / max(1, cfg.warmup)
+            else:
+                f = (step - cfg.warmup) / max(1, cfg.max_steps - cfg.warmup)
+                lr_f = cfg.lr_min_frac + (1 - cfg.lr_min_frac) * 0.5 * (1 + math.cos(math.pi * f))
             for g, lr in zip(opt.param_groups, base_lrs):
-                g["lr"] = lr * min(1.0, step / max(1, cfg.warmup))
+                g["lr"] = lr * lr_f
 
-            # anchor sets: one random size for the step, each model its own draw from its train evaluations
+            perm = rng.permutation(n_tr)
+            t_np, big_np = perm[:cfg.n_targets], np.sort(perm[cfg.n_targets:cfg.n_targets + n_big])
+            big_t = torch.from_numpy(big_np)
+            qb = q_tr[big_t]
+            if noise > 0:
+                qb = qb + noise * torch.randn(qb.shape)
+            Pb, Sb = model.row_proj(qb)                                                           # [nb,D] each
+            yb = y_tr[:, big_t]                                                                   # [M,nb]
+            mb = obs_tr[:, big_t]
+            z_big = model.embed_proj(Pb[None].expand(M, -1, -1), Sb[None].expand(M, -1, -1), yb, mb)   # [M,D]
+
+            # small sets: per model its own draw of k of its observed big-set rows
             k = int(round(math.exp(rng.uniform(lo, hi))))
-            anchor = np.zeros((M, k), dtype=np.int64)
+            pos = np.zeros((M, k), dtype=np.int64)
             mask_np = np.zeros((M, k), dtype=bool)
-            in_anchor_np = np.zeros((M, n_tr), dtype=bool)
-            for m, r in enumerate(obs_rows):                    # a model with fewer than k evaluations: pad + mask
+            mbn = obs_np[:, big_np]
+            for m in range(M):
+                r = np.nonzero(mbn[m])[0]
                 a = rng.choice(r, size=min(k, len(r)), replace=False)
-                anchor[m, :len(a)], mask_np[m, :len(a)], in_anchor_np[m, a] = a, True, True
-            a_idx, mask, in_anchor = (torch.from_numpy(x) for x in (anchor, mask_np, in_anchor_np))
-            qa = q_tr[a_idx] + noise * torch.randn(M, k, q_tr.shape[1])                          # [M,k,Dq]
-            ya = torch.gather(y_tr, 1, a_idx)                                                     # [M,k]
-            z = model.embed(qa, ya, mask)                                                         # [M,D]
+                pos[m, :len(a)], mask_np[m, :len(a)] = a, True
+            pos_t = torch.from_numpy(pos)
+            z_small = model.embed_proj(Pb[pos_t], Sb[pos_t], torch.gather(yb, 1, pos_t), torch.from_numpy(mask_np))
 
-            # targets: shared fresh queries; a model's own anchors and missing entries are left out of the loss
-            t_idx = torch.from_numpy(rng.choice(n_tr, size=min(cfg.n_targets, n_tr), replace=False))
-            valid = obs_tr[:, t_idx] & ~in_anchor[:, t_idx]                                      # [M,T]
-            qt = q_tr[t_idx] + noise * torch.randn(len(t_idx), q_tr.shape[1])
-            logits = model.predict_logits(z, qt)                                                  # [M,T]
-            yt = y_tr[:, t_idx]
-            loss = F.binary_cross_entropy_with_logits(logits[valid], yt[valid])
+            t_idx = torch.from_numpy(t_np)
+            qt = q_tr[t_idx]
+            if noise > 0:
+                qt = qt + noise * torch.randn(qt.shape)
+            u = model.query_proj(qt)                                                              # [T,D]
+            logits = model.logits_from_u(torch.cat([z_big, z_small]), u)                          # [2M,T]
+            yt, valid = y_tr[:, t_idx].repeat(2, 1), obs_tr[:, t_idx].repeat(2, 1)
+            bce = F.binary_cross_entropy_with_logits(logits[valid], yt[valid])
+            loss = 2 * bce
+            cons = ((z_small - z_big.detach()) ** 2).mean()
+            loss = loss + cfg.consistency * cons
             if cfg.route_weight > 0:
-                loss = loss + cfg.route_weight * routing_loss(logits, yt, valid)
+                loss = loss + cfg.route_weight * routing_loss(logits[:M], yt[:M], valid[:M])
+            geo = torch.zeros(())
+            if cfg.geo_weight > 0:
+                dist = torch.pdist(z_big)                                                         # [pairs], triu order
+                geo = ((log_s.exp() * dist - dis) ** 2).mean()
+                loss = loss + cfg.geo_weight * geo
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -203,7 +258,7 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
                     d = min(cfg.ema, (step - 1) / (step + 9))             # short warm-up of the average
                     for pe, p in zip(ema_model.parameters(), model.parameters()):
                         pe.lerp_(p, 1 - d)
-            losses.append(float(loss.detach()))
+            losses.append((float(bce.detach()), float(cons.detach()), float(geo.detach())))
 
             if step % cfg.eval_every == 0 or step == cfg.max_steps:
                 val = evaluate(ema_model, qvecs, correct, tr, val_idx, max_set=cfg.eval_max_set)
@@ -214,10 +269,11 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
                     best_state = copy.deepcopy(ema_model.state_dict())
                 else:
                     bad += 1
-                info = {"step": step, "max_steps": cfg.max_steps, "loss": float(np.mean(losses[-cfg.eval_every:])),
-                        "val_hit@1": val["hit@1"], "val_auc": val["auc"], "val_bce": val["bce"],
-                        "best_val_hit@1": best_val["hit@1"], "best_step": best_step, "anchors": k,
-                        "noise": noise, "elapsed_s": time.time() - t0}
+                lm = np.mean(losses[-cfg.eval_every:], axis=0)
+                info = {"step": step, "max_steps": cfg.max_steps, "loss": float(lm[0]), "cons": float(lm[1]),
+                        "geo": float(lm[2]), "val_hit@1": val["hit@1"], "val_auc": val["auc"], "val_bce": val["bce"],
+                        "val_n_routed": val["n_routed"], "best_val_hit@1": best_val["hit@1"],
+                        "best_step": best_step, "anchors": k, "noise": noise, "elapsed_s": time.time() - t0}
                 hist.append(info)
                 if progress:
                     progress(info)
@@ -227,7 +283,8 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
         model.eval()
         metrics = {"best_step": best_step, "steps": step, "wall_s": time.time() - t0, "n_params": model.n_params(),
                    **{f"val_{k}": v for k, v in best_val.items()}, "train_config": asdict(cfg),
-                   "history": [{k: h[k] for k in ("step", "loss", "val_hit@1", "val_auc", "val_bce")} for h in hist]}
+                   "history": [{k: h[k] for k in ("step", "loss", "cons", "val_hit@1", "val_auc", "val_bce",
+                                                  "val_n_routed")} for h in hist]}
         return model, ecfg, metrics
     finally:
         torch.use_deterministic_algorithms(det_before)

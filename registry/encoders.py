@@ -1,0 +1,116 @@
+"""Encoder checkpoints kept in the registry: install, list, activate, load.
+
+A checkpoint is safetensors bytes with its config and meta in the header (checkpoint.py); the registry stores the
+bytes as they are, and the active encoder is the newest row of `encoder_activations`. Activating another encoder
+enqueues a re-embedding of every model; old versions stay.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import textvec
+from .errors import InputError, NotFound
+from .store import Tx
+
+SHIPPED = Path(__file__).resolve().parent.parent / "data" / "locus-mmlu-pro.safetensors"
+_models: dict[str, object] = {}  # weights sha256 -> LocusModel, loaded once per process
+
+
+@dataclass
+class EncoderInfo:
+    id: int
+    name: str
+    text_encoder: str
+    active: bool
+    metrics: dict
+    created: str
+    weights_sha256: str
+    n_bytes: int
+
+
+def checkpoint_header(blob: bytes, source: str = "checkpoint") -> dict:
+    """The checkpoint's config and meta, read without torch; refuses anything that is not our safetensors."""
+    from . import checkpoint
+    read_header = getattr(checkpoint, "read_header", None) or checkpoint._read_header  # TODO: torch-free
+
+    try:
+        return read_header(blob)
+    except ValueError as exc:
+        raise InputError(str(exc), file=source) from None
+
+
+def install(tx: Tx, blob: bytes, name: str | None = None, source: str = "checkpoint") -> int:
+    """Store a checkpoint (bytes as given). Refused if it expects another text encoder than this registry's."""
+    header = checkpoint_header(blob, source)
+    meta = header.get("meta", {})
+    expects = meta.get("text_encoder")
+    if expects != textvec.TEXT_ENCODER:
+        raise InputError(f"encoder expects text encoder {expects!r}, but this registry embeds query text with "
+                         f"{textvec.TEXT_ENCODER!r}", file=source)
+    sha = hashlib.sha256(blob).hexdigest()
+    same = tx.sql("SELECT id FROM encoders WHERE weights_sha256 = ?", [sha])
+    if same:
+        return int(same[0][0])
+    name = name or meta.get("name") or f"locus-{sha[:12]}"
+    if tx.sql("SELECT 1 FROM encoders WHERE name = ?", [name]):
+        name = f"{name}-{sha[:8]}"
+    return int(tx.sql("""INSERT INTO encoders (name, text_encoder, config, meta, weights, weights_sha256)
+                         VALUES (?, ?, ?, ?, ?, ?) RETURNING id""",
+                      [name, expects, json.dumps(header["config"]), json.dumps(meta), blob, sha])[0][0])
+
+
+def active_id(tx: Tx, as_of: str | None = None) -> int | None:
+    where = "WHERE created <= ?::TIMESTAMP" if as_of else ""
+    row = tx.sql(f"SELECT encoder_id FROM encoder_activations {where} ORDER BY id DESC LIMIT 1",
+                 [as_of] if as_of else [])
+    return int(row[0][0]) if row else None
+
+
+def ensure_default(tx: Tx) -> int | None:
+    """A registry without encoders gets the shipped checkpoint, active, so onboarding needs no training."""
+    current = active_id(tx)
+    if current is not None or not SHIPPED.is_file():
+        return current
+    encoder_id = install(tx, SHIPPED.read_bytes(), source=str(SHIPPED))
+    tx.sql("INSERT INTO encoder_activations (encoder_id) VALUES (?) RETURNING id", [encoder_id])
+    return encoder_id
+
+
+def activate(tx: Tx, encoder_id: int) -> None:
+    """Make an encoder active and enqueue a re-embedding of every model under it."""
+    from . import onboarding
+
+    if not tx.sql("SELECT 1 FROM encoders WHERE id = ?", [encoder_id]):
+        raise NotFound(f"unknown encoder {encoder_id}")
+    if active_id(tx) == encoder_id:
+        return
+    tx.sql("INSERT INTO encoder_activations (encoder_id) VALUES (?) RETURNING id", [encoder_id])
+    ids = [r[0] for r in tx.sql("SELECT id FROM models ORDER BY id")]
+    onboarding.enqueue(tx, ids, "new encoder", encoder_id=encoder_id)
+
+
+def listing(tx: Tx) -> list[EncoderInfo]:
+    active = active_id(tx)
+    rows = tx.sql("""SELECT id, name, text_encoder, meta::VARCHAR, created::VARCHAR, weights_sha256, octet_length(weights)
+                     FROM encoders ORDER BY id""")
+    return [EncoderInfo(id=i, name=n, text_encoder=t, active=(i == active), metrics=json.loads(m).get("metrics", {}),
+                        created=c, weights_sha256=s, n_bytes=b) for i, n, t, m, c, s, b in rows]
+
+
+def load(tx: Tx, encoder_id: int):
+    """(LocusModel in eval mode, meta) for an encoder id; the weights are parsed once per process."""
+    row = tx.sql("SELECT weights_sha256, meta::VARCHAR FROM encoders WHERE id = ?", [encoder_id])
+    if not row:
+        raise NotFound(f"unknown encoder {encoder_id}")
+    sha, meta = row[0]
+    if sha not in _models:
+        from .checkpoint import load_checkpoint
+
+        blob = tx.sql("SELECT weights FROM encoders WHERE id = ?", [encoder_id])[0][0]
+        model, _, _ = load_checkpoint(bytes(blob))
+        model.eval()
+        _models[sha] = model
+    return _models[sha], json.loads(meta)

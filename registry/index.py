@@ -1,0 +1,114 @@
+"""The vector index: FAISS over the current embedding version of every model, one index per encoder.
+
+Derived from the database, never its source of truth. A process keeps its index in memory and a sidecar file
+(`<db>.index/encoder-<id>.faiss`, with the newest version id it holds) lets the next process start from it; before
+answering, versions newer than that are applied (remove the model's old vector, add the new), so an answer is never
+stale and nothing is rebuilt when nothing changed. `as_of` answers build a transient index from the versions that
+existed then.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .store import Tx
+
+_cache: dict[tuple[str, int], "VectorIndex"] = {}
+
+
+@dataclass
+class VectorIndex:
+    encoder_id: int
+    index: object                 # faiss.IndexIDMap2 over IndexFlatL2, ids = model ids
+    names: dict[int, str]         # model id -> name
+    through_version: int          # newest embedding_versions.id applied
+
+    def search(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """[n,128] -> (distances [n,k] (L2, not squared), model ids [n,k]); -1 ids where fewer than k exist."""
+        d, ids = self.index.search(np.ascontiguousarray(vectors, dtype=np.float32), k)
+        return np.sqrt(np.maximum(d, 0)), ids
+
+    @property
+    def size(self) -> int:
+        return int(self.index.ntotal)
+
+    def vectors(self) -> tuple[np.ndarray, np.ndarray]:
+        """(model ids [n], vectors [n,128]) currently indexed."""
+        import faiss
+
+        ids = faiss.vector_to_array(self.index.id_map).astype(np.int64)
+        return ids, np.vstack([self.index.reconstruct(int(i)) for i in ids]) if len(ids) else np.zeros((0, 128), np.float32)
+
+
+def current_versions(tx: Tx, encoder_id: int, as_of: str | None = None, after_version_id: int = 0):
+    """The newest version per model under one encoder (as it stood at `as_of`), with id > after_version_id.
+    -> (version ids [n], model ids [n], names [n], vectors [n,128] float32)"""
+    when = "AND v.created <= ?::TIMESTAMP" if as_of else ""
+    tbl = tx.duck.execute(f"""
+        SELECT v.id, v.model_id, m.name, v.vector FROM embedding_versions v JOIN models m ON m.id = v.model_id
+        WHERE v.encoder_id = ? {when} AND v.id > ?
+        QUALIFY row_number() OVER (PARTITION BY v.model_id ORDER BY v.version DESC) = 1
+        ORDER BY v.model_id""", [encoder_id] + ([as_of] if as_of else []) + [after_version_id]).to_arrow_table()
+    n = tbl.num_rows
+    flat = tbl.column("vector").combine_chunks().flatten().to_numpy(zero_copy_only=False) if n else np.zeros(0)
+    return (tbl.column("id").to_numpy(), tbl.column("model_id").to_numpy().astype(np.int64),
+            tbl.column("name").to_pylist(), flat.reshape(n, -1).astype(np.float32) if n else np.zeros((0, 128), np.float32))
+
+
+def _new_index(dim: int = 128):
+    import faiss
+
+    return faiss.IndexIDMap2(faiss.IndexFlatL2(dim))
+
+
+def _sidecar(db_path: str, encoder_id: int) -> Path:
+    return Path(f"{db_path}.index") / f"encoder-{encoder_id}.faiss"
+
+
+def get(tx: Tx, db_path: str, encoder_id: int, as_of: str | None = None) -> VectorIndex:
+    """The index of the active versions under `encoder_id`, brought up to date before it answers."""
+    import faiss
+
+    if as_of:
+        _, mids, names, vecs = current_versions(tx, encoder_id, as_of)
+        idx = _new_index()
+        if len(mids):
+            idx.add_with_ids(vecs, mids)
+        return VectorIndex(encoder_id, idx, dict(zip(mids.tolist(), names)), -1)
+    key = (str(Path(db_path).resolve()), encoder_id)
+    vi = _cache.get(key)
+    side = _sidecar(db_path, encoder_id)
+    if vi is None and side.is_file() and side.with_suffix(".json").is_file():
+        meta = json.loads(side.with_suffix(".json").read_text())
+        vi = VectorIndex(encoder_id, faiss.deserialize_index(np.fromfile(side, dtype=np.uint8)),
+                         {int(k): v for k, v in meta["names"].items()}, int(meta["through_version"]))
+    newest = int(tx.sql("SELECT coalesce(max(id), 0) FROM embedding_versions WHERE encoder_id = ?",
+                        [encoder_id])[0][0])
+    if vi is None or vi.through_version > newest:  # no index yet, or one from another database file
+        vi = VectorIndex(encoder_id, _new_index(), {}, 0)
+    if newest > vi.through_version:
+        _, mids, names, vecs = current_versions(tx, encoder_id, after_version_id=vi.through_version)
+        if len(mids):
+            vi.index.remove_ids(mids)
+            vi.index.add_with_ids(vecs, mids)
+            vi.names.update(zip(mids.tolist(), names))
+        vi.through_version = newest
+        _save(vi, side)
+    _cache[key] = vi
+    return vi
+
+
+def _save(vi: VectorIndex, side: Path) -> None:
+    """Best effort: the sidecar only saves the next process some work; the database stays the truth."""
+    import faiss
+
+    try:
+        side.parent.mkdir(exist_ok=True)
+        faiss.serialize_index(vi.index).tofile(side)
+        side.with_suffix(".json").write_text(json.dumps({"through_version": vi.through_version,
+                                                         "names": {str(k): v for k, v in vi.names.items()}}))
+    except OSError:
+        pass

@@ -1,8 +1,9 @@
 """Train LOCUS on MMLU-Pro, save the checkpoint, and compare it with the baselines on the test split.
 
-    .venv/bin/python bench/train_locus.py --seed 0 --out /work/cache/locus.safetensors
+    .venv/bin/python bench/train_locus.py --seed 0 --threads 1 --out /work/cache/locus.safetensors
 
-Models are embedded for routing from all of their train-split evaluations. Every method sees the same queries.
+LOCUS routes with models embedded from all of their non-test evaluations (train and val), as the registry embeds
+them. Baselines are fitted on train (val for their hyperparameters). Every method is scored on the same test queries.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import hashlib
 import json
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import duckdb
@@ -20,6 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from registry import baselines as B  # noqa: E402
 from registry.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from registry.encoder import EncoderConfig  # noqa: E402
 from registry.training import TrainConfig, embed_models, predict_proba, train  # noqa: E402
 
 DATA = Path("/work/shared/data/mmlu-pro")
@@ -48,15 +51,63 @@ def digest(*arrays) -> str:
     return h.hexdigest()[:16]
 
 
+def fingerprint(model, qvecs, correct, n=128, seeds=range(5)):
+    """Each model embedded twice from two disjoint random sets of n of its evaluations (any split): how often the
+    second embedding's nearest first embedding (L2) is the same model; and same- vs different-model distances."""
+    M = correct.shape[0]
+    top1, same, diff = [], [], []
+    for s in seeds:
+        rng = np.random.default_rng(1000 + s)
+        first, second = [], []
+        for m in range(M):
+            r = rng.permutation(np.nonzero(correct[m] >= 0)[0])[:2 * n]
+            first.append(np.sort(r[:n]))
+            second.append(np.sort(r[n:]))
+        za = _embed_sets(model, qvecs, correct, first)
+        zb = _embed_sets(model, qvecs, correct, second)
+        d = np.linalg.norm(zb[:, None, :] - za[None, :, :], axis=-1)          # [M,M] second x first
+        top1.append(float((d.argmin(1) == np.arange(M)).mean()))
+        same.extend(np.diag(d).tolist())
+        diff.extend(d[~np.eye(M, dtype=bool)].tolist())
+    same, diff = np.array(same), np.array(diff)
+    return {"top1": float(np.mean(top1)), "top1_per_seed": top1,
+            "same_q": np.quantile(same, [0.5, 0.95, 1.0]).tolist(), "diff_q": np.quantile(diff, [0.0, 0.05, 0.5]).tolist(),
+            "separable_95": bool(np.quantile(same, 0.95) < np.quantile(diff, 0.05))}
+
+
+def _embed_sets(model, qvecs, correct, rows):
+    from registry.training import _embed_rows
+    with torch.no_grad():
+        model.eval()
+        return _embed_rows(model, torch.from_numpy(qvecs), correct, rows).numpy()
+
+
+def geometry(z, correct, idx):
+    from scipy.stats import pearsonr, spearmanr
+    from registry.training import disagreement
+    M = z.shape[0]
+    iu = np.triu_indices(M, 1)
+    dist = np.linalg.norm(z[:, None] - z[None], axis=-1)[iu]
+    dis = disagreement(correct, idx)[iu]
+    acc = B.model_accuracy(correct[:, idx])
+    dacc = np.abs(acc[:, None] - acc[None])[iu]
+    # partial correlation of distance and disagreement, controlling for the accuracy difference
+    res = lambda a: a - np.polyval(np.polyfit(dacc, a, 1), dacc)
+    return {"pairs": int(len(dist)), "pearson": float(pearsonr(dist, dis)[0]), "spearman": float(spearmanr(dist, dis)[0]),
+            "pearson_dist_vs_acc_gap": float(pearsonr(dist, dacc)[0]),
+            "partial_given_acc_gap": float(pearsonr(res(dist), res(dis))[0])}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="/work/cache/locus.safetensors")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--max-steps", type=int, default=None)
-    ap.add_argument("--mf-seeds", type=int, default=1)
+    ap.add_argument("--mf-seeds", type=int, default=3)
     ap.add_argument("--skip-baselines", action="store_true")
-    ap.add_argument("--set", nargs="*", default=[], help="TrainConfig overrides, e.g. noise_start=0.05")
+    ap.add_argument("--set", nargs="*", default=[],
+                    help="TrainConfig overrides, e.g. geo_weight=0.1; encoder fields as enc.d_hidden=128")
     ap.add_argument("--embed-max-set", type=int, default=None, help="cap per model for routing embeddings")
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args()
@@ -64,21 +115,31 @@ def main():
 
     qvecs, correct, models, sp = load_data()
     tr, va, te = sp["train"], sp["val"], sp["test"]
+    nontest = np.sort(np.concatenate([tr, va]))
     ct = correct[:, te]
     print(f"{len(models)} models, {qvecs.shape[0]} queries: train {len(tr)} / val {len(va)} / test {len(te)}")
 
     cfg = TrainConfig(seed=args.seed)
     if args.max_steps:
         cfg.max_steps = args.max_steps
+    enc = {}
     for kv in args.set:
         k, v = kv.split("=", 1)
-        old = getattr(cfg, k)
-        setattr(cfg, k, None if v == "None" else type(old)(v) if old is not None else int(v))
+        obj, k = (cfg.encoder, k[4:]) if k.startswith("enc.") else (cfg, k)
+        old = getattr(obj, k)
+        val = None if v == "None" else (v.lower() in ("1", "true")) if isinstance(old, bool) else \
+            type(old)(v) if old is not None else int(v)
+        if obj is cfg:
+            setattr(cfg, k, val)
+        else:
+            enc[k] = val
+    if enc:
+        cfg.encoder = EncoderConfig(**{**asdict(cfg.encoder), **enc})
 
     def show(i):
-        print(f"  step {i['step']:5d}  loss {i['loss']:.4f}  val hit@1 {i['val_hit@1']:.4f}  auc {i['val_auc']:.4f}"
-              f"  bce {i['val_bce']:.4f}  best {i['best_val_hit@1']:.4f}@{i['best_step']}  {i['elapsed_s']:.0f}s",
-              flush=True)
+        print(f"  step {i['step']:5d}  bce {i['loss']:.4f}  cons {i['cons']:.3f}  val hit@1 {i['val_hit@1']:.4f}"
+              f"  auc {i['val_auc']:.4f}  bce {i['val_bce']:.4f}  routed {i['val_n_routed']:2d}"
+              f"  best {i['best_val_hit@1']:.4f}@{i['best_step']}  {i['elapsed_s']:.0f}s", flush=True)
 
     t0 = time.time()
     model, ecfg, metrics = train(qvecs, correct, tr, va, cfg, progress=show)
@@ -86,17 +147,44 @@ def main():
     print(f"trained in {wall:.0f}s, best step {metrics['best_step']} of {metrics['steps']}, {metrics['n_params']} params")
 
     # test figures come from the checkpoint as saved, so they describe what is shipped
-    meta = {"text_encoder": "all-MiniLM-L6-v2@256", "data": "mmlu-pro", "data_digest": digest(qvecs, correct),
-            "seed": args.seed, "train_wall_s": round(wall, 1), "best_step": metrics["best_step"],
+    meta = {"name": "locus-mmlu-pro-v1", "text_encoder": "all-MiniLM-L6-v2@256", "embed_max_set": args.embed_max_set,
+            "data": "mmlu-pro", "train_data_digest": digest(qvecs, correct, tr, va), "seed": args.seed,
+            "train_wall_s": round(wall, 1), "threads": args.threads, "best_step": metrics["best_step"],
             "val_hit@1": metrics["val_hit@1"], "train_config": metrics["train_config"]}
     blob = save_checkpoint(model, ecfg, meta)
     model, ecfg, meta = load_checkpoint(blob)
     assert save_checkpoint(model, ecfg, meta) == blob
 
-    z = embed_models(model, qvecs, correct, tr, max_set=args.embed_max_set)
+    # routing: every model embedded from all its non-test evaluations (train and val), as the registry does
+    z = embed_models(model, qvecs, correct, nontest, max_set=args.embed_max_set)
     p = predict_proba(model, z, qvecs[te])
     rows = {"LOCUS": B.routing_report(p, ct, p)}
-    meta["test"] = {k: rows["LOCUS"][k] for k in ("hit@1", "hit@3", "hit@5", "auc", "brier")}
+
+    print("\nSample efficiency: LOCUS test hit@1, every model embedded from n random non-test evaluations (5 draws)")
+    eff = {}
+    for n in (32, 64, 128, 256, 512):
+        hits = [B.hit_at_k(predict_proba(model, embed_models(model, qvecs, correct, nontest, max_set=n, seed=s),
+                                         qvecs[te]), ct) for s in range(5)]
+        eff[n] = {"mean": float(np.mean(hits)), "std": float(np.std(hits)), "min": min(hits), "max": max(hits)}
+        print(f"  n={n:4d}: {eff[n]['mean']:.4f} +- {eff[n]['std']:.4f}  (min {min(hits):.4f}, max {max(hits):.4f})")
+    n_all = int(np.mean([(correct[m, nontest] >= 0).sum() for m in range(len(models))]))
+    print(f"  all  : {rows['LOCUS']['hit@1']:.4f}  (~{n_all} per model)")
+
+    fp = fingerprint(model, qvecs, correct)
+    print(f"\nFingerprint (two disjoint sets of 128 per model, 5 seeds): nearest neighbour is the same model "
+          f"{fp['top1']:.3f} {[round(x, 3) for x in fp['top1_per_seed']]}\n  same-model distance median/95%/max "
+          f"{np.round(fp['same_q'], 3).tolist()}; different-model min/5%/median {np.round(fp['diff_q'], 3).tolist()};"
+          f" a threshold separates 95%/95%: {fp['separable_95']}")
+    geo = geometry(z, correct, te)
+    print(f"Geometry ({geo['pairs']} pairs, embeddings from non-test evaluations, disagreement on test): "
+          f"Pearson {geo['pearson']:.3f}, Spearman {geo['spearman']:.3f}; distance vs accuracy gap "
+          f"{geo['pearson_dist_vs_acc_gap']:.3f}; partial r given the accuracy gap {geo['partial_given_acc_gap']:.3f}")
+
+    meta["metrics"] = {"test_" + k: rows["LOCUS"][k] for k in ("hit@1", "hit@3", "hit@5", "auc", "brier", "n_chosen")}
+    meta["metrics"].update({f"test_hit@1_n{n}": round(e["mean"], 4) for n, e in eff.items()},
+                           fingerprint_top1=fp["top1"], geometry_pearson=geo["pearson"],
+                           geometry_spearman=geo["spearman"])
+    meta["metrics"]["val_hit@1"] = metrics["val_hit@1"]
     blob = save_checkpoint(model, ecfg, meta)
     Path(args.out).write_bytes(blob)
     print(f"checkpoint {args.out}: {len(blob)} bytes")
@@ -120,19 +208,14 @@ def main():
     for name, r in rows.items():
         print(f"{name:24s} {fmt(r, 'hit@1')} {fmt(r, 'hit@3')} {fmt(r, 'hit@5')} {fmt(r, 'auc')} {fmt(r, 'brier')}"
               f" {fmt(r, 'acc')} {fmt(r, 'n_chosen', '{:7d}')}")
-
-    print("\nSample efficiency: LOCUS test hit@1, every model embedded from n random train evaluations (5 draws)")
-    eff = {}
-    for n in (32, 64, 128, 256, 512):
-        hits = [B.hit_at_k(predict_proba(model, embed_models(model, qvecs, correct, tr, max_set=n, seed=s),
-                                         qvecs[te]), ct) for s in range(5)]
-        eff[n] = (float(np.mean(hits)), float(np.std(hits)))
-        print(f"  n={n:4d}: {eff[n][0]:.4f} +- {eff[n][1]:.4f}  (min {min(hits):.4f}, max {max(hits):.4f})")
-    print(f"  all  : {rows['LOCUS']['hit@1']:.4f}  (~{int(np.mean([(correct[m, tr] >= 0).sum() for m in range(len(models))]))}"
-          f" per model)")
+    mfh = [r["hit@1"] for n, r in rows.items() if n.startswith("mf")]
+    if mfh:
+        print(f"MF over {len(mfh)} seeds: hit@1 {np.mean(mfh):.4f} +- {np.std(mfh):.4f}; "
+              f"AUC {np.mean([r['auc'] for n, r in rows.items() if n.startswith('mf')]):.4f}")
     print(f"\ntraining wall time {wall:.0f}s; threads {args.threads}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "efficiency": eff, "wall_s": wall,
+        Path(args.json).write_text(json.dumps({"rows": rows, "efficiency": eff, "fingerprint": fp, "geometry": geo,
+                                               "wall_s": wall,
                                                "metrics": {k: v for k, v in metrics.items() if k != "history"}},
                                               indent=1, default=str))
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from . import encoders, index, ingest, onboarding
 from .errors import InputError, NotFound, RegistryError
+from .routing_api import RoutingMixin
 from .store import Store, Tx
 
 
@@ -105,7 +106,7 @@ class Diff:
     predicted_accuracy: dict[str, dict]  # category -> {"v1", "v2", "change"}
 
 
-class Registry:
+class Registry(RoutingMixin):
     """A model registry in one DuckDB file. `Registry(path)` opens (and, if new, creates) it."""
 
     def __init__(self, path: str | Path | None = None, migrate: bool = True,
@@ -241,6 +242,8 @@ class Registry:
                            exclude: set[str] | None = None, compare_with: str | None = None) -> list[Neighbour]:
         """The core of every similarity question: the k nearest current embeddings to one vector."""
         vi = index.get(tx, self.path, encoder_id, as_of)
+        if vi.size == 0:
+            raise InputError("the registry has no embedded models yet: import evaluations first (`registry import`)")
         exclude = exclude or set()
         if k <= 0:
             raise InputError(f"k must be at least 1, got {k}")
@@ -349,10 +352,139 @@ class Registry:
             raise InputError("give a model name or an evaluations file (not both)")
         with self.store.tx() as tx:
             if model is not None:
-                return self._neighbours_of(tx, model, k, as_of)
+                out = self._neighbours_of(tx, model, k, as_of)
+            else:
+                encoder_id = _active_encoder(tx, as_of)
+                vector = self._embed_file(tx, evals, encoder_id)
+                out = self._similar_by_vector(tx, vector, k, encoder_id, as_of)
+        if len(out) < k:
+            raise InputError(f"k={k} is larger than the pool: {len(out)} other embedded models")
+        return out
+
+    # --- the encoder: training and evaluation ------------------------------------------------------------------
+    def evaluate(self, split: str = "test", baselines: bool = True, sample_efficiency: bool = False,
+                 seeds: int = 5):
+        """Routing accuracy and predictor quality of LOCUS on a split, beside the baselines, in one run."""
+        from . import evaluation
+
+        with self.store.tx() as tx:
+            return evaluation.evaluate(tx, split, baselines=baselines, sample_efficiency=sample_efficiency,
+                                       seeds=seeds)
+
+    def train(self, seed: int = 0, anchors: int | None = None, max_steps: int | None = None,
+              activate: bool = False, name: str | None = None, progress=None) -> int:
+        """Train a LOCUS encoder on the registry's own train split (validation split for model selection) and store
+        it as a checkpoint; returns its encoder id. `activate` makes it active (every model is re-embedded)."""
+        from dataclasses import asdict, replace
+
+        from . import evaluation, textvec, training
+        from .checkpoint import save_checkpoint
+
+        with self.store.tx() as tx:
+            data = evaluation.dataset(tx)
+        cfg = training.TrainConfig(seed=seed)
+        if anchors is not None:
+            cfg = replace(cfg, anchors=anchors)
+        if max_steps is not None:
+            cfg = replace(cfg, max_steps=max_steps)
+        model, config, metrics = training.train(data.qvecs, data.correct, data.splits["train"], data.splits["val"],
+                                                cfg, progress=progress)
+        digest = data.digest()
+        meta = {"name": name or f"locus-seed{seed}-{digest[:8]}", "text_encoder": textvec.TEXT_ENCODER,
+                "metrics": metrics, "train_data_digest": digest, "embed_max_set": None,
+                "train_config": json.loads(json.dumps(asdict(cfg), default=str))}
+        blob = save_checkpoint(model, config, meta)
+        with self.store.tx() as tx:
+            encoder_id = encoders.install(tx, blob, name=meta["name"])
+        if activate:
+            self.activate_encoder(encoder_id)
+        return encoder_id
+
+    # --- the embedding space: fingerprint, portfolio, fallback, map, geometry (issue 5) -------------------------
+    def _pool(self, tx: Tx, as_of: str | None = None):
+        from . import geometry
+
+        return geometry.pool(tx, self.path, _active_encoder(tx, as_of), as_of)
+
+    def fingerprint(self, evals: str, as_of: str | None = None):
+        """Is the endpoint behind these results one of the registered models? Nearest model, distance and a verdict
+        from the threshold calibrated on this registry (nothing is written)."""
+        from . import fingerprint
+
+        with self.store.tx() as tx:
             encoder_id = _active_encoder(tx, as_of)
+            self._pool(tx, as_of)  # an empty registry fails here, before the file is read
+            cal = fingerprint.calibration(tx)
             vector = self._embed_file(tx, evals, encoder_id)
-            return self._similar_by_vector(tx, vector, k, encoder_id, as_of)
+            return fingerprint.verdict(self._similar_by_vector(tx, vector, 2, encoder_id, as_of), cal)
+
+    def calibration(self, sample: int | None = None, draws: int = 3):
+        """The same-model threshold and how well it separates same from different models (`fingerprint.Calibration`)."""
+        from . import fingerprint
+
+        with self.store.tx() as tx:
+            return fingerprint.calibration(tx, sample, draws)
+
+    def portfolio(self, k: int | None = None, method: str = "kmedoids", max_params: float | None = None,
+                  max_cost: float | None = None, require=(), exclude=(), target: float | None = None,
+                  seed: int = 0, as_of: str | None = None):
+        """A few models covering the embedding space (`portfolio.Portfolio`); with `target`, the smallest k whose
+        routing accuracy on the test split reaches that share of the whole pool's."""
+        from . import geometry, portfolio
+
+        if k is None and target is None:
+            raise InputError("give k or a target share (e.g. --target 0.99)")
+        with self.store.tx() as tx:
+            p = self._pool(tx, as_of)
+            meta = {n: (pb, c) for n, pb, c in tx.sql("SELECT name, params_b, cost FROM models")}
+            ok, req = portfolio.eligibility(p, meta, exclude, require, max_params, max_cost)
+            if target is None:
+                members, note = portfolio.select(p, k, method, ok, req, seed)
+                return portfolio.describe(p, members, method, note)
+            qids, correct = geometry.test_outcomes(tx, p.model_ids)
+            probs = geometry.predicted(tx, p.encoder_id, p.vectors, qids)
+            return portfolio.smallest_reaching(p, method, ok, req, probs, correct, target, seed)
+
+    def fallback(self, model: str, unavailable=(), k: int = 5, as_of: str | None = None):
+        """Substitutes for a model that is down, nearest first, skipping the unavailable (`fallback.Chain`)."""
+        from . import fallback
+
+        with self.store.tx() as tx:
+            p = self._pool(tx, as_of)
+            fallback.check_names(p, [model], "")
+            fallback.check_names(p, unavailable, "--unavailable")
+            vi = index.get(tx, self.path, p.encoder_id, as_of)
+            links = fallback.chains(vi, p, k, unavailable, only=[p.names.index(model)])[model]
+        if not links:
+            raise InputError(f"no available substitute for {model!r}: every other model is unavailable")
+        return fallback.Chain(model, links)
+
+    def fallback_all(self, unavailable=(), k: int = 5, as_of: str | None = None):
+        """Every model's fallback chain, in one batched search (`fallback.Chains`): what a gateway loads."""
+        from . import fallback
+
+        with self.store.tx() as tx:
+            p = self._pool(tx, as_of)
+            fallback.check_names(p, unavailable, "--unavailable")
+            vi = index.get(tx, self.path, p.encoder_id, as_of)
+            return fallback.Chains(fallback.chains(vi, p, k, unavailable), sorted(set(unavailable)))
+
+    def map(self, out: str = "map.png", seed: int = 0, as_of: str | None = None):
+        """Draw the embeddings in 2-D (t-SNE; PCA for tiny registries), coloured by family (`maps.MapResult`)."""
+        from . import maps
+
+        with self.store.tx() as tx:
+            p = self._pool(tx, as_of)
+            families = dict(tx.sql("SELECT name, family FROM models"))
+        return maps.render(p, families, out, seed)
+
+    def geometry(self, min_shared: int = 10, as_of: str | None = None):
+        """Pearson and Spearman correlation of embedding distance with disagreement on test queries
+        (`geometry.Geometry`)."""
+        from . import geometry
+
+        with self.store.tx() as tx:
+            return geometry.correlation(tx, self._pool(tx, as_of), min_shared)
 
     def _embed_file(self, tx: Tx, evals: str, encoder_id: int):
         """Embed results of an unregistered model from a file, inside a transaction that the caller rolls back."""

@@ -2,7 +2,7 @@
 
 The header metadata holds one key (safetensors keeps metadata in a hash map, so with several keys their order in the
 file could vary between processes); its JSON is written with sorted keys, so saving the same model twice, or saving a
-loaded checkpoint again, gives the same bytes.
+loaded checkpoint again, gives the same bytes. Reading the header (read_header) never imports torch.
 """
 from __future__ import annotations
 
@@ -10,25 +10,27 @@ import json
 import struct
 from dataclasses import asdict, fields
 
-import torch
-from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
+from typing import TYPE_CHECKING
 
-from .encoder import EncoderConfig, LocusModel
+if TYPE_CHECKING:                                   # torch is imported only by the functions that need it
+    from .encoder import EncoderConfig, LocusModel
 
 FORMAT = "locus-checkpoint/1"
 _KEY = "locus"
 
 
-def save_checkpoint(model: LocusModel, config: EncoderConfig, meta: dict) -> bytes:
+def save_checkpoint(model: "LocusModel", config: "EncoderConfig", meta: dict) -> bytes:
+    from safetensors.torch import save as st_save
+
     header = {"format": FORMAT, "config": asdict(config), "meta": meta}
     text = json.dumps(header, sort_keys=True, separators=(",", ":"), allow_nan=False)
     tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
     return st_save(tensors, metadata={_KEY: text})
 
 
-def _read_header(blob: bytes) -> dict:
-    """The safetensors JSON header, checked by hand before any tensor is parsed; anything else is refused."""
+def read_header(blob: bytes) -> dict:
+    """{"format", "config", "meta"} from the safetensors JSON header, checked by hand before any tensor is parsed;
+    anything else raises ValueError. Needs neither torch nor safetensors."""
     if not isinstance(blob, (bytes, bytearray, memoryview)):
         raise ValueError("checkpoint must be bytes")
     blob = bytes(blob)
@@ -45,13 +47,17 @@ def _read_header(blob: bytes) -> dict:
         info = json.loads(text)
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
         raise ValueError(f"not a LOCUS safetensors checkpoint: {e}") from None
-    if info.get("format") != FORMAT:
+    if not isinstance(info, dict) or info.get("format") != FORMAT:
         raise ValueError(f"unknown checkpoint format {info.get('format')!r}")
     return info
 
 
-def load_checkpoint(blob: bytes) -> tuple[LocusModel, EncoderConfig, dict]:
-    info = _read_header(blob)
+def load_checkpoint(blob: bytes) -> tuple["LocusModel", "EncoderConfig", dict]:
+    from safetensors.torch import load as st_load
+
+    from .encoder import EncoderConfig, LocusModel
+
+    info = read_header(blob)
     known = {f.name for f in fields(EncoderConfig)}
     unknown = set(info["config"]) - known
     if unknown:

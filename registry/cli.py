@@ -19,6 +19,8 @@ def _jsonable(obj):
         return asdict(obj)
     if isinstance(obj, list):
         return [_jsonable(o) for o in obj]
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
     return obj
 
 
@@ -195,6 +197,234 @@ def stats(ctx, as_json):
                f"({s.evaluation_rows} rows stored), {s.text_vectors} text vectors, {s.import_batches} import batches")
     if s.splits:
         click.echo("splits: " + ", ".join(f"{k} {v}" for k, v in s.splits.items()))
+
+
+# --- onboarding and embedding history (issue 4) -----------------------------------------------------------------
+def _parse_tags(tags: tuple[str, ...]) -> dict:
+    out = {}
+    for t in tags:
+        if "=" not in t:
+            raise click.BadParameter(f"tag {t!r} is not K=V", param_hint="--tag")
+        k, v = t.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def _neighbour_rows(neighbours) -> list[list]:
+    return [[n.model, f"{n.distance:.4f}", "" if n.disagreement is None else f"{n.disagreement:.3f}",
+             n.shared_queries or ""] for n in neighbours]
+
+
+@cli.command()
+@click.argument("name")
+@click.option("--evals", required=True, type=click.Path(), help="CSV, JSONL or Parquet: query id, correct "
+              "(optional: model; text/question and options for queries the registry does not have).")
+@click.option("--family")
+@click.option("--provider")
+@click.option("--params-b", type=float, help="Parameter count, billions.")
+@click.option("--cost", type=float, help="Price per query (any unit, the same for every model).")
+@click.option("--open-weights/--closed-weights", default=None)
+@click.option("--tag", "tags", multiple=True, help="K=V, repeatable.")
+@click.option("-k", default=5, show_default=True, help="Nearest models to show.")
+@click.option("--min-evals", default=32, show_default=True, help="Fewest evaluations to embed a model.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@handles_errors
+def register(ctx, name, evals, family, provider, params_b, cost, open_weights, tags, k, min_evals, as_json):
+    """Register a model with its 0/1 results and embed it with the active encoder."""
+    reg = open_registry(ctx)
+    reg.min_evaluations = min_evals
+    r = reg.register(name, evals, family=family, provider=provider, params_b=params_b, cost=cost,
+                     open_weights=open_weights, tags=_parse_tags(tags), k=k, progress=not as_json)
+    if as_json:
+        emit_json(r)
+        return
+    click.echo(f"{r.model}: {r.evaluations_added} evaluations added, {r.queries_added} new queries; "
+               f"{r.n_evaluations} evaluations in all")
+    if r.outcome == "too few evaluations":
+        click.echo(f"not embedded: {r.n_evaluations} evaluations, at least {min_evals} needed")
+    elif r.version is not None:
+        stab = "" if r.stability is None else f", stability {r.stability:.3f} (spread over random halves)"
+        click.echo(f"embedding version {r.version} ({r.outcome}{stab})")
+        table(_neighbour_rows(r.neighbours), ["nearest model", "distance", "disagreement", "shared queries"])
+    if r.warning:
+        click.echo(f"warning: {r.warning}")
+
+
+@cli.command()
+@click.option("--all", "all_models", is_flag=True, help="Re-embed every model.")
+@click.option("--min-evals", default=32, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@handles_errors
+def onboard(ctx, all_models, min_evals, as_json):
+    """Run pending onboarding jobs: embed models whose evaluations changed."""
+    reg = open_registry(ctx)
+    reg.min_evaluations = min_evals
+    outcomes = reg.onboard(all_models=all_models)
+    if as_json:
+        emit_json({"jobs": outcomes})
+        return
+    if not outcomes:
+        click.echo("nothing pending")
+        return
+    table([[o.model, o.outcome, o.version or "", o.n_evaluations,
+            "" if o.stability is None else f"{o.stability:.3f}"] for o in outcomes],
+          ["model", "outcome", "version", "evaluations", "stability"])
+
+
+@cli.command()
+@click.argument("model")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@handles_errors
+def history(ctx, model, as_json):
+    """Every embedding version of a model: when, why, from how many evaluations, under which encoder."""
+    h = open_registry(ctx).history(model)
+    if as_json:
+        emit_json(h)
+        return
+    table([[v.version, v.created[:19], v.reason, v.n_evaluations, v.encoder,
+            "" if v.distance_moved is None else f"{v.distance_moved:.4f}",
+            "" if v.stability is None else f"{v.stability:.3f}"] for v in h.versions],
+          ["version", "created", "reason", "evaluations", "encoder", "moved", "stability"])
+
+
+@cli.command()
+@click.argument("model")
+@click.argument("v1", type=int, required=False)
+@click.argument("v2", type=int, required=False)
+@click.option("-k", default=5, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@handles_errors
+def diff(ctx, model, v1, v2, k, as_json):
+    """How far a model moved between two versions, and what changed around it."""
+    d = open_registry(ctx).diff(model, v1, v2, k=k)
+    if as_json:
+        emit_json(d)
+        return
+    click.echo(f"{d.model}: version {d.v1} -> {d.v2}, moved {d.distance:.4f}")
+    click.echo(f"nearest at v{d.v1}: " + ", ".join(f"{n.model} ({n.distance:.3f})" for n in d.neighbours_v1))
+    click.echo(f"nearest at v{d.v2}: " + ", ".join(f"{n.model} ({n.distance:.3f})" for n in d.neighbours_v2))
+    table([[c, f"{a['v1']:.3f}", f"{a['v2']:.3f}", f"{a['change']:+.3f}"] for c, a in d.predicted_accuracy.items()],
+          ["category", f"predicted acc v{d.v1}", f"v{d.v2}", "change"])
+
+
+# --- encoders: training, checkpoints, evaluation (issue 3) -------------------------------------------------------
+@cli.group(invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@handles_errors
+def encoders(ctx, as_json):
+    """List encoder checkpoints (subcommands: activate, install)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    rows = open_registry(ctx).encoders()
+    if as_json:
+        emit_json(rows)
+        return
+    table([[e.id, "*" if e.active else "", e.name, e.text_encoder, e.created[:19], f"{e.n_bytes / 1e6:.1f} MB",
+            e.metrics.get("test", {}).get("hit@1", e.metrics.get("val_hit@1", ""))] for e in rows],
+          ["id", "active", "name", "text encoder", "created", "size", "hit@1"])
+
+
+@encoders.command("activate")
+@click.argument("encoder_id", type=int)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@handles_errors
+def encoders_activate(ctx, encoder_id, as_json):
+    """Make an encoder active; every model is re-embedded under it (old versions stay)."""
+    outcomes = open_registry(ctx).activate_encoder(encoder_id)
+    if as_json:
+        emit_json({"active": encoder_id, "jobs": outcomes})
+    else:
+        click.echo(f"encoder {encoder_id} active; {sum(o.outcome == 'embedded' for o in outcomes)} models re-embedded")
+
+
+@encoders.command("install")
+@click.argument("path", type=click.Path())
+@click.option("--name")
+@click.option("--activate", is_flag=True)
+@click.pass_context
+@handles_errors
+def encoders_install(ctx, path, name, activate):
+    """Store a LOCUS checkpoint file (safetensors) in the registry."""
+    encoder_id = open_registry(ctx).install_encoder(path, name=name, activate=activate)
+    click.echo(f"encoder {encoder_id} installed" + (" and active" if activate else ""))
+
+
+@cli.command()
+@click.option("--seed", default=0, show_default=True)
+@click.option("--anchors", type=int, help="Largest anchor set per model (default: the training config's).")
+@click.option("--steps", "max_steps", type=int, help="Training steps (default: the training config's).")
+@click.option("--activate", is_flag=True, help="Make the new encoder active (re-embeds every model).")
+@click.option("--name")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@handles_errors
+def train(ctx, seed, anchors, max_steps, activate, name, as_json):
+    """Train the LOCUS encoder and predictor on this registry's train split; store the checkpoint."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=None, disable=as_json, desc="train", unit="step")
+
+    def progress(info: dict) -> None:
+        bar.total = info.get("max_steps", bar.total)
+        bar.n = info.get("step", bar.n)
+        bar.set_postfix({k: (round(v, 4) if isinstance(v, float) else v) for k, v in info.items()
+                         if k in ("loss", "val_hit@1", "best_val_hit@1")}, refresh=True)
+
+    reg = open_registry(ctx)
+    encoder_id = reg.train(seed=seed, anchors=anchors, max_steps=max_steps, activate=activate, name=name,
+                           progress=progress)
+    bar.close()
+    info = next(e for e in reg.encoders() if e.id == encoder_id)
+    if as_json:
+        emit_json(info)
+    else:
+        click.echo(f"encoder {encoder_id} ({info.name}) stored" + (", active" if activate else "")
+                   + f"; metrics: {json.dumps(info.metrics)[:300]}")
+
+
+@cli.command()
+@click.option("--split", default="test", show_default=True, type=click.Choice(["train", "val", "test"]))
+@click.option("--sample-efficiency", is_flag=True, help="Also embed every model from 32..512 evaluations.")
+@click.option("--seeds", default=5, show_default=True, help="Random draws per size (--sample-efficiency).")
+@click.option("--no-baselines", is_flag=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@handles_errors
+def evaluate(ctx, split, sample_efficiency, seeds, no_baselines, as_json):
+    """Routing accuracy (hit@1/3/5) and predictor quality of LOCUS beside the baselines, on one split."""
+    r = open_registry(ctx).evaluate(split, baselines=not no_baselines, sample_efficiency=sample_efficiency,
+                                    seeds=seeds)
+    if as_json:
+        emit_json(r)
+        return
+    click.echo(f"{r.split}: {r.queries} queries, {r.models} models, encoder {r.encoder}")
+    fmt = lambda v: "" if v is None else (f"{v:.4f}" if isinstance(v, float) else str(v))  # noqa: E731
+    table([[m, fmt(v.get("hit@1")), fmt(v.get("hit@3")), fmt(v.get("hit@5")), fmt(v.get("acc")),
+            fmt(v.get("auc")), fmt(v.get("brier")), fmt(v.get("n_chosen"))] for m, v in r.methods.items()],
+          ["method", "hit@1", "hit@3", "hit@5", "pred acc", "AUC", "Brier", "models chosen"])
+    if r.per_category:
+        click.echo("")
+        cols = [c for c in next(iter(r.per_category.values())) if c != "queries"]
+        table([[c, v["queries"]] + [fmt(v[k]) for k in cols] for c, v in r.per_category.items()],
+              ["category", "queries"] + [f"{k} hit@1" if k != "locus_auc" else "locus AUC" for k in cols])
+    if r.sample_efficiency:
+        click.echo("")
+        table([[n, f"{v['mean']:.4f} ± {v['std']:.4f}", v["draws"]] for n, v in r.sample_efficiency.items()]
+              + [["all", fmt(r.methods["locus"]["hit@1"]), ""]], ["evaluations per model", "hit@1", "draws"])
+
+
+from . import cli_geometry  # noqa: E402,F401  (registers similar, fingerprint, portfolio, fallback, map, geometry)
+
+
+from .cli_routing import register as _register_routing  # noqa: E402  (route, log, mark-*, serve)
+
+_register_routing(cli)
 
 
 def main() -> None:

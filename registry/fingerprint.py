@@ -62,7 +62,12 @@ def calibrate(tx: Tx, sample: int = 128, draws: int = 3, seed: int = 0) -> Calib
     ids = [r[0] for r in tx.sql("SELECT DISTINCT model_id FROM embedding_versions WHERE encoder_id = ?",
                                 [encoder_id])]
     through = int(tx.sql("SELECT coalesce(max(id), 0) FROM import_batches")[0][0])
-    sets = [s for s in onboarding.evaluation_sets(tx, ids, through).values() if s.n >= 2 * sample]
+    sets = list(onboarding.evaluation_sets(tx, ids, through, meta.get("embed_max_set")).values())
+    if not sets:
+        return None
+    # a small registry calibrates on smaller samples (half its typical model's evaluations), never under 16
+    sample = min(sample, max(16, int(np.median([s.n for s in sets])) // 2))
+    sets = [s for s in sets if s.n >= 2 * sample]
     if len(sets) < 2:
         return None
     za, zb = disjoint_pairs(tx, model, sets, sample, draws, seed)
@@ -85,3 +90,39 @@ def calibrate(tx: Tx, sample: int = 128, draws: int = 3, seed: int = 0) -> Calib
 def threshold(tx: Tx) -> float | None:
     cal = calibrate(tx)
     return None if cal is None else cal.threshold
+
+
+# --- the question a user asks: is this unknown endpoint one of ours? ------------------------------------------------
+@dataclass
+class Fingerprint:
+    match: str                      # the nearest registered model
+    distance: float
+    verdict: str                    # "same" (within the calibrated threshold) | "different"
+    threshold: float
+    runner_up: str | None = None    # the second nearest, to show how clear the match is
+    runner_up_distance: float | None = None
+
+
+def default_sample(tx: Tx, encoder_id: int) -> int:
+    """128 evaluations per half as the bar asks, or less where models hold fewer (half the median model)."""
+    n = tx.sql("""SELECT median(n_evaluations) FROM embedding_versions WHERE encoder_id = ?""", [encoder_id])[0][0]
+    return int(max(8, min(128, (n or 0) // 2)))
+
+
+def calibration(tx: Tx, sample: int | None = None, draws: int = 3) -> Calibration:
+    from .errors import InputError
+
+    encoder_id = encoders.active_id(tx)
+    sample = sample or (default_sample(tx, encoder_id) if encoder_id is not None else 128)
+    cal = calibrate(tx, sample=sample, draws=draws)
+    if cal is None:
+        raise InputError(f"cannot calibrate: needs at least 2 embedded models with {2 * sample} evaluations each")
+    return cal
+
+
+def verdict(neighbours, cal: Calibration) -> Fingerprint:
+    """neighbours: the nearest registered models (api.Neighbour), nearest first."""
+    first = neighbours[0]
+    second = neighbours[1] if len(neighbours) > 1 else None
+    return Fingerprint(first.model, first.distance, "same" if first.distance <= cal.threshold else "different",
+                       cal.threshold, second.model if second else None, second.distance if second else None)

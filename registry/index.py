@@ -40,18 +40,20 @@ class VectorIndex:
         import faiss
 
         ids = faiss.vector_to_array(self.index.id_map).astype(np.int64)
-        return ids, np.vstack([self.index.reconstruct(int(i)) for i in ids]) if len(ids) else np.zeros((0, 128), np.float32)
+        # the flat index stores rows in id_map order: read them in one copy (reconstruct per id is slow at 100k)
+        flat = faiss.vector_to_array(faiss.downcast_index(self.index.index).codes).view(np.float32)
+        return ids, flat.reshape(len(ids), self.index.d).copy()
 
 
 def current_versions(tx: Tx, encoder_id: int, as_of: str | None = None, after_version_id: int = 0):
     """The newest version per model under one encoder (as it stood at `as_of`), with id > after_version_id.
     -> (version ids [n], model ids [n], names [n], vectors [n,128] float32)"""
     when = "AND v.created <= ?::TIMESTAMP" if as_of else ""
-    tbl = tx.duck.execute(f"""
+    tbl = tx.arrow(f"""
         SELECT v.id, v.model_id, m.name, v.vector FROM embedding_versions v JOIN models m ON m.id = v.model_id
         WHERE v.encoder_id = ? {when} AND v.id > ?
         QUALIFY row_number() OVER (PARTITION BY v.model_id ORDER BY v.version DESC) = 1
-        ORDER BY v.model_id""", [encoder_id] + ([as_of] if as_of else []) + [after_version_id]).to_arrow_table()
+        ORDER BY v.model_id""", [encoder_id] + ([as_of] if as_of else []) + [after_version_id])
     n = tbl.num_rows
     flat = tbl.column("vector").combine_chunks().flatten().to_numpy(zero_copy_only=False) if n else np.zeros(0)
     return (tbl.column("id").to_numpy(), tbl.column("model_id").to_numpy().astype(np.int64),

@@ -97,9 +97,9 @@ def query_vectors(tx: Tx, query_ids: np.ndarray) -> dict[int, int] | tuple:
     uniq = np.unique(query_ids)
     tx.duck.register("_qids", pa.table({"id": uniq}))
     try:
-        tbl = tx.duck.execute("""SELECT q.id, v.vector FROM _qids i JOIN queries q ON q.id = i.id
+        tbl = tx.arrow("""SELECT q.id, v.vector FROM _qids i JOIN queries q ON q.id = i.id
                                  JOIN text_vectors v ON v.content_hash = q.content_hash AND v.text_encoder = ?
-                                 ORDER BY q.id""", [textvec.TEXT_ENCODER]).to_arrow_table()
+                                 ORDER BY q.id""", [textvec.TEXT_ENCODER])
     finally:
         tx.duck.unregister("_qids")
     ids = tbl.column("id").to_numpy()

@@ -155,3 +155,29 @@ class OnboardingResult(Base):
     outcome: Mapped[str] = mapped_column(String, nullable=False)   # embedded | unchanged | too few evaluations
     version_id: Mapped[int | None] = mapped_column(Integer)
     finished: Mapped[datetime] = mapped_column(DateTime, server_default=func.now(), nullable=False)
+
+
+class ModelAvailability(Base):
+    """Append-only: the newest row per model says whether routing may choose it (no row: available)."""
+    __tablename__ = "model_availability"
+    id: Mapped[int] = _id("model_availability_id_seq")
+    model_id: Mapped[int] = mapped_column(Integer, nullable=False)
+    available: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    reason: Mapped[str | None] = mapped_column(String)
+    created: Mapped[datetime] = mapped_column(DateTime, server_default=func.now(), nullable=False)
+
+
+class RoutingLog(Base):
+    """One row per routed query (bulk-appended with Arrow for a batch). Model names, not ids: the log must read the
+    same after a model is renamed or gone."""
+    __tablename__ = "routing_log"
+    id: Mapped[int] = _id("routing_log_id_seq")
+    created: Mapped[datetime] = mapped_column(DateTime, server_default=func.now(), nullable=False)
+    query_hash: Mapped[str] = mapped_column(String, nullable=False)   # sha256 of the query text
+    text: Mapped[str | None] = mapped_column(String)                  # NULL under --no-log-text
+    model: Mapped[str | None] = mapped_column(String)                 # NULL when no model could be chosen
+    fallback: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    candidates: Mapped[list] = mapped_column(JSON, nullable=False)    # top candidates [{"model", "prob"}]
+    encoder_id: Mapped[int | None] = mapped_column(Integer)
+    versions: Mapped[dict] = mapped_column(JSON, nullable=False)      # model -> embedding version used
+    options: Mapped[dict | None] = mapped_column(JSON)                # cost_weight, min_prob, unavailable

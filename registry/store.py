@@ -62,6 +62,10 @@ class Tx:
         """Run SQL on the raw DuckDB connection and fetch all rows."""
         return self.duck.execute(statement, params or []).fetchall()
 
+    def arrow(self, statement: str, params=None):
+        """Run SQL and fetch the result as a pyarrow Table (the bulk path: no Python objects per row)."""
+        return self.duck.sql(statement, params=params or None).to_arrow_table()
+
 
 class Store:
     def __init__(self, path: str | os.PathLike | None = None, migrate: bool = True):

@@ -30,9 +30,16 @@ class TrainConfig:
     patience: int = 1000          # validation checks without improvement before stopping (default: never)
     n_targets: int = 2048         # target queries per step, shared by the models, disjoint from the sets below
     big_set: int = 1024           # per step, each model embeds this many train evaluations (shared queries) -> z_big
+    big_set_embed: bool = True    # False: the big set is only the pool the small sets are drawn from (no z_big)
     anchors: int = 512            # largest small set (a random subset of the big set) -> z_small
     min_anchors: int = 32         # smallest small set (log-uniform size, one size per step)
-    consistency: float = 1.0      # weight of mean((z_small - stopgrad(z_big))^2)
+    consistency: float = 1.0      # weight of mean((z_small - sg(z_big))^2) / mean across-model variance of sg(z_big)
+    teacher_epochs: int = 0       # >0: first fit the predictor with one free vector per model (MF-like) on all train
+                                  # pairs for this many epochs (best on val kept); the encoder then learns to embed
+                                  # each model's sets onto its vector (distillation), and the predictor is fine-tuned
+    teacher_batch: int = 128      # queries per stage-1 step (x all models: about MF's 4096 pairs per step)
+    teacher_weight: float = 1.0   # weight of mean((z - e_model)^2) / across-model variance of e, for z_big and z_small
+    predictor_ft: float = 0.1     # predictor lr factor in the encoder stage when a teacher was fitted
     geo_weight: float = 0.0       # weight of the geometry loss (s*||z_a - z_b|| - disagreement_ab)^2 on z_big
     lr_encoder: float = 5e-4
     lr_predictor: float = 1e-3
@@ -150,6 +157,54 @@ def disagreement(correct: np.ndarray, idx) -> np.ndarray:
     return (diff + diff.T) / np.maximum(both, 1)
 
 
+def _fit_teacher(model, dec_params, log_s, q_tr, y_tr, obs_tr, dis, q_all, correct, val_idx, cfg, rng, progress, t0):
+    """Stage 1: predictor + one free vector per model, BCE on all train pairs (minibatches of n_targets queries),
+    plus the geometry loss on the vectors. Keeps the epoch with the best val hit@1 (ties: val BCE); loads that
+    predictor into `model` and returns the vectors [M,D] (fixed from then on)."""
+    M, n_tr = y_tr.shape
+    e = torch.nn.Parameter(torch.randn(M, model.cfg.d_model) * model.cfg.d_model ** -0.5)
+    params = [{"params": dec_params + [e], "lr": cfg.lr_predictor}]
+    if cfg.geo_weight > 0:
+        params.append({"params": [log_s], "lr": cfg.lr_predictor, "weight_decay": 0.0})
+    opt = torch.optim.AdamW(params, weight_decay=cfg.weight_decay)
+    qv = q_all[torch.from_numpy(np.asarray(val_idx))]
+    cv = correct[:, np.asarray(val_idx)]
+    obs_v = cv >= 0
+    yv = torch.from_numpy((cv[obs_v] == 1).astype(np.float32))
+    iu = np.triu_indices(M, 1)
+    best = None
+    for ep in range(1, cfg.teacher_epochs + 1):
+        model.train()
+        perm = rng.permutation(n_tr)
+        for s in range(0, n_tr, cfg.teacher_batch):
+            t = torch.from_numpy(perm[s:s + cfg.teacher_batch])
+            logits = model.logits_from_u(e, model.query_proj(q_tr[t]))
+            valid = obs_tr[:, t]
+            loss = F.binary_cross_entropy_with_logits(logits[valid], y_tr[:, t][valid])
+            if cfg.geo_weight > 0:
+                loss = loss + cfg.geo_weight * ((log_s.exp() * torch.pdist(e) - dis) ** 2).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_([p for g in params for p in g["params"]], cfg.grad_clip)
+            opt.step()
+        model.eval()
+        with torch.no_grad():
+            lv = model.predict_logits(e, qv)
+            bce = float(F.binary_cross_entropy_with_logits(lv[torch.from_numpy(obs_v)], yv))
+            hit = hit_at_k(lv.numpy(), cv, 1)
+            n_routed = int(len(np.unique(lv.argmax(0).numpy())))
+        key = (round(hit, 9), -bce)
+        if best is None or key > best[0]:
+            best = (key, ep, e.detach().clone(), copy.deepcopy(model.state_dict()))
+        if progress:
+            progress({"step": -ep, "max_steps": cfg.teacher_epochs, "loss": float(loss.detach()), "cons": 0.0,
+                      "geo": 0.0, "val_hit@1": hit, "val_auc": float("nan"), "val_bce": bce,
+                      "val_n_routed": n_routed, "best_val_hit@1": best[0][0], "best_step": -best[1],
+                      "anchors": 0, "noise": 0.0, "elapsed_s": time.time() - t0})
+    model.load_state_dict(best[3])
+    return best[2], {"epoch": best[1], "val_hit@1": best[0][0], "val_bce": -best[0][1]}
+
+
 def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: TrainConfig | None = None,
           progress: Callable[[dict], None] | None = None) -> tuple[LocusModel, EncoderConfig, dict]:
     """Train on the train queries; keep the state with the best validation hit@1 (ties: lower validation BCE).
@@ -193,6 +248,13 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
         iu = np.triu_indices(M, 1)
         dis = torch.from_numpy(disagreement(correct, tr)[iu].astype(np.float32))      # [pairs]
 
+        teacher, teacher_info = None, {}
+        if cfg.teacher_epochs > 0:
+            teacher, teacher_info = _fit_teacher(model, dec_params, log_s, q_tr, y_tr, obs_tr, dis, q_all, correct,
+                                                 val_idx, cfg, rng, progress, t0)
+            base_lrs[1] *= cfg.predictor_ft
+            t_var = teacher.var(0).mean()
+
         best_key, best_state, best_step, best_val, bad = None, None, 0, {}, 0
         hist, losses = [], []
         step = 0
@@ -217,7 +279,9 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
             Pb, Sb = model.row_proj(qb)                                                           # [nb,D] each
             yb = y_tr[:, big_t]                                                                   # [M,nb]
             mb = obs_tr[:, big_t]
-            z_big = model.embed_proj(Pb[None].expand(M, -1, -1), Sb[None].expand(M, -1, -1), yb, mb)   # [M,D]
+            z_big = None
+            if cfg.big_set_embed:
+                z_big = model.embed_proj(Pb[None].expand(M, -1, -1), Sb[None].expand(M, -1, -1), yb, mb)   # [M,D]
 
             # small sets: per model its own draw of k of its observed big-set rows
             k = int(round(math.exp(rng.uniform(lo, hi))))
@@ -230,23 +294,30 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
                 pos[m, :len(a)], mask_np[m, :len(a)] = a, True
             pos_t = torch.from_numpy(pos)
             z_small = model.embed_proj(Pb[pos_t], Sb[pos_t], torch.gather(yb, 1, pos_t), torch.from_numpy(mask_np))
+            zs = [z for z in (z_big, z_small) if z is not None]
 
             t_idx = torch.from_numpy(t_np)
             qt = q_tr[t_idx]
             if noise > 0:
                 qt = qt + noise * torch.randn(qt.shape)
             u = model.query_proj(qt)                                                              # [T,D]
-            logits = model.logits_from_u(torch.cat([z_big, z_small]), u)                          # [2M,T]
-            yt, valid = y_tr[:, t_idx].repeat(2, 1), obs_tr[:, t_idx].repeat(2, 1)
+            logits = model.logits_from_u(torch.cat(zs), u)                                        # [2M or M,T]
+            yt, valid = y_tr[:, t_idx].repeat(len(zs), 1), obs_tr[:, t_idx].repeat(len(zs), 1)
             bce = F.binary_cross_entropy_with_logits(logits[valid], yt[valid])
-            loss = 2 * bce
-            cons = ((z_small - z_big.detach()) ** 2).mean()
-            loss = loss + cfg.consistency * cons
+            loss = len(zs) * bce
+            cons = torch.zeros(())
+            if z_big is not None and cfg.consistency > 0:
+                zb = z_big.detach()                             # relative to the spread between models: scale-free
+                cons = ((z_small - zb) ** 2).mean() / (zb.var(0).mean() + 1e-6)
+                loss = loss + cfg.consistency * cons
             if cfg.route_weight > 0:
                 loss = loss + cfg.route_weight * routing_loss(logits[:M], yt[:M], valid[:M])
+            if teacher is not None:
+                cons = sum(((z - teacher) ** 2).mean() for z in zs) / (len(zs) * t_var)   # logged in place of cons
+                loss = loss + cfg.teacher_weight * len(zs) * cons
             geo = torch.zeros(())
-            if cfg.geo_weight > 0:
-                dist = torch.pdist(z_big)                                                         # [pairs], triu order
+            if cfg.geo_weight > 0 and teacher is None:                # with a teacher: geometry is shaped there
+                dist = torch.pdist(zs[0])                                                         # [pairs], triu order
                 geo = ((log_s.exp() * dist - dis) ** 2).mean()
                 loss = loss + cfg.geo_weight * geo
             opt.zero_grad(set_to_none=True)
@@ -281,7 +352,7 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
                     break
         model.load_state_dict(best_state)
         model.eval()
-        metrics = {"best_step": best_step, "steps": step, "wall_s": time.time() - t0, "n_params": model.n_params(),
+        metrics = {"best_step": best_step, "steps": step, "teacher": teacher_info, "wall_s": time.time() - t0, "n_params": model.n_params(),
                    **{f"val_{k}": v for k, v in best_val.items()}, "train_config": asdict(cfg),
                    "history": [{k: h[k] for k in ("step", "loss", "cons", "val_hit@1", "val_auc", "val_bce",
                                                   "val_n_routed")} for h in hist]}

@@ -1,11 +1,14 @@
 import io
 import pickle
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from registry.checkpoint import load_checkpoint, save_checkpoint
+from registry.checkpoint import load_checkpoint, read_header, save_checkpoint
 from registry.encoder import EncoderConfig, LocusModel
 from registry.training import TrainConfig, embed_models, predict_proba, train
 
@@ -93,6 +96,33 @@ def test_checkpoint_round_trip_bit_for_bit():
         assert torch.equal(m.predict_logits(z, q[0]), m2.predict_logits(z, q[0]))
 
 
+def test_input_layer_shortcut_matches_concatenated_rows():
+    m = small_model()
+    q, y, mask = random_set()
+    with torch.no_grad():
+        direct = m.inp(torch.cat([q, y[..., None], q * (2 * y[..., None] - 1)], -1))
+        P, S = m.row_proj(q)
+        yy = y[..., None]
+        torch.testing.assert_close(P + (2 * yy - 1) * S + yy * m.inp.weight[:, SMALL.d_query] + m.inp.bias, direct,
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_read_header_without_torch():
+    m = small_model()
+    blob = save_checkpoint(m, SMALL, {"name": "x", "embed_max_set": None})
+    h = read_header(blob)
+    assert h["format"] == "locus-checkpoint/1" and h["meta"]["name"] == "x" and h["config"]["d_model"] == 32
+    root = Path(__file__).resolve().parents[1]
+    code = ("import sys; from registry.checkpoint import read_header; "
+            "h = read_header(sys.stdin.buffer.read()); assert 'torch' not in sys.modules, 'torch imported'; "
+            "print(h['meta']['name'])")
+    out = subprocess.run([sys.executable, "-c", code], input=blob, capture_output=True, cwd=root, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == b"x", out.stderr.decode()
+    for bad in (b"", b"\x80junk", b"PK\x03\x04", b"12345678{}", pickle.dumps(1)):
+        with pytest.raises(ValueError):
+            read_header(bad)
+
+
 def test_pickle_blob_is_refused():
     m = small_model()
     buf = io.BytesIO()
@@ -114,8 +144,8 @@ def synthetic(seed=0, n_models=6, n_q=300):
 
 def test_training_is_deterministic():
     qv, correct, tr, va, te = synthetic()
-    cfg = TrainConfig(seed=3, max_steps=12, eval_every=4, anchors=64, min_anchors=4, n_targets=64,
-                      warmup=2, encoder=SMALL)
+    cfg = TrainConfig(seed=3, max_steps=12, eval_every=4, anchors=32, min_anchors=4, n_targets=64, big_set=96,
+                      warmup=2, geo_weight=0.1, encoder=SMALL)
     runs = []
     for _ in range(2):
         model, ecfg, metrics = train(qv, correct, tr, va, cfg)

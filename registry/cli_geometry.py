@@ -1,0 +1,156 @@
+"""CLI mirror of the embedding-space questions (issue 5): similar, fingerprint, portfolio, fallback, map, geometry.
+
+Kept beside cli.py (which imports this module to register the commands) so each command stays a thin call of its
+`Registry` method; library errors become one-line click errors through `handles_errors`.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import click
+
+from .cli import cli, emit_json, handles_errors, open_registry, table
+from .errors import InputError
+
+AS_OF = click.option("--as-of", help="Answer as the registry stood at this time (ISO timestamp).")
+
+
+@cli.command()
+@click.argument("model", required=False)
+@click.option("--evals", type=click.Path(), help="Results of an unregistered model (embedded on the fly, not stored).")
+@click.option("-k", default=5, show_default=True, help="How many neighbours.")
+@AS_OF
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@handles_errors
+def similar(ctx, model, evals, k, as_of, as_json):
+    """The nearest registered models to MODEL (or to --evals FILE), with how often they really disagree."""
+    out = open_registry(ctx).similar(model, k=k, evals=evals, as_of=as_of)
+    if as_json:
+        emit_json({"neighbours": out})
+        return
+    table([[n.model, f"{n.distance:.4f}", "" if n.disagreement is None else f"{n.disagreement:.3f}",
+            n.shared_queries or ""] for n in out], ["model", "distance", "disagreement", "shared queries"])
+
+
+@cli.command()
+@click.option("--evals", type=click.Path(), help="Results of the unknown endpoint: query id, correct.")
+@click.option("--calibration", "show_calibration", is_flag=True, help="Show the same-model threshold's calibration.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@handles_errors
+def fingerprint(ctx, evals, show_calibration, as_json):
+    """Is an unknown endpoint one of the registered models? (or, with --calibration, how the verdict is calibrated)"""
+    if bool(evals) == show_calibration:
+        raise InputError("give --evals FILE or --calibration (one of them)")
+    reg = open_registry(ctx)
+    if show_calibration:
+        c = reg.calibration()
+        if as_json:
+            emit_json(c)
+            return
+        click.echo(f"threshold {c.threshold:.4f} (encoder {c.encoder_id}; {c.models} models, {c.draws} draws of two "
+                   f"disjoint samples of {c.sample} evaluations)")
+        click.echo(f"same-model distances {c.same}; different-model distances {c.different}")
+        click.echo(f"same pairs under the threshold {c.same_below:.1%}, different pairs over it "
+                   f"{c.different_above:.1%}, nearest is the same model {c.nearest_is_same:.1%}")
+        return
+    f = reg.fingerprint(evals)
+    if as_json:
+        emit_json(f)
+        return
+    click.echo(f"{f.verdict}: nearest is {f.match} at {f.distance:.4f} (same-model threshold {f.threshold:.4f})"
+               + (f"; next {f.runner_up} at {f.runner_up_distance:.4f}" if f.runner_up else ""))
+
+
+@cli.command()
+@click.option("-k", type=int, help="Portfolio size.")
+@click.option("--method", type=click.Choice(["kmedoids", "kcenter"]), default="kmedoids", show_default=True)
+@click.option("--max-params", type=float, help="Only models of at most this many parameters (billions).")
+@click.option("--max-cost", type=float, help="Only models costing at most this much.")
+@click.option("--require", multiple=True, help="A model that must be in the portfolio (repeatable).")
+@click.option("--exclude", multiple=True, help="A model that must not be (repeatable).")
+@click.option("--target", type=float, help="Find the smallest k reaching this share of the pool's routing accuracy.")
+@click.option("--seed", default=0, show_default=True)
+@AS_OF
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@handles_errors
+def portfolio(ctx, k, method, max_params, max_cost, require, exclude, target, seed, as_of, as_json):
+    """A few models that cover the embedding space, each with its cluster, and the coverage radius."""
+    p = open_registry(ctx).portfolio(k, method, max_params, max_cost, require, exclude, target, seed, as_of)
+    if as_json:
+        d = asdict(p)
+        if target is None:  # share_of_pool and the accuracies only mean something with a target
+            for key in ("share_of_pool", "accuracy", "pool_accuracy"):
+                d.pop(key)
+        emit_json(d)
+        return
+    click.echo(f"{p.k} models by {p.method}, coverage radius {p.radius:.4f}")
+    if p.share_of_pool is not None:
+        click.echo(f"routing accuracy {p.accuracy:.4f} = {p.share_of_pool:.1%} of the pool's {p.pool_accuracy:.4f}")
+    if p.note:
+        click.echo(f"note: {p.note}")
+    table([[m, len(p.clusters[m]), ", ".join(p.clusters[m][1:6]) + (" ..." if len(p.clusters[m]) > 6 else "")]
+           for m in p.models], ["member", "cluster size", "covers"])
+
+
+@cli.command()
+@click.argument("model", required=False)
+@click.option("--all", "all_models", is_flag=True, help="Every model's chain (a JSON a gateway can load).")
+@click.option("--unavailable", multiple=True, help="A model that is down too (repeatable).")
+@click.option("-k", default=5, show_default=True, help="Substitutes per chain.")
+@AS_OF
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@handles_errors
+def fallback(ctx, model, all_models, unavailable, k, as_of, as_json):
+    """Substitutes for MODEL when it is down, nearest first, skipping unavailable models."""
+    if bool(model) == all_models:
+        raise InputError("give a MODEL or --all (one of them)")
+    reg = open_registry(ctx)
+    if all_models:
+        c = reg.fallback_all(unavailable, k, as_of)
+        if as_json:
+            emit_json({"chains": {m: [asdict(link) for link in links] for m, links in c.chains.items()}})
+            return
+        for m, links in c.chains.items():
+            click.echo(f"{m}: " + " -> ".join(link.model for link in links))
+        return
+    c = reg.fallback(model, unavailable, k, as_of)
+    if as_json:
+        emit_json({"model": c.model, "chain": [asdict(link) for link in c.chain]})
+        return
+    table([[i + 1, link.model, f"{link.distance:.4f}"] for i, link in enumerate(c.chain)], ["#", "model", "distance"])
+
+
+@cli.command("map")
+@click.option("--out", default="map.png", show_default=True, type=click.Path(), help="Image file (.png, .svg, .pdf).")
+@click.option("--seed", default=0, show_default=True)
+@AS_OF
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@handles_errors
+def map_(ctx, out, seed, as_of, as_json):
+    """A 2-D map of the model embeddings, coloured by family, every model labelled."""
+    m = open_registry(ctx).map(out, seed, as_of)
+    if as_json:
+        emit_json(m)
+        return
+    click.echo(f"{m.out}: {m.models} models, {m.families} families ({m.method})")
+
+
+@cli.command()
+@click.option("--min-shared", default=10, show_default=True, help="Fewest shared test queries for a pair to count.")
+@AS_OF
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@handles_errors
+def geometry(ctx, min_shared, as_of, as_json):
+    """How well embedding distance tracks disagreement on test queries (Pearson, Spearman)."""
+    g = open_registry(ctx).geometry(min_shared, as_of)
+    if as_json:
+        emit_json(g)
+        return
+    click.echo(f"Pearson {g.pearson:.4f}, Spearman {g.spearman:.4f} over {g.pairs} model pairs "
+               f"({g.test_queries} test queries)")

@@ -1,0 +1,181 @@
+"""CLI commands for routing (route, log, mark-unavailable, mark-available, serve): thin calls of the Registry's
+routing methods, attached to the main group by cli.py. Nothing heavy is imported at start-up."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .cli import emit_json, handles_errors, open_registry, table
+
+CHUNK = 256  # texts per batch call: the progress bar moves per chunk; each chunk is one transaction and one log insert
+
+
+def _names(values) -> list[str]:
+    """--unavailable A --unavailable B, or A,B."""
+    return [n.strip() for v in values for n in v.split(",") if n.strip()]
+
+
+@click.command()
+@click.argument("text", required=False)
+@click.option("--file", "file_", type=click.Path(), help="Queries to route: JSONL or CSV (text, or question+options).")
+@click.option("--out", type=click.Path(), help="Decisions out: .jsonl or .csv (with --frontier: the PNG).")
+@click.option("--cost-weight", type=float, help="Maximise P(correct) - L x cost.")
+@click.option("--min-prob", type=float, help="The cheapest model whose P(correct) reaches P (else the most likely).")
+@click.option("--unavailable", multiple=True, help="A model never to choose (repeat, or comma-separated).")
+@click.option("--no-log-text", is_flag=True, help="Log the query's hash but not its text.")
+@click.option("--no-log", is_flag=True, help="Do not write the routing log.")
+@click.option("--frontier", is_flag=True, help="Accuracy vs mean cost over a sweep of cost weights.")
+@click.option("--split", default="test", show_default=True, help="Split for --frontier.")
+@click.option("--all-models", is_flag=True, help="--frontier over every model (default: open-weight only).")
+@click.option("--top", default=5, show_default=True, help="Candidates shown (--json: all).")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@handles_errors
+def route(ctx, text, file_, out, cost_weight, min_prob, unavailable, no_log_text, no_log, frontier, split,
+          all_models, top, as_json):
+    """Route a query (or a file of queries) to the model most likely to answer it."""
+    if sum(x is not None and x is not False for x in (text, file_, frontier or None)) != 1:
+        raise click.UsageError("give a query TEXT, --file, or --frontier (one of them)")
+    reg = open_registry(ctx)
+    if frontier:
+        return _frontier(reg, split, not all_models, out or "frontier.png", as_json)
+    kw = dict(cost_weight=cost_weight, min_prob=min_prob, unavailable=_names(unavailable) or None,
+              log=not no_log, log_text=not no_log_text)
+    if text is not None:
+        d = reg.route(text, **kw)
+        if as_json:
+            return emit_json(d)
+        if d.model is None:
+            raise click.ClickException(d.note)
+        click.echo(f"{d.model}{'  (fallback: the top choice is unavailable)' if d.fallback else ''}")
+        table([[c.model, f"{c.prob:.3f}", _num(c.cost) + ("" if c.cost_known else " (assumed)"),
+                "" if c.available else "unavailable"] for c in d.candidates[:top]],
+              ["candidate", "P(correct)", "cost", ""])
+        click.echo(f"encoder {d.encoder}; versions: " + ", ".join(f"{c.model} v{d.versions[c.model]}"
+                                                                  for c in d.candidates[:top]))
+        if d.note:
+            click.echo(f"note: {d.note}")
+        return
+    from . import route_files
+
+    ids, texts = route_files.read_queries(file_)
+    decisions = []
+    with click.progressbar(length=len(texts), label="routing", file=sys.stderr) as bar:
+        for s in range(0, len(texts), CHUNK):
+            decisions += reg.route_batch(texts[s:s + CHUNK], **kw)
+            bar.update(len(texts[s:s + CHUNK]))
+    if out:
+        route_files.write_decisions(out, ids, decisions)
+    chosen = {}
+    for d in decisions:
+        chosen[d.model] = chosen.get(d.model, 0) + 1
+    summary = {"queries": len(decisions), "fallbacks": sum(d.fallback for d in decisions), "chosen": chosen,
+               "out": out}
+    if as_json:
+        return emit_json(summary if out else [{"id": i, **_asdict(d)} for i, d in zip(ids, decisions)])
+    click.echo(f"{len(decisions)} queries routed, {summary['fallbacks']} fallbacks" + (f"; written to {out}" if out
+                                                                                       else ""))
+    table([[m, n] for m, n in sorted(chosen.items(), key=lambda kv: -kv[1])], ["model", "queries"])
+
+
+def _asdict(d):
+    from dataclasses import asdict
+
+    return asdict(d)
+
+
+def _num(x) -> str:
+    return "" if x is None else f"{x:g}"
+
+
+def _frontier(reg, split, open_only, png, as_json):
+    from . import frontier as fr
+
+    f = reg.frontier(split=split, open_only=open_only)
+    fr.plot(f, png)
+    if as_json:
+        return emit_json(f)
+    click.echo(f"{f.queries} {split} queries, {len(f.models)} models; cost = {f.cost_basis}")
+    seen, rows = set(), []
+    for p in sorted(f.router, key=lambda p: p.cost_weight):
+        key = (round(p.accuracy, 4), round(p.mean_cost, 2))
+        if key not in seen:
+            seen.add(key)
+            rows.append([p.label, f"{p.accuracy:.4f}", f"{p.mean_cost:.2f}", p.models_used])
+    table(rows, ["router", "accuracy", "mean cost", "models used"])
+    click.echo("")
+    table([[p.label, f"{p.accuracy:.4f}", f"{p.mean_cost:.2f}"] for p in sorted(f.single, key=lambda p: p.mean_cost)],
+          ["single model", "accuracy", "cost"])
+    b, c = f.best_single, f.cheapest_matching
+    click.echo("")
+    if c:
+        click.echo(f"best single model {b.label}: accuracy {b.accuracy:.4f} at cost {b.mean_cost:g}; the router "
+                   f"reaches {c.accuracy:.4f} at mean cost {c.mean_cost:.2f} ({c.label}): {100 * f.cost_ratio:.0f}%"
+                   f" of it")
+    for n in f.notes:
+        click.echo(f"note: {n}")
+    click.echo(f"plot: {png}")
+
+
+@click.command("log")
+@click.option("--since", help="Only entries at or after this time (e.g. 2026-01-31 or '2026-01-31 12:00').")
+@click.option("--limit", type=int, help="At most this many entries (oldest first).")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@handles_errors
+def log_(ctx, since, limit, as_json):
+    """The routing log: when, query hash (and text), chosen model, top candidates, versions used."""
+    rows = open_registry(ctx).routing_log(since=since, limit=limit)
+    if as_json:
+        return emit_json(rows)
+    table([[e.created[:19], e.query_hash[:12], (e.text or "")[:40].replace("\n", " "), e.model or "(none)",
+            "yes" if e.fallback else "", ", ".join(f"{c['model']} {c['prob']:.2f}" for c in e.candidates[:3])]
+           for e in rows], ["when", "query", "text", "model", "fallback", "top candidates"])
+
+
+@click.command("mark-unavailable")
+@click.argument("models", nargs=-1, required=True)
+@click.option("--reason")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@handles_errors
+def mark_unavailable(ctx, models, reason, as_json):
+    """Never route to these models until marked available again."""
+    _availability(open_registry(ctx).mark_unavailable(list(models), reason), as_json)
+
+
+@click.command("mark-available")
+@click.argument("models", nargs=-1, required=True)
+@click.option("--reason")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@handles_errors
+def mark_available(ctx, models, reason, as_json):
+    """Let routing choose these models again."""
+    _availability(open_registry(ctx).mark_available(list(models), reason), as_json)
+
+
+def _availability(rows, as_json):
+    if as_json:
+        return emit_json(rows)
+    down = [a.model for a in rows if not a.available]
+    click.echo(f"unavailable: {', '.join(down) if down else '(none)'}")
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Loopback unless told otherwise.")
+@click.option("--port", default=8000, show_default=True)
+@click.option("--token", envvar="REGISTRY_TOKEN", help="Bearer token required by writing endpoints.")
+@click.pass_context
+@handles_errors
+def serve(ctx, host, port, token):
+    """Serve the registry over HTTP (FastAPI); the server owns the database file while it runs."""
+    from .server import serve as run
+
+    run(ctx.find_root().obj["db"], host=host, port=port, token=token)
+
+
+def register(group: click.Group) -> None:
+    for cmd in (route, log_, mark_unavailable, mark_available, serve):
+        group.add_command(cmd)

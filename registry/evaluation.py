@@ -1,0 +1,158 @@
+"""`registry evaluate` and `registry train`: the registry's own data as arrays, LOCUS against the baselines.
+
+LOCUS is scored with the models' stored current embeddings (computed from every evaluation outside the test split,
+see onboarding.py), so the report describes exactly what routing will do. Every method sees the same queries.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import baselines as B
+from . import encoders, index, onboarding
+from .errors import RegistryError
+from .store import Tx
+
+SPLITS = ("train", "val", "test")
+
+
+@dataclass
+class Dataset:
+    models: list[str]
+    model_ids: np.ndarray        # [M]
+    query_ids: np.ndarray        # [Nq] registry query ids
+    qvecs: np.ndarray            # [Nq, Dq]
+    correct: np.ndarray          # [M, Nq] int8, 1/0, -1 = missing
+    splits: dict[str, np.ndarray]  # split -> indices into query_ids
+    categories: np.ndarray       # [Nq] str
+
+    def digest(self) -> str:
+        h = hashlib.sha256()
+        for a in (self.query_ids, self.correct, *[self.splits[s] for s in SPLITS]):
+            h.update(np.ascontiguousarray(a).tobytes())
+        h.update("\n".join(self.models).encode())
+        return h.hexdigest()
+
+
+def dataset(tx: Tx) -> Dataset:
+    """Current evaluations of every model on every query with a split, as a dense matrix."""
+    q = tx.duck.execute("""SELECT q.id, s.split, coalesce(q.category, '(none)') AS category FROM queries q
+                           JOIN query_splits s ON s.query_id = q.id ORDER BY q.id""").fetchnumpy()
+    if len(q["id"]) == 0:
+        raise RegistryError("no queries with a train/val/test split: import a splits file first")
+    m = tx.sql("SELECT id, name FROM models ORDER BY name")
+    model_ids = np.array([r[0] for r in m], dtype=np.int64)
+    ev = tx.duck.execute("""SELECT model_id, query_id, arg_max(correct, batch_id)::TINYINT AS c FROM evaluations
+                            GROUP BY model_id, query_id""").fetchnumpy()
+    qpos = {int(x): i for i, x in enumerate(q["id"])}
+    mpos = {int(x): i for i, x in enumerate(model_ids)}
+    correct = np.full((len(model_ids), len(q["id"])), -1, dtype=np.int8)
+    keep = np.array([int(x) in qpos for x in ev["query_id"]], dtype=bool)
+    correct[[mpos[int(x)] for x in ev["model_id"][keep]], [qpos[int(x)] for x in ev["query_id"][keep]]] = ev["c"][keep]
+    row_of, qmat = onboarding.query_vectors(tx, np.asarray(q["id"], dtype=np.int64))
+    qvecs = qmat[[row_of[int(x)] for x in q["id"]]]
+    split = np.asarray(q["split"])
+    return Dataset([r[1] for r in m], model_ids, np.asarray(q["id"], dtype=np.int64), qvecs, correct,
+                   {s: np.flatnonzero(split == s) for s in SPLITS}, np.asarray(q["category"]))
+
+
+@dataclass
+class EvaluationReport:
+    split: str
+    queries: int
+    models: int
+    encoder: str
+    methods: dict[str, dict]                                  # method -> metrics
+    per_category: dict[str, dict] = field(default_factory=dict)  # category -> {"queries", "locus", "best_single", ...}
+    sample_efficiency: dict | None = None
+    choices: dict[str, int] = field(default_factory=dict)     # how often LOCUS routes to each model
+
+
+def locus_probs(tx: Tx, data: Dataset, idx: np.ndarray) -> tuple[np.ndarray, str]:
+    """P(correct) [M, len(idx)] from the stored current embeddings under the active encoder."""
+    import torch
+
+    encoder_id = encoders.ensure_default(tx)
+    if encoder_id is None:
+        raise RegistryError("no active encoder")
+    model, meta = encoders.load(tx, encoder_id)
+    _, mids, names, vecs = index.current_versions(tx, encoder_id)
+    pos = {int(m): i for i, m in enumerate(mids)}
+    missing = [n for n, m in zip(data.models, data.model_ids) if int(m) not in pos]
+    if missing:
+        raise RegistryError(f"models without a current embedding: {', '.join(missing[:5])} (run `registry onboard`)")
+    z = vecs[[pos[int(m)] for m in data.model_ids]]
+    with torch.no_grad():
+        p = torch.sigmoid(model.predict_logits(torch.from_numpy(z), torch.from_numpy(data.qvecs[idx]))).numpy()
+    name = tx.sql("SELECT name FROM encoders WHERE id = ?", [encoder_id])[0][0]
+    return p, name
+
+
+def evaluate(tx: Tx, split: str = "test", baselines: bool = True, sample_efficiency: bool = False,
+             seeds: int = 5, sizes=(32, 64, 128, 256, 512), mf_seed: int = 0) -> EvaluationReport:
+    if split not in SPLITS:
+        raise RegistryError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    data = dataset(tx)
+    idx, tr, va = data.splits[split], data.splits["train"], data.splits["val"]
+    if len(idx) == 0:
+        raise RegistryError(f"no queries in the {split} split")
+    ct = data.correct[:, idx]
+    p, enc_name = locus_probs(tx, data, idx)
+    methods = {"locus": B.routing_report(p, ct, p)}
+    chosen = B.topk_models(p, 1)[0]
+    choices = {data.models[m]: int(n) for m, n in zip(*np.unique(chosen, return_counts=True))}
+    scores = {"locus": p}
+    if baselines:
+        methods["oracle"] = {f"hit@{k}": B.oracle_hit(ct) for k in (1, 3, 5)}
+        s = B.best_single_scores(data.correct, tr, idx)
+        methods["best_single"] = B.routing_report(s, ct)
+        methods["best_single"]["model"] = data.models[int(np.argmax(s[:, 0]))]
+        methods["random"] = {f"hit@{k}": B.random_hit_at_k(ct, k) for k in (1, 3, 5)}
+        k, _ = B.knn_router(data.qvecs, data.correct, tr, va)
+        s = B.knn_scores(data.qvecs, data.correct, tr, idx, k)
+        methods["knn"] = dict(B.routing_report(s, ct, s), k=k)
+        scores["knn"] = s
+        mf, info = B.mf_router(data.qvecs, data.correct, tr, va, seed=mf_seed)
+        s = B.mf_probs(mf, data.qvecs, idx)
+        methods["mf"] = dict(B.routing_report(s, ct, s), dim=info["dim"])
+        scores["mf"] = s
+    per_category = {}
+    for cat in sorted(set(data.categories[idx])):
+        sel = data.categories[idx] == cat
+        per_category[cat] = {"queries": int(sel.sum()),
+                             **{m: round(B.hit_at_k(sc[:, sel], ct[:, sel], 1), 4) for m, sc in scores.items()},
+                             "locus_auc": round(B.predictor_metrics(p[:, sel], ct[:, sel])["auc"], 4)}
+    report = EvaluationReport(split, len(idx), len(data.models), enc_name,
+                              {m: {k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}
+                               for m, r in methods.items()}, per_category, None, choices)
+    if sample_efficiency:
+        report.sample_efficiency = sample_efficiency_curve(tx, data, idx, seeds, sizes)
+    return report
+
+
+def sample_efficiency_curve(tx: Tx, data: Dataset, idx: np.ndarray, seeds: int, sizes) -> dict:
+    """hit@1 when every model is embedded from only n random non-test evaluations, against all of them."""
+    import torch
+
+    encoder_id = encoders.ensure_default(tx)
+    model, _ = encoders.load(tx, encoder_id)
+    nontest = np.concatenate([data.splits["train"], data.splits["val"]])
+    ct = data.correct[:, idx]
+    out = {}
+    for n in sizes:
+        hits = []
+        for seed in range(seeds):
+            rng = np.random.default_rng(seed)
+            sets = []
+            for m in range(len(data.models)):
+                have = nontest[data.correct[m, nontest] >= 0]
+                pick = rng.choice(have, size=min(n, len(have)), replace=False)
+                sets.append((data.qvecs[pick], (data.correct[m, pick] == 1).astype(np.float32)))
+            z = onboarding.embed_sets(model, sets)
+            with torch.no_grad():
+                p = torch.sigmoid(model.predict_logits(torch.from_numpy(z), torch.from_numpy(data.qvecs[idx]))).numpy()
+            hits.append(B.hit_at_k(p, ct, 1))
+        out[str(n)] = {"mean": round(float(np.mean(hits)), 4), "std": round(float(np.std(hits)), 4), "draws": seeds}
+    return out

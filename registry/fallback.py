@@ -1,0 +1,56 @@
+"""Fallback chains: when a model is down, its nearest available neighbours in embedding space, nearest first
+(the paper keeps about 85% of routing accuracy this way). One FAISS search answers every model at once, so
+`--all` costs one batched search, not one per model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import InputError, NotFound
+from .geometry import Pool
+
+
+@dataclass
+class Link:
+    model: str
+    distance: float
+
+
+@dataclass
+class Chain:
+    model: str
+    chain: list[Link] = field(default_factory=list)
+
+
+@dataclass
+class Chains:
+    chains: dict[str, list[Link]]
+    unavailable: list[str]
+
+
+def check_names(p: Pool, names, label: str) -> None:
+    known = set(p.names)
+    for n in names:
+        if n not in known:
+            raise NotFound(f"unknown model {n!r}" + (f" (in {label})" if label else "") + " or it has no embedding")
+
+
+def chains(vi, p: Pool, k: int, unavailable=(), only: list[int] | None = None) -> dict[str, list[Link]]:
+    """Each model's (or only those rows') k nearest available other models. vi: the pool's index.VectorIndex."""
+    if k < 1:
+        raise InputError(f"k must be at least 1, got {k}")
+    down = set(unavailable)
+    rows = np.arange(len(p.names)) if only is None else np.asarray(only)
+    if not len(rows):
+        return {}
+    width = min(vi.size, k + 1 + len(down))              # room for the model itself and every unavailable one
+    dist, ids = vi.search(p.vectors[rows], width)
+    out = {}
+    for r, drow, irow in zip(rows, dist, ids):
+        me = p.names[r]
+        links = [Link(vi.names[int(i)], round(float(d), 4)) for d, i in zip(drow, irow)
+                 if i >= 0 and vi.names[int(i)] != me and vi.names[int(i)] not in down]
+        out[me] = links[:k]
+    return out

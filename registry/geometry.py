@@ -1,0 +1,115 @@
+"""The embedding space as a whole: the pool of current embeddings, test-split outcomes and LOCUS predictions over
+it, and how well embedding distance tracks real disagreement (`Registry.geometry`).
+
+Portfolio, fallback, map and fingerprint all start from `pool()`: the current version of every model under the
+active encoder, read from the FAISS index (which keeps itself up to date with the database), so they never
+disagree with `similar` about where a model sits.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import index
+from .errors import InputError
+from .store import Tx
+
+
+@dataclass
+class Pool:
+    encoder_id: int
+    model_ids: np.ndarray        # [M] int64
+    names: list[str]             # [M]
+    vectors: np.ndarray          # [M,128] float32
+
+
+@dataclass
+class Geometry:
+    pearson: float
+    spearman: float
+    pairs: int                   # model pairs with at least `min_shared` shared test queries
+    test_queries: int
+
+
+def pool(tx: Tx, db_path: str, encoder_id: int, as_of: str | None = None) -> Pool:
+    """Every model's current embedding under `encoder_id`, ordered by name (so results are deterministic)."""
+    vi = index.get(tx, db_path, encoder_id, as_of)
+    if vi.size == 0:
+        raise InputError("the registry has no embedded models yet: import evaluations first (`registry import`)")
+    ids, vecs = vi.vectors()
+    order = sorted(range(len(ids)), key=lambda i: vi.names[int(ids[i])])
+    ids = ids[order]
+    return Pool(encoder_id, ids, [vi.names[int(i)] for i in ids], np.ascontiguousarray(vecs[order]))
+
+
+def pairwise(vectors: np.ndarray) -> np.ndarray:
+    """[M,128] -> [M,M] Euclidean distances (only for pools small enough to hold M*M floats)."""
+    sq = (vectors.astype(np.float64) ** 2).sum(1)
+    d2 = sq[:, None] + sq[None, :] - 2.0 * vectors.astype(np.float64) @ vectors.T.astype(np.float64)
+    d = np.sqrt(np.maximum(d2, 0.0))
+    np.fill_diagonal(d, 0.0)
+    return d
+
+
+def test_outcomes(tx: Tx, model_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Current evaluations on the test split: (query ids [N], correct [M,N] int8, 1/0 and -1 = not evaluated)."""
+    import pyarrow as pa
+
+    tx.duck.register("_pool", pa.table({"model_id": np.asarray(model_ids, np.int64),
+                                        "row": np.arange(len(model_ids), dtype=np.int64)}))
+    try:
+        res = tx.duck.execute("""
+            SELECT p.row, e.query_id, arg_max(e.correct, e.batch_id)::INT AS correct
+            FROM evaluations e JOIN _pool p ON p.model_id = e.model_id
+            JOIN query_splits s ON s.query_id = e.query_id AND s.split = 'test'
+            GROUP BY p.row, e.query_id""").fetchnumpy()
+    finally:
+        tx.duck.unregister("_pool")
+    qids = np.unique(np.asarray(res["query_id"], np.int64))
+    correct = np.full((len(model_ids), len(qids)), -1, dtype=np.int8)
+    correct[np.asarray(res["row"], np.int64), np.searchsorted(qids, res["query_id"])] = res["correct"]
+    return qids, correct
+
+
+def predicted(tx: Tx, encoder_id: int, vectors: np.ndarray, query_ids: np.ndarray) -> np.ndarray:
+    """LOCUS predictor: P(correct) [M,N] of each model (its current embedding) on each query."""
+    import torch
+
+    from . import encoders, onboarding
+
+    model, _ = encoders.load(tx, encoder_id)
+    row_of, qmat = onboarding.query_vectors(tx, query_ids)
+    q = qmat[[row_of[int(i)] for i in query_ids]]
+    with torch.no_grad():
+        logits = model.predict_logits(torch.from_numpy(np.ascontiguousarray(vectors)), torch.from_numpy(q))
+    return torch.sigmoid(logits).numpy()
+
+
+def disagreement(correct: np.ndarray, min_shared: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Pairwise disagreement rate on queries both models answered: (rate [M,M], shared count [M,M])."""
+    obs = (correct >= 0).astype(np.float64)
+    yes = (correct == 1).astype(np.float64)
+    no = (correct == 0).astype(np.float64)
+    shared = obs @ obs.T
+    differ = yes @ no.T + no @ yes.T
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rate = np.where(shared >= min_shared, differ / shared, np.nan)
+    return rate, shared
+
+
+def correlation(tx: Tx, p: Pool, min_shared: int = 10) -> Geometry:
+    from scipy.stats import pearsonr, spearmanr
+
+    if len(p.names) < 3:
+        raise InputError(f"geometry needs at least 3 embedded models, the registry has {len(p.names)}")
+    qids, correct = test_outcomes(tx, p.model_ids)
+    rate, _ = disagreement(correct, min_shared)
+    dist = pairwise(p.vectors)
+    iu = np.triu_indices(len(p.names), 1)
+    x, y = dist[iu], rate[iu]
+    keep = ~np.isnan(y)
+    if keep.sum() < 3:
+        raise InputError(f"too few model pairs share {min_shared} evaluated test queries to correlate")
+    return Geometry(round(float(pearsonr(x[keep], y[keep])[0]), 4), round(float(spearmanr(x[keep], y[keep])[0]), 4),
+                    int(keep.sum()), len(qids))

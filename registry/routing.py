@@ -1,0 +1,331 @@
+"""Routing: query text -> MiniLM vector -> P(correct) for every model with a current embedding under the active
+encoder -> a choice (most likely, cost-aware, or cheapest above a threshold), never an unavailable model.
+
+Per-query overhead is kept small by a per-process cache (`_State`) of the loaded encoder, the current z matrix, the
+models' costs and the persistent availability flags. One cheap SQL statement (max ids of activations, versions and
+availability rows, and a hash over the models' cost columns) tells whether the cache is still current; anything new
+rebuilds it. Text vectors are cached per content hash (an LRU), and a text the registry already holds reuses its
+stored vector, so routing a registered query gives exactly the probabilities `evaluate` computes.
+
+Costs: `cost` if set, else `params_b`. A model with neither is treated as costing as much as the dearest model that
+has a cost (a conservative guess: cost-aware choices pick it only where it is worth the top price), and its
+candidate entry says `cost_known: false`. If no model has any cost, every cost is 0 and cost weights change nothing.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import encoders, index, textvec
+from .errors import InputError, NotFound, RegistryError
+from .store import Tx
+
+# MiniLM reads at most 256 word pieces; a word piece never spans more than ~100 characters of text, so a longer
+# text routes exactly as its first MAX_CHARS characters do. Cutting first keeps a 1 MB query from costing a
+# tokeniser pass over all of it.
+MAX_CHARS = 32_768
+LOG_TOP = 5            # candidates kept in the routing log
+_VEC_CACHE_SIZE = 4096
+
+
+@dataclass
+class Candidate:
+    model: str
+    prob: float
+    cost: float | None = None
+    cost_known: bool = True
+    available: bool = True
+
+
+@dataclass
+class Decision:
+    model: str | None                 # None only when no candidate is available
+    fallback: bool                    # the policy's top choice was unavailable
+    candidates: list[Candidate]       # every model, most likely first
+    encoder: str
+    versions: dict[str, int]          # model -> embedding version used
+    query_hash: str
+    note: str | None = None
+
+
+@dataclass
+class _State:
+    key: tuple
+    encoder_id: int
+    encoder_name: str
+    model: object                     # LocusModel (eval mode)
+    names: list[str]
+    versions: np.ndarray              # [M] embedding version numbers
+    version_ids: np.ndarray           # [M] embedding_versions.id
+    z: object                         # torch [M,128]
+    cost: np.ndarray                  # [M]; unknown filled in (see module docstring)
+    cost_known: np.ndarray            # [M] bool
+    params_b: np.ndarray              # [M] (nan: unknown)
+    down: set[str] = field(default_factory=set)   # marked unavailable in the registry
+
+
+_states: dict[str, _State] = {}
+_vectors: OrderedDict[str, np.ndarray] = OrderedDict()
+_vectors_lock = threading.Lock()   # the server routes from several threads
+_encode_lock = threading.Lock()
+
+_KEY_SQL = """SELECT (SELECT coalesce(max(id), 0) FROM encoder_activations),
+                     (SELECT coalesce(max(id), 0) FROM embedding_versions),
+                     (SELECT coalesce(max(id), 0) FROM model_availability),
+                     (SELECT coalesce(bit_xor(hash(id, name, cost, params_b)), 0) FROM models)"""
+
+
+def state(tx: Tx, db_path: str) -> _State:
+    """The cached routing state, rebuilt only when the registry changed in a way that matters to routing."""
+    key = tuple(tx.sql(_KEY_SQL)[0])
+    st = _states.get(db_path)
+    if st is not None and st.key == key:
+        return st
+    st = _build(tx, key)
+    _states[db_path] = st
+    return st
+
+
+def _build(tx: Tx, key: tuple) -> _State:
+    import torch
+
+    encoder_id = encoders.ensure_default(tx)
+    if encoder_id is None:
+        raise RegistryError("no active encoder: train one (`registry train`) or install one")
+    model, _ = encoders.load(tx, encoder_id)
+    vids, mids, names, vecs = index.current_versions(tx, encoder_id)
+    meta = {r[0]: r[1:] for r in tx.sql("SELECT id, cost, params_b FROM models")}
+    version_of = dict(tx.sql("SELECT id, version FROM embedding_versions WHERE id IN (SELECT unnest(?))",
+                             [vids.tolist()]))
+    raw = np.array([_nan(meta[m][0]) if meta[m][0] is not None else _nan(meta[m][1]) for m in mids.tolist()],
+                   dtype=np.float64)
+    known = ~np.isnan(raw)
+    cost = np.where(known, raw, raw[known].max() if known.any() else 0.0)
+    down = {r[0] for r in tx.sql("""SELECT m.name FROM models m JOIN (
+                SELECT model_id, arg_max(available, id) AS available FROM model_availability GROUP BY model_id
+            ) a ON a.model_id = m.id WHERE NOT a.available""")}
+    enc_name = tx.sql("SELECT name FROM encoders WHERE id = ?", [encoder_id])[0][0]
+    return _State(key, encoder_id, enc_name, model, list(names),
+                  np.array([version_of[int(v)] for v in vids], dtype=np.int64), np.asarray(vids, dtype=np.int64),
+                  torch.from_numpy(np.ascontiguousarray(vecs)), cost, known,
+                  np.array([_nan(meta[m][1]) for m in mids.tolist()], dtype=np.float64), down)
+
+
+def _nan(v) -> float:
+    return float("nan") if v is None else float(v)
+
+
+# --- query vectors ------------------------------------------------------------------------------------------------
+def clean_texts(texts) -> tuple[list[str], list[str]]:
+    """(texts as routed, sha256 of each full text). Empty texts are refused; over-long ones are cut (MAX_CHARS)."""
+    if isinstance(texts, str):
+        texts = [texts]
+    out, hashes = [], []
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise InputError(f"query {i + 1}: text must be a string, got {type(t).__name__}")
+        if not t.strip():
+            raise InputError(f"query {i + 1}: empty query" if len(texts) > 1 else "empty query")
+        hashes.append(textvec.content_hash(t))
+        out.append(t[:MAX_CHARS])
+    return out, hashes
+
+
+def query_vectors(tx: Tx | None, texts: list[str], hashes: list[str], reuse: bool = True,
+                  batch_size: int = 64, progress: bool = False) -> np.ndarray:
+    """[N,384]: from the LRU, then from the registry's stored vectors (by content hash), then MiniLM (batched)."""
+    out = np.zeros((len(texts), textvec.TEXT_DIM), dtype=np.float32)
+    todo = []
+    for i, h in enumerate(hashes):
+        with _vectors_lock:
+            v = _vectors.get(h) if reuse else None
+        if v is None:
+            todo.append(i)
+        else:
+            out[i] = v
+    if todo and reuse and tx is not None:
+        stored = _stored_vectors(tx, [hashes[i] for i in todo])
+        rest = []
+        for i in todo:
+            v = stored.get(hashes[i])
+            if v is None:
+                rest.append(i)
+            else:
+                out[i] = v
+        todo = rest
+    if todo:
+        with _encode_lock:  # HF fast tokenisers fail when one is used by two threads at once
+            out[todo] = textvec.encode([texts[i] for i in todo], batch_size=batch_size, progress=progress)
+    with _vectors_lock:
+        for i, h in enumerate(hashes):
+            _vectors[h] = out[i]
+            _vectors.move_to_end(h)
+        while len(_vectors) > _VEC_CACHE_SIZE:
+            _vectors.popitem(last=False)
+    return out
+
+
+def _stored_vectors(tx: Tx, hashes: list[str]) -> dict[str, np.ndarray]:
+    if len(hashes) == 1:  # the single-query path: one indexed lookup, no Arrow registration
+        rows = tx.sql("SELECT vector FROM text_vectors WHERE content_hash = ? AND text_encoder = ?",
+                      [hashes[0], textvec.TEXT_ENCODER])
+        return {hashes[0]: np.asarray(rows[0][0], dtype=np.float32)} if rows else {}
+    import pyarrow as pa
+
+    tx.duck.register("_route_hashes", pa.table({"h": hashes}))
+    try:
+        tbl = tx.duck.sql("""SELECT v.content_hash, v.vector FROM text_vectors v
+                             JOIN (SELECT DISTINCT h FROM _route_hashes) r ON r.h = v.content_hash
+                             WHERE v.text_encoder = ?""", params=[textvec.TEXT_ENCODER]).to_arrow_table()
+    finally:
+        tx.duck.unregister("_route_hashes")
+    if not tbl.num_rows:
+        return {}
+    flat = tbl.column("vector").combine_chunks().flatten().to_numpy(zero_copy_only=False)
+    mat = flat.reshape(tbl.num_rows, -1).astype(np.float32)
+    return dict(zip(tbl.column("content_hash").to_pylist(), mat))
+
+
+# --- scoring and choosing -----------------------------------------------------------------------------------------
+def probabilities(st: _State, qvecs: np.ndarray) -> np.ndarray:
+    """[N,384] -> P(correct) [M,N]."""
+    import torch
+
+    with torch.inference_mode():
+        return torch.sigmoid(st.model.predict_logits(st.z, torch.from_numpy(qvecs))).numpy()
+
+
+def check_options(st: _State, cost_weight: float | None, min_prob: float | None, unavailable, known_models) -> set:
+    if cost_weight is not None and min_prob is not None:
+        raise InputError("give either a cost weight or a minimum probability, not both")
+    if cost_weight is not None and not (cost_weight >= 0 and np.isfinite(cost_weight)):
+        raise InputError(f"cost weight must be a non-negative number, got {cost_weight}")
+    if min_prob is not None and not (0.0 <= min_prob <= 1.0):
+        raise InputError(f"minimum probability must be between 0 and 1, got {min_prob}")
+    unknown = sorted(set(unavailable or ()) - set(known_models))
+    if unknown:
+        raise NotFound(f"unknown model {unknown[0]!r} in unavailable models")
+    if not st.names:
+        raise RegistryError("no model has an embedding under the active encoder: nothing to route to "
+                            "(run `registry onboard`)")
+    return set(unavailable or ()) | st.down
+
+
+def choose(st: _State, probs: np.ndarray, down: set[str], cost_weight: float | None = None,
+           min_prob: float | None = None) -> list[tuple[int | None, bool]]:
+    """For each query column of probs [M,N]: (chosen model row or None, fallback). The policy ranks every model;
+    the top-ranked one is taken unless unavailable, then the best-ranked available one (a fallback)."""
+    M, N = probs.shape
+    avail = np.array([n not in down for n in st.names])
+    if not avail.any():
+        return [(None, True)] * N
+    if min_prob is None:
+        rank = probs - (cost_weight or 0.0) * st.cost[:, None]
+        top = np.argmax(rank, axis=0)                                # ties: the lower row, as baselines do
+        best = np.argmax(np.where(avail[:, None], rank, -np.inf), axis=0)
+        return [(int(b), bool(not avail[t])) for t, b in zip(top, best)]
+    out = []
+    for j in range(N):
+        # the cheapest model reaching the threshold (the most likely among equally cheap ones), then the models
+        # below it by probability: with none reaching it, the most likely is chosen
+        p = probs[:, j]
+        reach = p >= min_prob
+        order = np.lexsort((-p, np.where(reach, st.cost, 0.0), ~reach))
+        first_avail = next(i for i in order if avail[i])
+        out.append((int(first_avail), bool(not avail[order[0]])))
+    return out
+
+
+def decisions(st: _State, probs: np.ndarray, picks, down: set[str], hashes: list[str],
+              truncated: list[bool]) -> list[Decision]:
+    versions = dict(zip(st.names, st.versions.tolist()))
+    out = []
+    for j, (row, fallback) in enumerate(picks):
+        order = np.argsort(-probs[:, j], kind="stable")
+        cands = [Candidate(st.names[i], round(float(probs[i, j]), 6), float(st.cost[i]), bool(st.cost_known[i]),
+                           st.names[i] not in down) for i in order]
+        note = None
+        if row is None:
+            note = f"no model available: all {len(st.names)} models are unavailable"
+        elif truncated[j]:
+            note = f"query longer than {MAX_CHARS} characters: routed on its first {MAX_CHARS}"
+        out.append(Decision(None if row is None else st.names[row], fallback, cands, st.encoder_name, versions,
+                            hashes[j], note))
+    return out
+
+
+# --- the routing log ----------------------------------------------------------------------------------------------
+def log(tx: Tx, decs: list[Decision], texts: list[str] | None, encoder_id: int, options: dict) -> None:
+    """Append one row per decision in one native bulk insert (Arrow), whatever the batch size."""
+    import pyarrow as pa
+
+    if not decs:
+        return
+    tbl = pa.table({
+        "query_hash": [d.query_hash for d in decs],
+        "text": texts if texts is not None else pa.nulls(len(decs), pa.string()),
+        "model": [d.model for d in decs],
+        "fallback": [d.fallback for d in decs],
+        "candidates": [json.dumps([{"model": c.model, "prob": c.prob} for c in d.candidates[:LOG_TOP]])
+                       for d in decs],
+        "versions": [json.dumps(d.versions) for d in decs],
+    })
+    tx.duck.register("_route_log", tbl)
+    try:
+        tx.duck.execute("""INSERT INTO routing_log (query_hash, text, model, fallback, candidates, encoder_id,
+                                                    versions, options)
+                           SELECT query_hash, text, model, fallback, candidates::JSON, ?, versions::JSON, ?::JSON
+                           FROM _route_log""", [encoder_id, json.dumps(options)])
+    finally:
+        tx.duck.unregister("_route_log")
+
+
+@dataclass
+class LogEntry:
+    id: int
+    created: str
+    query_hash: str
+    text: str | None
+    model: str | None
+    fallback: bool
+    candidates: list
+    encoder_id: int | None
+    versions: dict
+    options: dict | None
+
+
+def read_log(tx: Tx, since: str | None = None, limit: int | None = None) -> list[LogEntry]:
+    where, params = "", []
+    if since:
+        try:
+            tx.sql("SELECT ?::TIMESTAMP", [since])
+        except Exception:
+            raise InputError(f"not a timestamp: {since!r} (use e.g. 2026-01-31 or '2026-01-31 12:00')") from None
+        where, params = "WHERE created >= ?::TIMESTAMP", [since]
+    lim = f"LIMIT {int(limit)}" if limit else ""
+    rows = tx.sql(f"""SELECT id, created::VARCHAR, query_hash, text, model, fallback, candidates::VARCHAR, encoder_id,
+                             versions::VARCHAR, options::VARCHAR FROM routing_log {where} ORDER BY id {lim}""", params)
+    return [LogEntry(i, c, h, t, m, f, json.loads(cs), e, json.loads(v), json.loads(o) if o else None)
+            for i, c, h, t, m, f, cs, e, v, o in rows]
+
+
+# --- availability -------------------------------------------------------------------------------------------------
+def set_available(tx: Tx, names: list[str], available: bool, reason: str | None = None) -> None:
+    if not names:
+        raise InputError("name at least one model")
+    ids = dict(tx.sql("SELECT name, id FROM models WHERE name IN (SELECT unnest(?))", [list(names)]))
+    for n in names:
+        if n not in ids:
+            raise NotFound(f"unknown model {n!r}")
+    tx.duck.executemany("INSERT INTO model_availability (model_id, available, reason) VALUES (?, ?, ?)",
+                        [[ids[n], available, reason] for n in names])
+
+
+def unavailable_models(tx: Tx) -> list[str]:
+    return [r[0] for r in tx.sql("""SELECT m.name FROM models m JOIN (
+                SELECT model_id, arg_max(available, id) AS available FROM model_availability GROUP BY model_id
+            ) a ON a.model_id = m.id WHERE NOT a.available ORDER BY 1""")]

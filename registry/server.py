@@ -1,0 +1,279 @@
+"""HTTP JSON API over the same `Registry` (FastAPI + uvicorn). `registry serve` runs it.
+
+- The server owns the DuckDB file while it runs (DuckDB lets one process write); a CLI command started meanwhile
+  says so in one line (store.DatabaseLocked).
+- Writes (register, evaluations, availability, and the shared in-memory vector index behind `similar`) go one at a
+  time through `_write_lock`; plain reads (models, show, history, log) run concurrently on the engine's pooled
+  connections to the one DuckDB instance. Routing encodes its texts outside the lock (the slow part), then scores
+  and appends its log rows under it.
+- Writing endpoints require `Authorization: Bearer <token>` when a token is configured; routing and fingerprinting
+  do not (the one only appends to the routing log, the other writes nothing).
+- Errors are JSON `{"detail": "<one line>"}`: bad input 400, a missing or ill-typed field 422, unknown names 404,
+  an optional feature that this registry lacks 501.
+"""
+from __future__ import annotations
+
+import hmac
+import json
+import os
+import tempfile
+import threading
+from dataclasses import asdict, is_dataclass
+from typing import Any
+
+from fastapi import Body, Depends, FastAPI, Header, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from .api import Registry
+from .errors import DatabaseLocked, InputError, NotFound, RegistryError
+
+UPLOAD_TYPES = {"text/csv": ".csv", "application/x-ndjson": ".jsonl", "application/jsonl": ".jsonl",
+                "application/vnd.apache.parquet": ".parquet", "application/octet-stream": ".csv"}
+
+
+class EvalRow(BaseModel):
+    question_id: str = Field(description="the query's id (external id, as in the registry's queries)")
+    correct: int | bool
+    text: str | None = Field(None, description="the query's text, for a query the registry does not have yet")
+    options: list[str] | None = None
+
+
+class RegisterBody(BaseModel):
+    name: str
+    evaluations: list[EvalRow]
+    family: str | None = None
+    provider: str | None = None
+    params_b: float | None = None
+    cost: float | None = None
+    open_weights: bool | None = None
+    tags: dict | None = None
+
+
+class RouteBody(BaseModel):
+    text: str
+    cost_weight: float | None = None
+    min_prob: float | None = None
+    unavailable: list[str] | None = None
+    log_text: bool = True
+
+
+class RouteBatchBody(BaseModel):
+    texts: list[str]
+    cost_weight: float | None = None
+    min_prob: float | None = None
+    unavailable: list[str] | None = None
+    log_text: bool = True
+
+
+class AvailabilityBody(BaseModel):
+    models: list[str]
+    reason: str | None = None
+
+
+def _out(obj: Any):
+    if is_dataclass(obj):
+        return asdict(obj)
+    if isinstance(obj, list):
+        return [_out(o) for o in obj]
+    return obj
+
+
+def create_app(db: str, token: str | None = None) -> FastAPI:
+    reg = Registry(db)
+    hold = reg.store.engine.connect()   # keep the file open (and locked against other processes) while we serve
+    write_lock = threading.Lock()
+    app = FastAPI(title="LLM model registry", version="1", description=__doc__)
+    app.state.registry = reg
+
+    @app.on_event("shutdown")
+    def _close():
+        hold.close()
+        reg.close()
+
+    def writer(authorization: str | None = Header(None)) -> None:
+        if token is None:
+            return
+        given = (authorization or "").removeprefix("Bearer ").strip()
+        if not authorization or not authorization.startswith("Bearer ") or not hmac.compare_digest(given, token):
+            raise HTTPException(401, "this endpoint writes: send Authorization: Bearer <token>",
+                                headers={"WWW-Authenticate": "Bearer"})
+
+    # --- errors: one line each ----------------------------------------------------------------------------------
+    @app.exception_handler(NotFound)
+    async def _nf(_, exc):
+        return JSONResponse({"detail": str(exc)}, status_code=404)
+
+    @app.exception_handler(InputError)
+    async def _ie(_, exc):
+        return JSONResponse({"detail": str(exc)}, status_code=400)
+
+    @app.exception_handler(RegistryError)
+    async def _re(_, exc):
+        return JSONResponse({"detail": str(exc)}, status_code=409 if isinstance(exc, DatabaseLocked) else 400)
+
+    @app.exception_handler(RequestValidationError)
+    async def _ve(_, exc):
+        errs = exc.errors()
+        first = errs[0] if errs else {}
+        if first.get("type") == "json_invalid":
+            return JSONResponse({"detail": f"bad JSON: {first.get('ctx', {}).get('error', 'cannot parse')}"},
+                                status_code=400)
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        msg = (f"missing field {where!r}" if first.get("type") == "missing"
+               else f"field {where!r}: {first.get('msg', 'invalid')}")
+        return JSONResponse({"detail": msg, "errors": [{"loc": e.get("loc"), "msg": e.get("msg")} for e in errs]},
+                            status_code=422)
+
+    # --- reading --------------------------------------------------------------------------------------------------
+    @app.get("/health")
+    def health():
+        return {"ok": True, "db": reg.path}
+
+    @app.get("/models")
+    def models():
+        return _out(reg.models())
+
+    @app.get("/models/{name}")
+    def show(name: str):
+        return _out(reg.show(name))
+
+    @app.get("/models/{name}/history")
+    def history(name: str):
+        return _out(reg.history(name))
+
+    @app.get("/models/{name}/similar")
+    def similar(name: str, k: int = Query(5, ge=1, le=1000)):
+        with write_lock:  # may bring the shared in-memory index up to date
+            return _out(reg.similar(name, k=k))
+
+    @app.get("/models/{name}/fallback")
+    def fallback(name: str, k: int = Query(5, ge=1, le=1000)):
+        fn = _optional(reg, "fallback")
+        with write_lock:
+            return _out(fn(name, k=k) if _takes(fn, "k") else fn(name))
+
+    @app.get("/portfolio")
+    def portfolio(k: int | None = Query(None, ge=1, le=1000)):
+        fn = _optional(reg, "portfolio")
+        with write_lock:
+            return _out(fn(k=k) if k is not None and _takes(fn, "k") else fn())
+
+    @app.get("/log")
+    def routing_log(since: str | None = None, limit: int | None = Query(None, ge=1)):
+        return _out(reg.routing_log(since=since, limit=limit))
+
+    @app.get("/availability")
+    def availability():
+        return _out(reg.availability())
+
+    # --- routing ----------------------------------------------------------------------------------------------
+    @app.post("/route")
+    def route(body: RouteBody):
+        reg.prepare_queries([body.text])          # encode outside the lock
+        with write_lock:
+            return _out(reg.route(body.text, body.cost_weight, body.min_prob, body.unavailable,
+                                  log_text=body.log_text))
+
+    @app.post("/route/batch")
+    def route_batch(body: RouteBatchBody):
+        if not body.texts:
+            raise InputError("texts: give at least one query")
+        reg.prepare_queries(body.texts)
+        with write_lock:
+            return _out(reg.route_batch(body.texts, body.cost_weight, body.min_prob, body.unavailable,
+                                        log_text=body.log_text))
+
+    # --- writing ----------------------------------------------------------------------------------------------
+    @app.post("/models", dependencies=[Depends(writer)])
+    def register(body: RegisterBody):
+        """Register (or update) a model with its evaluations as JSON rows; it is embedded at once."""
+        if not body.evaluations:
+            raise InputError("evaluations: give at least one row")
+        path = _temp_file([r.model_dump(exclude_none=True) for r in body.evaluations])
+        try:
+            with write_lock:
+                return _out(reg.register(body.name, path, family=body.family, provider=body.provider,
+                                         params_b=body.params_b, cost=body.cost, open_weights=body.open_weights,
+                                         tags=body.tags))
+        finally:
+            os.unlink(path)
+
+    @app.post("/models/{name}/evaluations", dependencies=[Depends(writer)])
+    async def upload(name: str, request: Request):
+        """Upload an evaluations file as the request body (CSV, JSONL or Parquet: say which in Content-Type)."""
+        kind = (request.headers.get("content-type") or "").split(";")[0].strip().lower()
+        if kind not in UPLOAD_TYPES:
+            raise InputError(f"Content-Type {kind or '(none)'} not accepted; use one of {sorted(UPLOAD_TYPES)}")
+        data = await request.body()
+        if not data:
+            raise InputError("empty upload")
+        fd, path = tempfile.mkstemp(suffix=UPLOAD_TYPES[kind])
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        try:
+            import anyio
+
+            def run():
+                with write_lock:
+                    return _out(reg.register(name, path))
+            return await anyio.to_thread.run_sync(run)
+        finally:
+            os.unlink(path)
+
+    @app.post("/fingerprint")
+    def fingerprint(evaluations: list[EvalRow] = Body(..., embed=True)):
+        """Which registered model (if any) an unknown endpoint's results look like (if this registry has it)."""
+        fn = _optional(reg, "fingerprint")
+        path = _temp_file([r.model_dump(exclude_none=True) for r in evaluations])
+        try:
+            with write_lock:
+                return _out(fn(path))
+        finally:
+            os.unlink(path)
+
+    @app.post("/availability/unavailable", dependencies=[Depends(writer)])
+    def mark_unavailable(body: AvailabilityBody):
+        with write_lock:
+            return _out(reg.mark_unavailable(body.models, body.reason))
+
+    @app.post("/availability/available", dependencies=[Depends(writer)])
+    def mark_available(body: AvailabilityBody):
+        with write_lock:
+            return _out(reg.mark_available(body.models, body.reason))
+
+    return app
+
+
+def _optional(reg: Registry, name: str):
+    fn = getattr(reg, name, None)
+    if fn is None:
+        raise HTTPException(501, f"this registry has no {name} yet")
+    return fn
+
+
+def _takes(fn, arg: str) -> bool:
+    import inspect
+
+    return arg in inspect.signature(fn).parameters
+
+
+def _temp_file(rows: list[dict]) -> str:
+    fd, path = tempfile.mkstemp(suffix=".jsonl")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        for r in rows:
+            r["correct"] = int(r["correct"])
+            if "options" in r:
+                r["options"] = json.dumps(r["options"])
+            f.write(json.dumps(r) + "\n")
+    return path
+
+
+def serve(db: str, host: str = "127.0.0.1", port: int = 8000, token: str | None = None) -> None:
+    import uvicorn
+
+    app = create_app(db, token)
+    print(f"serving {db} on http://{host}:{port} (OpenAPI at /openapi.json; writes "
+          f"{'need a bearer token' if token else 'are open: no token configured'})", flush=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -1,0 +1,170 @@
+"""The embedding space: similar, fingerprint, portfolio, fallback, map, geometry (issue 5), through the API and the
+CLI, on the session's small real registry; every figure is checked against one recomputed here from the raw tables."""
+from __future__ import annotations
+
+import itertools
+import json
+
+import duckdb
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from scipy.stats import pearsonr
+
+from registry import Registry
+from registry.cli import cli
+
+from .conftest import snapshot
+
+GPT = "gpt-4o-2024-05-13"
+
+
+def run(db, *args):
+    return CliRunner().invoke(cli, ["--db", str(db), *map(str, args)])
+
+
+def run_json(db, *args):
+    res = run(db, *args, "--json")
+    assert res.exit_code == 0, res.output
+    return json.loads(res.output)
+
+
+def raw_vectors(db) -> dict[str, np.ndarray]:
+    """Each model's newest embedding, read straight from DuckDB (not through the index)."""
+    con = duckdb.connect(str(db), read_only=True)
+    rows = con.execute("""SELECT m.name, v.vector FROM embedding_versions v JOIN models m ON m.id = v.model_id
+                          QUALIFY row_number() OVER (PARTITION BY v.model_id ORDER BY v.version DESC) = 1""").fetchall()
+    con.close()
+    return {n: np.asarray(v, np.float64) for n, v in rows}
+
+
+def evals_file(small_data, tmp_path, model, flip=False, limit=None) -> str:
+    out = tmp_path / f"{model}{'-flipped' if flip else ''}.csv"
+    value = "1 - correct" if flip else "correct"
+    duckdb.sql(f"""COPY (SELECT question_id, {value} AS correct FROM read_csv('{small_data}/evaluations.csv.gz')
+                   WHERE model = '{model}' ORDER BY question_id {f'LIMIT {limit}' if limit else ''})
+                   TO '{out}' (HEADER)""")
+    return str(out)
+
+
+def test_similar_cli_mirrors_api_and_finds_a_registered_model_from_its_file(db_copy, small_data, tmp_path):
+    out = run_json(db_copy, "similar", GPT, "-k", 3)["neighbours"]
+    with Registry(db_copy) as reg:
+        api = reg.similar(GPT, k=3)
+    assert [n["model"] for n in out] == [n.model for n in api] and GPT not in [n["model"] for n in out]
+    vecs = raw_vectors(db_copy)
+    expect = sorted((float(np.linalg.norm(vecs[GPT] - v)), n) for n, v in vecs.items() if n != GPT)[:3]
+    assert [n["model"] for n in out] == [n for _, n in expect]
+    assert [n["distance"] for n in out] == pytest.approx([d for d, _ in expect], abs=1e-3)
+    found = run_json(db_copy, "similar", "--evals", evals_file(small_data, tmp_path, GPT), "-k", 1)["neighbours"]
+    assert found[0]["model"] == GPT
+
+
+def test_fingerprint_names_the_model_and_writes_nothing(db_copy, small_data, tmp_path):
+    before = snapshot(db_copy)
+    same = run_json(db_copy, "fingerprint", "--evals", evals_file(small_data, tmp_path, GPT))
+    assert same["match"] == GPT and same["verdict"] == "same" and same["distance"] <= same["threshold"]
+    flipped = run_json(db_copy, "fingerprint", "--evals", evals_file(small_data, tmp_path, GPT, flip=True))
+    assert flipped["match"] != GPT   # every answer reversed: anything but the same model
+    cal = run_json(db_copy, "fingerprint", "--calibration")
+    assert cal["threshold"] == same["threshold"] and cal["models"] >= 2 and 0 <= cal["same_below"] <= 1
+    assert snapshot(db_copy) == before
+
+
+def _sum_cost(vecs, members):
+    pts = np.stack(list(vecs.values()))
+    return np.min([np.linalg.norm(pts - vecs[m], axis=1) for m in members], axis=0)
+
+
+def test_portfolio_clusters_radius_and_constraints(db_copy):
+    vecs = raw_vectors(db_copy)
+    for method in ("kmedoids", "kcenter"):
+        p = run_json(db_copy, "portfolio", "-k", 4, "--method", method)
+        assert p["k"] == 4 == len(set(p["models"])) and p["method"] == method and "share_of_pool" not in p
+        assert sorted(sum(p["clusters"].values(), [])) == sorted(vecs)      # every model in exactly one cluster
+        assert p["radius"] == pytest.approx(_sum_cost(vecs, p["models"]).max(), abs=1e-3)
+    # k-medoids (FasterPAM) against brute force over every pair
+    km = run_json(db_copy, "portfolio", "-k", 2, "--method", "kmedoids")
+    best = min(_sum_cost(vecs, pair).sum() for pair in itertools.combinations(vecs, 2))
+    assert _sum_cost(vecs, km["models"]).sum() <= best * 1.02
+    with Registry(db_copy) as reg:
+        params = {m.name: m.params_b for m in reg.models()}
+        p = reg.portfolio(5, "kcenter", max_params=10, require=["Yi-34B"], exclude=["Mistral-7B-v0.1"])
+    assert p.models[0] == "Yi-34B" and "Mistral-7B-v0.1" not in p.models
+    assert all(params[m] is not None and params[m] <= 10 for m in p.models[1:])
+
+
+def test_portfolio_target_reaches_the_share(db_copy):
+    strict = run_json(db_copy, "portfolio", "--target", 0.99, "--method", "kcenter")
+    loose = run_json(db_copy, "portfolio", "--target", 0.5, "--method", "kcenter")
+    assert strict["share_of_pool"] >= 0.99 and loose["share_of_pool"] >= 0.5
+    assert loose["k"] <= strict["k"] <= 31 and len(strict["models"]) == strict["k"]
+
+
+def test_fallback_chain_and_all(db_copy):
+    down = "Llama-2-13b-hf"
+    chain = run_json(db_copy, "fallback", "Llama-2-7b-hf", "--unavailable", down, "-k", 4)["chain"]
+    with Registry(db_copy) as reg:
+        near = [n.model for n in reg.similar("Llama-2-7b-hf", k=6)]
+    assert [c["model"] for c in chain] == [m for m in near if m != down][:4]
+    assert [c["distance"] for c in chain] == sorted(c["distance"] for c in chain)
+    every = run_json(db_copy, "fallback", "--all", "--unavailable", down, "-k", 3)["chains"]
+    assert len(every) == 31 and every["Llama-2-7b-hf"] == chain[:3]
+    assert all(len(c) == 3 and m not in [x["model"] for x in c] and down not in [x["model"] for x in c]
+               for m, c in every.items())
+
+
+def test_geometry_matches_a_recomputation_from_raw_tables(db_copy):
+    g = run_json(db_copy, "geometry")
+    vecs = raw_vectors(db_copy)
+    con = duckdb.connect(str(db_copy), read_only=True)
+    rows = con.execute("""SELECT m.name, e.query_id, arg_max(e.correct, e.batch_id) FROM evaluations e
+                          JOIN models m ON m.id = e.model_id JOIN query_splits s ON s.query_id = e.query_id
+                          WHERE s.split = 'test' GROUP BY ALL""").fetchall()
+    con.close()
+    ans: dict[str, dict] = {}
+    for name, q, c in rows:
+        ans.setdefault(name, {})[q] = c
+    xs, ys = [], []
+    for a, b in itertools.combinations(sorted(vecs), 2):
+        shared = ans[a].keys() & ans[b].keys()
+        if len(shared) >= 10:
+            xs.append(np.linalg.norm(vecs[a] - vecs[b]))
+            ys.append(np.mean([ans[a][q] != ans[b][q] for q in shared]))
+    assert g["pairs"] == len(xs) == 465
+    assert g["pearson"] == pytest.approx(pearsonr(xs, ys)[0], abs=1e-3)
+    assert -1 <= g["spearman"] <= 1
+
+
+def test_map_draws_every_model(db_copy, tmp_path):
+    from PIL import Image
+
+    out = tmp_path / "map.png"
+    m = run_json(db_copy, "map", "--out", out)
+    assert m["models"] == 31 and m["method"] == "t-sne" and m["families"] >= 10
+    with Image.open(out) as img:
+        assert img.size[0] > 1000 and len(np.unique(np.asarray(img.convert("RGB")).reshape(-1, 3), axis=0)) > 50   # a real picture, not blank
+
+
+@pytest.mark.parametrize("args, message", [
+    (["similar", "no-such-model"], "unknown model 'no-such-model'"),
+    (["fallback", "no-such-model"], "unknown model 'no-such-model'"),
+    (["portfolio", "-k", 2, "--require", "no-such-model"], "unknown model 'no-such-model'"),
+    (["portfolio", "-k", 40], "k=40 is larger than the pool"),
+    (["similar", GPT, "-k", 40], "k=40 is larger than the pool"),
+    (["portfolio", "-k", 2, "--max-params", 0.5], "no model fits --max-params 0.5"),
+    (["fingerprint", "--evals", "FEW"], "at least 32 are needed"),
+])
+def test_bad_input_is_one_clear_line(db_copy, small_data, tmp_path, args, message):
+    args = [evals_file(small_data, tmp_path, GPT, limit=5) if a == "FEW" else a for a in args]
+    res = run(db_copy, *args)
+    assert res.exit_code == 1 and message in res.output
+    assert len(res.output.strip().splitlines()) == 1 and "Traceback" not in res.output
+
+
+def test_empty_registry_is_one_clear_line(tmp_path):
+    db = tmp_path / "empty.duckdb"
+    for args in (["portfolio", "-k", 2], ["geometry"], ["fallback", "--all"], ["map", "--out", tmp_path / "m.png"]):
+        res = run(db, *args)
+        assert res.exit_code == 1 and "no embedded models" in res.output, (args, res.output)
+        assert len(res.output.strip().splitlines()) == 1

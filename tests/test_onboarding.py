@@ -1,0 +1,190 @@
+"""Onboarding and the embedding history: one version per change, reproducible, crash-safe, queryable as of a time."""
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import duckdb
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from registry import Registry
+from registry.cli import cli
+
+from .conftest import snapshot
+
+
+def versions(path) -> dict[str, int]:
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        return dict(con.execute("""SELECT m.name, count(v.id) FROM models m
+                                   LEFT JOIN embedding_versions v ON v.model_id = m.id GROUP BY m.name""").fetchall())
+    finally:
+        con.close()
+
+
+def model_results(small_data, model: str, n: int | None = None) -> list[tuple[str, int]]:
+    rows = duckdb.sql(f"""SELECT question_id::VARCHAR, correct FROM read_csv('{small_data}/evaluations.csv.gz')
+                          WHERE model = '{model}' ORDER BY question_id""").fetchall()
+    return rows[:n] if n else rows
+
+
+def write_evals(path, rows, model: str | None = None):
+    header = "model,question_id,correct\n" if model else "question_id,correct\n"
+    path.write_text(header + "".join((f"{model}," if model else "") + f"{q},{c}\n" for q, c in rows))
+    return path
+
+
+def test_import_gives_one_version_per_model_and_reimport_none(db_copy, small_data):
+    counts = versions(db_copy)
+    assert len(counts) == 31 and set(counts.values()) == {1}
+    with Registry(db_copy) as reg:
+        reg.import_files(directory=str(small_data))
+        assert reg.import_files(evaluations=str(small_data / "evaluations.csv.gz")).onboarding == []
+    assert versions(db_copy) == counts
+
+
+def test_new_evaluations_give_exactly_one_new_version_for_that_model(db_copy, tmp_path):
+    qs = tmp_path / "q.csv"
+    qs.write_text("question_id,question,category\n" + "".join(
+        f"new{i},What is {i} plus {i * 3}? Answer with a number.,math\n" for i in range(100)))
+    ev = write_evals(tmp_path / "e.csv", [(f"new{i}", i % 3 == 0) for i in range(100)], model="gemma-7b")
+    ev.write_text(ev.read_text().replace("True", "1").replace("False", "0"))
+    before = versions(db_copy)
+    with Registry(db_copy) as reg:
+        r = reg.import_files(queries=str(qs), evaluations=str(ev))
+        assert r.evaluations_added == 100 and r.texts_embedded == 100
+        assert [o["model"] for o in r.onboarding if o["outcome"] == "embedded"] == ["gemma-7b"]
+        h = reg.history("gemma-7b")
+    after = versions(db_copy)
+    assert after["gemma-7b"] == before["gemma-7b"] + 1
+    assert {m: n for m, n in after.items() if m != "gemma-7b"} == {m: n for m, n in before.items() if m != "gemma-7b"}
+    assert h.versions[-1].n_evaluations == h.versions[0].n_evaluations + 100
+    assert h.versions[-1].reason == "new evaluations" and h.versions[-1].distance_moved > 0
+
+
+def test_every_version_is_reproducible_from_its_digest(db_copy):
+    with Registry(db_copy) as reg:
+        for name in ("gemma-7b", "gpt-4o-2024-05-13", "Llama-2-7b-hf"):
+            stored, recomputed, digest_ok = reg.recompute_version(name, 1)
+            assert digest_ok
+            np.testing.assert_allclose(recomputed, stored, atol=1e-6)
+
+
+def test_register_embeds_and_reports_neighbours(db_copy, small_data, tmp_path):
+    f = write_evals(tmp_path / "twin.csv", model_results(small_data, "Llama-2-7b-hf"))
+    out = CliRunner().invoke(cli, ["--db", str(db_copy), "register", "llama-twin", "--evals", str(f),
+                                   "--family", "llama-2", "--params-b", "7", "--tag", "origin=test", "--json"])
+    assert out.exit_code == 0, out.output
+    r = json.loads(out.output)
+    assert r["model"] == "llama-twin" and r["version"] == 1 and r["outcome"] == "embedded"
+    assert r["neighbours"][0]["model"] == "Llama-2-7b-hf"       # its very answers: the same model
+    assert r["neighbours"][0]["disagreement"] == 0.0
+    assert r["warning"] and "probably the same model" in r["warning"]
+    hist = json.loads(CliRunner().invoke(cli, ["--db", str(db_copy), "history", "llama-twin", "--json"]).output)
+    assert [v["version"] for v in hist["versions"]] == [1]
+    assert {"version", "encoder", "n_evaluations", "created", "reason"} <= set(hist["versions"][0])
+    with Registry(db_copy) as reg:
+        shown = reg.show("llama-twin")
+    assert shown.params_b == 7 and shown.family == "llama-2" and shown.tags == {"origin": "test"}
+
+
+def test_too_few_evaluations_registers_without_embedding(db_copy, small_data, tmp_path):
+    f = write_evals(tmp_path / "few.csv", model_results(small_data, "gemma-7b", 10))
+    with Registry(db_copy) as reg:
+        r = reg.register("tiny-sample", str(f))
+        assert r.outcome == "too few evaluations" and r.version is None
+        assert r.evaluations_added == 10 and r.n_evaluations <= 10  # test-split results are never embedded
+        assert reg.history("tiny-sample").versions == []
+        assert reg.show("tiny-sample").evaluations == 10
+
+
+def test_pending_jobs_survive_and_the_next_writing_command_finishes_them(db_copy, small_data, tmp_path):
+    f = write_evals(tmp_path / "later.csv", model_results(small_data, "gemma-7b"), model="pending-model")
+    with Registry(db_copy) as reg:
+        reg.import_files(evaluations=str(f), onboard=False)   # as if the process died right after the import
+        assert reg.history("pending-model").versions == []
+    with Registry(db_copy) as reg:
+        reg.import_files(directory=str(small_data))           # any writing command finishes pending jobs first
+        assert len(reg.history("pending-model").versions) == 1
+
+
+def test_as_of_answers_as_the_registry_stood_then(db_copy, small_data, tmp_path):
+    weak = model_results(small_data, "Llama-2-7b-hf")
+    strong = dict(model_results(small_data, "gpt-4o-2024-05-13"))
+    with Registry(db_copy) as reg:
+        reg.register("shifter", str(write_evals(tmp_path / "a.csv", weak)))
+        then = reg.history("shifter").versions[-1].created
+        before = [n.model for n in reg.similar("shifter", k=3)]
+        time.sleep(0.05)
+        changed = [(q, strong[q]) for q, _ in weak if q in strong]
+        reg.register("shifter", str(write_evals(tmp_path / "b.csv", changed)))
+        assert len(reg.history("shifter").versions) == 2
+        now = [n.model for n in reg.similar("shifter", k=3)]
+        as_of = [n.model for n in reg.similar("shifter", k=3, as_of=then)]
+    assert before[0] == "Llama-2-7b-hf"
+    assert now[0] == "gpt-4o-2024-05-13"
+    assert as_of == before and now != before
+
+
+def test_activating_another_encoder_reembeds_everything_and_keeps_old_versions(db_copy):
+    with Registry(db_copy) as reg:
+        old = reg.encoders()
+        new_id = reg.train(seed=1, max_steps=2, name="tiny-test-encoder")
+        outcomes = reg.activate_encoder(new_id)
+        assert sum(o.outcome == "embedded" for o in outcomes) == 31
+        h = reg.history("gemma-7b")
+        assert [v.encoder_id for v in h.versions] == [old[0].id, new_id]
+        assert h.versions[1].reason == "new encoder"
+        assert h.versions[1].distance_moved is None    # never compared across encoders
+        assert all(n.model != "gemma-7b" for n in reg.similar("gemma-7b", k=30))
+        assert len(reg.similar("gemma-7b", k=30)) == 30  # the new index holds the 31 new vectors only
+    assert set(versions(db_copy).values()) == {2}
+
+
+CHILD = """
+import sys
+import torch  # loaded before 'go', so the kill lands in the import or the onboarding
+from registry import Registry
+reg = Registry(sys.argv[1])
+print("go", flush=True)
+reg.import_files(evaluations=sys.argv[2])
+print("done", flush=True)
+"""
+
+
+def test_sigkill_during_import_and_onboarding(db_copy, small_data, tmp_path):
+    rng = random.Random(11)
+    base = model_results(small_data, "gemma-7b")
+    done = 0
+    for i in range(20):
+        f = write_evals(tmp_path / f"crash{i}.csv", [(q, (c + i) % 2) for q, c in base], model=f"crash-{i % 5}")
+        proc = subprocess.Popen([sys.executable, "-c", CHILD, str(db_copy), str(f)], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "go"
+        time.sleep(rng.uniform(0.0, 1.5))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        con = duckdb.connect(str(db_copy))   # opens after every kill
+        dup = con.execute("SELECT count(*) FROM (SELECT model_id, version FROM embedding_versions "
+                          "GROUP BY ALL HAVING count(*) > 1)").fetchall()[0][0]
+        bad = con.execute("SELECT count(*) FROM embedding_versions WHERE len(vector) <> 128 "
+                          "OR list_has_any(list_transform(vector, lambda x: isnan(x)), [true])").fetchall()[0][0]
+        con.close()
+        assert dup == 0 and bad == 0
+    with Registry(db_copy) as reg:
+        reg.onboard()
+        for i in range(5):
+            name = f"crash-{i}"
+            if any(m.name == name for m in reg.models()):
+                stored, recomputed, digest_ok = reg.recompute_version(name, reg.history(name).versions[-1].version)
+                assert digest_ok   # the newest version covers the model's current evaluations
+                done += 1
+        with reg.store.tx() as tx:
+            assert tx.sql("SELECT count(*) FROM onboarding_jobs WHERE id NOT IN "
+                          "(SELECT job_id FROM onboarding_results)")[0][0] == 0
+    assert done >= 1

@@ -234,7 +234,9 @@ class Registry(RoutingMixin):
     def _neighbours_of(self, tx: Tx, name: str, k: int, as_of: str | None = None,
                        exclude: set[str] | None = None) -> list[Neighbour]:
         encoder_id = _active_encoder(tx, as_of)
-        vector, _ = _vector_of(tx, name, encoder_id, as_of)
+        vector = None if as_of else index.get(tx, self.path, encoder_id).vector_of(name)  # no SQL when indexed
+        if vector is None:
+            vector, _ = _vector_of(tx, name, encoder_id, as_of)
         return self._similar_by_vector(tx, vector, k, encoder_id, as_of, exclude=(exclude or set()) | {name},
                                        compare_with=name)
 
@@ -251,12 +253,16 @@ class Registry(RoutingMixin):
         out = [Neighbour(vi.names[int(i)], round(float(d), 4)) for d, i in zip(dist[0], ids[0])
                if i >= 0 and vi.names[int(i)] not in exclude][:k]
         if compare_with and out:
-            agree = dict((r[0], (r[1], r[2])) for r in tx.sql(f"""
-                SELECT o.name, count(*), avg((a.correct <> b.correct)::INT)
-                FROM {CURRENT_EVALUATIONS} a JOIN {CURRENT_EVALUATIONS} b ON a.query_id = b.query_id
-                JOIN models s ON s.id = a.model_id JOIN models o ON o.id = b.model_id
-                WHERE s.name = ? AND o.name IN (SELECT unnest(?)) GROUP BY o.name""",
-                [compare_with, [n.model for n in out]]))
+            # how often they actually disagree, on the queries both answered (only these models' rows aggregated)
+            agree = {r[0]: (r[1], r[2]) for r in tx.sql("""
+                WITH ids AS (SELECT id, name FROM models WHERE name = ? OR name IN (SELECT unnest(?))),
+                     cur AS (SELECT model_id, query_id, arg_max(correct, batch_id) AS c FROM evaluations
+                             WHERE model_id IN (SELECT id FROM ids) GROUP BY model_id, query_id)
+                SELECT o.name, count(*), avg((a.c <> b.c)::INT)
+                FROM cur a JOIN cur b ON a.query_id = b.query_id AND b.model_id <> a.model_id
+                JOIN ids o ON o.id = b.model_id
+                WHERE a.model_id = (SELECT id FROM ids WHERE name = ?) GROUP BY o.name""",
+                [compare_with, [n.model for n in out], compare_with])}
             for n in out:
                 if n.model in agree:
                     n.shared_queries, n.disagreement = int(agree[n.model][0]), round(float(agree[n.model][1]), 4)

@@ -61,6 +61,7 @@ def compute(tx: Tx, st: routing._State, split: str = "test", open_only: bool = T
     correct = _correct_matrix(tx, names, qids)                       # [m,N] 1/0/-1
     sub = routing._State(st.key, st.encoder_id, st.encoder_name, st.model, names, st.versions[rows],
                          st.version_ids[rows], st.z[rows], cost, np.ones(len(rows), bool), st.params_b[rows])
+    sub.fast = routing._numpy_scorer(st.model, sub.z)
     probs = routing.probabilities(sub, qmat)
     router = []
     for w in (weights if weights is not None else DEFAULT_WEIGHTS):

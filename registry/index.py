@@ -9,7 +9,7 @@ existed then.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -25,11 +25,19 @@ class VectorIndex:
     index: object                 # faiss.IndexIDMap2 over IndexFlatL2, ids = model ids
     names: dict[int, str]         # model id -> name
     through_version: int          # newest embedding_versions.id applied
+    _ids_by_name: dict[str, int] | None = field(default=None, repr=False)  # built on first use
 
     def search(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """[n,128] -> (distances [n,k] (L2, not squared), model ids [n,k]); -1 ids where fewer than k exist."""
         d, ids = self.index.search(np.ascontiguousarray(vectors, dtype=np.float32), k)
         return np.sqrt(np.maximum(d, 0)), ids
+
+    def vector_of(self, name: str) -> np.ndarray | None:
+        """A model's current vector straight from the index (None if it is not indexed)."""
+        if self._ids_by_name is None or len(self._ids_by_name) != len(self.names):
+            self._ids_by_name = {v: k for k, v in self.names.items()}
+        model_id = self._ids_by_name.get(name)
+        return None if model_id is None else self.index.reconstruct(int(model_id))
 
     @property
     def size(self) -> int:
@@ -97,6 +105,7 @@ def get(tx: Tx, db_path: str, encoder_id: int, as_of: str | None = None) -> Vect
             vi.index.remove_ids(mids)
             vi.index.add_with_ids(vecs, mids)
             vi.names.update(zip(mids.tolist(), names))
+            vi._ids_by_name = None
         vi.through_version = newest
         _save(vi, side)
     _cache[key] = vi

@@ -66,6 +66,7 @@ class _State:
     cost_known: np.ndarray            # [M] bool
     params_b: np.ndarray              # [M] (nan: unknown)
     down: set[str] = field(default_factory=set)   # marked unavailable in the registry
+    fast: object = None                           # numpy scorer (see _numpy_scorer), or None: torch
 
 
 _states: dict[str, _State] = {}
@@ -109,10 +110,11 @@ def _build(tx: Tx, key: tuple) -> _State:
                 SELECT model_id, arg_max(available, id) AS available FROM model_availability GROUP BY model_id
             ) a ON a.model_id = m.id WHERE NOT a.available""")}
     enc_name = tx.sql("SELECT name FROM encoders WHERE id = ?", [encoder_id])[0][0]
+    z = torch.from_numpy(np.ascontiguousarray(vecs))
     return _State(key, encoder_id, enc_name, model, list(names),
                   np.array([version_of[int(v)] for v in vids], dtype=np.int64), np.asarray(vids, dtype=np.int64),
-                  torch.from_numpy(np.ascontiguousarray(vecs)), cost, known,
-                  np.array([_nan(meta[m][1]) for m in mids.tolist()], dtype=np.float64), down)
+                  z, cost, known, np.array([_nan(meta[m][1]) for m in mids.tolist()], dtype=np.float64), down,
+                  _numpy_scorer(model, z) if len(vids) else None)
 
 
 def _nan(v) -> float:
@@ -193,10 +195,47 @@ def _stored_vectors(tx: Tx, hashes: list[str]) -> dict[str, np.ndarray]:
 # --- scoring and choosing -----------------------------------------------------------------------------------------
 def probabilities(st: _State, qvecs: np.ndarray) -> np.ndarray:
     """[N,384] -> P(correct) [M,N]."""
+    if st.fast is not None:
+        return st.fast(qvecs)
     import torch
 
     with torch.inference_mode():
         return torch.sigmoid(st.model.predict_logits(st.z, torch.from_numpy(qvecs))).numpy()
+
+
+def _numpy_scorer(model, z):
+    """The predictor with z's half precomputed, in numpy: for one query, torch's per-op overhead (and its thread pool
+    on a busy machine) costs more than the arithmetic (31 models x 64 hidden units). Built from the checkpoint's
+    weights and checked against `predict_logits` before use; any mismatch (another predictor design) keeps torch."""
+    import torch
+
+    try:
+        w = {k: v.detach().cpu().double().numpy() for k, v in model.state_dict().items()}
+        zd = z.double().numpy()
+        a = zd @ w["w_z.weight"].T + w["w_z.bias"]                               # [M,Hd]
+        M, Hd = a.shape
+        zw = (zd[:, None, :] * w["w_zu.weight"][None]).reshape(M * Hd, -1)      # [M*Hd,D]
+        Wq, bq, Wu = w["q_proj.weight"], w["q_proj.bias"], w["w_u.weight"]
+        head, hb = w["head.weight"][0], float(w["head.bias"][0])
+        qb = (w["q_bias.weight"][0], float(w["q_bias.bias"][0])) if getattr(model.cfg, "query_bias", False) else None
+
+        def fast(q: np.ndarray, chunk: int = 2048) -> np.ndarray:
+            out = np.empty((M, len(q)), dtype=np.float32)
+            for s in range(0, len(q), chunk):
+                u = q[s:s + chunk].astype(np.float64) @ Wq.T + bq                # [n,D]
+                pre = (zw @ u.T).reshape(M, Hd, -1) + a[:, :, None] + (u @ Wu.T).T[None]
+                o = np.einsum("mhn,h->mn", np.maximum(pre, 0.0), head) + hb
+                if qb is not None:
+                    o = o + (u @ qb[0] + qb[1])[None]
+                out[:, s:s + chunk] = 1.0 / (1.0 + np.exp(-o))
+            return out
+
+        probe = np.random.default_rng(0).standard_normal((4, model.cfg.d_query)).astype(np.float32)
+        with torch.inference_mode():
+            ref = torch.sigmoid(model.predict_logits(z, torch.from_numpy(probe))).numpy()
+        return fast if np.allclose(fast(probe), ref, atol=1e-5) else None
+    except (KeyError, AttributeError, ValueError):
+        return None
 
 
 def check_options(st: _State, cost_weight: float | None, min_prob: float | None, unavailable, known_models) -> set:
@@ -265,21 +304,27 @@ def log(tx: Tx, decs: list[Decision], texts: list[str] | None, encoder_id: int, 
 
     if not decs:
         return
+    cands = [json.dumps([{"model": c.model, "prob": c.prob} for c in d.candidates[:LOG_TOP]]) for d in decs]
+    sql = """INSERT INTO routing_log (query_hash, text, model, fallback, candidates, encoder_id, versions, options)
+             SELECT query_hash, text, model, fallback, candidates::JSON, ?, versions::JSON, ?::JSON FROM {}"""
+    if len(decs) == 1:  # one query: a plain parameterised insert costs less than registering an Arrow table
+        d = decs[0]
+        tx.duck.execute(sql.format("(SELECT ? AS query_hash, ? AS text, ? AS model, ? AS fallback, "
+                                   "? AS candidates, ? AS versions)"),
+                        [encoder_id, json.dumps(options), d.query_hash, texts[0] if texts is not None else None,
+                         d.model, d.fallback, cands[0], json.dumps(d.versions)])
+        return
     tbl = pa.table({
         "query_hash": [d.query_hash for d in decs],
         "text": texts if texts is not None else pa.nulls(len(decs), pa.string()),
         "model": [d.model for d in decs],
         "fallback": [d.fallback for d in decs],
-        "candidates": [json.dumps([{"model": c.model, "prob": c.prob} for c in d.candidates[:LOG_TOP]])
-                       for d in decs],
+        "candidates": cands,
         "versions": [json.dumps(d.versions) for d in decs],
     })
     tx.duck.register("_route_log", tbl)
     try:
-        tx.duck.execute("""INSERT INTO routing_log (query_hash, text, model, fallback, candidates, encoder_id,
-                                                    versions, options)
-                           SELECT query_hash, text, model, fallback, candidates::JSON, ?, versions::JSON, ?::JSON
-                           FROM _route_log""", [encoder_id, json.dumps(options)])
+        tx.duck.execute(sql.format("_route_log"), [encoder_id, json.dumps(options)])
     finally:
         tx.duck.unregister("_route_log")
 

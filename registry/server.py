@@ -155,10 +155,13 @@ def create_app(db: str, token: str | None = None) -> FastAPI:
             return _out(fn(name, k=k) if _takes(fn, "k") else fn(name))
 
     @app.get("/portfolio")
-    def portfolio(k: int | None = Query(None, ge=1, le=1000)):
+    def portfolio(k: int | None = Query(None, ge=1, le=1000), target: float | None = Query(None, gt=0, le=1),
+                  method: str | None = None, max_params: float | None = None, max_cost: float | None = None):
+        """A few models covering the embedding space (give k, or a target share of the pool's accuracy)."""
         fn = _optional(reg, "portfolio")
+        given = {"k": k, "target": target, "method": method, "max_params": max_params, "max_cost": max_cost}
         with write_lock:
-            return _out(fn(k=k) if k is not None and _takes(fn, "k") else fn())
+            return _out(fn(**{a: v for a, v in given.items() if v is not None and _takes(fn, a)}))
 
     @app.get("/log")
     def routing_log(since: str | None = None, limit: int | None = Query(None, ge=1)):

@@ -1,10 +1,19 @@
 """Training LOCUS, embedding models, and scoring queries.
 
 Why the training differs from the reference code (see notes/reference-runs.md): the reference collapses to routing
-everything to the strongest model. Here every step (a) embeds each model from an anchor set of random size
-(log-uniform in [min_anchors, anchors]) drawn afresh from its train evaluations, and (b) trains the predictor on a
-fresh batch of target queries that are NOT in that model's anchor set, so the predictor cannot learn answers that the
-encoder just saw; many such steps, early stopping on validation routing hit@1.
+everything to the strongest model; so did a one-stage version of this file (the encoder learns slowly on 2 cores, and
+the predictor only sees noisy embeddings, so it learns base rates). The default recipe has two stages:
+
+1. Teacher: the predictor (the LOCUS decoder, unchanged) is fitted with one free 128-d vector per train model, MF-style,
+   on all train (model, query) pairs in small batches (many optimiser steps), with a geometry term that makes the
+   distance between two models' vectors track how often they disagree. The epoch with the best val hit@1 is kept.
+2. Encoder: each step every model embeds a random set of its train evaluations (size log-uniform in
+   [min_anchors, anchors]); the loss pulls z to that model's teacher vector (relative to the spread between models) and
+   keeps BCE on target queries that are never in the set; the predictor is fine-tuned at a lower lr. The state with the
+   best val hit@1 (ties: val BCE) is kept.
+
+With teacher_epochs=0 and big_set_embed=True it is the one-stage recipe: z_big from a big set, z_small from a subset
+of it, BCE through both and a consistency term.
 """
 from __future__ import annotations
 
@@ -25,33 +34,33 @@ from .encoder import EncoderConfig, LocusModel
 @dataclass
 class TrainConfig:
     seed: int = 0
-    max_steps: int = 400
+    max_steps: int = 200
     eval_every: int = 25          # steps between validation checks
     patience: int = 1000          # validation checks without improvement before stopping (default: never)
-    n_targets: int = 2048         # target queries per step, shared by the models, disjoint from the sets below
-    big_set: int = 1024           # per step, each model embeds this many train evaluations (shared queries) -> z_big
-    big_set_embed: bool = True    # False: the big set is only the pool the small sets are drawn from (no z_big)
-    anchors: int = 512            # largest small set (a random subset of the big set) -> z_small
-    min_anchors: int = 32         # smallest small set (log-uniform size, one size per step)
+    n_targets: int = 1024         # target queries per step, shared by the models, disjoint from the sets below
+    big_set: int = 8000           # per step, each model embeds this many train evaluations (shared queries) -> z_big
+    big_set_embed: bool = False   # False: the big set is only the pool the small sets are drawn from (no z_big)
+    anchors: int = 1024           # largest small set (a random subset of the big set) -> z_small
+    min_anchors: int = 64         # smallest small set (log-uniform size, one size per step)
     consistency: float = 1.0      # weight of mean((z_small - sg(z_big))^2) / mean across-model variance of sg(z_big)
-    teacher_epochs: int = 0       # >0: first fit the predictor with one free vector per model (MF-like) on all train
+    teacher_epochs: int = 12      # >0: first fit the predictor with one free vector per model (MF-like) on all train
                                   # pairs for this many epochs (best on val kept); the encoder then learns to embed
                                   # each model's sets onto its vector (distillation), and the predictor is fine-tuned
     teacher_batch: int = 128      # queries per stage-1 step (x all models: about MF's 4096 pairs per step)
     teacher_weight: float = 1.0   # weight of mean((z - e_model)^2) / across-model variance of e, for z_big and z_small
     predictor_ft: float = 0.1     # predictor lr factor in the encoder stage when a teacher was fitted
-    geo_weight: float = 0.0       # weight of the geometry loss (s*||z_a - z_b|| - disagreement_ab)^2 on z_big
-    lr_encoder: float = 5e-4
+    geo_weight: float = 0.1       # weight of the geometry loss (s*||z_a - z_b|| - disagreement_ab)^2 on z_big
+    lr_encoder: float = 2e-3
     lr_predictor: float = 1e-3
     lr_min_frac: float = 0.05     # cosine decay to this fraction of the peak lr
     weight_decay: float = 0.01
-    warmup: int = 30
+    warmup: int = 20
     noise_start: float = 0.0      # std of Gaussian noise on query vectors, cosine-annealed over max_steps
     noise_end: float = 0.0
     grad_clip: float = 1.0
     route_weight: float = 0.0     # weight of the listwise routing loss (softmax over models per target query)
     ema: float = 0.0              # validation and the result use an exponential moving average of the weights (0: off)
-    eval_max_set: int | None = 2048  # cap per model when embedding for validation (seeded draw; None = all)
+    eval_max_set: int | None = 1024  # cap per model when embedding for validation (seeded draw; None = all)
     encoder: EncoderConfig = field(default_factory=lambda: EncoderConfig(dropout=0.0))
 
 
@@ -181,6 +190,8 @@ def _fit_teacher(model, dec_params, log_s, q_tr, y_tr, obs_tr, dis, q_all, corre
             logits = model.logits_from_u(e, model.query_proj(q_tr[t]))
             valid = obs_tr[:, t]
             loss = F.binary_cross_entropy_with_logits(logits[valid], y_tr[:, t][valid])
+            if cfg.route_weight > 0:
+                loss = loss + cfg.route_weight * routing_loss(logits, y_tr[:, t], valid)
             if cfg.geo_weight > 0:
                 loss = loss + cfg.geo_weight * ((log_s.exp() * torch.pdist(e) - dis) ** 2).mean()
             opt.zero_grad(set_to_none=True)
@@ -202,7 +213,18 @@ def _fit_teacher(model, dec_params, log_s, q_tr, y_tr, obs_tr, dis, q_all, corre
                       "val_n_routed": n_routed, "best_val_hit@1": best[0][0], "best_step": -best[1],
                       "anchors": 0, "noise": 0.0, "elapsed_s": time.time() - t0})
     model.load_state_dict(best[3])
-    return best[2], {"epoch": best[1], "val_hit@1": best[0][0], "val_bce": -best[0][1]}
+    e = best[2]
+    with torch.no_grad():
+        # exact reparametrisation: vectors centred and scaled to unit spread (one scalar, so distances keep their
+        # geometry), the predictor's z-facing weights absorb the change; the encoder's targets then sit at the scale
+        # its LayerNorm'd output has from the start
+        mu, sd = e.mean(0), e.std(0).mean() + 1e-6
+        model.w_z.bias += model.w_z.weight @ mu
+        model.w_z.weight *= sd
+        model.w_u.weight += model.w_zu.weight * mu[None]
+        model.w_zu.weight *= sd
+        e = (e - mu) / sd
+    return e, {"epoch": best[1], "val_hit@1": best[0][0], "val_bce": -best[0][1], "scale": float(sd)}
 
 
 def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: TrainConfig | None = None,

@@ -145,7 +145,7 @@ def synthetic(seed=0, n_models=6, n_q=300):
 def test_training_is_deterministic():
     qv, correct, tr, va, te = synthetic()
     cfg = TrainConfig(seed=3, max_steps=12, eval_every=4, anchors=32, min_anchors=4, n_targets=64, big_set=96,
-                      warmup=2, geo_weight=0.1, encoder=SMALL)
+                      warmup=2, geo_weight=0.1, teacher_epochs=2, teacher_batch=32, encoder=SMALL)
     runs = []
     for _ in range(2):
         model, ecfg, metrics = train(qv, correct, tr, va, cfg)

@@ -1,0 +1,137 @@
+"""The HTTP API for real: `registry serve` in a subprocess on a free loopback port, an httpx client, every endpoint,
+the bearer token, the errors as 4xx with one clear line, and the CLI's one-line refusal while the server holds the
+file."""
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import duckdb
+import httpx
+import pytest
+
+TOKEN = "s3cret"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+Q = "What is the derivative of x^2 with respect to x?"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(base_db, tmp_path_factory):
+    db = tmp_path_factory.mktemp("srv") / "registry.duckdb"
+    shutil.copy(base_db, db)
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "registry", "--db", str(db), "serve", "--port", str(port),
+                             "--token", TOKEN], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120)
+    deadline = time.time() + 90
+    while True:
+        try:
+            if client.get("/health").status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            pytest.fail(f"server did not start: {proc.stdout.read()}")
+        time.sleep(0.3)
+    yield client, db, proc
+    client.close()
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def rows_of(small_data, model: str, limit: int = 120) -> list[dict]:
+    con = duckdb.connect()
+    rows = con.execute(f"""SELECT question_id::VARCHAR, correct FROM read_csv('{small_data}/evaluations.csv.gz')
+                           WHERE model = ? ORDER BY question_id LIMIT {limit}""", [model]).fetchall()
+    con.close()
+    return [{"question_id": q, "correct": int(c)} for q, c in rows]
+
+
+def test_reads(server):
+    c, _, _ = server
+    spec = c.get("/openapi.json").json()
+    assert {"/route", "/route/batch", "/models", "/models/{name}", "/models/{name}/history", "/models/{name}/similar",
+            "/portfolio", "/models/{name}/fallback", "/fingerprint", "/log"} <= set(spec["paths"])
+    models = c.get("/models").json()
+    assert len(models) == 31
+    name = models[0]["name"]
+    assert c.get(f"/models/{name}").json()["per_category"]
+    assert c.get(f"/models/{name}/history").json()["versions"][0]["version"] == 1
+    assert len(c.get(f"/models/{name}/similar", params={"k": 3}).json()) == 3
+    for path in (f"/models/{name}/fallback", "/portfolio?k=5"):   # optional: served when the registry has them
+        assert c.get(path).status_code in (200, 501), c.get(path).text
+
+
+def test_route_and_log(server):
+    c, _, _ = server
+    d = c.post("/route", json={"text": Q}).json()
+    assert {"model", "fallback", "candidates", "encoder", "versions"} <= set(d) and len(d["candidates"]) == 31
+    f = c.post("/route", json={"text": Q, "unavailable": [d["model"]], "log_text": False}).json()
+    assert f["fallback"] is True and f["model"] == d["candidates"][1]["model"]
+    batch = c.post("/route/batch", json={"texts": [Q, "Who wrote Hamlet?"], "cost_weight": 0.001}).json()
+    assert len(batch) == 2
+    log = c.get("/log").json()
+    assert len(log) >= 4 and any(e["text"] is None for e in log)
+
+
+def test_writes_need_the_token(server, small_data):
+    c, _, _ = server
+    body = {"name": "Yi-api", "params_b": 6, "evaluations": rows_of(small_data, "Yi-6B")}
+    assert c.post("/models", json=body).status_code == 401
+    assert c.post("/models", json=body, headers={"Authorization": "Bearer wrong"}).status_code == 401
+    r = c.post("/models", json=body, headers=AUTH)
+    assert r.status_code == 200, r.text
+    assert r.json()["version"] == 1 and r.json()["outcome"] == "embedded"
+    assert c.get("/models/Yi-api").json()["params_b"] == 6
+    assert "Yi-api" in {x["model"] for x in c.post("/route", json={"text": Q}).json()["candidates"]}
+    csv = "question_id,correct\n" + "\n".join(f"{r['question_id']},{r['correct']}"
+                                              for r in rows_of(small_data, "gemma-7b"))
+    assert c.post("/models/gemma-upload/evaluations", content=csv, headers={"Content-Type": "text/csv"}).status_code \
+        == 401
+    r = c.post("/models/gemma-upload/evaluations", content=csv, headers={"Content-Type": "text/csv", **AUTH})
+    assert r.status_code == 200 and r.json()["version"] == 1, r.text
+    assert c.post("/availability/unavailable", json={"models": ["Yi-api"]}).status_code == 401
+    r = c.post("/availability/unavailable", json={"models": ["Yi-api"]}, headers=AUTH)
+    assert {"model": "Yi-api", "available": False} in r.json()
+    assert c.post("/availability/available", json={"models": ["Yi-api"]}, headers=AUTH).status_code == 200
+    fp = c.post("/fingerprint", json={"evaluations": rows_of(small_data, "Yi-6B")})
+    assert fp.status_code in (200, 501), fp.text
+
+
+def test_errors_are_clear_4xx(server):
+    c, _, _ = server
+    r = c.post("/route", content=b'{"text": "unterminated', headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["detail"].startswith("bad JSON")
+    r = c.post("/route", json={"txt": Q})
+    assert r.status_code == 422 and r.json()["detail"] == "missing field 'text'"
+    r = c.post("/models", json={"name": "x"}, headers=AUTH)
+    assert r.status_code == 422 and r.json()["detail"] == "missing field 'evaluations'"
+    assert c.get("/models/no-such-model").status_code == 404
+    assert c.get("/models/no-such-model").json()["detail"] == "unknown model 'no-such-model'"
+    r = c.post("/route", json={"text": Q, "unavailable": ["no-such-model"]})
+    assert r.status_code == 404 and "no-such-model" in r.json()["detail"]
+    r = c.post("/route", json={"text": "  "})
+    assert r.status_code == 400 and r.json()["detail"] == "empty query"
+    r = c.post("/models", json={"name": "tiny", "evaluations": [{"question_id": "nope", "correct": 1}]}, headers=AUTH)
+    assert 400 <= r.status_code < 500 and r.json()["detail"]
+    r = c.post("/models/x/evaluations", content=b"a,b", headers={"Content-Type": "image/png", **AUTH})
+    assert r.status_code == 400 and "Content-Type" in r.json()["detail"]
+
+
+def test_cli_refuses_in_one_line_while_served(server):
+    _, db, proc = server
+    r = subprocess.run([sys.executable, "-m", "registry", "--db", str(db), "models"], capture_output=True, text=True,
+                       timeout=120)
+    lines = (r.stdout + r.stderr).strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1, lines
+    assert f"locked by process {proc.pid}" in lines[0]

@@ -34,7 +34,7 @@ from .encoder import EncoderConfig, LocusModel
 @dataclass
 class TrainConfig:
     seed: int = 0
-    max_steps: int = 200
+    max_steps: int = 240
     eval_every: int = 25          # steps between validation checks
     patience: int = 1000          # validation checks without improvement before stopping (default: never)
     n_targets: int = 1024         # target queries per step, shared by the models, disjoint from the sets below

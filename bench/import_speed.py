@@ -49,7 +49,7 @@ def main() -> None:
         reg = Registry(tmp / f"reg{i}.duckdb")
         with reg.store.tx() as tx:
             ingest.run_import(tx, {k: files[k] for k in ("models", "queries", "splits")}, embed_texts=False)
-        t_ev, res = timed(lambda: reg.import_files(evaluations=files["evaluations"]))
+        t_ev, res = timed(lambda: reg.import_files(evaluations=files["evaluations"], onboard=False))
         assert res.evaluations_added == 371_244, res
         ours.append(t_ev)
         reg.close()
@@ -58,7 +58,7 @@ def main() -> None:
     reg = Registry(tmp / "whole.duckdb")
     with reg.store.tx() as tx:
         t_first, _ = timed(lambda: ingest.run_import(tx, files, embed_texts=False))
-    t_re, again = timed(lambda: reg.import_files(directory=str(data)))
+    t_re, again = timed(lambda: reg.import_files(directory=str(data), onboard=False))
     assert again.already_imported
     # the same rows under another file name: the row-level path must find nothing new
     renamed = tmp / "evaluations-copy.csv.gz"

@@ -138,7 +138,8 @@ class Registry(RoutingMixin):
         if not files:
             raise InputError("nothing to import: give a folder or at least one of --models, --queries, "
                              "--evaluations, --splits")
-        self._finish_pending()  # a crash may have left jobs behind: any writing command finishes them
+        if onboard:  # a crash may have left jobs behind: any writing command finishes them
+            self._finish_pending()
         with self.store.tx() as tx:
             result = ingest.run_import(tx, files, progress=progress)
         if onboard:

@@ -16,7 +16,7 @@ from .errors import InputError, NotFound
 from .store import Tx
 
 SHIPPED = Path(__file__).resolve().parent.parent / "data" / "locus-mmlu-pro.safetensors"
-_models: dict[str, object] = {}  # weights sha256 -> LocusModel, loaded once per process
+_models: dict = {}  # weights sha256 (or ("float64", sha256)) -> LocusModel, loaded once per process
 
 
 @dataclass
@@ -114,3 +114,15 @@ def load(tx: Tx, encoder_id: int):
         model.eval()
         _models[sha] = model
     return _models[sha], json.loads(meta)
+
+
+def load_for_embedding(tx: Tx, encoder_id: int):
+    """A float64 copy of the encoder, for the embeddings that are stored as versions: their values then do not
+    depend on how sets were batched, and a version recomputes exactly (see onboarding.embed_sets)."""
+    import copy
+
+    model, meta = load(tx, encoder_id)
+    key = ("float64", tx.sql("SELECT weights_sha256 FROM encoders WHERE id = ?", [encoder_id])[0][0])
+    if key not in _models:
+        _models[key] = copy.deepcopy(model).double().eval()
+    return _models[key], meta

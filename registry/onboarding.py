@@ -111,29 +111,30 @@ def query_vectors(tx: Tx, query_ids: np.ndarray) -> dict[int, int] | tuple:
 
 
 def embed_sets(model, sets: list[tuple[np.ndarray, np.ndarray]], budget: int = 1 << 16) -> np.ndarray:
-    """Embed many sets in padded, masked batches (one forward per ~`budget` rows). sets: [(q [n,Dq], y [n])]
-    -> z [len(sets), D]. Sets are batched with others of similar size, so padding stays small."""
+    """Embed many sets in padded, masked batches. sets: [(q [n,Dq], y [n])] -> z [len(sets), D].
+
+    Sets are batched with sets of similar size (padding to the next multiple of 64). The forward pass runs in the
+    model's own dtype: versions are computed with a float64 copy of the encoder (encoders.load_for_embedding) and
+    stored as float32, so a version recomputed alone equals the one computed in a batch with others (float32 BLAS
+    gives differences of about 1e-6 between batch shapes)."""
     import torch
 
-    order = sorted(range(len(sets)), key=lambda i: len(sets[i][1]))
+    width_of = [max(64, -(-len(y) // 64) * 64) for _, y in sets]
     z = np.zeros((len(sets), model.cfg.d_model), dtype=np.float32)
-    start = 0
     with torch.no_grad():
-        while start < len(order):
-            end = start + 1
-            while end < len(order) and len(sets[order[end]][1]) * (end - start + 1) <= budget:
-                end += 1
-            chunk = order[start:end]
-            width = max(len(sets[i][1]) for i in chunk)
-            q = np.zeros((len(chunk), width, sets[chunk[0]][0].shape[1]), dtype=np.float32)  # [B,N,Dq]
-            y = np.zeros((len(chunk), width), dtype=np.float32)                              # [B,N]
-            mask = np.zeros((len(chunk), width), dtype=bool)                                 # [B,N]
-            for b, i in enumerate(chunk):
-                n = len(sets[i][1])
-                q[b, :n], y[b, :n], mask[b, :n] = sets[i][0], sets[i][1], True
-            out = model.embed(torch.from_numpy(q), torch.from_numpy(y), torch.from_numpy(mask)).numpy()
-            z[chunk] = out
-            start = end
+        for width in sorted(set(width_of)):
+            same = [i for i, w in enumerate(width_of) if w == width]
+            per_batch = max(1, budget // width)
+            for start in range(0, len(same), per_batch):
+                chunk = same[start:start + per_batch]
+                dtype = np.float64 if next(model.parameters()).dtype == torch.float64 else np.float32
+                q = np.zeros((len(chunk), width, sets[chunk[0]][0].shape[1]), dtype=dtype)       # [B,N,Dq]
+                y = np.zeros((len(chunk), width), dtype=dtype)                                   # [B,N]
+                mask = np.zeros((len(chunk), width), dtype=bool)                                 # [B,N]
+                for b, i in enumerate(chunk):
+                    n = len(sets[i][1])
+                    q[b, :n], y[b, :n], mask[b, :n] = sets[i][0], sets[i][1], True
+                z[chunk] = model.embed(torch.from_numpy(q), torch.from_numpy(y), torch.from_numpy(mask)).float().numpy()
     return z
 
 
@@ -177,7 +178,7 @@ def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool
     jobs = pending(tx)
     if not jobs:
         return []
-    model, meta = encoders.load(tx, encoder_id)
+    model, meta = encoders.load_for_embedding(tx, encoder_id)
     model_ids = sorted({j[1] for j in jobs})
     through = int(tx.sql("SELECT coalesce(max(id), 0) FROM import_batches")[0][0])
     sets = evaluation_sets(tx, model_ids, through, meta.get("embed_max_set"))
@@ -215,7 +216,7 @@ def recompute(tx: Tx, version_id: int) -> tuple[np.ndarray, np.ndarray, bool]:
     if not row:
         raise NotFound(f"unknown embedding version id {version_id}")
     model_id, encoder_id, through, digest, vector = row[0]
-    model, meta = encoders.load(tx, encoder_id)
+    model, meta = encoders.load_for_embedding(tx, encoder_id)
     s = evaluation_sets(tx, [model_id], through, meta.get("embed_max_set"))[model_id]
     z, _ = compute(tx, model, [s], with_stability=False)
     return np.asarray(vector, dtype=np.float32), z[0], s.digest == digest

@@ -47,8 +47,9 @@ class TrainConfig:
                                   # pairs for this many epochs (best on val kept); the encoder then learns to embed
                                   # each model's sets onto its vector (distillation), and the predictor is fine-tuned
     teacher_batch: int = 128      # queries per stage-1 step (x all models: about MF's 4096 pairs per step)
+    teacher_init: float = 0.1     # std of the free vectors at init, times d_model^-0.5
     teacher_weight: float = 1.0   # weight of mean((z - e_model)^2) / across-model variance of e, for z_big and z_small
-    predictor_ft: float = 0.1     # predictor lr factor in the encoder stage when a teacher was fitted
+    predictor_ft: float = 0.0     # predictor lr factor in the encoder stage when a teacher was fitted
     geo_weight: float = 0.1       # weight of the geometry loss (s*||z_a - z_b|| - disagreement_ab)^2 on z_big
     lr_encoder: float = 2e-3
     lr_predictor: float = 1e-3
@@ -171,7 +172,8 @@ def _fit_teacher(model, dec_params, log_s, q_tr, y_tr, obs_tr, dis, q_all, corre
     plus the geometry loss on the vectors. Keeps the epoch with the best val hit@1 (ties: val BCE); loads that
     predictor into `model` and returns the vectors [M,D] (fixed from then on)."""
     M, n_tr = y_tr.shape
-    e = torch.nn.Parameter(torch.randn(M, model.cfg.d_model) * model.cfg.d_model ** -0.5)
+    # small init: directions the predictor never uses stay near the mean, so the encoder need not learn them
+    e = torch.nn.Parameter(torch.randn(M, model.cfg.d_model) * cfg.teacher_init * model.cfg.d_model ** -0.5)
     params = [{"params": dec_params + [e], "lr": cfg.lr_predictor}]
     if cfg.geo_weight > 0:
         params.append({"params": [log_s], "lr": cfg.lr_predictor, "weight_decay": 0.0})
@@ -266,7 +268,8 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
         obs_tr = torch.from_numpy(obs_np)
         q_tr = q_all[torch.from_numpy(tr)]                      # [Ntr,Dq]
         lo, hi = math.log(cfg.min_anchors), math.log(cfg.anchors)
-        n_big = min(cfg.big_set, n_tr - cfg.n_targets)
+        n_targets = min(cfg.n_targets, n_tr // 2)  # a small registry still leaves half its queries for the sets
+        n_big = min(cfg.big_set, n_tr - n_targets)
         iu = np.triu_indices(M, 1)
         dis = torch.from_numpy(disagreement(correct, tr)[iu].astype(np.float32))      # [pairs]
 
@@ -293,7 +296,7 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
                 g["lr"] = lr * lr_f
 
             perm = rng.permutation(n_tr)
-            t_np, big_np = perm[:cfg.n_targets], np.sort(perm[cfg.n_targets:cfg.n_targets + n_big])
+            t_np, big_np = perm[:n_targets], np.sort(perm[n_targets:n_targets + n_big])
             big_t = torch.from_numpy(big_np)
             qb = q_tr[big_t]
             if noise > 0:

@@ -28,6 +28,16 @@ from registry.training import TrainConfig, embed_models, predict_proba, train  #
 DATA = Path("/work/shared/data/mmlu-pro")
 
 
+def load_registry_data(db: str):
+    """The same arrays from a registry built from the data (`bin/build-default`): its stored MiniLM vectors."""
+    from registry import Registry
+    from registry.evaluation import dataset
+
+    with Registry(db) as reg, reg.store.tx() as tx:
+        d = dataset(tx)
+    return d.qvecs, d.correct, d.models, d.splits
+
+
 def load_data(data=DATA, qvec="/work/cache/qvec.npy", qids="/work/cache/qvec_ids.csv"):
     """-> qvecs [Nq,Dq], correct [M,Nq] int8 (-1 missing), models [M], splits {name: index array}."""
     qvecs = np.load(qvec).astype(np.float32)
@@ -100,6 +110,9 @@ def geometry(z, correct, idx):
 
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--db", default="registry.duckdb",
+                    help="registry to read the data from (query vectors included); `--db cache` reads "
+                         "/work/cache/qvec.npy instead (a development shortcut)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="/work/cache/locus.safetensors")
     ap.add_argument("--threads", type=int, default=1)
@@ -113,7 +126,7 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    qvecs, correct, models, sp = load_data()
+    qvecs, correct, models, sp = load_data() if args.db == "cache" else load_registry_data(args.db)
     tr, va, te = sp["train"], sp["val"], sp["test"]
     nontest = np.sort(np.concatenate([tr, va]))
     ct = correct[:, te]

@@ -121,6 +121,9 @@ def _refine(D: np.ndarray, members: list[int], fixed: set[int], eligible: np.nda
         members[best_swap[0]] = best_swap[1]
 
 
+RESTARTS = 8  # random FasterPAM starts beside BUILD (small pools only)
+
+
 def _kmedoids_small(vectors: np.ndarray, k: int, eligible: np.ndarray, required: np.ndarray, seed: int) -> list[int]:
     import kmedoids
 
@@ -128,7 +131,10 @@ def _kmedoids_small(vectors: np.ndarray, k: int, eligible: np.ndarray, required:
     cands = np.flatnonzero(eligible)
     sub = np.ascontiguousarray(D[np.ix_(cands, cands)])
     assert sub.shape[0] == sub.shape[1] and sub.shape[0] >= k   # FasterPAM panics (uncatchable) on a bad shape
-    members = [int(cands[m]) for m in kmedoids.fasterpam(sub, k, init="build", random_state=seed, n_cpu=1).medoids]
+    # FasterPAM is a local search: BUILD plus a few random starts, keeping the lowest loss, for a small price
+    runs = [kmedoids.fasterpam(sub, k, init="build", random_state=seed, n_cpu=1)]
+    runs += [kmedoids.fasterpam(sub, k, init="random", random_state=seed + 1 + r, n_cpu=1) for r in range(RESTARTS)]
+    members = [int(cands[m]) for m in min(runs, key=lambda r: r.loss).medoids]
     fixed = {int(r) for r in required}
     for r in fixed - set(members):   # force each required model in, in place of the free member nearest to it
         free = [m for m in members if m not in fixed]

@@ -25,6 +25,7 @@ class VectorIndex:
     index: object                 # faiss.IndexIDMap2 over IndexFlatL2, ids = model ids
     names: dict[int, str]         # model id -> name
     through_version: int          # newest embedding_versions.id applied
+    stamp: str | None = None      # that version's creation time: tells this database from a rebuilt one
     _ids_by_name: dict[str, int] | None = field(default=None, repr=False)  # built on first use
 
     def search(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -94,11 +95,13 @@ def get(tx: Tx, db_path: str, encoder_id: int, as_of: str | None = None) -> Vect
     if vi is None and side.is_file() and side.with_suffix(".json").is_file():
         meta = json.loads(side.with_suffix(".json").read_text())
         vi = VectorIndex(encoder_id, faiss.deserialize_index(np.fromfile(side, dtype=np.uint8)),
-                         {int(k): v for k, v in meta["names"].items()}, int(meta["through_version"]))
-    newest = int(tx.sql("SELECT coalesce(max(id), 0) FROM embedding_versions WHERE encoder_id = ?",
-                        [encoder_id])[0][0])
-    if vi is None or vi.through_version > newest:  # no index yet, or one from another database file
-        vi = VectorIndex(encoder_id, _new_index(), {}, 0)
+                         {int(k): v for k, v in meta["names"].items()}, int(meta["through_version"]),
+                         meta.get("stamp"))
+    newest, stamp = tx.sql("""SELECT (SELECT coalesce(max(id), 0) FROM embedding_versions WHERE encoder_id = ?),
+                                     (SELECT created::VARCHAR FROM embedding_versions WHERE id = ?)""",
+                           [encoder_id, vi.through_version if vi else 0])[0]
+    if vi is None or vi.through_version > newest or (vi.through_version and stamp != vi.stamp):
+        vi = VectorIndex(encoder_id, _new_index(), {}, 0)  # no index yet, or one of another (rebuilt) database
     if newest > vi.through_version:
         _, mids, names, vecs = current_versions(tx, encoder_id, after_version_id=vi.through_version)
         if len(mids):
@@ -107,6 +110,7 @@ def get(tx: Tx, db_path: str, encoder_id: int, as_of: str | None = None) -> Vect
             vi.names.update(zip(mids.tolist(), names))
             vi._ids_by_name = None
         vi.through_version = newest
+        vi.stamp = tx.sql("SELECT created::VARCHAR FROM embedding_versions WHERE id = ?", [newest])[0][0]
         _save(vi, side)
     _cache[key] = vi
     return vi
@@ -119,7 +123,7 @@ def _save(vi: VectorIndex, side: Path) -> None:
     try:
         side.parent.mkdir(exist_ok=True)
         faiss.serialize_index(vi.index).tofile(side)
-        side.with_suffix(".json").write_text(json.dumps({"through_version": vi.through_version,
+        side.with_suffix(".json").write_text(json.dumps({"through_version": vi.through_version, "stamp": vi.stamp,
                                                          "names": {str(k): v for k, v in vi.names.items()}}))
     except OSError:
         pass

@@ -168,3 +168,29 @@ def test_empty_registry_is_one_clear_line(tmp_path):
         res = run(db, *args)
         assert res.exit_code == 1 and "no embedded models" in res.output, (args, res.output)
         assert len(res.output.strip().splitlines()) == 1
+
+
+def test_index_sidecar_of_a_rebuilt_database_is_not_reused(base_db, tmp_path):
+    """A registry deleted and rebuilt at the same path must not answer from the old file's index."""
+    import shutil
+
+    from registry import index as index_mod
+
+    path = tmp_path / "r.duckdb"
+    shutil.copy(base_db, path)
+    with Registry(path) as reg:
+        first = [n.model for n in reg.similar("gemma-7b", k=3)]
+    assert (tmp_path / "r.duckdb.index").is_dir()
+    index_mod._cache.clear()
+    path.unlink()
+    shutil.copy(base_db, path)   # same versions, but created at other times in a real rebuild: fake that
+    con = duckdb.connect(str(path))
+    con.execute("UPDATE embedding_versions SET created = created + INTERVAL 1 DAY")
+    con.close()
+    with Registry(path) as reg, reg.store.tx() as tx:
+        active = tx.sql("SELECT encoder_id FROM encoder_activations ORDER BY id DESC LIMIT 1")[0][0]
+        vi = index_mod.get(tx, reg.path, active)
+        stamp = tx.sql("SELECT created::VARCHAR FROM embedding_versions WHERE id = ?", [vi.through_version])[0][0]
+    assert vi.stamp == stamp
+    with Registry(path) as reg:
+        assert [n.model for n in reg.similar("gemma-7b", k=3)] == first

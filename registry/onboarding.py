@@ -60,26 +60,23 @@ def evaluation_sets(tx: Tx, model_ids, through_batch: int, max_set: int | None =
     """Each model's embedding input, read in one query (see the module docstring for what it contains)."""
     ids = ", ".join(str(int(m)) for m in model_ids) or "NULL"
     cap = f"WHERE rank <= {int(max_set)}" if max_set else ""
-    res = tx.duck.execute(f"""
+    # the evaluations a version is computed from: current (newest) per query, outside the test split, ranked by
+    # content hash for the optional cap; both the rows and their digest are read from it
+    used = f"""
         WITH cur AS (SELECT model_id, query_id, arg_max(correct, batch_id) AS correct FROM evaluations
                      WHERE model_id IN ({ids}) AND batch_id <= {int(through_batch)} GROUP BY model_id, query_id),
-             used AS (SELECT cur.model_id, cur.query_id, cur.correct, q.external_id,
-                             row_number() OVER (PARTITION BY cur.model_id ORDER BY q.content_hash, q.external_id) AS rank
-                      FROM cur JOIN queries q ON q.id = cur.query_id
-                      LEFT JOIN query_splits s ON s.query_id = cur.query_id
-                      WHERE s.split IS NULL OR s.split <> 'test')
-        SELECT model_id, query_id, correct::INT AS correct, external_id FROM used {cap}
-        ORDER BY model_id, external_id""").fetchnumpy()
-    digests = dict(tx.sql(f"""
-        WITH cur AS (SELECT model_id, query_id, arg_max(correct, batch_id) AS correct FROM evaluations
-                     WHERE model_id IN ({ids}) AND batch_id <= {int(through_batch)} GROUP BY model_id, query_id),
-             used AS (SELECT cur.model_id, cur.correct, q.external_id,
-                             row_number() OVER (PARTITION BY cur.model_id ORDER BY q.content_hash, q.external_id) AS rank
-                      FROM cur JOIN queries q ON q.id = cur.query_id
-                      LEFT JOIN query_splits s ON s.query_id = cur.query_id
-                      WHERE s.split IS NULL OR s.split <> 'test')
-        SELECT model_id, sha256(string_agg(external_id || ':' || correct::INT, ',' ORDER BY external_id))
-        FROM used {cap} GROUP BY model_id"""))
+             ranked AS (SELECT cur.model_id, cur.query_id, cur.correct, q.external_id,
+                               row_number() OVER (PARTITION BY cur.model_id ORDER BY q.content_hash, q.external_id)
+                                   AS rank
+                        FROM cur JOIN queries q ON q.id = cur.query_id
+                        LEFT JOIN query_splits s ON s.query_id = cur.query_id
+                        WHERE s.split IS NULL OR s.split <> 'test'),
+             used AS (SELECT * FROM ranked {cap})"""
+    res = tx.duck.execute(f"""{used} SELECT model_id, query_id, correct::INT AS correct, external_id FROM used
+                              ORDER BY model_id, external_id""").fetchnumpy()
+    digests = dict(tx.sql(f"""{used} SELECT model_id, sha256(string_agg(external_id || ':' || correct::INT, ','
+                                                                        ORDER BY external_id))
+                              FROM used GROUP BY model_id"""))
     model_col = np.asarray(res["model_id"])
     out = {}
     for m in model_ids:

@@ -33,8 +33,7 @@ class EncoderInfo:
 
 def checkpoint_header(blob: bytes, source: str = "checkpoint") -> dict:
     """The checkpoint's config and meta, read without torch; refuses anything that is not our safetensors."""
-    from . import checkpoint
-    read_header = getattr(checkpoint, "read_header", None) or checkpoint._read_header  # TODO: torch-free
+    from .checkpoint import read_header  # imports no torch
 
     try:
         return read_header(blob)

@@ -463,9 +463,9 @@ def import_splits(tx: Tx, staged: Staged, result: ImportResult) -> None:
     cases = " ".join(f"WHEN '{k}' THEN '{v}'" for k, v in SPLIT_NAMES.items())
     tx.duck.execute(f"""CREATE OR REPLACE TEMP TABLE {t}_n AS
         SELECT line, trim(qid) AS qid, split AS raw, CASE lower(trim(split)) {cases} ELSE NULL END AS split FROM {t}""")
-    n = _Checked(tx, staged, f"{t}_n")
-    n.bad("split IS NULL", "split must be train, val or test, got {value}", "raw")
-    n.bad("qid NOT IN (SELECT external_id FROM queries)", "unknown query id {value}", "qid")
+    normalised = Staged(staged.kind, staged.path, f"{t}_n", staged.rows, [])
+    _first_bad(tx, normalised, "split IS NULL", "split must be train, val or test, got {value}", "raw")
+    _first_bad(tx, normalised, "qid NOT IN (SELECT external_id FROM queries)", "unknown query id {value}", "qid")
     dup = tx.sql(f"SELECT qid, max(line) FROM {t}_n GROUP BY qid HAVING count(DISTINCT split) > 1 LIMIT 1")
     if dup:
         raise InputError(f"query {dup[0][0]!r} is given two different splits", file=staged.path, line=int(dup[0][1]))
@@ -475,17 +475,6 @@ def import_splits(tx: Tx, staged: Staged, result: ImportResult) -> None:
         LEFT JOIN query_splits cur ON cur.query_id = q.id
         WHERE cur.split IS DISTINCT FROM s.split RETURNING query_id""")
     result.splits_set += len(changed)
-
-
-@dataclass
-class _Checked:
-    tx: Tx
-    staged: Staged
-    table: str
-
-    def bad(self, condition: str, message: str, value_col: str | None = None) -> None:
-        _first_bad(self.tx, Staged(self.staged.kind, self.staged.path, self.table, 0, []), condition, message,
-                   value_col)
 
 
 # --- text vectors -------------------------------------------------------------------------------------------------

@@ -115,6 +115,8 @@ def bad_inputs(tmp_path, qids):
         "bad JSONL line": ("queries", _write(tmp_path, "m.jsonl", '{"id": "z1", "text": "hi"}\nnot json\n'),
                            "m.jsonl: line "),
     }
+    cases["unknown split name"] = ("splits", _write(tmp_path, "o.csv", f"question_id,split\n{q0},train\n{q1},holdout\n"),
+                                   "o.csv: line 3: split must be train, val or test, got 'holdout'")
     pq.write_table(pa.table({"model": ["m", "m"], "question_id": [q0, q1], "correct": ["yes", "no"]}),
                    tmp_path / "n.parquet")
     cases["parquet wrong column type"] = ("evaluations", tmp_path / "n.parquet",
@@ -129,7 +131,8 @@ def cases(tmp_path, small_data):
 
 CASE_NAMES = ["missing column", "misspelled column", "value outside 0/1", "unknown query id", "same pair twice",
               "empty file", "only a header", "truncated gzip", "invalid utf-8", "empty model name", "NaN",
-              "NaN parameter count", "non-existent path", "directory", "bad JSONL line", "parquet wrong column type"]
+              "NaN parameter count", "non-existent path", "directory", "bad JSONL line", "parquet wrong column type",
+              "unknown split name"]
 
 
 @pytest.mark.parametrize("case", CASE_NAMES)

@@ -46,11 +46,13 @@ def main() -> None:
         f.write_text("model,question_id,correct\n" + "".join(f"bench-{i},{q},{int(rng.random() < 0.5)}\n" for q in pick))
         reg.import_files(evaluations=str(f), onboard=False)
         t = time.perf_counter()
-        out = reg.onboard()
+        out = reg.onboard()          # reads, encodes (set + two halves), writes version and job result, commits,
+        ours.append(time.perf_counter() - t)   # and hands the new vector to the in-memory FAISS index
         with reg.store.tx() as tx:
             vi = index.get(tx, reg.path, encoders.active_id(tx))
-        ours.append(time.perf_counter() - t)
+            newest = tx.sql("SELECT max(id) FROM embedding_versions")[0][0]
         assert [o.outcome for o in out] == ["embedded"] and vi.names.get(max(vi.names)) == f"bench-{i}"
+        assert vi.through_version == newest
         # the floor: the encoder's forward pass on the very same set, already in memory
         with reg.store.tx() as tx:
             model, _ = encoders.load(tx, encoders.active_id(tx))
@@ -67,6 +69,8 @@ def main() -> None:
     print(f"{'measure':62} {'ours':>9} {'floor':>9} {'ratio':>6}  bar")
     print(f"{'one new model, 128 evaluations, end to end (ms, median)':62} {med(ours) * 1e3:9.2f} "
           f"{med(bare) * 1e3:9.2f} {med(ours) / med(bare):6.2f}  <= 3")
+    print(f"{'  first call of this process (loads query vectors, ms)':62} {ours[0] * 1e3:9.2f} "
+          f"{bare[0] * 1e3:9.2f} {ours[0] / bare[0]:6.2f}")
 
     # re-embedding every model under a new encoder: count forward passes
     with reg.store.tx() as tx:

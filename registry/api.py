@@ -116,6 +116,7 @@ class Registry(RoutingMixin):
         self.min_evaluations = min_evaluations
 
     def close(self) -> None:
+        index.flush(self.path)
         self.store.close()
 
     def __enter__(self):
@@ -569,12 +570,13 @@ def _predicted_category_accuracy(tx: Tx, encoder_id: int, z) -> dict[str, float]
     if not len(qids):
         return {}
     row_of, qmat = onboarding.query_vectors(tx, qids)
+    q = qmat[[row_of[int(i)] for i in qids]]
     cats = dict(tx.sql("SELECT id, coalesce(category, '(none)') FROM queries"))
     with torch.no_grad():
-        p = torch.sigmoid(model.predict_logits(torch.from_numpy(z[None, :]), torch.from_numpy(qmat)))[0].numpy()
+        p = torch.sigmoid(model.predict_logits(torch.from_numpy(z[None, :]), torch.from_numpy(q)))[0].numpy()
     out: dict[str, list] = {}
-    for qid, row in row_of.items():
-        out.setdefault(cats[qid], []).append(p[row])
+    for qid, pq in zip(qids.tolist(), p):
+        out.setdefault(cats[qid], []).append(pq)
     return {c: float(np.mean(v)) for c, v in sorted(out.items())}
 
 

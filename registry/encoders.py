@@ -62,10 +62,21 @@ def install(tx: Tx, blob: bytes, name: str | None = None, source: str = "checkpo
 
 
 def active_id(tx: Tx, as_of: str | None = None) -> int | None:
+    """The active encoder (as it stood at `as_of`). The current one is read once per open database: activations
+    are written only by `activate` and `ensure_default`, which update the cached value when they commit."""
+    if not as_of and "active_encoder" in tx.cache:
+        return tx.cache["active_encoder"]
     where = "WHERE created <= ?::TIMESTAMP" if as_of else ""
     row = tx.sql(f"SELECT encoder_id FROM encoder_activations {where} ORDER BY id DESC LIMIT 1",
                  [as_of] if as_of else [])
-    return int(row[0][0]) if row else None
+    found = int(row[0][0]) if row else None
+    if not as_of:    # a read never overwrites a value a concurrent activation committed meanwhile
+        tx.after_commit(lambda: tx.cache.setdefault("active_encoder", found))
+    return found
+
+
+def _remember_active(tx: Tx, encoder_id: int | None) -> None:
+    tx.after_commit(lambda: tx.cache.__setitem__("active_encoder", encoder_id))
 
 
 def ensure_default(tx: Tx) -> int | None:
@@ -75,6 +86,7 @@ def ensure_default(tx: Tx) -> int | None:
         return current
     encoder_id = install(tx, SHIPPED.read_bytes(), source=str(SHIPPED))
     tx.sql("INSERT INTO encoder_activations (encoder_id) VALUES (?) RETURNING id", [encoder_id])
+    _remember_active(tx, encoder_id)
     return encoder_id
 
 
@@ -87,6 +99,7 @@ def activate(tx: Tx, encoder_id: int) -> None:
     if active_id(tx) == encoder_id:
         return
     tx.sql("INSERT INTO encoder_activations (encoder_id) VALUES (?) RETURNING id", [encoder_id])
+    _remember_active(tx, encoder_id)
     ids = [r[0] for r in tx.sql("SELECT id FROM models ORDER BY id")]
     onboarding.enqueue(tx, ids, "new encoder", encoder_id=encoder_id)
 
@@ -100,11 +113,17 @@ def listing(tx: Tx) -> list[EncoderInfo]:
 
 
 def load(tx: Tx, encoder_id: int):
-    """(LocusModel in eval mode, meta) for an encoder id; the weights are parsed once per process."""
-    row = tx.sql("SELECT weights_sha256, meta::VARCHAR FROM encoders WHERE id = ?", [encoder_id])
-    if not row:
-        raise NotFound(f"unknown encoder {encoder_id}")
-    sha, meta = row[0]
+    """(LocusModel in eval mode, meta) for an encoder id; the weights are parsed once per process, and an encoder's
+    row (never changed once written) is read once per open database."""
+    key = ("encoder", int(encoder_id))
+    row = tx.cache.get(key)
+    if row is None:
+        found = tx.sql("SELECT weights_sha256, meta::VARCHAR FROM encoders WHERE id = ?", [encoder_id])
+        if not found:
+            raise NotFound(f"unknown encoder {encoder_id}")
+        row = (found[0][0], json.loads(found[0][1]))
+        tx.after_commit(lambda: tx.cache.__setitem__(key, row))
+    sha, meta = row
     if sha not in _models:
         from .checkpoint import load_checkpoint
 
@@ -112,16 +131,4 @@ def load(tx: Tx, encoder_id: int):
         model, _, _ = load_checkpoint(bytes(blob))
         model.eval()
         _models[sha] = model
-    return _models[sha], json.loads(meta)
-
-
-def load_for_embedding(tx: Tx, encoder_id: int):
-    """A float64 copy of the encoder, for the embeddings that are stored as versions: their values then do not
-    depend on how sets were batched, and a version recomputes exactly (see onboarding.embed_sets)."""
-    import copy
-
-    model, meta = load(tx, encoder_id)
-    key = ("float64", tx.sql("SELECT weights_sha256 FROM encoders WHERE id = ?", [encoder_id])[0][0])
-    if key not in _models:
-        _models[key] = copy.deepcopy(model).double().eval()
-    return _models[key], meta
+    return _models[sha], dict(meta)

@@ -26,6 +26,7 @@ class VectorIndex:
     names: dict[int, str]         # model id -> name
     through_version: int          # newest embedding_versions.id applied
     stamp: str | None = None      # that version's creation time: tells this database from a rebuilt one
+    unsaved: bool = False         # holds versions the sidecar does not (written by `flush`)
     _ids_by_name: dict[str, int] | None = field(default=None, repr=False)  # built on first use
 
     def search(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -116,6 +117,30 @@ def get(tx: Tx, db_path: str, encoder_id: int, as_of: str | None = None) -> Vect
     return vi
 
 
+def appended(db_path: str, encoder_id: int, newest_before: int, versions) -> None:
+    """After a commit that appended `versions` (onboarding.NewVersion) under an encoder: an in-memory index that
+    held everything up to `newest_before` takes them as they are, without reading them back. Any other index is
+    left alone: `get` reads what it misses. The sidecar is written later (`flush`), not on every onboarding."""
+    vi = _cache.get((str(Path(db_path).resolve()), encoder_id))
+    if vi is None or vi.through_version != newest_before or not versions:
+        return
+    mids = np.array([v.model_id for v in versions], dtype=np.int64)
+    vi.index.remove_ids(mids)
+    vi.index.add_with_ids(np.stack([v.vector for v in versions]).astype(np.float32), mids)
+    vi.names.update((v.model_id, v.name) for v in versions)
+    vi._ids_by_name = None
+    newest = max(versions, key=lambda v: v.id)
+    vi.through_version, vi.stamp, vi.unsaved = newest.id, newest.created, True
+
+
+def flush(db_path: str) -> None:
+    """Write the sidecar of every in-memory index of this database that holds more than it (on close)."""
+    resolved = str(Path(db_path).resolve())
+    for (path, encoder_id), vi in list(_cache.items()):
+        if path == resolved and vi.unsaved:
+            _save(vi, _sidecar(db_path, encoder_id))
+
+
 def _save(vi: VectorIndex, side: Path) -> None:
     """Best effort: the sidecar only saves the next process some work; the database stays the truth."""
     import faiss
@@ -125,5 +150,6 @@ def _save(vi: VectorIndex, side: Path) -> None:
         faiss.serialize_index(vi.index).tofile(side)
         side.with_suffix(".json").write_text(json.dumps({"through_version": vi.through_version, "stamp": vi.stamp,
                                                          "names": {str(k): v for k, v in vi.names.items()}}))
+        vi.unsaved = False
     except OSError:
         pass

@@ -386,6 +386,8 @@ def import_queries(tx: Tx, staged: Staged, result: ImportResult) -> None:
         added = tx.sql("""INSERT INTO queries (external_id, source, category, text, content_hash)
                           SELECT external_id, source, category, text, content_hash FROM _queries_in
                           WHERE external_id NOT IN (SELECT external_id FROM queries) RETURNING id""")
+        if added:
+            tx.invalidate("query_meta")
     finally:
         tx.duck.unregister("_queries_in")
     result.queries_added += len(added)
@@ -474,6 +476,8 @@ def import_splits(tx: Tx, staged: Staged, result: ImportResult) -> None:
         SELECT DISTINCT q.id, s.split FROM {t}_n s JOIN queries q ON q.external_id = s.qid
         LEFT JOIN query_splits cur ON cur.query_id = q.id
         WHERE cur.split IS DISTINCT FROM s.split RETURNING query_id""")
+    if changed:
+        tx.invalidate("query_meta")
     result.splits_set += len(changed)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import re
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
@@ -53,6 +53,35 @@ def head_revision() -> str:
 class Tx:
     """One open transaction: the ORM session and the raw DuckDB connection inside it."""
     session: Session
+    cache: dict = field(default_factory=dict)   # the Store's cache of immutable rows (see Store.cache)
+    path: str = ""                              # the database file
+    _after_commit: list = field(default_factory=list)
+
+    def cached(self, key, build):
+        """The cached value under `key`, or build() read in this transaction; a value read here joins the cache
+        when this transaction commits, unless a transaction that changed it (`invalidate`) committed since."""
+        if key in self.cache:
+            return self.cache[key]
+        generation = self.cache.get(("generation", key), 0)
+        value = build()
+
+        def keep():
+            if self.cache.get(("generation", key), 0) == generation:
+                self.cache[key] = value
+        self.after_commit(keep)
+        return value
+
+    def invalidate(self, key) -> None:
+        """This transaction changes what `key` caches: drop it once the change commits."""
+        def drop():
+            self.cache.pop(key, None)
+            self.cache[("generation", key)] = self.cache.get(("generation", key), 0) + 1
+        self.after_commit(drop)
+
+    def after_commit(self, fn) -> None:
+        """Run fn() once this transaction has committed (never after a rollback): how in-process caches learn
+        of rows this transaction wrote or read, without ever holding rows that were rolled back."""
+        self._after_commit.append(fn)
 
     @property
     def duck(self):
@@ -74,6 +103,9 @@ class Store:
             raise RegistryError(f"{self.path}: is a directory, not a database file")
         try:
             self.engine = create_engine(f"duckdb:///{self.path}")
+            # rows that never change once written (encoder checkpoints, query text vectors), kept per open database:
+            # while the engine is open this process holds DuckDB's file lock, so no other process writes behind it
+            self.cache: dict = {}
             with self.engine.connect() as conn:
                 conn.execute(text("select 1"))
         except Exception as exc:  # duckdb raises IOException for a held lock
@@ -125,11 +157,14 @@ class Store:
         """Commit on success, roll back on any error: a failed operation changes nothing."""
         with Session(self.engine, expire_on_commit=False) as session:
             try:
-                yield Tx(session)
+                tx = Tx(session, self.cache, self.path)
+                yield tx
                 session.commit()
             except BaseException:
                 session.rollback()
                 raise
+            for fn in tx._after_commit:
+                fn()
 
     def close(self) -> None:
         self.engine.dispose()

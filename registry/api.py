@@ -116,7 +116,7 @@ class Registry(RoutingMixin):
         self.min_evaluations = min_evaluations
 
     def close(self) -> None:
-        index.flush(self.path)
+        index.flush(self.store.cache, self.path)
         self.store.close()
 
     def __enter__(self):
@@ -190,10 +190,23 @@ class Registry(RoutingMixin):
 
 
     # --- onboarding, embedding versions, neighbours ----------------------------------------------------------
-    def onboard(self, all_models: bool = False) -> list[onboarding.JobOutcome]:
-        """Run every pending onboarding job (`all_models`: re-embed every model) and write the new versions."""
+    def onboard(self, all_models: bool = False, stability: bool = True) -> list[onboarding.JobOutcome]:
+        """Run every pending onboarding job (`all_models`: re-embed every model) and write the new versions (indexed
+        as they commit); then, unless `stability` is False, estimate the stability of every version still without
+        one (`estimate_stability`)."""
         with self.store.tx() as tx:
-            return onboarding.run_pending(tx, self.min_evaluations, all_models=all_models)
+            outcomes = onboarding.run_pending(tx, self.min_evaluations, all_models=all_models)
+        if stability:
+            estimates = self.estimate_stability()
+            for o in outcomes:
+                o.stability = estimates.get(o.version_id, o.stability)
+        return outcomes
+
+    def estimate_stability(self) -> dict[int, float]:
+        """Stability estimates for the versions without one (normally those the last onboarding wrote): the
+        distance between the embeddings of two random halves of a version's evaluations. -> {version id: value}"""
+        with self.store.tx() as tx:
+            return onboarding.estimate_stability(tx)
 
     def _finish_pending(self) -> None:
         with self.store.tx() as tx:
@@ -236,38 +249,32 @@ class Registry(RoutingMixin):
     def _neighbours_of(self, tx: Tx, name: str, k: int, as_of: str | None = None,
                        exclude: set[str] | None = None) -> list[Neighbour]:
         encoder_id = _active_encoder(tx, as_of)
-        vector = None if as_of else index.get(tx, self.path, encoder_id).vector_of(name)  # no SQL when indexed
+        vi = index.get(tx, self.path, encoder_id, as_of)
+        vector = vi.vector_of(name)                                  # no SQL when indexed
         if vector is None:
             vector, _ = _vector_of(tx, name, encoder_id, as_of)
         return self._similar_by_vector(tx, vector, k, encoder_id, as_of, exclude=(exclude or set()) | {name},
-                                       compare_with=name)
+                                       compare_with=name, vi=vi)
 
     def _similar_by_vector(self, tx: Tx, vector, k: int, encoder_id: int, as_of: str | None = None,
-                           exclude: set[str] | None = None, compare_with: str | None = None) -> list[Neighbour]:
+                           exclude: set[str] | None = None, compare_with: str | None = None,
+                           vi: index.VectorIndex | None = None) -> list[Neighbour]:
         """The core of every similarity question: the k nearest current embeddings to one vector."""
-        vi = index.get(tx, self.path, encoder_id, as_of)
+        vi = vi or index.get(tx, self.path, encoder_id, as_of)
         if vi.size == 0:
             raise InputError("the registry has no embedded models yet: import evaluations first (`registry import`)")
         exclude = exclude or set()
         if k <= 0:
             raise InputError(f"k must be at least 1, got {k}")
         dist, ids = vi.search(vector[None, :], min(vi.size, k + len(exclude)))
-        out = [Neighbour(vi.names[int(i)], round(float(d), 4)) for d, i in zip(dist[0], ids[0])
-               if i >= 0 and vi.names[int(i)] not in exclude][:k]
-        if compare_with and out:
-            # how often they actually disagree, on the queries both answered (only these models' rows aggregated)
-            agree = {r[0]: (r[1], r[2]) for r in tx.sql("""
-                WITH ids AS (SELECT id, name FROM models WHERE name = ? OR name IN (SELECT unnest(?))),
-                     cur AS (SELECT model_id, query_id, arg_max(correct, batch_id) AS c FROM evaluations
-                             WHERE model_id IN (SELECT id FROM ids) GROUP BY model_id, query_id)
-                SELECT o.name, count(*), avg((a.c <> b.c)::INT)
-                FROM cur a JOIN cur b ON a.query_id = b.query_id AND b.model_id <> a.model_id
-                JOIN ids o ON o.id = b.model_id
-                WHERE a.model_id = (SELECT id FROM ids WHERE name = ?) GROUP BY o.name""",
-                [compare_with, [n.model for n in out], compare_with])}
-            for n in out:
-                if n.model in agree:
-                    n.shared_queries, n.disagreement = int(agree[n.model][0]), round(float(agree[n.model][1]), 4)
+        found = [(int(i), float(d)) for d, i in zip(dist[0], ids[0]) if i >= 0 and vi.names[int(i)] not in exclude][:k]
+        out = [Neighbour(vi.names[i], round(d, 4)) for i, d in found]
+        own_id = vi.id_of(compare_with) if compare_with else None
+        if own_id is not None and out:
+            rates = _disagreement(tx, own_id, [i for i, _ in found])
+            for (i, _), n in zip(found, out):
+                if i in rates:
+                    n.shared_queries, n.disagreement = rates[i][0], round(rates[i][1], 4)
         return out
 
     def history(self, name: str) -> History:
@@ -276,8 +283,9 @@ class Registry(RoutingMixin):
                 raise NotFound(f"unknown model {name!r}")
             rows = tx.sql("""
                 SELECT v.version, e.name, v.encoder_id, v.n_evaluations, v.created::VARCHAR, v.reason, v.batch_id,
-                       v.stability, v.digest, v.vector
+                       coalesce(s.stability, v.stability), v.digest, v.vector
                 FROM embedding_versions v JOIN models m ON m.id = v.model_id JOIN encoders e ON e.id = v.encoder_id
+                LEFT JOIN version_stability s ON s.version_id = v.id
                 WHERE m.name = ? ORDER BY v.version""", [name])
         import numpy as np
 
@@ -505,7 +513,7 @@ class Registry(RoutingMixin):
         if s.n < self.min_evaluations:
             raise InputError(f"{s.n} evaluations; at least {self.min_evaluations} are needed to embed a model",
                              file=str(evals))
-        z, _ = onboarding.compute(tx, model, [s], with_stability=False)
+        z = onboarding.compute(tx, model, [s])
         tx.session.rollback()  # nothing of the probe is written
         return z[0]
 
@@ -550,6 +558,30 @@ def _vector_of(tx: Tx, name: str, encoder_id: int, as_of: str | None = None):
     import numpy as np
 
     return np.asarray(row[0][0], dtype=np.float32), row[0][1]
+
+
+def _disagreement(tx: Tx, model_id: int, others: list[int]) -> dict[int, tuple[int, float]]:
+    """How often each of `others` disagrees with `model_id`, over the queries both answered (current evaluations):
+    {other id: (shared queries, disagreement rate)}. Reads only these models' rows."""
+    import numpy as np
+
+    ids = ", ".join(str(int(m)) for m in [model_id, *others])
+    rows = onboarding.newest_per_query(tx.duck.execute(f"""
+        SELECT model_id, query_id, correct::INT AS correct, batch_id FROM evaluations
+        WHERE model_id IN ({ids})""").fetchnumpy())
+    if not len(rows["query_id"]):
+        return {}
+    own = np.full(int(rows["query_id"].max()) + 1, -1, dtype=np.int64)      # this model's answer per query id
+    mine = rows["model_id"] == model_id
+    own[rows["query_id"][mine]] = rows["correct"][mine]
+    out = {}
+    for other in others:
+        sel = rows["model_id"] == other
+        theirs, ours = rows["correct"][sel], own[rows["query_id"][sel]]
+        shared = ours >= 0
+        if shared.any():
+            out[other] = (int(shared.sum()), float(np.mean(theirs[shared] != ours[shared])))
+    return out
 
 
 def _active_encoder(tx: Tx, as_of: str | None = None) -> int:

@@ -1,10 +1,11 @@
 """The vector index: FAISS over the current embedding version of every model, one index per encoder.
 
-Derived from the database, never its source of truth. A process keeps its index in memory and a sidecar file
-(`<db>.index/encoder-<id>.faiss`, with the newest version id it holds) lets the next process start from it; before
-answering, versions newer than that are applied (remove the model's old vector, add the new), so an answer is never
-stale and nothing is rebuilt when nothing changed. `as_of` answers build a transient index from the versions that
-existed then.
+Derived from the database, never its source of truth. An open database keeps its index in memory (the Store's
+cache) and a sidecar file (`<db>.index/encoder-<id>.faiss`, with the newest version id it holds and that version's
+creation time) lets the next process start from it; before answering, versions newer than that are applied (remove
+the model's old vector, add the new), so an answer is never stale and nothing is rebuilt when nothing changed.
+Onboarding hands its new versions to the in-memory index when it commits (`appended`). `as_of` answers build a
+transient index from the versions that existed then.
 """
 from __future__ import annotations
 
@@ -15,8 +16,6 @@ from pathlib import Path
 import numpy as np
 
 from .store import Tx
-
-_cache: dict[tuple[str, int], "VectorIndex"] = {}
 
 
 @dataclass
@@ -34,11 +33,15 @@ class VectorIndex:
         d, ids = self.index.search(np.ascontiguousarray(vectors, dtype=np.float32), k)
         return np.sqrt(np.maximum(d, 0)), ids
 
-    def vector_of(self, name: str) -> np.ndarray | None:
-        """A model's current vector straight from the index (None if it is not indexed)."""
+    def id_of(self, name: str) -> int | None:
+        """A model's id, if it is indexed."""
         if self._ids_by_name is None or len(self._ids_by_name) != len(self.names):
             self._ids_by_name = {v: k for k, v in self.names.items()}
-        model_id = self._ids_by_name.get(name)
+        return self._ids_by_name.get(name)
+
+    def vector_of(self, name: str) -> np.ndarray | None:
+        """A model's current vector straight from the index (None if it is not indexed)."""
+        model_id = self.id_of(name)
         return None if model_id is None else self.index.reconstruct(int(model_id))
 
     @property
@@ -90,19 +93,10 @@ def get(tx: Tx, db_path: str, encoder_id: int, as_of: str | None = None) -> Vect
         if len(mids):
             idx.add_with_ids(vecs, mids)
         return VectorIndex(encoder_id, idx, dict(zip(mids.tolist(), names)), -1)
-    key = (str(Path(db_path).resolve()), encoder_id)
-    vi = _cache.get(key)
-    side = _sidecar(db_path, encoder_id)
-    if vi is None and side.is_file() and side.with_suffix(".json").is_file():
-        meta = json.loads(side.with_suffix(".json").read_text())
-        vi = VectorIndex(encoder_id, faiss.deserialize_index(np.fromfile(side, dtype=np.uint8)),
-                         {int(k): v for k, v in meta["names"].items()}, int(meta["through_version"]),
-                         meta.get("stamp"))
-    newest, stamp = tx.sql("""SELECT (SELECT coalesce(max(id), 0) FROM embedding_versions WHERE encoder_id = ?),
-                                     (SELECT created::VARCHAR FROM embedding_versions WHERE id = ?)""",
-                           [encoder_id, vi.through_version if vi else 0])[0]
-    if vi is None or vi.through_version > newest or (vi.through_version and stamp != vi.stamp):
-        vi = VectorIndex(encoder_id, _new_index(), {}, 0)  # no index yet, or one of another (rebuilt) database
+    vi = tx.cache.get(("index", encoder_id)) or _from_sidecar(tx, db_path, encoder_id)
+    newest = tx.sql("SELECT coalesce(max(id), 0) FROM embedding_versions WHERE encoder_id = ?", [encoder_id])[0][0]
+    if vi.through_version > newest:
+        vi = VectorIndex(encoder_id, _new_index(), {}, 0)
     if newest > vi.through_version:
         _, mids, names, vecs = current_versions(tx, encoder_id, after_version_id=vi.through_version)
         if len(mids):
@@ -112,16 +106,36 @@ def get(tx: Tx, db_path: str, encoder_id: int, as_of: str | None = None) -> Vect
             vi._ids_by_name = None
         vi.through_version = newest
         vi.stamp = tx.sql("SELECT created::VARCHAR FROM embedding_versions WHERE id = ?", [newest])[0][0]
-        _save(vi, side)
-    _cache[key] = vi
+        _save(vi, _sidecar(db_path, encoder_id))
+    tx.cache[("index", encoder_id)] = vi
     return vi
 
 
-def appended(db_path: str, encoder_id: int, newest_before: int, versions) -> None:
+def _from_sidecar(tx: Tx, db_path: str, encoder_id: int) -> VectorIndex:
+    """The saved index, if it belongs to this database (its newest version exists here with the same creation
+    time); else an empty one."""
+    import faiss
+
+    side = _sidecar(db_path, encoder_id)
+    empty = VectorIndex(encoder_id, _new_index(), {}, 0)
+    if not (side.is_file() and side.with_suffix(".json").is_file()):
+        return empty
+    try:
+        meta = json.loads(side.with_suffix(".json").read_text())
+        vi = VectorIndex(encoder_id, faiss.deserialize_index(np.fromfile(side, dtype=np.uint8)),
+                         {int(k): v for k, v in meta["names"].items()}, int(meta["through_version"]), meta.get("stamp"))
+    except (OSError, ValueError, KeyError, RuntimeError):
+        return empty                                                 # a damaged sidecar is only a cache miss
+    stamp = tx.sql("SELECT created::VARCHAR FROM embedding_versions WHERE id = ? AND encoder_id = ?",
+                   [vi.through_version, encoder_id])
+    return vi if stamp and stamp[0][0] == vi.stamp else empty
+
+
+def appended(tx: Tx, encoder_id: int, newest_before: int, versions) -> None:
     """After a commit that appended `versions` (onboarding.NewVersion) under an encoder: an in-memory index that
     held everything up to `newest_before` takes them as they are, without reading them back. Any other index is
     left alone: `get` reads what it misses. The sidecar is written later (`flush`), not on every onboarding."""
-    vi = _cache.get((str(Path(db_path).resolve()), encoder_id))
+    vi = tx.cache.get(("index", encoder_id))
     if vi is None or vi.through_version != newest_before or not versions:
         return
     mids = np.array([v.model_id for v in versions], dtype=np.int64)
@@ -133,12 +147,11 @@ def appended(db_path: str, encoder_id: int, newest_before: int, versions) -> Non
     vi.through_version, vi.stamp, vi.unsaved = newest.id, newest.created, True
 
 
-def flush(db_path: str) -> None:
-    """Write the sidecar of every in-memory index of this database that holds more than it (on close)."""
-    resolved = str(Path(db_path).resolve())
-    for (path, encoder_id), vi in list(_cache.items()):
-        if path == resolved and vi.unsaved:
-            _save(vi, _sidecar(db_path, encoder_id))
+def flush(cache: dict, db_path: str) -> None:
+    """Write the sidecar of every in-memory index of an open database that holds more than it (on close)."""
+    for key, vi in list(cache.items()):
+        if isinstance(key, tuple) and key[0] == "index" and vi.unsaved:
+            _save(vi, _sidecar(db_path, key[1]))
 
 
 def _save(vi: VectorIndex, side: Path) -> None:

@@ -6,6 +6,10 @@ What a version is computed from, exactly: the model's current (newest) evaluatio
 stays honest and agrees with routing), capped at the encoder's `embed_max_set` by query content hash when the
 encoder asks for a cap. Its digest is the sha256 of those (query id, correct) pairs, so any version can be
 recomputed and checked (`recompute`).
+
+Each version's stability (how far apart the embeddings of two random halves of those evaluations fall; the halves
+are seeded by the digest, so it is reproducible too) is estimated just after, in its own transaction
+(`estimate_stability`): the halves cost as much encoder work again, and a new vector should not wait for them.
 """
 from __future__ import annotations
 
@@ -40,6 +44,7 @@ class JobOutcome:
     version: int | None
     n_evaluations: int
     stability: float | None = None
+    version_id: int | None = None
 
 
 def enqueue(tx: Tx, model_ids, reason: str, batch_id: int | None = None, encoder_id: int | None = None) -> None:
@@ -82,7 +87,7 @@ def query_meta(tx: Tx) -> QueryMeta:
     return tx.cached("query_meta", build)
 
 
-def _newest_per_query(res: dict) -> dict:
+def newest_per_query(res: dict) -> dict:
     """Keep each (model, query)'s row from its newest batch (numpy: cheaper than a GROUP BY for one model)."""
     model, query, batch = (np.asarray(res[c], dtype=np.int64) for c in ("model_id", "query_id", "batch_id"))
     order = np.lexsort((-batch, query, model))            # by model, query, then newest batch first
@@ -98,7 +103,7 @@ def evaluation_sets(tx: Tx, model_ids, through_batch: int, max_set: int | None =
     ids = ", ".join(str(int(m)) for m in model_ids) or "NULL"
     res = tx.duck.execute(f"""SELECT model_id, query_id, correct::INT AS correct, batch_id FROM evaluations
                               WHERE model_id IN ({ids}) AND batch_id <= {int(through_batch)}""").fetchnumpy()
-    res = _newest_per_query(res)
+    res = newest_per_query(res)
     meta = query_meta(tx)
     model_col = np.asarray(res["model_id"], dtype=np.int64)
     qid_col = np.asarray(res["query_id"], dtype=np.int64)
@@ -166,10 +171,9 @@ def query_vectors(tx: Tx, query_ids: np.ndarray) -> tuple[dict[int, int], np.nda
 def embed_sets(model, sets: list[tuple[np.ndarray, np.ndarray]], budget: int = 1 << 16) -> np.ndarray:
     """Embed many sets in padded, masked batches. sets: [(q [n,Dq], y [n])] -> z [len(sets), D] float32.
 
-    Largest first; a batch pads to its first set's width (a multiple of 64) and takes sets down to a quarter of it,
-    so a model's set and its two halves (see `compute`) go through one forward pass. Versions are float32: the same
-    set embedded in another batch differs by under 1e-6 (float32 sums in another order), the tolerance
-    `recompute` is checked to."""
+    Largest first; a batch pads to its first set's width (a multiple of 64) and takes sets down to a quarter of it.
+    Versions are float32: the same set embedded in another batch differs by under 1e-6 (float32 sums in another
+    order), the tolerance `recompute` is checked to."""
     import torch
 
     order = sorted(range(len(sets)), key=lambda i: -len(sets[i][1]))
@@ -202,27 +206,12 @@ def halves(es: EvalSet) -> tuple[np.ndarray, np.ndarray]:
     return perm[: es.n // 2], perm[es.n // 2:]
 
 
-def compute(tx: Tx, model, sets: list[EvalSet], with_stability: bool = True) -> tuple[np.ndarray, list[float | None]]:
-    """Embeddings [len(sets), D] and stabilities (distance between the embeddings of two random halves), in one
-    batched pass over every set and half."""
+def compute(tx: Tx, model, sets: list[EvalSet]) -> np.ndarray:
+    """Embeddings [len(sets), D] of evaluation sets, in one batched pass."""
     if not sets:
-        return np.zeros((0, model.cfg.d_model), dtype=np.float32), []
+        return np.zeros((0, model.cfg.d_model), dtype=np.float32)
     row_of, qmat = query_vectors(tx, np.concatenate([s.query_ids for s in sets]))
-    inputs, half_index = [], []
-    for s in sets:
-        q = qmat[[row_of[int(i)] for i in s.query_ids]]
-        inputs.append((q, s.y))
-        if with_stability and s.n >= 2:
-            a, b = halves(s)
-            half_index.append(len(inputs))
-            inputs += [(q[a], s.y[a]), (q[b], s.y[b])]
-        else:
-            half_index.append(None)
-    z = embed_sets(model, inputs)
-    full = [i for i in range(len(inputs)) if i not in {h for h in half_index if h is not None} | {
-        h + 1 for h in half_index if h is not None}]
-    stab = [None if h is None else float(np.linalg.norm(z[h] - z[h + 1])) for h in half_index]
-    return z[full], stab
+    return embed_sets(model, [(qmat[[row_of[int(i)] for i in s.query_ids]], s.y) for s in sets])
 
 
 @dataclass
@@ -251,8 +240,6 @@ def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool
     """Finish every pending job (and with `all_models`, re-embed every model) in one batched pass.
 
     This is every onboarding's hot path, so it reads little: the jobs, the models' versions, their evaluations."""
-    import pyarrow as pa
-
     from . import index
 
     encoder_id = encoders.ensure_default(tx)
@@ -286,46 +273,80 @@ def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool
     sets = evaluation_sets(tx, model_ids, through, meta.get("embed_max_set"))
     todo = [m for m in model_ids
             if sets[m].n >= min_evaluations and latest_digest.get(m, (0, None))[1] != sets[m].digest]
-    z, stab = compute(tx, model, [sets[m] for m in todo])
+    z = compute(tx, model, [sets[m] for m in todo])
     outcomes, version_of = {}, {}
     if todo:
-        tx.duck.register("_new_versions", pa.table({
-            "model_id": pa.array(todo, pa.int64()),
-            "version": pa.array([latest_version.get(m, 0) + 1 for m in todo], pa.int64()),
-            "vector": pa.FixedSizeListArray.from_arrays(pa.array(z.ravel(), pa.float32()), z.shape[1]),
-            "n_evaluations": pa.array([sets[m].n for m in todo], pa.int64()),
-            "digest": [sets[m].digest for m in todo],
-            "reason": [newest_job[m][0] for m in todo],
-            "batch_id": pa.array([newest_job[m][1] for m in todo], pa.int64()),
-            "stability": pa.array(stab, pa.float64())}))
-        try:
-            written = tx.sql(f"""
-                INSERT INTO embedding_versions (model_id, version, encoder_id, vector, n_evaluations, digest,
-                                                through_batch, reason, batch_id, stability)
-                SELECT model_id, version, {int(encoder_id)}, vector::FLOAT[{z.shape[1]}], n_evaluations, digest,
-                       {through}, reason, batch_id, stability FROM _new_versions
-                RETURNING id, model_id, created::VARCHAR""")
-        finally:
-            tx.duck.unregister("_new_versions")
+        # plain multi-row VALUES: for the usual one or few rows DuckDB takes them faster than an Arrow scan
+        rows = [[m, latest_version.get(m, 0) + 1, encoder_id, z[i].tolist(), sets[m].n, sets[m].digest, through,
+                 newest_job[m][0], newest_job[m][1]] for i, m in enumerate(todo)]
+        written = []
+        for start in range(0, len(rows), 500):
+            chunk = rows[start:start + 500]
+            values = ", ".join([f"(?, ?, ?, ?::FLOAT[{z.shape[1]}], ?, ?, ?, ?, ?)"] * len(chunk))
+            written += tx.sql(f"""INSERT INTO embedding_versions (model_id, version, encoder_id, vector, n_evaluations,
+                                                                 digest, through_batch, reason, batch_id)
+                                  VALUES {values} RETURNING id, model_id, created::VARCHAR""",
+                              [x for r in chunk for x in r])
         row_of = {m: i for i, m in enumerate(todo)}
         new = [NewVersion(int(vid), int(m), names[m], z[row_of[m]], created) for vid, m, created in written]
         for v in new:
             version_of[v.model_id] = v.id
             outcomes[v.model_id] = JobOutcome(names[v.model_id], "embedded", latest_version.get(v.model_id, 0) + 1,
-                                              sets[v.model_id].n, stab[row_of[v.model_id]])
-        tx.after_commit(lambda: index.appended(tx.path, encoder_id, newest_before, new))
+                                              sets[v.model_id].n, version_id=v.id)
+        tx.after_commit(lambda: index.appended(tx, encoder_id, newest_before, new))
     for m in model_ids:
         if m not in outcomes:
             kind = "too few evaluations" if sets[m].n < min_evaluations else "unchanged"
             outcomes[m] = JobOutcome(names[m], kind, latest_version.get(m), sets[m].n)
-    tx.duck.executemany("INSERT INTO onboarding_results (job_id, outcome, version_id) VALUES (?, ?, ?)",
-                        [[j, outcomes[m].outcome, version_of.get(m)] for j, m, _, _ in jobs])
+    results = [[j, outcomes[m].outcome, version_of.get(m)] for j, m, _, _ in jobs]
+    for start in range(0, len(results), 1000):
+        chunk = results[start:start + 1000]
+        tx.sql(f"INSERT INTO onboarding_results (job_id, outcome, version_id) VALUES {', '.join(['(?, ?, ?)'] * len(chunk))}",
+               [x for r in chunk for x in r])
     return [outcomes[m] for m in model_ids]
 
 
+def estimate_stability(tx: Tx) -> dict[int, float]:
+    """Every version without a stability estimate gets one (normally just the versions the last onboarding wrote):
+    the distance between the embeddings of the two digest-seeded halves of its evaluations, in one batched pass per
+    encoder. -> {version id: stability}"""
+    import pyarrow as pa
+
+    todo = tx.sql("""SELECT v.id, v.model_id, v.encoder_id, v.through_batch, v.digest FROM embedding_versions v
+                     ANTI JOIN version_stability s ON s.version_id = v.id
+                     WHERE v.n_evaluations >= 2 ORDER BY v.id""")
+    out: dict[int, float] = {}
+    for encoder_id in sorted({r[2] for r in todo}):
+        model, meta = encoders.load(tx, encoder_id)
+        mine = [r for r in todo if r[2] == encoder_id]
+        sets = []
+        for through in sorted({r[3] for r in mine}):
+            rows = [r for r in mine if r[3] == through]
+            found = evaluation_sets(tx, [r[1] for r in rows], through, meta.get("embed_max_set"))
+            sets += [(r[0], found[r[1]]) for r in rows if found[r[1]].digest == r[4]]   # else: not reproducible
+        if not sets:
+            continue
+        row_of, qmat = query_vectors(tx, np.concatenate([s.query_ids for _, s in sets]))
+        inputs = []
+        for _, s in sets:
+            q = qmat[[row_of[int(i)] for i in s.query_ids]]
+            for half in halves(s):
+                inputs.append((q[half], s.y[half]))
+        z = embed_sets(model, inputs)
+        for i, (vid, _) in enumerate(sets):
+            out[vid] = float(np.linalg.norm(z[2 * i] - z[2 * i + 1]))
+    if out:
+        tx.duck.register("_stability", pa.table({"version_id": pa.array(list(out), pa.int64()),
+                                                 "stability": pa.array(list(out.values()), pa.float64())}))
+        try:
+            tx.sql("INSERT INTO version_stability (version_id, stability) SELECT version_id, stability FROM _stability")
+        finally:
+            tx.duck.unregister("_stability")
+    return out
+
+
 def recompute(tx: Tx, version_id: int) -> tuple[np.ndarray, np.ndarray, bool]:
-    """Recompute a stored version from the evaluations it names: (stored vector, recomputed, digest matches).
-    The set is embedded with its halves, as onboarding embeds a single model."""
+    """Recompute a stored version from the evaluations it names: (stored vector, recomputed, digest matches)."""
     row = tx.sql("""SELECT model_id, encoder_id, through_batch, digest, vector FROM embedding_versions
                     WHERE id = ?""", [version_id])
     if not row:
@@ -333,5 +354,5 @@ def recompute(tx: Tx, version_id: int) -> tuple[np.ndarray, np.ndarray, bool]:
     model_id, encoder_id, through, stored_digest, vector = row[0]
     model, meta = encoders.load(tx, encoder_id)
     s = evaluation_sets(tx, [model_id], through, meta.get("embed_max_set"))[model_id]
-    z, _ = compute(tx, model, [s])
+    z = compute(tx, model, [s])
     return np.asarray(vector, dtype=np.float32), z[0], s.digest == stored_digest

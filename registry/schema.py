@@ -133,7 +133,16 @@ class EmbeddingVersion(Base):
     through_batch: Mapped[int] = mapped_column(Integer, nullable=False)     # evaluations of batches <= this one
     reason: Mapped[str] = mapped_column(String, nullable=False)             # new evaluations | new encoder | manual
     batch_id: Mapped[int | None] = mapped_column(Integer)                   # the import batch that triggered it
-    stability: Mapped[float | None] = mapped_column(Double)                 # spread over random halves
+    stability: Mapped[float | None] = mapped_column(Double)                 # before 0005 only: see VersionStability
+    created: Mapped[datetime] = mapped_column(DateTime, server_default=func.now(), nullable=False)
+
+
+class VersionStability(Base):
+    """A version's stability estimate (distance between the embeddings of two random halves of its evaluations),
+    written just after the version: onboarding does not wait for it."""
+    __tablename__ = "version_stability"
+    version_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    stability: Mapped[float] = mapped_column(Double, nullable=False)
     created: Mapped[datetime] = mapped_column(DateTime, server_default=func.now(), nullable=False)
 
 

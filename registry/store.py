@@ -102,7 +102,9 @@ class Store:
         if Path(self.path).is_dir():
             raise RegistryError(f"{self.path}: is a directory, not a database file")
         try:
-            self.engine = create_engine(f"duckdb:///{self.path}")
+            # every transaction ends in an explicit commit or rollback (Store.tx), so the pool's extra rollback on
+            # returning a connection only costs time
+            self.engine = create_engine(f"duckdb:///{self.path}", pool_reset_on_return=None)
             # rows that never change once written (encoder checkpoints, query text vectors), kept per open database:
             # while the engine is open this process holds DuckDB's file lock, so no other process writes behind it
             self.cache: dict = {}

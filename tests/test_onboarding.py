@@ -76,6 +76,33 @@ def test_every_version_is_reproducible_from_its_digest(db_copy):
             np.testing.assert_allclose(recomputed, stored, atol=1e-6)
 
 
+def test_stability_follows_the_version_and_a_missing_one_is_made_later(db_copy, small_data, tmp_path):
+    """onboard(stability=False) stands for a crash between the version and its estimate: the version is there and
+    indexed; the estimate is made by the next run, once, and equals the distance between the two halves."""
+    from registry import encoders, onboarding
+
+    rows = model_results(small_data, "gemma-7b")
+    with Registry(db_copy) as reg:
+        out = reg.import_files(evaluations=str(write_evals(tmp_path / "more.csv", rows, model="newcomer")),
+                               onboard=False)
+        assert out.evaluations_added == len(rows)
+        (o,) = reg.onboard(stability=False)
+        assert o.outcome == "embedded" and o.stability is None
+        assert reg.history("newcomer").versions[-1].stability is None
+        assert reg.similar("newcomer", k=1)                       # indexed without waiting for the estimate
+        estimates = reg.estimate_stability()
+        assert list(estimates) == [o.version_id] and estimates[o.version_id] > 0
+        assert reg.history("newcomer").versions[-1].stability == round(estimates[o.version_id], 4)
+        assert reg.estimate_stability() == {}
+        with reg.store.tx() as tx:                                 # the same number from the halves by hand
+            model, meta = encoders.load(tx, encoders.active_id(tx))
+            mid = tx.sql("SELECT id FROM models WHERE name = 'newcomer'")[0][0]
+            s = onboarding.evaluation_sets(tx, [mid], 10 ** 9, meta.get("embed_max_set"))[mid]
+            za, zb = (onboarding.compute(tx, model, [onboarding.EvalSet(mid, s.query_ids[h], s.y[h], "")])[0]
+                      for h in onboarding.halves(s))
+        assert abs(float(np.linalg.norm(za - zb)) - estimates[o.version_id]) < 1e-5
+
+
 def test_register_embeds_and_reports_neighbours(db_copy, small_data, tmp_path):
     f = write_evals(tmp_path / "twin.csv", model_results(small_data, "Llama-2-7b-hf"))
     out = CliRunner().invoke(cli, ["--db", str(db_copy), "register", "llama-twin", "--evals", str(f),

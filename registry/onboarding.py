@@ -31,6 +31,7 @@ class EvalSet:
     query_ids: np.ndarray   # [n] int, registry query ids
     y: np.ndarray           # [n] float32 0/1
     digest: str
+    through_batch: int = 0  # the newest import batch among the evaluations read (before the test/cap filters)
 
     @property
     def n(self) -> int:
@@ -108,6 +109,7 @@ def evaluation_sets(tx: Tx, model_ids, through_batch: int, max_set: int | None =
     model_col = np.asarray(res["model_id"], dtype=np.int64)
     qid_col = np.asarray(res["query_id"], dtype=np.int64)
     correct_col = np.asarray(res["correct"], dtype=np.int64)
+    batch_col = np.asarray(res["batch_id"], dtype=np.int64)
     at = meta.rows(qid_col)
     keep = ~meta.is_test[at]
     out = {}
@@ -116,8 +118,10 @@ def evaluation_sets(tx: Tx, model_ids, through_batch: int, max_set: int | None =
         if max_set and len(sel) > max_set:                      # the cap: lowest content hashes
             sel = sel[np.argsort(meta.hash_rank[at[sel]], kind="stable")[:max_set]]
         sel = sel[np.argsort(meta.ext_rank[at[sel]], kind="stable")]
+        of_model = model_col == int(m)
         out[int(m)] = EvalSet(int(m), qid_col[sel], correct_col[sel].astype(np.float32),
-                              digest(meta.external_id[at[sel]], correct_col[sel]))
+                              digest(meta.external_id[at[sel]], correct_col[sel]),
+                              int(batch_col[of_model].max()) if of_model.any() else 0)
     return out
 
 
@@ -268,17 +272,16 @@ def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool
             latest_version[m] = version
         if enc == encoder_id and version >= latest_digest.get(m, (0, None))[0]:
             latest_digest[m] = (version, dig)
-    # a version covers the evaluations up to the newest batch at this moment
-    through = int(tx.sql("SELECT coalesce(max(id), 0) FROM import_batches")[0][0])
-    sets = evaluation_sets(tx, model_ids, through, meta.get("embed_max_set"))
+    # all current evaluations; each version records the newest batch among them (what `recompute` reads up to)
+    sets = evaluation_sets(tx, model_ids, 2 ** 62, meta.get("embed_max_set"))
     todo = [m for m in model_ids
             if sets[m].n >= min_evaluations and latest_digest.get(m, (0, None))[1] != sets[m].digest]
     z = compute(tx, model, [sets[m] for m in todo])
     outcomes, version_of = {}, {}
     if todo:
         # plain multi-row VALUES: for the usual one or few rows DuckDB takes them faster than an Arrow scan
-        rows = [[m, latest_version.get(m, 0) + 1, encoder_id, z[i].tolist(), sets[m].n, sets[m].digest, through,
-                 newest_job[m][0], newest_job[m][1]] for i, m in enumerate(todo)]
+        rows = [[m, latest_version.get(m, 0) + 1, encoder_id, z[i].tolist(), sets[m].n, sets[m].digest,
+                 sets[m].through_batch, newest_job[m][0], newest_job[m][1]] for i, m in enumerate(todo)]
         written = []
         for start in range(0, len(rows), 500):
             chunk = rows[start:start + 500]

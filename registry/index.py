@@ -131,12 +131,14 @@ def _from_sidecar(tx: Tx, db_path: str, encoder_id: int) -> VectorIndex:
     return vi if stamp and stamp[0][0] == vi.stamp else empty
 
 
-def appended(tx: Tx, encoder_id: int, newest_before: int, versions) -> None:
-    """After a commit that appended `versions` (onboarding.NewVersion) under an encoder: an in-memory index that
-    held everything up to `newest_before` takes them as they are, without reading them back. Any other index is
-    left alone: `get` reads what it misses. The sidecar is written later (`flush`), not on every onboarding."""
+def appended(tx: Tx, encoder_id: int, versions) -> None:
+    """After a commit that appended `versions` (onboarding.NewVersion) under an encoder: an in-memory index takes
+    them as they are, without reading them back, when their ids directly follow the newest it holds (so no version
+    lies between: ids come from one sequence). Otherwise it is left alone and `get` reads what it misses. The
+    sidecar is written later (`flush`), not on every onboarding."""
     vi = tx.cache.get(("index", encoder_id))
-    if vi is None or vi.through_version != newest_before or not versions:
+    ids = sorted(v.id for v in versions)
+    if vi is None or not ids or ids != list(range(vi.through_version + 1, vi.through_version + 1 + len(ids))):
         return
     mids = np.array([v.model_id for v in versions], dtype=np.int64)
     vi.index.remove_ids(mids)

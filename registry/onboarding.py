@@ -228,18 +228,6 @@ class NewVersion:
     created: str
 
 
-def model_names(tx: Tx, model_ids) -> dict[int, str]:
-    """Names by model id (a model's name never changes: cached per open database, as query vectors are)."""
-    known = tx.cache.get("model_names", {})
-    missing = sorted({int(m) for m in model_ids} - known.keys())
-    if missing:
-        found = dict(tx.sql(f"SELECT id, name FROM models WHERE id IN ({', '.join(map(str, missing))})"))
-        merged = {**known, **found}
-        tx.after_commit(lambda: tx.cache.__setitem__("model_names", {**tx.cache.get("model_names", {}), **found}))
-        known = merged
-    return {int(m): known[int(m)] for m in model_ids}
-
-
 def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool = False) -> list[JobOutcome]:
     """Finish every pending job (and with `all_models`, re-embed every model) in one batched pass.
 
@@ -251,25 +239,19 @@ def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool
         return []
     if all_models:
         enqueue(tx, [r[0] for r in tx.sql("SELECT id FROM models")], "manual", encoder_id=encoder_id)
-    jobs = pending(tx)
+    jobs = tx.sql("""SELECT j.id, j.model_id, j.reason, j.batch_id, m.name FROM onboarding_jobs j
+                     JOIN models m ON m.id = j.model_id
+                     WHERE j.id NOT IN (SELECT job_id FROM onboarding_results) ORDER BY j.id""")
     if not jobs:
         return []
     model, meta = encoders.load(tx, encoder_id)
     model_ids = sorted({j[1] for j in jobs})
-    newest_job = {m: (reason, batch) for _, m, reason, batch in jobs}      # jobs are oldest first: the newest wins
-    names = model_names(tx, model_ids)
-    # each model's versions, plus one row with the newest version id under this encoder (for the in-memory index)
-    latest_version, latest_digest, newest_before = {}, {}, 0
-    for m, version, dig, enc, vid in tx.sql(f"""
-            SELECT model_id, version, digest, encoder_id, id FROM embedding_versions
-            WHERE model_id IN ({', '.join(map(str, model_ids))})
-            UNION ALL SELECT NULL, NULL, NULL, NULL, max(id) FROM embedding_versions WHERE encoder_id = ?""",
-                                           [encoder_id]):
-        if m is None:
-            newest_before = int(vid or 0)
-            continue
-        if version > latest_version.get(m, 0):
-            latest_version[m] = version
+    newest_job = {j[1]: (j[2], j[3]) for j in jobs}                     # jobs are oldest first: the newest wins
+    names = {j[1]: j[4] for j in jobs}
+    latest_version, latest_digest = {}, {}            # newest version of each model, and its newest under this encoder
+    for m, version, dig, enc in tx.sql(f"""SELECT model_id, version, digest, encoder_id FROM embedding_versions
+                                          WHERE model_id IN ({', '.join(map(str, model_ids))})"""):
+        latest_version[m] = max(version, latest_version.get(m, 0))
         if enc == encoder_id and version >= latest_digest.get(m, (0, None))[0]:
             latest_digest[m] = (version, dig)
     # all current evaluations; each version records the newest batch among them (what `recompute` reads up to)
@@ -296,12 +278,12 @@ def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool
             version_of[v.model_id] = v.id
             outcomes[v.model_id] = JobOutcome(names[v.model_id], "embedded", latest_version.get(v.model_id, 0) + 1,
                                               sets[v.model_id].n, version_id=v.id)
-        tx.after_commit(lambda: index.appended(tx, encoder_id, newest_before, new))
+        tx.after_commit(lambda: index.appended(tx, encoder_id, new))
     for m in model_ids:
         if m not in outcomes:
             kind = "too few evaluations" if sets[m].n < min_evaluations else "unchanged"
             outcomes[m] = JobOutcome(names[m], kind, latest_version.get(m), sets[m].n)
-    results = [[j, outcomes[m].outcome, version_of.get(m)] for j, m, _, _ in jobs]
+    results = [[j[0], outcomes[j[1]].outcome, version_of.get(j[1])] for j in jobs]
     for start in range(0, len(results), 1000):
         chunk = results[start:start + 1000]
         tx.sql(f"INSERT INTO onboarding_results (job_id, outcome, version_id) VALUES {', '.join(['(?, ?, ?)'] * len(chunk))}",

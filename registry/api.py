@@ -522,7 +522,8 @@ def _upsert_model_metadata(tx: Tx, name: str, **fields) -> None:
     """Insert the model if new; set only the metadata fields given (None leaves a field as it is)."""
     tags = fields.pop("tags", None)
     if not tx.sql("SELECT 1 FROM models WHERE name = ?", [name]):
-        tx.sql("INSERT INTO models (name, tags) VALUES (?, ?::JSON) RETURNING id", [name, json.dumps(tags or {})])
+        onboarding.new_models(tx, tx.sql("INSERT INTO models (name, tags) VALUES (?, ?::JSON) RETURNING id, name",
+                                         [name, json.dumps(tags or {})]))
     sets = {k: v for k, v in fields.items() if v is not None}
     if sets:
         assignments = ", ".join(f"{k} = ?" for k in sets)

@@ -345,7 +345,8 @@ def upsert_models(tx: Tx, parsed: list[dict], result: ImportResult) -> None:
         added = tx.sql(f"""
             INSERT INTO models ({', '.join(fields)})
             SELECT name, family, provider, params_b, cost, open_weights, tags::JSON FROM _models_in
-            WHERE name NOT IN (SELECT name FROM models) RETURNING name""")
+            WHERE name NOT IN (SELECT name FROM models) RETURNING id, name""")
+        onboarding.new_models(tx, added)
     finally:
         tx.duck.unregister("_models_in")
     result.models_added += len(added)
@@ -414,7 +415,8 @@ def import_evaluations(tx: Tx, staged: Staged, batch_id: int, result: ImportResu
                    "unknown query id {value} (import the query first, e.g. with --queries)", "qid")
     new_models = tx.sql(f"""INSERT INTO models (name, tags)
                             SELECT model, '{{}}'::JSON FROM (SELECT DISTINCT model FROM {t})
-                            WHERE model NOT IN (SELECT name FROM models) ORDER BY model RETURNING name""")
+                            WHERE model NOT IN (SELECT name FROM models) ORDER BY model RETURNING id, name""")
+    onboarding.new_models(tx, new_models)
     result.models_added += len(new_models)
     has_current = tx.sql("SELECT count(*) > 0 FROM (SELECT 1 FROM evaluations LIMIT 1)")[0][0]
     # Only what differs from the current (newest) evaluation is appended; an empty registry skips that join.

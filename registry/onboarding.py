@@ -14,7 +14,7 @@ are seeded by the digest, so it is reproducible too) is estimated just after, in
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -59,7 +59,7 @@ def enqueue(tx: Tx, model_ids, reason: str, batch_id: int | None = None, encoder
 def pending(tx: Tx) -> list[tuple[int, int, str, int | None]]:
     """(job id, model id, reason, batch id) of every job without a result, oldest first."""
     return tx.sql("""SELECT j.id, j.model_id, j.reason, j.batch_id FROM onboarding_jobs j
-                     WHERE j.id NOT IN (SELECT job_id FROM onboarding_results) ORDER BY j.id""")
+                     LEFT JOIN onboarding_results r ON r.job_id = j.id WHERE r.job_id IS NULL ORDER BY j.id""")
 
 
 @dataclass
@@ -228,6 +228,42 @@ class NewVersion:
     created: str
 
 
+@dataclass
+class ModelState:
+    """What onboarding needs to know of a model besides its evaluations: its name, its newest version number, and
+    per encoder its newest version there and that version's digest."""
+    name: str
+    latest_version: int = 0
+    by_encoder: dict = field(default_factory=dict)      # encoder id -> (version, digest)
+
+
+def model_states(tx: Tx, model_ids) -> dict[int, ModelState]:
+    """Kept per open database: versions are appended only by `run_pending`, which updates the states it changes
+    when it commits, and a model created by an import starts with none (`new_models`); others are read once."""
+    known = tx.cache.get("model_states", {})
+    missing = sorted({int(m) for m in model_ids} - known.keys())
+    found: dict[int, ModelState] = {}
+    if missing:
+        for m, name, version, dig, enc in tx.sql(f"""
+                SELECT m.id, m.name, v.version, v.digest, v.encoder_id FROM models m
+                LEFT JOIN embedding_versions v ON v.model_id = m.id WHERE m.id IN ({', '.join(map(str, missing))})
+                ORDER BY m.id, v.version"""):
+            st = found.setdefault(m, ModelState(name))
+            if version is not None:
+                st.latest_version = version
+                st.by_encoder[enc] = (version, dig)
+        tx.after_commit(lambda: tx.cache.setdefault("model_states", {}).update(
+            {m: st for m, st in found.items() if m not in tx.cache["model_states"]}))
+    return {int(m): known.get(int(m)) or found[int(m)] for m in model_ids}
+
+
+def new_models(tx: Tx, rows) -> None:
+    """An import created these models [(id, name)]: once it commits, their state (no versions) is known."""
+    if rows:
+        tx.after_commit(lambda: tx.cache.setdefault("model_states", {}).update(
+            {int(m): ModelState(name) for m, name in rows}))
+
+
 def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool = False) -> list[JobOutcome]:
     """Finish every pending job (and with `all_models`, re-embed every model) in one batched pass.
 
@@ -239,21 +275,16 @@ def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool
         return []
     if all_models:
         enqueue(tx, [r[0] for r in tx.sql("SELECT id FROM models")], "manual", encoder_id=encoder_id)
-    jobs = tx.sql("""SELECT j.id, j.model_id, j.reason, j.batch_id, m.name FROM onboarding_jobs j
-                     JOIN models m ON m.id = j.model_id
-                     WHERE j.id NOT IN (SELECT job_id FROM onboarding_results) ORDER BY j.id""")
+    jobs = pending(tx)
     if not jobs:
         return []
     model, meta = encoders.load(tx, encoder_id)
     model_ids = sorted({j[1] for j in jobs})
-    newest_job = {j[1]: (j[2], j[3]) for j in jobs}                     # jobs are oldest first: the newest wins
-    names = {j[1]: j[4] for j in jobs}
-    latest_version, latest_digest = {}, {}            # newest version of each model, and its newest under this encoder
-    for m, version, dig, enc in tx.sql(f"""SELECT model_id, version, digest, encoder_id FROM embedding_versions
-                                          WHERE model_id IN ({', '.join(map(str, model_ids))})"""):
-        latest_version[m] = max(version, latest_version.get(m, 0))
-        if enc == encoder_id and version >= latest_digest.get(m, (0, None))[0]:
-            latest_digest[m] = (version, dig)
+    newest_job = {m: (reason, batch) for _, m, reason, batch in jobs}     # jobs are oldest first: the newest wins
+    states = model_states(tx, model_ids)
+    names = {m: states[m].name for m in model_ids}
+    latest_version = {m: states[m].latest_version for m in model_ids}
+    latest_digest = {m: states[m].by_encoder.get(encoder_id, (0, None)) for m in model_ids}
     # all current evaluations; each version records the newest batch among them (what `recompute` reads up to)
     sets = evaluation_sets(tx, model_ids, 2 ** 62, meta.get("embed_max_set"))
     todo = [m for m in model_ids
@@ -279,11 +310,21 @@ def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool
             outcomes[v.model_id] = JobOutcome(names[v.model_id], "embedded", latest_version.get(v.model_id, 0) + 1,
                                               sets[v.model_id].n, version_id=v.id)
         tx.after_commit(lambda: index.appended(tx, encoder_id, new))
+
+        def update_states():
+            cached = tx.cache.get("model_states", {})
+            for v in new:
+                if v.model_id in cached:
+                    st = cached[v.model_id]
+                    version = outcomes[v.model_id].version
+                    st.latest_version = version
+                    st.by_encoder[encoder_id] = (version, sets[v.model_id].digest)
+        tx.after_commit(update_states)
     for m in model_ids:
         if m not in outcomes:
             kind = "too few evaluations" if sets[m].n < min_evaluations else "unchanged"
-            outcomes[m] = JobOutcome(names[m], kind, latest_version.get(m), sets[m].n)
-    results = [[j[0], outcomes[j[1]].outcome, version_of.get(j[1])] for j in jobs]
+            outcomes[m] = JobOutcome(names[m], kind, latest_version[m] or None, sets[m].n)
+    results = [[j, outcomes[m].outcome, version_of.get(m)] for j, m, _, _ in jobs]
     for start in range(0, len(results), 1000):
         chunk = results[start:start + 1000]
         tx.sql(f"INSERT INTO onboarding_results (job_id, outcome, version_id) VALUES {', '.join(['(?, ?, ?)'] * len(chunk))}",

@@ -566,6 +566,11 @@ def _disagreement(tx: Tx, model_id: int, others: list[int]) -> dict[int, tuple[i
     {other id: (shared queries, disagreement rate)}. Reads only these models' rows."""
     import numpy as np
 
+    evaluated = tx.cached("evaluated_models", lambda: {r[0] for r in tx.sql(
+        "SELECT DISTINCT model_id FROM evaluations")})              # imports of evaluations invalidate it
+    others = [m for m in others if m in evaluated]
+    if model_id not in evaluated or not others:
+        return {}
     ids = ", ".join(str(int(m)) for m in [model_id, *others])
     rows = onboarding.newest_per_query(tx.duck.execute(f"""
         SELECT model_id, query_id, correct::INT AS correct, batch_id FROM evaluations

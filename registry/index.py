@@ -4,8 +4,9 @@ Derived from the database, never its source of truth. An open database keeps its
 cache) and a sidecar file (`<db>.index/encoder-<id>.faiss`, with the newest version id it holds and that version's
 creation time) lets the next process start from it; before answering, versions newer than that are applied (remove
 the model's old vector, add the new), so an answer is never stale and nothing is rebuilt when nothing changed.
-Onboarding hands its new versions to the in-memory index when it commits (`appended`). `as_of` answers build a
-transient index from the versions that existed then.
+Onboarding hands its new versions to the in-memory index when it commits (`appended`), and every writer of versions
+says so (`versions_written`), so between writes an index answers without asking the database. `as_of` answers
+build a transient index from the versions that existed then.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ class VectorIndex:
     through_version: int          # newest embedding_versions.id applied
     stamp: str | None = None      # that version's creation time: tells this database from a rebuilt one
     unsaved: bool = False         # holds versions the sidecar does not (written by `flush`)
+    checked: int | None = None    # the open database's versions generation it is known to be current for
     _ids_by_name: dict[str, int] | None = field(default=None, repr=False)  # built on first use
 
     def search(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -93,7 +95,11 @@ def get(tx: Tx, db_path: str, encoder_id: int, as_of: str | None = None) -> Vect
         if len(mids):
             idx.add_with_ids(vecs, mids)
         return VectorIndex(encoder_id, idx, dict(zip(mids.tolist(), names)), -1)
-    vi = tx.cache.get(("index", encoder_id)) or _from_sidecar(tx, db_path, encoder_id)
+    generation = tx.cache.get(("generation", "versions"), 0)
+    vi = tx.cache.get(("index", encoder_id))
+    if vi is not None and vi.checked == generation:
+        return vi                      # no version was written since it was last brought up to date
+    vi = vi or _from_sidecar(tx, db_path, encoder_id)
     newest = tx.sql("SELECT coalesce(max(id), 0) FROM embedding_versions WHERE encoder_id = ?", [encoder_id])[0][0]
     if vi.through_version > newest:
         vi = VectorIndex(encoder_id, _new_index(), {}, 0)
@@ -107,6 +113,7 @@ def get(tx: Tx, db_path: str, encoder_id: int, as_of: str | None = None) -> Vect
         vi.through_version = newest
         vi.stamp = tx.sql("SELECT created::VARCHAR FROM embedding_versions WHERE id = ?", [newest])[0][0]
         _save(vi, _sidecar(db_path, encoder_id))
+    vi.checked = generation
     tx.cache[("index", encoder_id)] = vi
     return vi
 
@@ -131,6 +138,14 @@ def _from_sidecar(tx: Tx, db_path: str, encoder_id: int) -> VectorIndex:
     return vi if stamp and stamp[0][0] == vi.stamp else empty
 
 
+def versions_written(tx: Tx) -> None:
+    """Whoever appends embedding versions calls this in the same transaction: once it commits, every in-memory
+    index of this database checks the database again before answering (onboarding does; so must any bulk writer).
+    Between such commits an index answers without a query: this process holds DuckDB's file lock, so nothing else
+    writes versions."""
+    tx.invalidate("versions")
+
+
 def appended(tx: Tx, encoder_id: int, versions) -> None:
     """After a commit that appended `versions` (onboarding.NewVersion) under an encoder: an in-memory index takes
     them as they are, without reading them back, when their ids directly follow the newest it holds (so no version
@@ -147,6 +162,7 @@ def appended(tx: Tx, encoder_id: int, versions) -> None:
     vi._ids_by_name = None
     newest = max(versions, key=lambda v: v.id)
     vi.through_version, vi.stamp, vi.unsaved = newest.id, newest.created, True
+    vi.checked = tx.cache.get(("generation", "versions"), 0)   # onboarding bumped it just before (versions_written)
 
 
 def flush(cache: dict, db_path: str) -> None:

@@ -449,6 +449,7 @@ def import_evaluations(tx: Tx, staged: Staged, batch_id: int, result: ImportResu
     result.evaluations_added += sum(n for _, n, _ in added)
     if added:
         onboarding.enqueue(tx, [m for m, _, _ in added], "new evaluations", batch_id=batch_id)  # the outbox
+        tx.invalidate("evaluated_models")
         ids = ", ".join(str(m) for m, _, _ in added)
         result.affected_models = sorted(set(result.affected_models) | {
             r[0] for r in tx.sql(f"SELECT name FROM models WHERE id IN ({ids})")})

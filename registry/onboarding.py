@@ -309,6 +309,7 @@ def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool
             version_of[v.model_id] = v.id
             outcomes[v.model_id] = JobOutcome(names[v.model_id], "embedded", latest_version.get(v.model_id, 0) + 1,
                                               sets[v.model_id].n, version_id=v.id)
+        index.versions_written(tx)                                      # (its after-commit runs first)
         tx.after_commit(lambda: index.appended(tx, encoder_id, new))
 
         def update_states():

@@ -13,6 +13,7 @@ are seeded by the digest, so it is reproducible too) is estimated just after, in
 """
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 from dataclasses import dataclass, field
 
@@ -145,7 +146,7 @@ def query_vectors(tx: Tx, query_ids: np.ndarray) -> tuple[dict[int, int], np.nda
     import pyarrow as pa
 
     key = ("query_vectors", textvec.TEXT_ENCODER)
-    row_of, mat = tx.cache.get(key, ({}, None))
+    row_of, mat = tx.local.get(key) or tx.cache.get(key, ({}, None))
     uniq = np.unique(np.asarray(query_ids, dtype=np.int64))
     missing = np.array([q for q in uniq.tolist() if q not in row_of], dtype=np.int64)
     if len(missing) == 0:
@@ -168,12 +169,16 @@ def query_vectors(tx: Tx, query_ids: np.ndarray) -> tuple[dict[int, int], np.nda
     base = 0 if mat is None else len(mat)
     row_of = {**row_of, **{int(q): base + i for i, q in enumerate(ids.tolist())}}
     mat = new if mat is None else np.concatenate([mat, new])
+    tx.local[key] = (row_of, mat)
     tx.after_commit(lambda: tx.cache.__setitem__(key, (row_of, mat)))
     return row_of, mat
 
 
-def embed_sets(model, sets: list[tuple[np.ndarray, np.ndarray]], budget: int = 1 << 16) -> np.ndarray:
-    """Embed many sets in padded, masked batches. sets: [(q [n,Dq], y [n])] -> z [len(sets), D] float32.
+def embed_sets(model, sets: list[tuple[np.ndarray, np.ndarray]], budget: int = 1 << 16,
+               projected: bool = False) -> np.ndarray:
+    """Embed many sets in padded, masked batches. sets: [(q [n,Dq], y [n])] -> z [len(sets), D] float32; with
+    `projected`, each set brings its rows' input projections instead of query vectors: [(PS [n,2,D], y [n])]
+    (see `projections`).
 
     Largest first; a batch pads to its first set's width (a multiple of 64) and takes sets down to a quarter of it.
     Versions are float32: the same set embedded in another batch differs by under 1e-6 (float32 sums in another
@@ -192,15 +197,36 @@ def embed_sets(model, sets: list[tuple[np.ndarray, np.ndarray]], budget: int = 1
                    and 4 * len(sets[order[end]][1]) >= width):
                 end += 1
             chunk = order[start:end]
-            q = np.zeros((len(chunk), width, sets[chunk[0]][0].shape[1]), dtype=np.float32)      # [B,N,Dq]
+            x = np.zeros((len(chunk), width, *sets[chunk[0]][0].shape[1:]), dtype=np.float32)   # [B,N,Dq] | [B,N,2,D]
             y = np.zeros((len(chunk), width), dtype=np.float32)                                  # [B,N]
             mask = np.zeros((len(chunk), width), dtype=bool)                                     # [B,N]
             for b, i in enumerate(chunk):
                 n = len(sets[i][1])
-                q[b, :n], y[b, :n], mask[b, :n] = sets[i][0], sets[i][1], True
-            z[chunk] = model.embed(torch.from_numpy(q), torch.from_numpy(y), torch.from_numpy(mask)).numpy()
+                x[b, :n], y[b, :n], mask[b, :n] = sets[i][0], sets[i][1], True
+            x, y, mask = torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(mask)
+            out = model.embed_proj(x[:, :, 0], x[:, :, 1], y, mask) if projected else model.embed(x, y, mask)
+            z[chunk] = out.numpy()
             start = end
     return z
+
+
+def projections(tx: Tx, model, query_ids: np.ndarray) -> tuple[dict[int, int], np.ndarray]:
+    """(row of each query id, [rows, 2, D]): the encoder's input projections of the query vectors (`row_proj`, the
+    part of the input layer that depends on the query alone), computed once per encoder for the vectors kept by
+    `query_vectors`, and kept with them."""
+    import torch
+
+    row_of, qmat = query_vectors(tx, query_ids)
+    key = ("projections", id(model))
+    for kept in (tx.local.get(key), tx.cache.get(key)):
+        if kept is not None and kept[0] is qmat and kept[1] is model:
+            return row_of, kept[2]
+    with torch.no_grad():
+        P, S = model.row_proj(torch.from_numpy(qmat))
+    proj = torch.stack([P, S], dim=1).numpy()                                             # [rows, 2, D]
+    tx.local[key] = (qmat, model, proj)
+    tx.after_commit(lambda: tx.cache.__setitem__(key, (qmat, model, proj)))
+    return row_of, proj
 
 
 def halves(es: EvalSet) -> tuple[np.ndarray, np.ndarray]:
@@ -214,8 +240,8 @@ def compute(tx: Tx, model, sets: list[EvalSet]) -> np.ndarray:
     """Embeddings [len(sets), D] of evaluation sets, in one batched pass."""
     if not sets:
         return np.zeros((0, model.cfg.d_model), dtype=np.float32)
-    row_of, qmat = query_vectors(tx, np.concatenate([s.query_ids for s in sets]))
-    return embed_sets(model, [(qmat[[row_of[int(i)] for i in s.query_ids]], s.y) for s in sets])
+    row_of, proj = projections(tx, model, np.concatenate([s.query_ids for s in sets]))
+    return embed_sets(model, [(proj[[row_of[int(i)] for i in s.query_ids]], s.y) for s in sets], projected=True)
 
 
 @dataclass
@@ -264,6 +290,9 @@ def new_models(tx: Tx, rows) -> None:
             {int(m): ModelState(name) for m, name in rows}))
 
 
+_worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="registry-encoder")
+
+
 def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool = False) -> list[JobOutcome]:
     """Finish every pending job (and with `all_models`, re-embed every model) in one batched pass.
 
@@ -289,26 +318,46 @@ def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool
     sets = evaluation_sets(tx, model_ids, 2 ** 62, meta.get("embed_max_set"))
     todo = [m for m in model_ids
             if sets[m].n >= min_evaluations and latest_digest.get(m, (0, None))[1] != sets[m].digest]
-    z = compute(tx, model, [sets[m] for m in todo])
-    outcomes, version_of = {}, {}
+    outcomes: dict[int, JobOutcome] = {}
+    version_of: dict[int, int] = {}
+    forward = None
+    if todo:
+        # the forward pass runs on a worker thread while this one reserves the version ids and writes the job
+        # results (torch and DuckDB both release the GIL); the thread never touches the database
+        row_of, proj = projections(tx, model, np.concatenate([sets[m].query_ids for m in todo]))
+        inputs = [(proj[[row_of[int(i)] for i in sets[m].query_ids]], sets[m].y) for m in todo]
+        forward = _worker.submit(embed_sets, model, inputs, projected=True)
+    try:
+        if todo:
+            reserved = tx.sql(f"SELECT nextval('embedding_versions_id_seq') FROM range({len(todo)})")
+            version_of = {m: int(r[0]) for m, r in zip(todo, reserved)}
+        for m in model_ids:
+            if m in version_of:
+                outcomes[m] = JobOutcome(names[m], "embedded", latest_version[m] + 1, sets[m].n,
+                                         version_id=version_of[m])
+            else:
+                kind = "too few evaluations" if sets[m].n < min_evaluations else "unchanged"
+                outcomes[m] = JobOutcome(names[m], kind, latest_version[m] or None, sets[m].n)
+        results = [[j, outcomes[m].outcome, version_of.get(m)] for j, m, _, _ in jobs]
+        for start in range(0, len(results), 1000):
+            chunk = results[start:start + 1000]
+            tx.sql(f"""INSERT INTO onboarding_results (job_id, outcome, version_id)
+                       VALUES {', '.join(['(?, ?, ?)'] * len(chunk))}""", [x for r in chunk for x in r])
+    finally:
+        z = forward.result() if forward is not None else None
     if todo:
         # plain multi-row VALUES: for the usual one or few rows DuckDB takes them faster than an Arrow scan
-        rows = [[m, latest_version.get(m, 0) + 1, encoder_id, z[i].tolist(), sets[m].n, sets[m].digest,
+        rows = [[version_of[m], m, latest_version[m] + 1, encoder_id, z[i].tolist(), sets[m].n, sets[m].digest,
                  sets[m].through_batch, newest_job[m][0], newest_job[m][1]] for i, m in enumerate(todo)]
-        written = []
+        created = {}
         for start in range(0, len(rows), 500):
             chunk = rows[start:start + 500]
-            values = ", ".join([f"(?, ?, ?, ?::FLOAT[{z.shape[1]}], ?, ?, ?, ?, ?)"] * len(chunk))
-            written += tx.sql(f"""INSERT INTO embedding_versions (model_id, version, encoder_id, vector, n_evaluations,
-                                                                 digest, through_batch, reason, batch_id)
-                                  VALUES {values} RETURNING id, model_id, created::VARCHAR""",
-                              [x for r in chunk for x in r])
-        row_of = {m: i for i, m in enumerate(todo)}
-        new = [NewVersion(int(vid), int(m), names[m], z[row_of[m]], created) for vid, m, created in written]
-        for v in new:
-            version_of[v.model_id] = v.id
-            outcomes[v.model_id] = JobOutcome(names[v.model_id], "embedded", latest_version.get(v.model_id, 0) + 1,
-                                              sets[v.model_id].n, version_id=v.id)
+            values = ", ".join([f"(?, ?, ?, ?, ?::FLOAT[{z.shape[1]}], ?, ?, ?, ?, ?)"] * len(chunk))
+            created.update(tx.sql(f"""INSERT INTO embedding_versions (id, model_id, version, encoder_id, vector,
+                                          n_evaluations, digest, through_batch, reason, batch_id)
+                                      VALUES {values} RETURNING id, created::VARCHAR""",
+                                  [x for r in chunk for x in r]))
+        new = [NewVersion(version_of[m], m, names[m], z[i], created[version_of[m]]) for i, m in enumerate(todo)]
         index.versions_written(tx)                                      # (its after-commit runs first)
         tx.after_commit(lambda: index.appended(tx, encoder_id, new))
 
@@ -317,19 +366,9 @@ def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool
             for v in new:
                 if v.model_id in cached:
                     st = cached[v.model_id]
-                    version = outcomes[v.model_id].version
-                    st.latest_version = version
-                    st.by_encoder[encoder_id] = (version, sets[v.model_id].digest)
+                    st.latest_version = outcomes[v.model_id].version
+                    st.by_encoder[encoder_id] = (st.latest_version, sets[v.model_id].digest)
         tx.after_commit(update_states)
-    for m in model_ids:
-        if m not in outcomes:
-            kind = "too few evaluations" if sets[m].n < min_evaluations else "unchanged"
-            outcomes[m] = JobOutcome(names[m], kind, latest_version[m] or None, sets[m].n)
-    results = [[j, outcomes[m].outcome, version_of.get(m)] for j, m, _, _ in jobs]
-    for start in range(0, len(results), 1000):
-        chunk = results[start:start + 1000]
-        tx.sql(f"INSERT INTO onboarding_results (job_id, outcome, version_id) VALUES {', '.join(['(?, ?, ?)'] * len(chunk))}",
-               [x for r in chunk for x in r])
     return [outcomes[m] for m in model_ids]
 
 

@@ -55,6 +55,7 @@ class Tx:
     session: Session
     cache: dict = field(default_factory=dict)   # the Store's cache of immutable rows (see Store.cache)
     path: str = ""                              # the database file
+    local: dict = field(default_factory=dict)   # this transaction's own cache (may hold rows it has not committed)
     _after_commit: list = field(default_factory=list)
 
     def cached(self, key, build):

@@ -7,7 +7,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import encoders, index, ingest, onboarding
+from . import encoders, index, ingest, onboarding, querycache
 from .errors import InputError, NotFound, RegistryError
 from .routing_api import RoutingMixin
 from .store import Store, Tx
@@ -607,7 +607,7 @@ def _predicted_category_accuracy(tx: Tx, encoder_id: int, z) -> dict[str, float]
     qids = np.array([r[0] for r in tx.sql("SELECT id FROM queries ORDER BY id")], dtype=np.int64)
     if not len(qids):
         return {}
-    row_of, qmat = onboarding.query_vectors(tx, qids)
+    row_of, qmat = querycache.query_vectors(tx, qids)
     q = qmat[[row_of[int(i)] for i in qids]]
     cats = dict(tx.sql("SELECT id, coalesce(category, '(none)') FROM queries"))
     with torch.no_grad():

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import baselines as B
-from . import encoders, index, onboarding
+from . import encoders, index, onboarding, querycache
 from .errors import RegistryError
 from .store import Tx
 
@@ -51,7 +51,7 @@ def dataset(tx: Tx) -> Dataset:
     correct = np.full((len(model_ids), len(q["id"])), -1, dtype=np.int8)
     keep = np.array([int(x) in qpos for x in ev["query_id"]], dtype=bool)
     correct[[mpos[int(x)] for x in ev["model_id"][keep]], [qpos[int(x)] for x in ev["query_id"][keep]]] = ev["c"][keep]
-    row_of, qmat = onboarding.query_vectors(tx, np.asarray(q["id"], dtype=np.int64))
+    row_of, qmat = querycache.query_vectors(tx, np.asarray(q["id"], dtype=np.int64))
     qvecs = qmat[[row_of[int(x)] for x in q["id"]]]
     split = np.asarray(q["split"])
     return Dataset([r[1] for r in m], model_ids, np.asarray(q["id"], dtype=np.int64), qvecs, correct,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import encoders, onboarding
+from . import encoders, onboarding, querycache
 from .store import Tx
 
 _calibrations: dict[tuple[int, int], "Calibration"] = {}
@@ -38,7 +38,7 @@ def _quantiles(x: np.ndarray) -> dict:
 def disjoint_pairs(tx: Tx, model, sets: list[onboarding.EvalSet], sample: int, draws: int, seed: int = 0):
     """For each draw, each model embedded from two disjoint random samples: -> (za, zb) each [draws, M, D]."""
     rng = np.random.default_rng(seed)
-    row_of, qmat = onboarding.query_vectors(tx, np.concatenate([s.query_ids for s in sets]))
+    row_of, qmat = querycache.query_vectors(tx, np.concatenate([s.query_ids for s in sets]))
     inputs = []
     for _ in range(draws):
         for s in sets:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import onboarding, routing
+from . import querycache, routing
 from .errors import InputError
 from .store import Tx
 
@@ -56,7 +56,7 @@ def compute(tx: Tx, st: routing._State, split: str = "test", open_only: bool = T
         cost = st.cost[rows]
         basis = "cost if set, else params_b (unknown: the dearest known)"
     names = [st.names[i] for i in rows]
-    row_of, qmat = onboarding.query_vectors(tx, qids)
+    row_of, qmat = querycache.query_vectors(tx, qids)
     qmat = qmat[[row_of[int(q)] for q in qids]]
     correct = _correct_matrix(tx, names, qids)                       # [m,N] 1/0/-1
     sub = routing._State(st.key, st.encoder_id, st.encoder_name, st.model, names, st.versions[rows],

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import index
+from . import index, querycache
 from .errors import InputError
 from .store import Tx
 
@@ -76,10 +76,10 @@ def predicted(tx: Tx, encoder_id: int, vectors: np.ndarray, query_ids: np.ndarra
     """LOCUS predictor: P(correct) [M,N] of each model (its current embedding) on each query."""
     import torch
 
-    from . import encoders, onboarding
+    from . import encoders
 
     model, _ = encoders.load(tx, encoder_id)
-    row_of, qmat = onboarding.query_vectors(tx, query_ids)
+    row_of, qmat = querycache.query_vectors(tx, query_ids)
     q = qmat[[row_of[int(i)] for i in query_ids]]
     with torch.no_grad():
         logits = model.predict_logits(torch.from_numpy(np.ascontiguousarray(vectors)), torch.from_numpy(q))

@@ -1,0 +1,102 @@
+"""What the registry keeps in memory about its queries, per open database (the Store's cache): their metadata, their
+text vectors, and an encoder's input projections of those vectors.
+
+Queries and their text vectors never change once committed; splits can, and the imports that change them or add
+queries invalidate the metadata (`Tx.invalidate`). Values read in a transaction join the cache only when it commits,
+so a rolled-back query never does. DuckDB's file lock means no other process writes behind this cache.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import textvec
+from .errors import NotFound
+from .store import Tx
+
+
+@dataclass
+class QueryMeta:
+    """Per query, sorted by id: what choosing and ordering a model's evaluations needs (cached per open database;
+    imports that add queries or change splits invalidate it)."""
+    ids: np.ndarray           # [n] registry query ids, ascending
+    external_id: np.ndarray   # [n] object (str)
+    hash_rank: np.ndarray     # [n] position in (content hash, external id) order: the cap keeps the lowest
+    ext_rank: np.ndarray      # [n] position in external id order (DuckDB's string order): the digest's order
+    is_test: np.ndarray       # [n] bool: held out, never embedded
+
+    def rows(self, query_ids: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.ids, query_ids)
+
+
+def query_meta(tx: Tx) -> QueryMeta:
+    def build():
+        r = tx.duck.execute("""
+            SELECT q.id, q.external_id, row_number() OVER (ORDER BY q.content_hash, q.external_id) AS hash_rank,
+                   row_number() OVER (ORDER BY q.external_id) AS ext_rank, coalesce(s.split = 'test', false) AS test
+            FROM queries q LEFT JOIN query_splits s ON s.query_id = q.id ORDER BY q.id""").fetchnumpy()
+        return QueryMeta(np.asarray(r["id"], dtype=np.int64), np.asarray(r["external_id"], dtype=object),
+                         np.asarray(r["hash_rank"], dtype=np.int64), np.asarray(r["ext_rank"], dtype=np.int64),
+                         np.asarray(r["test"], dtype=bool))
+    return tx.cached("query_meta", build)
+
+
+# a registry up to this many queries keeps all their text vectors in memory after the first read (about 1.5 KB each):
+# reading them costs one scan of text_vectors either way, and every later onboarding then reads none
+PRELOAD_QUERIES = 200_000
+
+
+def query_vectors(tx: Tx, query_ids: np.ndarray) -> tuple[dict[int, int], np.ndarray]:
+    """(row of each query id, float32 matrix [rows, 384]) holding at least the given registry query ids.
+
+    A query's text vector never changes, so vectors are kept per open database (`Tx.cache`); only ids not seen
+    before are read, and they join the cache when the transaction commits (a rolled-back query never does)."""
+    import pyarrow as pa
+
+    key = ("query_vectors", textvec.TEXT_ENCODER)
+    row_of, mat = tx.local.get(key) or tx.cache.get(key, ({}, None))
+    uniq = np.unique(np.asarray(query_ids, dtype=np.int64))
+    missing = np.array([q for q in uniq.tolist() if q not in row_of], dtype=np.int64)
+    if len(missing) == 0:
+        return row_of, mat
+    preload = mat is None and tx.sql("SELECT count(*) FROM queries")[0][0] <= PRELOAD_QUERIES
+    source = "queries q" if preload else "_qids i JOIN queries q ON q.id = i.id"
+    tx.duck.register("_qids", pa.table({"id": missing}))
+    try:
+        tbl = tx.arrow(f"""SELECT q.id, v.vector FROM {source}
+                           JOIN text_vectors v ON v.content_hash = q.content_hash AND v.text_encoder = ?
+                           ORDER BY q.id""", [textvec.TEXT_ENCODER])
+    finally:
+        tx.duck.unregister("_qids")
+    ids = tbl.column("id").to_numpy()
+    if not set(missing.tolist()) <= set(ids.tolist()):
+        absent = sorted(set(missing.tolist()) - set(ids.tolist()))[:3]
+        raise NotFound(f"queries without a text vector under {textvec.TEXT_ENCODER}: ids {absent}")
+    flat = tbl.column("vector").combine_chunks().flatten().to_numpy(zero_copy_only=False)
+    new = flat.reshape(len(ids), -1).astype(np.float32)
+    base = 0 if mat is None else len(mat)
+    row_of = {**row_of, **{int(q): base + i for i, q in enumerate(ids.tolist())}}
+    mat = new if mat is None else np.concatenate([mat, new])
+    tx.local[key] = (row_of, mat)
+    tx.after_commit(lambda: tx.cache.__setitem__(key, (row_of, mat)))
+    return row_of, mat
+
+
+def projections(tx: Tx, model, query_ids: np.ndarray) -> tuple[dict[int, int], np.ndarray]:
+    """(row of each query id, [rows, 2, D]): the encoder's input projections of the query vectors (`row_proj`, the
+    part of the input layer that depends on the query alone), computed once per encoder for the vectors kept by
+    `query_vectors`, and kept with them."""
+    import torch
+
+    row_of, qmat = query_vectors(tx, query_ids)
+    key = ("projections", id(model))
+    for kept in (tx.local.get(key), tx.cache.get(key)):
+        if kept is not None and kept[0] is qmat and kept[1] is model:
+            return row_of, kept[2]
+    with torch.no_grad():
+        P, S = model.row_proj(torch.from_numpy(qmat))
+    proj = torch.stack([P, S], dim=1).numpy()                                             # [rows, 2, D]
+    tx.local[key] = (qmat, model, proj)
+    tx.after_commit(lambda: tx.cache.__setitem__(key, (qmat, model, proj)))
+    return row_of, proj

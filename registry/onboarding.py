@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import encoders
-from .querycache import projections, query_meta, query_vectors
+from .querycache import projections, query_meta
 from .errors import NotFound
 from .store import Tx
 
@@ -151,12 +151,17 @@ def halves(es: EvalSet) -> tuple[np.ndarray, np.ndarray]:
     return perm[: es.n // 2], perm[es.n // 2:]
 
 
+def projected_inputs(tx: Tx, model, sets: list[EvalSet]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """What `embed_sets(..., projected=True)` takes for these sets: their rows' input projections, and y."""
+    row_of, proj = projections(tx, model, np.concatenate([s.query_ids for s in sets]))
+    return [(proj[[row_of[int(i)] for i in s.query_ids]], s.y) for s in sets]
+
+
 def compute(tx: Tx, model, sets: list[EvalSet]) -> np.ndarray:
     """Embeddings [len(sets), D] of evaluation sets, in one batched pass."""
     if not sets:
         return np.zeros((0, model.cfg.d_model), dtype=np.float32)
-    row_of, proj = projections(tx, model, np.concatenate([s.query_ids for s in sets]))
-    return embed_sets(model, [(proj[[row_of[int(i)] for i in s.query_ids]], s.y) for s in sets], projected=True)
+    return embed_sets(model, projected_inputs(tx, model, sets), projected=True)
 
 
 @dataclass
@@ -227,20 +232,18 @@ def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool
     newest_job = {m: (reason, batch) for _, m, reason, batch in jobs}     # jobs are oldest first: the newest wins
     states = model_states(tx, model_ids)
     names = {m: states[m].name for m in model_ids}
-    latest_version = {m: states[m].latest_version for m in model_ids}
-    latest_digest = {m: states[m].by_encoder.get(encoder_id, (0, None)) for m in model_ids}
+    latest_version = {m: states[m].latest_version for m in model_ids}          # (read before any update below)
     # all current evaluations; each version records the newest batch among them (what `recompute` reads up to)
     sets = evaluation_sets(tx, model_ids, 2 ** 62, meta.get("embed_max_set"))
-    todo = [m for m in model_ids
-            if sets[m].n >= min_evaluations and latest_digest.get(m, (0, None))[1] != sets[m].digest]
+    todo = [m for m in model_ids if sets[m].n >= min_evaluations
+            and states[m].by_encoder.get(encoder_id, (0, None))[1] != sets[m].digest]
     outcomes: dict[int, JobOutcome] = {}
     version_of: dict[int, int] = {}
     forward = None
     if todo:
         # the forward pass runs on a worker thread while this one reserves the version ids and writes the job
         # results (torch and DuckDB both release the GIL); the thread never touches the database
-        row_of, proj = projections(tx, model, np.concatenate([sets[m].query_ids for m in todo]))
-        inputs = [(proj[[row_of[int(i)] for i in sets[m].query_ids]], sets[m].y) for m in todo]
+        inputs = projected_inputs(tx, model, [sets[m] for m in todo])
         forward = _worker.submit(embed_sets, model, inputs, projected=True)
     try:
         if todo:
@@ -307,13 +310,8 @@ def estimate_stability(tx: Tx) -> dict[int, float]:
             sets += [(r[0], found[r[1]]) for r in rows if found[r[1]].digest == r[4]]   # else: not reproducible
         if not sets:
             continue
-        row_of, qmat = query_vectors(tx, np.concatenate([s.query_ids for _, s in sets]))
-        inputs = []
-        for _, s in sets:
-            q = qmat[[row_of[int(i)] for i in s.query_ids]]
-            for half in halves(s):
-                inputs.append((q[half], s.y[half]))
-        z = embed_sets(model, inputs)
+        z = compute(tx, model, [EvalSet(s.model_id, s.query_ids[h], s.y[h], s.digest)
+                                for _, s in sets for h in halves(s)])
         for i, (vid, _) in enumerate(sets):
             out[vid] = float(np.linalg.norm(z[2 * i] - z[2 * i + 1]))
     if out:

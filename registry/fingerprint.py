@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import encoders, onboarding, querycache
+from . import encoders, onboarding
 from .store import Tx
 
 _calibrations: dict[tuple[int, int], "Calibration"] = {}
@@ -38,15 +38,13 @@ def _quantiles(x: np.ndarray) -> dict:
 def disjoint_pairs(tx: Tx, model, sets: list[onboarding.EvalSet], sample: int, draws: int, seed: int = 0):
     """For each draw, each model embedded from two disjoint random samples: -> (za, zb) each [draws, M, D]."""
     rng = np.random.default_rng(seed)
-    row_of, qmat = querycache.query_vectors(tx, np.concatenate([s.query_ids for s in sets]))
-    inputs = []
+    samples = []
     for _ in range(draws):
         for s in sets:
             perm = rng.permutation(s.n)[: 2 * sample]
-            for part in (perm[:sample], perm[sample:]):
-                q = qmat[[row_of[int(i)] for i in s.query_ids[part]]]
-                inputs.append((q, s.y[part]))
-    z = onboarding.embed_sets(model, inputs).reshape(draws, len(sets), 2, -1)
+            samples += [onboarding.EvalSet(s.model_id, s.query_ids[part], s.y[part], s.digest)
+                        for part in (perm[:sample], perm[sample:])]
+    z = onboarding.compute(tx, model, samples).reshape(draws, len(sets), 2, -1)
     return z[:, :, 0], z[:, :, 1]
 
 

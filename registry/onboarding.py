@@ -90,11 +90,11 @@ def evaluation_sets(tx: Tx, model_ids, through_batch: int, max_set: int | None =
     keep = ~meta.is_test[at]
     out = {}
     for m in model_ids:
-        sel = np.flatnonzero((model_col == int(m)) & keep)
+        of_model = model_col == int(m)
+        sel = np.flatnonzero(of_model & keep)
         if max_set and len(sel) > max_set:                      # the cap: lowest content hashes
             sel = sel[np.argsort(meta.hash_rank[at[sel]], kind="stable")[:max_set]]
         sel = sel[np.argsort(meta.ext_rank[at[sel]], kind="stable")]
-        of_model = model_col == int(m)
         out[int(m)] = EvalSet(int(m), qid_col[sel], correct_col[sel].astype(np.float32),
                               digest(meta.external_id[at[sel]], correct_col[sel]),
                               int(batch_col[of_model].max()) if of_model.any() else 0)

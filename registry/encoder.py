@@ -147,5 +147,11 @@ class LocusModel(nn.Module):
             out.append(o)
         return torch.cat(out, dim=1)                                         # [M,N]
 
+    def pair_logits(self, z, u):
+        # z [P,D], u [P,D] (one model embedding and one query projection per pair) -> logits [P]
+        h = self.drop(F.relu(self.w_z(z) + self.w_u(u) + self.w_zu(z * u)))        # [P,Hd]
+        o = self.head(h)[:, 0]                                               # [P]
+        return o + self.q_bias(u)[:, 0] if self.cfg.query_bias else o
+
     def n_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

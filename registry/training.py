@@ -2,16 +2,24 @@
 
 Why the training differs from the reference code (see notes/reference-runs.md): the reference collapses to routing
 everything to the strongest model; so did a one-stage version of this file (the encoder learns slowly on 2 cores, and
-the predictor only sees noisy embeddings, so it learns base rates). The default recipe has two stages:
+the predictor only sees noisy embeddings, so it learns base rates), and so did a recipe that distilled one free
+vector per model into the encoder (the encoder kept about 6 directions of them, and routing lives in the small
+differences between the top models). The default recipe has three stages:
 
-1. Teacher: the predictor (the LOCUS decoder, unchanged) is fitted with one free 128-d vector per train model, MF-style,
-   on all train (model, query) pairs in small batches (many optimiser steps), with a geometry term that makes the
-   distance between two models' vectors track how often they disagree. The epoch with the best val hit@1 is kept.
+1. Teacher: the predictor (the LOCUS decoder, unchanged) is fitted on every train (model, query) pair with each
+   model's vector = lin(set statistic), the statistic being the mean over the model's train evaluations of
+   [(2y-1) q, y] (where in query space the model is right rather than wrong, and how often). A linear map of it
+   already routes above MF on this data; the point is that it is defined for *any* set. The epoch with the best
+   val hit@1 is kept.
 2. Encoder: each step every model embeds a random set of its train evaluations (size log-uniform in
-   [min_anchors, anchors]); the loss pulls z to that model's teacher vector (relative to the spread between models) and
-   keeps BCE on target queries that are never in the set; the predictor is fine-tuned at a lower lr. The state with the
-   best val hit@1 (ties: val BCE) is kept.
+   [min_anchors, anchors]) and z is pulled to lin(statistic of that very set), relative to the spread between
+   models: a smooth target the set transformer learns to about 1% (it is an attention average of the rows), for
+   seen and unseen models alike. BCE on target queries outside the set rides along; the predictor stays frozen.
+3. Refit: with the encoder frozen, every model is embedded from all its train evaluations (the registry embeds a
+   model from all of its evaluations) and the predictor is refitted on the train pairs against those embeddings;
+   the epoch (0 = unchanged) with the best val hit@1 is kept.
 
+teacher="free" is the earlier free-vector teacher (distilled by pulling z to each model's vector).
 With teacher_epochs=0 and big_set_embed=True it is the one-stage recipe: z_big from a big set, z_small from a subset
 of it, BCE through both and a consistency term.
 """
@@ -43,11 +51,16 @@ class TrainConfig:
     anchors: int = 1024           # largest small set (a random subset of the big set) -> z_small
     min_anchors: int = 64         # smallest small set (log-uniform size, one size per step)
     consistency: float = 1.0      # weight of mean((z_small - sg(z_big))^2) / mean across-model variance of sg(z_big)
-    teacher_epochs: int = 12      # >0: first fit the predictor with one free vector per model (MF-like) on all train
+    teacher: str = "linear"       # stage-1 model vectors: "linear" = a learned linear map of the set statistic
+                                  # [mean((2y-1) q), mean(y)] (defined for any set, so stage 2 regresses each
+                                  # set onto its own target), or "free" = one free vector per model
+    teacher_queries: int = 128    # queries per stage-1 step for the linear teacher (x all models)
+    teacher_epochs: int = 30      # >0: first fit the predictor with one free vector per model (MF-like) on all train
                                   # pairs for this many epochs (best on val kept); the encoder then learns to embed
                                   # each model's sets onto its vector (distillation), and the predictor is fine-tuned
-    teacher_batch: int = 128      # queries per stage-1 step (x all models: about MF's 4096 pairs per step)
-    teacher_init: float = 0.1     # std of the free vectors at init, times d_model^-0.5
+    teacher_batch: int = 4096     # random (model, query) pairs per stage-1 step, as the MF baseline trains
+    teacher_init: float = 1.0     # std of the free vectors at init, times d_model^-0.5
+    teacher_wd: float = 1e-4      # stage-1 weight decay (the MF baseline's)
     teacher_weight: float = 1.0   # weight of mean((z - e_model)^2) / across-model variance of e, for z_big and z_small
     predictor_ft: float = 0.0     # predictor lr factor in the encoder stage when a teacher was fitted
     geo_weight: float = 0.1       # weight of the geometry loss (s*||z_a - z_b|| - disagreement_ab)^2 on z_big
@@ -61,7 +74,10 @@ class TrainConfig:
     grad_clip: float = 1.0
     route_weight: float = 0.0     # weight of the listwise routing loss (softmax over models per target query)
     ema: float = 0.0              # validation and the result use an exponential moving average of the weights (0: off)
-    eval_max_set: int | None = 1024  # cap per model when embedding for validation (seeded draw; None = all)
+    eval_max_set: int | None = None  # cap per model when embedding for validation (seeded draw; None = all, as the
+                                     # registry embeds a model from all of its evaluations)
+    refit_epochs: int = 10        # >0: stage 3, the encoder frozen, every model embedded from all its train
+                                  # evaluations, the predictor refitted on all train pairs (best val epoch kept)
     encoder: EncoderConfig = field(default_factory=lambda: EncoderConfig(dropout=0.0))
 
 
@@ -174,7 +190,7 @@ def _fit_teacher(model, dec_params, log_s, q_tr, y_tr, obs_tr, dis, q_all, corre
     M, n_tr = y_tr.shape
     # small init: directions the predictor never uses stay near the mean, so the encoder need not learn them
     e = torch.nn.Parameter(torch.randn(M, model.cfg.d_model) * cfg.teacher_init * model.cfg.d_model ** -0.5)
-    params = [{"params": dec_params + [e], "lr": cfg.lr_predictor}]
+    params = [{"params": dec_params + [e], "lr": cfg.lr_predictor, "weight_decay": cfg.teacher_wd}]
     if cfg.geo_weight > 0:
         params.append({"params": [log_s], "lr": cfg.lr_predictor, "weight_decay": 0.0})
     opt = torch.optim.AdamW(params, weight_decay=cfg.weight_decay)
@@ -184,16 +200,15 @@ def _fit_teacher(model, dec_params, log_s, q_tr, y_tr, obs_tr, dis, q_all, corre
     yv = torch.from_numpy((cv[obs_v] == 1).astype(np.float32))
     iu = np.triu_indices(M, 1)
     best = None
+    pm, pn = (torch.from_numpy(a) for a in np.nonzero(obs_tr.numpy()))     # observed (model, query) train pairs
+    py = y_tr[pm, pn]
     for ep in range(1, cfg.teacher_epochs + 1):
         model.train()
-        perm = rng.permutation(n_tr)
-        for s in range(0, n_tr, cfg.teacher_batch):
-            t = torch.from_numpy(perm[s:s + cfg.teacher_batch])
-            logits = model.logits_from_u(e, model.query_proj(q_tr[t]))
-            valid = obs_tr[:, t]
-            loss = F.binary_cross_entropy_with_logits(logits[valid], y_tr[:, t][valid])
-            if cfg.route_weight > 0:
-                loss = loss + cfg.route_weight * routing_loss(logits, y_tr[:, t], valid)
+        perm = torch.from_numpy(rng.permutation(len(py)))
+        for s in range(0, len(perm), cfg.teacher_batch):
+            b = perm[s:s + cfg.teacher_batch]                              # [P] random pairs, as MF trains
+            logits = model.pair_logits(e[pm[b]], model.query_proj(q_tr[pn[b]]))
+            loss = F.binary_cross_entropy_with_logits(logits, py[b])
             if cfg.geo_weight > 0:
                 loss = loss + cfg.geo_weight * ((log_s.exp() * torch.pdist(e) - dis) ** 2).mean()
             opt.zero_grad(set_to_none=True)
@@ -227,6 +242,106 @@ def _fit_teacher(model, dec_params, log_s, q_tr, y_tr, obs_tr, dis, q_all, corre
         model.w_zu.weight *= sd
         e = (e - mu) / sd
     return e, {"epoch": best[1], "val_hit@1": best[0][0], "val_bce": -best[0][1], "scale": float(sd)}
+
+
+def set_statistic(q, y, mask):
+    """The linear teacher's input: mean over the real rows of [(2y-1) q, y].
+    q [B,N,Dq], y [B,N] 0/1, mask [B,N] bool -> [B,Dq+1]"""
+    w = mask.to(q.dtype)
+    n = w.sum(1, keepdim=True).clamp_min(1.0)                              # [B,1]
+    sign = (2 * y.to(q.dtype) - 1) * w                                     # [B,N], 0 on padding
+    return torch.cat([torch.einsum("bn,bnd->bd", sign, q) / n, (y.to(q.dtype) * w).sum(1, keepdim=True) / n], 1)
+
+
+def _fit_linear_teacher(model, dec_params, q_tr, y_tr, obs_tr, q_all, correct, val_idx, cfg, rng, progress, t0):
+    """Stage 1, linear teacher: the predictor is fitted with each model's vector = lin(set_statistic of all its train
+    evaluations), on every train (model, query) pair (batches of teacher_queries queries x all models). Unlike free
+    vectors, this target is defined for any set, so stage 2 can regress each sampled set onto its own target, which
+    is a smooth function the encoder can learn (and one that exists for models it has never seen).
+    Keeps the epoch with the best val hit@1 (ties: val BCE); returns lin, frozen."""
+    M, n_tr = y_tr.shape
+    stat = torch.cat([(y_tr * 2 - 1).mul(obs_tr) @ q_tr, (y_tr * obs_tr).sum(1, keepdim=True)], 1) \
+        / obs_tr.sum(1, keepdim=True).clamp_min(1)                         # [M,Dq+1], all train evaluations
+    lin = torch.nn.Linear(q_tr.shape[1] + 1, model.cfg.d_model)
+    params = dec_params + list(lin.parameters())
+    opt = torch.optim.AdamW(params, lr=cfg.lr_predictor, weight_decay=cfg.teacher_wd)
+    qv = q_all[torch.from_numpy(np.asarray(val_idx))]
+    cv = correct[:, np.asarray(val_idx)]
+    obs_v = torch.from_numpy(cv >= 0)
+    yv = torch.from_numpy((cv == 1).astype(np.float32))
+    best = None
+    for ep in range(1, cfg.teacher_epochs + 1):
+        model.train()
+        perm = rng.permutation(n_tr)
+        for s in range(0, n_tr, cfg.teacher_queries):
+            t = torch.from_numpy(perm[s:s + cfg.teacher_queries])
+            logits = model.logits_from_u(lin(stat), model.query_proj(q_tr[t]))          # [M,T]
+            valid = obs_tr[:, t]
+            loss = F.binary_cross_entropy_with_logits(logits[valid], y_tr[:, t][valid])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            opt.step()
+        model.eval()
+        with torch.no_grad():
+            lv = model.predict_logits(lin(stat), qv)
+        bce = float(F.binary_cross_entropy_with_logits(lv[obs_v], yv[obs_v]))
+        hit = hit_at_k(lv.numpy(), cv, 1)
+        key = (round(hit, 9), -bce)
+        if best is None or key > best[0]:
+            best = (key, ep, copy.deepcopy(model.state_dict()), copy.deepcopy(lin.state_dict()))
+        if progress:
+            progress({"step": -ep, "max_steps": cfg.teacher_epochs, "loss": float(loss.detach()), "cons": 0.0,
+                      "geo": 0.0, "val_hit@1": hit, "val_auc": float("nan"), "val_bce": bce,
+                      "val_n_routed": int(len(np.unique(lv.argmax(0).numpy()))), "best_val_hit@1": best[0][0],
+                      "best_step": -best[1], "anchors": 0, "noise": 0.0, "elapsed_s": time.time() - t0})
+    model.load_state_dict(best[2])
+    lin.load_state_dict(best[3])
+    lin.requires_grad_(False)
+    return lin, {"kind": "linear", "epoch": best[1], "val_hit@1": best[0][0], "val_bce": -best[0][1]}
+
+
+def _refit_predictor(model, dec_params, qvecs, correct, tr, val_idx, q_tr, y_tr, obs_tr, cfg, rng, progress, t0):
+    """Stage 3: with the encoder frozen, each model is embedded from all of its train evaluations (as the registry
+    embeds a model from all of its evaluations) and the predictor is refitted on every train pair against those
+    fixed embeddings, MF-style. Why: the encoder reproduces the teacher's vectors only roughly, and routing among the
+    top models turns on small differences; the predictor learns to read the embeddings the encoder actually makes."""
+    z = torch.from_numpy(embed_models(model, qvecs, correct, tr))             # [M,D], fixed from here on
+    opt = torch.optim.AdamW(dec_params, lr=cfg.lr_predictor, weight_decay=cfg.teacher_wd)
+    pm, pn = (torch.from_numpy(a) for a in np.nonzero(obs_tr.numpy()))
+    py = y_tr[pm, pn]
+    qv = torch.from_numpy(np.ascontiguousarray(qvecs[np.asarray(val_idx)], dtype=np.float32))
+    cv = correct[:, np.asarray(val_idx)]
+    obs_v = cv >= 0
+    yv = torch.from_numpy((cv[obs_v] == 1).astype(np.float32))
+    best = None
+    for ep in range(0, cfg.refit_epochs + 1):                                 # epoch 0: the stage-2 predictor
+        if ep > 0:
+            model.train()
+            perm = torch.from_numpy(rng.permutation(len(py)))
+            for s in range(0, len(perm), cfg.teacher_batch):
+                b = perm[s:s + cfg.teacher_batch]
+                loss = F.binary_cross_entropy_with_logits(model.pair_logits(z[pm[b]], model.query_proj(q_tr[pn[b]])),
+                                                          py[b])
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(dec_params, cfg.grad_clip)
+                opt.step()
+        model.eval()
+        with torch.no_grad():
+            lv = model.predict_logits(z, qv)
+        bce = float(F.binary_cross_entropy_with_logits(lv[torch.from_numpy(obs_v)], yv))
+        hit = hit_at_k(lv.numpy(), cv, 1)
+        key = (round(hit, 9), -bce)
+        if best is None or key > best[0]:
+            best = (key, ep, copy.deepcopy(model.state_dict()))
+        if progress:
+            progress({"step": 10_000 + ep, "max_steps": cfg.refit_epochs, "loss": float("nan"), "cons": 0.0,
+                      "geo": 0.0, "val_hit@1": hit, "val_auc": float("nan"), "val_bce": bce,
+                      "val_n_routed": int(len(np.unique(lv.argmax(0).numpy()))), "best_val_hit@1": best[0][0],
+                      "best_step": 10_000 + best[1], "anchors": 0, "noise": 0.0, "elapsed_s": time.time() - t0})
+    model.load_state_dict(best[2])
+    return {"epoch": best[1], "val_hit@1": best[0][0], "val_bce": -best[0][1]}
 
 
 def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: TrainConfig | None = None,
@@ -273,8 +388,15 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
         iu = np.triu_indices(M, 1)
         dis = torch.from_numpy(disagreement(correct, tr)[iu].astype(np.float32))      # [pairs]
 
-        teacher, teacher_info = None, {}
-        if cfg.teacher_epochs > 0:
+        teacher, teacher_info, lin = None, {}, None
+        if cfg.teacher_epochs > 0 and cfg.teacher == "linear":
+            lin, teacher_info = _fit_linear_teacher(model, dec_params, q_tr, y_tr, obs_tr, q_all, correct, val_idx,
+                                                    cfg, rng, progress, t0)
+            base_lrs[1] *= cfg.predictor_ft
+            with torch.no_grad():
+                full = lin(set_statistic(q_tr[None].expand(M, -1, -1), y_tr, obs_tr))         # [M,D]
+            t_var = full.var(0).mean()
+        elif cfg.teacher_epochs > 0:
             teacher, teacher_info = _fit_teacher(model, dec_params, log_s, q_tr, y_tr, obs_tr, dis, q_all, correct,
                                                  val_idx, cfg, rng, progress, t0)
             base_lrs[1] *= cfg.predictor_ft
@@ -337,11 +459,19 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
                 loss = loss + cfg.consistency * cons
             if cfg.route_weight > 0:
                 loss = loss + cfg.route_weight * routing_loss(logits[:M], yt[:M], valid[:M])
-            if teacher is not None:
+            if lin is not None:                       # each set's own target: lin(statistic of that set)
+                targets = []
+                if z_big is not None:
+                    targets.append(lin(set_statistic(q_tr[big_t][None].expand(M, -1, -1), yb, mb)))
+                targets.append(lin(set_statistic(q_tr[big_t][pos_t], torch.gather(yb, 1, pos_t),
+                                                 torch.from_numpy(mask_np))))
+                cons = sum(((z - t) ** 2).mean() for z, t in zip(zs, targets)) / (len(zs) * t_var)
+                loss = loss + cfg.teacher_weight * len(zs) * cons
+            elif teacher is not None:
                 cons = sum(((z - teacher) ** 2).mean() for z in zs) / (len(zs) * t_var)   # logged in place of cons
                 loss = loss + cfg.teacher_weight * len(zs) * cons
             geo = torch.zeros(())
-            if cfg.geo_weight > 0 and teacher is None:                # with a teacher: geometry is shaped there
+            if cfg.geo_weight > 0 and teacher is None and lin is None:                # with a teacher: geometry is shaped there
                 dist = torch.pdist(zs[0])                                                         # [pairs], triu order
                 geo = ((log_s.exp() * dist - dis) ** 2).mean()
                 loss = loss + cfg.geo_weight * geo
@@ -376,8 +506,12 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
                 if bad >= cfg.patience:
                     break
         model.load_state_dict(best_state)
+        refit_info = {}
+        if cfg.refit_epochs > 0:
+            refit_info = _refit_predictor(model, dec_params, qvecs, correct, tr, val_idx, q_tr, y_tr, obs_tr, cfg, rng,
+                                          progress, t0)
         model.eval()
-        metrics = {"best_step": best_step, "steps": step, "teacher": teacher_info, "wall_s": time.time() - t0, "n_params": model.n_params(),
+        metrics = {"best_step": best_step, "steps": step, "teacher": teacher_info, "refit": refit_info, "wall_s": time.time() - t0, "n_params": model.n_params(),
                    **{f"val_{k}": v for k, v in best_val.items()}, "train_config": asdict(cfg),
                    "history": [{k: h[k] for k in ("step", "loss", "cons", "val_hit@1", "val_auc", "val_bce",
                                                   "val_n_routed")} for h in hist]}

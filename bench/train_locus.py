@@ -160,7 +160,7 @@ def main():
     print(f"trained in {wall:.0f}s, best step {metrics['best_step']} of {metrics['steps']}, {metrics['n_params']} params")
 
     # test figures come from the checkpoint as saved, so they describe what is shipped
-    meta = {"name": "locus-mmlu-pro-v1", "text_encoder": "all-MiniLM-L6-v2@256", "embed_max_set": args.embed_max_set,
+    meta = {"name": "locus-mmlu-pro-v2", "text_encoder": "all-MiniLM-L6-v2@256", "embed_max_set": args.embed_max_set,
             "data": "mmlu-pro", "train_data_digest": digest(qvecs, correct, tr, va), "seed": args.seed,
             "train_wall_s": round(wall, 1), "threads": args.threads, "best_step": metrics["best_step"],
             "val_hit@1": metrics["val_hit@1"], "train_config": metrics["train_config"]}

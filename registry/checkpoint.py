@@ -34,13 +34,13 @@ def read_header(blob: bytes) -> dict:
     if not isinstance(blob, (bytes, bytearray, memoryview)):
         raise ValueError("checkpoint must be bytes")
     blob = bytes(blob)
-    if blob[:1] == b"\x80" or blob[:2] == b"PK":
-        raise ValueError("checkpoint is a pickle / torch.save file, not safetensors; refusing to load it")
-    if len(blob) < 8:
-        raise ValueError("not a safetensors checkpoint (too short)")
-    (n,) = struct.unpack("<Q", blob[:8])
+    (n,) = struct.unpack("<Q", blob[:8]) if len(blob) >= 8 else (0,)
     if n == 0 or 8 + n > len(blob) or blob[8:9] != b"{":
-        raise ValueError("not a safetensors checkpoint (bad header)")
+        # the structure is checked first: a safetensors header length can itself start with 0x80 or "PK"
+        if blob[:1] == b"\x80" or blob[:2] == b"PK":
+            raise ValueError("checkpoint is a pickle / torch.save file, not safetensors; refusing to load it")
+        raise ValueError("not a safetensors checkpoint (too short)" if len(blob) < 8 else
+                         "not a safetensors checkpoint (bad header)")
     try:
         header = json.loads(blob[8:8 + n].decode("utf-8"))
         text = header["__metadata__"][_KEY]

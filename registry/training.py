@@ -54,6 +54,8 @@ class TrainConfig:
     teacher: str = "linear"       # stage-1 model vectors: "linear" = a learned linear map of the set statistic
                                   # [mean((2y-1) q), mean(y)] (defined for any set, so stage 2 regresses each
                                   # set onto its own target), or "free" = one free vector per model
+    teacher_noise: float = 0.0    # std of Gaussian noise on query vectors in stage 1 (the LOCUS recipe's
+                                  # regulariser; 0.05 raises test AUC to 0.738 but routes worse, see BENCHMARKS.md)
     teacher_queries: int = 128    # queries per stage-1 step for the linear teacher (x all models)
     teacher_epochs: int = 30      # >0: first fit the predictor with one free vector per model (MF-like) on all train
                                   # pairs for this many epochs (best on val kept); the encoder then learns to embed
@@ -275,7 +277,10 @@ def _fit_linear_teacher(model, dec_params, q_tr, y_tr, obs_tr, q_all, correct, v
         perm = rng.permutation(n_tr)
         for s in range(0, n_tr, cfg.teacher_queries):
             t = torch.from_numpy(perm[s:s + cfg.teacher_queries])
-            logits = model.logits_from_u(lin(stat), model.query_proj(q_tr[t]))          # [M,T]
+            qt = q_tr[t]
+            if cfg.teacher_noise > 0:
+                qt = qt + cfg.teacher_noise * torch.randn(qt.shape)
+            logits = model.logits_from_u(lin(stat), model.query_proj(qt))                # [M,T]
             valid = obs_tr[:, t]
             loss = F.binary_cross_entropy_with_logits(logits[valid], y_tr[:, t][valid])
             opt.zero_grad(set_to_none=True)

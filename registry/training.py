@@ -185,6 +185,41 @@ def disagreement(correct: np.ndarray, idx) -> np.ndarray:
     return (diff + diff.T) / np.maximum(both, 1)
 
 
+class _BestOnVal:
+    """Validation for the fitting stages (1 and 3): routing hit@1 of the model embeddings z on the val queries.
+    Keeps the best state (ties: lower val BCE) with any extra tensors given, and reports progress with its step
+    numbered step_base + epoch."""
+
+    def __init__(self, q_val, correct_val, progress, t0, step_base: int, max_steps: int):
+        self.q, self.c = q_val, correct_val
+        self.obs = torch.from_numpy(correct_val >= 0)
+        self.y = torch.from_numpy((correct_val == 1).astype(np.float32))
+        self.progress, self.t0, self.base, self.max_steps = progress, t0, step_base, max_steps
+        self.best = None                                   # (key, epoch, model state, *extras)
+
+    def check(self, model, z, ep: int, loss: float, *extras) -> None:
+        model.eval()
+        with torch.no_grad():
+            lv = model.predict_logits(z, self.q)                                 # [M,Nval]
+        bce = float(F.binary_cross_entropy_with_logits(lv[self.obs], self.y[self.obs]))
+        hit = hit_at_k(lv.numpy(), self.c, 1)
+        key = (round(hit, 9), -bce)
+        if self.best is None or key > self.best[0]:
+            self.best = (key, ep, copy.deepcopy(model.state_dict()), *(x.detach().clone() for x in extras))
+        if self.progress:
+            self.progress({"step": self.base + ep, "max_steps": self.max_steps, "loss": loss, "cons": 0.0,
+                           "geo": 0.0, "val_hit@1": hit, "val_auc": float("nan"), "val_bce": bce,
+                           "val_n_routed": int(len(np.unique(lv.argmax(0).numpy()))),
+                           "best_val_hit@1": self.best[0][0], "best_step": self.base + self.best[1], "anchors": 0,
+                           "noise": 0.0, "elapsed_s": time.time() - self.t0})
+
+    def restore(self, model) -> tuple:
+        """Loads the best state into model; returns (info, *extras)."""
+        key, ep, state, *extras = self.best
+        model.load_state_dict(state)
+        return ({"epoch": ep, "val_hit@1": key[0], "val_bce": -key[1]}, *extras)
+
+
 def _fit_teacher(model, dec_params, log_s, q_tr, y_tr, obs_tr, dis, q_all, correct, val_idx, cfg, rng, progress, t0):
     """Stage 1: predictor + one free vector per model, BCE on all train pairs (minibatches of n_targets queries),
     plus the geometry loss on the vectors. Keeps the epoch with the best val hit@1 (ties: val BCE); loads that
@@ -196,12 +231,8 @@ def _fit_teacher(model, dec_params, log_s, q_tr, y_tr, obs_tr, dis, q_all, corre
     if cfg.geo_weight > 0:
         params.append({"params": [log_s], "lr": cfg.lr_predictor, "weight_decay": 0.0})
     opt = torch.optim.AdamW(params, weight_decay=cfg.weight_decay)
-    qv = q_all[torch.from_numpy(np.asarray(val_idx))]
-    cv = correct[:, np.asarray(val_idx)]
-    obs_v = cv >= 0
-    yv = torch.from_numpy((cv[obs_v] == 1).astype(np.float32))
-    iu = np.triu_indices(M, 1)
-    best = None
+    val = _BestOnVal(q_all[torch.from_numpy(np.asarray(val_idx))], correct[:, np.asarray(val_idx)], progress, t0,
+                     0, cfg.teacher_epochs)
     pm, pn = (torch.from_numpy(a) for a in np.nonzero(obs_tr.numpy()))     # observed (model, query) train pairs
     py = y_tr[pm, pn]
     for ep in range(1, cfg.teacher_epochs + 1):
@@ -217,22 +248,8 @@ def _fit_teacher(model, dec_params, log_s, q_tr, y_tr, obs_tr, dis, q_all, corre
             loss.backward()
             torch.nn.utils.clip_grad_norm_([p for g in params for p in g["params"]], cfg.grad_clip)
             opt.step()
-        model.eval()
-        with torch.no_grad():
-            lv = model.predict_logits(e, qv)
-            bce = float(F.binary_cross_entropy_with_logits(lv[torch.from_numpy(obs_v)], yv))
-            hit = hit_at_k(lv.numpy(), cv, 1)
-            n_routed = int(len(np.unique(lv.argmax(0).numpy())))
-        key = (round(hit, 9), -bce)
-        if best is None or key > best[0]:
-            best = (key, ep, e.detach().clone(), copy.deepcopy(model.state_dict()))
-        if progress:
-            progress({"step": -ep, "max_steps": cfg.teacher_epochs, "loss": float(loss.detach()), "cons": 0.0,
-                      "geo": 0.0, "val_hit@1": hit, "val_auc": float("nan"), "val_bce": bce,
-                      "val_n_routed": n_routed, "best_val_hit@1": best[0][0], "best_step": -best[1],
-                      "anchors": 0, "noise": 0.0, "elapsed_s": time.time() - t0})
-    model.load_state_dict(best[3])
-    e = best[2]
+        val.check(model, e, -ep, float(loss.detach()), e)      # steps -1, -2, ...: the teacher's epochs
+    info, e = val.restore(model)
     with torch.no_grad():
         # exact reparametrisation: vectors centred and scaled to unit spread (one scalar, so distances keep their
         # geometry), the predictor's z-facing weights absorb the change; the encoder's targets then sit at the scale
@@ -243,7 +260,7 @@ def _fit_teacher(model, dec_params, log_s, q_tr, y_tr, obs_tr, dis, q_all, corre
         model.w_u.weight += model.w_zu.weight * mu[None]
         model.w_zu.weight *= sd
         e = (e - mu) / sd
-    return e, {"epoch": best[1], "val_hit@1": best[0][0], "val_bce": -best[0][1], "scale": float(sd)}
+    return e, dict(info, epoch=-info["epoch"], scale=float(sd))
 
 
 def set_statistic(q, y, mask):
@@ -267,11 +284,8 @@ def _fit_linear_teacher(model, dec_params, q_tr, y_tr, obs_tr, q_all, correct, v
     lin = torch.nn.Linear(q_tr.shape[1] + 1, model.cfg.d_model)
     params = dec_params + list(lin.parameters())
     opt = torch.optim.AdamW(params, lr=cfg.lr_predictor, weight_decay=cfg.teacher_wd)
-    qv = q_all[torch.from_numpy(np.asarray(val_idx))]
-    cv = correct[:, np.asarray(val_idx)]
-    obs_v = torch.from_numpy(cv >= 0)
-    yv = torch.from_numpy((cv == 1).astype(np.float32))
-    best = None
+    val = _BestOnVal(q_all[torch.from_numpy(np.asarray(val_idx))], correct[:, np.asarray(val_idx)], progress, t0,
+                     0, cfg.teacher_epochs)
     for ep in range(1, cfg.teacher_epochs + 1):
         model.train()
         perm = rng.permutation(n_tr)
@@ -287,23 +301,15 @@ def _fit_linear_teacher(model, dec_params, q_tr, y_tr, obs_tr, q_all, correct, v
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
             opt.step()
-        model.eval()
         with torch.no_grad():
-            lv = model.predict_logits(lin(stat), qv)
-        bce = float(F.binary_cross_entropy_with_logits(lv[obs_v], yv[obs_v]))
-        hit = hit_at_k(lv.numpy(), cv, 1)
-        key = (round(hit, 9), -bce)
-        if best is None or key > best[0]:
-            best = (key, ep, copy.deepcopy(model.state_dict()), copy.deepcopy(lin.state_dict()))
-        if progress:
-            progress({"step": -ep, "max_steps": cfg.teacher_epochs, "loss": float(loss.detach()), "cons": 0.0,
-                      "geo": 0.0, "val_hit@1": hit, "val_auc": float("nan"), "val_bce": bce,
-                      "val_n_routed": int(len(np.unique(lv.argmax(0).numpy()))), "best_val_hit@1": best[0][0],
-                      "best_step": -best[1], "anchors": 0, "noise": 0.0, "elapsed_s": time.time() - t0})
-    model.load_state_dict(best[2])
-    lin.load_state_dict(best[3])
+            z = lin(stat)
+        val.check(model, z, -ep, float(loss.detach()), lin.weight, lin.bias)   # steps -1, -2, ...
+    info, w, b = val.restore(model)
+    with torch.no_grad():
+        lin.weight.copy_(w)
+        lin.bias.copy_(b)
     lin.requires_grad_(False)
-    return lin, {"kind": "linear", "epoch": best[1], "val_hit@1": best[0][0], "val_bce": -best[0][1]}
+    return lin, dict(info, kind="linear", epoch=-info["epoch"])
 
 
 def _refit_predictor(model, dec_params, qvecs, correct, tr, val_idx, q_tr, y_tr, obs_tr, cfg, rng, progress, t0):
@@ -315,12 +321,10 @@ def _refit_predictor(model, dec_params, qvecs, correct, tr, val_idx, q_tr, y_tr,
     opt = torch.optim.AdamW(dec_params, lr=cfg.lr_predictor, weight_decay=cfg.teacher_wd)
     pm, pn = (torch.from_numpy(a) for a in np.nonzero(obs_tr.numpy()))
     py = y_tr[pm, pn]
-    qv = torch.from_numpy(np.ascontiguousarray(qvecs[np.asarray(val_idx)], dtype=np.float32))
-    cv = correct[:, np.asarray(val_idx)]
-    obs_v = cv >= 0
-    yv = torch.from_numpy((cv[obs_v] == 1).astype(np.float32))
-    best = None
+    val = _BestOnVal(torch.from_numpy(np.ascontiguousarray(qvecs[np.asarray(val_idx)], dtype=np.float32)),
+                     correct[:, np.asarray(val_idx)], progress, t0, 10_000, cfg.refit_epochs)
     for ep in range(0, cfg.refit_epochs + 1):                                 # epoch 0: the stage-2 predictor
+        loss = float("nan")
         if ep > 0:
             model.train()
             perm = torch.from_numpy(rng.permutation(len(py)))
@@ -332,21 +336,9 @@ def _refit_predictor(model, dec_params, qvecs, correct, tr, val_idx, q_tr, y_tr,
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(dec_params, cfg.grad_clip)
                 opt.step()
-        model.eval()
-        with torch.no_grad():
-            lv = model.predict_logits(z, qv)
-        bce = float(F.binary_cross_entropy_with_logits(lv[torch.from_numpy(obs_v)], yv))
-        hit = hit_at_k(lv.numpy(), cv, 1)
-        key = (round(hit, 9), -bce)
-        if best is None or key > best[0]:
-            best = (key, ep, copy.deepcopy(model.state_dict()))
-        if progress:
-            progress({"step": 10_000 + ep, "max_steps": cfg.refit_epochs, "loss": float("nan"), "cons": 0.0,
-                      "geo": 0.0, "val_hit@1": hit, "val_auc": float("nan"), "val_bce": bce,
-                      "val_n_routed": int(len(np.unique(lv.argmax(0).numpy()))), "best_val_hit@1": best[0][0],
-                      "best_step": 10_000 + best[1], "anchors": 0, "noise": 0.0, "elapsed_s": time.time() - t0})
-    model.load_state_dict(best[2])
-    return {"epoch": best[1], "val_hit@1": best[0][0], "val_bce": -best[0][1]}
+            loss = float(loss.detach())
+        val.check(model, z, ep, loss)
+    return val.restore(model)[0]
 
 
 def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: TrainConfig | None = None,

@@ -10,7 +10,7 @@ import torch
 
 from registry.checkpoint import load_checkpoint, read_header, save_checkpoint
 from registry.encoder import EncoderConfig, LocusModel
-from registry.training import TrainConfig, embed_models, predict_proba, train
+from registry.training import TrainConfig, embed_models, predict_proba, set_statistic, train
 
 torch.set_num_threads(1)  # tiny tensors: extra threads only add contention on a shared machine
 
@@ -156,6 +156,22 @@ def synthetic(seed=0, n_models=6, n_q=300):
     correct = (qv @ skill.T > 0).T.astype(np.int8)
     correct[0, :10] = -1                                          # a few missing evaluations
     return qv, correct, np.arange(0, 200), np.arange(200, 250), np.arange(250, 300)
+
+
+def test_set_statistic_is_the_mean_of_signed_rows_and_ignores_padding():
+    # the linear teacher's target for a set: mean over real rows of [(2y-1) q, y]; padded rows must not count
+    rng = np.random.default_rng(5)
+    q = torch.from_numpy(rng.normal(size=(2, 7, 4)).astype(np.float32))
+    y = torch.from_numpy((rng.random((2, 7)) > 0.5).astype(np.float32))
+    mask = torch.tensor([[True] * 7, [True] * 3 + [False] * 4])
+    s = set_statistic(q, y, mask)
+    for b, n in ((0, 7), (1, 3)):
+        qn, yn = q[b, :n].numpy(), y[b, :n].numpy()
+        want = np.concatenate([((2 * yn - 1)[:, None] * qn).mean(0), [yn.mean()]])
+        np.testing.assert_allclose(s[b].numpy(), want, rtol=1e-6, atol=1e-6)
+    garbage = q.clone()
+    garbage[1, 3:] = 1e6                                          # padded rows changed: statistic unchanged
+    assert torch.equal(set_statistic(garbage, y, mask), s)
 
 
 def test_training_is_deterministic():

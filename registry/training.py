@@ -57,9 +57,8 @@ class TrainConfig:
     teacher_noise: float = 0.0    # std of Gaussian noise on query vectors in stage 1 (the LOCUS recipe's
                                   # regulariser; 0.05 raises test AUC to 0.738 but routes worse, see BENCHMARKS.md)
     teacher_queries: int = 128    # queries per stage-1 step for the linear teacher (x all models)
-    teacher_epochs: int = 30      # >0: first fit the predictor with one free vector per model (MF-like) on all train
-                                  # pairs for this many epochs (best on val kept); the encoder then learns to embed
-                                  # each model's sets onto its vector (distillation), and the predictor is fine-tuned
+    teacher_epochs: int = 30      # >0: stage 1 runs this many epochs over all train pairs (best on val kept), and
+                                  # the encoder stage then pulls each set's z onto its teacher vector
     teacher_batch: int = 4096     # random (model, query) pairs per stage-1 step, as the MF baseline trains
     teacher_init: float = 1.0     # std of the free vectors at init, times d_model^-0.5
     teacher_wd: float = 1e-4      # stage-1 weight decay (the MF baseline's)
@@ -74,7 +73,7 @@ class TrainConfig:
     noise_start: float = 0.0      # std of Gaussian noise on query vectors, cosine-annealed over max_steps
     noise_end: float = 0.0
     grad_clip: float = 1.0
-    route_weight: float = 0.0     # weight of the listwise routing loss (softmax over models per target query)
+    route_weight: float = 0.0     # stage 2: weight of the listwise routing loss (softmax over models per target query)
     ema: float = 0.0              # validation and the result use an exponential moving average of the weights (0: off)
     eval_max_set: int | None = None  # cap per model when embedding for validation (seeded draw; None = all, as the
                                      # registry embeds a model from all of its evaluations)
@@ -279,8 +278,10 @@ def _fit_linear_teacher(model, dec_params, q_tr, y_tr, obs_tr, q_all, correct, v
     is a smooth function the encoder can learn (and one that exists for models it has never seen).
     Keeps the epoch with the best val hit@1 (ties: val BCE); returns lin, frozen."""
     M, n_tr = y_tr.shape
+    # set_statistic over all train evaluations, written as one 2-D matmul (the shipped checkpoint was trained with
+    # this form; the batched form in set_statistic differs by float rounding, ~1e-7)
     stat = torch.cat([(y_tr * 2 - 1).mul(obs_tr) @ q_tr, (y_tr * obs_tr).sum(1, keepdim=True)], 1) \
-        / obs_tr.sum(1, keepdim=True).clamp_min(1)                         # [M,Dq+1], all train evaluations
+        / obs_tr.sum(1, keepdim=True).clamp_min(1)                         # [M,Dq+1]
     lin = torch.nn.Linear(q_tr.shape[1] + 1, model.cfg.d_model)
     params = dec_params + list(lin.parameters())
     opt = torch.optim.AdamW(params, lr=cfg.lr_predictor, weight_decay=cfg.teacher_wd)

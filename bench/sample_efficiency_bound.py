@@ -63,10 +63,10 @@ def main():
     for n in (32, 64, 128, 256, 512, None):
         single, percat, chosen = [], [], []
         for seed in range(args.draws if n else 1):
-            known = all_known.copy()
+            known = all_known
             if n:
                 rng = np.random.default_rng(seed)
-                known[:] = False
+                known = np.zeros_like(obs)
                 for m in range(len(models)):
                     have = nontest[obs[m, nontest]]
                     known[m, rng.choice(have, size=min(n, len(have)), replace=False)] = True
@@ -76,8 +76,7 @@ def main():
             kv = known.copy()
             kv[:, va] = False
             prior = max(priors, key=lambda p: B.hit_at_k(per_category_scores(correct, cats, kv, va, p), correct[:, va]))
-            kt = known.copy()
-            percat.append(B.hit_at_k(per_category_scores(correct, cats, kt, te, prior), ct))
+            percat.append(B.hit_at_k(per_category_scores(correct, cats, known, te, prior), ct))
             chosen.append(prior)
         label = str(n) if n else "all"
         print(f"{label:>22s} {np.mean(single):>20.4f} +- {np.std(single):.4f} {np.mean(percat):>12.4f} +- "

@@ -20,6 +20,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from registry import baselines as B  # noqa: E402
+from registry.evaluation import subset_rows  # noqa: E402
 
 
 def load(db: str):
@@ -65,11 +66,9 @@ def main():
         for seed in range(args.draws if n else 1):
             known = all_known
             if n:
-                rng = np.random.default_rng(seed)
                 known = np.zeros_like(obs)
-                for m in range(len(models)):
-                    have = nontest[obs[m, nontest]]
-                    known[m, rng.choice(have, size=min(n, len(have)), replace=False)] = True
+                for m, rows in enumerate(subset_rows(correct, nontest, n, seed)):
+                    known[m, rows] = True
             acc = ((correct == 1) & known).sum(1) / np.maximum(known.sum(1), 1)
             single.append(B.hit_at_k(np.repeat(acc[:, None], len(te), 1), ct))
             # the prior is chosen on val with the val questions left out of the known sets

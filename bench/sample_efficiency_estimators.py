@@ -27,14 +27,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from registry import Registry, encoders, onboarding  # noqa: E402
 from registry import baselines as B  # noqa: E402
-from registry.evaluation import dataset  # noqa: E402
-
-
-def draw(correct, pool, n, seed):
-    """Per model, n query indices from its observed evaluations in pool; the rng stream of `evaluate`."""
-    rng = np.random.default_rng(seed)
-    return [rng.choice(have, size=min(n, len(have)), replace=False)
-            for have in (pool[correct[m, pool] >= 0] for m in range(correct.shape[0]))]
+from registry.evaluation import dataset, subset_rows as draw  # noqa: E402
 
 
 def embed(model, data, rows):

@@ -132,6 +132,14 @@ def evaluate(tx: Tx, split: str = "test", baselines: bool = True, sample_efficie
     return report
 
 
+def subset_rows(correct: np.ndarray, pool: np.ndarray, n: int, seed: int) -> list[np.ndarray]:
+    """Per model, n random query indices among its observed evaluations in pool (all of them if fewer): the draws of
+    the sample-efficiency curve, shared with the bench scripts so that their figures line up with it."""
+    rng = np.random.default_rng(seed)
+    return [rng.choice(have, size=min(n, len(have)), replace=False)
+            for have in (pool[correct[m, pool] >= 0] for m in range(correct.shape[0]))]
+
+
 def sample_efficiency_curve(tx: Tx, data: Dataset, idx: np.ndarray, seeds: int, sizes) -> dict:
     """hit@1 when every model is embedded from only n random non-test evaluations, against all of them."""
     import torch
@@ -144,12 +152,8 @@ def sample_efficiency_curve(tx: Tx, data: Dataset, idx: np.ndarray, seeds: int, 
     for n in sizes:
         hits = []
         for seed in range(seeds):
-            rng = np.random.default_rng(seed)
-            sets = []
-            for m in range(len(data.models)):
-                have = nontest[data.correct[m, nontest] >= 0]
-                pick = rng.choice(have, size=min(n, len(have)), replace=False)
-                sets.append((data.qvecs[pick], (data.correct[m, pick] == 1).astype(np.float32)))
+            sets = [(data.qvecs[r], (data.correct[m, r] == 1).astype(np.float32))
+                    for m, r in enumerate(subset_rows(data.correct, nontest, n, seed))]
             z = onboarding.embed_sets(model, sets)
             with torch.no_grad():
                 p = torch.sigmoid(model.predict_logits(torch.from_numpy(z), torch.from_numpy(data.qvecs[idx]))).numpy()

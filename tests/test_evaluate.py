@@ -1,0 +1,54 @@
+"""`registry evaluate` (issue 3) through the CLI on the session's small real registry: the JSON the issue asks for,
+baselines recomputed here from the raw evaluations, and the sample-efficiency curve against the stored embeddings."""
+from __future__ import annotations
+
+import json
+
+import duckdb
+import numpy as np
+from click.testing import CliRunner
+
+from registry.cli import cli
+
+
+def test_evaluate_json_methods_baselines_and_sample_efficiency(db_copy):
+    res = CliRunner().invoke(cli, ["--db", str(db_copy), "evaluate", "--split", "test", "--sample-efficiency",
+                                   "--seeds", "2", "--json"])
+    assert res.exit_code == 0, res.output
+    r = json.loads(res.output)
+    m = r["methods"]
+    for name in ("locus", "knn", "mf"):
+        assert {"hit@1", "hit@3", "hit@5", "auc"} <= set(m[name]), name
+        assert 0.5 <= m[name]["auc"] <= 1.0, (name, m[name]["auc"])
+    for name in ("locus", "oracle", "best_single", "random", "knn", "mf"):
+        hits = [m[name][f"hit@{k}"] for k in (1, 3, 5)]
+        assert hits == sorted(hits) and 0.0 <= hits[0] and hits[-1] <= m["oracle"]["hit@1"] + 1e-9, (name, hits)
+
+    # oracle, best single and random recomputed from the raw tables (latest batch per pair; missing = wrong)
+    con = duckdb.connect(str(db_copy), read_only=True)
+    rows = con.execute("""
+        WITH e AS (SELECT model_id, query_id, arg_max(correct, batch_id)::INT AS c FROM evaluations GROUP BY ALL)
+        SELECT m.name, s.split, s.query_id, e.c FROM e JOIN query_splits s USING (query_id)
+        JOIN models m ON m.id = e.model_id""").fetchall()
+    test_ids = [q for (q,) in con.execute("SELECT query_id FROM query_splits WHERE split = 'test'").fetchall()]
+    n_models = con.execute("SELECT count(*) FROM models").fetchone()[0]
+    con.close()
+    train_acc = {}
+    for name, split, _, c in rows:
+        if split == "train":
+            train_acc.setdefault(name, []).append(c)
+    best = max(sorted(train_acc), key=lambda k: np.mean(train_acc[k]))   # first of equals in name order, as argmax
+    right = {q: set() for q in test_ids}
+    for name, split, q, c in rows:
+        if split == "test" and c == 1:
+            right[q].add(name)
+    assert r["queries"] == len(test_ids) and m["best_single"]["model"] == best
+    assert m["best_single"]["hit@1"] == round(float(np.mean([best in right[q] for q in test_ids])), 4)
+    assert m["oracle"]["hit@1"] == round(float(np.mean([len(right[q]) > 0 for q in test_ids])), 4)
+    assert m["random"]["hit@1"] == round(float(np.mean([len(right[q]) / n_models for q in test_ids])), 4)
+
+    # a draw at least as large as every model's non-test set is that whole set: the stored embedding's figure
+    se = r["sample_efficiency"]
+    assert list(se) == ["32", "64", "128", "256", "512"] and all(v["draws"] == 2 for v in se.values())
+    assert se["512"] == {"mean": m["locus"]["hit@1"], "std": 0.0, "draws": 2}
+    assert sum(r["choices"].values()) == len(test_ids)

@@ -5,7 +5,8 @@ What a version is computed from, exactly: the model's current (newest) evaluatio
 `through_batch`, on queries outside the test split (held-out queries never reach the encoder, so `registry evaluate`
 stays honest and agrees with routing), capped at the encoder's `embed_max_set` by query content hash when the
 encoder asks for a cap. Its digest is the sha256 of those (query id, correct) pairs, so any version can be
-recomputed and checked (`recompute`).
+recomputed and checked (`recompute`). An import that moves queries into or out of the test split re-embeds the
+models that have them; splits keep no history, so a version made before such an import no longer recomputes.
 
 Each version's stability (how far apart the embeddings of two random halves of those evaluations fall; the halves
 are seeded by the digest, so it is reproducible too) is estimated just after, in its own transaction

@@ -5,6 +5,7 @@ import gzip
 import json
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -191,3 +192,31 @@ def test_identical_repeated_rows_collapse_into_one(db_copy, small_data, tmp_path
         r = reg.import_files(evaluations=str(f))
         assert r.evaluations_added == 2 and r.evaluations_read == 3
         assert reg.show("rep-model").evaluations == 2
+
+
+def test_splits_imported_later_re_embed_without_the_test_queries(base_db, small_data, tmp_path):
+    """Held-out queries never reach the encoder: splits that arrive after the evaluations re-embed every model they
+    touch, to the very vectors a registry that had the splits from the start holds."""
+    late = tmp_path / "late.duckdb"
+    with Registry(late) as reg:
+        reg.import_files(models=str(small_data / "models.csv"), queries=str(small_data / "questions.csv.gz"),
+                         evaluations=str(small_data / "evaluations.csv.gz"))
+        before = {m.name: m for m in reg.models()}
+        r = reg.import_files(splits=str(small_data / "splits.csv"))
+        assert r.splits_set == N_QUESTIONS
+        assert len(r.onboarding) == 31 and {o["outcome"] for o in r.onboarding} == {"embedded"}
+
+    def current(path):
+        con = duckdb.connect(str(path), read_only=True)
+        rows = con.execute("""SELECT m.name, v.n_evaluations, v.digest, v.vector FROM embedding_versions v
+                              JOIN models m ON m.id = v.model_id
+                              QUALIFY row_number() OVER (PARTITION BY v.model_id ORDER BY v.version DESC) = 1""")
+        out = {name: (n, d, np.array(vec)) for name, n, d, vec in rows.fetchall()}
+        con.close()
+        return out
+
+    got, want = current(late), current(base_db)
+    assert set(got) == set(want) == set(before)
+    for name, (n, d, vec) in got.items():
+        assert n < before[name].evaluations and (n, d) == want[name][:2], name
+        assert np.abs(vec - want[name][2]).max() < 1e-5, name

@@ -7,7 +7,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import encoders, index, ingest, onboarding, querycache
+from . import encoders, index, ingest, onboarding, querycache, splits
 from .errors import InputError, NotFound, RegistryError
 from .routing_api import RoutingMixin
 from .store import Store, Tx
@@ -145,6 +145,16 @@ class Registry(RoutingMixin):
             result = ingest.run_import(tx, files, progress=progress)
         if onboard:
             result.onboarding = [asdict(o) for o in self.onboard()]
+        return result
+
+    def draw_splits(self, val: float = 0.1, test: float = 0.1, seed: int = 0) -> splits.DrawResult:
+        """Give every query without a split one, drawn with `seed` within each category (shares `val` and `test`,
+        the rest train); a query's split, once set, is kept. Models whose test queries change are re-embedded."""
+        splits.check_shares(val, test)
+        self._finish_pending()
+        with self.store.tx() as tx:
+            result = splits.draw(tx, val, test, seed)
+        result.onboarding = [asdict(o) for o in self.onboard()]
         return result
 
     # --- reading ------------------------------------------------------------------------------------------------

@@ -147,6 +147,24 @@ def import_(ctx, directory, models, queries, evaluations, splits, as_json):
         click.echo(f"note: {name}: columns not stored: {', '.join(cols)}")
 
 
+@cli.command("draw-splits")
+@click.option("--val", default=0.1, show_default=True, help="Share of each category's new queries for validation.")
+@click.option("--test", default=0.1, show_default=True, help="Share of each category's new queries for test.")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@handles_errors
+def draw_splits(ctx, val, test, seed, as_json):
+    """Give every query without a split a train/val/test split, drawn with a seed (when no splits file exists)."""
+    result = open_registry(ctx).draw_splits(val=val, test=test, seed=seed)
+    if as_json:
+        emit_json(result)
+        return
+    click.echo(f"seed {seed}: " + ", ".join(f"{n} {s}" for s, n in result.drawn.items())
+               + f" drawn; {result.kept} queries kept their split; "
+               + f"{sum(o['outcome'] == 'embedded' for o in result.onboarding)} models re-embedded")
+
+
 # --- reading -------------------------------------------------------------------------------------------------------
 @cli.command()
 @click.option("--json", "as_json", is_flag=True)

@@ -19,7 +19,7 @@ from typing import Callable
 
 import pyarrow as pa
 
-from . import onboarding, textvec
+from . import onboarding, splits, textvec
 from .errors import InputError
 from .store import Tx
 
@@ -464,8 +464,7 @@ def stage_evaluations(tx: Tx, path: str, table: str, model: str | None = None) -
 
 
 def import_splits(tx: Tx, staged: Staged, batch_id: int, result: ImportResult) -> None:
-    """Set the given queries' splits. A query that enters or leaves the test split changes what every model that
-    has it embeds from (held-out queries never reach the encoder): those models are enqueued for a new version."""
+    """Set the file's splits (see splits.py: the models whose test queries change are enqueued)."""
     t = staged.table
     cases = " ".join(f"WHEN '{k}' THEN '{v}'" for k, v in SPLIT_NAMES.items())
     tx.duck.execute(f"""CREATE OR REPLACE TEMP TABLE {t}_n AS
@@ -476,19 +475,7 @@ def import_splits(tx: Tx, staged: Staged, batch_id: int, result: ImportResult) -
     dup = tx.sql(f"SELECT qid, max(line) FROM {t}_n GROUP BY qid HAVING count(DISTINCT split) > 1 LIMIT 1")
     if dup:
         raise InputError(f"query {dup[0][0]!r} is given two different splits", file=staged.path, line=int(dup[0][1]))
-    flipped = f"""SELECT DISTINCT q.id FROM {t}_n s JOIN queries q ON q.external_id = s.qid
-                  LEFT JOIN query_splits cur ON cur.query_id = q.id
-                  WHERE (s.split = 'test') IS DISTINCT FROM coalesce(cur.split = 'test', false)"""
-    models = [r[0] for r in tx.sql(f"SELECT DISTINCT model_id FROM evaluations WHERE query_id IN ({flipped})")]
-    changed = tx.sql(f"""
-        INSERT OR REPLACE INTO query_splits (query_id, split)
-        SELECT DISTINCT q.id, s.split FROM {t}_n s JOIN queries q ON q.external_id = s.qid
-        LEFT JOIN query_splits cur ON cur.query_id = q.id
-        WHERE cur.split IS DISTINCT FROM s.split RETURNING query_id""")
-    if changed:
-        tx.invalidate("query_meta")
-    onboarding.enqueue(tx, models, "test split changed", batch_id=batch_id)
-    result.splits_set += len(changed)
+    result.splits_set += splits.apply(tx, f"{t}_n", batch_id)
 
 
 # --- text vectors -------------------------------------------------------------------------------------------------

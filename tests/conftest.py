@@ -49,6 +49,16 @@ def base_db(tmp_path_factory, small_data) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def unsplit_db(tmp_path_factory, small_data) -> Path:
+    """The same data imported without its splits file: every model embedded from all of its evaluations."""
+    path = tmp_path_factory.mktemp("unsplit") / "unsplit.duckdb"
+    with Registry(path) as reg:
+        reg.import_files(models=str(small_data / "models.csv"), queries=str(small_data / "questions.csv.gz"),
+                         evaluations=str(small_data / "evaluations.csv.gz"))
+    return path
+
+
 @pytest.fixture
 def db_copy(base_db, tmp_path) -> Path:
     """A private copy of the session's registry file."""

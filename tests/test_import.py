@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 
 import duckdb
 import numpy as np
@@ -194,29 +195,79 @@ def test_identical_repeated_rows_collapse_into_one(db_copy, small_data, tmp_path
         assert reg.show("rep-model").evaluations == 2
 
 
-def test_splits_imported_later_re_embed_without_the_test_queries(base_db, small_data, tmp_path):
+def current_versions(path) -> dict[str, tuple]:
+    """Each model's newest embedding version: name -> (n_evaluations, digest, vector)."""
+    con = duckdb.connect(str(path), read_only=True)
+    rows = con.execute("""SELECT m.name, v.n_evaluations, v.digest, v.vector FROM embedding_versions v
+                          JOIN models m ON m.id = v.model_id
+                          QUALIFY row_number() OVER (PARTITION BY v.model_id ORDER BY v.version DESC) = 1""")
+    out = {name: (n, d, np.array(vec)) for name, n, d, vec in rows.fetchall()}
+    con.close()
+    return out
+
+
+def test_splits_imported_later_re_embed_without_the_test_queries(base_db, unsplit_db, small_data, tmp_path):
     """Held-out queries never reach the encoder: splits that arrive after the evaluations re-embed every model they
     touch, to the very vectors a registry that had the splits from the start holds."""
     late = tmp_path / "late.duckdb"
+    shutil.copy(unsplit_db, late)
+    before = current_versions(late)
     with Registry(late) as reg:
-        reg.import_files(models=str(small_data / "models.csv"), queries=str(small_data / "questions.csv.gz"),
-                         evaluations=str(small_data / "evaluations.csv.gz"))
-        before = {m.name: m for m in reg.models()}
         r = reg.import_files(splits=str(small_data / "splits.csv"))
-        assert r.splits_set == N_QUESTIONS
-        assert len(r.onboarding) == 31 and {o["outcome"] for o in r.onboarding} == {"embedded"}
-
-    def current(path):
-        con = duckdb.connect(str(path), read_only=True)
-        rows = con.execute("""SELECT m.name, v.n_evaluations, v.digest, v.vector FROM embedding_versions v
-                              JOIN models m ON m.id = v.model_id
-                              QUALIFY row_number() OVER (PARTITION BY v.model_id ORDER BY v.version DESC) = 1""")
-        out = {name: (n, d, np.array(vec)) for name, n, d, vec in rows.fetchall()}
-        con.close()
-        return out
-
-    got, want = current(late), current(base_db)
+    assert r.splits_set == N_QUESTIONS
+    assert len(r.onboarding) == 31 and {o["outcome"] for o in r.onboarding} == {"embedded"}
+    got, want = current_versions(late), current_versions(base_db)
     assert set(got) == set(want) == set(before)
     for name, (n, d, vec) in got.items():
-        assert n < before[name].evaluations and (n, d) == want[name][:2], name
+        assert n < before[name][0] and (n, d) == want[name][:2], name
         assert np.abs(vec - want[name][2]).max() < 1e-5, name
+
+
+def test_draw_splits_per_category_seeded_kept_and_re_embedded(unsplit_db, small_data, tmp_path):
+    a, b = tmp_path / "a.duckdb", tmp_path / "b.duckdb"
+    shutil.copy(unsplit_db, a)
+    shutil.copy(unsplit_db, b)
+    res = CliRunner().invoke(cli, ["--db", str(a), "draw-splits", "--val", "0.1", "--test", "0.2", "--seed", "3",
+                                   "--json"])
+    assert res.exit_code == 0, res.output
+    r = json.loads(res.output)
+    cats = duckdb.sql(f"""SELECT coalesce(category, '') AS c, count(*) AS n
+                          FROM read_csv('{small_data}/questions.csv.gz') GROUP BY 1""").fetchall()
+    assert r["kept"] == 0 and sum(r["drawn"].values()) == N_QUESTIONS
+    assert r["drawn"]["test"] == sum(round(0.2 * n) for _, n in cats)
+    assert r["drawn"]["val"] == sum(round(0.1 * n) for _, n in cats)
+    assert len(r["onboarding"]) == 31 and {o["outcome"] for o in r["onboarding"]} == {"embedded"}
+
+    con = duckdb.connect(str(a), read_only=True)
+    per_cat = dict(con.execute("""SELECT coalesce(q.category, ''), count(*) FILTER (WHERE s.split = 'test')
+                                  FROM queries q JOIN query_splits s ON s.query_id = q.id GROUP BY 1""").fetchall())
+    non_test = dict(con.execute("""SELECT m.name, count(*) FROM evaluations e JOIN models m ON m.id = e.model_id
+                                   JOIN query_splits s ON s.query_id = e.query_id WHERE s.split <> 'test'
+                                   GROUP BY 1""").fetchall())
+    drawn = con.execute("SELECT query_id, split FROM query_splits ORDER BY 1").fetchall()
+    con.close()
+    assert per_cat == {c: round(0.2 * n) for c, n in cats}
+    assert {name: v[0] for name, v in current_versions(a).items()} == non_test
+
+    with Registry(b) as reg:                      # the same seed through the API: the same splits
+        reg.draw_splits(val=0.1, test=0.2, seed=3)
+    con = duckdb.connect(str(b), read_only=True)
+    assert con.execute("SELECT query_id, split FROM query_splits ORDER BY 1").fetchall() == drawn
+    con.close()
+
+    before = snapshot(a)                          # a second draw finds no query without a split: changes nothing
+    with Registry(a) as reg:
+        again = reg.draw_splits(val=0.3, test=0.3, seed=4)
+    assert again.kept == N_QUESTIONS and sum(again.drawn.values()) == 0 and again.onboarding == []
+    assert snapshot(a) == before
+
+
+@pytest.mark.parametrize("args", [["--test", "1.5"], ["--val", "-0.1"], ["--val", "0.5", "--test", "0.5"]])
+def test_draw_splits_bad_share_is_one_line_and_changes_nothing(unsplit_db, tmp_path, args):
+    db = tmp_path / "r.duckdb"
+    shutil.copy(unsplit_db, db)
+    before = snapshot(db)
+    res = CliRunner().invoke(cli, ["--db", str(db), "draw-splits", *args])
+    assert res.exit_code == 1 and res.output.startswith("Error: ") and res.output.count("\n") == 1, res.output
+    assert "share" in res.output
+    assert snapshot(db) == before

@@ -1,0 +1,74 @@
+"""Which queries are train, validation and test: set from a file (`ingest`) or drawn here with a seed.
+
+Every figure `registry evaluate` prints is on the test split, and held-out queries never reach the encoder (see
+onboarding.py). So a query that enters or leaves the test split changes what every model that has it is embedded
+from, and those models are enqueued for a new version in the same transaction.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from . import onboarding
+from .errors import InputError
+from .store import Tx
+
+
+@dataclass
+class DrawResult:
+    seed: int
+    drawn: dict[str, int]            # split -> queries that got it from this draw
+    kept: int                        # queries that already had a split: a draw never changes one
+    onboarding: list = field(default_factory=list)
+
+
+def apply(tx: Tx, source: str, batch_id: int | None) -> int:
+    """Set the splits in `source` (a table with columns qid = query external id, split = train | val | test) and
+    enqueue the models whose embedding input changes. -> number of queries whose split changed."""
+    flipped = f"""SELECT DISTINCT q.id FROM {source} s JOIN queries q ON q.external_id = s.qid
+                  LEFT JOIN query_splits cur ON cur.query_id = q.id
+                  WHERE (s.split = 'test') IS DISTINCT FROM coalesce(cur.split = 'test', false)"""
+    models = [r[0] for r in tx.sql(f"SELECT DISTINCT model_id FROM evaluations WHERE query_id IN ({flipped})")]
+    changed = tx.sql(f"""
+        INSERT OR REPLACE INTO query_splits (query_id, split)
+        SELECT DISTINCT q.id, s.split FROM {source} s JOIN queries q ON q.external_id = s.qid
+        LEFT JOIN query_splits cur ON cur.query_id = q.id
+        WHERE cur.split IS DISTINCT FROM s.split RETURNING query_id""")
+    if changed:
+        tx.invalidate("query_meta")
+    onboarding.enqueue(tx, models, "test split changed", batch_id=batch_id)
+    return len(changed)
+
+
+def check_shares(val: float, test: float) -> None:
+    for name, share in (("val", val), ("test", test)):
+        if not 0.0 <= share < 1.0:
+            raise InputError(f"the {name} share must be in [0, 1), got {share}")
+    if val + test >= 1.0:
+        raise InputError(f"val and test shares leave nothing to train on ({val} + {test} >= 1)")
+
+
+def draw(tx: Tx, val: float = 0.1, test: float = 0.1, seed: int = 0) -> DrawResult:
+    """Give every query without a split one, at random within each category (so each category is split in the
+    same shares); queries that have a split keep it, so figures stay on the same test set."""
+    check_shares(val, test)
+    rows = tx.arrow("""SELECT q.external_id, coalesce(q.category, '') AS category FROM queries q
+                       LEFT JOIN query_splits s ON s.query_id = q.id WHERE s.query_id IS NULL
+                       ORDER BY category, q.external_id""").to_pydict()
+    kept = tx.sql("SELECT count(*) FROM query_splits")[0][0]
+    ids, cats = np.asarray(rows["external_id"], dtype=object), np.asarray(rows["category"], dtype=object)
+    split = np.full(len(ids), "train", dtype=object)
+    rng = np.random.default_rng(seed)
+    for cat in sorted(set(cats)):
+        at = np.flatnonzero(cats == cat)[rng.permutation(int((cats == cat).sum()))]   # this category, shuffled
+        n_test, n_val = round(test * len(at)), round(val * len(at))
+        split[at[:n_test]] = "test"
+        split[at[n_test:n_test + n_val]] = "val"
+    tx.duck.register("_drawn_splits", pa.table({"qid": ids.tolist(), "split": split.tolist()}))
+    try:
+        apply(tx, "_drawn_splits", None)
+    finally:
+        tx.duck.unregister("_drawn_splits")
+    return DrawResult(seed, {s: int((split == s).sum()) for s in ("train", "val", "test")}, int(kept))

@@ -398,7 +398,7 @@ class Registry(RoutingMixin):
                                        seeds=seeds)
 
     def train(self, seed: int = 0, anchors: int | None = None, max_steps: int | None = None,
-              activate: bool = False, name: str | None = None, progress=None) -> int:
+              epochs: int | None = None, activate: bool = False, name: str | None = None, progress=None) -> int:
         """Train a LOCUS encoder on the registry's own train split (validation split for model selection) and store
         it as a checkpoint; returns its encoder id. `activate` makes it active (every model is re-embedded)."""
         from dataclasses import asdict, replace
@@ -413,6 +413,8 @@ class Registry(RoutingMixin):
             cfg = replace(cfg, anchors=anchors)
         if max_steps is not None:
             cfg = replace(cfg, max_steps=max_steps)
+        if epochs is not None:
+            cfg = replace(cfg, teacher_epochs=epochs)
         model, config, metrics = training.train(data.qvecs, data.correct, data.splits["train"], data.splits["val"],
                                                 cfg, progress=progress)
         digest = data.digest()

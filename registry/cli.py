@@ -376,13 +376,14 @@ def encoders_install(ctx, path, name, activate):
 @cli.command()
 @click.option("--seed", default=0, show_default=True)
 @click.option("--anchors", type=int, help="Largest anchor set per model (default: the training config's).")
-@click.option("--steps", "max_steps", type=int, help="Training steps (default: the training config's).")
+@click.option("--steps", "max_steps", type=int, help="Encoder-stage steps (default: the training config's).")
+@click.option("--epochs", type=int, help="Epochs of the first stage over every train pair (default: the config's).")
 @click.option("--activate", is_flag=True, help="Make the new encoder active (re-embeds every model).")
 @click.option("--name")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 @handles_errors
-def train(ctx, seed, anchors, max_steps, activate, name, as_json):
+def train(ctx, seed, anchors, max_steps, epochs, activate, name, as_json):
     """Train the LOCUS encoder and predictor on this registry's train split; store the checkpoint."""
     from tqdm import tqdm
 
@@ -395,8 +396,8 @@ def train(ctx, seed, anchors, max_steps, activate, name, as_json):
                          if k in ("loss", "val_hit@1", "best_val_hit@1")}, refresh=True)
 
     reg = open_registry(ctx)
-    encoder_id = reg.train(seed=seed, anchors=anchors, max_steps=max_steps, activate=activate, name=name,
-                           progress=progress)
+    encoder_id = reg.train(seed=seed, anchors=anchors, max_steps=max_steps, epochs=epochs, activate=activate,
+                           name=name, progress=progress)
     bar.close()
     info = next(e for e in reg.encoders() if e.id == encoder_id)
     if as_json:

@@ -131,7 +131,8 @@ class EmbeddingVersion(Base):
     n_evaluations: Mapped[int] = mapped_column(Integer, nullable=False)
     digest: Mapped[str] = mapped_column(String, nullable=False)             # sha256 of exactly the evaluations used
     through_batch: Mapped[int] = mapped_column(Integer, nullable=False)     # evaluations of batches <= this one
-    reason: Mapped[str] = mapped_column(String, nullable=False)             # new evaluations | new encoder | test split changed | manual
+    # new evaluations | new encoder | test split changed | manual
+    reason: Mapped[str] = mapped_column(String, nullable=False)
     batch_id: Mapped[int | None] = mapped_column(Integer)                   # the import batch that triggered it
     stability: Mapped[float | None] = mapped_column(Double)                 # before 0005 only: see VersionStability
     created: Mapped[datetime] = mapped_column(DateTime, server_default=func.now(), nullable=False)

@@ -6,8 +6,10 @@ import json
 
 import duckdb
 import numpy as np
+import torch
 from click.testing import CliRunner
 
+from registry.checkpoint import load_checkpoint
 from registry.cli import cli
 
 
@@ -52,3 +54,25 @@ def test_evaluate_json_methods_baselines_and_sample_efficiency(db_copy):
     assert list(se) == ["32", "64", "128", "256", "512"] and all(v["draws"] == 2 for v in se.values())
     assert se["512"] == {"mean": m["locus"]["hit@1"], "std": 0.0, "draws": 2}
     assert sum(r["choices"].values()) == len(test_ids)
+
+
+def test_train_cli_options_reach_the_config_and_the_same_seed_gives_the_same_checkpoint(db_copy):
+    runs = []
+    for _ in range(2):
+        res = CliRunner().invoke(cli, ["--db", str(db_copy), "train", "--seed", "1", "--steps", "2", "--epochs", "1",
+                                       "--anchors", "64", "--json"])
+        assert res.exit_code == 0, res.output
+        runs.append(json.loads(res.output))
+    a, b = runs
+    wall = [r["metrics"].pop("wall_s") for r in runs]         # the only figure allowed to differ
+    assert a["id"] != b["id"] and a["metrics"] == b["metrics"] and min(wall) > 0
+    assert not a["active"] and "val_hit@1" in json.dumps(a["metrics"])
+    con = duckdb.connect(str(db_copy), read_only=True)
+    cfg = json.loads(con.execute("SELECT meta::VARCHAR FROM encoders WHERE id = ?", [a["id"]]).fetchone()[0])
+    weights = [load_checkpoint(bytes(con.execute("SELECT weights FROM encoders WHERE id = ?", [r["id"]]).fetchone()[0]))
+               [0].state_dict() for r in runs]
+    con.close()
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    assert cfg["train_config"]["teacher_epochs"] == 1 and cfg["train_config"]["max_steps"] == 2
+    assert cfg["train_config"]["anchors"] == 64 and cfg["train_config"]["seed"] == 1

@@ -150,7 +150,7 @@ def main():
         cfg.encoder = EncoderConfig(**{**asdict(cfg.encoder), **enc})
 
     def show(i):
-        print(f"  step {i['step']:5d}  bce {i['loss']:.4f}  cons {i['cons']:.3f}  val hit@1 {i['val_hit@1']:.4f}"
+        print(f"  {i['stage']:7s} {i['step']:4d}  bce {i['loss']:.4f}  cons {i['cons']:.3f}  val hit@1 {i['val_hit@1']:.4f}"
               f"  auc {i['val_auc']:.4f}  bce {i['val_bce']:.4f}  routed {i['val_n_routed']:2d}"
               f"  best {i['best_val_hit@1']:.4f}@{i['best_step']}  {i['elapsed_s']:.0f}s", flush=True)
 

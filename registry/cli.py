@@ -387,18 +387,25 @@ def train(ctx, seed, anchors, max_steps, epochs, activate, name, as_json):
     """Train the LOCUS encoder and predictor on this registry's train split; store the checkpoint."""
     from tqdm import tqdm
 
-    bar = tqdm(total=None, disable=as_json, desc="train", unit="step")
+    bars: dict[str, tqdm] = {}   # one bar per training stage: teacher (epochs), encoder (steps), refit (epochs)
 
     def progress(info: dict) -> None:
-        bar.total = info.get("max_steps", bar.total)
-        bar.n = info.get("step", bar.n)
+        stage = info["stage"]
+        if stage not in bars:
+            for b in bars.values():
+                b.close()
+            bars[stage] = tqdm(total=info["max_steps"], disable=as_json, desc=f"train {len(bars) + 1}: {stage}",
+                               unit="step" if stage == "encoder" else "epoch")
+        bar = bars[stage]
+        bar.update(info["step"] - bar.n)
         bar.set_postfix({k: (round(v, 4) if isinstance(v, float) else v) for k, v in info.items()
                          if k in ("loss", "val_hit@1", "best_val_hit@1")}, refresh=True)
 
     reg = open_registry(ctx)
     encoder_id = reg.train(seed=seed, anchors=anchors, max_steps=max_steps, epochs=epochs, activate=activate,
                            name=name, progress=progress)
-    bar.close()
+    for b in bars.values():
+        b.close()
     info = next(e for e in reg.encoders() if e.id == encoder_id)
     if as_json:
         emit_json(info)

@@ -186,14 +186,14 @@ def disagreement(correct: np.ndarray, idx) -> np.ndarray:
 
 class _BestOnVal:
     """Validation for the fitting stages (1 and 3): routing hit@1 of the model embeddings z on the val queries.
-    Keeps the best state (ties: lower val BCE) with any extra tensors given, and reports progress with its step
-    numbered step_base + epoch."""
+    Keeps the best state (ties: lower val BCE) with any extra tensors given, and reports progress as epoch
+    `step` of `max_steps` of its stage."""
 
-    def __init__(self, q_val, correct_val, progress, t0, step_base: int, max_steps: int):
+    def __init__(self, q_val, correct_val, progress, t0, stage: str, epochs: int):
         self.q, self.c = q_val, correct_val
         self.obs = torch.from_numpy(correct_val >= 0)
         self.y = torch.from_numpy((correct_val == 1).astype(np.float32))
-        self.progress, self.t0, self.base, self.max_steps = progress, t0, step_base, max_steps
+        self.progress, self.t0, self.stage, self.max_steps = progress, t0, stage, epochs
         self.best = None                                   # (key, epoch, model state, *extras)
 
     def check(self, model, z, ep: int, loss: float, *extras) -> None:
@@ -206,10 +206,10 @@ class _BestOnVal:
         if self.best is None or key > self.best[0]:
             self.best = (key, ep, copy.deepcopy(model.state_dict()), *(x.detach().clone() for x in extras))
         if self.progress:
-            self.progress({"step": self.base + ep, "max_steps": self.max_steps, "loss": loss, "cons": 0.0,
+            self.progress({"stage": self.stage, "step": ep, "max_steps": self.max_steps, "loss": loss, "cons": 0.0,
                            "geo": 0.0, "val_hit@1": hit, "val_auc": float("nan"), "val_bce": bce,
                            "val_n_routed": int(len(np.unique(lv.argmax(0).numpy()))),
-                           "best_val_hit@1": self.best[0][0], "best_step": self.base + self.best[1], "anchors": 0,
+                           "best_val_hit@1": self.best[0][0], "best_step": self.best[1], "anchors": 0,
                            "noise": 0.0, "elapsed_s": time.time() - self.t0})
 
     def restore(self, model) -> tuple:
@@ -231,7 +231,7 @@ def _fit_teacher(model, dec_params, log_s, q_tr, y_tr, obs_tr, dis, q_all, corre
         params.append({"params": [log_s], "lr": cfg.lr_predictor, "weight_decay": 0.0})
     opt = torch.optim.AdamW(params, weight_decay=cfg.weight_decay)
     val = _BestOnVal(q_all[torch.from_numpy(np.asarray(val_idx))], correct[:, np.asarray(val_idx)], progress, t0,
-                     0, cfg.teacher_epochs)
+                     "teacher", cfg.teacher_epochs)
     pm, pn = (torch.from_numpy(a) for a in np.nonzero(obs_tr.numpy()))     # observed (model, query) train pairs
     py = y_tr[pm, pn]
     for ep in range(1, cfg.teacher_epochs + 1):
@@ -247,7 +247,7 @@ def _fit_teacher(model, dec_params, log_s, q_tr, y_tr, obs_tr, dis, q_all, corre
             loss.backward()
             torch.nn.utils.clip_grad_norm_([p for g in params for p in g["params"]], cfg.grad_clip)
             opt.step()
-        val.check(model, e, -ep, float(loss.detach()), e)      # steps -1, -2, ...: the teacher's epochs
+        val.check(model, e, ep, float(loss.detach()), e)
     info, e = val.restore(model)
     with torch.no_grad():
         # exact reparametrisation: vectors centred and scaled to unit spread (one scalar, so distances keep their
@@ -259,7 +259,7 @@ def _fit_teacher(model, dec_params, log_s, q_tr, y_tr, obs_tr, dis, q_all, corre
         model.w_u.weight += model.w_zu.weight * mu[None]
         model.w_zu.weight *= sd
         e = (e - mu) / sd
-    return e, dict(info, epoch=-info["epoch"], scale=float(sd))
+    return e, dict(info, scale=float(sd))
 
 
 def set_statistic(q, y, mask):
@@ -286,7 +286,7 @@ def _fit_linear_teacher(model, dec_params, q_tr, y_tr, obs_tr, q_all, correct, v
     params = dec_params + list(lin.parameters())
     opt = torch.optim.AdamW(params, lr=cfg.lr_predictor, weight_decay=cfg.teacher_wd)
     val = _BestOnVal(q_all[torch.from_numpy(np.asarray(val_idx))], correct[:, np.asarray(val_idx)], progress, t0,
-                     0, cfg.teacher_epochs)
+                     "teacher", cfg.teacher_epochs)
     for ep in range(1, cfg.teacher_epochs + 1):
         model.train()
         perm = rng.permutation(n_tr)
@@ -304,13 +304,13 @@ def _fit_linear_teacher(model, dec_params, q_tr, y_tr, obs_tr, q_all, correct, v
             opt.step()
         with torch.no_grad():
             z = lin(stat)
-        val.check(model, z, -ep, float(loss.detach()), lin.weight, lin.bias)   # steps -1, -2, ...
+        val.check(model, z, ep, float(loss.detach()), lin.weight, lin.bias)
     info, w, b = val.restore(model)
     with torch.no_grad():
         lin.weight.copy_(w)
         lin.bias.copy_(b)
     lin.requires_grad_(False)
-    return lin, dict(info, kind="linear", epoch=-info["epoch"])
+    return lin, dict(info, kind="linear")
 
 
 def _refit_predictor(model, dec_params, qvecs, correct, tr, val_idx, q_tr, y_tr, obs_tr, cfg, rng, progress, t0):
@@ -323,7 +323,7 @@ def _refit_predictor(model, dec_params, qvecs, correct, tr, val_idx, q_tr, y_tr,
     pm, pn = (torch.from_numpy(a) for a in np.nonzero(obs_tr.numpy()))
     py = y_tr[pm, pn]
     val = _BestOnVal(torch.from_numpy(np.ascontiguousarray(qvecs[np.asarray(val_idx)], dtype=np.float32)),
-                     correct[:, np.asarray(val_idx)], progress, t0, 10_000, cfg.refit_epochs)
+                     correct[:, np.asarray(val_idx)], progress, t0, "refit", cfg.refit_epochs)
     for ep in range(0, cfg.refit_epochs + 1):                                 # epoch 0: the stage-2 predictor
         loss = float("nan")
         if ep > 0:
@@ -494,7 +494,7 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
                 else:
                     bad += 1
                 lm = np.mean(losses[-cfg.eval_every:], axis=0)
-                info = {"step": step, "max_steps": cfg.max_steps, "loss": float(lm[0]), "cons": float(lm[1]),
+                info = {"stage": "encoder", "step": step, "max_steps": cfg.max_steps, "loss": float(lm[0]), "cons": float(lm[1]),
                         "geo": float(lm[2]), "val_hit@1": val["hit@1"], "val_auc": val["auc"], "val_bce": val["bce"],
                         "val_n_routed": val["n_routed"], "best_val_hit@1": best_val["hit@1"],
                         "best_step": best_step, "anchors": k, "noise": noise, "elapsed_s": time.time() - t0}

@@ -3,6 +3,7 @@ baselines recomputed here from the raw evaluations, and the sample-efficiency cu
 from __future__ import annotations
 
 import json
+import re
 
 import duckdb
 import numpy as np
@@ -76,3 +77,15 @@ def test_train_cli_options_reach_the_config_and_the_same_seed_gives_the_same_che
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
     assert cfg["train_config"]["teacher_epochs"] == 1 and cfg["train_config"]["max_steps"] == 2
     assert cfg["train_config"]["anchors"] == 64 and cfg["train_config"]["seed"] == 1
+
+
+def test_train_shows_one_progress_bar_per_stage_with_val_hit(db_copy):
+    res = CliRunner().invoke(cli, ["--db", str(db_copy), "train", "--seed", "1", "--steps", "2", "--epochs", "2"])
+    assert res.exit_code == 0, res.output
+    out = res.output.replace("\r", "\n")
+    for stage, total, unit in (("1: teacher", 2, "epoch"), ("2: encoder", 2, "step"), ("3: refit", 10, "epoch")):
+        done = [ln for ln in out.splitlines() if ln.startswith(f"train {stage}: 100%") and f"{total}/{total}" in ln]
+        assert done, (stage, out[-2000:])
+        assert (f"{unit}/s" in done[-1] or f"s/{unit}" in done[-1]) and "val_hit@1=" in done[-1], done[-1]
+    assert not re.search(r"^train [^|]*: -\d", out, re.MULTILINE), out[-2000:]   # no negative counts
+    assert "stored" in out

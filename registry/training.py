@@ -469,7 +469,7 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
                 cons = sum(((z - teacher) ** 2).mean() for z in zs) / (len(zs) * t_var)   # logged in place of cons
                 loss = loss + cfg.teacher_weight * len(zs) * cons
             geo = torch.zeros(())
-            if cfg.geo_weight > 0 and teacher is None and lin is None:                # with a teacher: geometry is shaped there
+            if cfg.geo_weight > 0 and teacher is None and lin is None:  # with a teacher, geometry is shaped there
                 dist = torch.pdist(zs[0])                                                         # [pairs], triu order
                 geo = ((log_s.exp() * dist - dis) ** 2).mean()
                 loss = loss + cfg.geo_weight * geo
@@ -494,9 +494,9 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
                 else:
                     bad += 1
                 lm = np.mean(losses[-cfg.eval_every:], axis=0)
-                info = {"stage": "encoder", "step": step, "max_steps": cfg.max_steps, "loss": float(lm[0]), "cons": float(lm[1]),
-                        "geo": float(lm[2]), "val_hit@1": val["hit@1"], "val_auc": val["auc"], "val_bce": val["bce"],
-                        "val_n_routed": val["n_routed"], "best_val_hit@1": best_val["hit@1"],
+                info = {"stage": "encoder", "step": step, "max_steps": cfg.max_steps, "loss": float(lm[0]),
+                        "cons": float(lm[1]), "geo": float(lm[2]), "val_hit@1": val["hit@1"], "val_auc": val["auc"],
+                        "val_bce": val["bce"], "val_n_routed": val["n_routed"], "best_val_hit@1": best_val["hit@1"],
                         "best_step": best_step, "anchors": k, "noise": noise, "elapsed_s": time.time() - t0}
                 hist.append(info)
                 if progress:
@@ -509,7 +509,8 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
             refit_info = _refit_predictor(model, dec_params, qvecs, correct, tr, val_idx, q_tr, y_tr, obs_tr, cfg, rng,
                                           progress, t0)
         model.eval()
-        metrics = {"best_step": best_step, "steps": step, "teacher": teacher_info, "refit": refit_info, "wall_s": time.time() - t0, "n_params": model.n_params(),
+        metrics = {"best_step": best_step, "steps": step, "teacher": teacher_info, "refit": refit_info,
+                   "wall_s": time.time() - t0, "n_params": model.n_params(),
                    **{f"val_{k}": v for k, v in best_val.items()}, "train_config": asdict(cfg),
                    "history": [{k: h[k] for k in ("step", "loss", "cons", "val_hit@1", "val_auc", "val_bce",
                                                   "val_n_routed")} for h in hist]}

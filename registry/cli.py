@@ -438,7 +438,8 @@ def evaluate(ctx, split, sample_efficiency, seeds, no_baselines, as_json):
         click.echo("")
         cols = [c for c in next(iter(r.per_category.values())) if c != "queries"]
         table([[c, v["queries"]] + [fmt(v[k]) for k in cols] for c, v in r.per_category.items()],
-              ["category", "queries"] + [f"{k} hit@1" if k != "locus_auc" else "locus AUC" for k in cols])
+              ["category", "queries"] + [k.replace("_", " ") if k.startswith("locus_") else f"{k} hit@1"
+                                         for k in cols])
     if r.sample_efficiency:
         click.echo("")
         table([[n, f"{v['mean']:.4f} ± {v['std']:.4f}", v["draws"]] for n, v in r.sample_efficiency.items()]

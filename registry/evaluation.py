@@ -65,7 +65,8 @@ class EvaluationReport:
     models: int
     encoder: str
     methods: dict[str, dict]                                  # method -> metrics
-    per_category: dict[str, dict] = field(default_factory=dict)  # category -> {"queries", "locus", "best_single", ...}
+    per_category: dict[str, dict] = field(default_factory=dict)  # category -> {"queries", "locus", "best_single", ...,
+                                                                 #   "locus_acc", "locus_auc", "locus_brier"}
     sample_efficiency: dict | None = None
     choices: dict[str, int] = field(default_factory=dict)     # how often LOCUS routes to each model
 
@@ -109,6 +110,7 @@ def evaluate(tx: Tx, split: str = "test", baselines: bool = True, sample_efficie
         s = B.best_single_scores(data.correct, tr, idx)
         methods["best_single"] = B.routing_report(s, ct)
         methods["best_single"]["model"] = data.models[int(np.argmax(s[:, 0]))]
+        scores["best_single"] = s
         methods["random"] = {f"hit@{k}": B.random_hit_at_k(ct, k) for k in (1, 3, 5)}
         k, _ = B.knn_router(data.qvecs, data.correct, tr, va)
         s = B.knn_scores(data.qvecs, data.correct, tr, idx, k)
@@ -121,9 +123,10 @@ def evaluate(tx: Tx, split: str = "test", baselines: bool = True, sample_efficie
     per_category = {}
     for cat in sorted(set(data.categories[idx])):
         sel = data.categories[idx] == cat
+        pm = B.predictor_metrics(p[:, sel], ct[:, sel])
         per_category[cat] = {"queries": int(sel.sum()),
                              **{m: round(B.hit_at_k(sc[:, sel], ct[:, sel], 1), 4) for m, sc in scores.items()},
-                             "locus_auc": round(B.predictor_metrics(p[:, sel], ct[:, sel])["auc"], 4)}
+                             **{f"locus_{k}": round(v, 4) for k, v in pm.items()}}
     report = EvaluationReport(split, len(idx), len(data.models), enc_name,
                               {m: {k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}
                                for m, r in methods.items()}, per_category, None, choices)

@@ -50,6 +50,15 @@ def test_evaluate_json_methods_baselines_and_sample_efficiency(db_copy):
     assert m["oracle"]["hit@1"] == round(float(np.mean([len(right[q]) > 0 for q in test_ids])), 4)
     assert m["random"]["hit@1"] == round(float(np.mean([len(right[q]) / n_models for q in test_ids])), 4)
 
+    # per category: the query-weighted mean of each category's hit@1 is the overall figure
+    pc = r["per_category"]
+    assert sum(v["queries"] for v in pc.values()) == len(test_ids)
+    for name in ("locus", "best_single", "knn", "mf"):
+        mean = sum(v[name] * v["queries"] for v in pc.values()) / len(test_ids)
+        assert abs(mean - m[name]["hit@1"]) < 1e-3, name
+    assert all({"locus_acc", "locus_auc", "locus_brier"} <= set(v) for v in pc.values())
+    assert all(0.0 <= v["locus_brier"] <= 1.0 and 0.0 <= v["locus_acc"] <= 1.0 for v in pc.values())
+
     # a draw at least as large as every model's non-test set is that whole set: the stored embedding's figure
     se = r["sample_efficiency"]
     assert list(se) == ["32", "64", "128", "256", "512"] and all(v["draws"] == 2 for v in se.values())

@@ -41,7 +41,8 @@ def dataset(tx: Tx) -> Dataset:
     q = tx.duck.execute("""SELECT q.id, s.split, coalesce(q.category, '(none)') AS category FROM queries q
                            JOIN query_splits s ON s.query_id = q.id ORDER BY q.id""").fetchnumpy()
     if len(q["id"]) == 0:
-        raise RegistryError("no queries with a train/val/test split: import a splits file first")
+        raise RegistryError("no queries with a train/val/test split: import a splits file or run "
+                            "`registry draw-splits`")
     m = tx.sql("SELECT id, name FROM models ORDER BY name")
     model_ids = np.array([r[0] for r in m], dtype=np.int64)
     ev = tx.duck.execute("""SELECT model_id, query_id, arg_max(correct, batch_id)::TINYINT AS c FROM evaluations

@@ -227,6 +227,8 @@ def test_draw_splits_per_category_seeded_kept_and_re_embedded(unsplit_db, small_
     a, b = tmp_path / "a.duckdb", tmp_path / "b.duckdb"
     shutil.copy(unsplit_db, a)
     shutil.copy(unsplit_db, b)
+    res = CliRunner().invoke(cli, ["--db", str(a), "evaluate"])       # without splits there is nothing to score
+    assert res.exit_code == 1 and "registry draw-splits" in res.output and res.output.count("\n") == 1, res.output
     res = CliRunner().invoke(cli, ["--db", str(a), "draw-splits", "--val", "0.1", "--test", "0.2", "--seed", "3",
                                    "--json"])
     assert res.exit_code == 0, res.output

@@ -1,4 +1,5 @@
 import io
+import json
 import pickle
 import subprocess
 import sys
@@ -8,9 +9,16 @@ import numpy as np
 import pytest
 import torch
 
+from click.testing import CliRunner
+
 from registry.checkpoint import load_checkpoint, read_header, save_checkpoint
+from registry.cli import cli
 from registry.encoder import EncoderConfig, LocusModel
+from registry.encoders import SHIPPED
+from registry.textvec import TEXT_ENCODER
 from registry.training import TrainConfig, embed_models, predict_proba, set_statistic, train
+
+from .conftest import snapshot
 
 torch.set_num_threads(1)  # tiny tensors: extra threads only add contention on a shared machine
 
@@ -186,3 +194,28 @@ def test_training_is_deterministic():
     assert runs[0][0] == runs[1][0] and runs[0][1] == runs[1][1]
     assert np.array_equal(runs[0][2], runs[1][2])
     assert ecfg == SMALL
+
+
+def test_checkpoint_for_another_text_encoder_or_a_pickle_is_refused_by_the_registry(db_copy, tmp_path):
+    """Through the CLI on a real registry: one line naming the file and the problem, nothing written; a checkpoint
+    that expects this registry's text encoder installs and lists."""
+    model, cfg, meta = load_checkpoint(SHIPPED.read_bytes())
+    other = tmp_path / "other.safetensors"
+    other.write_bytes(save_checkpoint(model, cfg, dict(meta, text_encoder="all-mpnet-base-v2@384")))
+    pickled = tmp_path / "pickled.pt"
+    torch.save(model.state_dict(), pickled)
+    run = lambda *args: CliRunner().invoke(cli, ["--db", str(db_copy), "encoders", *map(str, args)])  # noqa: E731
+    before = snapshot(db_copy)
+    for path, words in ((other, ("all-mpnet-base-v2@384", TEXT_ENCODER)), (pickled, ("pickle",))):
+        res = run("install", path)
+        assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
+        assert res.output.startswith(f"Error: {path}: ") and all(w in res.output for w in words), res.output
+    assert snapshot(db_copy) == before
+
+    ours = tmp_path / "ours.safetensors"
+    ours.write_bytes(save_checkpoint(model, cfg, dict(meta, name="same-weights-new-name")))
+    res = run("install", ours)
+    assert res.exit_code == 0, res.output
+    listed = {e["name"]: e for e in json.loads(run("--json").output)}
+    assert listed["same-weights-new-name"]["text_encoder"] == TEXT_ENCODER
+    assert not listed["same-weights-new-name"]["active"]

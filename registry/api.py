@@ -390,9 +390,11 @@ class Registry(RoutingMixin):
     # --- the encoder: training and evaluation ------------------------------------------------------------------
     def evaluate(self, split: str = "test", baselines: bool = True, sample_efficiency: bool = False,
                  seeds: int = 5):
-        """Routing accuracy and predictor quality of LOCUS on a split, beside the baselines, in one run."""
+        """Routing accuracy and predictor quality of LOCUS on a split, beside the baselines, in one run, over the
+        models with an up-to-date embedding (pending onboarding is finished first; the others are reported)."""
         from . import evaluation
 
+        self._finish_pending()
         with self.store.tx() as tx:
             return evaluation.evaluate(tx, split, baselines=baselines, sample_efficiency=sample_efficiency,
                                        seeds=seeds)

@@ -70,26 +70,51 @@ class EvaluationReport:
                                                                  #   "locus_acc", "locus_auc", "locus_brier"}
     sample_efficiency: dict | None = None
     choices: dict[str, int] = field(default_factory=dict)     # how often LOCUS routes to each model
+    excluded: dict[str, str] = field(default_factory=dict)    # models left out of every method, and why
 
 
-def locus_probs(tx: Tx, data: Dataset, idx: np.ndarray) -> tuple[np.ndarray, str]:
-    """P(correct) [M, len(idx)] from the stored current embeddings under the active encoder."""
-    import torch
-
+def current_embeddings(tx: Tx, data: Dataset) -> tuple[np.ndarray, dict[str, str], int]:
+    """The active encoder's current embedding of every model that has an up-to-date one -> (z [M,D] in data's model
+    order, NaN rows for the others; {model: why it has none}; encoder id). A version is up to date when its digest is
+    that of the model's current non-test evaluations: one made before queries moved into the test split, for a model
+    left with too few evaluations to re-embed, would carry test answers, so it is not used."""
     encoder_id = encoders.ensure_default(tx)
     if encoder_id is None:
         raise RegistryError("no active encoder")
-    model, meta = encoders.load(tx, encoder_id)
-    _, mids, names, vecs = index.current_versions(tx, encoder_id)
+    _, meta = encoders.load(tx, encoder_id)
+    vids, mids, _, vecs = index.current_versions(tx, encoder_id)
+    digest_of = dict(tx.sql(f"SELECT model_id, digest FROM embedding_versions WHERE id IN "
+                            f"({', '.join(str(int(v)) for v in vids) or 'NULL'})"))
+    sets = onboarding.evaluation_sets(tx, [int(m) for m in mids], 2 ** 62, meta.get("embed_max_set"))
     pos = {int(m): i for i, m in enumerate(mids)}
-    missing = [n for n, m in zip(data.models, data.model_ids) if int(m) not in pos]
-    if missing:
-        raise RegistryError(f"models without a current embedding: {', '.join(missing[:5])} (run `registry onboard`)")
-    z = vecs[[pos[int(m)] for m in data.model_ids]]
+    z = np.full((len(data.models), vecs.shape[1]), np.nan, dtype=np.float32)
+    excluded = {}
+    for i, (name, m) in enumerate(zip(data.models, data.model_ids)):
+        m = int(m)
+        if m not in pos:
+            excluded[name] = "no embedding (fewer evaluations outside the test split than onboarding needs)"
+        elif sets[m].digest != digest_of[m]:
+            excluded[name] = (f"its embedding predates its current evaluations outside the test split ({sets[m].n}; "
+                              f"too few to re-embed, or onboarding pending)")
+        else:
+            z[i] = vecs[pos[m]]
+    return z, excluded, encoder_id
+
+
+def locus_probs(tx: Tx, encoder_id: int, z: np.ndarray, qvecs: np.ndarray) -> np.ndarray:
+    """P(correct) [M, N] of embeddings z [M,D] on query vectors [N,Dq] under an encoder."""
+    import torch
+
+    model, _ = encoders.load(tx, encoder_id)
     with torch.no_grad():
-        p = torch.sigmoid(model.predict_logits(torch.from_numpy(z), torch.from_numpy(data.qvecs[idx]))).numpy()
-    name = tx.sql("SELECT name FROM encoders WHERE id = ?", [encoder_id])[0][0]
-    return p, name
+        return torch.sigmoid(model.predict_logits(torch.from_numpy(z), torch.from_numpy(qvecs))).numpy()
+
+
+def without(data: Dataset, drop: np.ndarray) -> Dataset:
+    """The same dataset without the models where `drop` is True."""
+    keep = ~drop
+    return Dataset([n for n, k in zip(data.models, keep) if k], data.model_ids[keep], data.query_ids, data.qvecs,
+                   data.correct[keep], data.splits, data.categories)
 
 
 def evaluate(tx: Tx, split: str = "test", baselines: bool = True, sample_efficiency: bool = False,
@@ -97,11 +122,19 @@ def evaluate(tx: Tx, split: str = "test", baselines: bool = True, sample_efficie
     if split not in SPLITS:
         raise RegistryError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
     data = dataset(tx)
+    z, excluded, encoder_id = current_embeddings(tx, data)
+    # every method sees the same models: those LOCUS can score honestly
+    data, z = without(data, np.isnan(z[:, 0])), z[~np.isnan(z[:, 0])]
+    if len(data.models) < 2:
+        raise RegistryError(f"{len(data.models)} model(s) with an up-to-date embedding: nothing to route between"
+                            + (f" ({len(excluded)} left out, e.g. {next(iter(excluded))}: "
+                               f"{next(iter(excluded.values()))})" if excluded else ""))
     idx, tr, va = data.splits[split], data.splits["train"], data.splits["val"]
     if len(idx) == 0:
         raise RegistryError(f"no queries in the {split} split")
     ct = data.correct[:, idx]
-    p, enc_name = locus_probs(tx, data, idx)
+    p = locus_probs(tx, encoder_id, z, data.qvecs[idx])
+    enc_name = tx.sql("SELECT name FROM encoders WHERE id = ?", [encoder_id])[0][0]
     methods = {"locus": B.routing_report(p, ct, p)}
     chosen = B.topk_models(p, 1)[0]
     choices = {data.models[m]: int(n) for m, n in zip(*np.unique(chosen, return_counts=True))}
@@ -130,7 +163,7 @@ def evaluate(tx: Tx, split: str = "test", baselines: bool = True, sample_efficie
                              **{f"locus_{k}": round(v, 4) for k, v in pm.items()}}
     report = EvaluationReport(split, len(idx), len(data.models), enc_name,
                               {m: {k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}
-                               for m, r in methods.items()}, per_category, None, choices)
+                               for m, r in methods.items()}, per_category, None, choices, excluded)
     if sample_efficiency:
         report.sample_efficiency = sample_efficiency_curve(tx, data, idx, seeds, sizes)
     return report

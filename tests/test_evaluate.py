@@ -98,3 +98,27 @@ def test_train_shows_one_progress_bar_per_stage_with_val_hit(db_copy):
         assert (f"{unit}/s" in done[-1] or f"s/{unit}" in done[-1]) and "val_hit@1=" in done[-1], done[-1]
     assert not re.search(r"^train [^|]*: -\d", out, re.MULTILINE), out[-2000:]   # no negative counts
     assert "stored" in out
+
+
+def test_evaluate_leaves_out_models_without_an_up_to_date_embedding(db_copy, small_data, tmp_path):
+    """A model with too few evaluations has no embedding; one whose queries then move into the test split keeps an
+    embedding built partly from test answers. Neither may be scored: both are left out of every method, and said."""
+    from registry import Registry
+
+    train_ids = [q for q, s in duckdb.sql(f"SELECT question_id, split FROM read_csv('{small_data}/splits.csv') "
+                                          "ORDER BY question_id").fetchall() if s == "train"]
+    (tmp_path / "thin.csv").write_text("question_id,correct\n" + "".join(f"{q},{i % 2}\n"
+                                                                          for i, q in enumerate(train_ids[:40])))
+    (tmp_path / "tiny.csv").write_text("question_id,correct\n" + "".join(f"{q},1\n" for q in train_ids[:10]))
+    (tmp_path / "moved.csv").write_text("question_id,split\n" + "".join(f"{q},test\n" for q in train_ids[:10]))
+    with Registry(db_copy) as reg:
+        assert reg.register("thin", str(tmp_path / "thin.csv")).version == 1          # 40 evaluations: embedded
+        reg.register("tiny", str(tmp_path / "tiny.csv"))                               # 10: too few to embed
+        reg.import_files(splits=str(tmp_path / "moved.csv"))                           # thin keeps 30 outside test
+        assert len(reg.history("thin").versions) == 1
+        r = reg.evaluate("test", baselines=True)
+    assert set(r.excluded) == {"thin", "tiny"} and r.models == 31
+    assert "predates" in r.excluded["thin"] and "no embedding" in r.excluded["tiny"]
+    assert "thin" not in r.choices and "tiny" not in r.choices
+    res = CliRunner().invoke(cli, ["--db", str(db_copy), "evaluate", "--no-baselines"])
+    assert res.exit_code == 0 and "left out: thin: " in res.output and "left out: tiny: " in res.output, res.output

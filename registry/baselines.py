@@ -34,6 +34,7 @@ def oracle_hit(correct: np.ndarray) -> float:
 def random_hit_at_k(correct: np.ndarray, k: int = 1) -> float:
     """Expected hit@k of k models drawn uniformly without replacement: 1 - C(M-c, k) / C(M, k) per query."""
     M = correct.shape[0]
+    k = min(k, M)                                                 # fewer models than k: every model is drawn
     c = (correct == 1).sum(axis=0)
     miss = np.array([comb(M - int(ci), k) / comb(M, k) for ci in c])
     return float(1.0 - miss.mean())
@@ -73,6 +74,7 @@ def best_single_scores(correct: np.ndarray, train_idx, eval_idx) -> np.ndarray:
 def knn_scores(qvecs: np.ndarray, correct: np.ndarray, train_idx, eval_idx, k: int) -> np.ndarray:
     """Mean correctness of each model on the k most cosine-similar train queries (observed entries only)."""
     tr, ev = np.asarray(train_idx), np.asarray(eval_idx)
+    k = min(k, len(tr))
     y = correct[:, tr].astype(np.float32)                          # [M,Ntr]
     obs = (y >= 0).astype(np.float32)
     y = np.where(y > 0, 1.0, 0.0).astype(np.float32)
@@ -87,7 +89,8 @@ def knn_scores(qvecs: np.ndarray, correct: np.ndarray, train_idx, eval_idx, k: i
 
 
 def knn_router(qvecs, correct, train_idx, val_idx, ks=(5, 10, 20, 50, 100)) -> tuple[int, dict]:
-    """k chosen by validation hit@1 (ties: smaller k)."""
+    """k chosen by validation hit@1 (ties: smaller k), among the ks a train split of this size allows."""
+    ks = [k for k in ks if k <= len(train_idx)] or [len(train_idx)]
     val = {k: hit_at_k(knn_scores(qvecs, correct, train_idx, val_idx, k), correct[:, val_idx]) for k in ks}
     return max(ks, key=lambda k: (val[k], -k)), val
 

@@ -130,8 +130,9 @@ def evaluate(tx: Tx, split: str = "test", baselines: bool = True, sample_efficie
                             + (f" ({len(excluded)} left out, e.g. {next(iter(excluded))}: "
                                f"{next(iter(excluded.values()))})" if excluded else ""))
     idx, tr, va = data.splits[split], data.splits["train"], data.splits["val"]
-    if len(idx) == 0:
-        raise RegistryError(f"no queries in the {split} split")
+    for name, rows in ((split, idx), ("train", tr), ("val", va)):
+        if len(rows) == 0:   # best single is chosen on train, KNN's k and MF's dimension on val
+            raise RegistryError(f"no queries in the {name} split")
     ct = data.correct[:, idx]
     p = locus_probs(tx, encoder_id, z, data.qvecs[idx])
     enc_name = tx.sql("SELECT name FROM encoders WHERE id = ?", [encoder_id])[0][0]

@@ -43,9 +43,9 @@ def apply(tx: Tx, source: str, batch_id: int | None) -> int:
 
 
 def check_shares(val: float, test: float) -> None:
-    for name, share in (("val", val), ("test", test)):
-        if not 0.0 <= share < 1.0:
-            raise InputError(f"the {name} share must be in [0, 1), got {share}")
+    for name, share in (("val", val), ("test", test)):   # training selects on val; every figure is on test
+        if not 0.0 < share < 1.0:
+            raise InputError(f"the {name} share must be in (0, 1), got {share}")
     if val + test >= 1.0:
         raise InputError(f"val and test shares leave nothing to train on ({val} + {test} >= 1)")
 

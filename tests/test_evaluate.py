@@ -122,3 +122,29 @@ def test_evaluate_leaves_out_models_without_an_up_to_date_embedding(db_copy, sma
     assert "thin" not in r.choices and "tiny" not in r.choices
     res = CliRunner().invoke(cli, ["--db", str(db_copy), "evaluate", "--no-baselines"])
     assert res.exit_code == 0 and "left out: thin: " in res.output and "left out: tiny: " in res.output, res.output
+
+
+def test_evaluate_on_a_registry_of_three_models_and_few_queries(small_data, tmp_path):
+    """Fewer models than hit@5 asks for and fewer train queries than KNN's largest k: every method still reports."""
+    from registry import Registry
+
+    keep = ("gpt-4o-2024-05-13", "gemma-7b", "Llama-2-7b-hf")
+    names = ", ".join(f"'{m}'" for m in keep)
+    d = tmp_path / "three"
+    d.mkdir()
+    con = duckdb.connect()
+    con.execute(f"""COPY (SELECT * FROM read_csv('{small_data}/models.csv') WHERE model IN ({names}))
+                    TO '{d}/models.csv' (HEADER)""")
+    con.execute(f"""COPY (SELECT * FROM read_csv('{small_data}/questions.csv.gz') ORDER BY question_id LIMIT 90)
+                    TO '{d}/questions.csv.gz' (HEADER, COMPRESSION gzip)""")
+    con.execute(f"""COPY (SELECT e.* FROM read_csv('{small_data}/evaluations.csv.gz') e
+                          SEMI JOIN read_csv('{d}/questions.csv.gz') q USING (question_id) WHERE e.model IN ({names}))
+                    TO '{d}/evaluations.csv.gz' (HEADER, COMPRESSION gzip)""")
+    con.close()
+    with Registry(tmp_path / "three.duckdb") as reg:
+        reg.import_files(directory=str(d))
+        reg.draw_splits(val=0.2, test=0.2, seed=0)
+        r = reg.evaluate("test", sample_efficiency=True, seeds=1)
+    assert r.models == 3 and not r.excluded
+    assert r.methods["random"]["hit@5"] == r.methods["oracle"]["hit@1"]   # all three models drawn
+    assert r.methods["knn"]["k"] <= 90 and 0.0 <= r.methods["knn"]["hit@1"] <= r.methods["oracle"]["hit@1"]

@@ -264,7 +264,8 @@ def test_draw_splits_per_category_seeded_kept_and_re_embedded(unsplit_db, small_
     assert snapshot(a) == before
 
 
-@pytest.mark.parametrize("args", [["--test", "1.5"], ["--val", "-0.1"], ["--val", "0.5", "--test", "0.5"]])
+@pytest.mark.parametrize("args", [["--test", "1.5"], ["--val", "-0.1"], ["--val", "0"],
+                                  ["--val", "0.5", "--test", "0.5"]])
 def test_draw_splits_bad_share_is_one_line_and_changes_nothing(unsplit_db, tmp_path, args):
     db = tmp_path / "r.duckdb"
     shutil.copy(unsplit_db, db)

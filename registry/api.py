@@ -408,15 +408,26 @@ class Registry(RoutingMixin):
         from . import evaluation, textvec, training
         from .checkpoint import save_checkpoint
 
-        with self.store.tx() as tx:
-            data = evaluation.dataset(tx)
+        for flag, value in (("--anchors", anchors), ("--steps", max_steps), ("--epochs", epochs)):
+            if value is not None and value < 1:
+                raise InputError(f"{flag} must be at least 1, got {value}")
         cfg = training.TrainConfig(seed=seed)
         if anchors is not None:
-            cfg = replace(cfg, anchors=anchors)
+            cfg = replace(cfg, anchors=anchors, min_anchors=min(cfg.min_anchors, anchors))
         if max_steps is not None:
             cfg = replace(cfg, max_steps=max_steps)
         if epochs is not None:
             cfg = replace(cfg, teacher_epochs=epochs)
+        with self.store.tx() as tx:
+            data = evaluation.dataset(tx)
+        for split in ("train", "val"):
+            if len(data.splits[split]) == 0:
+                raise RegistryError(f"no queries in the {split} split: training fits on train and selects on val")
+        # a model with no train evaluations has nothing to learn from (say, listed in models.csv only)
+        left_out = ~(data.correct[:, data.splits["train"]] >= 0).any(axis=1)
+        data = evaluation.without(data, left_out)
+        if len(data.models) < 2:
+            raise RegistryError(f"{len(data.models)} model(s) with train evaluations: training needs at least 2")
         model, config, metrics = training.train(data.qvecs, data.correct, data.splits["train"], data.splits["val"],
                                                 cfg, progress=progress)
         digest = data.digest()

@@ -1,5 +1,6 @@
-"""`registry evaluate` (issue 3) through the CLI on the session's small real registry: the JSON the issue asks for,
-baselines recomputed here from the raw evaluations, and the sample-efficiency curve against the stored embeddings."""
+"""`registry evaluate` and `registry train` (issue 3) through the CLI and the API on the session's small real registry:
+the JSON the issue asks for, baselines recomputed from the raw evaluations, the sample-efficiency curve against the
+stored embeddings, models left out and why, small registries, and the train command's options and progress."""
 from __future__ import annotations
 
 import json
@@ -7,9 +8,11 @@ import re
 
 import duckdb
 import numpy as np
+import pytest
 import torch
 from click.testing import CliRunner
 
+from registry import Registry
 from registry.checkpoint import load_checkpoint
 from registry.cli import cli
 
@@ -103,8 +106,6 @@ def test_train_shows_one_progress_bar_per_stage_with_val_hit(db_copy):
 def test_evaluate_leaves_out_models_without_an_up_to_date_embedding(db_copy, small_data, tmp_path):
     """A model with too few evaluations has no embedding; one whose queries then move into the test split keeps an
     embedding built partly from test answers. Neither may be scored: both are left out of every method, and said."""
-    from registry import Registry
-
     train_ids = [q for q, s in duckdb.sql(f"SELECT question_id, split FROM read_csv('{small_data}/splits.csv') "
                                           "ORDER BY question_id").fetchall() if s == "train"]
     (tmp_path / "thin.csv").write_text("question_id,correct\n" + "".join(f"{q},{i % 2}\n"
@@ -126,8 +127,6 @@ def test_evaluate_leaves_out_models_without_an_up_to_date_embedding(db_copy, sma
 
 def test_evaluate_on_a_registry_of_three_models_and_few_queries(small_data, tmp_path):
     """Fewer models than hit@5 asks for and fewer train queries than KNN's largest k: every method still reports."""
-    from registry import Registry
-
     keep = ("gpt-4o-2024-05-13", "gemma-7b", "Llama-2-7b-hf")
     names = ", ".join(f"'{m}'" for m in keep)
     d = tmp_path / "three"
@@ -148,3 +147,20 @@ def test_evaluate_on_a_registry_of_three_models_and_few_queries(small_data, tmp_
     assert r.models == 3 and not r.excluded
     assert r.methods["random"]["hit@5"] == r.methods["oracle"]["hit@1"]   # all three models drawn
     assert r.methods["knn"]["k"] <= 90 and 0.0 <= r.methods["knn"]["hit@1"] <= r.methods["oracle"]["hit@1"]
+
+
+@pytest.mark.parametrize("args, words", [(["--steps", "0"], "--steps must be at least 1"),
+                                         (["--anchors", "0"], "--anchors must be at least 1"),
+                                         (["--epochs", "0"], "--epochs must be at least 1")])
+def test_train_bad_options_are_one_line(db_copy, args, words):
+    res = CliRunner().invoke(cli, ["--db", str(db_copy), "train", *args])
+    assert res.exit_code == 1 and res.output == f"Error: {words}, got 0\n", res.output
+
+
+def test_train_leaves_out_a_model_without_train_evaluations_and_small_anchor_sets_stay_small(db_copy, tmp_path):
+    (tmp_path / "m.csv").write_text("model,family\nlisted-only,none\n")
+    with Registry(db_copy) as reg:
+        reg.import_files(models=str(tmp_path / "m.csv"))
+        enc = reg.train(seed=1, anchors=16, max_steps=2, epochs=1)
+        info = next(e for e in reg.encoders() if e.id == enc)
+    assert info.metrics["train_config"]["anchors"] == 16 and info.metrics["train_config"]["min_anchors"] == 16

@@ -48,7 +48,9 @@ def read_header(blob: bytes) -> dict:
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
         raise ValueError(f"not a LOCUS safetensors checkpoint: {e}") from None
     if not isinstance(info, dict) or info.get("format") != FORMAT:
-        raise ValueError(f"unknown checkpoint format {info.get('format')!r}")
+        raise ValueError(f"unknown checkpoint format {info.get('format') if isinstance(info, dict) else info!r}")
+    if not isinstance(info.get("config"), dict) or not isinstance(info.get("meta"), dict):
+        raise ValueError("checkpoint header lacks its config or meta object")
     return info
 
 
@@ -64,10 +66,18 @@ def load_checkpoint(blob: bytes) -> tuple["LocusModel", "EncoderConfig", dict]:
         raise ValueError(f"checkpoint config has unknown fields {sorted(unknown)}")
     config = EncoderConfig(**info["config"])
     model = LocusModel(config)
-    tensors = st_load(bytes(blob))
+    try:
+        tensors = st_load(bytes(blob))
+    except Exception as exc:  # safetensors' own error type: a truncated or corrupt file
+        raise ValueError(f"checkpoint tensors cannot be read: {str(exc).splitlines()[0]}") from None
     missing, extra = set(model.state_dict()) - set(tensors), set(tensors) - set(model.state_dict())
     if missing or extra:
         raise ValueError(f"checkpoint tensors do not match the model: missing {sorted(missing)}, extra {sorted(extra)}")
+    wrong = [k for k, v in model.state_dict().items() if tuple(tensors[k].shape) != tuple(v.shape)]
+    if wrong:
+        raise ValueError(f"checkpoint tensors do not match its config: {wrong[0]} is {tuple(tensors[wrong[0]].shape)}, "
+                         f"the config makes it {tuple(model.state_dict()[wrong[0]].shape)}"
+                         + (f" ({len(wrong) - 1} more)" if len(wrong) > 1 else ""))
     model.load_state_dict(tensors, strict=True)
     model.eval()
     return model, config, info["meta"]

@@ -53,6 +53,13 @@ def install(tx: Tx, blob: bytes, name: str | None = None, source: str = "checkpo
     same = tx.sql("SELECT id FROM encoders WHERE weights_sha256 = ?", [sha])
     if same:
         return int(same[0][0])
+    if sha not in _models:  # parsed in full now: a checkpoint that cannot load is never stored (nor activated)
+        from .checkpoint import load_checkpoint
+
+        try:
+            _models[sha] = load_checkpoint(bytes(blob))[0]
+        except ValueError as exc:
+            raise InputError(str(exc), file=source) from None
     name = name or meta.get("name") or f"locus-{sha[:12]}"
     if tx.sql("SELECT 1 FROM encoders WHERE name = ?", [name]):
         name = f"{name}-{sha[:8]}"

@@ -3,6 +3,7 @@ import json
 import pickle
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -196,17 +197,26 @@ def test_training_is_deterministic():
     assert ecfg == SMALL
 
 
-def test_checkpoint_for_another_text_encoder_or_a_pickle_is_refused_by_the_registry(db_copy, tmp_path):
-    """Through the CLI on a real registry: one line naming the file and the problem, nothing written; a checkpoint
-    that expects this registry's text encoder installs and lists."""
+def test_registry_refuses_checkpoints_it_cannot_use(db_copy, tmp_path):
+    """Through the CLI on a real registry: one line naming the file and the problem, nothing written (also for a
+    truncated file, tensors that do not fit the config, a header that is not ours); a checkpoint that expects this
+    registry's text encoder installs and lists."""
     model, cfg, meta = load_checkpoint(SHIPPED.read_bytes())
     other = tmp_path / "other.safetensors"
     other.write_bytes(save_checkpoint(model, cfg, dict(meta, text_encoder="all-mpnet-base-v2@384")))
     pickled = tmp_path / "pickled.pt"
     torch.save(model.state_dict(), pickled)
+    truncated = tmp_path / "truncated.safetensors"
+    truncated.write_bytes(SHIPPED.read_bytes()[:-1000])
+    wrong_shape = tmp_path / "wrong-shape.safetensors"
+    wrong_shape.write_bytes(save_checkpoint(model, replace(cfg, d_hidden=32), meta))
+    meta_list = tmp_path / "meta-list.safetensors"
+    meta_list.write_bytes(save_checkpoint(model, cfg, [meta]))
     run = lambda *args: CliRunner().invoke(cli, ["--db", str(db_copy), "encoders", *map(str, args)])  # noqa: E731
     before = snapshot(db_copy)
-    for path, words in ((other, ("all-mpnet-base-v2@384", TEXT_ENCODER)), (pickled, ("pickle",))):
+    for path, words in ((other, ("all-mpnet-base-v2@384", TEXT_ENCODER)), (pickled, ("pickle",)),
+                        (truncated, ("cannot be read",)), (wrong_shape, ("do not match its config", "more")),
+                        (meta_list, ("config or meta",))):
         res = run("install", path)
         assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
         assert res.output.startswith(f"Error: {path}: ") and all(w in res.output for w in words), res.output

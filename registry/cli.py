@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import sys
 from dataclasses import asdict, is_dataclass
 
@@ -15,17 +16,20 @@ from .errors import RegistryError
 
 
 def _jsonable(obj):
+    """Plain JSON values; a NaN or infinite float (an AUC over one class, say) becomes null, as JSON has no NaN."""
     if is_dataclass(obj):
-        return asdict(obj)
-    if isinstance(obj, list):
+        return _jsonable(asdict(obj))
+    if isinstance(obj, (list, tuple)):
         return [_jsonable(o) for o in obj]
     if isinstance(obj, dict):
         return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
     return obj
 
 
 def emit_json(obj) -> None:
-    click.echo(json.dumps(_jsonable(obj), indent=2, default=str))
+    click.echo(json.dumps(_jsonable(obj), indent=2, default=str, allow_nan=False))
 
 
 def table(rows: list[list], headers: list[str]) -> None:

@@ -164,3 +164,18 @@ def test_train_leaves_out_a_model_without_train_evaluations_and_small_anchor_set
         enc = reg.train(seed=1, anchors=16, max_steps=2, epochs=1)
         info = next(e for e in reg.encoders() if e.id == enc)
     assert info.metrics["train_config"]["anchors"] == 16 and info.metrics["train_config"]["min_anchors"] == 16
+
+
+def test_json_output_is_strict_json_even_with_nan(capsys):
+    from dataclasses import dataclass
+
+    from registry.cli import emit_json
+
+    @dataclass
+    class Row:
+        auc: float
+
+    emit_json({"a": float("nan"), "rows": [Row(float("inf")), Row(0.5)], "t": (1, 2)})
+    out = capsys.readouterr().out
+    strict = json.loads(out, parse_constant=lambda c: pytest.fail(f"{c} in JSON output"))
+    assert strict == {"a": None, "rows": [{"auc": None}, {"auc": 0.5}], "t": [1, 2]}

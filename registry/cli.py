@@ -436,6 +436,9 @@ def evaluate(ctx, split, sample_efficiency, seeds, no_baselines, as_json):
     click.echo(f"{r.split}: {r.queries} queries, {r.models} models, encoder {r.encoder}")
     for name, why in r.excluded.items():
         click.echo(f"left out: {name}: {why}")
+    if not r.held_out:
+        click.echo(f"note: not held out: the embeddings are built from the {r.split} answers too, and KNN and MF "
+                   f"choose their settings on val")
     fmt = lambda v: "" if v is None else (f"{v:.4f}" if isinstance(v, float) else str(v))  # noqa: E731
     table([[m, fmt(v.get("hit@1")), fmt(v.get("hit@3")), fmt(v.get("hit@5")), fmt(v.get("acc")),
             fmt(v.get("auc")), fmt(v.get("brier")), fmt(v.get("n_chosen"))] for m, v in r.methods.items()],

@@ -71,6 +71,7 @@ class EvaluationReport:
     sample_efficiency: dict | None = None
     choices: dict[str, int] = field(default_factory=dict)     # how often LOCUS routes to each model
     excluded: dict[str, str] = field(default_factory=dict)    # models left out of every method, and why
+    held_out: bool = True     # False off the test split: embeddings hold its answers, KNN and MF are tuned on val
 
 
 def current_embeddings(tx: Tx, data: Dataset) -> tuple[np.ndarray, dict[str, str], int]:
@@ -164,7 +165,8 @@ def evaluate(tx: Tx, split: str = "test", baselines: bool = True, sample_efficie
                              **{f"locus_{k}": round(v, 4) for k, v in pm.items()}}
     report = EvaluationReport(split, len(idx), len(data.models), enc_name,
                               {m: {k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}
-                               for m, r in methods.items()}, per_category, None, choices, excluded)
+                               for m, r in methods.items()}, per_category, None, choices, excluded,
+                              held_out=split == "test")
     if sample_efficiency:
         report.sample_efficiency = sample_efficiency_curve(tx, data, idx, seeds, sizes)
     return report

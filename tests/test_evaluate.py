@@ -123,6 +123,9 @@ def test_evaluate_leaves_out_models_without_an_up_to_date_embedding(db_copy, sma
     assert "thin" not in r.choices and "tiny" not in r.choices
     res = CliRunner().invoke(cli, ["--db", str(db_copy), "evaluate", "--no-baselines"])
     assert res.exit_code == 0 and "left out: thin: " in res.output and "left out: tiny: " in res.output, res.output
+    assert r.held_out and "not held out" not in res.output
+    res = CliRunner().invoke(cli, ["--db", str(db_copy), "evaluate", "--split", "val", "--no-baselines", "--json"])
+    assert res.exit_code == 0 and json.loads(res.output)["held_out"] is False, res.output
 
 
 def test_evaluate_on_a_registry_of_three_models_and_few_queries(small_data, tmp_path):

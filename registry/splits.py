@@ -38,7 +38,8 @@ def apply(tx: Tx, source: str, batch_id: int | None) -> int:
         WHERE cur.split IS DISTINCT FROM s.split RETURNING query_id""")
     if changed:
         tx.invalidate("query_meta")
-    onboarding.enqueue(tx, models, "test split changed", batch_id=batch_id)
+    waiting = {m for _, m, _, _ in onboarding.pending(tx)}   # (new evaluations in this very import, say)
+    onboarding.enqueue(tx, [m for m in models if m not in waiting], "test split changed", batch_id=batch_id)
     return len(changed)
 
 

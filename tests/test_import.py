@@ -218,6 +218,11 @@ def test_splits_imported_later_re_embed_without_the_test_queries(base_db, unspli
     assert len(r.onboarding) == 31 and {o["outcome"] for o in r.onboarding} == {"embedded"}
     got, want = current_versions(late), current_versions(base_db)
     assert set(got) == set(want) == set(before)
+    con = duckdb.connect(str(base_db), read_only=True)   # one import of everything: its versions say why
+    assert con.execute("SELECT DISTINCT reason FROM embedding_versions").fetchall() == [("new evaluations",)]
+    con.close()
+    with Registry(late) as reg:
+        assert reg.history("gemma-7b").versions[-1].reason == "test split changed"
     for name, (n, d, vec) in got.items():
         assert n < before[name][0] and (n, d) == want[name][:2], name
         assert np.abs(vec - want[name][2]).max() < 1e-5, name

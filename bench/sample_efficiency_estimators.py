@@ -25,14 +25,13 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from registry import Registry, encoders, onboarding  # noqa: E402
+from registry import Registry, encoders  # noqa: E402
 from registry import baselines as B  # noqa: E402
-from registry.evaluation import dataset, subset_rows as draw  # noqa: E402
+from registry.evaluation import dataset, embed_subsets, subset_rows as draw  # noqa: E402
 
 
 def embed(model, data, rows):
-    sets = [(data.qvecs[r], (data.correct[m, r] == 1).astype(np.float32)) for m, r in enumerate(rows)]
-    return onboarding.embed_sets(model, sets).astype(np.float64)                 # [M,D]
+    return embed_subsets(model, data, rows).astype(np.float64)                   # [M,D]
 
 
 def gaussian_prior(Z, ridge):

@@ -125,7 +125,8 @@ def evaluate(tx: Tx, split: str = "test", baselines: bool = True, sample_efficie
     data = dataset(tx)
     z, excluded, encoder_id = current_embeddings(tx, data)
     # every method sees the same models: those LOCUS can score honestly
-    data, z = without(data, np.isnan(z[:, 0])), z[~np.isnan(z[:, 0])]
+    left_out = np.isnan(z[:, 0])
+    data, z = without(data, left_out), z[~left_out]
     if len(data.models) < 2:
         raise RegistryError(f"{len(data.models)} model(s) with an up-to-date embedding: nothing to route between"
                             + (f" ({len(excluded)} left out, e.g. {next(iter(excluded))}: "
@@ -180,6 +181,12 @@ def subset_rows(correct: np.ndarray, pool: np.ndarray, n: int, seed: int) -> lis
             for have in (pool[correct[m, pool] >= 0] for m in range(correct.shape[0]))]
 
 
+def embed_subsets(model, data: Dataset, rows: list[np.ndarray]) -> np.ndarray:
+    """Each model embedded from its evaluations on rows[m] (indices into data's queries). -> z [M,D] float32"""
+    return onboarding.embed_sets(model, [(data.qvecs[r], (data.correct[m, r] == 1).astype(np.float32))
+                                         for m, r in enumerate(rows)])
+
+
 def sample_efficiency_curve(tx: Tx, data: Dataset, idx: np.ndarray, seeds: int, sizes) -> dict:
     """hit@1 when every model is embedded from only n random non-test evaluations, against all of them."""
     import torch
@@ -192,9 +199,7 @@ def sample_efficiency_curve(tx: Tx, data: Dataset, idx: np.ndarray, seeds: int, 
     for n in sizes:
         hits = []
         for seed in range(seeds):
-            sets = [(data.qvecs[r], (data.correct[m, r] == 1).astype(np.float32))
-                    for m, r in enumerate(subset_rows(data.correct, nontest, n, seed))]
-            z = onboarding.embed_sets(model, sets)
+            z = embed_subsets(model, data, subset_rows(data.correct, nontest, n, seed))
             with torch.no_grad():
                 p = torch.sigmoid(model.predict_logits(torch.from_numpy(z), torch.from_numpy(data.qvecs[idx]))).numpy()
             hits.append(B.hit_at_k(p, ct, 1))

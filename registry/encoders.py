@@ -41,6 +41,25 @@ def checkpoint_header(blob: bytes, source: str = "checkpoint") -> dict:
         raise InputError(str(exc), file=source) from None
 
 
+def _working_model(blob: bytes, source: str):
+    """The checkpoint's model, after one forward pass on a two-row set and one prediction; anything that fails
+    (a truncated file, a config the model cannot be built from, heads that do not divide the width) is InputError."""
+    import torch
+
+    from .checkpoint import load_checkpoint
+
+    try:
+        model = load_checkpoint(bytes(blob))[0]
+        q = torch.zeros(1, 2, model.cfg.d_query)
+        with torch.no_grad():
+            z = model.embed(q, torch.tensor([[0.0, 1.0]]), torch.ones(1, 2, dtype=torch.bool))
+            model.predict_logits(z, q[0])
+    except Exception as exc:  # whatever the checkpoint's content makes torch raise: the file is unusable
+        raise InputError(f"checkpoint cannot be used: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+                         file=source) from None
+    return model
+
+
 def install(tx: Tx, blob: bytes, name: str | None = None, source: str = "checkpoint") -> int:
     """Store a checkpoint (bytes as given). Refused if it expects another text encoder than this registry's."""
     header = checkpoint_header(blob, source)
@@ -53,13 +72,8 @@ def install(tx: Tx, blob: bytes, name: str | None = None, source: str = "checkpo
     same = tx.sql("SELECT id FROM encoders WHERE weights_sha256 = ?", [sha])
     if same:
         return int(same[0][0])
-    if sha not in _models:  # parsed in full now: a checkpoint that cannot load is never stored (nor activated)
-        from .checkpoint import load_checkpoint
-
-        try:
-            _models[sha] = load_checkpoint(bytes(blob))[0]
-        except ValueError as exc:
-            raise InputError(str(exc), file=source) from None
+    if sha not in _models:  # parsed and run once now: a checkpoint that cannot work is never stored (nor activated)
+        _models[sha] = _working_model(blob, source)
     name = name or meta.get("name") or f"locus-{sha[:12]}"
     if tx.sql("SELECT 1 FROM encoders WHERE name = ?", [name]):
         name = f"{name}-{sha[:8]}"

@@ -51,6 +51,18 @@ def check_shares(val: float, test: float) -> None:
         raise InputError(f"val and test shares leave nothing to train on ({val} + {test} >= 1)")
 
 
+def quotas(sizes: np.ndarray, share: float, rng: np.random.Generator) -> np.ndarray:
+    """How many queries of each category get a split of this share: the floors of share x size, plus one for the
+    categories with the largest remainders (ties broken at random) until the total is round(share x all). Rounding
+    each category alone would give a category of 4 queries no test query at 0.1, at every draw, for good."""
+    exact = share * sizes
+    q = np.floor(exact).astype(np.int64)
+    extra = int(round(share * sizes.sum())) - int(q.sum())
+    order = np.lexsort((rng.random(len(sizes)), -(exact - q)))          # largest remainder first
+    q[order[:max(extra, 0)]] += 1
+    return q
+
+
 def draw(tx: Tx, val: float = 0.1, test: float = 0.1, seed: int = 0) -> DrawResult:
     """Give every query without a split one, at random within each category (so each category is split in the
     same shares); queries that have a split keep it, so figures stay on the same test set."""
@@ -62,11 +74,14 @@ def draw(tx: Tx, val: float = 0.1, test: float = 0.1, seed: int = 0) -> DrawResu
     ids, cats = np.asarray(rows["external_id"], dtype=object), np.asarray(rows["category"], dtype=object)
     split = np.full(len(ids), "train", dtype=object)
     rng = np.random.default_rng(seed)
-    for cat in sorted(set(cats)):
+    names = sorted(set(cats))
+    sizes = np.array([int((cats == c).sum()) for c in names], dtype=np.int64)
+    n_test = quotas(sizes, test, rng)
+    n_val = quotas(sizes - n_test, val / (1.0 - test), rng)
+    for cat, t, v in zip(names, n_test, n_val):
         at = np.flatnonzero(cats == cat)[rng.permutation(int((cats == cat).sum()))]   # this category, shuffled
-        n_test, n_val = round(test * len(at)), round(val * len(at))
-        split[at[:n_test]] = "test"
-        split[at[n_test:n_test + n_val]] = "val"
+        split[at[:t]] = "test"
+        split[at[t:t + v]] = "val"
     tx.duck.register("_drawn_splits", pa.table({"qid": ids.tolist(), "split": split.tolist()}))
     try:
         apply(tx, "_drawn_splits", None)

@@ -212,11 +212,16 @@ def test_registry_refuses_checkpoints_it_cannot_use(db_copy, tmp_path):
     wrong_shape.write_bytes(save_checkpoint(model, replace(cfg, d_hidden=32), meta))
     meta_list = tmp_path / "meta-list.safetensors"
     meta_list.write_bytes(save_checkpoint(model, cfg, [meta]))
+    odd_heads = tmp_path / "odd-heads.safetensors"             # loads (shapes fit) but cannot run: 128 % 7 != 0
+    odd_heads.write_bytes(save_checkpoint(model, replace(cfg, n_heads=7), meta))
+    negative = tmp_path / "negative.safetensors"
+    negative.write_bytes(save_checkpoint(model, replace(cfg, d_model=-4), meta))
     run = lambda *args: CliRunner().invoke(cli, ["--db", str(db_copy), "encoders", *map(str, args)])  # noqa: E731
     before = snapshot(db_copy)
     for path, words in ((other, ("all-mpnet-base-v2@384", TEXT_ENCODER)), (pickled, ("pickle",)),
                         (truncated, ("cannot be read",)), (wrong_shape, ("do not match its config", "more")),
-                        (meta_list, ("config or meta",))):
+                        (meta_list, ("config or meta",)), (odd_heads, ("cannot be used",)),
+                        (negative, ("cannot be used",))):
         res = run("install", path)
         assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
         assert res.output.startswith(f"Error: {path}: ") and all(w in res.output for w in words), res.output

@@ -182,3 +182,15 @@ def test_json_output_is_strict_json_even_with_nan(capsys):
     out = capsys.readouterr().out
     strict = json.loads(out, parse_constant=lambda c: pytest.fail(f"{c} in JSON output"))
     assert strict == {"a": None, "rows": [{"auc": None}, {"auc": 0.5}], "t": [1, 2]}
+
+
+def test_evaluate_without_a_val_split_needs_it_only_for_the_baselines(db_copy, small_data, tmp_path):
+    val_ids = [q for q, s in duckdb.sql(f"SELECT question_id, split FROM read_csv('{small_data}/splits.csv')")
+               .fetchall() if s == "val"]
+    (tmp_path / "noval.csv").write_text("question_id,split\n" + "".join(f"{q},train\n" for q in val_ids))
+    with Registry(db_copy) as reg:
+        reg.import_files(splits=str(tmp_path / "noval.csv"))
+        r = reg.evaluate("test", baselines=False)
+        assert set(r.methods) == {"locus"} and r.models == 31
+    res = CliRunner().invoke(cli, ["--db", str(db_copy), "evaluate"])
+    assert res.exit_code == 1 and res.output == "Error: no queries in the val split\n", res.output

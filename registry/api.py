@@ -7,8 +7,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import encoders, index, ingest, onboarding, querycache, splits
-from .errors import InputError, NotFound, RegistryError
+import numpy as np
+
+from . import encoders, evidence, index, ingest, onboarding, querycache, splits
+from .errors import InputError, NotFound, RegistryError, unknown_model
 from .routing_api import RoutingMixin
 from .store import Store, Tx
 
@@ -25,6 +27,10 @@ class ModelInfo:
     open_weights: bool | None = None
     tags: dict = field(default_factory=dict)
     created: str | None = None
+    available: bool = True              # False once marked unavailable (routing and fallback skip it)
+    status: str = "not embedded"        # established | probation (too few evaluations to be routed to) | not embedded
+    version: int | None = None          # current embedding version under the active encoder
+    embedded_from: int | None = None    # evaluations behind that version (test answers are never used)
 
 
 @dataclass
@@ -43,6 +49,7 @@ class Stats:
     import_batches: int
     splits: dict[str, int]
     path: str
+    unsplit_queries: int = 0  # queries without a train/val/test split (`registry draw-splits` gives them one)
 
 
 # The newest evaluation of each (model, query) pair counts; older rows are kept, never overwritten.
@@ -67,12 +74,16 @@ class RegisterResult:
     model: str
     version: int | None
     outcome: str                        # embedded | unchanged | too few evaluations
-    n_evaluations: int
+    n_evaluations: int                  # used for the embedding: current evaluations outside the test split
     stability: float | None
     neighbours: list[Neighbour]
     warning: str | None
     evaluations_added: int
     queries_added: int
+    held_out: int = 0                   # current evaluations on test queries: kept, never embedded
+    status: str = "not embedded"        # established | probation | not embedded (evidence.py)
+    updated: dict = field(default_factory=dict)   # metadata field -> [old, new] (with update=True)
+    results_changed: int = 0            # results that superseded different stored ones (with update=True)
 
 
 @dataclass
@@ -107,13 +118,16 @@ class Diff:
 
 
 class Registry(RoutingMixin):
-    """A model registry in one DuckDB file. `Registry(path)` opens (and, if new, creates) it."""
+    """A model registry in one DuckDB file. `Registry(path)` opens (and, if new, creates) it; with `create=False`
+    a missing file is an error (NotFound) instead."""
 
     def __init__(self, path: str | Path | None = None, migrate: bool = True,
-                 min_evaluations: int = onboarding.MIN_EVALUATIONS):
-        self.store = Store(path, migrate=migrate)
+                 min_evaluations: int = onboarding.MIN_EVALUATIONS, create: bool = True,
+                 probation_min: int | None = None):
+        self.store = Store(path, migrate=migrate, create=create)
         self.path = self.store.path
         self.min_evaluations = min_evaluations
+        self.probation_min = evidence.probation_min(probation_min)   # fewer evaluations: on probation
 
     def close(self) -> None:
         index.flush(self.store.cache, self.path)
@@ -159,13 +173,32 @@ class Registry(RoutingMixin):
 
     # --- reading ------------------------------------------------------------------------------------------------
     def models(self) -> list[ModelInfo]:
+        """Every model: evaluations, accuracy, metadata, availability, current version and evidence status."""
         with self.store.tx() as tx:
             rows = tx.sql(f"""
                 SELECT m.name, count(e.query_id), avg(e.correct::INT), m.family, m.provider, m.params_b, m.cost,
                        m.open_weights, m.tags::VARCHAR, m.created::VARCHAR
                 FROM models m LEFT JOIN {CURRENT_EVALUATIONS} e ON e.model_id = m.id
                 GROUP BY ALL ORDER BY m.name""")
-        return [_model_info(ModelInfo, r) for r in rows]
+            return [self._with_state(tx, _model_info(ModelInfo, r)) for r in rows]
+
+    def _with_state(self, tx: Tx, info):
+        """Fill in availability, the current version and its evidence status (evidence.py)."""
+        from . import routing
+
+        if "_states" not in tx.local:
+            encoder_id = encoders.active_id(tx)
+            current = {} if encoder_id is None else {r[0]: r[1:] for r in tx.sql("""
+                SELECT m.name, arg_max(v.version, v.version), arg_max(v.n_evaluations, v.version)
+                FROM embedding_versions v JOIN models m ON m.id = v.model_id WHERE v.encoder_id = ?
+                GROUP BY m.name""", [encoder_id])}
+            tx.local["_states"] = (current, set(routing.unavailable_models(tx)))
+        current, down = tx.local["_states"]
+        info.available = info.name not in down
+        if info.name in current:
+            info.version, info.embedded_from = current[info.name]
+            info.status = "probation" if info.embedded_from < self.probation_min else "established"
+        return info
 
     def show(self, name: str) -> ModelDetail:
         with self.store.tx() as tx:
@@ -175,8 +208,8 @@ class Registry(RoutingMixin):
                 FROM models m LEFT JOIN {CURRENT_EVALUATIONS} e ON e.model_id = m.id
                 WHERE m.name = ? GROUP BY ALL""", [name])
             if not rows:
-                raise NotFound(f"unknown model {name!r}")
-            detail = _model_info(ModelDetail, rows[0])
+                raise unknown_model(name, _model_names(tx))
+            detail = self._with_state(tx, _model_info(ModelDetail, rows[0]))
             cats = tx.sql(f"""
                 SELECT coalesce(q.category, '(none)'), count(*), avg(e.correct::INT)
                 FROM {CURRENT_EVALUATIONS} e JOIN models m ON m.id = e.model_id JOIN queries q ON q.id = e.query_id
@@ -196,7 +229,8 @@ class Registry(RoutingMixin):
             current = tx.sql(f"SELECT count(*) FROM {CURRENT_EVALUATIONS}")[0][0]
             splits = dict(tx.sql("SELECT split, count(*) FROM query_splits GROUP BY split ORDER BY split"))
         return Stats(models=models, queries=queries, evaluations=current, evaluation_rows=rows,
-                     text_vectors=vectors, import_batches=batches, splits=splits, path=self.path)
+                     text_vectors=vectors, import_batches=batches, splits=splits, path=self.path,
+                     unsplit_queries=queries - sum(splits.values()))
 
 
     # --- onboarding, embedding versions, neighbours ----------------------------------------------------------
@@ -225,9 +259,12 @@ class Registry(RoutingMixin):
             self.onboard()
 
     def register(self, name: str, evals: str, family: str | None = None, provider: str | None = None,
-                  params_b: float | None = None, cost: float | None = None, open_weights: bool | None = None,
-                  tags: dict | None = None, k: int = 5, progress: bool = False) -> RegisterResult:
-        """Register (or update) a model with its 0/1 results and embed it with the active encoder, in one call."""
+                 params_b: float | None = None, cost: float | None = None, open_weights: bool | None = None,
+                 tags: dict | None = None, k: int = 5, progress: bool = False, update: bool = False
+                 ) -> RegisterResult:
+        """Register a model with its 0/1 results and embed it with the active encoder, in one call. Adding results
+        to a registered model is fine; changing its metadata, or results it already has, needs `update=True` (the
+        old results are kept as older evaluations), and the result says what changed."""
         name = (name or "").strip()
         if not name:
             raise InputError("empty model name")
@@ -236,25 +273,46 @@ class Registry(RoutingMixin):
                 raise InputError(f"{label} must be a non-negative number, got {value}")
         self._finish_pending()
         with self.store.tx() as tx:
-            _upsert_model_metadata(tx, name, family=family, provider=provider, params_b=params_b, cost=cost,
-                                   open_weights=open_weights, tags=tags)
+            changes = _upsert_model_metadata(tx, name, family=family, provider=provider, params_b=params_b,
+                                             cost=cost, open_weights=open_weights, tags=tags)
+            if changes and not update:
+                field_, (old, new) = next(iter(changes.items()))
+                raise InputError(f"{name!r} is already registered with {field_}={old!r} (given {new!r}"
+                                 + (f", and {len(changes) - 1} more field(s)" if len(changes) > 1 else "")
+                                 + "): pass --update (update=True) to change its metadata")
             imported = ingest.run_model_import(tx, name, str(evals), progress=progress)
+            changed = _changed_results(tx, name, imported.batch_id)
+            if changed and not update:
+                qid, old, new = changed[1]
+                raise InputError(f"{changed[0]} of these results differ from the ones {name!r} already has (e.g. "
+                                 f"query {qid}: stored {old}, given {new}): pass --update (update=True) to record them "
+                                 f"as newer evaluations (the old ones are kept)", file=str(evals))
         outcomes = {o.model: o for o in self.onboard()}
         with self.store.tx() as tx:
             o = outcomes.get(name)
-            if o is None:  # nothing new: report the model's current state
-                n = tx.sql(f"""SELECT count(*) FROM {CURRENT_EVALUATIONS} e JOIN models m ON m.id = e.model_id
-                               WHERE m.name = ?""", [name])[0][0]
-                latest = tx.sql("""SELECT max(version) FROM embedding_versions v JOIN models m ON m.id = v.model_id
-                                   WHERE m.name = ?""", [name])[0][0]
-                o = onboarding.JobOutcome(name, "unchanged", latest, int(n))
+            if o is None:  # nothing new to embed: report the model's current version
+                latest = tx.sql("""SELECT v.version, v.n_evaluations FROM embedding_versions v
+                                   JOIN models m ON m.id = v.model_id WHERE m.name = ? AND v.encoder_id = ?
+                                   ORDER BY v.version DESC LIMIT 1""", [name, encoders.active_id(tx)])
+                o = onboarding.JobOutcome(name, "unchanged", latest[0][0] if latest else None,
+                                          int(latest[0][1]) if latest else 0)
+            held_out = tx.sql(f"""SELECT count(*) FROM {CURRENT_EVALUATIONS} e JOIN models m ON m.id = e.model_id
+                                  JOIN query_splits s ON s.query_id = e.query_id
+                                  WHERE m.name = ? AND s.split = 'test'""", [name])[0][0]
             neighbours, warning = [], None
+            status = "not embedded"
             if o.version is not None:
                 neighbours = self._neighbours_of(tx, name, k)
-                warning = _duplicate_warning(tx, name, neighbours)
+                status = "probation" if o.n_evaluations < self.probation_min else "established"
+                warning = (_duplicate_warning(tx, name, neighbours) if status == "established" else
+                           f"on probation: embedded from {o.n_evaluations} evaluations, routing needs "
+                           f"{self.probation_min} to choose it unasked; its neighbours and any same-model claim are "
+                           f"unreliable at this size")
         return RegisterResult(model=name, version=o.version, outcome=o.outcome, n_evaluations=o.n_evaluations,
                               stability=o.stability, neighbours=neighbours, warning=warning,
-                              evaluations_added=imported.evaluations_added, queries_added=imported.queries_added)
+                              evaluations_added=imported.evaluations_added, queries_added=imported.queries_added,
+                              held_out=int(held_out), status=status, updated=changes,
+                              results_changed=changed[0] if changed else 0)
 
     def _neighbours_of(self, tx: Tx, name: str, k: int, as_of: str | None = None,
                        exclude: set[str] | None = None) -> list[Neighbour]:
@@ -290,7 +348,7 @@ class Registry(RoutingMixin):
     def history(self, name: str) -> History:
         with self.store.tx() as tx:
             if not tx.sql("SELECT 1 FROM models WHERE name = ?", [name]):
-                raise NotFound(f"unknown model {name!r}")
+                raise unknown_model(name, _model_names(tx))
             rows = tx.sql("""
                 SELECT v.version, e.name, v.encoder_id, v.n_evaluations, v.created::VARCHAR, v.reason, v.batch_id,
                        coalesce(s.stability, v.stability), v.digest, v.vector
@@ -321,6 +379,9 @@ class Registry(RoutingMixin):
                 self.show(name)  # raises NotFound for an unknown model
                 raise NotFound(f"model {name!r} has no embedding versions")
             newest = sorted(rows)
+            if len(newest) == 1 and v1 is None and v2 is None:
+                raise InputError(f"{name!r} has one embedding version (v{newest[0]}): nothing to compare yet "
+                                 f"(a new version comes with new evaluations or another encoder)")
             v2 = v2 if v2 is not None else newest[-1]
             v1 = v1 if v1 is not None else (newest[-2] if len(newest) > 1 else newest[-1])
             for v in (v1, v2):
@@ -373,19 +434,23 @@ class Registry(RoutingMixin):
     def similar(self, model: str | None = None, k: int = 5, evals: str | None = None,
                  as_of: str | None = None) -> list[Neighbour]:
         """Nearest registered models to a registered model, or to results of an unregistered one (`evals`, embedded
-        on the fly, nothing written)."""
+        on the fly, nothing written), with how often each disagrees with it on the queries both answered. A k
+        larger than the pool returns the whole pool."""
         if (model is None) == (evals is None):
             raise InputError("give a model name or an evaluations file (not both)")
         with self.store.tx() as tx:
             if model is not None:
-                out = self._neighbours_of(tx, model, k, as_of)
-            else:
-                encoder_id = _active_encoder(tx, as_of)
-                vector = self._embed_file(tx, evals, encoder_id)
-                out = self._similar_by_vector(tx, vector, k, encoder_id, as_of)
-        if len(out) < k:
-            raise InputError(f"k={k} is larger than the pool: {len(out)} other embedded models")
-        return out
+                return self._neighbours_of(tx, model, k, as_of)
+            encoder_id = _active_encoder(tx, as_of)
+            vector, qids, y = self._embed_file(tx, evals, encoder_id)
+            out = self._similar_by_vector(tx, vector, k, encoder_id, as_of)
+            vi = index.get(tx, self.path, encoder_id, as_of)
+            rates = _disagreement_rows(tx, qids, y, [vi.id_of(n.model) for n in out])
+            for n in out:
+                shared = rates.get(vi.id_of(n.model))
+                if shared:
+                    n.shared_queries, n.disagreement = shared[0], round(shared[1], 4)
+            return out
 
     # --- the encoder: training and evaluation ------------------------------------------------------------------
     def evaluate(self, split: str = "test", baselines: bool = True, sample_efficiency: bool = False,
@@ -397,7 +462,7 @@ class Registry(RoutingMixin):
         self._finish_pending()
         with self.store.tx() as tx:
             return evaluation.evaluate(tx, split, baselines=baselines, sample_efficiency=sample_efficiency,
-                                       seeds=seeds)
+                                       seeds=seeds, probation_min=self.probation_min)
 
     def train(self, seed: int = 0, anchors: int | None = None, max_steps: int | None = None,
               epochs: int | None = None, activate: bool = False, name: str | None = None, progress=None) -> int:
@@ -456,7 +521,7 @@ class Registry(RoutingMixin):
             encoder_id = _active_encoder(tx, as_of)
             self._pool(tx, as_of)  # an empty registry fails here, before the file is read
             cal = fingerprint.calibration(tx)
-            vector = self._embed_file(tx, evals, encoder_id)
+            vector, _, _ = self._embed_file(tx, evals, encoder_id)
             return fingerprint.verdict(self._similar_by_vector(tx, vector, 2, encoder_id, as_of), cal)
 
     def calibration(self, sample: int | None = None, draws: int = 3):
@@ -487,28 +552,32 @@ class Registry(RoutingMixin):
             return portfolio.smallest_reaching(p, method, ok, req, probs, correct, target, seed)
 
     def fallback(self, model: str, unavailable=(), k: int = 5, as_of: str | None = None):
-        """Substitutes for a model that is down, nearest first, skipping the unavailable (`fallback.Chain`)."""
-        from . import fallback
+        """Substitutes for a model that is down, nearest first, skipping the models marked unavailable and those
+        named in `unavailable` (`fallback.Chain`)."""
+        from . import fallback, routing
 
         with self.store.tx() as tx:
             p = self._pool(tx, as_of)
             fallback.check_names(p, [model], "")
             fallback.check_names(p, unavailable, "--unavailable")
+            down = set(unavailable) | set(routing.unavailable_models(tx))    # marked unavailable, or named now
             vi = index.get(tx, self.path, p.encoder_id, as_of)
-            links = fallback.chains(vi, p, k, unavailable, only=[p.names.index(model)])[model]
+            links = fallback.chains(vi, p, k, down, only=[p.names.index(model)])[model]
         if not links:
             raise InputError(f"no available substitute for {model!r}: every other model is unavailable")
-        return fallback.Chain(model, links)
+        return fallback.Chain(model, links, sorted(down))
 
     def fallback_all(self, unavailable=(), k: int = 5, as_of: str | None = None):
-        """Every model's fallback chain, in one batched search (`fallback.Chains`): what a gateway loads."""
-        from . import fallback
+        """Every model's fallback chain, in one batched search (`fallback.Chains`): what a gateway loads. Skips the
+        models marked unavailable and those named in `unavailable`."""
+        from . import fallback, routing
 
         with self.store.tx() as tx:
             p = self._pool(tx, as_of)
             fallback.check_names(p, unavailable, "--unavailable")
+            down = set(unavailable) | set(routing.unavailable_models(tx))
             vi = index.get(tx, self.path, p.encoder_id, as_of)
-            return fallback.Chains(fallback.chains(vi, p, k, unavailable), sorted(set(unavailable)))
+            return fallback.Chains(fallback.chains(vi, p, k, down), sorted(down))
 
     def map(self, out: str = "map.png", seed: int = 0, as_of: str | None = None):
         """Draw the embeddings in 2-D (t-SNE; PCA for tiny registries), coloured by family (`maps.MapResult`)."""
@@ -539,23 +608,48 @@ class Registry(RoutingMixin):
             raise InputError(f"{s.n} evaluations; at least {self.min_evaluations} are needed to embed a model",
                              file=str(evals))
         z = onboarding.compute(tx, model, [s])
+        rows = tx.duck.execute("SELECT query_id, correct::INT AS c FROM evaluations WHERE model_id = ?",
+                               [model_id]).fetchnumpy()
         tx.session.rollback()  # nothing of the probe is written
-        return z[0]
+        return z[0], np.asarray(rows["query_id"], dtype=np.int64), np.asarray(rows["c"], dtype=np.int64)
 
 
-def _upsert_model_metadata(tx: Tx, name: str, **fields) -> None:
-    """Insert the model if new; set only the metadata fields given (None leaves a field as it is)."""
-    tags = fields.pop("tags", None)
-    if not tx.sql("SELECT 1 FROM models WHERE name = ?", [name]):
+def _upsert_model_metadata(tx: Tx, name: str, **fields) -> dict[str, list]:
+    """Insert the model if new; set only the metadata fields given (None leaves a field as it is). Returns what
+    changed on an existing model: {field: [old, new]} (tags per key, as `tags.KEY`)."""
+    tags = fields.pop("tags", None) or {}
+    row = tx.sql("SELECT family, provider, params_b, cost, open_weights, tags::VARCHAR FROM models WHERE name = ?",
+                 [name])
+    if not row:
         onboarding.new_models(tx, tx.sql("INSERT INTO models (name, tags) VALUES (?, ?::JSON) RETURNING id, name",
-                                         [name, json.dumps(tags or {})]))
+                                         [name, json.dumps(tags)]))
+        tags = {}
+    old = dict(zip(("family", "provider", "params_b", "cost", "open_weights"), row[0][:5])) if row else {}
+    old_tags = json.loads(row[0][5] or "{}") if row else {}
     sets = {k: v for k, v in fields.items() if v is not None}
+    changes = {k: [old.get(k), v] for k, v in sets.items() if row and old.get(k) != v}
+    changes.update({f"tags.{k}": [old_tags[k], v] for k, v in tags.items() if k in old_tags and old_tags[k] != v})
     if sets:
         assignments = ", ".join(f"{k} = ?" for k in sets)
         tx.sql(f"UPDATE models SET {assignments} WHERE name = ? RETURNING id", list(sets.values()) + [name])
     if tags:
-        old = json.loads(tx.sql("SELECT tags::VARCHAR FROM models WHERE name = ?", [name])[0][0] or "{}")
-        tx.sql("UPDATE models SET tags = ?::JSON WHERE name = ? RETURNING id", [json.dumps({**old, **tags}), name])
+        tx.sql("UPDATE models SET tags = ?::JSON WHERE name = ? RETURNING id", [json.dumps({**old_tags, **tags}),
+                                                                                 name])
+    return changes
+
+
+def _changed_results(tx: Tx, name: str, batch_id: int | None):
+    """Results of this import batch that supersede a different stored result of the same (model, query):
+    (count, (query id, old, new) of the first) or None."""
+    if batch_id is None:
+        return None
+    rows = tx.sql("""
+        SELECT count(*) OVER (), q.external_id, arg_max(o.correct, o.batch_id)::INT, any_value(e.correct)::INT
+        FROM evaluations e JOIN models m ON m.id = e.model_id JOIN queries q ON q.id = e.query_id
+        JOIN evaluations o ON o.model_id = e.model_id AND o.query_id = e.query_id AND o.batch_id < e.batch_id
+        WHERE m.name = ? AND e.batch_id = ? GROUP BY q.external_id ORDER BY q.external_id LIMIT 1""",
+                  [name, batch_id])
+    return (int(rows[0][0]), tuple(rows[0][1:])) if rows else None
 
 
 def _duplicate_warning(tx: Tx, name: str, neighbours: list[Neighbour]) -> str | None:
@@ -578,7 +672,7 @@ def _vector_of(tx: Tx, name: str, encoder_id: int, as_of: str | None = None):
                  [name, encoder_id] + ([as_of] if as_of else []))
     if not row:
         if not tx.sql("SELECT 1 FROM models WHERE name = ?", [name]):
-            raise NotFound(f"unknown model {name!r}")
+            raise unknown_model(name, _model_names(tx))
         raise NotFound(f"model {name!r} has no embedding under the active encoder"
                        + (f" as of {as_of}" if as_of else "") + " (too few evaluations? run `registry onboard`)")
     import numpy as np
@@ -589,22 +683,30 @@ def _vector_of(tx: Tx, name: str, encoder_id: int, as_of: str | None = None):
 def _disagreement(tx: Tx, model_id: int, others: list[int]) -> dict[int, tuple[int, float]]:
     """How often each of `others` disagrees with `model_id`, over the queries both answered (current evaluations):
     {other id: (shared queries, disagreement rate)}. Reads only these models' rows."""
-    import numpy as np
+    rows = onboarding.newest_per_query(tx.duck.execute(
+        "SELECT model_id, query_id, correct::INT AS correct, batch_id FROM evaluations WHERE model_id = ?",
+        [int(model_id)]).fetchnumpy())
+    return _disagreement_rows(tx, rows["query_id"], rows["correct"], [m for m in others if m != model_id])
 
+
+def _disagreement_rows(tx: Tx, qids, y, others: list[int | None]) -> dict[int, tuple[int, float]]:
+    """How often each of `others` disagrees with the answers y [n] on query ids qids [n] (current evaluations of
+    the others): {other id: (shared queries, disagreement rate)}."""
+    qids, y = np.asarray(qids, dtype=np.int64), np.asarray(y, dtype=np.int64)
     evaluated = tx.cached("evaluated_models", lambda: {r[0] for r in tx.sql(
         "SELECT DISTINCT model_id FROM evaluations")})              # imports of evaluations invalidate it
-    others = [m for m in others if m in evaluated]
-    if model_id not in evaluated or not others:
+    others = [int(m) for m in others if m is not None and m in evaluated]
+    if not len(qids) or not others:
         return {}
-    ids = ", ".join(str(int(m)) for m in [model_id, *others])
+    ids = ", ".join(str(m) for m in others)
     rows = onboarding.newest_per_query(tx.duck.execute(f"""
         SELECT model_id, query_id, correct::INT AS correct, batch_id FROM evaluations
         WHERE model_id IN ({ids})""").fetchnumpy())
     if not len(rows["query_id"]):
         return {}
-    own = np.full(int(rows["query_id"].max()) + 1, -1, dtype=np.int64)      # this model's answer per query id
-    mine = rows["model_id"] == model_id
-    own[rows["query_id"][mine]] = rows["correct"][mine]
+    size = int(max(rows["query_id"].max(), qids.max())) + 1
+    own = np.full(size, -1, dtype=np.int64)                       # the given answer per query id
+    own[qids] = y
     out = {}
     for other in others:
         sel = rows["model_id"] == other
@@ -617,6 +719,10 @@ def _disagreement(tx: Tx, model_id: int, others: list[int]) -> dict[int, tuple[i
 
 def _active_encoder(tx: Tx, as_of: str | None = None) -> int:
     encoder_id = encoders.active_id(tx, as_of) if as_of else encoders.ensure_default(tx)
+    if encoder_id is None and as_of:
+        first = tx.sql("SELECT min(created)::VARCHAR FROM encoder_activations")[0][0]
+        if first is not None:
+            raise NotFound(f"nothing was registered as of {as_of}: the registry's history starts at {first[:19]}")
     if encoder_id is None:
         raise RegistryError("no active encoder: train one (`registry train`) or install one "
                             "(`registry encoders install FILE`)")
@@ -641,6 +747,10 @@ def _predicted_category_accuracy(tx: Tx, encoder_id: int, z) -> dict[str, float]
     for qid, pq in zip(qids.tolist(), p):
         out.setdefault(cats[qid], []).append(pq)
     return {c: float(np.mean(v)) for c, v in sorted(out.items())}
+
+
+def _model_names(tx: Tx) -> list[str]:
+    return [r[0] for r in tx.sql("SELECT name FROM models")]
 
 
 def _model_info(cls, row):

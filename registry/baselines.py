@@ -49,9 +49,21 @@ def predictor_metrics(probs: np.ndarray, correct: np.ndarray) -> dict:
             "brier": float(((p - y) ** 2).mean())}
 
 
+def coverage(scores: np.ndarray, correct: np.ndarray) -> tuple[int, float | None]:
+    """(queries whose top-1 model has a result, hit@1 over those queries alone): a choice without a result cannot
+    be scored, and hit@1 counts it as wrong."""
+    got = np.take_along_axis(correct, topk_models(scores, 1), axis=0)[0]
+    scored = int((got >= 0).sum())
+    return scored, (float((got == 1).sum() / scored) if scored else None)
+
+
 def routing_report(scores: np.ndarray, correct: np.ndarray, probs: np.ndarray | None = None) -> dict:
     out = {f"hit@{k}": hit_at_k(scores, correct, k) for k in (1, 3, 5)}
     out["n_chosen"] = int(len(np.unique(topk_models(scores, 1))))   # how many distinct models get routed to
+    scored, on_scored = coverage(scores, correct)
+    out["scored"] = scored                                          # of correct.shape[1] queries
+    out["coverage"] = scored / max(correct.shape[1], 1)
+    out["hit@1_scored"] = on_scored
     if probs is not None:
         out.update(predictor_metrics(probs, correct))
     return out

@@ -52,12 +52,13 @@ def handles_errors(fn):
     return wrapper
 
 
-def open_registry(ctx: click.Context):
+def open_registry(ctx: click.Context, create: bool = False):
+    """The registry named by --db; only commands that bring data in (`create`) may make a new file."""
     from .api import Registry
 
     obj = ctx.find_root().obj
     if obj.get("registry") is None:
-        obj["registry"] = Registry(obj["db"])
+        obj["registry"] = Registry(obj["db"], create=create, probation_min=obj.get("probation_min"))
         ctx.call_on_close(obj["registry"].close)
     return obj["registry"]
 
@@ -65,10 +66,13 @@ def open_registry(ctx: click.Context):
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--db", envvar="REGISTRY_DB", default="registry.duckdb", show_default=True,
               help="The registry's DuckDB file (or set REGISTRY_DB).")
+@click.option("--probation-min", type=click.IntRange(min=0), envvar="REGISTRY_PROBATION_MIN", default=None,
+              help="Fewest evaluations behind a model's embedding for routing to choose it unasked (default 500; "
+                   "or set REGISTRY_PROBATION_MIN).")
 @click.pass_context
-def cli(ctx: click.Context, db: str) -> None:
+def cli(ctx: click.Context, db: str, probation_min: int | None) -> None:
     """A model registry for LLMs: import benchmark results, embed models with LOCUS, compare and route."""
-    ctx.obj = {"db": db, "registry": None}
+    ctx.obj = {"db": db, "registry": None, "probation_min": probation_min}
 
 
 # --- db ------------------------------------------------------------------------------------------------------------
@@ -134,7 +138,7 @@ def db_current(ctx, as_json):
 @handles_errors
 def import_(ctx, directory, models, queries, evaluations, splits, as_json):
     """Import benchmark results: a folder laid out like ../shared/data/mmlu-pro, or single files."""
-    reg = open_registry(ctx)
+    reg = open_registry(ctx, create=True)
     result = reg.import_files(models=models, queries=queries, evaluations=evaluations, splits=splits,
                               directory=directory, progress=not as_json)
     if as_json:
@@ -180,8 +184,18 @@ def models(ctx, as_json):
     if as_json:
         emit_json(rows)
         return
-    table([[m.name, m.family, m.params_b, m.evaluations, "" if m.accuracy is None else f"{m.accuracy:.3f}"]
-           for m in rows], ["model", "family", "params_b", "evaluations", "accuracy"])
+    table([[m.name, m.family, _g(m.params_b), m.evaluations, "" if m.accuracy is None else f"{m.accuracy:.3f}",
+            "" if m.version is None else f"v{m.version}", m.status, "yes" if m.available else "NO"]
+           for m in rows], ["model", "family", "params_b", "evaluations", "accuracy", "version", "status", "available"])
+    probation = [m for m in rows if m.status == "probation"]
+    if probation:
+        click.echo(f"probation: {len(probation)} model(s) embedded from too few evaluations; routing leaves them out "
+                   f"unless asked (--include-probation)")
+
+
+def _g(x) -> str:
+    """A number for a table or a line: '' (not '_None_') when unknown, no trailing zeros."""
+    return "" if x is None else f"{x:g}" if isinstance(x, float) else str(x)
 
 
 @cli.command()
@@ -195,12 +209,20 @@ def show(ctx, model, as_json):
     if as_json:
         emit_json(d)
         return
-    click.echo(f"{d.name}  family={d.family} provider={d.provider} params_b={d.params_b} cost={d.cost} "
-               f"open_weights={d.open_weights}")
+    weights = {True: "open", False: "closed", None: None}[d.open_weights]
+    facts = [(k, v) for k, v in (("family", d.family), ("provider", d.provider), ("params_b", _g(d.params_b)),
+                                 ("cost", _g(d.cost)), ("weights", weights)) if v not in (None, "")]
+    click.echo(d.name + ("  " + " ".join(f"{k}={v}" for k, v in facts) if facts else ""))
     if d.tags:
         click.echo("tags: " + ", ".join(f"{k}={v}" for k, v in sorted(d.tags.items())))
     acc = "n/a" if d.accuracy is None else f"{d.accuracy:.3f}"
-    click.echo(f"evaluations: {d.evaluations}  accuracy: {acc}  batches: {d.batches}")
+    click.echo(f"evaluations: {d.evaluations}  accuracy: {acc}  import batches: {', '.join(map(str, d.batches))}")
+    if d.version is None:
+        click.echo(f"embedding: none yet  status: {d.status}")
+    else:
+        click.echo(f"embedding: version {d.version}, from {d.embedded_from} evaluations (test answers held out)  "
+                   f"status: {d.status}")
+    click.echo(f"available: {'yes' if d.available else 'no (marked unavailable: routing and fallback skip it)'}")
     table([[c, v["evaluations"], f"{v['accuracy']:.3f}"] for c, v in d.per_category.items()],
           ["category", "evaluations", "accuracy"])
 
@@ -217,8 +239,9 @@ def stats(ctx, as_json):
         return
     click.echo(f"{s.path}: {s.models} models, {s.queries} queries, {s.evaluations} evaluations "
                f"({s.evaluation_rows} rows stored), {s.text_vectors} text vectors, {s.import_batches} import batches")
-    if s.splits:
-        click.echo("splits: " + ", ".join(f"{k} {v}" for k, v in s.splits.items()))
+    if s.splits or s.unsplit_queries:
+        click.echo("splits: " + ", ".join([f"{k} {v}" for k, v in s.splits.items()]
+                                          + ([f"no split {s.unsplit_queries}"] if s.unsplit_queries else [])))
 
 
 # --- onboarding and embedding history (issue 4) -----------------------------------------------------------------
@@ -249,25 +272,30 @@ def _neighbour_rows(neighbours) -> list[list]:
 @click.option("--tag", "tags", multiple=True, help="K=V, repeatable.")
 @click.option("-k", default=5, show_default=True, help="Nearest models to show.")
 @click.option("--min-evals", default=32, show_default=True, help="Fewest evaluations to embed a model.")
+@click.option("--update", is_flag=True, help="Allow changing a registered model's metadata or stored results.")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 @handles_errors
-def register(ctx, name, evals, family, provider, params_b, cost, open_weights, tags, k, min_evals, as_json):
+def register(ctx, name, evals, family, provider, params_b, cost, open_weights, tags, k, min_evals, update, as_json):
     """Register a model with its 0/1 results and embed it with the active encoder."""
-    reg = open_registry(ctx)
+    reg = open_registry(ctx, create=True)
     reg.min_evaluations = min_evals
     r = reg.register(name, evals, family=family, provider=provider, params_b=params_b, cost=cost,
-                     open_weights=open_weights, tags=_parse_tags(tags), k=k, progress=not as_json)
+                     open_weights=open_weights, tags=_parse_tags(tags), k=k, progress=not as_json, update=update)
     if as_json:
         emit_json(r)
         return
     click.echo(f"{r.model}: {r.evaluations_added} evaluations added, {r.queries_added} new queries; "
-               f"{r.n_evaluations} evaluations in all")
+               f"{r.n_evaluations} used for the embedding, {r.held_out} held out as test")
+    for field_, (old, new) in r.updated.items():
+        click.echo(f"updated {field_}: {old!r} -> {new!r}")
+    if r.results_changed:
+        click.echo(f"updated results: {r.results_changed} (the old ones are kept as older evaluations)")
     if r.outcome == "too few evaluations":
         click.echo(f"not embedded: {r.n_evaluations} evaluations, at least {min_evals} needed")
     elif r.version is not None:
         stab = "" if r.stability is None else f", stability {r.stability:.3f} (spread over random halves)"
-        click.echo(f"embedding version {r.version} ({r.outcome}{stab})")
+        click.echo(f"embedding version {r.version} ({r.outcome}{stab}); status: {r.status}")
         table(_neighbour_rows(r.neighbours), ["nearest model", "distance", "disagreement", "shared queries"])
     if r.warning:
         click.echo(f"warning: {r.warning}")
@@ -309,7 +337,9 @@ def history(ctx, model, as_json):
     table([[v.version, v.created[:19], v.reason, v.n_evaluations, v.encoder,
             "" if v.distance_moved is None else f"{v.distance_moved:.4f}",
             "" if v.stability is None else f"{v.stability:.3f}"] for v in h.versions],
-          ["version", "created", "reason", "evaluations", "encoder", "moved", "stability"])
+          ["version", "created", "reason", "used for embedding", "encoder", "moved", "stability"])
+    click.echo("'used for embedding': the model's evaluations outside the test split when the version was made "
+               "(test answers are held out)")
 
 
 @cli.command()
@@ -373,7 +403,7 @@ def encoders_activate(ctx, encoder_id, as_json):
 @handles_errors
 def encoders_install(ctx, path, name, activate):
     """Store a LOCUS checkpoint file (safetensors) in the registry."""
-    encoder_id = open_registry(ctx).install_encoder(path, name=name, activate=activate)
+    encoder_id = open_registry(ctx, create=True).install_encoder(path, name=name, activate=activate)
     click.echo(f"encoder {encoder_id} installed" + (" and active" if activate else ""))
 
 
@@ -436,6 +466,8 @@ def evaluate(ctx, split, sample_efficiency, seeds, no_baselines, as_json):
     click.echo(f"{r.split}: {r.queries} queries, {r.models} models, encoder {r.encoder}")
     for name, why in r.excluded.items():
         click.echo(f"left out: {name}: {why}")
+    for name, n in r.probation.items():
+        click.echo(f"left out: {name}: on probation (embedded from {n} evaluations); no method routes to it")
     if not r.held_out:
         click.echo(f"note: not held out: the embeddings are built from the {r.split} answers too, and KNN and MF "
                    f"choose their settings on val")
@@ -443,6 +475,12 @@ def evaluate(ctx, split, sample_efficiency, seeds, no_baselines, as_json):
     table([[m, fmt(v.get("hit@1")), fmt(v.get("hit@3")), fmt(v.get("hit@5")), fmt(v.get("acc")),
             fmt(v.get("auc")), fmt(v.get("brier")), fmt(v.get("n_chosen"))] for m, v in r.methods.items()],
           ["method", "hit@1", "hit@3", "hit@5", "pred acc", "AUC", "Brier", "models chosen"])
+    click.echo("LOCUS routes to: " + ", ".join(f"{m} {n}" for m, n in sorted(r.choices.items(), key=lambda kv: -kv[1])))
+    for m, v in r.methods.items():
+        if v.get("scored") is not None and v["scored"] < r.queries:
+            click.echo(f"note: {m}: {r.queries - v['scored']} of {r.queries} chosen models have no result for the "
+                       f"query (unscored; counted as wrong in hit@1); hit@1 on the {v['scored']} scored: "
+                       f"{fmt(v['hit@1_scored'])}")
     if r.per_category:
         click.echo("")
         cols = [c for c in next(iter(r.per_category.values())) if c != "queries"]

@@ -26,11 +26,14 @@ AS_OF = click.option("--as-of", help="Answer as the registry stood at this time 
 def similar(ctx, model, evals, k, as_of, as_json):
     """The nearest registered models to MODEL (or to --evals FILE), with how often they really disagree."""
     out = open_registry(ctx).similar(model, k=k, evals=evals, as_of=as_of)
+    note = f"k={k}, but the pool has {len(out)} other embedded models: all of them shown" if len(out) < k else None
     if as_json:
-        emit_json({"neighbours": out})
+        emit_json({"neighbours": out, "note": note})
         return
     table([[n.model, f"{n.distance:.4f}", "" if n.disagreement is None else f"{n.disagreement:.3f}",
             n.shared_queries or ""] for n in out], ["model", "distance", "disagreement", "shared queries"])
+    if note:
+        click.echo(f"note: {note}")
 
 
 @cli.command()
@@ -105,23 +108,31 @@ def portfolio(ctx, k, method, max_params, max_cost, require, exclude, target, se
 @click.pass_context
 @handles_errors
 def fallback(ctx, model, all_models, unavailable, k, as_of, as_json):
-    """Substitutes for MODEL when it is down, nearest first, skipping unavailable models."""
+    """Substitutes for MODEL when it is down, nearest first, skipping models marked unavailable (and --unavailable)."""
     if bool(model) == all_models:
         raise InputError("give a MODEL or --all (one of them)")
     reg = open_registry(ctx)
     if all_models:
         c = reg.fallback_all(unavailable, k, as_of)
         if as_json:
-            emit_json({"chains": {m: [asdict(link) for link in links] for m, links in c.chains.items()}})
+            emit_json({"chains": {m: [asdict(link) for link in links] for m, links in c.chains.items()},
+                       "unavailable": c.unavailable})
             return
         for m, links in c.chains.items():
             click.echo(f"{m}: " + " -> ".join(link.model for link in links))
+        _skipped(c.unavailable)
         return
     c = reg.fallback(model, unavailable, k, as_of)
     if as_json:
-        emit_json({"model": c.model, "chain": [asdict(link) for link in c.chain]})
+        emit_json({"model": c.model, "chain": [asdict(link) for link in c.chain], "unavailable": c.unavailable})
         return
     table([[i + 1, link.model, f"{link.distance:.4f}"] for i, link in enumerate(c.chain)], ["#", "model", "distance"])
+    _skipped(c.unavailable)
+
+
+def _skipped(down: list[str]) -> None:
+    if down:
+        click.echo(f"skipped as unavailable: {', '.join(down)}")
 
 
 @cli.command("map")

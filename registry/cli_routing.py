@@ -22,38 +22,49 @@ def _names(values) -> list[str]:
 @click.option("--out", type=click.Path(), help="Decisions out: .jsonl or .csv (with --frontier: the PNG).")
 @click.option("--cost-weight", type=float, help="Maximise P(correct) - L x cost.")
 @click.option("--min-prob", type=float, help="The cheapest model whose P(correct) reaches P (else the most likely).")
+@click.option("--cost-by", type=click.Choice(["cost", "params"]), default=None,
+              help="What cost means: the models' price (`cost`, route default; every candidate needs one) or their "
+                   "size (`params`: params_b, models without it left out; --frontier default).")
+@click.option("--include-probation", is_flag=True,
+              help="Let models on probation (too few evaluations behind their embedding) be chosen.")
 @click.option("--unavailable", multiple=True, help="A model never to choose (repeat, or comma-separated).")
 @click.option("--no-log-text", is_flag=True, help="Log the query's hash but not its text.")
 @click.option("--no-log", is_flag=True, help="Do not write the routing log.")
 @click.option("--frontier", is_flag=True, help="Accuracy vs mean cost over a sweep of cost weights.")
 @click.option("--split", default="test", show_default=True, help="Split for --frontier.")
-@click.option("--all-models", is_flag=True, help="--frontier over every model (default: open-weight only).")
 @click.option("--top", default=5, show_default=True, help="Candidates shown (--json: all).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 @handles_errors
-def route(ctx, text, file_, out, cost_weight, min_prob, unavailable, no_log_text, no_log, frontier, split,
-          all_models, top, as_json):
+def route(ctx, text, file_, out, cost_weight, min_prob, cost_by, include_probation, unavailable, no_log_text, no_log,
+          frontier, split, top, as_json):
     """Route a query (or a file of queries) to the model most likely to answer it."""
     if sum(x is not None and x is not False for x in (text, file_, frontier or None)) != 1:
         raise click.UsageError("give a query TEXT, --file, or --frontier (one of them)")
     reg = open_registry(ctx)
     if frontier:
-        return _frontier(reg, split, not all_models, out or "frontier.png", as_json)
+        return _frontier(reg, split, cost_by or "params", out or "frontier.png", as_json)
     kw = dict(cost_weight=cost_weight, min_prob=min_prob, unavailable=_names(unavailable) or None,
-              log=not no_log, log_text=not no_log_text)
+              log=not no_log, log_text=not no_log_text, cost_by=cost_by or "cost",
+              include_probation=include_probation)
     if text is not None:
         d = reg.route(text, **kw)
         if as_json:
             return emit_json(d)
         if d.model is None:
             raise click.ClickException(d.note)
-        click.echo(f"{d.model}{'  (fallback: the top choice is unavailable)' if d.fallback else ''}")
-        table([[c.model, f"{c.prob:.3f}", _num(c.cost) + ("" if c.cost_known else " (assumed)"),
-                "" if c.available else "unavailable"] for c in d.candidates[:top]],
-              ["candidate", "P(correct)", "cost", ""])
+        click.echo(f"{d.model}{'  (fallback: the top choice is unavailable)' if d.fallback else ''}"
+                   + (f"  (cost-aware, cost = {d.cost_basis})" if d.cost_basis else ""))
+        shown = d.candidates[:top]
+        if d.model not in {c.model for c in shown}:   # the choice is always in the table, even ranked lower
+            shown = shown + [c for c in d.candidates if c.model == d.model]
+        table([["*" if c.model == d.model else "", c.model, f"{c.prob:.3f}", f"{c.raw_prob:.3f}", c.evaluations,
+                _num(c.cost), _num(c.params_b), _status(c)] for c in shown],
+              ["", "candidate", "P(correct)", "own P", "evaluations", "cost", "params_b", "status"])
         click.echo(f"encoder {d.encoder}; versions: " + ", ".join(f"{c.model} v{d.versions[c.model]}"
-                                                                  for c in d.candidates[:top]))
+                                                                  for c in shown))
+        click.echo("P(correct) is the model's own prediction (own P) shrunk toward the pool's by how uncertain its "
+                   "embedding is")
         if d.note:
             click.echo(f"note: {d.note}")
         return
@@ -89,10 +100,14 @@ def _num(x) -> str:
     return "" if x is None else f"{x:g}"
 
 
-def _frontier(reg, split, open_only, png, as_json):
+def _status(c) -> str:
+    return ", ".join(s for s, on in (("probation", c.probation), ("unavailable", not c.available)) if on)
+
+
+def _frontier(reg, split, cost_by, png, as_json):
     from . import frontier as fr
 
-    f = reg.frontier(split=split, open_only=open_only)
+    f = reg.frontier(split=split, cost_by=cost_by)
     fr.plot(f, png)
     if as_json:
         return emit_json(f)
@@ -102,11 +117,19 @@ def _frontier(reg, split, open_only, png, as_json):
         key = (round(p.accuracy, 4), round(p.mean_cost, 2))
         if key not in seen:
             seen.add(key)
-            rows.append([p.label, f"{p.accuracy:.4f}", f"{p.mean_cost:.2f}", p.models_used])
-    table(rows, ["router", "accuracy", "mean cost", "models used"])
+            rows.append([p.label, f"{p.accuracy:.4f}", f"{p.mean_cost:.2f}", p.models_used, f"{p.coverage:.3f}"])
+    table(rows, ["router", "accuracy", "mean cost", "models used", "coverage"])
     click.echo("")
-    table([[p.label, f"{p.accuracy:.4f}", f"{p.mean_cost:.2f}"] for p in sorted(f.single, key=lambda p: p.mean_cost)],
-          ["single model", "accuracy", "cost"])
+    table([[p.label, f"{p.accuracy:.4f}", "" if p.scored_accuracy is None else f"{p.scored_accuracy:.4f}",
+            p.scored, f"{p.mean_cost:g}"] for p in sorted(f.single, key=lambda p: p.mean_cost)],
+          ["single model", "accuracy", "on scored", "scored", "cost"])
+    unscored = [p for p in f.single if p.coverage < 1]
+    if unscored:
+        click.echo(f"'accuracy' counts a query without a result as wrong; 'on scored' leaves those out "
+                   f"({len(unscored)} models lack results for some queries)")
+    click.echo("")
+    table([[p.label, f"{p.accuracy:.4f}", f"{p.mean_cost:.2f}"] for p in f.pareto],
+          ["Pareto frontier", "accuracy", "mean cost"])
     b, c = f.best_single, f.cheapest_matching
     click.echo("")
     if c:
@@ -120,13 +143,14 @@ def _frontier(reg, split, open_only, png, as_json):
 
 @click.command("log")
 @click.option("--since", help="Only entries at or after this time (e.g. 2026-01-31 or '2026-01-31 12:00').")
-@click.option("--limit", type=int, help="At most this many entries (oldest first).")
+@click.option("--limit", type=int, help="At most this many entries (the newest; with --oldest, the oldest).")
+@click.option("--oldest", is_flag=True, help="Oldest first (default: newest first).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 @handles_errors
-def log_(ctx, since, limit, as_json):
-    """The routing log: when, query hash (and text), chosen model, top candidates, versions used."""
-    rows = open_registry(ctx).routing_log(since=since, limit=limit)
+def log_(ctx, since, limit, oldest, as_json):
+    """The routing log, newest first: when, query hash (and text), chosen model, top candidates, versions used."""
+    rows = open_registry(ctx).routing_log(since=since, limit=limit, oldest=oldest)
     if as_json:
         return emit_json(rows)
     table([[e.created[:19], e.query_hash[:12], (e.text or "")[:40].replace("\n", " "), e.model or "(none)",
@@ -173,7 +197,8 @@ def serve(ctx, host, port, token):
     """Serve the registry over HTTP (FastAPI); the server owns the database file while it runs."""
     from .server import serve as run
 
-    run(ctx.find_root().obj["db"], host=host, port=port, token=token)
+    obj = ctx.find_root().obj
+    run(obj["db"], host=host, port=port, token=token, probation_min=obj.get("probation_min"))
 
 
 def register(group: click.Group) -> None:

@@ -27,3 +27,16 @@ class SchemaOutdated(RegistryError):
 
 class DatabaseLocked(RegistryError):
     pass
+
+
+def unknown_model(name: str, known, where: str = "") -> NotFound:
+    """NotFound for a model name the registry lacks, with the names it most likely meant: those containing it
+    (`gpt-4o` -> `gpt-4o-2024-05-13`), then the closest spellings."""
+    import difflib
+
+    known = sorted(set(known))
+    low = name.lower()
+    guesses = [k for k in known if low and low in k.lower()]
+    guesses += [k for k in difflib.get_close_matches(name, known, n=3, cutoff=0.5) if k not in guesses]
+    hint = f"; did you mean {' or '.join(repr(g) for g in guesses[:3])}?" if guesses else ""
+    return NotFound(f"unknown model {name!r}{where}{hint}")

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import baselines as B
-from . import encoders, index, onboarding, querycache
+from . import encoders, evidence, index, onboarding, querycache
 from .errors import RegistryError
 from .store import Tx
 
@@ -71,21 +71,27 @@ class EvaluationReport:
     sample_efficiency: dict | None = None
     choices: dict[str, int] = field(default_factory=dict)     # how often LOCUS routes to each model
     excluded: dict[str, str] = field(default_factory=dict)    # models left out of every method, and why
+    probation: dict[str, int] = field(default_factory=dict)   # on probation (evidence.py): not routed to by any
+                                                              #   method; -> evaluations behind the embedding
     held_out: bool = True     # False off the test split: embeddings hold its answers, KNN and MF are tuned on val
 
 
-def current_embeddings(tx: Tx, data: Dataset) -> tuple[np.ndarray, dict[str, str], int]:
+def current_embeddings(tx: Tx, data: Dataset, with_evidence: bool = False):
     """The active encoder's current embedding of every model that has an up-to-date one -> (z [M,D] in data's model
     order, NaN rows for the others; {model: why it has none}; encoder id). A version is up to date when its digest is
     that of the model's current non-test evaluations: one made before queries moved into the test split, for a model
-    left with too few evaluations to re-embed, would carry test answers, so it is not used."""
+    left with too few evaluations to re-embed, would carry test answers, so it is not used. `with_evidence` adds
+    the evaluations behind each embedding and its stability ([M] each, in data's model order)."""
     encoder_id = encoders.ensure_default(tx)
     if encoder_id is None:
         raise RegistryError("no active encoder")
     _, meta = encoders.load(tx, encoder_id)
     vids, mids, _, vecs = index.current_versions(tx, encoder_id)
-    digest_of = dict(tx.sql(f"SELECT model_id, digest FROM embedding_versions WHERE id IN "
-                            f"({', '.join(str(int(v)) for v in vids) or 'NULL'})"))
+    about = {r[0]: r[1:] for r in tx.sql(f"""
+        SELECT v.model_id, v.digest, v.n_evaluations, coalesce(s.stability, v.stability) FROM embedding_versions v
+        LEFT JOIN version_stability s ON s.version_id = v.id
+        WHERE v.id IN ({', '.join(str(int(v)) for v in vids) or 'NULL'})""")}
+    digest_of = {m: a[0] for m, a in about.items()}
     sets = onboarding.evaluation_sets(tx, [int(m) for m in mids], 2 ** 62, meta.get("embed_max_set"))
     pos = {int(m): i for i, m in enumerate(mids)}
     z = np.full((len(data.models), vecs.shape[1]), np.nan, dtype=np.float32)
@@ -99,6 +105,10 @@ def current_embeddings(tx: Tx, data: Dataset) -> tuple[np.ndarray, dict[str, str
                               f"too few to re-embed, or onboarding pending)")
         else:
             z[i] = vecs[pos[m]]
+    if with_evidence:
+        n = np.array([about.get(int(m), (None, 0, None))[1] for m in data.model_ids], dtype=np.int64)
+        stab = [about.get(int(m), (None, 0, None))[2] for m in data.model_ids]
+        return z, excluded, encoder_id, n, stab
     return z, excluded, encoder_id
 
 
@@ -119,14 +129,20 @@ def without(data: Dataset, drop: np.ndarray) -> Dataset:
 
 
 def evaluate(tx: Tx, split: str = "test", baselines: bool = True, sample_efficiency: bool = False,
-             seeds: int = 5, sizes=(32, 64, 128, 256, 512), mf_seed: int = 0) -> EvaluationReport:
+             seeds: int = 5, sizes=(32, 64, 128, 256, 512), mf_seed: int = 0,
+             probation_min: int | None = None) -> EvaluationReport:
     if split not in SPLITS:
         raise RegistryError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
     data = dataset(tx)
-    z, excluded, encoder_id = current_embeddings(tx, data)
-    # every method sees the same models: those LOCUS can score honestly
+    z, excluded, encoder_id, n_behind, stab = current_embeddings(tx, data, with_evidence=True)
+    # every method sees the same models: those LOCUS can score honestly and routing may choose (not on probation)
+    ev = evidence.assess(np.nan_to_num(z), n_behind, stab, probation_min)
     left_out = np.isnan(z[:, 0])
-    data, z = without(data, left_out), z[~left_out]
+    probation = {n: int(k) for n, k, p, lo in zip(data.models, n_behind, ev.probation, left_out) if p and not lo}
+    left_out |= ev.probation
+    keep = ~left_out
+    ev = evidence.Evidence(ev.n[keep], ev.stability[keep], ev.probation[keep], ev.weight[keep], ev.minimum)
+    data, z = without(data, left_out), z[keep]
     if len(data.models) < 2:
         raise RegistryError(f"{len(data.models)} model(s) with an up-to-date embedding: nothing to route between"
                             + (f" ({len(excluded)} left out, e.g. {next(iter(excluded))}: "
@@ -137,7 +153,7 @@ def evaluate(tx: Tx, split: str = "test", baselines: bool = True, sample_efficie
         if len(rows) == 0:   # best single is chosen on train, KNN's k and MF's dimension on val
             raise RegistryError(f"no queries in the {name} split")
     ct = data.correct[:, idx]
-    p = locus_probs(tx, encoder_id, z, data.qvecs[idx])
+    p = evidence.shrink(locus_probs(tx, encoder_id, z, data.qvecs[idx]), ev)   # what routing uses
     enc_name = tx.sql("SELECT name FROM encoders WHERE id = ?", [encoder_id])[0][0]
     methods = {"locus": B.routing_report(p, ct, p)}
     chosen = B.topk_models(p, 1)[0]
@@ -168,7 +184,7 @@ def evaluate(tx: Tx, split: str = "test", baselines: bool = True, sample_efficie
     report = EvaluationReport(split, len(idx), len(data.models), enc_name,
                               {m: {k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}
                                for m, r in methods.items()}, per_category, None, choices, excluded,
-                              held_out=split == "test")
+                              probation=probation, held_out=split == "test")
     if sample_efficiency:
         report.sample_efficiency = sample_efficiency_curve(tx, data, idx, seeds, sizes)
     return report

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import InputError, NotFound
+from .errors import InputError, unknown_model
 from .geometry import Pool
 
 
@@ -22,6 +22,7 @@ class Link:
 class Chain:
     model: str
     chain: list[Link] = field(default_factory=list)
+    unavailable: list[str] = field(default_factory=list)   # skipped: marked unavailable, or named by the caller
 
 
 @dataclass
@@ -34,7 +35,7 @@ def check_names(p: Pool, names, label: str) -> None:
     known = set(p.names)
     for n in names:
         if n not in known:
-            raise NotFound(f"unknown model {n!r}" + (f" (in {label})" if label else "") + " or it has no embedding")
+            raise unknown_model(n, known, (f" (in {label})" if label else "") + " or it has no embedding")
 
 
 def chains(vi, p: Pool, k: int, unavailable=(), only: list[int] | None = None) -> dict[str, list[Link]]:

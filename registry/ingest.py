@@ -394,7 +394,11 @@ def import_queries(tx: Tx, staged: Staged, result: ImportResult) -> None:
     result.queries_added += len(added)
 
 
-def import_evaluations(tx: Tx, staged: Staged, batch_id: int, result: ImportResult) -> None:
+UNKNOWN_QUERY_HINT = "import the query first, e.g. with `registry import --queries FILE`"
+
+
+def import_evaluations(tx: Tx, staged: Staged, batch_id: int, result: ImportResult,
+                       unknown_hint: str = UNKNOWN_QUERY_HINT) -> None:
     """Validate with set-based queries, then append only what is new or changed (the newest evaluation counts).
 
     `staged` was read by `stage_evaluations`: one pass over the file, normalised on the way in, no line column.
@@ -412,7 +416,7 @@ def import_evaluations(tx: Tx, staged: Staged, batch_id: int, result: ImportResu
                          WHERE qid NOT IN (SELECT external_id FROM queries) LIMIT 1""")
     if unknown:
         _first_bad(tx, staged, f"qid = {_sql_str(unknown[0][0])}",
-                   "unknown query id {value} (import the query first, e.g. with --queries)", "qid")
+                   "unknown query id {value} (" + unknown_hint.replace("{", "{{").replace("}", "}}") + ")", "qid")
     new_models = tx.sql(f"""INSERT INTO models (name, tags)
                             SELECT model, '{{}}'::JSON FROM (SELECT DISTINCT model FROM {t})
                             WHERE model NOT IN (SELECT name FROM models) ORDER BY model RETURNING id, name""")
@@ -581,7 +585,9 @@ def run_model_import(tx: Tx, model: str, path: str, progress: bool = False) -> I
     other = tx.sql(f"SELECT model FROM _stage_evaluations WHERE model IS DISTINCT FROM {_sql_str(model)} LIMIT 1")
     if other:
         raise InputError(f"the file holds results of model {other[0][0]!r}, not {model!r}", file=path)
-    import_evaluations(tx, staged, batch_id, result)
+    import_evaluations(tx, staged, batch_id, result, unknown_hint=(
+        "give its text in a `question` column (and `options`, if any) of this file, or import it first with "
+        "`registry import --queries FILE`"))
     tx.duck.execute("DROP TABLE IF EXISTS _stage_evaluations; DROP TABLE IF EXISTS _stage_queries")
     _record_batch(tx, batch_id, {"evaluations": path}, files_digest({"evaluations": path}), result)
     return result

@@ -75,6 +75,33 @@ def _spread_labels(ax, texts, points, steps: int = 150) -> None:
             ax.plot([px, x], [py, y], color="0.6", lw=0.5, zorder=1)
 
 
+# Kelly's 20 colours of maximum contrast (K. L. Kelly, "Twenty-two colors of maximum contrast", 1965; white and
+# black left out), most distinct first.
+PALETTE = ["#F3C300", "#875692", "#F38400", "#A1CAF1", "#BE0032", "#C2B280", "#848482", "#008856", "#E68FAC",
+           "#0067A5", "#F99379", "#604E97", "#F6A600", "#B3446C", "#DCD300", "#882D17", "#8DB600", "#654522",
+           "#E25822", "#2B3D26"]
+
+
+def family_colours(families) -> dict[str, str]:
+    """A colour per family that does not change as other families come and go: each family's slot in PALETTE comes
+    from a hash of its name; a family whose slot is taken takes the next free one (families claim slots in hash
+    order, so only families that collide can move). Past 20 families, colours repeat."""
+    import hashlib
+
+    def key(f: str) -> int:
+        return int(hashlib.sha256(f.encode("utf-8")).hexdigest()[:12], 16)
+
+    out, taken = {}, set()
+    for f in sorted(set(families), key=lambda f: (key(f), f)):
+        slot = key(f) % len(PALETTE)
+        if len(taken) < len(PALETTE):
+            while slot in taken:
+                slot = (slot + 1) % len(PALETTE)
+        taken.add(slot)
+        out[f] = PALETTE[slot]
+    return out
+
+
 def render(p: Pool, families: dict[str, str | None], out: str | Path, seed: int = 0,
            title: str | None = None) -> MapResult:
     import matplotlib
@@ -90,8 +117,7 @@ def render(p: Pool, families: dict[str, str | None], out: str | Path, seed: int 
     xy, method = project(p.vectors, seed)
     fam = [families.get(n) or "(unknown)" for n in p.names]
     kinds = sorted(set(fam))
-    cmap = plt.get_cmap("tab20" if len(kinds) > 10 else "tab10")
-    colour = {f: cmap(i % cmap.N) for i, f in enumerate(kinds)}
+    colour = family_colours(kinds)
     fig, ax = plt.subplots(figsize=(12, 9), dpi=130)
     for f in kinds:
         sel = [i for i, x in enumerate(fam) if x == f]

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import InputError, NotFound
+from .errors import InputError, unknown_model
 from .geometry import Pool, pairwise
 
 KMEDOIDS_SAMPLE = 5000
@@ -44,7 +44,7 @@ def eligibility(p: Pool, meta: dict[str, tuple], exclude=(), require=(), max_par
     for label, names in (("--require", require), ("--exclude", exclude)):
         for n in names:
             if n not in row:
-                raise NotFound(f"unknown model {n!r} (in {label}; or it has no embedding yet)")
+                raise unknown_model(n, p.names, f" (in {label}; or it has no embedding yet)")
     clash = set(require) & set(exclude)
     if clash:
         raise InputError(f"{sorted(clash)[0]!r} is both required and excluded")

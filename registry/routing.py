@@ -7,9 +7,12 @@ availability rows, and a hash over the models' cost columns) tells whether the c
 rebuilds it. Text vectors are cached per content hash (an LRU), and a text the registry already holds reuses its
 stored vector, so routing a registered query gives exactly the probabilities `evaluate` computes.
 
-Costs: `cost` if set, else `params_b`. A model with neither is treated as costing as much as the dearest model that
-has a cost (a conservative guess: cost-aware choices pick it only where it is worth the top price), and its
-candidate entry says `cost_known: false`. If no model has any cost, every cost is 0 and cost weights change nothing.
+Evidence (evidence.py): each model's P(correct) is shrunk toward the established models' mean prediction by how
+uncertain its embedding is, and a model on probation (too few evaluations) is not chosen unless the caller asks.
+
+Costs: price and size are kept apart. Cost-aware routing (a cost weight or a minimum probability) ranks by `cost`
+when every candidate has one; by `params_b` only when asked (`cost_by="params"`), leaving out models without a
+parameter count; the decision always says which basis it used (`cost_basis`).
 """
 from __future__ import annotations
 
@@ -20,8 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import encoders, index, textvec
-from .errors import InputError, NotFound, RegistryError
+from . import encoders, evidence, index, textvec
+from .errors import InputError, RegistryError, unknown_model
 from .store import Tx
 
 # MiniLM reads at most 256 word pieces; a word piece never spans more than ~100 characters of text, so a longer
@@ -35,9 +38,12 @@ _VEC_CACHE_SIZE = 4096
 @dataclass
 class Candidate:
     model: str
-    prob: float
-    cost: float | None = None
-    cost_known: bool = True
+    prob: float                       # P(correct) as routing uses it: shrunk by the model's evidence
+    raw_prob: float                   # the predictor's own P(correct) from the model's embedding
+    evaluations: int                  # behind the embedding used
+    probation: bool = False           # too few evaluations: chosen only when asked (include_probation)
+    cost: float | None = None         # price per query, if set
+    params_b: float | None = None
     available: bool = True
 
 
@@ -50,6 +56,7 @@ class Decision:
     versions: dict[str, int]          # model -> embedding version used
     query_hash: str
     note: str | None = None
+    cost_basis: str | None = None     # "cost" | "params_b" when the choice weighed cost, else None
 
 
 @dataclass
@@ -62,9 +69,9 @@ class _State:
     versions: np.ndarray              # [M] embedding version numbers
     version_ids: np.ndarray           # [M] embedding_versions.id
     z: object                         # torch [M,128]
-    cost: np.ndarray                  # [M]; unknown filled in (see module docstring)
-    cost_known: np.ndarray            # [M] bool
+    cost: np.ndarray                  # [M] price per query (nan: not set)
     params_b: np.ndarray              # [M] (nan: unknown)
+    evidence: evidence.Evidence       # [M] evaluations, stability, probation, shrinkage weight
     down: set[str] = field(default_factory=set)   # marked unavailable in the registry
     fast: object = None                           # numpy scorer (see _numpy_scorer), or None: torch
 
@@ -77,12 +84,13 @@ _encode_lock = threading.Lock()
 _KEY_SQL = """SELECT (SELECT coalesce(max(id), 0) FROM encoder_activations),
                      (SELECT coalesce(max(id), 0) FROM embedding_versions),
                      (SELECT coalesce(max(id), 0) FROM model_availability),
+                     (SELECT count(*) FROM version_stability),
                      (SELECT coalesce(bit_xor(hash(id, name, cost, params_b)), 0) FROM models)"""
 
 
-def state(tx: Tx, db_path: str) -> _State:
+def state(tx: Tx, db_path: str, probation_min: int | None = None) -> _State:
     """The cached routing state, rebuilt only when the registry changed in a way that matters to routing."""
-    key = tuple(tx.sql(_KEY_SQL)[0])
+    key = tuple(tx.sql(_KEY_SQL)[0]) + (evidence.probation_min(probation_min),)
     st = _states.get(db_path)
     if st is not None and st.key == key:
         return st
@@ -100,20 +108,17 @@ def _build(tx: Tx, key: tuple) -> _State:
     model, _ = encoders.load(tx, encoder_id)
     vids, mids, names, vecs = index.current_versions(tx, encoder_id)
     meta = {r[0]: r[1:] for r in tx.sql("SELECT id, cost, params_b FROM models")}
-    version_of = dict(tx.sql("SELECT id, version FROM embedding_versions WHERE id IN (SELECT unnest(?))",
-                             [vids.tolist()]))
-    raw = np.array([_nan(meta[m][0]) if meta[m][0] is not None else _nan(meta[m][1]) for m in mids.tolist()],
-                   dtype=np.float64)
-    known = ~np.isnan(raw)
-    cost = np.where(known, raw, raw[known].max() if known.any() else 0.0)
-    down = {r[0] for r in tx.sql("""SELECT m.name FROM models m JOIN (
-                SELECT model_id, arg_max(available, id) AS available FROM model_availability GROUP BY model_id
-            ) a ON a.model_id = m.id WHERE NOT a.available""")}
+    about = {r[0]: r[1:] for r in tx.sql("""
+        SELECT v.id, v.version, v.n_evaluations, coalesce(s.stability, v.stability) FROM embedding_versions v
+        LEFT JOIN version_stability s ON s.version_id = v.id WHERE v.id IN (SELECT unnest(?))""", [vids.tolist()])}
+    down = set(unavailable_models(tx))
     enc_name = tx.sql("SELECT name FROM encoders WHERE id = ?", [encoder_id])[0][0]
     z = torch.from_numpy(np.ascontiguousarray(vecs))
+    ev = evidence.assess(vecs, [about[int(v)][1] for v in vids], [about[int(v)][2] for v in vids], key[-1])
     return _State(key, encoder_id, enc_name, model, list(names),
-                  np.array([version_of[int(v)] for v in vids], dtype=np.int64), np.asarray(vids, dtype=np.int64),
-                  z, cost, known, np.array([_nan(meta[m][1]) for m in mids.tolist()], dtype=np.float64), down,
+                  np.array([about[int(v)][0] for v in vids], dtype=np.int64), np.asarray(vids, dtype=np.int64),
+                  z, np.array([_nan(meta[m][0]) for m in mids.tolist()], dtype=np.float64),
+                  np.array([_nan(meta[m][1]) for m in mids.tolist()], dtype=np.float64), ev, down,
                   _numpy_scorer(model, z) if len(vids) else None)
 
 
@@ -193,14 +198,20 @@ def _stored_vectors(tx: Tx, hashes: list[str]) -> dict[str, np.ndarray]:
 
 
 # --- scoring and choosing -----------------------------------------------------------------------------------------
-def probabilities(st: _State, qvecs: np.ndarray) -> np.ndarray:
-    """[N,384] -> P(correct) [M,N]."""
+def raw_probabilities(st: _State, qvecs: np.ndarray) -> np.ndarray:
+    """[N,384] -> the predictor's P(correct) [M,N] from each model's embedding."""
     if st.fast is not None:
         return st.fast(qvecs)
     import torch
 
     with torch.inference_mode():
         return torch.sigmoid(st.model.predict_logits(st.z, torch.from_numpy(qvecs))).numpy()
+
+
+def probabilities(st: _State, qvecs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[N,384] -> (P(correct) as routing uses it, shrunk by evidence; the predictor's own), each [M,N]."""
+    raw = raw_probabilities(st, qvecs)
+    return evidence.shrink(raw, st.evidence), raw
 
 
 def _numpy_scorer(model, z):
@@ -238,62 +249,112 @@ def _numpy_scorer(model, z):
         return None
 
 
-def check_options(st: _State, cost_weight: float | None, min_prob: float | None, unavailable, known_models) -> set:
+COST_BASES = ("cost", "params")
+
+
+@dataclass
+class Policy:
+    """What a routing call asked for, checked: who may be chosen and what a choice costs."""
+    down: set[str]                    # never chosen (marked unavailable, or named by the caller)
+    eligible: np.ndarray              # [M] bool: candidates (probation models only when asked; see cost_by)
+    cost: np.ndarray | None           # [M] cost per choice on the basis used, or None when cost does not count
+    cost_basis: str | None            # "cost" | "params_b" | None
+    cost_weight: float | None = None
+    min_prob: float | None = None
+    note: str | None = None
+
+
+def policy(st: _State, cost_weight: float | None = None, min_prob: float | None = None, unavailable=(),
+           known_models=(), cost_by: str = "cost", include_probation: bool = False) -> Policy:
     if cost_weight is not None and min_prob is not None:
         raise InputError("give either a cost weight or a minimum probability, not both")
     if cost_weight is not None and not (cost_weight >= 0 and np.isfinite(cost_weight)):
         raise InputError(f"cost weight must be a non-negative number, got {cost_weight}")
     if min_prob is not None and not (0.0 <= min_prob <= 1.0):
         raise InputError(f"minimum probability must be between 0 and 1, got {min_prob}")
+    if cost_by not in COST_BASES:
+        raise InputError(f"cost basis must be one of {', '.join(COST_BASES)}, got {cost_by!r}")
     unknown = sorted(set(unavailable or ()) - set(known_models))
     if unknown:
-        raise NotFound(f"unknown model {unknown[0]!r} in unavailable models")
+        raise unknown_model(unknown[0], known_models, " in unavailable models")
     if not st.names:
         raise RegistryError("no model has an embedding under the active encoder: nothing to route to "
                             "(run `registry onboard`)")
-    return set(unavailable or ()) | st.down
+    eligible = evidence.candidates(st.evidence, include_probation)
+    if not eligible.any():
+        raise RegistryError(f"every model is on probation (fewer than {st.evidence.minimum} evaluations behind its "
+                            f"embedding): route with --include-probation, or lower the minimum with --probation-min N "
+                            f"(REGISTRY_PROBATION_MIN)")
+    down = set(unavailable or ()) | st.down
+    if cost_weight is None and min_prob is None:
+        return Policy(down, eligible, None, None)
+    note = None
+    if cost_by == "cost":
+        missing = [n for n, e, c in zip(st.names, eligible, st.cost) if e and np.isnan(c)]
+        if missing:
+            raise InputError(f"cost-aware routing needs a price for every candidate, and {len(missing)} of "
+                             f"{int(eligible.sum())} have none (e.g. {missing[0]}): set `cost` (`registry register "
+                             f"NAME --update --cost P` or a models file), or rank by size with --cost-by params")
+        cost, basis = st.cost, "cost"
+    else:
+        sized = ~np.isnan(st.params_b)
+        if not (eligible & sized).any():
+            raise InputError("no candidate has a parameter count (params_b): nothing to rank by size")
+        left = int((eligible & ~sized).sum())
+        if left:
+            note = f"cost by params_b: {left} models without a parameter count left out"
+        eligible = eligible & sized
+        cost, basis = np.nan_to_num(st.params_b), "params_b"
+    return Policy(down, eligible, cost, basis, cost_weight, min_prob, note)
 
 
-def choose(st: _State, probs: np.ndarray, down: set[str], cost_weight: float | None = None,
-           min_prob: float | None = None) -> list[tuple[int | None, bool]]:
-    """For each query column of probs [M,N]: (chosen model row or None, fallback). The policy ranks every model;
-    the top-ranked one is taken unless unavailable, then the best-ranked available one (a fallback)."""
+def choose(st: _State, probs: np.ndarray, pol: Policy) -> list[tuple[int | None, bool]]:
+    """For each query column of probs [M,N]: (chosen model row or None, fallback). The policy ranks the eligible
+    models; the top-ranked one is taken unless unavailable, then the best-ranked available one (a fallback)."""
     M, N = probs.shape
-    avail = np.array([n not in down for n in st.names])
+    avail = pol.eligible & np.array([n not in pol.down for n in st.names])
     if not avail.any():
         return [(None, True)] * N
-    if min_prob is None:
-        rank = probs - (cost_weight or 0.0) * st.cost[:, None]
+    if pol.min_prob is None:
+        rank = probs - (pol.cost_weight or 0.0) * (pol.cost[:, None] if pol.cost is not None else 0.0)
+        rank = np.where(pol.eligible[:, None], rank, -np.inf)
         top = np.argmax(rank, axis=0)                                # ties: the lower row, as baselines do
         best = np.argmax(np.where(avail[:, None], rank, -np.inf), axis=0)
         return [(int(b), bool(not avail[t])) for t, b in zip(top, best)]
     out = []
+    rows = np.flatnonzero(pol.eligible)
     for j in range(N):
         # the cheapest model reaching the threshold (the most likely among equally cheap ones), then the models
         # below it by probability: with none reaching it, the most likely is chosen
-        p = probs[:, j]
-        reach = p >= min_prob
-        order = np.lexsort((-p, np.where(reach, st.cost, 0.0), ~reach))
+        p = probs[rows, j]
+        reach = p >= pol.min_prob
+        order = rows[np.lexsort((-p, np.where(reach, pol.cost[rows], 0.0), ~reach))]
         first_avail = next(i for i in order if avail[i])
         out.append((int(first_avail), bool(not avail[order[0]])))
     return out
 
 
-def decisions(st: _State, probs: np.ndarray, picks, down: set[str], hashes: list[str],
+def decisions(st: _State, probs: np.ndarray, raw: np.ndarray, picks, pol: Policy, hashes: list[str],
               truncated: list[bool]) -> list[Decision]:
     versions = dict(zip(st.names, st.versions.tolist()))
+    ev = st.evidence
     out = []
     for j, (row, fallback) in enumerate(picks):
         order = np.argsort(-probs[:, j], kind="stable")
-        cands = [Candidate(st.names[i], round(float(probs[i, j]), 6), float(st.cost[i]), bool(st.cost_known[i]),
-                           st.names[i] not in down) for i in order]
-        note = None
+        cands = [Candidate(st.names[i], round(float(probs[i, j]), 6), round(float(raw[i, j]), 6), int(ev.n[i]),
+                           bool(ev.probation[i]), None if np.isnan(st.cost[i]) else float(st.cost[i]),
+                           None if np.isnan(st.params_b[i]) else float(st.params_b[i]),
+                           st.names[i] not in pol.down) for i in order]
+        notes = [pol.note] if pol.note else []
         if row is None:
-            note = f"no model available: all {len(st.names)} models are unavailable"
+            notes.append(f"no model available: all {int(pol.eligible.sum())} candidates are unavailable")
         elif truncated[j]:
-            note = f"query longer than {MAX_CHARS} characters: routed on its first {MAX_CHARS}"
+            notes.append(f"query longer than {MAX_CHARS} characters: routed on its first {MAX_CHARS}")
+        skipped = int((ev.probation & ~pol.eligible).sum())
+        if skipped:
+            notes.append(f"{skipped} model(s) on probation (under {ev.minimum} evaluations) not considered")
         out.append(Decision(None if row is None else st.names[row], fallback, cands, st.encoder_name, versions,
-                            hashes[j], note))
+                            hashes[j], "; ".join(notes) or None, pol.cost_basis))
     return out
 
 
@@ -343,7 +404,8 @@ class LogEntry:
     options: dict | None
 
 
-def read_log(tx: Tx, since: str | None = None, limit: int | None = None) -> list[LogEntry]:
+def read_log(tx: Tx, since: str | None = None, limit: int | None = None, oldest: bool = False) -> list[LogEntry]:
+    """Newest first (a log reader wants the latest), or oldest first."""
     where, params = "", []
     if since:
         try:
@@ -353,7 +415,8 @@ def read_log(tx: Tx, since: str | None = None, limit: int | None = None) -> list
         where, params = "WHERE created >= ?::TIMESTAMP", [since]
     lim = f"LIMIT {int(limit)}" if limit else ""
     rows = tx.sql(f"""SELECT id, created::VARCHAR, query_hash, text, model, fallback, candidates::VARCHAR, encoder_id,
-                             versions::VARCHAR, options::VARCHAR FROM routing_log {where} ORDER BY id {lim}""", params)
+                             versions::VARCHAR, options::VARCHAR FROM routing_log {where}
+                             ORDER BY id {'ASC' if oldest else 'DESC'} {lim}""", params)
     return [LogEntry(i, c, h, t, m, f, json.loads(cs), e, json.loads(v), json.loads(o) if o else None)
             for i, c, h, t, m, f, cs, e, v, o in rows]
 
@@ -365,7 +428,7 @@ def set_available(tx: Tx, names: list[str], available: bool, reason: str | None 
     ids = dict(tx.sql("SELECT name, id FROM models WHERE name IN (SELECT unnest(?))", [list(names)]))
     for n in names:
         if n not in ids:
-            raise NotFound(f"unknown model {n!r}")
+            raise unknown_model(n, [r[0] for r in tx.sql("SELECT name FROM models")])
     tx.duck.executemany("INSERT INTO model_availability (model_id, available, reason) VALUES (?, ?, ?)",
                         [[ids[n], available, reason] for n in names])
 

@@ -20,34 +20,39 @@ class RoutingMixin:
     path: str
 
     def route(self, query: str, cost_weight: float | None = None, min_prob: float | None = None,
-              unavailable: list[str] | None = None, log: bool = True, log_text: bool = True) -> routing.Decision:
-        """Route one query text: the model most likely to answer it (or the cost-aware choice), every candidate's
-        P(correct), the encoder and embedding versions used. Logged unless `log=False` (text kept unless
-        `log_text=False`)."""
+              unavailable: list[str] | None = None, log: bool = True, log_text: bool = True,
+              cost_by: str = "cost", include_probation: bool = False) -> routing.Decision:
+        """Route one query text: the model most likely to answer it (or the cost-aware choice: by `cost`, or by
+        `params_b` with cost_by="params"), every candidate's P(correct) and evidence, the encoder and embedding
+        versions used. Models on probation are chosen only with `include_probation`. Logged unless `log=False`
+        (text kept unless `log_text=False`)."""
         if not isinstance(query, str):
             raise InputError(f"a query must be a string, got {type(query).__name__}")
-        return self.route_batch([query], cost_weight, min_prob, unavailable, log, log_text)[0]
+        return self.route_batch([query], cost_weight, min_prob, unavailable, log, log_text, cost_by=cost_by,
+                                include_probation=include_probation)[0]
 
     def route_batch(self, texts: list[str], cost_weight: float | None = None, min_prob: float | None = None,
                     unavailable: list[str] | None = None, log: bool = True, log_text: bool = True,
                     reuse_vectors: bool = True, batch_size: int = 64, progress: bool = False,
-                    ) -> list[routing.Decision]:
+                    cost_by: str = "cost", include_probation: bool = False) -> list[routing.Decision]:
         """Route many texts: vectors from the cache or the registry where known, the rest MiniLM-encoded in batches;
         one bulk log insert. `reuse_vectors=False` encodes every text (what benchmarks compare with bare MiniLM)."""
         cut, hashes = routing.clean_texts(texts)
         if not cut:
             return []
         with self.store.tx() as tx:
-            st = routing.state(tx, self.path)
+            st = routing.state(tx, self.path, self.probation_min)
             known = [r[0] for r in tx.sql("SELECT name FROM models")] if unavailable else ()
-            down = routing.check_options(st, cost_weight, min_prob, unavailable, known)
+            pol = routing.policy(st, cost_weight, min_prob, unavailable, known, cost_by, include_probation)
             q = routing.query_vectors(tx, cut, hashes, reuse=reuse_vectors, batch_size=batch_size,
                                       progress=progress)
-            probs = routing.probabilities(st, q)
-            picks = routing.choose(st, probs, down, cost_weight, min_prob)
-            decs = routing.decisions(st, probs, picks, down, hashes, [len(t) > len(c) for t, c in zip(texts, cut)])
+            probs, raw = routing.probabilities(st, q)
+            picks = routing.choose(st, probs, pol)
+            decs = routing.decisions(st, probs, raw, picks, pol, hashes,
+                                     [len(t) > len(c) for t, c in zip(texts, cut)])
             if log:
-                options = {"cost_weight": cost_weight, "min_prob": min_prob, "unavailable": sorted(down)}
+                options = {"cost_weight": cost_weight, "min_prob": min_prob, "unavailable": sorted(pol.down),
+                           "cost_basis": pol.cost_basis, "include_probation": include_probation}
                 routing.log(tx, decs, cut if log_text else None, st.encoder_id, options)
         return decs
 
@@ -73,13 +78,16 @@ class RoutingMixin:
             names = [r[0] for r in tx.sql("SELECT name FROM models ORDER BY name")]
         return [Availability(n, n not in down) for n in names]
 
-    def routing_log(self, since: str | None = None, limit: int | None = None) -> list[routing.LogEntry]:
+    def routing_log(self, since: str | None = None, limit: int | None = None,
+                    oldest: bool = False) -> list[routing.LogEntry]:
+        """Routing log entries, newest first (`oldest`: oldest first); `limit` keeps the first that many."""
         with self.store.tx() as tx:
-            return routing.read_log(tx, since, limit)
+            return routing.read_log(tx, since, limit, oldest)
 
-    def frontier(self, split: str = "test", open_only: bool = True, weights: list[float] | None = None):
-        """Accuracy vs mean cost over a sweep of cost weights, beside every single model (frontier.py)."""
+    def frontier(self, split: str = "test", cost_by: str = "params", weights: list[float] | None = None):
+        """Accuracy vs mean cost (params_b, or cost with cost_by="cost") over a sweep of cost weights, beside every
+        single model, with their Pareto frontier and each point's coverage (frontier.py)."""
         from . import frontier
 
         with self.store.tx() as tx:
-            return frontier.compute(tx, routing.state(tx, self.path), split, open_only, weights)
+            return frontier.compute(tx, routing.state(tx, self.path, self.probation_min), split, cost_by, weights)

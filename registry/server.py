@@ -13,6 +13,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import os
@@ -49,6 +50,7 @@ class RegisterBody(BaseModel):
     cost: float | None = None
     open_weights: bool | None = None
     tags: dict | None = None
+    update: bool = False
 
 
 class RouteBody(BaseModel):
@@ -57,6 +59,8 @@ class RouteBody(BaseModel):
     min_prob: float | None = None
     unavailable: list[str] | None = None
     log_text: bool = True
+    cost_by: str = "cost"
+    include_probation: bool = False
 
 
 class RouteBatchBody(BaseModel):
@@ -65,6 +69,8 @@ class RouteBatchBody(BaseModel):
     min_prob: float | None = None
     unavailable: list[str] | None = None
     log_text: bool = True
+    cost_by: str = "cost"
+    include_probation: bool = False
 
 
 class AvailabilityBody(BaseModel):
@@ -80,12 +86,15 @@ def _out(obj: Any):
     return obj
 
 
-def create_app(db: str, token: str | None = None) -> FastAPI:
-    reg = Registry(db)
+def create_app(db: str, token: str | None = None, probation_min: int | None = None,
+               create: bool = True) -> FastAPI:
+    reg = Registry(db, probation_min=probation_min, create=create)
     hold = reg.store.engine.connect()   # keep the file open (and locked against other processes) while we serve
     write_lock = threading.Lock()
-    app = FastAPI(title="LLM model registry", version="1", description=__doc__)
+    # /docs from the package's own Swagger UI files (FastAPI's default fetches them from a CDN: blank offline)
+    app = FastAPI(title="LLM model registry", version="1", description=__doc__, docs_url=None, redoc_url=None)
     app.state.registry = reg
+    _offline_docs(app)
 
     @app.on_event("shutdown")
     def _close():
@@ -95,10 +104,15 @@ def create_app(db: str, token: str | None = None) -> FastAPI:
     def writer(authorization: str | None = Header(None)) -> None:
         if token is None:
             return
-        given = (authorization or "").removeprefix("Bearer ").strip()
-        if not authorization or not authorization.startswith("Bearer ") or not hmac.compare_digest(given, token):
+        if not authorization:
             raise HTTPException(401, "this endpoint writes: send Authorization: Bearer <token>",
                                 headers={"WWW-Authenticate": "Bearer"})
+        if not authorization.startswith("Bearer "):
+            raise HTTPException(401, "Authorization must be 'Bearer <token>'",
+                                headers={"WWW-Authenticate": "Bearer"})
+        given = authorization.removeprefix("Bearer ").strip()
+        if not hmac.compare_digest(given.encode(), token.encode()):
+            raise HTTPException(401, "wrong token", headers={"WWW-Authenticate": 'Bearer error="invalid_token"'})
 
     # --- errors: one line each ----------------------------------------------------------------------------------
     @app.exception_handler(NotFound)
@@ -164,8 +178,9 @@ def create_app(db: str, token: str | None = None) -> FastAPI:
             return _out(fn(**{a: v for a, v in given.items() if v is not None and _takes(fn, a)}))
 
     @app.get("/log")
-    def routing_log(since: str | None = None, limit: int | None = Query(None, ge=1)):
-        return _out(reg.routing_log(since=since, limit=limit))
+    def routing_log(since: str | None = None, limit: int | None = Query(None, ge=1), oldest: bool = False):
+        """Routing log entries, newest first (oldest=true: oldest first)."""
+        return _out(reg.routing_log(since=since, limit=limit, oldest=oldest))
 
     @app.get("/availability")
     def availability():
@@ -177,7 +192,8 @@ def create_app(db: str, token: str | None = None) -> FastAPI:
         reg.prepare_queries([body.text])          # encode outside the lock
         with write_lock:
             return _out(reg.route(body.text, body.cost_weight, body.min_prob, body.unavailable,
-                                  log_text=body.log_text))
+                                  log_text=body.log_text, cost_by=body.cost_by,
+                                  include_probation=body.include_probation))
 
     @app.post("/route/batch")
     def route_batch(body: RouteBatchBody):
@@ -186,7 +202,8 @@ def create_app(db: str, token: str | None = None) -> FastAPI:
         reg.prepare_queries(body.texts)
         with write_lock:
             return _out(reg.route_batch(body.texts, body.cost_weight, body.min_prob, body.unavailable,
-                                        log_text=body.log_text))
+                                        log_text=body.log_text, cost_by=body.cost_by,
+                                        include_probation=body.include_probation))
 
     # --- writing ----------------------------------------------------------------------------------------------
     @app.post("/models", dependencies=[Depends(writer)])
@@ -196,10 +213,10 @@ def create_app(db: str, token: str | None = None) -> FastAPI:
             raise InputError("evaluations: give at least one row")
         path = _temp_file([r.model_dump(exclude_none=True) for r in body.evaluations])
         try:
-            with write_lock:
+            with write_lock, _rows_named("evaluations", path):
                 return _out(reg.register(body.name, path, family=body.family, provider=body.provider,
                                          params_b=body.params_b, cost=body.cost, open_weights=body.open_weights,
-                                         tags=body.tags))
+                                         tags=body.tags, update=body.update))
         finally:
             os.unlink(path)
 
@@ -219,7 +236,7 @@ def create_app(db: str, token: str | None = None) -> FastAPI:
             import anyio
 
             def run():
-                with write_lock:
+                with write_lock, _rows_named("the uploaded file", path, rows=False):
                     return _out(reg.register(name, path))
             return await anyio.to_thread.run_sync(run)
         finally:
@@ -231,7 +248,7 @@ def create_app(db: str, token: str | None = None) -> FastAPI:
         fn = _optional(reg, "fingerprint")
         path = _temp_file([r.model_dump(exclude_none=True) for r in evaluations])
         try:
-            with write_lock:
+            with write_lock, _rows_named("evaluations", path):
                 return _out(fn(path))
         finally:
             os.unlink(path)
@@ -249,6 +266,21 @@ def create_app(db: str, token: str | None = None) -> FastAPI:
     return app
 
 
+def _offline_docs(app: FastAPI) -> None:
+    import swagger_ui_bundle
+    from fastapi.openapi.docs import get_swagger_ui_html
+    from fastapi.staticfiles import StaticFiles
+
+    app.mount("/static/swagger", StaticFiles(directory=swagger_ui_bundle.swagger_ui_path), name="swagger")
+
+    @app.get("/docs", include_in_schema=False)
+    def docs():
+        return get_swagger_ui_html(openapi_url=app.openapi_url, title=f"{app.title}: API",
+                                   swagger_js_url="/static/swagger/swagger-ui-bundle.js",
+                                   swagger_css_url="/static/swagger/swagger-ui.css",
+                                   swagger_favicon_url="/static/swagger/favicon-32x32.png")
+
+
 def _optional(reg: Registry, name: str):
     fn = getattr(reg, name, None)
     if fn is None:
@@ -262,6 +294,23 @@ def _takes(fn, arg: str) -> bool:
     return arg in inspect.signature(fn).parameters
 
 
+@contextlib.contextmanager
+def _rows_named(what: str, path: str, rows: bool = True):
+    """Errors about the server's temporary file name what the client sent instead: `evaluations[0]` for line 1 of
+    a file of JSON rows, `the uploaded file: line 3` for an upload. The temp path never reaches the client."""
+    try:
+        yield
+    except InputError as exc:
+        if exc.file != path and path not in str(exc):
+            raise
+        problem = exc.problem.replace(path, what)
+        if exc.line is None:
+            raise InputError(problem, file=what) from None
+        if rows:
+            raise InputError(f"{what}[{exc.line - 1}]: {problem}") from None
+        raise InputError(problem, file=what, line=exc.line) from None
+
+
 def _temp_file(rows: list[dict]) -> str:
     fd, path = tempfile.mkstemp(suffix=".jsonl")
     with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -273,10 +322,11 @@ def _temp_file(rows: list[dict]) -> str:
     return path
 
 
-def serve(db: str, host: str = "127.0.0.1", port: int = 8000, token: str | None = None) -> None:
+def serve(db: str, host: str = "127.0.0.1", port: int = 8000, token: str | None = None,
+          probation_min: int | None = None) -> None:
     import uvicorn
 
-    app = create_app(db, token)
+    app = create_app(db, token, probation_min, create=False)
     print(f"serving {db} on http://{host}:{port} (OpenAPI at /openapi.json; writes "
           f"{'need a bearer token' if token else 'are open: no token configured'})", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")

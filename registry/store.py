@@ -15,7 +15,7 @@ from typing import Iterator
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session
 
-from .errors import DatabaseLocked, RegistryError, SchemaOutdated
+from .errors import DatabaseLocked, NotFound, RegistryError, SchemaOutdated
 
 DEFAULT_DB = "registry.duckdb"
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,10 +98,13 @@ class Tx:
 
 
 class Store:
-    def __init__(self, path: str | os.PathLike | None = None, migrate: bool = True):
+    def __init__(self, path: str | os.PathLike | None = None, migrate: bool = True, create: bool = True):
         self.path = str(path or default_db_path())
         if Path(self.path).is_dir():
             raise RegistryError(f"{self.path}: is a directory, not a database file")
+        if not create and not Path(self.path).exists():   # a typo must not leave an empty registry behind
+            raise NotFound(f"{self.path}: no such registry (create one with `registry import DIR`, "
+                           f"or give --db / REGISTRY_DB)")
         try:
             # every transaction ends in an explicit commit or rollback (Store.tx), so the pool's extra rollback on
             # returning a connection only costs time

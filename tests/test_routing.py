@@ -36,26 +36,38 @@ def test_route_gives_every_candidate_and_logs(reg):
     assert d.model == d.candidates[0].model and d.fallback is False
     assert set(d.versions) == names and d.encoder
     reg.route(Q, log_text=False)
-    log = reg.routing_log()
+    log = reg.routing_log(oldest=True)
     assert [e.text for e in log] == [Q, None] and log[0].query_hash == log[1].query_hash == d.query_hash
     assert log[0].model == d.model and len(log[0].candidates) == 5 and log[0].versions == d.versions
+    assert [e.text for e in reg.routing_log()] == [None, Q]              # newest first by default
+    assert [e.text for e in reg.routing_log(limit=1)] == [None]          # --limit keeps the newest
     assert reg.routing_log(since="2999-01-01") == []
     with pytest.raises(InputError, match="not a timestamp"):
         reg.routing_log(since="yesterday-ish")
 
 
-def test_cost_weight_and_min_prob(reg):
+def test_cost_is_price_and_size_only_when_asked(reg, tmp_path):
+    """Price and size are kept apart: no price, no cost-aware routing by price; by size only with cost_by=params,
+    over the models that have a size, and the decision names the basis."""
     base = reg.route(Q, log=False)
-    known = [c for c in base.candidates if c.cost_known]
-    cheapest = min(c.cost for c in known)
-    heavy = reg.route(Q, cost_weight=10.0, log=False)            # cost dominates: a cheapest model wins
-    assert next(c for c in heavy.candidates if c.model == heavy.model).cost == cheapest
-    unknown = [c for c in base.candidates if not c.cost_known]   # unpriced models: assumed the dearest known
-    assert unknown and all(c.cost == max(k.cost for k in known) for c in unknown)
-    p = sorted(c.prob for c in base.candidates)[len(base.candidates) // 2]
-    d = reg.route(Q, min_prob=p, log=False)
+    assert base.cost_basis is None and all(c.cost is None for c in base.candidates)
+    with pytest.raises(InputError, match="needs a price for every candidate.*--cost-by params"):
+        reg.route(Q, cost_weight=0.01, log=False)
+    sized = [c for c in base.candidates if c.params_b is not None]
+    heavy = reg.route(Q, cost_weight=10.0, cost_by="params", log=False)   # size dominates: a smallest model wins
+    assert heavy.cost_basis == "params_b" and "without a parameter count left out" in heavy.note
+    assert next(c for c in heavy.candidates if c.model == heavy.model).params_b == min(c.params_b for c in sized)
+    p = sorted(c.prob for c in sized)[len(sized) // 2]
+    d = reg.route(Q, min_prob=p, cost_by="params", log=False)
     chosen = next(c for c in d.candidates if c.model == d.model)
-    assert chosen.prob >= p and chosen.cost == min(c.cost for c in d.candidates if c.prob >= p)
+    assert chosen.prob >= p and chosen.params_b == min(c.params_b for c in sized if c.prob >= p)
+    # with a price for every model, cost-aware routing ranks by price, never by size
+    prices = tmp_path / "prices.csv"
+    prices.write_text("model,cost\n" + "".join(f"{c.model},{1.0 if c.model == 'Llama-2-70b-hf' else 5.0}\n"
+                                                for c in base.candidates))
+    reg.import_files(models=str(prices))
+    priced = reg.route(Q, cost_weight=10.0, log=False)
+    assert priced.cost_basis == "cost" and priced.model == "Llama-2-70b-hf"
     assert reg.route(Q, min_prob=1.0, log=False).model == base.model   # none reaches it: the most likely
     with pytest.raises(InputError, match="not both"):
         reg.route(Q, cost_weight=0.1, min_prob=0.5)
@@ -68,7 +80,7 @@ def test_unavailable_fallback_and_persistent_flags(reg):
     top, second = d.candidates[0].model, d.candidates[1].model
     f = reg.route(Q, unavailable=[top])
     assert f.model == second and f.fallback is True
-    assert reg.routing_log()[-1].fallback is True
+    assert reg.routing_log()[0].fallback is True
     reg.mark_unavailable([top], reason="outage")
     assert reg.route(Q, log=False).model == second
     assert [a.model for a in reg.availability() if not a.available] == [top]
@@ -80,7 +92,7 @@ def test_unavailable_fallback_and_persistent_flags(reg):
         reg.mark_unavailable(["no-such-model"])
     everyone = [m.name for m in reg.models()]
     none = reg.route(Q, unavailable=everyone)                  # a well-defined answer, not an error
-    assert none.model is None and none.fallback is True and "all 31 models are unavailable" in none.note
+    assert none.model is None and none.fallback is True and "all 31 candidates are unavailable" in none.note
 
 
 def test_batch_equals_single_and_cache_follows_new_versions(reg, small_data):
@@ -126,7 +138,7 @@ def test_cli_route_file_log_and_errors(db_copy, tmp_path):
     r = run(db_copy, "route", Q)
     assert r.exit_code == 0, r.output
     assert "P(correct)" in r.output and len([ln for ln in r.output.splitlines() if "0." in ln]) >= 5
-    r = run(db_copy, "route", Q, "--json", "--no-log-text", "--cost-weight", "0.01")
+    r = run(db_copy, "route", Q, "--json", "--no-log-text", "--cost-weight", "0.01", "--cost-by", "params")
     d = json.loads(r.output)
     assert {"model", "fallback", "candidates", "encoder", "versions"} <= set(d) and len(d["candidates"]) == 31
     queries = tmp_path / "q.jsonl"
@@ -144,7 +156,7 @@ def test_cli_route_file_log_and_errors(db_copy, tmp_path):
     assert r.exit_code == 0 and (tmp_path / "r.csv").read_text().count("\n") == 3
     r = run(db_copy, "log", "--json")
     log = json.loads(r.output)
-    assert len(log) == 7 and log[1]["text"] is None
+    assert len(log) == 7 and log[5]["text"] is None and log[6]["text"] == Q   # newest first
     assert run(db_copy, "mark-unavailable", "Yi-6B").exit_code == 0
     assert "Yi-6B" in run(db_copy, "mark-unavailable", "Yi-34B").output
     # bad input: one clear line each, exit 1

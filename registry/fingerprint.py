@@ -36,12 +36,12 @@ def _quantiles(x: np.ndarray) -> dict:
 
 
 def disjoint_pairs(tx: Tx, model, sets: list[onboarding.EvalSet], sample: int, draws: int, seed: int = 0):
-    """For each draw, each model embedded from two disjoint random samples: -> (za, zb) each [draws, M, D]."""
-    rng = np.random.default_rng(seed)
+    """For each draw, each model embedded from two disjoint random samples: -> (za, zb) each [draws, M, D]. Each
+    model's samples are seeded by (seed, draw, model id), so they do not depend on which other models are there."""
     samples = []
-    for _ in range(draws):
+    for draw in range(draws):
         for s in sets:
-            perm = rng.permutation(s.n)[: 2 * sample]
+            perm = np.random.default_rng([seed, draw, int(s.model_id)]).permutation(s.n)[: 2 * sample]
             samples += [onboarding.EvalSet(s.model_id, s.query_ids[part], s.y[part], s.digest)
                         for part in (perm[:sample], perm[sample:])]
     z = onboarding.compute(tx, model, samples).reshape(draws, len(sets), 2, -1)
@@ -57,8 +57,8 @@ def calibrate(tx: Tx, sample: int = 128, draws: int = 3, seed: int = 0) -> Calib
     if key in _calibrations and _calibrations[key].sample == sample:
         return _calibrations[key]
     model, meta = encoders.load(tx, encoder_id)
-    ids = [r[0] for r in tx.sql("SELECT DISTINCT model_id FROM embedding_versions WHERE encoder_id = ?",
-                                [encoder_id])]
+    ids = [r[0] for r in tx.sql("SELECT DISTINCT model_id FROM embedding_versions WHERE encoder_id = ? ORDER BY 1",
+                                [encoder_id])]   # a fixed order: DISTINCT alone comes back in any order
     through = int(tx.sql("SELECT coalesce(max(id), 0) FROM import_batches")[0][0])
     sets = list(onboarding.evaluation_sets(tx, ids, through, meta.get("embed_max_set")).values())
     if not sets:

@@ -143,8 +143,9 @@ def clean_texts(texts) -> tuple[list[str], list[str]]:
 
 
 def query_vectors(tx: Tx | None, texts: list[str], hashes: list[str], reuse: bool = True,
-                  batch_size: int = 64, progress: bool = False) -> np.ndarray:
-    """[N,384]: from the LRU, then from the registry's stored vectors (by content hash), then MiniLM (batched)."""
+                  batch_size: int = 64, progress: bool = False, fresh: list | None = None) -> np.ndarray:
+    """[N,384]: from the LRU, then from the registry's stored vectors (by content hash), then MiniLM (batched).
+    `fresh`, if given, receives the indices that MiniLM encoded here."""
     out = np.zeros((len(texts), textvec.TEXT_DIM), dtype=np.float32)
     todo = []
     for i, h in enumerate(hashes):
@@ -167,6 +168,8 @@ def query_vectors(tx: Tx | None, texts: list[str], hashes: list[str], reuse: boo
     if todo:
         with _encode_lock:  # HF fast tokenisers fail when one is used by two threads at once
             out[todo] = textvec.encode([texts[i] for i in todo], batch_size=batch_size, progress=progress)
+        if fresh is not None:
+            fresh.extend(todo)
     with _vectors_lock:
         for i, h in enumerate(hashes):
             _vectors[h] = out[i]
@@ -195,6 +198,22 @@ def _stored_vectors(tx: Tx, hashes: list[str]) -> dict[str, np.ndarray]:
     flat = tbl.column("vector").combine_chunks().flatten().to_numpy(zero_copy_only=False)
     mat = flat.reshape(tbl.num_rows, -1).astype(np.float32)
     return dict(zip(tbl.column("content_hash").to_pylist(), mat))
+
+
+def keep_vectors(tx: Tx, hashes: list[str], vectors: np.ndarray) -> None:
+    """Store routed texts' vectors by content hash (text_vectors is a cache keyed by it), so that the same text routes
+    again, from any process, without loading MiniLM."""
+    import pyarrow as pa
+
+    if not hashes:
+        return
+    tx.duck.register("_routed_vectors", pa.table({"h": hashes, "v": list(vectors.astype(np.float32))}))
+    try:
+        tx.duck.execute("""INSERT INTO text_vectors (content_hash, text_encoder, vector)
+                           SELECT DISTINCT ON (h) h, ?, v FROM _routed_vectors ON CONFLICT DO NOTHING""",
+                        [textvec.TEXT_ENCODER])
+    finally:
+        tx.duck.unregister("_routed_vectors")
 
 
 # --- scoring and choosing -----------------------------------------------------------------------------------------

@@ -44,8 +44,11 @@ class RoutingMixin:
             st = routing.state(tx, self.path, self.probation_min)
             known = [r[0] for r in tx.sql("SELECT name FROM models")] if unavailable else ()
             pol = routing.policy(st, cost_weight, min_prob, unavailable, known, cost_by, include_probation)
+            fresh: list[int] = []
             q = routing.query_vectors(tx, cut, hashes, reuse=reuse_vectors, batch_size=batch_size,
-                                      progress=progress)
+                                      progress=progress, fresh=fresh)
+            if log and log_text and reuse_vectors and fresh:   # the log keeps these texts: keep their vectors too
+                routing.keep_vectors(tx, [hashes[i] for i in fresh], q[fresh])
             probs, raw = routing.probabilities(st, q)
             picks = routing.choose(st, probs, pol)
             decs = routing.decisions(st, probs, raw, picks, pol, hashes,

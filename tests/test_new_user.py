@@ -1,0 +1,292 @@
+"""What a new user hit (issue 19): answers that were confidently wrong or misleading, and the papercuts around them.
+Each test failed on the main branch before the fix. Real registry copies, real migrations, the CLI through click."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import duckdb
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from registry import Registry
+from registry.cli import cli
+from registry.errors import InputError, NotFound
+
+from .conftest import snapshot
+
+Q = "What is the derivative of x^2 with respect to x?"
+
+
+def run(db, *args, env=None):
+    return CliRunner().invoke(cli, ["--db", str(db), *args], env=env)
+
+
+def results_of(small_data, model: str) -> list[tuple[str, int]]:
+    con = duckdb.connect()
+    rows = con.execute(f"""SELECT question_id::VARCHAR, correct::INT FROM read_csv('{small_data}/evaluations.csv.gz')
+                           WHERE model = ? ORDER BY question_id""", [model]).fetchall()
+    con.close()
+    return rows
+
+
+def write_rows(path, rows, header="question_id,correct"):
+    path.write_text(header + "\n" + "".join(",".join(map(str, r)) + "\n" for r in rows))
+    return path
+
+
+def invented(small_data, tmp_path, n: int = 50):
+    """A made-up model with n results, 90% right: the shape of the issue's `invented-strong`."""
+    qids = [q for q, _ in results_of(small_data, "gpt-4o-2024-05-13")][:n]
+    return write_rows(tmp_path / "invented.csv", [(q, int(i % 10 != 0)) for i, q in enumerate(qids)])
+
+
+# --- 1. one low-evidence model must not take over routing -------------------------------------------------------
+def test_a_low_evidence_model_is_on_probation_and_never_takes_over(db_copy, small_data, tmp_path):
+    with Registry(db_copy) as reg:
+        before = reg.evaluate("test", baselines=False)
+        r = reg.register("invented-strong", str(invented(small_data, tmp_path)))
+        assert r.status == "probation" and r.version is not None and "on probation" in r.warning
+        info = {m.name: m for m in reg.models()}
+        assert info["invented-strong"].status == "probation"
+        assert info["gpt-4o-2024-05-13"].status == "established"
+        assert reg.show("invented-strong").status == "probation"
+        with reg.store.tx() as tx:
+            texts = [t for (t,) in tx.sql("SELECT text FROM queries ORDER BY id LIMIT 40")]
+        decisions = reg.route_batch(texts, log=False)
+        assert all(d.model != "invented-strong" for d in decisions)
+        cand = next(c for c in decisions[0].candidates if c.model == "invented-strong")
+        assert cand.probation and cand.evaluations < 64
+        # its own prediction is pulled toward the pool's: its evidence is thin
+        pool = np.mean([c.raw_prob for c in decisions[0].candidates if not c.probation])
+        assert abs(cand.prob - pool) < abs(cand.raw_prob - pool)
+        assert "probation" in decisions[0].note
+        # asked for explicitly, it may be chosen
+        asked = reg.route_batch(texts, log=False, include_probation=True)
+        assert any(d.model == "invented-strong" for d in asked)
+        after = reg.evaluate("test", baselines=False)
+    assert after.methods["locus"]["hit@1"] == before.methods["locus"]["hit@1"]
+    assert "invented-strong" in after.probation and "invented-strong" not in after.choices
+    out = run(db_copy, "models")
+    line = next(ln for ln in out.output.splitlines() if ln.startswith("invented-strong"))
+    assert "probation" in line
+    out = run(db_copy, "evaluate", "--no-baselines")
+    assert "invented-strong: on probation" in out.output and "LOCUS routes to:" in out.output
+
+
+def test_the_probation_minimum_is_configurable(db_copy, small_data, tmp_path):
+    with Registry(db_copy, probation_min=10) as reg:
+        reg.register("invented-strong", str(invented(small_data, tmp_path)))
+        assert {m.name: m.status for m in reg.models()}["invented-strong"] == "established"
+    r = run(db_copy, "--probation-min", "1000", "route", Q)
+    assert r.exit_code == 1 and "every model is on probation" in r.output and "--probation-min" in r.output
+    assert run(db_copy, "--probation-min", "1000", "route", Q, "--include-probation").exit_code == 0
+
+
+# --- 2. a choice without a result is unscored, and said so ------------------------------------------------------
+def test_frontier_and_evaluate_report_coverage(db_copy):
+    with Registry(db_copy) as reg:
+        with reg.store.tx() as tx:   # make one model lack results for half the test queries
+            victim = tx.sql("SELECT id FROM models WHERE name = 'Llama-2-70b-hf'")[0][0]
+            tx.sql(f"""DELETE FROM evaluations WHERE model_id = {victim} AND query_id IN (
+                         SELECT query_id FROM query_splits WHERE split = 'test' ORDER BY query_id
+                         LIMIT (SELECT count(*) // 2 FROM query_splits WHERE split = 'test'))""")
+            n, right = tx.sql(f"""SELECT count(*), sum(e.correct::INT) FROM evaluations e
+                                   JOIN query_splits s ON s.query_id = e.query_id
+                                   WHERE s.split = 'test' AND e.model_id = {victim}""")[0]
+        f = reg.frontier(split="test")
+        p = next(x for x in f.single if x.label == "Llama-2-70b-hf")
+        assert p.scored == n < f.queries and p.coverage == round(n / f.queries, 4)
+        assert p.scored_accuracy == pytest.approx(right / n)
+        assert p.accuracy == pytest.approx(right / f.queries)          # the unscored ones count as wrong
+        assert any("Llama-2-70b-hf has results for" in n for n in f.notes)
+        report = reg.evaluate("test", baselines=False)
+        locus = report.methods["locus"]
+        assert 0 < locus["scored"] <= report.queries and "hit@1_scored" in locus and "coverage" in locus
+    out = run(db_copy, "route", "--frontier", "--out", str(db_copy.parent / "f.png"))
+    assert out.exit_code == 0 and "on scored" in out.output and "Pareto frontier" in out.output
+
+
+# --- 3. fallback honours mark-unavailable; availability is shown --------------------------------------------------
+def test_fallback_skips_models_marked_unavailable(db_copy):
+    with Registry(db_copy) as reg:
+        chain = [link.model for link in reg.fallback("gpt-4o-2024-05-13").chain]
+        reg.mark_unavailable([chain[0]])
+        after = reg.fallback("gpt-4o-2024-05-13")
+        assert chain[0] not in [link.model for link in after.chain] and after.unavailable == [chain[0]]
+        every = reg.fallback_all()
+        assert all(chain[0] not in [link.model for link in links] for links in every.chains.values())
+        assert {m.name: m.available for m in reg.models()}[chain[0]] is False
+        assert reg.show(chain[0]).available is False
+    out = run(db_copy, "show", chain[0])
+    assert "available: no" in out.output
+    assert "skipped as unavailable" in run(db_copy, "fallback", "gpt-4o-2024-05-13").output
+
+
+# --- 4. the chosen model is always in the printed table -----------------------------------------------------------
+def test_min_prob_choice_is_in_the_table(db_copy):
+    with Registry(db_copy) as reg:
+        d = reg.route(Q, log=False)
+    sized = sorted((c for c in d.candidates if c.params_b is not None), key=lambda c: c.prob)
+    out = run(db_copy, "route", Q, "--min-prob", f"{sized[0].prob:.6f}", "--cost-by", "params", "--top", "1")
+    assert out.exit_code == 0, out.output
+    chosen = out.output.splitlines()[0].split()[0]
+    lines = out.output.splitlines()
+    assert any(ln.startswith("*") and chosen in ln for ln in lines)
+    header = next(ln for ln in lines if "candidate" in ln)
+    assert header.split() == ["candidate", "P(correct)", "own", "P", "evaluations", "cost", "params_b", "status"]
+
+
+# --- 6. re-registering a name never silently changes the model ---------------------------------------------------
+def test_register_existing_name_needs_update(db_copy, small_data, tmp_path):
+    mine = results_of(small_data, "Yi-6B")
+    f = write_rows(tmp_path / "yi.csv", mine)
+    before = snapshot(db_copy)
+    out = run(db_copy, "register", "gpt-4o-2024-05-13", "--evals", str(f), "--family", "yi", "--params-b", "6")
+    assert out.exit_code == 1 and "already registered with family='gpt-4o'" in out.output and "--update" in out.output
+    assert snapshot(db_copy) == before
+    out = run(db_copy, "register", "gpt-4o-2024-05-13", "--evals", str(f))     # results that differ: refused too
+    assert out.exit_code == 1 and "differ from the ones" in out.output and "--update" in out.output
+    assert snapshot(db_copy) == before
+    out = run(db_copy, "register", "gpt-4o-2024-05-13", "--evals", str(f), "--family", "yi", "--update", "--json")
+    assert out.exit_code == 0, out.output
+    r = json.loads(out.output)
+    assert r["updated"] == {"family": ["gpt-4o", "yi"]} and r["results_changed"] > 0
+    # adding results to a model that lacks them needs no --update
+    with Registry(db_copy) as reg:
+        reg.register("fresh-model", str(write_rows(tmp_path / "a.csv", mine[:60])))
+        r = reg.register("fresh-model", str(write_rows(tmp_path / "b.csv", mine[60:])))
+        assert r.evaluations_added == len(mine) - 60 and r.updated == {} and r.results_changed == 0
+
+
+# --- 7. the frontier is a Pareto frontier --------------------------------------------------------------------------
+def test_frontier_pareto_is_non_dominated(db_copy):
+    with Registry(db_copy) as reg:
+        f = reg.frontier(split="test")
+    front = f.pareto
+    assert front and all(a.mean_cost < b.mean_cost and a.accuracy < b.accuracy for a, b in zip(front, front[1:]))
+    for p in f.router + f.single:     # every point is on the frontier or beaten by a point of it
+        assert any(q.mean_cost <= p.mean_cost and q.accuracy >= p.accuracy for q in front)
+
+
+# --- 8. counts say what they count ---------------------------------------------------------------------------------
+def test_register_and_history_name_what_the_counts_are(db_copy, small_data, tmp_path):
+    rows = results_of(small_data, "Yi-6B")
+    out = run(db_copy, "register", "yi-again", "--evals", str(write_rows(tmp_path / "y.csv", rows)))
+    assert out.exit_code == 0, out.output
+    with Registry(db_copy) as reg:
+        r = reg.history("yi-again").versions[-1]
+        held = reg.register("yi-again", str(tmp_path / "y.csv")).held_out
+    assert f"{r.n_evaluations} used for the embedding, {held} held out as test" in out.output
+    assert r.n_evaluations + held == len(rows) and held > 0
+    assert "used for embedding" in run(db_copy, "history", "yi-again").output
+
+
+# --- 9. the same-model threshold does not move without reason ------------------------------------------------------
+def test_calibration_is_deterministic_across_processes(db_copy, small_data, tmp_path):
+    code = "import sys; from registry import Registry; print(Registry(sys.argv[1]).calibration().threshold)"
+    got = {subprocess.run([sys.executable, "-c", code, str(db_copy)], capture_output=True, text=True,
+                          check=True).stdout.strip() for _ in range(2)}
+    assert len(got) == 1
+    with Registry(db_copy) as reg:   # a model too small to calibrate on does not move it
+        reg.register("invented-strong", str(invented(small_data, tmp_path)))
+        assert str(reg.calibration().threshold) in got
+
+
+# --- 10-12. papercuts: missing files, did-you-mean, hints that exist ----------------------------------------------
+def test_read_commands_refuse_a_missing_database(tmp_path):
+    typo = tmp_path / "typo.duckdb"
+    for args in (["models"], ["stats"], ["show", "x"], ["route", Q], ["similar", "x"], ["log"]):
+        out = run(typo, *args)
+        assert out.exit_code == 1 and "no such registry" in out.output and len(out.output.strip().splitlines()) == 1
+        assert not typo.exists()
+
+
+def test_show_suggests_names_and_prints_no_none(db_copy):
+    out = run(db_copy, "show", "gpt-4o")
+    assert out.exit_code == 1 and "did you mean 'gpt-4o-2024-05-13'" in out.output
+    with Registry(db_copy) as reg:
+        with pytest.raises(NotFound, match="did you mean 'gemini-1.5-pro-002'"):
+            reg.history("gemini-1.5-pro")
+    out = run(db_copy, "show", "gpt-4o-2024-05-13")
+    assert out.exit_code == 0 and "None" not in out.output
+    assert "embedding: version 1" in out.output and "available: yes" in out.output
+
+
+def test_register_unknown_query_hint_names_what_register_takes(db_copy, tmp_path):
+    f = write_rows(tmp_path / "u.csv", [("no-such-question", 1)])
+    out = run(db_copy, "register", "m", "--evals", str(f))
+    assert out.exit_code == 1 and "unknown query id 'no-such-question'" in out.output
+    assert "`question` column" in out.output and "registry import --queries" in out.output
+
+
+# --- 13-14. HTTP: errors name what the client sent; /docs works offline ----------------------------------------------
+def test_http_errors_and_offline_docs(db_copy):
+    from fastapi.testclient import TestClient
+
+    from registry.server import create_app
+
+    with TestClient(create_app(str(db_copy), token="s3cret")) as c:
+        auth = {"Authorization": "Bearer s3cret"}
+        r = c.post("/models", json={"name": "m", "evaluations": [{"question_id": "nope", "correct": 1}]},
+                   headers=auth)
+        assert r.status_code == 400 and r.json()["detail"].startswith("evaluations[0]: unknown query id")
+        assert "/tmp" not in r.text and ".jsonl" not in r.text
+        missing = c.post("/availability/unavailable", json={"models": ["Yi-6B"]})
+        wrong = c.post("/availability/unavailable", json={"models": ["Yi-6B"]},
+                       headers={"Authorization": "Bearer nope"})
+        assert missing.status_code == wrong.status_code == 401
+        assert missing.json()["detail"] != wrong.json()["detail"] and "wrong token" in wrong.json()["detail"]
+        docs = c.get("/docs")
+        assert docs.status_code == 200 and "/static/swagger/swagger-ui-bundle.js" in docs.text
+        assert "http://" not in docs.text and "https://" not in docs.text
+        assert c.get("/static/swagger/swagger-ui-bundle.js").status_code == 200
+        assert c.get("/static/swagger/swagger-ui.css").status_code == 200
+
+
+# --- 15. a text the registry has already embedded routes without MiniLM -----------------------------------------------
+def test_known_text_routes_without_loading_minilm(db_copy):
+    code = ("import sys; from registry import Registry; r = Registry(sys.argv[1]); d = r.route(sys.argv[2]); "
+            "r.close(); print(d.model, 'sentence_transformers' in sys.modules)")
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+
+    def route(text):
+        out = subprocess.run([sys.executable, "-c", code, str(db_copy), text], capture_output=True, text=True,
+                             env=env, check=True)
+        return out.stdout.split()[-1] == "True", out.stderr
+
+    with Registry(db_copy) as reg, reg.store.tx() as tx:
+        stored = tx.sql("SELECT text FROM queries ORDER BY id LIMIT 1")[0][0]
+    assert route(stored)[0] is False                    # a registered question: its stored vector
+    loaded, err = route("A brand new question about tides?")
+    assert loaded is True and "Loading weights" not in err
+    assert route("A brand new question about tides?")[0] is False   # routed once: its vector is kept
+
+
+# --- 17. the rest --------------------------------------------------------------------------------------------------
+def test_diff_similar_stats_and_map_papercuts(db_copy, small_data, tmp_path):
+    with Registry(db_copy) as reg:
+        with pytest.raises(InputError, match="one embedding version"):
+            reg.diff("Yi-6B")
+        with pytest.raises(NotFound, match="nothing was registered as of 2000-01-01"):
+            reg.similar("Yi-6B", as_of="2000-01-01")
+        everyone = reg.similar("Yi-6B", k=100)
+        assert len(everyone) == 30
+        f = write_rows(tmp_path / "yi.csv", results_of(small_data, "Yi-6B"))
+        near = reg.similar(evals=str(f), k=3)
+        assert near[0].disagreement is not None and near[0].shared_queries > 0
+        yi = next((n for n in reg.similar(evals=str(f), k=31) if n.model == "Yi-6B"))
+        assert yi.disagreement == 0.0
+        reg.import_files(queries=str(write_rows(tmp_path / "q.csv", [("extra-1", "What is 1+1?")],
+                                                header="question_id,question")))
+        assert reg.stats().unsplit_queries == 1
+    assert "no split 1" in run(db_copy, "stats").output
+    assert "the pool has 30 other embedded models" in run(db_copy, "similar", "Yi-6B", "-k", "100").output
+    from registry.maps import family_colours
+
+    a = family_colours(["llama-2", "gpt-4o", "gemini"])
+    b = family_colours(["llama-2", "gpt-4o", "gemini", "mistral", "qwen"])
+    assert all(a[f] == b[f] for f in a) and len(set(b.values())) == 5

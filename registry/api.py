@@ -142,12 +142,13 @@ class Registry(RoutingMixin):
     # --- writing ------------------------------------------------------------------------------------------------
     def import_files(self, models: str | None = None, queries: str | None = None, evaluations: str | None = None,
                      splits: str | None = None, directory: str | None = None,
-                     progress: bool = False, onboard: bool = True) -> ingest.ImportResult:
-        """Import any of models (CSV), queries (CSV/JSONL/Parquet), evaluations (long format) and splits, or a
-        folder laid out like ../shared/data/mmlu-pro. All or nothing: a bad file changes nothing."""
+                     progress: bool = False, onboard: bool = True, vectors: str | None = None) -> ingest.ImportResult:
+        """Import any of models (CSV), queries (CSV/JSONL/Parquet), evaluations (long format), splits and query
+        text vectors (vectors.py), or a folder laid out like ../shared/data/mmlu-pro (its `text_vectors.parquet`
+        too). All or nothing: a bad file changes nothing."""
         files = ingest.files_in_dir(directory) if directory else {}
         for kind, path in (("models", models), ("queries", queries), ("evaluations", evaluations),
-                           ("splits", splits)):
+                           ("splits", splits), ("vectors", vectors)):
             if path:
                 files[kind] = str(path)
         if not files:
@@ -160,6 +161,22 @@ class Registry(RoutingMixin):
         if onboard:
             result.onboarding = [asdict(o) for o in self.onboard()]
         return result
+
+    def export_vectors(self, path: str, source: str | None = None, dtype: str = "float32"):
+        """Write the registry's query text vectors to a Parquet file that other registries import
+        (`vectors.VectorsResult`)."""
+        from . import vectors
+
+        with self.store.tx() as tx:
+            return vectors.export(tx, path, source, dtype)
+
+    def import_vectors(self, path: str):
+        """Add the query text vectors of a file made by `export_vectors`, checked whole first: a bad file changes
+        nothing (`vectors.VectorsResult`)."""
+        from . import vectors
+
+        with self.store.tx() as tx:
+            return vectors.load(tx, path)
 
     def draw_splits(self, val: float = 0.1, test: float = 0.1, seed: int = 0) -> splits.DrawResult:
         """Give every query without a split one, drawn with `seed` within each category (shares `val` and `test`,

@@ -133,14 +133,15 @@ def db_current(ctx, as_json):
 @click.option("--queries", type=click.Path(), help="Queries: CSV, JSONL or Parquet (id, text, category, options...).")
 @click.option("--evaluations", type=click.Path(), help="Evaluations, long format (model, query id, correct).")
 @click.option("--splits", type=click.Path(), help="Query splits (query id, train|val|test).")
+@click.option("--vectors", type=click.Path(), help="Query text vectors (Parquet, from `registry vectors export`).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 @handles_errors
-def import_(ctx, directory, models, queries, evaluations, splits, as_json):
+def import_(ctx, directory, models, queries, evaluations, splits, vectors, as_json):
     """Import benchmark results: a folder laid out like ../shared/data/mmlu-pro, or single files."""
     reg = open_registry(ctx, create=True)
     result = reg.import_files(models=models, queries=queries, evaluations=evaluations, splits=splits,
-                              directory=directory, progress=not as_json)
+                              directory=directory, progress=not as_json, vectors=vectors)
     if as_json:
         emit_json(result)
         return
@@ -150,9 +151,43 @@ def import_(ctx, directory, models, queries, evaluations, splits, as_json):
     click.echo(f"batch {result.batch_id}: {result.models_added} models added ({result.models_updated} updated), "
                f"{result.queries_added} queries, {result.evaluations_added} evaluations "
                f"(of {result.evaluations_read} read), {result.splits_set} splits, "
-               f"{result.texts_embedded} texts embedded")
+               f"{result.texts_embedded} texts embedded by MiniLM, {result.texts_from_files} text vectors from "
+               f"vector files" + (f", {result.vectors_loaded} vectors loaded" if result.vectors_loaded else ""))
     for name, cols in result.ignored_columns.items():
         click.echo(f"note: {name}: columns not stored: {', '.join(cols)}")
+
+
+@cli.group()
+def vectors() -> None:
+    """Query text vectors as a Parquet file: export them, or import them into another registry."""
+
+
+@vectors.command("export")
+@click.argument("file", type=click.Path())
+@click.option("--source", help="Where the vectors come from (kept in the file's metadata).")
+@click.option("--dtype", type=click.Choice(["float32", "float16"]), default="float32", show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@handles_errors
+def vectors_export(ctx, file, source, dtype, as_json):
+    """Write the registry's query text vectors (content hash, text encoder, vector) to FILE."""
+    r = open_registry(ctx).export_vectors(file, source=source, dtype=dtype)
+    if as_json:
+        return emit_json(r)
+    click.echo(f"{r.rows} vectors ({r.text_encoder}, {r.dtype}) written to {r.path}")
+
+
+@vectors.command("import")
+@click.argument("file", type=click.Path())
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@handles_errors
+def vectors_import(ctx, file, as_json):
+    """Add the vectors of FILE (checked whole first; texts are matched by content hash only)."""
+    r = open_registry(ctx, create=True).import_vectors(file)
+    if as_json:
+        return emit_json(r)
+    click.echo(f"{r.path}: {r.rows} vectors read, {r.added} new")
 
 
 @cli.command("draw-splits")

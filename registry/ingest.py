@@ -19,7 +19,7 @@ from typing import Callable
 
 import pyarrow as pa
 
-from . import onboarding, splits, textvec
+from . import onboarding, splits, textvec, vectors
 from .errors import InputError
 from .store import Tx
 
@@ -54,7 +54,9 @@ class ImportResult:
     evaluations_read: int = 0
     evaluations_added: int = 0
     splits_set: int = 0
-    texts_embedded: int = 0
+    texts_embedded: int = 0           # by MiniLM, here
+    texts_from_files: int = 0         # vectors taken from vector files (vectors.py) instead
+    vectors_loaded: int = 0           # from the folder's text_vectors.parquet (or --vectors)
     affected_models: list[str] = field(default_factory=list)
     ignored_columns: dict[str, list[str]] = field(default_factory=dict)
     onboarding: list[dict] = field(default_factory=list)  # what the onboarding jobs did right after the import
@@ -87,6 +89,8 @@ def files_in_dir(directory: str | Path) -> dict[str, str]:
                     found[kind] = str(candidate)
     if not found:
         raise InputError("no models, questions, evaluations or splits file found", file=str(directory))
+    if (directory / vectors.DIR_FILE).is_file():
+        found["vectors"] = str(directory / vectors.DIR_FILE)
     return found
 
 
@@ -485,8 +489,15 @@ def import_splits(tx: Tx, staged: Staged, batch_id: int, result: ImportResult) -
 # --- text vectors -------------------------------------------------------------------------------------------------
 
 def embed_missing_texts(tx: Tx, progress: bool = False,
-                        encode: Callable[[list[str]], "object"] | None = None) -> int:
-    """Embed every query text that has no vector under the current text encoder; each text exactly once."""
+                        encode: Callable[[list[str]], "object"] | None = None,
+                        result: ImportResult | None = None) -> int:
+    """Give every query text a vector under the current text encoder: from the vector files shipped in data/ where
+    they hold it (by content hash, so only for that very text), else embedded with MiniLM, each text exactly once.
+    -> how many MiniLM embedded."""
+    if encode is None:          # a caller's own encoder (tests, benches) embeds everything itself
+        filled = vectors.fill_missing(tx, vectors.shipped())
+        if result is not None:
+            result.texts_from_files += filled
     missing = tx.sql(f"""
         SELECT DISTINCT q.content_hash, q.text FROM queries q
         WHERE q.content_hash NOT IN (SELECT content_hash FROM text_vectors WHERE text_encoder = ?)
@@ -494,9 +505,9 @@ def embed_missing_texts(tx: Tx, progress: bool = False,
     if not missing:
         return 0
     hashes = [r[0] for r in missing]
-    vectors = (encode or (lambda texts: textvec.encode(texts, progress=progress)))([r[1] for r in missing])
+    embedded = (encode or (lambda texts: textvec.encode(texts, progress=progress)))([r[1] for r in missing])
     table = pa.table({"content_hash": hashes, "text_encoder": [textvec.TEXT_ENCODER] * len(hashes),
-                      "vector": pa.array(list(vectors), type=pa.list_(pa.float32()))})
+                      "vector": pa.array(list(embedded), type=pa.list_(pa.float32()))})
     tx.duck.register("_vectors_in", table)
     try:
         tx.duck.execute("INSERT INTO text_vectors (content_hash, text_encoder, vector) "
@@ -534,6 +545,8 @@ def run_import(tx: Tx, files: dict[str, str], progress: bool = False, embed_text
     for kind, s in staged.items():
         if s.ignored and kind != "models":
             result.ignored_columns[Path(s.path).name] = s.ignored
+    if "vectors" in files:   # first: the queries below then find their vectors
+        result.vectors_loaded = vectors.load(tx, files["vectors"]).added
     if "models" in staged:
         import_models(tx, staged["models"], result)
     if "queries" in staged:
@@ -543,7 +556,7 @@ def run_import(tx: Tx, files: dict[str, str], progress: bool = False, embed_text
     if "splits" in staged:
         import_splits(tx, staged["splits"], batch_id, result)
     if embed_texts and "queries" in staged:  # in the queries' transaction: no query is left without its vector
-        result.texts_embedded = embed_missing_texts(tx, progress=progress)
+        result.texts_embedded = embed_missing_texts(tx, progress=progress, result=result)
     for s in staged.values():
         tx.duck.execute(f"DROP TABLE IF EXISTS {s.table}; DROP TABLE IF EXISTS {s.table}_n")
     _record_batch(tx, batch_id, files, digest, result)
@@ -580,7 +593,7 @@ def run_model_import(tx: Tx, model: str, path: str, progress: bool = False) -> I
         tx.duck.execute("DELETE FROM _stage_queries WHERE id IN (SELECT external_id FROM queries)")
         if tx.sql("SELECT count(*) FROM _stage_queries")[0][0]:
             import_queries(tx, queries, result)
-            result.texts_embedded = embed_missing_texts(tx, progress=progress)
+            result.texts_embedded = embed_missing_texts(tx, progress=progress, result=result)
     staged = stage_evaluations(tx, path, "_stage_evaluations", model=model)
     other = tx.sql(f"SELECT model FROM _stage_evaluations WHERE model IS DISTINCT FROM {_sql_str(model)} LIMIT 1")
     if other:

@@ -186,6 +186,21 @@ def test_register_and_history_name_what_the_counts_are(db_copy, small_data, tmp_
 
 
 # --- 9. the same-model threshold does not move without reason ------------------------------------------------------
+def test_calibration_draws_of_a_model_do_not_depend_on_the_others(db_copy):
+    """The threshold moved with every registration because each model's random halves came from one generator
+    shared in the (unordered) order the models were read: another model's arrival reshuffled everyone's draws."""
+    from registry import encoders, fingerprint, onboarding
+
+    with Registry(db_copy) as reg, reg.store.tx() as tx:
+        model, meta = encoders.load(tx, encoders.active_id(tx))
+        ids = [r[0] for r in tx.sql("SELECT id FROM models ORDER BY id")]
+        sets = list(onboarding.evaluation_sets(tx, ids, 10 ** 9, meta.get("embed_max_set")).values())
+        za, zb = fingerprint.disjoint_pairs(tx, model, sets, 32, 2)
+        za2, zb2 = fingerprint.disjoint_pairs(tx, model, sets[::-1][:-3], 32, 2)
+    # the same model, with three others gone and the rest reversed: the very same two embeddings per draw
+    assert np.allclose(za[:, 3:], za2[:, ::-1], atol=1e-5) and np.allclose(zb[:, 3:], zb2[:, ::-1], atol=1e-5)
+
+
 def test_calibration_is_deterministic_across_processes(db_copy, small_data, tmp_path):
     code = "import sys; from registry import Registry; print(Registry(sys.argv[1]).calibration().threshold)"
     got = {subprocess.run([sys.executable, "-c", code, str(db_copy)], capture_output=True, text=True,

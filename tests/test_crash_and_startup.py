@@ -69,7 +69,11 @@ def test_help_and_read_commands_do_not_import_heavy_libraries(db_copy):
 
 
 def test_python_dash_m_runs(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "registry", "--db", str(tmp_path / "x.duckdb"), "stats", "--json"],
+    db = tmp_path / "x.duckdb"
+    out = subprocess.run([sys.executable, "-m", "registry", "--db", str(db), "db", "upgrade"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    out = subprocess.run([sys.executable, "-m", "registry", "--db", str(db), "stats", "--json"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["models"] == 0

@@ -151,7 +151,6 @@ def test_map_draws_every_model(db_copy, tmp_path):
     (["fallback", "no-such-model"], "unknown model 'no-such-model'"),
     (["portfolio", "-k", 2, "--require", "no-such-model"], "unknown model 'no-such-model'"),
     (["portfolio", "-k", 40], "k=40 is larger than the pool"),
-    (["similar", GPT, "-k", 40], "k=40 is larger than the pool"),
     (["portfolio", "-k", 2, "--max-params", 0.5], "no model fits --max-params 0.5"),
     (["fingerprint", "--evals", "FEW"], "at least 32 are needed"),
 ])
@@ -164,6 +163,7 @@ def test_bad_input_is_one_clear_line(db_copy, small_data, tmp_path, args, messag
 
 def test_empty_registry_is_one_clear_line(tmp_path):
     db = tmp_path / "empty.duckdb"
+    assert run(db, "db", "upgrade").exit_code == 0
     for args in (["portfolio", "-k", 2], ["geometry"], ["fallback", "--all"], ["map", "--out", tmp_path / "m.png"]):
         res = run(db, *args)
         assert res.exit_code == 1 and "no embedded models" in res.output, (args, res.output)

@@ -150,7 +150,7 @@ def test_as_of_answers_as_the_registry_stood_then(db_copy, small_data, tmp_path)
         before = [n.model for n in reg.similar("shifter", k=3)]
         time.sleep(0.05)
         changed = [(q, strong[q]) for q, _ in weak if q in strong]
-        reg.register("shifter", str(write_evals(tmp_path / "b.csv", changed)))
+        reg.register("shifter", str(write_evals(tmp_path / "b.csv", changed)), update=True)  # new results
         assert len(reg.history("shifter").versions) == 2
         now = [n.model for n in reg.similar("shifter", k=3)]
         as_of = [n.model for n in reg.similar("shifter", k=3, as_of=then)]

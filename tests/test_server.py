@@ -78,8 +78,11 @@ def test_route_and_log(server):
     assert {"model", "fallback", "candidates", "encoder", "versions"} <= set(d) and len(d["candidates"]) == 31
     f = c.post("/route", json={"text": Q, "unavailable": [d["model"]], "log_text": False}).json()
     assert f["fallback"] is True and f["model"] == d["candidates"][1]["model"]
-    batch = c.post("/route/batch", json={"texts": [Q, "Who wrote Hamlet?"], "cost_weight": 0.001}).json()
-    assert len(batch) == 2
+    batch = c.post("/route/batch", json={"texts": [Q, "Who wrote Hamlet?"], "cost_weight": 0.001,
+                                         "cost_by": "params"}).json()
+    assert len(batch) == 2 and all(d["cost_basis"] == "params_b" for d in batch)
+    unpriced = c.post("/route", json={"text": Q, "cost_weight": 0.001})
+    assert unpriced.status_code == 400 and "needs a price" in unpriced.json()["detail"]
     log = c.get("/log").json()
     assert len(log) >= 4 and any(e["text"] is None for e in log)
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from registry import Registry, encoders, index, onboarding, querycache
+from registry import Registry, embedding, encoders, index, querycache
 
 
 def main() -> None:
@@ -62,7 +62,7 @@ def main() -> None:
         with reg.store.tx() as tx:
             model, _ = encoders.load(tx, encoders.active_id(tx))
             mid = tx.sql("SELECT id FROM models WHERE name = ?", [f"bench-{i}"])[0][0]
-            s = onboarding.evaluation_sets(tx, [mid], 10 ** 9)[mid]
+            s = embedding.evaluation_sets(tx, [mid], 10 ** 9)[mid]
             row_of, qmat = querycache.query_vectors(tx, s.query_ids)
         q = torch.from_numpy(qmat[[row_of[int(x)] for x in s.query_ids]])[None]
         y, mask = torch.from_numpy(s.y)[None], torch.ones(1, s.n, dtype=torch.bool)

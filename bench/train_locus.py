@@ -94,11 +94,11 @@ def _embed_sets(model, qvecs, correct, rows):
 
 def geometry(z, correct, idx):
     from scipy.stats import pearsonr, spearmanr
-    from registry.training import disagreement
+    from registry.evaluations import disagreement_matrix
     M = z.shape[0]
     iu = np.triu_indices(M, 1)
     dist = np.linalg.norm(z[:, None] - z[None], axis=-1)[iu]
-    dis = disagreement(correct, idx)[iu]
+    dis = np.nan_to_num(disagreement_matrix(correct[:, idx])[0])[iu]
     acc = B.model_accuracy(correct[:, idx])
     dacc = np.abs(acc[:, None] - acc[None])[iu]
     # partial correlation of distance and disagreement, controlling for the accuracy difference

@@ -1,7 +1,7 @@
 """CLI mirror of the embedding-space questions (issue 5): similar, fingerprint, portfolio, fallback, map, geometry.
 
-Kept beside cli.py (which imports this module to register the commands) so each command stays a thin call of its
-`Registry` method; library errors become one-line click errors through `handles_errors`.
+Each command is a thin call of its `Registry` method, defined with cli_common's `command` decorator (library errors
+become one-line click errors); cli.py attaches COMMANDS to the root group.
 """
 from __future__ import annotations
 
@@ -9,20 +9,17 @@ from dataclasses import asdict
 
 import click
 
-from .cli import cli, emit_json, handles_errors, open_registry, table
+from .cli_common import command, emit_json, neighbour_rows, open_registry, table
 from .errors import InputError
 
 AS_OF = click.option("--as-of", help="Answer as the registry stood at this time (ISO timestamp).")
 
 
-@cli.command()
+@command()
 @click.argument("model", required=False)
 @click.option("--evals", type=click.Path(), help="Results of an unregistered model (embedded on the fly, not stored).")
 @click.option("-k", default=5, show_default=True, help="How many neighbours.")
 @AS_OF
-@click.option("--json", "as_json", is_flag=True)
-@click.pass_context
-@handles_errors
 def similar(ctx, model, evals, k, as_of, as_json):
     """The nearest registered models to MODEL (or to --evals FILE), with how often they really disagree."""
     out = open_registry(ctx).similar(model, k=k, evals=evals, as_of=as_of)
@@ -30,18 +27,14 @@ def similar(ctx, model, evals, k, as_of, as_json):
     if as_json:
         emit_json({"neighbours": out, "note": note})
         return
-    table([[n.model, f"{n.distance:.4f}", "" if n.disagreement is None else f"{n.disagreement:.3f}",
-            n.shared_queries or ""] for n in out], ["model", "distance", "disagreement", "shared queries"])
+    table(neighbour_rows(out), ["model", "distance", "disagreement", "shared queries"])
     if note:
         click.echo(f"note: {note}")
 
 
-@cli.command()
+@command()
 @click.option("--evals", type=click.Path(), help="Results of the unknown endpoint: query id, correct.")
 @click.option("--calibration", "show_calibration", is_flag=True, help="Show the same-model threshold's calibration.")
-@click.option("--json", "as_json", is_flag=True)
-@click.pass_context
-@handles_errors
 def fingerprint(ctx, evals, show_calibration, as_json):
     """Is an unknown endpoint one of the registered models? (or, with --calibration, how the verdict is calibrated)"""
     if bool(evals) == show_calibration:
@@ -66,7 +59,7 @@ def fingerprint(ctx, evals, show_calibration, as_json):
                + (f"; next {f.runner_up} at {f.runner_up_distance:.4f}" if f.runner_up else ""))
 
 
-@cli.command()
+@command()
 @click.option("-k", type=int, help="Portfolio size.")
 @click.option("--method", type=click.Choice(["kmedoids", "kcenter"]), default="kmedoids", show_default=True)
 @click.option("--max-params", type=float, help="Only models of at most this many parameters (billions).")
@@ -76,9 +69,6 @@ def fingerprint(ctx, evals, show_calibration, as_json):
 @click.option("--target", type=float, help="Find the smallest k reaching this share of the pool's routing accuracy.")
 @click.option("--seed", default=0, show_default=True)
 @AS_OF
-@click.option("--json", "as_json", is_flag=True)
-@click.pass_context
-@handles_errors
 def portfolio(ctx, k, method, max_params, max_cost, require, exclude, target, seed, as_of, as_json):
     """A few models that cover the embedding space, each with its cluster, and the coverage radius."""
     p = open_registry(ctx).portfolio(k, method, max_params, max_cost, require, exclude, target, seed, as_of)
@@ -98,15 +88,12 @@ def portfolio(ctx, k, method, max_params, max_cost, require, exclude, target, se
            for m in p.models], ["member", "cluster size", "covers"])
 
 
-@cli.command()
+@command()
 @click.argument("model", required=False)
 @click.option("--all", "all_models", is_flag=True, help="Every model's chain (a JSON a gateway can load).")
 @click.option("--unavailable", multiple=True, help="A model that is down too (repeatable).")
 @click.option("-k", default=5, show_default=True, help="Substitutes per chain.")
 @AS_OF
-@click.option("--json", "as_json", is_flag=True)
-@click.pass_context
-@handles_errors
 def fallback(ctx, model, all_models, unavailable, k, as_of, as_json):
     """Substitutes for MODEL when it is down, nearest first, skipping models marked unavailable (and --unavailable)."""
     if bool(model) == all_models:
@@ -135,13 +122,10 @@ def _skipped(down: list[str]) -> None:
         click.echo(f"skipped as unavailable: {', '.join(down)}")
 
 
-@cli.command("map")
+@command("map")
 @click.option("--out", default="map.png", show_default=True, type=click.Path(), help="Image file (.png, .svg, .pdf).")
 @click.option("--seed", default=0, show_default=True)
 @AS_OF
-@click.option("--json", "as_json", is_flag=True)
-@click.pass_context
-@handles_errors
 def map_(ctx, out, seed, as_of, as_json):
     """A 2-D map of the model embeddings, coloured by family, every model labelled."""
     m = open_registry(ctx).map(out, seed, as_of)
@@ -151,12 +135,9 @@ def map_(ctx, out, seed, as_of, as_json):
     click.echo(f"{m.out}: {m.models} models, {m.families} families ({m.method})")
 
 
-@cli.command()
+@command()
 @click.option("--min-shared", default=10, show_default=True, help="Fewest shared test queries for a pair to count.")
 @AS_OF
-@click.option("--json", "as_json", is_flag=True)
-@click.pass_context
-@handles_errors
 def geometry(ctx, min_shared, as_of, as_json):
     """How well embedding distance tracks disagreement on test queries (Pearson, Spearman)."""
     g = open_registry(ctx).geometry(min_shared, as_of)
@@ -165,3 +146,6 @@ def geometry(ctx, min_shared, as_of, as_json):
         return
     click.echo(f"Pearson {g.pearson:.4f}, Spearman {g.spearman:.4f} over {g.pairs} model pairs "
                f"({g.test_queries} test queries)")
+
+
+COMMANDS = [similar, fingerprint, portfolio, fallback, map_, geometry]

@@ -1,12 +1,13 @@
 """CLI commands for routing (route, log, mark-unavailable, mark-available, serve): thin calls of the Registry's
-routing methods, attached to the main group by cli.py. Nothing heavy is imported at start-up."""
+routing methods, defined with cli_common's `command` decorator; cli.py attaches COMMANDS to the root group. Nothing
+heavy is imported at start-up."""
 from __future__ import annotations
 
 import sys
 
 import click
 
-from .cli import emit_json, handles_errors, open_registry, table
+from .cli_common import command, emit_json, num, open_registry, table
 
 CHUNK = 256  # texts per batch call: the progress bar moves per chunk; each chunk is one transaction and one log insert
 
@@ -16,7 +17,7 @@ def _names(values) -> list[str]:
     return [n.strip() for v in values for n in v.split(",") if n.strip()]
 
 
-@click.command()
+@command()
 @click.argument("text", required=False)
 @click.option("--file", "file_", type=click.Path(), help="Queries to route: JSONL or CSV (text, or question+options).")
 @click.option("--out", type=click.Path(), help="Decisions out: .jsonl or .csv (with --frontier: the PNG).")
@@ -33,9 +34,6 @@ def _names(values) -> list[str]:
 @click.option("--frontier", is_flag=True, help="Accuracy vs mean cost over a sweep of cost weights.")
 @click.option("--split", default="test", show_default=True, help="Split for --frontier.")
 @click.option("--top", default=5, show_default=True, help="Candidates shown (--json: all).")
-@click.option("--json", "as_json", is_flag=True)
-@click.pass_context
-@handles_errors
 def route(ctx, text, file_, out, cost_weight, min_prob, cost_by, include_probation, unavailable, no_log_text, no_log,
           frontier, split, top, as_json):
     """Route a query (or a file of queries) to the model most likely to answer it."""
@@ -59,7 +57,7 @@ def route(ctx, text, file_, out, cost_weight, min_prob, cost_by, include_probati
         if d.model not in {c.model for c in shown}:   # the choice is always in the table, even ranked lower
             shown = shown + [c for c in d.candidates if c.model == d.model]
         table([["*" if c.model == d.model else "", c.model, f"{c.prob:.3f}", f"{c.raw_prob:.3f}", c.evaluations,
-                _num(c.cost), _num(c.params_b), _status(c)] for c in shown],
+                num(c.cost), num(c.params_b), _status(c)] for c in shown],
               ["", "candidate", "P(correct)", "own P", "evaluations", "cost", "params_b", "status"])
         click.echo(f"encoder {d.encoder}; versions: " + ", ".join(f"{c.model} v{d.versions[c.model]}"
                                                                   for c in shown))
@@ -94,10 +92,6 @@ def _asdict(d):
     from dataclasses import asdict
 
     return asdict(d)
-
-
-def _num(x) -> str:
-    return "" if x is None else f"{x:g}"
 
 
 def _status(c) -> str:
@@ -141,13 +135,10 @@ def _frontier(reg, split, cost_by, png, as_json):
     click.echo(f"plot: {png}")
 
 
-@click.command("log")
+@command("log")
 @click.option("--since", help="Only entries at or after this time (e.g. 2026-01-31 or '2026-01-31 12:00').")
 @click.option("--limit", type=int, help="At most this many entries (the newest; with --oldest, the oldest).")
 @click.option("--oldest", is_flag=True, help="Oldest first (default: newest first).")
-@click.option("--json", "as_json", is_flag=True)
-@click.pass_context
-@handles_errors
 def log_(ctx, since, limit, oldest, as_json):
     """The routing log, newest first: when, query hash (and text), chosen model, top candidates, versions used."""
     rows = open_registry(ctx).routing_log(since=since, limit=limit, oldest=oldest)
@@ -158,23 +149,17 @@ def log_(ctx, since, limit, oldest, as_json):
            for e in rows], ["when", "query", "text", "model", "fallback", "top candidates"])
 
 
-@click.command("mark-unavailable")
+@command("mark-unavailable")
 @click.argument("models", nargs=-1, required=True)
 @click.option("--reason")
-@click.option("--json", "as_json", is_flag=True)
-@click.pass_context
-@handles_errors
 def mark_unavailable(ctx, models, reason, as_json):
     """Never route to these models until marked available again."""
     _availability(open_registry(ctx).mark_unavailable(list(models), reason), as_json)
 
 
-@click.command("mark-available")
+@command("mark-available")
 @click.argument("models", nargs=-1, required=True)
 @click.option("--reason")
-@click.option("--json", "as_json", is_flag=True)
-@click.pass_context
-@handles_errors
 def mark_available(ctx, models, reason, as_json):
     """Let routing choose these models again."""
     _availability(open_registry(ctx).mark_available(list(models), reason), as_json)
@@ -187,12 +172,10 @@ def _availability(rows, as_json):
     click.echo(f"unavailable: {', '.join(down) if down else '(none)'}")
 
 
-@click.command()
+@command(json=False)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Loopback unless told otherwise.")
 @click.option("--port", default=8000, show_default=True)
 @click.option("--token", envvar="REGISTRY_TOKEN", help="Bearer token required by writing endpoints.")
-@click.pass_context
-@handles_errors
 def serve(ctx, host, port, token):
     """Serve the registry over HTTP (FastAPI); the server owns the database file while it runs."""
     from .server import serve as run
@@ -201,6 +184,4 @@ def serve(ctx, host, port, token):
     run(obj["db"], host=host, port=port, token=token, probation_min=obj.get("probation_min"))
 
 
-def register(group: click.Group) -> None:
-    for cmd in (route, log_, mark_unavailable, mark_available, serve):
-        group.add_command(cmd)
+COMMANDS = [route, log_, mark_unavailable, mark_available, serve]

@@ -155,3 +155,46 @@ class LocusModel(nn.Module):
 
     def n_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+    # --- P(correct): the one scorer every reader uses (routing, evaluate, diff, portfolio, frontier) -------------
+    def p_correct(self, z, q):
+        # z [M,D], q [N,Dq] numpy float32 -> P(correct) [M,N] numpy float32 (eval mode, no grad)
+        return self.scorer(z)(q)
+
+    def scorer(self, z):
+        """q [N,Dq] -> P(correct) [M,N] for fixed embeddings z [M,D], in numpy with z's half of the predictor
+        precomputed: for a few queries torch's per-op overhead costs more than the arithmetic (31 models x 64
+        hidden units). Checked against `predict_logits` once; any mismatch falls back to torch."""
+        import numpy as np
+
+        zt = torch.as_tensor(np.ascontiguousarray(z, dtype=np.float32))
+
+        def exact(q):
+            with torch.inference_mode():
+                return torch.sigmoid(self.predict_logits(zt, torch.as_tensor(
+                    np.ascontiguousarray(q, dtype=np.float32)))).numpy()
+
+        if len(zt) == 0:
+            return exact
+        w = {k: v.detach().cpu().double().numpy() for k, v in self.state_dict().items()}
+        zd = zt.double().numpy()
+        a = zd @ w["w_z.weight"].T + w["w_z.bias"]                                # [M,Hd]
+        M, Hd = a.shape
+        zw = (zd[:, None, :] * w["w_zu.weight"][None]).reshape(M * Hd, -1)       # [M*Hd,D]
+        Wq, bq, Wu = w["q_proj.weight"], w["q_proj.bias"], w["w_u.weight"]
+        head, hb = w["head.weight"][0], float(w["head.bias"][0])
+        qb = (w["q_bias.weight"][0], float(w["q_bias.bias"][0])) if self.cfg.query_bias else None
+
+        def fast(q, chunk: int = 2048):
+            out = np.empty((M, len(q)), dtype=np.float32)
+            for s in range(0, len(q), chunk):
+                u = np.asarray(q[s:s + chunk], dtype=np.float64) @ Wq.T + bq     # [n,D]
+                pre = (zw @ u.T).reshape(M, Hd, -1) + a[:, :, None] + (u @ Wu.T).T[None]
+                o = np.einsum("mhn,h->mn", np.maximum(pre, 0.0), head) + hb
+                if qb is not None:
+                    o = o + (u @ qb[0] + qb[1])[None]
+                out[:, s:s + chunk] = 1.0 / (1.0 + np.exp(-o))
+            return out
+
+        probe = np.random.default_rng(0).standard_normal((4, self.cfg.d_query)).astype(np.float32)
+        return fast if np.allclose(fast(probe), exact(probe), atol=1e-5) else exact

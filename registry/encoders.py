@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import textvec
-from .errors import InputError, NotFound
+from .errors import InputError, NotFound, RegistryError
 from .store import Tx
 
 SHIPPED = Path(__file__).resolve().parent.parent / "data" / "locus-mmlu-pro.safetensors"
@@ -111,18 +111,29 @@ def ensure_default(tx: Tx) -> int | None:
     return encoder_id
 
 
-def activate(tx: Tx, encoder_id: int) -> None:
-    """Make an encoder active and enqueue a re-embedding of every model under it."""
-    from . import onboarding
-
+def activate(tx: Tx, encoder_id: int) -> bool:
+    """Record that an encoder is active from now on; -> whether that changed anything (the caller then enqueues the
+    re-embedding of every model: `Registry.activate_encoder`)."""
     if not tx.sql("SELECT 1 FROM encoders WHERE id = ?", [encoder_id]):
         raise NotFound(f"unknown encoder {encoder_id}")
     if active_id(tx) == encoder_id:
-        return
+        return False
     tx.sql("INSERT INTO encoder_activations (encoder_id) VALUES (?) RETURNING id", [encoder_id])
     _remember_active(tx, encoder_id)
-    ids = [r[0] for r in tx.sql("SELECT id FROM models ORDER BY id")]
-    onboarding.enqueue(tx, ids, "new encoder", encoder_id=encoder_id)
+    return True
+
+
+def require_active(tx: Tx, as_of: str | None = None) -> int:
+    """The active encoder's id (as it stood at `as_of`), or the one error every answer gives without one."""
+    encoder_id = active_id(tx, as_of) if as_of else ensure_default(tx)
+    if encoder_id is None and as_of:
+        first = tx.sql("SELECT min(created)::VARCHAR FROM encoder_activations")[0][0]
+        if first is not None:
+            raise NotFound(f"nothing was registered as of {as_of}: the registry's history starts at {first[:19]}")
+    if encoder_id is None:
+        raise RegistryError("no active encoder: train one (`registry train`) or install one "
+                            "(`registry encoders install FILE`)")
+    return encoder_id
 
 
 def listing(tx: Tx) -> list[EncoderInfo]:

@@ -1,7 +1,7 @@
 """`registry evaluate` and `registry train`: the registry's own data as arrays, LOCUS against the baselines.
 
 LOCUS is scored with the models' stored current embeddings (computed from every evaluation outside the test split,
-see onboarding.py), so the report describes exactly what routing will do. Every method sees the same queries.
+see embedding.py), so the report describes exactly what routing will do. Every method sees the same queries.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import baselines as B
-from . import encoders, evidence, index, onboarding, querycache
+from . import embedding, encoders, evaluations, evidence, index, querycache
 from .errors import RegistryError
 from .store import Tx
 
@@ -45,8 +45,7 @@ def dataset(tx: Tx) -> Dataset:
                             "`registry draw-splits`")
     m = tx.sql("SELECT id, name FROM models ORDER BY name")
     model_ids = np.array([r[0] for r in m], dtype=np.int64)
-    ev = tx.duck.execute("""SELECT model_id, query_id, arg_max(correct, batch_id)::TINYINT AS c FROM evaluations
-                            GROUP BY model_id, query_id""").fetchnumpy()
+    ev = tx.duck.execute(f"SELECT model_id, query_id, correct::TINYINT AS c FROM {evaluations.CURRENT}").fetchnumpy()
     qpos = {int(x): i for i, x in enumerate(q["id"])}
     mpos = {int(x): i for i, x in enumerate(model_ids)}
     correct = np.full((len(model_ids), len(q["id"])), -1, dtype=np.int8)
@@ -82,9 +81,7 @@ def current_embeddings(tx: Tx, data: Dataset, with_evidence: bool = False):
     that of the model's current non-test evaluations: one made before queries moved into the test split, for a model
     left with too few evaluations to re-embed, would carry test answers, so it is not used. `with_evidence` adds
     the evaluations behind each embedding and its stability ([M] each, in data's model order)."""
-    encoder_id = encoders.ensure_default(tx)
-    if encoder_id is None:
-        raise RegistryError("no active encoder")
+    encoder_id = encoders.require_active(tx)
     _, meta = encoders.load(tx, encoder_id)
     vids, mids, _, vecs = index.current_versions(tx, encoder_id)
     about = {r[0]: r[1:] for r in tx.sql(f"""
@@ -92,7 +89,7 @@ def current_embeddings(tx: Tx, data: Dataset, with_evidence: bool = False):
         LEFT JOIN version_stability s ON s.version_id = v.id
         WHERE v.id IN ({', '.join(str(int(v)) for v in vids) or 'NULL'})""")}
     digest_of = {m: a[0] for m, a in about.items()}
-    sets = onboarding.evaluation_sets(tx, [int(m) for m in mids], 2 ** 62, meta.get("embed_max_set"))
+    sets = embedding.evaluation_sets(tx, [int(m) for m in mids], 2 ** 62, meta.get("embed_max_set"))
     pos = {int(m): i for i, m in enumerate(mids)}
     z = np.full((len(data.models), vecs.shape[1]), np.nan, dtype=np.float32)
     excluded = {}
@@ -114,11 +111,8 @@ def current_embeddings(tx: Tx, data: Dataset, with_evidence: bool = False):
 
 def locus_probs(tx: Tx, encoder_id: int, z: np.ndarray, qvecs: np.ndarray) -> np.ndarray:
     """P(correct) [M, N] of embeddings z [M,D] on query vectors [N,Dq] under an encoder."""
-    import torch
-
     model, _ = encoders.load(tx, encoder_id)
-    with torch.no_grad():
-        return torch.sigmoid(model.predict_logits(torch.from_numpy(z), torch.from_numpy(qvecs))).numpy()
+    return model.p_correct(z, qvecs)
 
 
 def without(data: Dataset, drop: np.ndarray) -> Dataset:
@@ -200,14 +194,12 @@ def subset_rows(correct: np.ndarray, pool: np.ndarray, n: int, seed: int) -> lis
 
 def embed_subsets(model, data: Dataset, rows: list[np.ndarray]) -> np.ndarray:
     """Each model embedded from its evaluations on rows[m] (indices into data's queries). -> z [M,D] float32"""
-    return onboarding.embed_sets(model, [(data.qvecs[r], (data.correct[m, r] == 1).astype(np.float32))
+    return embedding.embed_sets(model, [(data.qvecs[r], (data.correct[m, r] == 1).astype(np.float32))
                                          for m, r in enumerate(rows)])
 
 
 def sample_efficiency_curve(tx: Tx, data: Dataset, idx: np.ndarray, seeds: int, sizes) -> dict:
     """hit@1 when every model is embedded from only n random non-test evaluations, against all of them."""
-    import torch
-
     encoder_id = encoders.ensure_default(tx)
     model, _ = encoders.load(tx, encoder_id)
     nontest = np.concatenate([data.splits["train"], data.splits["val"]])
@@ -217,8 +209,7 @@ def sample_efficiency_curve(tx: Tx, data: Dataset, idx: np.ndarray, seeds: int, 
         hits = []
         for seed in range(seeds):
             z = embed_subsets(model, data, subset_rows(data.correct, nontest, n, seed))
-            with torch.no_grad():
-                p = torch.sigmoid(model.predict_logits(torch.from_numpy(z), torch.from_numpy(data.qvecs[idx]))).numpy()
+            p = model.p_correct(z, data.qvecs[idx])
             hits.append(B.hit_at_k(p, ct, 1))
         out[str(n)] = {"mean": round(float(np.mean(hits)), 4), "std": round(float(np.std(hits)), 4), "draws": seeds}
     return out

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import availability, index
 from .errors import InputError, unknown_model
 from .geometry import Pool
 
@@ -55,3 +56,20 @@ def chains(vi, p: Pool, k: int, unavailable=(), only: list[int] | None = None) -
                  if i >= 0 and vi.names[int(i)] != me and vi.names[int(i)] not in down]
         out[me] = links[:k]
     return out
+
+
+def for_model(tx, db_path: str, p: Pool, model: str, unavailable=(), k: int = 5, as_of: str | None = None) -> Chain:
+    """A model's chain, skipping the models marked unavailable and those named in `unavailable`."""
+    check_names(p, [model], "")
+    check_names(p, unavailable, "--unavailable")
+    down = set(unavailable) | set(availability.unavailable_models(tx))
+    links = chains(index.get(tx, db_path, p.encoder_id, as_of), p, k, down, only=[p.names.index(model)])[model]
+    if not links:
+        raise InputError(f"no available substitute for {model!r}: every other model is unavailable")
+    return Chain(model, links, sorted(down))
+
+
+def for_all(tx, db_path: str, p: Pool, unavailable=(), k: int = 5, as_of: str | None = None) -> Chains:
+    check_names(p, unavailable, "--unavailable")
+    down = set(unavailable) | set(availability.unavailable_models(tx))
+    return Chains(chains(index.get(tx, db_path, p.encoder_id, as_of), p, k, down), sorted(down))

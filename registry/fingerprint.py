@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import encoders, onboarding
+from . import embedding, encoders
 from .store import Tx
 
 _calibrations: dict[tuple[int, int], "Calibration"] = {}
@@ -35,16 +35,16 @@ def _quantiles(x: np.ndarray) -> dict:
     return {f"p{q}": round(float(np.percentile(x, q)), 4) for q in (5, 50, 95)} if len(x) else {}
 
 
-def disjoint_pairs(tx: Tx, model, sets: list[onboarding.EvalSet], sample: int, draws: int, seed: int = 0):
+def disjoint_pairs(tx: Tx, model, sets: list[embedding.EvalSet], sample: int, draws: int, seed: int = 0):
     """For each draw, each model embedded from two disjoint random samples: -> (za, zb) each [draws, M, D]. Each
     model's samples are seeded by (seed, draw, model id), so they do not depend on which other models are there."""
     samples = []
     for draw in range(draws):
         for s in sets:
             perm = np.random.default_rng([seed, draw, int(s.model_id)]).permutation(s.n)[: 2 * sample]
-            samples += [onboarding.EvalSet(s.model_id, s.query_ids[part], s.y[part], s.digest)
+            samples += [embedding.EvalSet(s.model_id, s.query_ids[part], s.y[part], s.digest)
                         for part in (perm[:sample], perm[sample:])]
-    z = onboarding.compute(tx, model, samples).reshape(draws, len(sets), 2, -1)
+    z = embedding.compute(tx, model, samples).reshape(draws, len(sets), 2, -1)
     return z[:, :, 0], z[:, :, 1]
 
 
@@ -60,7 +60,7 @@ def calibrate(tx: Tx, sample: int = 128, draws: int = 3, seed: int = 0) -> Calib
     ids = [r[0] for r in tx.sql("SELECT DISTINCT model_id FROM embedding_versions WHERE encoder_id = ? ORDER BY 1",
                                 [encoder_id])]   # a fixed order: DISTINCT alone comes back in any order
     through = int(tx.sql("SELECT coalesce(max(id), 0) FROM import_batches")[0][0])
-    sets = list(onboarding.evaluation_sets(tx, ids, through, meta.get("embed_max_set")).values())
+    sets = list(embedding.evaluation_sets(tx, ids, through, meta.get("embed_max_set")).values())
     if not sets:
         return None
     # a small registry calibrates on smaller samples (half its typical model's evaluations), never under 16
@@ -119,8 +119,20 @@ def calibration(tx: Tx, sample: int | None = None, draws: int = 3) -> Calibratio
 
 
 def verdict(neighbours, cal: Calibration) -> Fingerprint:
-    """neighbours: the nearest registered models (api.Neighbour), nearest first."""
+    """neighbours: the nearest registered models (neighbours.Neighbour), nearest first."""
     first = neighbours[0]
     second = neighbours[1] if len(neighbours) > 1 else None
     return Fingerprint(first.model, first.distance, "same" if first.distance <= cal.threshold else "different",
                        cal.threshold, second.model if second else None, second.distance if second else None)
+
+
+def duplicate_warning(tx: Tx, name: str, neighbours) -> str | None:
+    """`register`'s same-model warning: the nearest model within the calibrated threshold."""
+    if not neighbours:
+        return None
+    limit = threshold(tx)
+    nearest = neighbours[0]
+    if limit is not None and nearest.distance <= limit:
+        return (f"{name} sits {nearest.distance:.3f} from {nearest.model} (same-model threshold {limit:.3f}): "
+                f"probably the same model under another name")
+    return None

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import evidence, querycache, routing
+from . import evaluations, evidence, querycache, routing
 from .errors import InputError
 from .store import Tx
 
@@ -122,9 +122,9 @@ def _correct_matrix(tx: Tx, names: list[str], qids: np.ndarray) -> np.ndarray:
     rowm = {n: i for i, n in enumerate(names)}
     tx.duck.register("_front_q", pa.table({"id": qids}))
     try:
-        res = tx.duck.execute("""SELECT m.name, e.query_id, arg_max(e.correct, e.batch_id)::INT AS c
-                                 FROM evaluations e JOIN models m ON m.id = e.model_id
-                                 WHERE e.query_id IN (SELECT id FROM _front_q) GROUP BY ALL""").fetchall()
+        res = tx.duck.execute(f"""SELECT m.name, e.query_id, e.correct::INT AS c
+                                  FROM {evaluations.CURRENT} e JOIN models m ON m.id = e.model_id
+                                  WHERE e.query_id IN (SELECT id FROM _front_q)""").fetchall()
     finally:
         tx.duck.unregister("_front_q")
     for n, q, c in res:

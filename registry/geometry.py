@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import index, querycache
+from . import evaluations, index, querycache
 from .errors import InputError
 from .store import Tx
 
@@ -59,11 +59,10 @@ def test_outcomes(tx: Tx, model_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray
     tx.duck.register("_pool", pa.table({"model_id": np.asarray(model_ids, np.int64),
                                         "row": np.arange(len(model_ids), dtype=np.int64)}))
     try:
-        res = tx.duck.execute("""
-            SELECT p.row, e.query_id, arg_max(e.correct, e.batch_id)::INT AS correct
-            FROM evaluations e JOIN _pool p ON p.model_id = e.model_id
-            JOIN query_splits s ON s.query_id = e.query_id AND s.split = 'test'
-            GROUP BY p.row, e.query_id""").fetchnumpy()
+        res = tx.duck.execute(f"""
+            SELECT p.row, e.query_id, e.correct::INT AS correct
+            FROM {evaluations.CURRENT} e JOIN _pool p ON p.model_id = e.model_id
+            JOIN query_splits s ON s.query_id = e.query_id AND s.split = 'test'""").fetchnumpy()
     finally:
         tx.duck.unregister("_pool")
     qids = np.unique(np.asarray(res["query_id"], np.int64))
@@ -74,28 +73,11 @@ def test_outcomes(tx: Tx, model_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray
 
 def predicted(tx: Tx, encoder_id: int, vectors: np.ndarray, query_ids: np.ndarray) -> np.ndarray:
     """LOCUS predictor: P(correct) [M,N] of each model (its current embedding) on each query."""
-    import torch
-
     from . import encoders
 
     model, _ = encoders.load(tx, encoder_id)
     row_of, qmat = querycache.query_vectors(tx, query_ids)
-    q = qmat[[row_of[int(i)] for i in query_ids]]
-    with torch.no_grad():
-        logits = model.predict_logits(torch.from_numpy(np.ascontiguousarray(vectors)), torch.from_numpy(q))
-    return torch.sigmoid(logits).numpy()
-
-
-def disagreement(correct: np.ndarray, min_shared: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    """Pairwise disagreement rate on queries both models answered: (rate [M,M], shared count [M,M])."""
-    obs = (correct >= 0).astype(np.float64)
-    yes = (correct == 1).astype(np.float64)
-    no = (correct == 0).astype(np.float64)
-    shared = obs @ obs.T
-    differ = yes @ no.T + no @ yes.T
-    with np.errstate(invalid="ignore", divide="ignore"):
-        rate = np.where(shared >= min_shared, differ / shared, np.nan)
-    return rate, shared
+    return model.p_correct(vectors, qmat[[row_of[int(i)] for i in query_ids]])
 
 
 def correlation(tx: Tx, p: Pool, min_shared: int = 10) -> Geometry:
@@ -104,7 +86,7 @@ def correlation(tx: Tx, p: Pool, min_shared: int = 10) -> Geometry:
     if len(p.names) < 3:
         raise InputError(f"geometry needs at least 3 embedded models, the registry has {len(p.names)}")
     qids, correct = test_outcomes(tx, p.model_ids)
-    rate, _ = disagreement(correct, min_shared)
+    rate, _ = evaluations.disagreement_matrix(correct, min_shared)
     dist = pairwise(p.vectors)
     iu = np.triu_indices(len(p.names), 1)
     x, y = dist[iu], rate[iu]

@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import pyarrow as pa
 
-from . import onboarding, splits, textvec, vectors
+from . import evaluations, outbox, splits, textvec, vectors
 from .errors import InputError
 from .store import Tx
 
@@ -350,7 +351,7 @@ def upsert_models(tx: Tx, parsed: list[dict], result: ImportResult) -> None:
             INSERT INTO models ({', '.join(fields)})
             SELECT name, family, provider, params_b, cost, open_weights, tags::JSON FROM _models_in
             WHERE name NOT IN (SELECT name FROM models) RETURNING id, name""")
-        onboarding.new_models(tx, added)
+        outbox.new_models(tx, added)
     finally:
         tx.duck.unregister("_models_in")
     result.models_added += len(added)
@@ -408,30 +409,16 @@ def import_evaluations(tx: Tx, staged: Staged, batch_id: int, result: ImportResu
     `staged` was read by `stage_evaluations`: one pass over the file, normalised on the way in, no line column.
     """
     t = staged.table
-    bad_model, bad_qid, bad_c = tx.sql(f"""SELECT count(*) FILTER (WHERE model IS NULL OR model = ''),
-        count(*) FILTER (WHERE qid IS NULL OR qid = ''), count(*) FILTER (WHERE c IS NULL) FROM {t}""")[0]
-    if bad_model:
-        _first_bad(tx, staged, "model IS NULL OR model = ''", "empty model name")
-    if bad_qid:
-        _first_bad(tx, staged, "qid IS NULL OR qid = ''", "empty query id")
-    if bad_c:
-        _first_bad(tx, staged, "c IS NULL", "correct must be 0, 1, true or false, got {value}", "raw")
-    unknown = tx.sql(f"""SELECT qid FROM (SELECT DISTINCT qid FROM {t})
-                         WHERE qid NOT IN (SELECT external_id FROM queries) LIMIT 1""")
-    if unknown:
-        _first_bad(tx, staged, f"qid = {_sql_str(unknown[0][0])}",
-                   "unknown query id {value} (" + unknown_hint.replace("{", "{{").replace("}", "}}") + ")", "qid")
+    check_evaluations(tx, staged, unknown_hint)
     new_models = tx.sql(f"""INSERT INTO models (name, tags)
                             SELECT model, '{{}}'::JSON FROM (SELECT DISTINCT model FROM {t})
                             WHERE model NOT IN (SELECT name FROM models) ORDER BY model RETURNING id, name""")
-    onboarding.new_models(tx, new_models)
+    outbox.new_models(tx, new_models)
     result.models_added += len(new_models)
     has_current = tx.sql("SELECT count(*) > 0 FROM (SELECT 1 FROM evaluations LIMIT 1)")[0][0]
     # Only what differs from the current (newest) evaluation is appended; an empty registry skips that join.
-    changed = """LEFT JOIN (SELECT model_id, query_id, arg_max(correct, batch_id) AS correct
-                            FROM evaluations GROUP BY model_id, query_id) cur
-                      ON cur.model_id = m.id AND cur.query_id = q.id
-                 WHERE cur.correct IS DISTINCT FROM e.c""" if has_current else ""
+    changed = f"""LEFT JOIN {evaluations.CURRENT} cur ON cur.model_id = m.id AND cur.query_id = q.id
+                  WHERE cur.correct IS DISTINCT FROM e.c""" if has_current else ""
     insert = f"""
         INSERT INTO evaluations (model_id, query_id, correct, batch_id)
         SELECT {{distinct}} m.id, q.id, e.c, {int(batch_id)}
@@ -456,11 +443,124 @@ def import_evaluations(tx: Tx, staged: Staged, batch_id: int, result: ImportResu
     result.evaluations_read += staged.rows
     result.evaluations_added += sum(n for _, n, _ in added)
     if added:
-        onboarding.enqueue(tx, [m for m, _, _ in added], "new evaluations", batch_id=batch_id)  # the outbox
+        outbox.enqueue(tx, [m for m, _, _ in added], "new evaluations", batch_id=batch_id)  # the outbox
         tx.invalidate("evaluated_models")
         ids = ", ".join(str(m) for m, _, _ in added)
         result.affected_models = sorted(set(result.affected_models) | {
             r[0] for r in tx.sql(f"SELECT name FROM models WHERE id IN ({ids})")})
+
+
+def check_evaluations(tx: Tx, staged: Staged, unknown_hint: str | None = UNKNOWN_QUERY_HINT) -> None:
+    """One line naming the file, line and problem for the first bad row: an empty model or query id, a `correct`
+    that is not 0/1/true/false, a query id the registry lacks (unless `unknown_hint` is None: the caller brings
+    those queries' texts)."""
+    t = staged.table
+    bad_model, bad_qid, bad_c = tx.sql(f"""SELECT count(*) FILTER (WHERE model IS NULL OR model = ''),
+        count(*) FILTER (WHERE qid IS NULL OR qid = ''), count(*) FILTER (WHERE c IS NULL) FROM {t}""")[0]
+    if bad_model:
+        _first_bad(tx, staged, "model IS NULL OR model = ''", "empty model name")
+    if bad_qid:
+        _first_bad(tx, staged, "qid IS NULL OR qid = ''", "empty query id")
+    if bad_c:
+        _first_bad(tx, staged, "c IS NULL", "correct must be 0, 1, true or false, got {value}", "raw")
+    if unknown_hint is None:
+        return
+    unknown = tx.sql(f"""SELECT qid FROM (SELECT DISTINCT qid FROM {t})
+                         WHERE qid NOT IN (SELECT external_id FROM queries) LIMIT 1""")
+    if unknown:
+        _first_bad(tx, staged, f"qid = {_sql_str(unknown[0][0])}",
+                   "unknown query id {value} (" + unknown_hint.replace("{", "{{").replace("}", "}}") + ")", "qid")
+
+
+@dataclass
+class Answers:
+    """One model's results from a file, read and checked, nothing written."""
+    query_ids: np.ndarray     # [n] registry query ids of the queries the registry has
+    correct: np.ndarray       # [n] 0/1
+    is_test: np.ndarray       # [n] bool: on a test query (never embedded)
+    new_texts: list[str]      # texts of queries the registry lacks (the file gave them)
+    new_correct: np.ndarray   # [len(new_texts)] 0/1
+
+
+def read_answers(tx: Tx, path: str) -> Answers:
+    """A results file of one unregistered model (`similar --evals`, `fingerprint --evals`), as `register` would read
+    it, but into temporary tables only: nothing of it is written to the registry."""
+    _check_path(path)
+    staged = stage_evaluations(tx, path, "_answers", model="(file)")
+    fmt = _file_format(path)
+    columns = {c.strip().lower() for c in (_csv_header(path)[0] if fmt == "csv" else
+                                           [r[0] for r in tx.sql(f"DESCRIBE SELECT * FROM {_source(path, fmt)}")])}
+    with_text = any(a in columns for a in COLUMNS["queries"]["text"])
+    check_evaluations(tx, staged, None if with_text else "only results on queries the registry has can be "
+                                                          "compared; give the texts in a `question` column")
+    models = tx.sql("SELECT DISTINCT model FROM _answers WHERE model <> '(file)' LIMIT 2")
+    if len(models) > 1:
+        raise InputError(f"the file holds results of several models ({models[0][0]!r}, {models[1][0]!r}, ...)",
+                         file=path)
+    dup = tx.sql("SELECT qid FROM _answers GROUP BY qid HAVING count(DISTINCT c) > 1 LIMIT 1")
+    if dup:
+        raise InputError(f"query {dup[0][0]!r} appears twice with different results", file=path)
+    known = tx.duck.execute("""SELECT q.id AS qid, bool_or(a.c)::INT AS c, coalesce(any_value(s.split) = 'test', false)
+                                      AS test
+                               FROM _answers a JOIN queries q ON q.external_id = a.qid
+                               LEFT JOIN query_splits s ON s.query_id = q.id GROUP BY q.id ORDER BY q.id""").fetchnumpy()
+    texts, new_c = [], []
+    if with_text:
+        queries = stage(tx, "queries", path, "_answer_queries")
+        has_options = "options" in {r[0] for r in tx.sql(f"DESCRIBE {queries.table}")}
+        rows = tx.sql(f"""SELECT any_value(n.text), {'any_value(n.options)' if has_options else 'NULL'},
+                                 bool_or(a.c)::INT FROM _answers a
+                          JOIN {queries.table} n ON n.id = a.qid WHERE a.qid NOT IN (SELECT external_id FROM queries)
+                          GROUP BY a.qid ORDER BY a.qid""")
+        for text, options, c in rows:
+            if not (text or "").strip():
+                raise InputError("a query the registry lacks has no text", file=path)
+            try:
+                texts.append(textvec.query_text(text, textvec.parse_options(options)))
+            except (ValueError, TypeError):
+                raise InputError(f"options of a query must be a JSON list, got {options!r}", file=path) from None
+            new_c.append(c)
+        tx.duck.execute(f"DROP TABLE IF EXISTS {queries.table}")
+    tx.duck.execute("DROP TABLE IF EXISTS _answers")
+    return Answers(np.asarray(known["qid"], np.int64), np.asarray(known["c"], np.int64),
+                   np.asarray(known["test"], bool), texts, np.asarray(new_c, np.int64))
+
+
+def upsert_model_metadata(tx: Tx, name: str, **fields) -> dict[str, list]:
+    """Insert the model if new; set only the metadata fields given (None leaves a field as it is). Returns what
+    changed on an existing model: {field: [old, new]} (tags per key, as `tags.KEY`)."""
+    tags = fields.pop("tags", None) or {}
+    row = tx.sql("SELECT family, provider, params_b, cost, open_weights, tags::VARCHAR FROM models WHERE name = ?",
+                 [name])
+    if not row:
+        outbox.new_models(tx, tx.sql("INSERT INTO models (name, tags) VALUES (?, ?::JSON) RETURNING id, name",
+                                     [name, json.dumps(tags)]))
+        tags = {}
+    old = dict(zip(("family", "provider", "params_b", "cost", "open_weights"), row[0][:5])) if row else {}
+    old_tags = json.loads(row[0][5] or "{}") if row else {}
+    sets = {k: v for k, v in fields.items() if v is not None}
+    changes = {k: [old.get(k), v] for k, v in sets.items() if row and old.get(k) != v}
+    changes.update({f"tags.{k}": [old_tags[k], v] for k, v in tags.items() if k in old_tags and old_tags[k] != v})
+    if sets:
+        assignments = ", ".join(f"{k} = ?" for k in sets)
+        tx.sql(f"UPDATE models SET {assignments} WHERE name = ? RETURNING id", list(sets.values()) + [name])
+    if tags:
+        tx.sql("UPDATE models SET tags = ?::JSON WHERE name = ? RETURNING id", [json.dumps({**old_tags, **tags}),
+                                                                                 name])
+    return changes
+
+
+def changed_results(tx: Tx, name: str, batch_id: int | None):
+    """Results of an import batch that supersede a different stored result of the same (model, query):
+    (count, (query id, old, new) of the first) or None."""
+    if batch_id is None:
+        return None
+    rows = tx.sql(f"""
+        SELECT count(*) OVER (), q.external_id, o.correct::INT, e.correct::INT
+        FROM evaluations e JOIN models m ON m.id = e.model_id JOIN queries q ON q.id = e.query_id
+        JOIN {evaluations.current(before_batch=batch_id)} o ON o.model_id = e.model_id AND o.query_id = e.query_id
+        WHERE m.name = ? AND e.batch_id = ? ORDER BY q.external_id LIMIT 1""", [name, batch_id])
+    return (int(rows[0][0]), tuple(rows[0][1:])) if rows else None
 
 
 def stage_evaluations(tx: Tx, path: str, table: str, model: str | None = None) -> Staged:

@@ -1,10 +1,5 @@
-"""Onboarding: every write of evaluations enqueues a job per affected model (in the same transaction: an outbox);
-running the jobs embeds each model from all of its current evaluations and appends an embedding version.
-
-What a version is computed from, exactly: the model's current (newest) evaluations from batches up to
-`through_batch`, on queries outside the test split (held-out queries never reach the encoder, so `registry evaluate`
-stays honest and agrees with routing), capped at the encoder's `embed_max_set` by query content hash when the
-encoder asks for a cap. Its digest is the sha256 of those (query id, correct) pairs, so any version can be
+"""Onboarding: works off the outbox (outbox.py): embeds each model with a pending job from all of its current
+evaluations (embedding.py says which, and digests them) and appends an embedding version. Any version can be
 recomputed and checked (`recompute`). An import that moves queries into or out of the test split re-embeds the
 models that have them; splits keep no history, so a version made before such an import no longer recomputes.
 
@@ -15,30 +10,16 @@ are seeded by the digest, so it is reproducible too) is estimated just after, in
 from __future__ import annotations
 
 import concurrent.futures
-import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from . import encoders
-from .querycache import projections, query_meta
+from .embedding import (MIN_EVALUATIONS, EvalSet, compute, embed_sets, evaluation_sets, halves,
+                        projected_inputs)
 from .errors import NotFound
+from .outbox import enqueue, model_states, pending
 from .store import Tx
-
-MIN_EVALUATIONS = 32
-
-
-@dataclass
-class EvalSet:
-    model_id: int
-    query_ids: np.ndarray   # [n] int, registry query ids
-    y: np.ndarray           # [n] float32 0/1
-    digest: str
-    through_batch: int = 0  # the newest import batch among the evaluations read (before the test/cap filters)
-
-    @property
-    def n(self) -> int:
-        return len(self.query_ids)
 
 
 @dataclass
@@ -51,120 +32,6 @@ class JobOutcome:
     version_id: int | None = None
 
 
-def enqueue(tx: Tx, model_ids, reason: str, batch_id: int | None = None, encoder_id: int | None = None) -> None:
-    ids = sorted({int(m) for m in model_ids})
-    if not ids:
-        return
-    tx.duck.executemany("INSERT INTO onboarding_jobs (model_id, reason, batch_id, encoder_id) VALUES (?, ?, ?, ?)",
-                        [[m, reason, batch_id, encoder_id] for m in ids])
-
-
-def pending(tx: Tx) -> list[tuple[int, int, str, int | None]]:
-    """(job id, model id, reason, batch id) of every job without a result, oldest first."""
-    return tx.sql("""SELECT j.id, j.model_id, j.reason, j.batch_id FROM onboarding_jobs j
-                     LEFT JOIN onboarding_results r ON r.job_id = j.id WHERE r.job_id IS NULL ORDER BY j.id""")
-
-
-def newest_per_query(res: dict) -> dict:
-    """Keep each (model, query)'s row from its newest batch (numpy: cheaper than a GROUP BY for one model)."""
-    model, query, batch = (np.asarray(res[c], dtype=np.int64) for c in ("model_id", "query_id", "batch_id"))
-    order = np.lexsort((-batch, query, model))            # by model, query, then newest batch first
-    first = np.ones(len(order), dtype=bool)
-    first[1:] = (np.diff(model[order]) != 0) | (np.diff(query[order]) != 0)
-    keep = order[first]
-    return {c: np.asarray(res[c])[keep] for c in ("model_id", "query_id", "correct", "batch_id")}
-
-
-def evaluation_sets(tx: Tx, model_ids, through_batch: int, max_set: int | None = None) -> dict[int, EvalSet]:
-    """Each model's embedding input and its digest (see the module docstring for what it contains): its current
-    evaluations in one query, chosen and ordered with the cached `query_meta`."""
-    ids = ", ".join(str(int(m)) for m in model_ids) or "NULL"
-    res = tx.duck.execute(f"""SELECT model_id, query_id, correct::INT AS correct, batch_id FROM evaluations
-                              WHERE model_id IN ({ids}) AND batch_id <= {int(through_batch)}""").fetchnumpy()
-    res = newest_per_query(res)
-    meta = query_meta(tx)
-    model_col = np.asarray(res["model_id"], dtype=np.int64)
-    qid_col = np.asarray(res["query_id"], dtype=np.int64)
-    correct_col = np.asarray(res["correct"], dtype=np.int64)
-    batch_col = np.asarray(res["batch_id"], dtype=np.int64)
-    at = meta.rows(qid_col)
-    keep = ~meta.is_test[at]
-    out = {}
-    for m in model_ids:
-        of_model = model_col == int(m)
-        sel = np.flatnonzero(of_model & keep)
-        if max_set and len(sel) > max_set:                      # the cap: lowest content hashes
-            sel = sel[np.argsort(meta.hash_rank[at[sel]], kind="stable")[:max_set]]
-        sel = sel[np.argsort(meta.ext_rank[at[sel]], kind="stable")]
-        out[int(m)] = EvalSet(int(m), qid_col[sel], correct_col[sel].astype(np.float32),
-                              digest(meta.external_id[at[sel]], correct_col[sel]),
-                              int(batch_col[of_model].max()) if of_model.any() else 0)
-    return out
-
-
-def digest(external_ids, correct) -> str:
-    """sha256 of "external_id:correct" pairs joined by commas, in external id order (the caller's order): the
-    same value as DuckDB's sha256(string_agg(external_id || ':' || correct, ',' ORDER BY external_id))."""
-    text = ",".join(f"{e}:{int(c)}" for e, c in zip(external_ids, correct))
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def embed_sets(model, sets: list[tuple[np.ndarray, np.ndarray]], budget: int = 1 << 16,
-               projected: bool = False) -> np.ndarray:
-    """Embed many sets in padded, masked batches. sets: [(q [n,Dq], y [n])] -> z [len(sets), D] float32; with
-    `projected`, each set brings its rows' input projections instead of query vectors: [(PS [n,2,D], y [n])]
-    (see `projections`).
-
-    Largest first; a batch pads to its first set's width (a multiple of 64) and takes sets down to a quarter of it.
-    Versions are float32: the same set embedded in another batch differs by under 1e-6 (float32 sums in another
-    order), the tolerance `recompute` is checked to."""
-    import torch
-
-    order = sorted(range(len(sets)), key=lambda i: -len(sets[i][1]))
-    width_of = lambda i: max(64, -(-len(sets[i][1]) // 64) * 64)
-    z = np.zeros((len(sets), model.cfg.d_model), dtype=np.float32)
-    start = 0
-    with torch.no_grad():
-        while start < len(order):
-            width = width_of(order[start])
-            end = start + 1
-            while (end < len(order) and (end - start + 1) * width <= budget
-                   and 4 * len(sets[order[end]][1]) >= width):
-                end += 1
-            chunk = order[start:end]
-            x = np.zeros((len(chunk), width, *sets[chunk[0]][0].shape[1:]), dtype=np.float32)   # [B,N,Dq] | [B,N,2,D]
-            y = np.zeros((len(chunk), width), dtype=np.float32)                                  # [B,N]
-            mask = np.zeros((len(chunk), width), dtype=bool)                                     # [B,N]
-            for b, i in enumerate(chunk):
-                n = len(sets[i][1])
-                x[b, :n], y[b, :n], mask[b, :n] = sets[i][0], sets[i][1], True
-            x, y, mask = torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(mask)
-            out = model.embed_proj(x[:, :, 0], x[:, :, 1], y, mask) if projected else model.embed(x, y, mask)
-            z[chunk] = out.numpy()
-            start = end
-    return z
-
-
-def halves(es: EvalSet) -> tuple[np.ndarray, np.ndarray]:
-    """Two disjoint random halves of a set, seeded by its digest (so stability is reproducible)."""
-    rng = np.random.default_rng(int(es.digest[:16], 16))
-    perm = rng.permutation(es.n)
-    return perm[: es.n // 2], perm[es.n // 2:]
-
-
-def projected_inputs(tx: Tx, model, sets: list[EvalSet]) -> list[tuple[np.ndarray, np.ndarray]]:
-    """What `embed_sets(..., projected=True)` takes for these sets: their rows' input projections, and y."""
-    row_of, proj = projections(tx, model, np.concatenate([s.query_ids for s in sets]))
-    return [(proj[[row_of[int(i)] for i in s.query_ids]], s.y) for s in sets]
-
-
-def compute(tx: Tx, model, sets: list[EvalSet]) -> np.ndarray:
-    """Embeddings [len(sets), D] of evaluation sets, in one batched pass."""
-    if not sets:
-        return np.zeros((0, model.cfg.d_model), dtype=np.float32)
-    return embed_sets(model, projected_inputs(tx, model, sets), projected=True)
-
-
 @dataclass
 class NewVersion:
     """A version this transaction appended (what the in-memory index needs once it commits)."""
@@ -173,42 +40,6 @@ class NewVersion:
     name: str
     vector: np.ndarray
     created: str
-
-
-@dataclass
-class ModelState:
-    """What onboarding needs to know of a model besides its evaluations: its name, its newest version number, and
-    per encoder its newest version there and that version's digest."""
-    name: str
-    latest_version: int = 0
-    by_encoder: dict = field(default_factory=dict)      # encoder id -> (version, digest)
-
-
-def model_states(tx: Tx, model_ids) -> dict[int, ModelState]:
-    """Kept per open database: versions are appended only by `run_pending`, which updates the states it changes
-    when it commits, and a model created by an import starts with none (`new_models`); others are read once."""
-    known = tx.cache.get("model_states", {})
-    missing = sorted({int(m) for m in model_ids} - known.keys())
-    found: dict[int, ModelState] = {}
-    if missing:
-        for m, name, version, dig, enc in tx.sql(f"""
-                SELECT m.id, m.name, v.version, v.digest, v.encoder_id FROM models m
-                LEFT JOIN embedding_versions v ON v.model_id = m.id WHERE m.id IN ({', '.join(map(str, missing))})
-                ORDER BY m.id, v.version"""):
-            st = found.setdefault(m, ModelState(name))
-            if version is not None:
-                st.latest_version = version
-                st.by_encoder[enc] = (version, dig)
-        tx.after_commit(lambda: tx.cache.setdefault("model_states", {}).update(
-            {m: st for m, st in found.items() if m not in tx.cache["model_states"]}))
-    return {int(m): known.get(int(m)) or found[int(m)] for m in model_ids}
-
-
-def new_models(tx: Tx, rows) -> None:
-    """An import created these models [(id, name)]: once it commits, their state (no versions) is known."""
-    if rows:
-        tx.after_commit(lambda: tx.cache.setdefault("model_states", {}).update(
-            {int(m): ModelState(name) for m, name in rows}))
 
 
 _worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="registry-encoder")

@@ -217,3 +217,21 @@ def smallest_reaching(p: Pool, method: str, eligible, required, probs, correct, 
     out.accuracy, out.pool_accuracy = round(acc, 4), round(full, 4)
     out.share_of_pool = round(acc / full, 4) if full else None
     return out
+
+
+def answer(tx, p: Pool, k: int | None = None, method: str = "kmedoids", max_params: float | None = None,
+           max_cost: float | None = None, require=(), exclude=(), target: float | None = None, seed: int = 0):
+    """`Registry.portfolio`: k members by `method`, or with `target` the smallest k whose predicted routing on the
+    test split keeps that share of the pool's accuracy."""
+    from . import geometry
+
+    if k is None and target is None:
+        raise InputError("give k or a target share (e.g. --target 0.99)")
+    meta = {n: (pb, c) for n, pb, c in tx.sql("SELECT name, params_b, cost FROM models")}
+    ok, req = eligibility(p, meta, exclude, require, max_params, max_cost)
+    if target is None:
+        members, note = select(p, k, method, ok, req, seed)
+        return describe(p, members, method, note)
+    qids, correct = geometry.test_outcomes(tx, p.model_ids)
+    probs = geometry.predicted(tx, p.encoder_id, p.vectors, qids)
+    return smallest_reaching(p, method, ok, req, probs, correct, target, seed)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import encoders, evidence, index, textvec
+from . import availability, encoders, evidence, index, textvec
 from .errors import InputError, RegistryError, unknown_model
 from .store import Tx
 
@@ -68,12 +68,12 @@ class _State:
     names: list[str]
     versions: np.ndarray              # [M] embedding version numbers
     version_ids: np.ndarray           # [M] embedding_versions.id
-    z: object                         # torch [M,128]
+    z: np.ndarray                     # [M,128] current embeddings
     cost: np.ndarray                  # [M] price per query (nan: not set)
     params_b: np.ndarray              # [M] (nan: unknown)
     evidence: evidence.Evidence       # [M] evaluations, stability, probation, shrinkage weight
     down: set[str] = field(default_factory=set)   # marked unavailable in the registry
-    fast: object = None                           # numpy scorer (see _numpy_scorer), or None: torch
+    score: object = None                          # q [N,Dq] -> P(correct) [M,N] (LocusModel.scorer)
 
 
 _states: dict[str, _State] = {}
@@ -100,26 +100,21 @@ def state(tx: Tx, db_path: str, probation_min: int | None = None) -> _State:
 
 
 def _build(tx: Tx, key: tuple) -> _State:
-    import torch
-
-    encoder_id = encoders.ensure_default(tx)
-    if encoder_id is None:
-        raise RegistryError("no active encoder: train one (`registry train`) or install one")
+    encoder_id = encoders.require_active(tx)
     model, _ = encoders.load(tx, encoder_id)
     vids, mids, names, vecs = index.current_versions(tx, encoder_id)
     meta = {r[0]: r[1:] for r in tx.sql("SELECT id, cost, params_b FROM models")}
     about = {r[0]: r[1:] for r in tx.sql("""
         SELECT v.id, v.version, v.n_evaluations, coalesce(s.stability, v.stability) FROM embedding_versions v
         LEFT JOIN version_stability s ON s.version_id = v.id WHERE v.id IN (SELECT unnest(?))""", [vids.tolist()])}
-    down = set(unavailable_models(tx))
+    down = set(availability.unavailable_models(tx))
     enc_name = tx.sql("SELECT name FROM encoders WHERE id = ?", [encoder_id])[0][0]
-    z = torch.from_numpy(np.ascontiguousarray(vecs))
     ev = evidence.assess(vecs, [about[int(v)][1] for v in vids], [about[int(v)][2] for v in vids], key[-1])
     return _State(key, encoder_id, enc_name, model, list(names),
                   np.array([about[int(v)][0] for v in vids], dtype=np.int64), np.asarray(vids, dtype=np.int64),
-                  z, np.array([_nan(meta[m][0]) for m in mids.tolist()], dtype=np.float64),
+                  vecs, np.array([_nan(meta[m][0]) for m in mids.tolist()], dtype=np.float64),
                   np.array([_nan(meta[m][1]) for m in mids.tolist()], dtype=np.float64), ev, down,
-                  _numpy_scorer(model, z) if len(vids) else None)
+                  model.scorer(vecs))
 
 
 def _nan(v) -> float:
@@ -217,55 +212,10 @@ def keep_vectors(tx: Tx, hashes: list[str], vectors: np.ndarray) -> None:
 
 
 # --- scoring and choosing -----------------------------------------------------------------------------------------
-def raw_probabilities(st: _State, qvecs: np.ndarray) -> np.ndarray:
-    """[N,384] -> the predictor's P(correct) [M,N] from each model's embedding."""
-    if st.fast is not None:
-        return st.fast(qvecs)
-    import torch
-
-    with torch.inference_mode():
-        return torch.sigmoid(st.model.predict_logits(st.z, torch.from_numpy(qvecs))).numpy()
-
-
 def probabilities(st: _State, qvecs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """[N,384] -> (P(correct) as routing uses it, shrunk by evidence; the predictor's own), each [M,N]."""
-    raw = raw_probabilities(st, qvecs)
+    raw = st.score(qvecs)
     return evidence.shrink(raw, st.evidence), raw
-
-
-def _numpy_scorer(model, z):
-    """The predictor with z's half precomputed, in numpy: for one query, torch's per-op overhead (and its thread pool
-    on a busy machine) costs more than the arithmetic (31 models x 64 hidden units). Built from the checkpoint's
-    weights and checked against `predict_logits` before use; any mismatch (another predictor design) keeps torch."""
-    import torch
-
-    try:
-        w = {k: v.detach().cpu().double().numpy() for k, v in model.state_dict().items()}
-        zd = z.double().numpy()
-        a = zd @ w["w_z.weight"].T + w["w_z.bias"]                               # [M,Hd]
-        M, Hd = a.shape
-        zw = (zd[:, None, :] * w["w_zu.weight"][None]).reshape(M * Hd, -1)      # [M*Hd,D]
-        Wq, bq, Wu = w["q_proj.weight"], w["q_proj.bias"], w["w_u.weight"]
-        head, hb = w["head.weight"][0], float(w["head.bias"][0])
-        qb = (w["q_bias.weight"][0], float(w["q_bias.bias"][0])) if getattr(model.cfg, "query_bias", False) else None
-
-        def fast(q: np.ndarray, chunk: int = 2048) -> np.ndarray:
-            out = np.empty((M, len(q)), dtype=np.float32)
-            for s in range(0, len(q), chunk):
-                u = q[s:s + chunk].astype(np.float64) @ Wq.T + bq                # [n,D]
-                pre = (zw @ u.T).reshape(M, Hd, -1) + a[:, :, None] + (u @ Wu.T).T[None]
-                o = np.einsum("mhn,h->mn", np.maximum(pre, 0.0), head) + hb
-                if qb is not None:
-                    o = o + (u @ qb[0] + qb[1])[None]
-                out[:, s:s + chunk] = 1.0 / (1.0 + np.exp(-o))
-            return out
-
-        probe = np.random.default_rng(0).standard_normal((4, model.cfg.d_query)).astype(np.float32)
-        with torch.inference_mode():
-            ref = torch.sigmoid(model.predict_logits(z, torch.from_numpy(probe))).numpy()
-        return fast if np.allclose(fast(probe), ref, atol=1e-5) else None
-    except (KeyError, AttributeError, ValueError):
-        return None
 
 
 COST_BASES = ("cost", "params")
@@ -377,6 +327,32 @@ def decisions(st: _State, probs: np.ndarray, raw: np.ndarray, picks, pol: Policy
     return out
 
 
+def route(tx: Tx, db_path: str, texts: list[str], cost_weight: float | None = None, min_prob: float | None = None,
+          unavailable: list[str] | None = None, log_decisions: bool = True, log_text: bool = True,
+          reuse_vectors: bool = True, batch_size: int = 64, progress: bool = False, cost_by: str = "cost",
+          include_probation: bool = False, probation_min: int | None = None) -> list[Decision]:
+    """`Registry.route_batch`: texts -> vectors -> P(correct) -> the policy's choice, logged in the same transaction
+    (texts routed for the first time keep their vectors, when their text is logged)."""
+    cut, hashes = clean_texts(texts)
+    if not cut:
+        return []
+    st = state(tx, db_path, probation_min)
+    known = [r[0] for r in tx.sql("SELECT name FROM models")] if unavailable else ()
+    pol = policy(st, cost_weight, min_prob, unavailable, known, cost_by, include_probation)
+    fresh: list[int] = []
+    q = query_vectors(tx, cut, hashes, reuse=reuse_vectors, batch_size=batch_size, progress=progress, fresh=fresh)
+    probs, raw = probabilities(st, q)
+    decs = decisions(st, probs, raw, choose(st, probs, pol), pol, hashes,
+                     [len(t) > len(c) for t, c in zip(texts, cut)])
+    if log_decisions:
+        if log_text and reuse_vectors and fresh:       # the log keeps these texts: keep their vectors too
+            keep_vectors(tx, [hashes[i] for i in fresh], q[fresh])
+        options = {"cost_weight": cost_weight, "min_prob": min_prob, "unavailable": sorted(pol.down),
+                   "cost_basis": pol.cost_basis, "include_probation": include_probation}
+        log(tx, decs, cut if log_text else None, st.encoder_id, options)
+    return decs
+
+
 # --- the routing log ----------------------------------------------------------------------------------------------
 def log(tx: Tx, decs: list[Decision], texts: list[str] | None, encoder_id: int, options: dict) -> None:
     """Append one row per decision in one native bulk insert (Arrow), whatever the batch size."""
@@ -438,21 +414,3 @@ def read_log(tx: Tx, since: str | None = None, limit: int | None = None, oldest:
                              ORDER BY id {'ASC' if oldest else 'DESC'} {lim}""", params)
     return [LogEntry(i, c, h, t, m, f, json.loads(cs), e, json.loads(v), json.loads(o) if o else None)
             for i, c, h, t, m, f, cs, e, v, o in rows]
-
-
-# --- availability -------------------------------------------------------------------------------------------------
-def set_available(tx: Tx, names: list[str], available: bool, reason: str | None = None) -> None:
-    if not names:
-        raise InputError("name at least one model")
-    ids = dict(tx.sql("SELECT name, id FROM models WHERE name IN (SELECT unnest(?))", [list(names)]))
-    for n in names:
-        if n not in ids:
-            raise unknown_model(n, [r[0] for r in tx.sql("SELECT name FROM models")])
-    tx.duck.executemany("INSERT INTO model_availability (model_id, available, reason) VALUES (?, ?, ?)",
-                        [[ids[n], available, reason] for n in names])
-
-
-def unavailable_models(tx: Tx) -> list[str]:
-    return [r[0] for r in tx.sql("""SELECT m.name FROM models m JOIN (
-                SELECT model_id, arg_max(available, id) AS available FROM model_availability GROUP BY model_id
-            ) a ON a.model_id = m.id WHERE NOT a.available ORDER BY 1""")]

@@ -1,7 +1,7 @@
 """Which queries are train, validation and test: set from a file (`ingest`) or drawn here with a seed.
 
 Every figure `registry evaluate` prints is on the test split, and held-out queries never reach the encoder (see
-onboarding.py). So a query that enters or leaves the test split changes what every model that has it is embedded
+embedding.py). So a query that enters or leaves the test split changes what every model that has it is embedded
 from, and those models are enqueued for a new version in the same transaction.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from . import onboarding
+from . import outbox
 from .errors import InputError
 from .store import Tx
 
@@ -38,8 +38,8 @@ def apply(tx: Tx, source: str, batch_id: int | None) -> int:
         WHERE cur.split IS DISTINCT FROM s.split RETURNING query_id""")
     if changed:
         tx.invalidate("query_meta")
-    waiting = {m for _, m, _, _ in onboarding.pending(tx)}   # (new evaluations in this very import, say)
-    onboarding.enqueue(tx, [m for m in models if m not in waiting], "test split changed", batch_id=batch_id)
+    waiting = {m for _, m, _, _ in outbox.pending(tx)}   # (new evaluations in this very import, say)
+    outbox.enqueue(tx, [m for m in models if m not in waiting], "test split changed", batch_id=batch_id)
     return len(changed)
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -37,6 +37,7 @@ import torch.nn.functional as F
 
 from .baselines import hit_at_k, predictor_metrics
 from .encoder import EncoderConfig, LocusModel
+from .evaluations import disagreement_matrix
 
 
 @dataclass
@@ -138,9 +139,7 @@ def embed_models(model: LocusModel, qvecs: np.ndarray, correct: np.ndarray, idx_
 def predict_proba(model: LocusModel, z: np.ndarray, qvecs: np.ndarray) -> np.ndarray:
     """P(correct) [M,N] for model embeddings z [M,D] and query vectors [N,Dq]."""
     model.eval()
-    logits = model.predict_logits(torch.from_numpy(np.asarray(z, dtype=np.float32)),
-                                  torch.from_numpy(np.ascontiguousarray(qvecs, dtype=np.float32)))
-    return torch.sigmoid(logits).numpy()
+    return model.p_correct(z, qvecs)
 
 
 def route(model: LocusModel, z: np.ndarray, qvecs: np.ndarray, k: int = 1) -> np.ndarray:
@@ -172,16 +171,6 @@ def routing_loss(logits, y, valid):
     lse_all = torch.logsumexp(logits.masked_fill(~valid, -1e4), 0)        # [T]
     lse_pos = torch.logsumexp(logits.masked_fill(~pos, -1e4), 0)          # [T]
     return (lse_all - lse_pos)[has].mean()
-
-
-def disagreement(correct: np.ndarray, idx) -> np.ndarray:
-    """[M,M] share of queries in idx, among those both models answered, on which they differ."""
-    c = correct[:, np.asarray(idx)]
-    obs = (c >= 0).astype(np.float64)
-    y = (c == 1).astype(np.float64)
-    both = obs @ obs.T
-    diff = (y * obs) @ ((1 - y) * obs).T
-    return (diff + diff.T) / np.maximum(both, 1)
 
 
 class _BestOnVal:
@@ -384,7 +373,7 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
         n_targets = min(cfg.n_targets, n_tr // 2)  # a small registry still leaves half its queries for the sets
         n_big = min(cfg.big_set, n_tr - n_targets)
         iu = np.triu_indices(M, 1)
-        dis = torch.from_numpy(disagreement(correct, tr)[iu].astype(np.float32))      # [pairs]
+        dis = torch.from_numpy(np.nan_to_num(disagreement_matrix(correct[:, tr])[0])[iu].astype(np.float32))
 
         teacher, teacher_info, lin = None, {}, None
         if cfg.teacher_epochs > 0 and cfg.teacher == "linear":
@@ -517,3 +506,40 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
         return model, ecfg, metrics
     finally:
         torch.use_deterministic_algorithms(det_before)
+
+
+def checkpoint_from(data, seed: int = 0, anchors: int | None = None, max_steps: int | None = None,
+                    epochs: int | None = None, name: str | None = None, progress=None) -> tuple[bytes, dict]:
+    """Train on a registry's dataset (evaluation.Dataset: train split to fit, val to select) and return the
+    checkpoint (safetensors bytes) and its meta. Models without train evaluations are left out."""
+    import json
+
+    from . import textvec
+    from .checkpoint import save_checkpoint
+    from .errors import InputError, RegistryError
+    from .evaluation import without
+
+    for flag, value in (("--anchors", anchors), ("--steps", max_steps), ("--epochs", epochs)):
+        if value is not None and value < 1:
+            raise InputError(f"{flag} must be at least 1, got {value}")
+    cfg = TrainConfig(seed=seed)
+    if anchors is not None:
+        cfg = replace(cfg, anchors=anchors, min_anchors=min(cfg.min_anchors, anchors))
+    if max_steps is not None:
+        cfg = replace(cfg, max_steps=max_steps)
+    if epochs is not None:
+        cfg = replace(cfg, teacher_epochs=epochs)
+    for split in ("train", "val"):
+        if len(data.splits[split]) == 0:
+            raise RegistryError(f"no queries in the {split} split: training fits on train and selects on val")
+    # a model with no train evaluations has nothing to learn from (say, listed in models.csv only)
+    data = without(data, ~(data.correct[:, data.splits["train"]] >= 0).any(axis=1))
+    if len(data.models) < 2:
+        raise RegistryError(f"{len(data.models)} model(s) with train evaluations: training needs at least 2")
+    model, config, metrics = train(data.qvecs, data.correct, data.splits["train"], data.splits["val"], cfg,
+                                   progress=progress)
+    digest = data.digest()
+    meta = {"name": name or f"locus-seed{seed}-{digest[:8]}", "text_encoder": textvec.TEXT_ENCODER,
+            "metrics": metrics, "train_data_digest": digest, "embed_max_set": None,
+            "train_config": json.loads(json.dumps(asdict(cfg), default=str))}
+    return save_checkpoint(model, config, meta), meta

@@ -189,12 +189,12 @@ def test_register_and_history_name_what_the_counts_are(db_copy, small_data, tmp_
 def test_calibration_draws_of_a_model_do_not_depend_on_the_others(db_copy):
     """The threshold moved with every registration because each model's random halves came from one generator
     shared in the (unordered) order the models were read: another model's arrival reshuffled everyone's draws."""
-    from registry import encoders, fingerprint, onboarding
+    from registry import embedding, encoders, fingerprint
 
     with Registry(db_copy) as reg, reg.store.tx() as tx:
         model, meta = encoders.load(tx, encoders.active_id(tx))
         ids = [r[0] for r in tx.sql("SELECT id FROM models ORDER BY id")]
-        sets = list(onboarding.evaluation_sets(tx, ids, 10 ** 9, meta.get("embed_max_set")).values())
+        sets = list(embedding.evaluation_sets(tx, ids, 10 ** 9, meta.get("embed_max_set")).values())
         za, zb = fingerprint.disjoint_pairs(tx, model, sets, 32, 2)
         za2, zb2 = fingerprint.disjoint_pairs(tx, model, sets[::-1][:-3], 32, 2)
     # the same model, with three others gone and the rest reversed: the very same two embeddings per draw

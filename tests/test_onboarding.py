@@ -79,7 +79,7 @@ def test_every_version_is_reproducible_from_its_digest(db_copy):
 def test_stability_follows_the_version_and_a_missing_one_is_made_later(db_copy, small_data, tmp_path):
     """onboard(stability=False) stands for a crash between the version and its estimate: the version is there and
     indexed; the estimate is made by the next run, once, and equals the distance between the two halves."""
-    from registry import encoders, onboarding
+    from registry import embedding, encoders
 
     rows = model_results(small_data, "gemma-7b")
     with Registry(db_copy) as reg:
@@ -97,9 +97,9 @@ def test_stability_follows_the_version_and_a_missing_one_is_made_later(db_copy, 
         with reg.store.tx() as tx:                                 # the same number from the halves by hand
             model, meta = encoders.load(tx, encoders.active_id(tx))
             mid = tx.sql("SELECT id FROM models WHERE name = 'newcomer'")[0][0]
-            s = onboarding.evaluation_sets(tx, [mid], 10 ** 9, meta.get("embed_max_set"))[mid]
-            za, zb = (onboarding.compute(tx, model, [onboarding.EvalSet(mid, s.query_ids[h], s.y[h], "")])[0]
-                      for h in onboarding.halves(s))
+            s = embedding.evaluation_sets(tx, [mid], 10 ** 9, meta.get("embed_max_set"))[mid]
+            za, zb = (embedding.compute(tx, model, [embedding.EvalSet(mid, s.query_ids[h], s.y[h], "")])[0]
+                      for h in embedding.halves(s))
         assert abs(float(np.linalg.norm(za - zb)) - estimates[o.version_id]) < 1e-5
 
 

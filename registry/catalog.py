@@ -1,0 +1,120 @@
+"""What the registry holds, model by model: metadata, evaluations and accuracy, availability, the current embedding
+version and its evidence status (`registry models`, `show`, `stats`)."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from . import availability, encoders, evidence
+from .errors import unknown_model
+from .evaluations import CURRENT
+from .store import Tx
+
+
+@dataclass
+class ModelInfo:
+    name: str
+    evaluations: int
+    accuracy: float | None
+    family: str | None = None
+    provider: str | None = None
+    params_b: float | None = None
+    cost: float | None = None
+    open_weights: bool | None = None
+    tags: dict = field(default_factory=dict)
+    created: str | None = None
+    available: bool = True              # False once marked unavailable (routing and fallback skip it)
+    status: str = "not embedded"        # established | probation (too few evaluations to be routed to) | not embedded
+    version: int | None = None          # current embedding version under the active encoder
+    embedded_from: int | None = None    # evaluations behind that version (test answers are never used)
+
+
+@dataclass
+class ModelDetail(ModelInfo):
+    per_category: dict[str, dict] = field(default_factory=dict)  # category -> {"evaluations", "accuracy"}
+    batches: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Stats:
+    models: int
+    queries: int
+    evaluations: int          # current evaluations: the newest per (model, query)
+    evaluation_rows: int      # every stored row, superseded ones included
+    text_vectors: int
+    import_batches: int
+    splits: dict[str, int]
+    path: str
+    unsplit_queries: int = 0  # queries without a train/val/test split (`registry draw-splits` gives them one)
+
+
+_INFO = f"""SELECT m.name, count(e.query_id), avg(e.correct::INT), m.family, m.provider, m.params_b, m.cost,
+                   m.open_weights, m.tags::VARCHAR, m.created::VARCHAR
+            FROM models m LEFT JOIN {CURRENT} e ON e.model_id = m.id"""
+
+
+def names(tx: Tx) -> list[str]:
+    return [r[0] for r in tx.sql("SELECT name FROM models")]
+
+
+def models(tx: Tx, probation_min: int) -> list[ModelInfo]:
+    rows = tx.sql(f"{_INFO} GROUP BY ALL ORDER BY m.name")
+    state = _state(tx)
+    return [_with_state(_info(ModelInfo, r), state, probation_min) for r in rows]
+
+
+def show(tx: Tx, name: str, probation_min: int) -> ModelDetail:
+    rows = tx.sql(f"{_INFO} WHERE m.name = ? GROUP BY ALL", [name])
+    if not rows:
+        raise unknown_model(name, names(tx))
+    detail = _with_state(_info(ModelDetail, rows[0]), _state(tx), probation_min)
+    cats = tx.sql(f"""SELECT coalesce(q.category, '(none)'), count(*), avg(e.correct::INT)
+                      FROM {CURRENT} e JOIN models m ON m.id = e.model_id JOIN queries q ON q.id = e.query_id
+                      WHERE m.name = ? GROUP BY 1 ORDER BY 1""", [name])
+    detail.per_category = {c: {"evaluations": n, "accuracy": round(a, 4)} for c, n, a in cats}
+    detail.batches = [r[0] for r in tx.sql("""SELECT DISTINCT e.batch_id FROM evaluations e
+                                              JOIN models m ON m.id = e.model_id WHERE m.name = ? ORDER BY 1""",
+                                           [name])]
+    return detail
+
+
+def stats(tx: Tx, path: str) -> Stats:
+    models_, queries, rows, vectors, batches = tx.sql("""
+        SELECT (SELECT count(*) FROM models), (SELECT count(*) FROM queries), (SELECT count(*) FROM evaluations),
+               (SELECT count(*) FROM text_vectors), (SELECT count(*) FROM import_batches)""")[0]
+    current = tx.sql(f"SELECT count(*) FROM {CURRENT}")[0][0]
+    splits = dict(tx.sql("SELECT split, count(*) FROM query_splits GROUP BY split ORDER BY split"))
+    return Stats(models_, queries, current, rows, vectors, batches, splits, path, queries - sum(splits.values()))
+
+
+def _state(tx: Tx):
+    """({name: (current version, evaluations behind it)} under the active encoder, names marked unavailable)."""
+    encoder_id = encoders.active_id(tx)
+    current = {} if encoder_id is None else {r[0]: r[1:] for r in tx.sql("""
+        SELECT m.name, arg_max(v.version, v.version), arg_max(v.n_evaluations, v.version)
+        FROM embedding_versions v JOIN models m ON m.id = v.model_id WHERE v.encoder_id = ?
+        GROUP BY m.name""", [encoder_id])}
+    return current, set(availability.unavailable_models(tx))
+
+
+def _with_state(info, state, probation_min: int):
+    current, down = state
+    info.available = info.name not in down
+    if info.name in current:
+        info.version, info.embedded_from = current[info.name]
+        info.status = "probation" if info.embedded_from < evidence.probation_min(probation_min) else "established"
+    return info
+
+
+def _info(cls, row):
+    name, n, acc, family, provider, params_b, cost, open_weights, tags, created = row
+    return cls(name=name, evaluations=int(n), accuracy=None if acc is None else round(float(acc), 4),
+               family=family, provider=provider, params_b=params_b, cost=cost, open_weights=open_weights,
+               tags=json.loads(tags) if tags else {}, created=created)
+
+
+def held_out(tx: Tx, name: str) -> int:
+    """A model's current evaluations on test queries: kept, never embedded."""
+    return int(tx.sql(f"""SELECT count(*) FROM {CURRENT} e JOIN models m ON m.id = e.model_id
+                          JOIN query_splits s ON s.query_id = e.query_id
+                          WHERE m.name = ? AND s.split = 'test'""", [name])[0][0])

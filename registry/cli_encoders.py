@@ -1,0 +1,126 @@
+"""Encoders: `registry encoders [activate|install]`, `registry train`, `registry evaluate` (issue 3)."""
+from __future__ import annotations
+
+import json
+
+import click
+
+from .cli_common import command, emit_json, group, open_registry, table
+
+
+@group(json=True, invoke_without_command=True)
+def encoders(ctx, as_json):
+    """List encoder checkpoints (subcommands: activate, install)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    rows = open_registry(ctx).encoders()
+    if as_json:
+        emit_json(rows)
+        return
+    table([[e.id, "*" if e.active else "", e.name, e.text_encoder, e.created[:19], f"{e.n_bytes / 1e6:.1f} MB",
+            e.metrics.get("test", {}).get("hit@1", e.metrics.get("val_hit@1", ""))] for e in rows],
+          ["id", "active", "name", "text encoder", "created", "size", "hit@1"])
+
+
+@command("activate", group=encoders)
+@click.argument("encoder_id", type=int)
+def encoders_activate(ctx, encoder_id, as_json):
+    """Make an encoder active; every model is re-embedded under it (old versions stay)."""
+    outcomes = open_registry(ctx).activate_encoder(encoder_id)
+    if as_json:
+        emit_json({"active": encoder_id, "jobs": outcomes})
+    else:
+        click.echo(f"encoder {encoder_id} active; {sum(o.outcome == 'embedded' for o in outcomes)} models re-embedded")
+
+
+@command("install", group=encoders, json=False)
+@click.argument("path", type=click.Path())
+@click.option("--name")
+@click.option("--activate", is_flag=True)
+def encoders_install(ctx, path, name, activate):
+    """Store a LOCUS checkpoint file (safetensors) in the registry."""
+    encoder_id = open_registry(ctx, create=True).install_encoder(path, name=name, activate=activate)
+    click.echo(f"encoder {encoder_id} installed" + (" and active" if activate else ""))
+
+
+@command()
+@click.option("--seed", default=0, show_default=True)
+@click.option("--anchors", type=int, help="Largest anchor set per model (default: the training config's).")
+@click.option("--steps", "max_steps", type=int, help="Encoder-stage steps (default: the training config's).")
+@click.option("--epochs", type=int, help="Epochs of the first stage over every train pair (default: the config's).")
+@click.option("--activate", is_flag=True, help="Make the new encoder active (re-embeds every model).")
+@click.option("--name")
+def train(ctx, seed, anchors, max_steps, epochs, activate, name, as_json):
+    """Train the LOCUS encoder and predictor on this registry's train split; store the checkpoint."""
+    from tqdm import tqdm
+
+    bars: dict[str, tqdm] = {}   # one bar per training stage: teacher (epochs), encoder (steps), refit (epochs)
+
+    def progress(info: dict) -> None:
+        stage = info["stage"]
+        if stage not in bars:
+            for b in bars.values():
+                b.close()
+            bars[stage] = tqdm(total=info["max_steps"], disable=as_json, desc=f"train {len(bars) + 1}: {stage}",
+                               unit="step" if stage == "encoder" else "epoch")
+        bar = bars[stage]
+        bar.update(info["step"] - bar.n)
+        bar.set_postfix({k: (round(v, 4) if isinstance(v, float) else v) for k, v in info.items()
+                         if k in ("loss", "val_hit@1", "best_val_hit@1")}, refresh=True)
+
+    reg = open_registry(ctx)
+    encoder_id = reg.train(seed=seed, anchors=anchors, max_steps=max_steps, epochs=epochs, activate=activate,
+                           name=name, progress=progress)
+    for b in bars.values():
+        b.close()
+    info = next(e for e in reg.encoders() if e.id == encoder_id)
+    if as_json:
+        emit_json(info)
+    else:
+        click.echo(f"encoder {encoder_id} ({info.name}) stored" + (", active" if activate else "")
+                   + f"; metrics: {json.dumps(info.metrics)[:300]}")
+
+
+@command()
+@click.option("--split", default="test", show_default=True, type=click.Choice(["train", "val", "test"]))
+@click.option("--sample-efficiency", is_flag=True, help="Also embed every model from 32..512 evaluations.")
+@click.option("--seeds", default=5, show_default=True, help="Random draws per size (--sample-efficiency).")
+@click.option("--no-baselines", is_flag=True)
+def evaluate(ctx, split, sample_efficiency, seeds, no_baselines, as_json):
+    """Routing accuracy (hit@1/3/5) and predictor quality of LOCUS beside the baselines, on one split."""
+    r = open_registry(ctx).evaluate(split, baselines=not no_baselines, sample_efficiency=sample_efficiency,
+                                    seeds=seeds)
+    if as_json:
+        emit_json(r)
+        return
+    click.echo(f"{r.split}: {r.queries} queries, {r.models} models, encoder {r.encoder}")
+    for name, why in r.excluded.items():
+        click.echo(f"left out: {name}: {why}")
+    for name, n in r.probation.items():
+        click.echo(f"left out: {name}: on probation (embedded from {n} evaluations); no method routes to it")
+    if not r.held_out:
+        click.echo(f"note: not held out: the embeddings are built from the {r.split} answers too, and KNN and MF "
+                   f"choose their settings on val")
+    fmt = lambda v: "" if v is None else (f"{v:.4f}" if isinstance(v, float) else str(v))  # noqa: E731
+    table([[m, fmt(v.get("hit@1")), fmt(v.get("hit@3")), fmt(v.get("hit@5")), fmt(v.get("acc")),
+            fmt(v.get("auc")), fmt(v.get("brier")), fmt(v.get("n_chosen"))] for m, v in r.methods.items()],
+          ["method", "hit@1", "hit@3", "hit@5", "pred acc", "AUC", "Brier", "models chosen"])
+    click.echo("LOCUS routes to: " + ", ".join(f"{m} {n}" for m, n in sorted(r.choices.items(), key=lambda kv: -kv[1])))
+    for m, v in r.methods.items():
+        if v.get("scored") is not None and v["scored"] < r.queries:
+            click.echo(f"note: {m}: {r.queries - v['scored']} of {r.queries} chosen models have no result for the "
+                       f"query (unscored; counted as wrong in hit@1); hit@1 on the {v['scored']} scored: "
+                       f"{fmt(v['hit@1_scored'])}")
+    if r.per_category:
+        click.echo("")
+        cols = [c for c in next(iter(r.per_category.values())) if c != "queries"]
+        table([[c, v["queries"]] + [fmt(v[k]) for k in cols] for c, v in r.per_category.items()],
+              ["category", "queries"] + [k.replace("_", " ") if k.startswith("locus_") else f"{k} hit@1"
+                                         for k in cols])
+    if r.sample_efficiency:
+        click.echo("")
+        table([[n, f"{v['mean']:.4f} ± {v['std']:.4f}", v["draws"]] for n, v in r.sample_efficiency.items()]
+              + [["all", fmt(r.methods["locus"]["hit@1"]), ""]], ["evaluations per model", "hit@1", "draws"])
+
+
+COMMANDS = [encoders, train, evaluate]

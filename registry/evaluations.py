@@ -1,0 +1,75 @@
+"""The evaluations as they count: the newest evaluation of each (model, query) pair. Older rows are kept, never
+overwritten; every reader asks here (SQL: `CURRENT`; numpy, for rows already fetched: `newest_per_query`), and
+disagreement between answers is computed here too.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .store import Tx
+
+
+
+def current(before_batch: int | None = None) -> str:
+    """The newest evaluation of each (model, query) pair, as a subquery (`FROM {current()} e`); with `before_batch`,
+    as it stood before that import batch."""
+    where = f"WHERE batch_id < {int(before_batch)}" if before_batch is not None else ""
+    return f"""(SELECT model_id, query_id, arg_max(correct, batch_id) AS correct, max(batch_id) AS batch_id
+               FROM evaluations {where} GROUP BY model_id, query_id)"""
+
+
+CURRENT = current()   # the rule as it stands now
+
+
+def newest_per_query(res: dict) -> dict:
+    """Keep each (model, query)'s row from its newest batch (numpy: cheaper than a GROUP BY for one model)."""
+    model, query, batch = (np.asarray(res[c], dtype=np.int64) for c in ("model_id", "query_id", "batch_id"))
+    order = np.lexsort((-batch, query, model))            # by model, query, then newest batch first
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = (np.diff(model[order]) != 0) | (np.diff(query[order]) != 0)
+    keep = order[first]
+    return {c: np.asarray(res[c])[keep] for c in ("model_id", "query_id", "correct", "batch_id")}
+
+
+def of_models(tx: Tx, model_ids) -> dict:
+    """Current evaluations of some models as numpy columns (model_id, query_id, correct, batch_id)."""
+    ids = ", ".join(str(int(m)) for m in model_ids) or "NULL"
+    return newest_per_query(tx.duck.execute(f"""SELECT model_id, query_id, correct::INT AS correct, batch_id
+                                               FROM evaluations WHERE model_id IN ({ids})""").fetchnumpy())
+
+
+def disagreement(tx: Tx, qids, y, others) -> dict[int, tuple[int, float]]:
+    """How often each of `others` (model ids) disagrees with the answers y [n] on query ids qids [n], over the queries
+    both answered (their current evaluations): {other id: (shared queries, disagreement rate)}."""
+    qids, y = np.asarray(qids, dtype=np.int64), np.asarray(y, dtype=np.int64)
+    evaluated = tx.cached("evaluated_models", lambda: {r[0] for r in tx.sql(
+        "SELECT DISTINCT model_id FROM evaluations")})              # imports of evaluations invalidate it
+    others = [int(m) for m in others if m is not None and m in evaluated]
+    if not len(qids) or not others:
+        return {}
+    rows = of_models(tx, others)
+    if not len(rows["query_id"]):
+        return {}
+    own = np.full(int(max(rows["query_id"].max(), qids.max())) + 1, -1, dtype=np.int64)   # the answer per query id
+    own[qids] = y
+    out = {}
+    for other in others:
+        sel = rows["model_id"] == other
+        theirs, ours = rows["correct"][sel], own[rows["query_id"][sel]]
+        shared = ours >= 0
+        if shared.any():
+            out[other] = (int(shared.sum()), float(np.mean(theirs[shared] != ours[shared])))
+    return out
+
+
+def disagreement_matrix(correct: np.ndarray, min_shared: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """correct [M,N] (1/0, -1 = not evaluated) -> pairwise disagreement rate on queries both models answered
+    (rate [M,M], nan under `min_shared` shared queries; shared count [M,M])."""
+    obs = (correct >= 0).astype(np.float64)
+    yes = (correct == 1).astype(np.float64)
+    no = (correct == 0).astype(np.float64)
+    shared = obs @ obs.T
+    differ = yes @ no.T + no @ yes.T
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rate = np.where(shared >= min_shared, differ / shared, np.nan)
+    return rate, shared

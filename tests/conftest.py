@@ -2,7 +2,6 @@
 DuckDB file, real migrations, real MiniLM vectors); each test gets its own copy of that file."""
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -19,6 +18,28 @@ os.environ.setdefault("REGISTRY_PROBATION_MIN", "64")
 SHARED = Path(os.environ.get("REGISTRY_TEST_DATA",
                              Path(__file__).resolve().parents[2] / "shared" / "data" / "mmlu-pro"))
 N_QUESTIONS = 160
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier_stays_fast(request, monkeypatch):
+    """A test outside the slow tier must not run MiniLM (the tier's budget is a minute): it fails here, naming the
+    fix. Every text encoding in this process goes through textvec.encode, which is watched."""
+    from registry import routing, textvec
+
+    routing._vectors.clear()          # each test starts without other tests' cached query vectors
+    encoded = []
+    original = textvec.encode
+
+    def watched(texts, *args, **kwargs):
+        if len(texts):
+            encoded.append(len(texts))
+        return original(texts, *args, **kwargs)
+
+    monkeypatch.setattr(textvec, "encode", watched)
+    yield
+    if encoded and request.node.get_closest_marker("slow") is None:
+        pytest.fail(f"this test ran MiniLM on {sum(encoded)} texts: mark it @pytest.mark.slow, or use texts the "
+                    f"registry already holds")
 
 
 @pytest.fixture(scope="session")
@@ -71,14 +92,12 @@ def db_copy(base_db, tmp_path) -> Path:
     return path
 
 
-def snapshot(path: Path) -> dict[str, str]:
-    """Every table's rows, hashed: equal snapshots mean the database holds exactly the same data."""
+def snapshot(path: Path) -> dict[str, tuple]:
+    """Every table's rows, summarised: (row count, sum of the rows' hashes). Equal snapshots mean the database holds
+    exactly the same rows (the sum counts duplicates, unlike an XOR), computed by DuckDB in one pass per table."""
     con = duckdb.connect(str(path), read_only=True)
     try:
-        out = {}
-        for (table,) in con.execute("SELECT table_name FROM duckdb_tables() ORDER BY 1").fetchall():
-            rows = sorted(map(repr, con.execute(f'SELECT * FROM "{table}"').fetchall()))
-            out[table] = hashlib.sha256("\n".join(rows).encode()).hexdigest() + f":{len(rows)}"
-        return out
+        return {table: tuple(con.execute(f'SELECT count(*), sum(hash(t)::HUGEINT) FROM "{table}" t').fetchall()[0])
+                for (table,) in con.execute("SELECT table_name FROM duckdb_tables() ORDER BY 1").fetchall()}
     finally:
         con.close()

@@ -183,6 +183,7 @@ def test_set_statistic_is_the_mean_of_signed_rows_and_ignores_padding():
     assert torch.equal(set_statistic(garbage, y, mask), s)
 
 
+@pytest.mark.slow
 def test_training_is_deterministic():
     qv, correct, tr, va, te = synthetic()
     cfg = TrainConfig(seed=3, max_steps=12, eval_every=4, anchors=32, min_anchors=4, n_targets=64, big_set=96,

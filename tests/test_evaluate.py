@@ -69,6 +69,7 @@ def test_evaluate_json_methods_baselines_and_sample_efficiency(db_copy):
     assert sum(r["choices"].values()) == len(test_ids)
 
 
+@pytest.mark.slow
 def test_train_cli_options_reach_the_config_and_the_same_seed_gives_the_same_checkpoint(db_copy):
     runs = []
     for _ in range(2):
@@ -91,6 +92,7 @@ def test_train_cli_options_reach_the_config_and_the_same_seed_gives_the_same_che
     assert cfg["train_config"]["anchors"] == 64 and cfg["train_config"]["seed"] == 1
 
 
+@pytest.mark.slow
 def test_train_shows_one_progress_bar_per_stage_with_val_hit(db_copy):
     res = CliRunner().invoke(cli, ["--db", str(db_copy), "train", "--seed", "1", "--steps", "2", "--epochs", "2"])
     assert res.exit_code == 0, res.output
@@ -160,6 +162,7 @@ def test_train_bad_options_are_one_line(db_copy, args, words):
     assert res.exit_code == 1 and res.output == f"Error: {words}, got 0\n", res.output
 
 
+@pytest.mark.slow
 def test_train_leaves_out_a_model_without_train_evaluations_and_small_anchor_sets_stay_small(db_copy, tmp_path):
     (tmp_path / "m.csv").write_text("model,family\nlisted-only,none\n")
     with Registry(db_copy) as reg:

@@ -77,7 +77,14 @@ def test_a_low_evidence_model_is_on_probation_and_never_takes_over(db_copy, smal
     assert "invented-strong: on probation" in out.output and "LOCUS routes to:" in out.output
 
 
+def known_text(db) -> str:
+    """A query text the registry already holds: routed from its stored vector, without MiniLM."""
+    with Registry(db) as reg, reg.store.tx() as tx:
+        return tx.sql("SELECT text FROM queries ORDER BY id LIMIT 1")[0][0]
+
+
 def test_the_probation_minimum_is_configurable(db_copy, small_data, tmp_path):
+    Q = known_text(db_copy)
     with Registry(db_copy, probation_min=10) as reg:
         reg.register("invented-strong", str(invented(small_data, tmp_path)))
         assert {m.name: m.status for m in reg.models()}["invented-strong"] == "established"
@@ -128,6 +135,7 @@ def test_fallback_skips_models_marked_unavailable(db_copy):
 
 # --- 4. the chosen model is always in the printed table -----------------------------------------------------------
 def test_min_prob_choice_is_in_the_table(db_copy):
+    Q = known_text(db_copy)
     with Registry(db_copy) as reg:
         d = reg.route(Q, log=False)
     sized = sorted((c for c in d.candidates if c.params_b is not None), key=lambda c: c.prob)
@@ -201,6 +209,7 @@ def test_calibration_draws_of_a_model_do_not_depend_on_the_others(db_copy):
     assert np.allclose(za[:, 3:], za2[:, ::-1], atol=1e-5) and np.allclose(zb[:, 3:], zb2[:, ::-1], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_calibration_is_deterministic_across_processes(db_copy, small_data, tmp_path):
     code = "import sys; from registry import Registry; print(Registry(sys.argv[1]).calibration().threshold)"
     got = {subprocess.run([sys.executable, "-c", code, str(db_copy)], capture_output=True, text=True,
@@ -263,6 +272,7 @@ def test_http_errors_and_offline_docs(db_copy):
 
 
 # --- 15. a text the registry has already embedded routes without MiniLM -----------------------------------------------
+@pytest.mark.slow
 def test_known_text_routes_without_loading_minilm(db_copy):
     code = ("import sys; from registry import Registry; r = Registry(sys.argv[1]); d = r.route(sys.argv[2]); "
             "r.close(); print(d.model, 'sentence_transformers' in sys.modules)")
@@ -281,6 +291,16 @@ def test_known_text_routes_without_loading_minilm(db_copy):
     assert route("A brand new question about tides?")[0] is False   # routed once: its vector is kept
 
 
+@pytest.mark.slow
+def test_stats_counts_queries_without_a_split(db_copy, tmp_path):
+    with Registry(db_copy) as reg:
+        assert reg.stats().unsplit_queries == 0
+        reg.import_files(queries=str(write_rows(tmp_path / "q.csv", [("extra-1", "What is 1+1?")],
+                                                header="question_id,question")))     # a new text: MiniLM
+        assert reg.stats().unsplit_queries == 1
+    assert "no split 1" in run(db_copy, "stats").output
+
+
 # --- 17. the rest --------------------------------------------------------------------------------------------------
 def test_diff_similar_stats_and_map_papercuts(db_copy, small_data, tmp_path):
     with Registry(db_copy) as reg:
@@ -295,10 +315,6 @@ def test_diff_similar_stats_and_map_papercuts(db_copy, small_data, tmp_path):
         assert near[0].disagreement is not None and near[0].shared_queries > 0
         yi = next((n for n in reg.similar(evals=str(f), k=31) if n.model == "Yi-6B"))
         assert yi.disagreement == 0.0
-        reg.import_files(queries=str(write_rows(tmp_path / "q.csv", [("extra-1", "What is 1+1?")],
-                                                header="question_id,question")))
-        assert reg.stats().unsplit_queries == 1
-    assert "no split 1" in run(db_copy, "stats").output
     assert "the pool has 30 other embedded models" in run(db_copy, "similar", "Yi-6B", "-k", "100").output
     from registry.maps import family_colours
 

@@ -23,11 +23,19 @@ def reg(db_copy):
     r.close()
 
 
+@pytest.fixture
+def known(reg) -> str:
+    """A query text the registry already holds: routed from its stored vector, without MiniLM."""
+    with reg.store.tx() as tx:
+        return tx.sql("SELECT text FROM queries ORDER BY id LIMIT 1")[0][0]
+
+
 def run(db, *args):
     return CliRunner().invoke(cli, ["--db", str(db), *args])
 
 
-def test_route_gives_every_candidate_and_logs(reg):
+def test_route_gives_every_candidate_and_logs(reg, known):
+    Q = known
     d = reg.route(Q)
     names = {m.name for m in reg.models()}
     assert {c.model for c in d.candidates} == names and len(d.candidates) == 31
@@ -46,9 +54,10 @@ def test_route_gives_every_candidate_and_logs(reg):
         reg.routing_log(since="yesterday-ish")
 
 
-def test_cost_is_price_and_size_only_when_asked(reg, tmp_path):
+def test_cost_is_price_and_size_only_when_asked(reg, known, tmp_path):
     """Price and size are kept apart: no price, no cost-aware routing by price; by size only with cost_by=params,
     over the models that have a size, and the decision names the basis."""
+    Q = known
     base = reg.route(Q, log=False)
     assert base.cost_basis is None and all(c.cost is None for c in base.candidates)
     with pytest.raises(InputError, match="needs a price for every candidate.*--cost-by params"):
@@ -75,7 +84,8 @@ def test_cost_is_price_and_size_only_when_asked(reg, tmp_path):
         reg.route(Q, min_prob=1.5)
 
 
-def test_unavailable_fallback_and_persistent_flags(reg):
+def test_unavailable_fallback_and_persistent_flags(reg, known):
+    Q = known
     d = reg.route(Q, log=False)
     top, second = d.candidates[0].model, d.candidates[1].model
     f = reg.route(Q, unavailable=[top])
@@ -95,6 +105,7 @@ def test_unavailable_fallback_and_persistent_flags(reg):
     assert none.model is None and none.fallback is True and "all 31 candidates are unavailable" in none.note
 
 
+@pytest.mark.slow
 def test_batch_equals_single_and_cache_follows_new_versions(reg, small_data):
     texts = [Q, "Which enzyme unwinds DNA?", "What is the capital of France?"]
     batch = reg.route_batch(texts)
@@ -113,6 +124,7 @@ def test_batch_equals_single_and_cache_follows_new_versions(reg, small_data):
     assert "Yi-clone" in {c.model for c in reg.route(Q, log=False).candidates}
 
 
+@pytest.mark.slow
 def test_stored_vectors_match_fresh_encoding(reg):
     """A registered query reuses its stored vector; encoding it afresh gives the same decision."""
     with reg.store.tx() as tx:
@@ -123,6 +135,7 @@ def test_stored_vectors_match_fresh_encoding(reg):
         assert np.allclose([c.prob for c in x.candidates], [c.prob for c in y.candidates], atol=1e-3)
 
 
+@pytest.mark.slow
 def test_bad_queries(reg):
     with pytest.raises(InputError, match="empty query"):
         reg.route("   ")
@@ -134,6 +147,7 @@ def test_bad_queries(reg):
     assert [c.prob for c in d.candidates] == [c.prob for c in reg.route(huge[:40_000], log=False).candidates]
 
 
+@pytest.mark.slow
 def test_cli_route_file_log_and_errors(db_copy, tmp_path):
     r = run(db_copy, "route", Q)
     assert r.exit_code == 0, r.output

@@ -43,7 +43,7 @@ def test_migrated_schema_equals_orm_metadata(tmp_path):
 
 def test_downgrade_and_upgrade_keep_data(db_copy):
     before = snapshot(db_copy)
-    assert not before["evaluations"].endswith(":0")
+    assert before["evaluations"][0] > 0
     store = Store(db_copy)
     store.downgrade("0001")
     assert store.current_revision() == "0001"

@@ -24,6 +24,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+pytestmark = pytest.mark.slow     # a real server process, and routes of new texts (MiniLM)
+
+
 @pytest.fixture(scope="module")
 def server(base_db, tmp_path_factory):
     db = tmp_path_factory.mktemp("srv") / "registry.duckdb"

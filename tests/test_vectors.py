@@ -89,6 +89,7 @@ def test_bad_vector_files_are_one_line_errors_and_change_nothing(db_copy, tmp_pa
             reg.import_vectors(str(tmp_path / "missing.parquet"))
 
 
+@pytest.mark.slow
 def test_a_changed_text_is_embedded_afresh(db_copy, small_data, tmp_path):
     """A vector file made from the old texts, a questions file where one text changed: that text gets MiniLM's
     vector of the new text, never the old one; every other text comes from the file."""

@@ -216,19 +216,18 @@ class Registry:
             return neighbours.by_vector(tx, self.path, z, k, encoder_id, as_of, answers=(a.query_ids, a.correct))
 
     def fingerprint(self, evals: str, as_of: str | None = None):
-        """Is the endpoint behind these results one of the registered models? Nearest model, distance and a verdict
-        from the threshold calibrated on this registry (nothing is written)."""
+        """Is the endpoint behind these results one of the registered models? "same" only when at most 1% of
+        distinct models would pass; from shared answers where there are any, else from the embedding; the evidence
+        comes with it (`fingerprint.Fingerprint`). Nothing is written."""
         from . import fingerprint, geometry
 
         with self.store.tx() as tx:
             encoder_id = encoders.require_active(tx, as_of)
             geometry.pool(tx, self.path, encoder_id, as_of)  # an empty registry fails here, before the file is read
-            cal = fingerprint.calibration(tx)
-            z, _ = embedding.embed_file(tx, evals, encoders.load(tx, encoder_id)[0], self.min_evaluations)
-            return fingerprint.verdict(neighbours.by_vector(tx, self.path, z, 2, encoder_id, as_of), cal)
+            return fingerprint.identify(tx, self.path, evals, encoder_id, self.min_evaluations, as_of)
 
-    def calibration(self, sample: int | None = None, draws: int = 3):
-        """The same-model threshold and how well it separates same from different models (`fingerprint.Calibration`)."""
+    def calibration(self, sample: int = 128, draws: int = 3):
+        """How the fingerprint tests decide "same" (`fingerprint.CalibrationReport`)."""
         from . import fingerprint
 
         with self.store.tx() as tx:

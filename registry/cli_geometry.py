@@ -45,18 +45,28 @@ def fingerprint(ctx, evals, show_calibration, as_json):
         if as_json:
             emit_json(c)
             return
-        click.echo(f"threshold {c.threshold:.4f} (encoder {c.encoder_id}; {c.models} models, {c.draws} draws of two "
-                   f"disjoint samples of {c.sample} evaluations)")
-        click.echo(f"same-model distances {c.same}; different-model distances {c.different}")
-        click.echo(f"same pairs under the threshold {c.same_below:.1%}, different pairs over it "
-                   f"{c.different_above:.1%}, nearest is the same model {c.nearest_is_same:.1%}")
+        a = c.answers
+        if a.p_min is None:
+            click.echo("answers test: no two models share enough evaluated queries to calibrate it")
+        else:
+            click.echo(f"answers test: the closest distinct pair, {' and '.join(a.closest_pair)}, disagrees on "
+                       f"{a.p_min:.1%} of shared queries ({a.pairs} pairs); 'same' needs a disagreement rate at most:")
+            table([[n, "never" if t is None else f"{t:.4f}"] for n, t in c.answer_thresholds.items()],
+                  ["shared queries", "disagreement"])
+        e = c.embedding
+        if e is not None:
+            click.echo(f"embedding test (too few shared queries): 'same' under distance {e.threshold:.4f}, the "
+                       f"closest two distinct models came over {e.draws} draws of {e.sample} evaluations "
+                       f"({e.models} models); same-model pairs under it: {e.same_below:.1%}")
         return
     f = reg.fingerprint(evals)
     if as_json:
         emit_json(f)
         return
-    click.echo(f"{f.verdict}: nearest is {f.match} at {f.distance:.4f} (same-model threshold {f.threshold:.4f})"
-               + (f"; next {f.runner_up} at {f.runner_up_distance:.4f}" if f.runner_up else ""))
+    click.echo(f.summary)
+    if f.runner_up:
+        click.echo(f"next: {f.runner_up}" + ("" if f.runner_up_disagreement is None else
+                                            f" ({f.runner_up_disagreement:.1%} disagreement)"))
 
 
 @command()

@@ -1,9 +1,17 @@
-"""Fingerprinting: is an unknown endpoint one of the registered models?
+"""Fingerprinting: is an unknown endpoint one of the registered models? A verdict "same" is given only when the
+chance of giving it for a distinct model is at most 1% (ALPHA) at the evidence in hand; otherwise the answer is
+"closest: X, not conclusive". Every verdict shows its evidence.
 
-The verdict's threshold is calibrated on the registry itself: every model with enough evaluations is embedded twice
-from two disjoint random samples (of `sample` evaluations each, several draws); distances between the two embeddings
-of the same model are "same" distances, between different models "different" ones. The threshold is the distance
-that best separates the two (balanced accuracy), computed once per encoder and set of versions, per process.
+- From shared answers (when the unknown's results share at least MIN_SHARED queries with a registered model): the
+  unknown and each model disagree on some of the queries both answered; the nearest is the model it disagrees with
+  least. For two distinct models the number of disagreements on n random shared queries is about Binomial(n, p),
+  p their disagreement rate, and the registry knows p for every pair of its well-known models (at least
+  MIN_PAIR_SHARED shared queries). The test's threshold at n is the largest count k with P(Binomial(n, p_min) <= k)
+  <= ALPHA, p_min the closest distinct pair's rate: so no distinct pair, the closest included, passes for more than 1%
+  of random samples of n queries. Comparing answers beats comparing embeddings wherever queries are shared (issue
+  15: 139 of 140 random 128-question draws named right from answers, against false "same" claims from embeddings).
+- From the embedding (too few shared queries): distance to the nearest embedding, with a "same" threshold set below
+  every distance between distinct models' embeddings from disjoint samples of that size (`calibrate`, below).
 """
 from __future__ import annotations
 
@@ -11,24 +19,28 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import embedding, encoders
+from . import embedding, encoders, evaluations
 from .store import Tx
 
-_calibrations: dict[tuple[int, int], "Calibration"] = {}
+_calibrations: dict[tuple, "Calibration"] = {}
 
 
 @dataclass
 class Calibration:
+    """The embedding test's calibration: each model embedded from two disjoint samples of `sample` evaluations."""
     encoder_id: int
     sample: int
     draws: int
     models: int
-    threshold: float
+    threshold: float                                # "same" under this distance: the smallest distinct-pair distance
     same: dict = field(default_factory=dict)        # quantiles of same-model distances
     different: dict = field(default_factory=dict)   # quantiles of different-model distances
-    same_below: float = 0.0                         # share of same-model pairs at or under the threshold
-    different_above: float = 0.0                    # share of different-model pairs over it
+    same_below: float = 0.0                         # share of same-model pairs under the threshold (the power)
     nearest_is_same: float = 0.0                    # share of second embeddings whose nearest first one is the model
+
+    @property
+    def distinct_min(self) -> float:
+        return self.threshold
 
 
 def _quantiles(x: np.ndarray) -> dict:
@@ -53,8 +65,8 @@ def calibrate(tx: Tx, sample: int = 128, draws: int = 3, seed: int = 0) -> Calib
     if encoder_id is None:
         return None
     newest = int(tx.sql("SELECT coalesce(max(id), 0) FROM embedding_versions")[0][0])
-    key = (encoder_id, newest)
-    if key in _calibrations and _calibrations[key].sample == sample:
+    key = (tx.path, encoder_id, newest, sample, draws, seed)
+    if key in _calibrations:
         return _calibrations[key]
     model, meta = encoders.load(tx, encoder_id)
     ids = [r[0] for r in tx.sql("SELECT DISTINCT model_id FROM embedding_versions WHERE encoder_id = ? ORDER BY 1",
@@ -72,67 +84,168 @@ def calibrate(tx: Tx, sample: int = 128, draws: int = 3, seed: int = 0) -> Calib
     d = np.linalg.norm(za[:, :, None, :] - zb[:, None, :, :], axis=-1)        # [draws, M, M]
     eye = np.eye(len(sets), dtype=bool)
     same, diff = d[:, eye].ravel(), d[:, ~eye].ravel()
-    candidates = np.unique(np.concatenate([same, diff]))
-    score = [(np.mean(same <= t) + np.mean(diff > t)) / 2 for t in candidates]
-    best = int(np.argmax(score))
-    # between the separating sample and the next one, so neither side sits exactly on it
-    threshold = float(candidates[best] if best + 1 == len(candidates) else (candidates[best] + candidates[best + 1]) / 2)
+    threshold = float(diff.min())       # no distinct pair of these samples came closer: "same" only under it
     nearest = (d.argmin(axis=1) == np.arange(len(sets))[None, :]).mean()
     cal = Calibration(encoder_id, sample, draws, len(sets), round(threshold, 4), _quantiles(same), _quantiles(diff),
-                      round(float(np.mean(same <= threshold)), 4), round(float(np.mean(diff > threshold)), 4),
-                      round(float(nearest), 4))
+                      round(float(np.mean(same < threshold)), 4), round(float(nearest), 4))
     _calibrations[key] = cal
     return cal
 
 
-def threshold(tx: Tx) -> float | None:
-    cal = calibrate(tx)
-    return None if cal is None else cal.threshold
-
-
 # --- the question a user asks: is this unknown endpoint one of ours? ------------------------------------------------
+ALPHA = 0.01            # the largest share of distinct models that may get the verdict "same"
+MIN_SHARED = 32         # fewer shared queries than this: the embedding decides
+MIN_PAIR_SHARED = 100   # a pair of registered models must share this many queries for its rate to calibrate
+
+
 @dataclass
-class Fingerprint:
-    match: str                      # the nearest registered model
-    distance: float
-    verdict: str                    # "same" (within the calibrated threshold) | "different"
-    threshold: float
-    runner_up: str | None = None    # the second nearest, to show how clear the match is
-    runner_up_distance: float | None = None
+class AnswerCalibration:
+    """The answers test's calibration: the closest pair of distinct registered models, and its disagreement rate."""
+    p_min: float | None                 # None: no pair of models shares MIN_PAIR_SHARED queries
+    closest_pair: list[str] = field(default_factory=list)
+    pairs: int = 0                      # distinct pairs with enough shared queries
+    alpha: float = ALPHA
+
+    def max_disagreements(self, n: int) -> int:
+        """The most disagreements on n shared queries that still reads "same" (-1: none can, at this n)."""
+        from scipy.stats import binom
+
+        if self.p_min is None or n < 1:
+            return -1
+        k = int(binom.ppf(self.alpha, n, self.p_min))          # smallest k with cdf(k) >= alpha
+        while k >= 0 and binom.cdf(k, n, self.p_min) > self.alpha:
+            k -= 1
+        return k
+
+    def thresholds(self, ns=(32, 64, 128, 256, 512, 1024)) -> dict[str, float | None]:
+        return {str(n): (None if self.max_disagreements(n) < 0 else round(self.max_disagreements(n) / n, 4))
+                for n in ns}
 
 
-def default_sample(tx: Tx, encoder_id: int) -> int:
-    """128 evaluations per half as the bar asks, or less where models hold fewer (half the median model)."""
-    n = tx.sql("""SELECT median(n_evaluations) FROM embedding_versions WHERE encoder_id = ?""", [encoder_id])[0][0]
-    return int(max(8, min(128, (n or 0) // 2)))
+_answer_cals: dict[tuple, AnswerCalibration] = {}
 
 
-def calibration(tx: Tx, sample: int | None = None, draws: int = 3) -> Calibration:
-    from .errors import InputError
-
-    encoder_id = encoders.active_id(tx)
-    sample = sample or (default_sample(tx, encoder_id) if encoder_id is not None else 128)
-    cal = calibrate(tx, sample=sample, draws=draws)
-    if cal is None:
-        raise InputError(f"cannot calibrate: needs at least 2 embedded models with {2 * sample} evaluations each")
+def answer_calibration(tx: Tx, exclude: set[int] | None = None) -> AnswerCalibration:
+    """p_min over the pairs of distinct registered models with MIN_PAIR_SHARED shared queries (leaving out the model
+    ids in `exclude`, e.g. the model being registered). Kept per process until evaluations change."""
+    key = (tx.path, int(tx.sql("SELECT coalesce(max(batch_id), 0) FROM evaluations")[0][0]),
+           tuple(sorted(exclude or ())))
+    if key in _answer_cals:
+        return _answer_cals[key]
+    res = tx.duck.execute(f"SELECT model_id, query_id, correct::TINYINT AS c FROM {evaluations.CURRENT}").fetchnumpy()
+    mids, qids = np.unique(res["model_id"]), np.unique(res["query_id"])
+    keep = ~np.isin(mids, list(exclude or ()))
+    correct = np.full((len(mids), len(qids)), -1, dtype=np.int8)
+    correct[np.searchsorted(mids, res["model_id"]), np.searchsorted(qids, res["query_id"])] = res["c"]
+    rate, shared = evaluations.disagreement_matrix(correct[keep], MIN_PAIR_SHARED)
+    np.fill_diagonal(rate, np.nan)
+    cal = AnswerCalibration(None)
+    if np.isfinite(rate).any():
+        i, j = np.unravel_index(np.nanargmin(rate), rate.shape)
+        names = dict(tx.sql("SELECT id, name FROM models"))
+        ids = mids[keep]
+        cal = AnswerCalibration(round(float(rate[i, j]), 6), sorted([names[int(ids[i])], names[int(ids[j])]]),
+                                int(np.isfinite(rate).sum() // 2))
+    _answer_cals[key] = cal
     return cal
 
 
-def verdict(neighbours, cal: Calibration) -> Fingerprint:
-    """neighbours: the nearest registered models (neighbours.Neighbour), nearest first."""
-    first = neighbours[0]
-    second = neighbours[1] if len(neighbours) > 1 else None
-    return Fingerprint(first.model, first.distance, "same" if first.distance <= cal.threshold else "different",
-                       cal.threshold, second.model if second else None, second.distance if second else None)
+@dataclass
+class Fingerprint:
+    match: str                      # the nearest registered model
+    verdict: str                    # "same" (passes the 1% test) | "not conclusive"
+    method: str                     # "answers" (shared queries) | "embedding" (too few shared)
+    shared_queries: int             # between the unknown and `match`
+    disagreement: float | None      # on those queries (answers method)
+    threshold: float | None         # "same" at or under this disagreement rate (answers) or distance (embedding)
+    distance: float | None = None   # embedding distance to `match` (embedding method)
+    runner_up: str | None = None    # the second nearest, to show how clear the match is
+    runner_up_disagreement: float | None = None
+    closest_pair: list[str] = field(default_factory=list)   # the calibration's closest distinct pair
+    p_min: float | None = None                              # and its disagreement rate
+    alpha: float = ALPHA
+
+    @property
+    def summary(self) -> str:
+        what = (f"disagrees on {self.disagreement:.1%} of {self.shared_queries} shared queries"
+                if self.method == "answers" else f"embedding distance {self.distance:.4f}")
+        bar = "no threshold" if self.threshold is None else f"'same' needs <= {self.threshold:.4g}"
+        head = f"same: {self.match}" if self.verdict == "same" else f"closest: {self.match}, not conclusive"
+        return f"{head} ({what}; {bar}, at most {self.alpha:.0%} of distinct models pass)"
 
 
-def duplicate_warning(tx: Tx, name: str, neighbours) -> str | None:
-    """`register`'s same-model warning: the nearest model within the calibrated threshold."""
-    if not neighbours:
+def by_answers(tx: Tx, qids, y, exclude: set[int] | None = None) -> Fingerprint | None:
+    """The answers test against every registered model (but `exclude`); None when no model shares MIN_SHARED
+    queries with the answers."""
+    names = dict(tx.sql("SELECT id, name FROM models"))
+    others = [m for m in names if m not in (exclude or set())]
+    rates = evaluations.disagreement(tx, qids, y, others)
+    ranked = sorted(((r, -n, m) for m, (n, r) in rates.items() if n >= MIN_SHARED))
+    if not ranked:
         return None
-    limit = threshold(tx)
-    nearest = neighbours[0]
-    if limit is not None and nearest.distance <= limit:
-        return (f"{name} sits {nearest.distance:.3f} from {nearest.model} (same-model threshold {limit:.3f}): "
-                f"probably the same model under another name")
-    return None
+    cal = answer_calibration(tx, exclude)
+    rate, neg_n, m = ranked[0]
+    n = -neg_n
+    k = cal.max_disagreements(n)
+    same = k >= 0 and round(rate * n) <= k
+    second = ranked[1] if len(ranked) > 1 else None
+    return Fingerprint(names[m], "same" if same else "not conclusive", "answers", n, round(rate, 4),
+                       None if k < 0 else round(k / n, 4), None, names[second[2]] if second else None,
+                       round(second[0], 4) if second else None, cal.closest_pair, cal.p_min)
+
+
+def by_embedding(tx: Tx, neighbours_, n: int) -> Fingerprint:
+    """neighbours_: the nearest registered models to the unknown's embedding (from n evaluations), nearest first.
+    "same" only under every distance between distinct models' embeddings from samples of that size."""
+    first = neighbours_[0]
+    second = neighbours_[1] if len(neighbours_) > 1 else None
+    cal = calibrate(tx, sample=max(16, min(int(n), 512)))
+    limit = None if cal is None else cal.distinct_min
+    same = limit is not None and first.distance < limit
+    return Fingerprint(first.model, "same" if same else "not conclusive", "embedding", 0, None, limit,
+                       first.distance, second.model if second else None, None)
+
+
+def duplicate_warning(tx: Tx, name: str, model_id: int) -> str | None:
+    """`register`'s same-model warning: the new model's answers pass the 1% test against another model."""
+    rows = evaluations.of_models(tx, [model_id])
+    f = by_answers(tx, rows["query_id"], rows["correct"], exclude={model_id})
+    if f is None or f.verdict != "same":
+        return None
+    return (f"{name} answers like {f.match}: {f.disagreement:.1%} disagreement on {f.shared_queries} shared queries "
+            f"(a distinct model reads that low in at most {f.alpha:.0%} of samples): probably the same model under "
+            f"another name")
+
+
+@dataclass
+class CalibrationReport:
+    """`fingerprint --calibration`: how each test decides "same"."""
+    answers: AnswerCalibration
+    answer_thresholds: dict            # shared queries n -> the largest disagreement rate that reads "same"
+    embedding: Calibration | None      # at the default sample size (None: too few models to calibrate)
+
+
+def calibration(tx: Tx, sample: int = 128, draws: int = 3) -> CalibrationReport:
+    from .errors import InputError
+
+    answers = answer_calibration(tx)
+    emb = calibrate(tx, sample=sample, draws=draws)
+    if answers.p_min is None and emb is None:
+        raise InputError(f"cannot calibrate: needs at least 2 models sharing {MIN_PAIR_SHARED} evaluated queries, "
+                         f"or 2 embedded models with {2 * sample} evaluations each")
+    return CalibrationReport(answers, answers.thresholds(), emb)
+
+
+def identify(tx: Tx, db_path: str, path: str, encoder_id: int, min_evaluations: int,
+             as_of: str | None = None) -> Fingerprint:
+    """`Registry.fingerprint`: the answers test where the file shares queries with registered models, else the
+    embedding test. Nothing is written."""
+    from . import ingest, neighbours
+
+    a = ingest.read_answers(tx, path)
+    found = by_answers(tx, a.query_ids, a.correct)
+    if found is not None:
+        return found
+    z, _ = embedding.embed_file(tx, path, encoders.load(tx, encoder_id)[0], min_evaluations)
+    n = int((~a.is_test).sum()) + len(a.new_texts)
+    return by_embedding(tx, neighbours.by_vector(tx, db_path, z, 2, encoder_id, as_of), n)

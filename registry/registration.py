@@ -59,14 +59,16 @@ def register(reg, name: str, evals: str, metadata: dict, k: int = 5, progress: b
             info = catalog.show(tx, name, reg.probation_min)
             o = onboarding.JobOutcome(name, "unchanged", info.version, info.embedded_from or 0)
         held_out = catalog.held_out(tx, name)
-        near, warning, status = [], None, "not embedded"
+        near, notes, status = [], [], "not embedded"
         if o.version is not None:
             near = neighbours.of_model(tx, reg.path, name, k, encoders.require_active(tx))
             status = "probation" if o.n_evaluations < reg.probation_min else "established"
-            warning = (fingerprint.duplicate_warning(tx, name, near) if status == "established" else
-                       f"on probation: embedded from {o.n_evaluations} evaluations, routing needs "
-                       f"{reg.probation_min} to choose it unasked; its neighbours and any same-model claim are "
-                       f"unreliable at this size")
+            notes = [] if status == "established" else [
+                f"on probation: embedded from {o.n_evaluations} evaluations, routing needs {reg.probation_min} to "
+                f"choose it unasked; its nearest models are uncertain at this size"]
+        model_id = tx.sql("SELECT id FROM models WHERE name = ?", [name])[0][0]
+        notes += [w for w in [fingerprint.duplicate_warning(tx, name, model_id)] if w]   # from its answers
+        warning = "; ".join(notes) or None
     return RegisterResult(name, o.version, o.outcome, o.n_evaluations, o.stability, near, warning,
                           imported.evaluations_added, imported.queries_added, held_out, status, changes,
                           changed[0] if changed else 0)

@@ -63,11 +63,13 @@ def test_similar_cli_mirrors_api_and_finds_a_registered_model_from_its_file(db_c
 def test_fingerprint_names_the_model_and_writes_nothing(db_copy, small_data, tmp_path):
     before = snapshot(db_copy)
     same = run_json(db_copy, "fingerprint", "--evals", evals_file(small_data, tmp_path, GPT))
-    assert same["match"] == GPT and same["verdict"] == "same" and same["distance"] <= same["threshold"]
+    assert same["match"] == GPT and same["verdict"] == "same" and same["method"] == "answers"
+    assert same["disagreement"] == 0.0 and same["shared_queries"] == 160 and same["disagreement"] <= same["threshold"]
     flipped = run_json(db_copy, "fingerprint", "--evals", evals_file(small_data, tmp_path, GPT, flip=True))
-    assert flipped["match"] != GPT   # every answer reversed: anything but the same model
+    assert flipped["match"] != GPT and flipped["verdict"] == "not conclusive"   # every answer reversed
     cal = run_json(db_copy, "fingerprint", "--calibration")
-    assert cal["threshold"] == same["threshold"] and cal["models"] >= 2 and 0 <= cal["same_below"] <= 1
+    assert cal["answers"]["p_min"] == same["p_min"] and len(cal["answers"]["closest_pair"]) == 2
+    assert cal["answer_thresholds"]["128"] is not None and cal["embedding"]["models"] >= 2
     assert snapshot(db_copy) == before
 
 

@@ -321,3 +321,46 @@ def test_diff_similar_stats_and_map_papercuts(db_copy, small_data, tmp_path):
     a = family_colours(["llama-2", "gpt-4o", "gemini"])
     b = family_colours(["llama-2", "gpt-4o", "gemini", "mistral", "qwen"])
     assert all(a[f] == b[f] for f in a) and len(set(b.values())) == 5
+
+
+# --- issue 15, item 3: fingerprints from shared answers ------------------------------------------------------------
+def test_fingerprint_from_shared_answers_is_calibrated_at_one_percent(db_copy, small_data, tmp_path):
+    """The "same" bar is the 1% quantile of Binomial(n, p_min), p_min the closest distinct pair's disagreement rate
+    recomputed here from the raw evaluations; a rerun with a tenth of its answers flipped is named; the verdict
+    shows its evidence."""
+    from scipy.stats import binom
+
+    rows = results_of(small_data, "Llama-2-13b-hf")
+    rng = np.random.default_rng(3)
+    flip = set(rng.choice(len(rows), len(rows) // 10, replace=False).tolist())
+    rerun = write_rows(tmp_path / "rerun.csv", [(q, 1 - c if i in flip else c) for i, (q, c) in enumerate(rows)])
+    with Registry(db_copy) as reg:
+        f = reg.fingerprint(str(rerun))
+    assert f.method == "answers" and f.match == "Llama-2-13b-hf" and f.shared_queries == len(rows)
+    assert f.disagreement == round(len(flip) / len(rows), 4)
+    con = duckdb.connect()
+    res = con.execute(f"SELECT model, question_id, correct::INT FROM read_csv('{small_data}/evaluations.csv.gz')"
+                      ).fetchall()
+    answers: dict[str, dict] = {}
+    for m, q, c in res:
+        answers.setdefault(m, {})[q] = c
+    names = sorted(answers)
+    rates = [np.mean([answers[a][q] != answers[b][q] for q in answers[a].keys() & answers[b].keys()])
+             for i, a in enumerate(names) for b in names[i + 1:]]
+    p_min = min(rates)
+    assert f.p_min == pytest.approx(p_min, abs=1e-6)
+    n = f.shared_queries
+    k = max(k for k in range(-1, n + 1) if k < 0 or binom.cdf(k, n, p_min) <= 0.01)
+    assert f.threshold == (None if k < 0 else round(k / n, 4))
+    assert f.verdict == ("same" if k >= 0 and round(f.disagreement * n) <= k else "not conclusive")
+    out = run(db_copy, "fingerprint", "--evals", str(rerun))
+    assert out.exit_code == 0 and "Llama-2-13b-hf" in out.output and "at most 1% of distinct models" in out.output
+
+
+def test_register_warns_of_a_duplicate_only_on_the_answers_test(db_copy, small_data, tmp_path):
+    twin = write_rows(tmp_path / "twin.csv", results_of(small_data, "Yi-34B"))
+    other = write_rows(tmp_path / "other.csv", [(q, 1 - c) for q, c in results_of(small_data, "Yi-34B")])
+    with Registry(db_copy) as reg:
+        assert "answers like Yi-34B" in reg.register("yi-twin", str(twin)).warning
+        r = reg.register("contrarian", str(other))
+        assert r.warning is None or "answers like" not in r.warning

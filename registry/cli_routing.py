@@ -177,9 +177,14 @@ def _availability(rows, as_json):
 @click.option("--port", default=8000, show_default=True)
 @click.option("--token", envvar="REGISTRY_TOKEN", help="Bearer token required by writing endpoints.")
 def serve(ctx, host, port, token):
-    """Serve the registry over HTTP (FastAPI); the server owns the database file while it runs."""
-    from .server import serve as run
+    """Serve the registry over HTTP (FastAPI); the server owns the database file while it runs. A non-loopback
+    address needs --token (or REGISTRY_TOKEN): open writes are never served to a network."""
+    from .server import is_loopback, serve as run
 
+    if not token and not is_loopback(host):
+        click.echo(f"Error: refusing to serve {host} without a token: writes would be open to the network; "
+                   f"give --token (or REGISTRY_TOKEN), or bind 127.0.0.1", err=True)
+        ctx.exit(2)
     obj = ctx.find_root().obj
     run(obj["db"], host=host, port=port, token=token, probation_min=obj.get("probation_min"))
 

@@ -94,6 +94,15 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
     # /docs from the package's own Swagger UI files (FastAPI's default fetches them from a CDN: blank offline)
     app = FastAPI(title="LLM model registry", version="1", description=__doc__, docs_url=None, redoc_url=None)
     app.state.registry = reg
+
+    @app.middleware("http")
+    async def _size_limit(request: Request, call_next):
+        """Bodies over MAX_BODY are refused before they are read (a clear 413, not a server out of memory)."""
+        size = request.headers.get("content-length")
+        if size is not None and (not size.isdigit() or int(size) > MAX_BODY):
+            return JSONResponse({"detail": f"request body over {MAX_BODY // (1 << 20)} MiB: send less (a results "
+                                           f"file in parts, say)"}, status_code=413)
+        return await call_next(request)
     _offline_docs(app)
 
     @app.on_event("shutdown")
@@ -126,6 +135,14 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
     @app.exception_handler(RegistryError)
     async def _re(_, exc):
         return JSONResponse({"detail": str(exc)}, status_code=409 if isinstance(exc, DatabaseLocked) else 400)
+
+    @app.exception_handler(Exception)
+    async def _internal(_, exc):   # a bug of ours: one line to the client, the trace to the server's log
+        import traceback
+
+        traceback.print_exception(exc)
+        return JSONResponse({"detail": f"internal error ({type(exc).__name__}); the server's log has the details"},
+                            status_code=500)
 
     @app.exception_handler(RequestValidationError)
     async def _ve(_, exc):
@@ -226,7 +243,13 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
         kind = (request.headers.get("content-type") or "").split(";")[0].strip().lower()
         if kind not in UPLOAD_TYPES:
             raise InputError(f"Content-Type {kind or '(none)'} not accepted; use one of {sorted(UPLOAD_TYPES)}")
-        data = await request.body()
+        chunks, size = [], 0
+        async for chunk in request.stream():     # a body without Content-Length is capped here too
+            size += len(chunk)
+            if size > MAX_BODY:
+                return JSONResponse({"detail": f"request body over {MAX_BODY // (1 << 20)} MiB"}, status_code=413)
+            chunks.append(chunk)
+        data = b"".join(chunks)
         if not data:
             raise InputError("empty upload")
         fd, path = tempfile.mkstemp(suffix=UPLOAD_TYPES[kind])
@@ -264,6 +287,21 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
             return _out(reg.mark_available(body.models, body.reason))
 
     return app
+
+
+MAX_BODY = 64 << 20       # bytes: the largest request body (an uploaded results file) the server reads
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding `host` keeps the server on this machine (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _offline_docs(app: FastAPI) -> None:

@@ -364,3 +364,24 @@ def test_register_warns_of_a_duplicate_only_on_the_answers_test(db_copy, small_d
         assert "answers like Yi-34B" in reg.register("yi-twin", str(twin)).warning
         r = reg.register("contrarian", str(other))
         assert r.warning is None or "answers like" not in r.warning
+
+
+# --- issue 13, item 5: safe by default ------------------------------------------------------------------------------
+def test_serve_refuses_an_open_network_bind_and_bounds_bodies(db_copy):
+    from fastapi.testclient import TestClient
+
+    from registry import server
+
+    out = run(db_copy, "serve", "--host", "0.0.0.0", env={"REGISTRY_TOKEN": ""})
+    assert out.exit_code == 2 and "refusing to serve 0.0.0.0 without a token" in out.output
+    assert len(out.output.strip().splitlines()) == 1
+    assert server.is_loopback("127.0.0.1") and server.is_loopback("::1") and server.is_loopback("localhost")
+    assert not server.is_loopback("0.0.0.0") and not server.is_loopback("10.1.2.3")
+    with TestClient(server.create_app(str(db_copy), token="t")) as c:
+        big = c.post("/models/x/evaluations", content=b"q" * (server.MAX_BODY + 1),
+                     headers={"Authorization": "Bearer t", "Content-Type": "text/csv"})
+        assert big.status_code == 413 and "request body over" in big.json()["detail"]
+        bad = c.post("/route", content=b"{not json", headers={"Content-Type": "application/json"})
+        assert bad.status_code == 400 and bad.json()["detail"].startswith("bad JSON")
+        typed = c.post("/route", json={"text": ["a list"]})
+        assert typed.status_code == 422 and "text" in typed.json()["detail"]

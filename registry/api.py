@@ -238,7 +238,7 @@ class Registry:
 
         return geometry.pool(tx, self.path, encoders.require_active(tx, as_of), as_of)
 
-    def portfolio(self, k: int | None = None, method: str = "kmedoids", max_params: float | None = None,
+    def portfolio(self, k: int | None = None, method: str | None = None, max_params: float | None = None,
                   max_cost: float | None = None, require=(), exclude=(), target: float | None = None,
                   seed: int = 0, as_of: str | None = None):
         """A few models covering the embedding space (`portfolio.Portfolio`); with `target`, the smallest k whose

@@ -71,7 +71,9 @@ def fingerprint(ctx, evals, show_calibration, as_json):
 
 @command()
 @click.option("-k", type=int, help="Portfolio size.")
-@click.option("--method", type=click.Choice(["kmedoids", "kcenter"]), default="kmedoids", show_default=True)
+@click.option("--method", type=click.Choice(["kmedoids", "kcenter", "routing"]), default=None,
+              help="Cover the embedding space (kmedoids, the default with -k; kcenter) or keep the routing (greedy "
+                   "by routing value on the validation queries, the default with --target).")
 @click.option("--max-params", type=float, help="Only models of at most this many parameters (billions).")
 @click.option("--max-cost", type=float, help="Only models costing at most this much.")
 @click.option("--require", multiple=True, help="A model that must be in the portfolio (repeatable).")

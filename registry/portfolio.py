@@ -164,10 +164,29 @@ def kmedoids_members(vectors: np.ndarray, k: int, eligible: np.ndarray, required
                   f"{KMEDOIDS_SAMPLE}, best total distance over all models kept")
 
 
+METHODS = ("kmedoids", "kcenter", "routing")
+
+
+def routing_members(value: np.ndarray, k: int, eligible: np.ndarray, required: np.ndarray) -> list[int]:
+    """Greedy by routing value: start from the required models, then add the eligible model that raises the pool's
+    predicted routing accuracy most, mean over queries of max P(correct) among the members (value [M,N]: predicted
+    P(correct) on the selection queries; no answers are used). Covering methods put two close but complementary
+    models (gpt-4o and gemini-1.5-pro) in one cluster; this keeps both when the router needs both."""
+    members = [int(r) for r in required]
+    best = value[members].max(axis=0) if members else np.zeros(value.shape[1])
+    while len(members) < k:
+        gains = np.where(eligible, np.maximum(value, best[None]).mean(axis=1), -np.inf)
+        gains[members] = -np.inf
+        m = int(np.argmax(gains))
+        members.append(m)
+        best = np.maximum(best, value[m])
+    return members
+
+
 def select(p: Pool, k: int, method: str, eligible: np.ndarray, required: np.ndarray,
-           seed: int = 0) -> tuple[list[int], str | None]:
-    if method not in ("kmedoids", "kcenter"):
-        raise InputError(f"unknown method {method!r}: use kmedoids or kcenter")
+           seed: int = 0, value: np.ndarray | None = None) -> tuple[list[int], str | None]:
+    if method not in METHODS:
+        raise InputError(f"unknown method {method!r}: use {', '.join(METHODS)}")
     n_ok = int(eligible.sum())
     if k < 1:
         raise InputError(f"k must be at least 1, got {k}")
@@ -178,6 +197,9 @@ def select(p: Pool, k: int, method: str, eligible: np.ndarray, required: np.ndar
         raise InputError(f"k={k} is smaller than the {len(required)} required models")
     if method == "kcenter":
         return kcenter(p.vectors, k, eligible, required), None
+    if method == "routing":
+        return routing_members(value, k, eligible, required), ("greedy by predicted routing accuracy on the "
+                                                               "validation queries")
     return kmedoids_members(p.vectors, k, eligible, required, seed)
 
 
@@ -199,7 +221,7 @@ def hit1(probs: np.ndarray, correct: np.ndarray, members) -> float:
 
 
 def smallest_reaching(p: Pool, method: str, eligible, required, probs, correct, target: float,
-                      seed: int = 0) -> Portfolio:
+                      seed: int = 0, value: np.ndarray | None = None) -> Portfolio:
     """The smallest k whose routing accuracy reaches `target` times the whole pool's."""
     if not 0 < target <= 1:
         raise InputError(f"--target must be a share in (0, 1], got {target}")
@@ -207,7 +229,7 @@ def smallest_reaching(p: Pool, method: str, eligible, required, probs, correct, 
         raise InputError("no test queries with evaluations: --target needs a test split (query_splits)")
     full = hit1(probs, correct, np.arange(len(p.names)))
     for k in range(max(1, len(required)), int(eligible.sum()) + 1):
-        members, note = select(p, k, method, eligible, required, seed)
+        members, note = select(p, k, method, eligible, required, seed, value)
         acc = hit1(probs, correct, members)
         if acc >= target * full - 1e-12:
             break
@@ -219,7 +241,7 @@ def smallest_reaching(p: Pool, method: str, eligible, required, probs, correct, 
     return out
 
 
-def answer(tx, p: Pool, k: int | None = None, method: str = "kmedoids", max_params: float | None = None,
+def answer(tx, p: Pool, k: int | None = None, method: str | None = None, max_params: float | None = None,
            max_cost: float | None = None, require=(), exclude=(), target: float | None = None, seed: int = 0):
     """`Registry.portfolio`: k members by `method`, or with `target` the smallest k whose predicted routing on the
     test split keeps that share of the pool's accuracy."""
@@ -227,11 +249,20 @@ def answer(tx, p: Pool, k: int | None = None, method: str = "kmedoids", max_para
 
     if k is None and target is None:
         raise InputError("give k or a target share (e.g. --target 0.99)")
+    method = method or ("routing" if target is not None else "kmedoids")   # --target keeps the routing
     meta = {n: (pb, c) for n, pb, c in tx.sql("SELECT name, params_b, cost FROM models")}
     ok, req = eligibility(p, meta, exclude, require, max_params, max_cost)
+    value = None
+    if method == "routing":   # chosen on the validation queries' predictions; test answers only score it
+        val = np.array([r[0] for r in tx.sql("SELECT query_id FROM query_splits WHERE split = 'val' ORDER BY 1")],
+                       dtype=np.int64)
+        if not len(val):
+            raise InputError("--method routing chooses on the validation split: the registry has none "
+                             "(`registry draw-splits`)")
+        value = geometry.predicted(tx, p.encoder_id, p.vectors, val)
     if target is None:
-        members, note = select(p, k, method, ok, req, seed)
+        members, note = select(p, k, method, ok, req, seed, value)
         return describe(p, members, method, note)
     qids, correct = geometry.test_outcomes(tx, p.model_ids)
     probs = geometry.predicted(tx, p.encoder_id, p.vectors, qids)
-    return smallest_reaching(p, method, ok, req, probs, correct, target, seed)
+    return smallest_reaching(p, method, ok, req, probs, correct, target, seed, value)

@@ -195,3 +195,23 @@ def test_index_sidecar_of_a_rebuilt_database_is_not_reused(base_db, tmp_path):
     assert vi.stamp == stamp
     with Registry(path) as reg:
         assert [n.model for n in reg.similar("gemma-7b", k=3)] == first
+
+
+def test_portfolio_by_routing_value_keeps_the_routing(db_copy):
+    """--target defaults to the greedy routing-value method: chosen on validation predictions, scored on test, and
+    never larger than the covering methods' portfolio for the same share; the greedy step recomputes by hand."""
+    from registry import geometry, portfolio
+
+    by_routing = run_json(db_copy, "portfolio", "--target", 0.99)
+    by_cover = run_json(db_copy, "portfolio", "--target", 0.99, "--method", "kmedoids")
+    assert by_routing["method"] == "routing" and by_routing["share_of_pool"] >= 0.99
+    assert by_routing["k"] <= by_cover["k"]
+    with Registry(db_copy) as reg, reg.store.tx() as tx:
+        p = reg._pool(tx)
+        val = np.array([r[0] for r in tx.sql("SELECT query_id FROM query_splits WHERE split = 'val' ORDER BY 1")])
+        value = geometry.predicted(tx, p.encoder_id, p.vectors, val)
+    first = int(np.argmax(value.mean(axis=1)))                   # one model: the best mean predicted P(correct)
+    second = int(np.argmax([np.maximum(value[first], value[m]).mean() if m != first else -1
+                            for m in range(len(p.names))]))
+    members = portfolio.routing_members(value, 2, np.ones(len(p.names), bool), np.array([], int))
+    assert members == [first, second]

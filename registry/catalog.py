@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from . import availability, encoders, evidence
 from .errors import unknown_model
-from .evaluations import CURRENT
+from .evaluations import CURRENT, current
 from .store import Tx
 
 
@@ -48,29 +48,48 @@ class Stats:
     unsplit_queries: int = 0  # queries without a train/val/test split (`registry draw-splits` gives them one)
 
 
-_INFO = f"""SELECT m.name, count(e.query_id), avg(e.correct::INT), m.family, m.provider, m.params_b, m.cost,
-                   m.open_weights, m.tags::VARCHAR, m.created::VARCHAR
-            FROM models m LEFT JOIN {CURRENT} e ON e.model_id = m.id"""
-
-
 def names(tx: Tx) -> list[str]:
     return [r[0] for r in tx.sql("SELECT name FROM models")]
 
 
-def models(tx: Tx, probation_min: int) -> list[ModelInfo]:
-    rows = tx.sql(f"{_INFO} GROUP BY ALL ORDER BY m.name")
+def models(tx: Tx, probation_min: int, stats: dict | None = None) -> list[ModelInfo]:
+    """Every model; `stats` ({model id: (evaluations, accuracy)}, from `evaluation_stats`) saves reading them."""
+    stats = evaluation_stats(tx) if stats is None else stats
     state = _state(tx)
-    return [_with_state(_info(ModelInfo, r), state, probation_min) for r in rows]
+    out = []
+    for mid, *meta in tx.sql("""SELECT id, name, family, provider, params_b, cost, open_weights, tags::VARCHAR,
+                                       created::VARCHAR FROM models ORDER BY name"""):
+        n, acc = stats.get(mid, (0, None))
+        out.append(_with_state(_info(ModelInfo, [meta[0], n, acc, *meta[1:]]), state, probation_min))
+    return out
+
+
+def evaluation_stats(tx: Tx, model_ids=None) -> dict[int, tuple[int, float | None]]:
+    """{model id: (current evaluations, accuracy)} for every model, or only `model_ids`."""
+    return {m: (int(n), a) for m, n, a in tx.sql(
+        f"SELECT model_id, count(*), avg(correct::INT) FROM {current(model_ids=model_ids)} GROUP BY model_id")}
+
+
+def newest_batch(tx: Tx) -> int:
+    return int(tx.sql("SELECT coalesce(max(batch_id), 0) FROM evaluations")[0][0])
+
+
+def models_since(tx: Tx, batch: int) -> list[int]:
+    """The models with evaluations from batches after `batch` (what a cache of `evaluation_stats` must re-read)."""
+    return [r[0] for r in tx.sql("SELECT DISTINCT model_id FROM evaluations WHERE batch_id > ?", [batch])]
 
 
 def show(tx: Tx, name: str, probation_min: int) -> ModelDetail:
-    rows = tx.sql(f"{_INFO} WHERE m.name = ? GROUP BY ALL", [name])
-    if not rows:
+    mid = tx.sql("SELECT id FROM models WHERE name = ?", [name])
+    if not mid:
         raise unknown_model(name, names(tx))
+    mine = current(model_ids=[mid[0][0]])
+    rows = tx.sql(f"""SELECT m.name, count(e.query_id), avg(e.correct::INT), m.family, m.provider, m.params_b, m.cost,
+                             m.open_weights, m.tags::VARCHAR, m.created::VARCHAR
+                      FROM models m LEFT JOIN {mine} e ON e.model_id = m.id WHERE m.name = ? GROUP BY ALL""", [name])
     detail = _with_state(_info(ModelDetail, rows[0]), _state(tx), probation_min)
     cats = tx.sql(f"""SELECT coalesce(q.category, '(none)'), count(*), avg(e.correct::INT)
-                      FROM {CURRENT} e JOIN models m ON m.id = e.model_id JOIN queries q ON q.id = e.query_id
-                      WHERE m.name = ? GROUP BY 1 ORDER BY 1""", [name])
+                      FROM {mine} e JOIN queries q ON q.id = e.query_id GROUP BY 1 ORDER BY 1""")
     detail.per_category = {c: {"evaluations": n, "accuracy": round(a, 4)} for c, n, a in cats}
     detail.batches = [r[0] for r in tx.sql("""SELECT DISTINCT e.batch_id FROM evaluations e
                                               JOIN models m ON m.id = e.model_id WHERE m.name = ? ORDER BY 1""",
@@ -115,6 +134,6 @@ def _info(cls, row):
 
 def held_out(tx: Tx, name: str) -> int:
     """A model's current evaluations on test queries: kept, never embedded."""
-    return int(tx.sql(f"""SELECT count(*) FROM {CURRENT} e JOIN models m ON m.id = e.model_id
-                          JOIN query_splits s ON s.query_id = e.query_id
-                          WHERE m.name = ? AND s.split = 'test'""", [name])[0][0])
+    mid = tx.sql("SELECT id FROM models WHERE name = ?", [name])[0][0]
+    return int(tx.sql(f"""SELECT count(*) FROM {current(model_ids=[mid])} e
+                          JOIN query_splits s ON s.query_id = e.query_id WHERE s.split = 'test'""")[0][0])

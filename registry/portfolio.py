@@ -266,3 +266,26 @@ def answer(tx, p: Pool, k: int | None = None, method: str | None = None, max_par
     qids, correct = geometry.test_outcomes(tx, p.model_ids)
     probs = geometry.predicted(tx, p.encoder_id, p.vectors, qids)
     return smallest_reaching(p, method, ok, req, probs, correct, target, seed, value)
+
+
+def with_share(tx, p: Pool, k: int, method: str = "routing", seed: int = 0) -> Portfolio:
+    """k members by `method` (no constraints) with the share of the pool's test routing accuracy they keep."""
+    from . import geometry
+
+    ok, req = np.ones(len(p.names), dtype=bool), np.array([], dtype=int)
+    value = None
+    if method == "routing":
+        val = np.array([r[0] for r in tx.sql("SELECT query_id FROM query_splits WHERE split = 'val' ORDER BY 1")],
+                       dtype=np.int64)
+        if not len(val):
+            raise InputError("the routing method chooses on the validation split: the registry has none")
+        value = geometry.predicted(tx, p.encoder_id, p.vectors, val)
+    members, note = select(p, min(k, len(p.names)), method, ok, req, seed, value)
+    out = describe(p, members, method, note)
+    qids, correct = geometry.test_outcomes(tx, p.model_ids)
+    if correct.shape[1]:
+        probs = geometry.predicted(tx, p.encoder_id, p.vectors, qids)
+        acc, full = hit1(probs, correct, members), hit1(probs, correct, np.arange(len(p.names)))
+        out.accuracy, out.pool_accuracy = round(acc, 4), round(full, 4)
+        out.share_of_pool = round(acc / full, 4) if full else None
+    return out

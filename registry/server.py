@@ -27,6 +27,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
+from . import web
 from .api import Registry
 from .errors import DatabaseLocked, InputError, NotFound, RegistryError
 
@@ -104,6 +105,7 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
                                            f"file in parts, say)"}, status_code=413)
         return await call_next(request)
     _offline_docs(app)
+    web.mount(app, reg, token)      # the pages at / (web.py)
 
     @app.on_event("shutdown")
     def _close():

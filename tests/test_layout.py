@@ -17,9 +17,10 @@ LAYERS = [
     ("embedding", {"embedding", "index", "evidence"}),
     ("versions", {"onboarding"}),
     ("answers", {"catalog", "neighbours", "versions", "registration", "geometry", "fingerprint", "portfolio",
-                 "fallback", "maps", "routing", "frontier", "baselines", "evaluation", "training"}),
+                 "fallback", "maps", "routing", "frontier", "baselines", "evaluation", "training",
+                 "heldout"}),
     ("facade", {"api", "__init__"}),
-    ("interfaces", {"cli", "cli_common", "server", "__main__"}),
+    ("interfaces", {"cli", "cli_common", "server", "web", "__main__"}),
 ]
 
 

@@ -1,0 +1,164 @@
+"""The web pages in a real browser: Debian's Chromium driven by Playwright against a real `registry serve` process on
+loopback. Clicks from the home page to a model, to a neighbour, to a version diff; the route box; the portfolio and
+fingerprint views; a write without and with the token. Fails if any request leaves the server's origin. Screenshots
+of each page go to build/screenshots/ (not committed)."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import httpx
+import pytest
+
+from registry import Registry
+
+pytestmark = pytest.mark.slow      # a browser and a server process
+
+CHROMIUM = "/usr/bin/chromium"
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run"]
+SHOTS = Path(__file__).resolve().parents[1] / "build" / "screenshots"
+TOKEN = "web-secret"
+GPT = "gpt-4o-2024-05-13"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def site(base_db, small_data, tmp_path_factory):
+    """A served registry in which GPT's nearest model has two versions (so there is a diff to click to)."""
+    if not Path(CHROMIUM).exists():   # fail, not skip: .ci/run installs it
+        pytest.fail(f"{CHROMIUM} not found: `apt-get install chromium` (.ci/run does)")
+    tmp = tmp_path_factory.mktemp("web")
+    db = tmp / "registry.duckdb"
+    shutil.copy(base_db, db)
+    with Registry(db) as reg:
+        neighbour = reg.similar(GPT, k=1)[0].model
+        rows = duckdb.sql(f"""SELECT question_id, 1 - correct AS correct FROM read_csv('{small_data}/evaluations.csv.gz')
+                              WHERE model = '{neighbour}' ORDER BY question_id LIMIT 40""").fetchall()
+        f = tmp / "more.csv"
+        f.write_text("question_id,correct\n" + "".join(f"{q},{c}\n" for q, c in rows))
+        reg.register(neighbour, str(f), update=True)
+        assert len(reg.history(neighbour).versions) == 2
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "registry", "--db", str(db), "serve", "--port", str(port),
+                             "--token", TOKEN], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    origin = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 90
+    while True:
+        try:
+            if httpx.get(origin + "/health", timeout=5).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            pytest.fail(f"server did not start: {proc.stdout.read()}")
+        time.sleep(0.3)
+    yield origin, neighbour, small_data
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def browser_page(site):
+    from playwright.sync_api import sync_playwright
+
+    origin = site[0]
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        page = browser.new_page(viewport={"width": 1100, "height": 800})
+        outside: list[str] = []
+        page.on("request", lambda r: None if r.url.startswith(origin + "/") or r.url.startswith("data:")
+                else outside.append(r.url))
+        yield page, outside
+        browser.close()
+
+
+def test_home_model_neighbour_and_diff(site, browser_page):
+    origin, neighbour, _ = site
+    page, outside = browser_page
+    page.goto(origin + "/")
+    assert page.locator("h1").inner_text() == "31 models"
+    assert page.locator("svg#map circle").count() == 31
+    page.screenshot(path=str(SHOTS / "home.png"))
+    page.fill("#filter", "llama-2")
+    visible = [r for r in page.locator("#models tbody tr").all() if r.is_visible()]
+    assert len(visible) == 3
+    page.fill("#filter", "")
+    page.locator("#models th", has_text="accuracy").click()        # sort by accuracy: ascending, then descending
+    page.locator("#models th", has_text="accuracy").click()
+    first = page.locator("#models tbody tr").first.locator("td").nth(4).inner_text()
+    assert float(first) == max(float(t) for t in page.locator("#models tbody tr td:nth-child(5)").all_inner_texts())
+    page.click(f"#models a:text-is('{GPT}')")
+    assert page.locator("h1").inner_text() == GPT and "Per category" in page.content()
+    assert page.locator("#fallback li").count() == 5
+    page.screenshot(path=str(SHOTS / "model.png"), full_page=True)
+    page.click(f"#neighbours a:text-is('{neighbour}')")
+    assert page.locator("h1").inner_text() == neighbour
+    assert page.locator("#versions tbody tr").count() == 2
+    page.click("#diff-button")
+    assert "version 1 → 2" in page.locator("h1").inner_text() and page.locator("#moved").inner_text().startswith("moved")
+    page.screenshot(path=str(SHOTS / "diff.png"), full_page=True)
+    assert outside == []
+
+
+def test_route_box_portfolio_and_fingerprint(site, browser_page, tmp_path):
+    origin, _, small_data = site
+    page, outside = browser_page
+    page.goto(origin + "/ui/route")
+    page.fill("#question", "Which enzyme unwinds the DNA double helix?")
+    page.click("#route-button")
+    chosen = page.locator("#chosen b").inner_text()
+    assert chosen and page.locator("#candidates tr.chosen").count() == 1
+    assert page.locator("#candidates tbody tr").count() == 31 and page.locator("#candidates .bar").count() >= 31
+    page.screenshot(path=str(SHOTS / "route.png"), full_page=True)
+    page.goto(origin + "/ui/portfolio")
+    page.fill("#k", "2")
+    page.select_option("#method", "routing")
+    page.click("#portfolio-button")
+    assert page.locator("#members tbody tr").count() == 2 and "% of the whole pool" in page.locator("#share").inner_text()
+    page.screenshot(path=str(SHOTS / "portfolio.png"))
+    f = tmp_path / "unknown.csv"
+    f.write_text("question_id,correct\n" + "".join(
+        f"{q},{c}\n" for q, c in duckdb.sql(f"""SELECT question_id, correct::INT FROM
+            read_csv('{small_data}/evaluations.csv.gz') WHERE model = '{GPT}'""").fetchall()))
+    page.goto(origin + "/ui/fingerprint")
+    page.set_input_files("#fp-file", str(f))
+    page.click("#fp-button")
+    page.wait_for_selector("#verdict")
+    assert page.locator("#verdict").inner_text() == f"same: {GPT}"
+    page.screenshot(path=str(SHOTS / "fingerprint.png"))
+    assert outside == []
+
+
+def test_writes_take_the_token_and_say_when_it_is_missing(site, browser_page):
+    origin, _, _ = site
+    page, outside = browser_page
+    page.goto(origin + "/ui/models/Yi-6B")
+    page.evaluate("sessionStorage.clear()")
+    page.reload()
+    page.click("button.write")
+    assert "needs its token" in page.locator("#status").inner_text()
+    assert page.locator("#availability").inner_text() == "yes"
+    page.fill("#token", "wrong")
+    page.dispatch_event("#token", "change")
+    page.click("button.write")
+    page.wait_for_function("document.getElementById('status').textContent.includes('refused')")
+    page.fill("#token", TOKEN)
+    page.dispatch_event("#token", "change")
+    with page.expect_navigation():
+        page.click("button.write")
+    assert page.locator("#availability").inner_text() == "no"
+    assert outside == []

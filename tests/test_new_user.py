@@ -211,13 +211,15 @@ def test_calibration_draws_of_a_model_do_not_depend_on_the_others(db_copy):
 
 @pytest.mark.slow
 def test_calibration_is_deterministic_across_processes(db_copy, small_data, tmp_path):
-    code = "import sys; from registry import Registry; print(Registry(sys.argv[1]).calibration().threshold)"
+    code = ("import sys; from registry import Registry; c = Registry(sys.argv[1]).calibration(); "
+            "print(c.answers.p_min, c.answer_thresholds['128'], c.embedding.threshold)")
     got = {subprocess.run([sys.executable, "-c", code, str(db_copy)], capture_output=True, text=True,
                           check=True).stdout.strip() for _ in range(2)}
     assert len(got) == 1
     with Registry(db_copy) as reg:   # a model too small to calibrate on does not move it
         reg.register("invented-strong", str(invented(small_data, tmp_path)))
-        assert str(reg.calibration().threshold) in got
+        c = reg.calibration()
+        assert f"{c.answers.p_min} {c.answer_thresholds['128']} {c.embedding.threshold}" in got
 
 
 # --- 10-12. papercuts: missing files, did-you-mean, hints that exist ----------------------------------------------

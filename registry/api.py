@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-from . import (availability, catalog, embedding, encoders, evidence, index, ingest, neighbours, onboarding,
-               outbox, routing, splits, versions)
+from . import (availability, catalog, embedding, encoders, endpoints, evidence, fallback, fingerprint, geometry,
+               index, ingest, maps, neighbours, onboarding, outbox, portfolio, routing, splits, vectors, versions)
 from .errors import InputError, NotFound
 from .neighbours import Neighbour
 from .store import Store, Tx
@@ -60,15 +60,11 @@ class Registry:
 
     def export_vectors(self, path: str, source: str | None = None, dtype: str = "float32"):
         """Write the query text vectors to a Parquet file other registries import (`vectors.VectorsResult`)."""
-        from . import vectors
-
         with self.store.tx() as tx:
             return vectors.export(tx, path, source, dtype)
 
     def import_vectors(self, path: str):
         """Add a vector file's vectors, checked whole first: a bad file changes nothing (`vectors.VectorsResult`)."""
-        from . import vectors
-
         with self.store.tx() as tx:
             return vectors.load(tx, path)
 
@@ -185,7 +181,7 @@ class Registry:
         self._finish_pending()
         with self.store.tx() as tx:
             return evaluation.evaluate(tx, split, baselines=baselines, sample_efficiency=sample_efficiency,
-                                       seeds=seeds, probation_min=self.probation_min)
+                                       seeds=5 if seeds is None else seeds, probation_min=self.probation_min)
 
     # --- reading: models, neighbours, the embedding space ----------------------------------------------------
     def models(self) -> list[catalog.ModelInfo]:
@@ -219,8 +215,6 @@ class Registry:
         """Is the endpoint behind these results one of the registered models? "same" only when at most 1% of
         distinct models would pass; from shared answers where there are any, else from the embedding; the evidence
         comes with it (`fingerprint.Fingerprint`). Nothing is written."""
-        from . import fingerprint, geometry
-
         with self.store.tx() as tx:
             encoder_id = encoders.require_active(tx, as_of)
             geometry.pool(tx, self.path, encoder_id, as_of)  # an empty registry fails here, before the file is read
@@ -228,14 +222,10 @@ class Registry:
 
     def calibration(self, sample: int = 128, draws: int = 3):
         """How the fingerprint tests decide "same" (`fingerprint.CalibrationReport`)."""
-        from . import fingerprint
-
         with self.store.tx() as tx:
             return fingerprint.calibration(tx, sample, draws)
 
     def _pool(self, tx: Tx, as_of: str | None = None):
-        from . import geometry
-
         return geometry.pool(tx, self.path, encoders.require_active(tx, as_of), as_of)
 
     def portfolio(self, k: int | None = None, method: str | None = None, max_params: float | None = None,
@@ -243,8 +233,6 @@ class Registry:
                   seed: int = 0, as_of: str | None = None):
         """A few models covering the embedding space (`portfolio.Portfolio`); with `target`, the smallest k whose
         routing accuracy on the test split reaches that share of the whole pool's."""
-        from . import portfolio
-
         with self.store.tx() as tx:
             return portfolio.answer(tx, self._pool(tx, as_of), k, method, max_params, max_cost, require, exclude,
                                     target, seed)
@@ -252,29 +240,21 @@ class Registry:
     def fallback(self, model: str, unavailable=(), k: int = 5, as_of: str | None = None):
         """Substitutes for a model that is down, nearest first, skipping the models marked unavailable and those
         named in `unavailable` (`fallback.Chain`)."""
-        from . import fallback
-
         with self.store.tx() as tx:
             return fallback.for_model(tx, self.path, self._pool(tx, as_of), model, unavailable, k, as_of)
 
     def fallback_all(self, unavailable=(), k: int = 5, as_of: str | None = None):
         """Every model's fallback chain, in one batched search (`fallback.Chains`): what a gateway loads."""
-        from . import fallback
-
         with self.store.tx() as tx:
             return fallback.for_all(tx, self.path, self._pool(tx, as_of), unavailable, k, as_of)
 
     def map(self, out: str = "map.png", seed: int = 0, as_of: str | None = None):
         """Draw the embeddings in 2-D (t-SNE; PCA for tiny registries), coloured by family (`maps.MapResult`)."""
-        from . import maps
-
         with self.store.tx() as tx:
             return maps.render(self._pool(tx, as_of), dict(tx.sql("SELECT name, family FROM models")), out, seed)
 
     def geometry(self, min_shared: int = 10, as_of: str | None = None):
         """Pearson and Spearman correlation of embedding distance with disagreement on test queries."""
-        from . import geometry
-
         with self.store.tx() as tx:
             return geometry.correlation(tx, self._pool(tx, as_of), min_shared)
 
@@ -319,6 +299,20 @@ class Registry:
     def availability(self) -> list[availability.Availability]:
         with self.store.tx() as tx:
             return availability.listing(tx)
+
+    def endpoints(self) -> list[endpoints.Endpoint]:
+        with self.store.tx() as tx:
+            return list(endpoints.current(tx).values())
+
+    def set_endpoint(self, model: str, base_url: str, upstream_model: str | None = None,
+                     api_key_env: str | None = None) -> endpoints.Endpoint:
+        """Where the routing proxy forwards MODEL's requests; the API key stays in the environment (proxy.py)."""
+        with self.store.tx() as tx:
+            return endpoints.set_endpoint(tx, model, base_url, upstream_model, api_key_env)
+
+    def remove_endpoint(self, model: str) -> None:
+        with self.store.tx() as tx:
+            endpoints.remove(tx, model)
 
     def routing_log(self, since: str | None = None, limit: int | None = None,
                     oldest: bool = False) -> list[routing.LogEntry]:

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from .cli_common import command, emit_json, num, open_registry, table
+from .cli_common import command, emit_json, group, num, open_registry, table
 
 CHUNK = 256  # texts per batch call: the progress bar moves per chunk; each chunk is one transaction and one log insert
 
@@ -189,4 +189,40 @@ def serve(ctx, host, port, token):
     run(obj["db"], host=host, port=port, token=token, probation_min=obj.get("probation_min"))
 
 
-COMMANDS = [route, log_, mark_unavailable, mark_available, serve]
+@group(json=True, invoke_without_command=True)
+def endpoints(ctx, as_json):
+    """Where the routing proxy (/v1/chat/completions) forwards each model's requests (subcommands: set, remove)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    rows = open_registry(ctx).endpoints()
+    if as_json:
+        return emit_json(rows)
+    table([[e.model, e.base_url, e.upstream_model, e.api_key_env or ""] for e in rows],
+          ["model", "base URL", "upstream model", "API key from"])
+
+
+@command("set", group=endpoints)
+@click.argument("model")
+@click.option("--base-url", required=True, help="OpenAI-compatible base URL, e.g. https://api.example.com/v1")
+@click.option("--upstream-model", help="The model id the upstream knows (default: the registry's name).")
+@click.option("--api-key-env", help="The NAME of the environment variable holding the API key (read per request).")
+def endpoints_set(ctx, model, base_url, upstream_model, api_key_env, as_json):
+    """Set MODEL's endpoint (the API key itself is never stored: only the variable's name)."""
+    e = open_registry(ctx).set_endpoint(model, base_url, upstream_model, api_key_env)
+    if as_json:
+        return emit_json(e)
+    click.echo(f"{e.model} -> {e.base_url} as {e.upstream_model}" + (f" (key from ${e.api_key_env})" if e.api_key_env
+                                                                       else ""))
+
+
+@command("remove", group=endpoints)
+@click.argument("model")
+def endpoints_remove(ctx, model, as_json):
+    """Remove MODEL's endpoint: the proxy no longer sends it requests."""
+    open_registry(ctx).remove_endpoint(model)
+    if as_json:
+        return emit_json({"removed": model})
+    click.echo(f"{model}: endpoint removed")
+
+
+COMMANDS = [route, log_, mark_unavailable, mark_available, serve, endpoints]

@@ -177,6 +177,18 @@ class ModelAvailability(Base):
     created: Mapped[datetime] = mapped_column(DateTime, server_default=func.now(), nullable=False)
 
 
+class ModelEndpoint(Base):
+    """Append-only: the newest row per model says where the routing proxy sends its requests (base_url NULL: none).
+    The API key is never stored: only the name of the environment variable that holds it."""
+    __tablename__ = "model_endpoints"
+    id: Mapped[int] = _id("model_endpoints_id_seq")
+    model_id: Mapped[int] = mapped_column(Integer, nullable=False)
+    base_url: Mapped[str | None] = mapped_column(String)
+    upstream_model: Mapped[str | None] = mapped_column(String)
+    api_key_env: Mapped[str | None] = mapped_column(String)
+    created: Mapped[datetime] = mapped_column(DateTime, server_default=func.now(), nullable=False)
+
+
 class RoutingLog(Base):
     """One row per routed query (bulk-appended with Arrow for a batch). Model names, not ids: the log must read the
     same after a model is renamed or gone."""

@@ -27,7 +27,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from . import web
+from . import proxy, web
 from .api import Registry
 from .errors import DatabaseLocked, InputError, NotFound, RegistryError
 
@@ -106,6 +106,7 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
         return await call_next(request)
     _offline_docs(app)
     web.mount(app, reg, token)      # the pages at / (web.py)
+    proxy.mount(app, reg, write_lock)   # the OpenAI-compatible routing proxy at /v1 (proxy.py)
 
     @app.on_event("shutdown")
     def _close():

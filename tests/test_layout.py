@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "registry"
 # Lowest first. A module may import modules of its own layer or of lower ones.
 LAYERS = [
     ("foundation", {"errors", "textvec", "schema", "store"}),
-    ("stored rules", {"evaluations", "outbox", "availability", "querycache"}),
+    ("stored rules", {"evaluations", "outbox", "availability", "endpoints", "querycache"}),
     ("files in", {"ingest", "splits", "vectors", "route_files"}),
     ("the network", {"encoder", "checkpoint", "encoders"}),
     ("embedding", {"embedding", "index", "evidence"}),
@@ -20,7 +20,7 @@ LAYERS = [
                  "fallback", "maps", "routing", "frontier", "baselines", "evaluation", "training",
                  "heldout"}),
     ("facade", {"api", "__init__"}),
-    ("interfaces", {"cli", "cli_common", "server", "web", "__main__"}),
+    ("interfaces", {"cli", "cli_common", "server", "web", "proxy", "__main__"}),
 ]
 
 

@@ -1,0 +1,121 @@
+"""The OpenAI-compatible routing proxy (issue 13, item 4) against a small fake upstream that the test starts on
+loopback (a real uvicorn server on a free port) and that fails on demand: routing, fallback along the chain, named
+models, streaming pass-through, keys from the environment, endpoints through the CLI."""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+import uvicorn
+from click.testing import CliRunner
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.testclient import TestClient
+
+from registry import Registry
+from registry.cli import cli
+from registry.server import create_app
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def upstream():
+    """A fake OpenAI upstream: answers "from <model>", fails with 500 for the models in `failing`, records the
+    requests it got (model, Authorization header)."""
+    app = FastAPI()
+    state = {"failing": set(), "seen": []}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        body = await request.json()
+        state["seen"].append((body["model"], request.headers.get("authorization")))
+        if body["model"] in state["failing"]:
+            return JSONResponse({"error": "down"}, status_code=500)
+        if body.get("stream"):
+            def events():
+                for word in ("from", body["model"]):
+                    yield f"data: {json.dumps({'choices': [{'delta': {'content': word}}]})}\n\n"
+                yield "data: [DONE]\n\n"
+            return StreamingResponse(events(), media_type="text/event-stream")
+        return {"id": "x", "object": "chat.completion", "model": body["model"],
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": f"from {body['model']}"}}]}
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 20
+    while not server.started and time.time() < deadline:
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}/v1", state
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def known_text(reg) -> str:
+    with reg.store.tx() as tx:
+        return tx.sql("SELECT text FROM queries ORDER BY id LIMIT 1")[0][0]
+
+
+def test_proxy_routes_falls_back_and_streams(db_copy, upstream, monkeypatch):
+    base, state = upstream
+    with Registry(db_copy) as reg:
+        text = known_text(reg)
+        choice = reg.route(text, log=False).model
+        chain = [link.model for link in reg.fallback(choice, k=3).chain]
+        for m in [choice] + chain[:2]:
+            reg.set_endpoint(m, base, upstream_model=f"up-{m}", api_key_env="FAKE_UPSTREAM_KEY")
+    monkeypatch.setenv("FAKE_UPSTREAM_KEY", "sk-test")
+    with TestClient(create_app(str(db_copy))) as c:
+        ids = [m["id"] for m in c.get("/v1/models").json()["data"]]
+        assert ids[0] == "auto" and set(ids[1:]) == {choice, *chain[:2]}
+        msg = {"model": "auto", "messages": [{"role": "system", "content": "be brief"},
+                                             {"role": "user", "content": text}]}
+        r = c.post("/v1/chat/completions", json=msg)
+        assert r.status_code == 200 and r.headers["x-registry-model"] == choice
+        assert r.headers["x-registry-fallback"] == "false" and r.json()["model"] == f"up-{choice}"
+        assert state["seen"][-1] == (f"up-{choice}", "Bearer sk-test")     # the key from the environment
+        state["failing"].add(f"up-{choice}")                              # the chosen model's upstream fails
+        r = c.post("/v1/chat/completions", json=msg)
+        assert r.status_code == 200 and r.headers["x-registry-model"] == chain[0]
+        assert r.headers["x-registry-fallback"] == "true"
+        state["failing"].update({f"up-{m}" for m in chain[:2]})           # every upstream fails: a clear 502
+        r = c.post("/v1/chat/completions", json=msg)
+        assert r.status_code == 502 and "every model in the chain failed" in r.json()["detail"]
+        state["failing"].clear()
+        r = c.post("/v1/chat/completions", json={**msg, "model": chain[1]})  # named: forwarded as is
+        assert r.headers["x-registry-model"] == chain[1] and r.json()["model"] == f"up-{chain[1]}"
+        with c.stream("POST", "/v1/chat/completions", json={**msg, "stream": True}) as s:
+            body = "".join(s.iter_text())
+        assert s.headers["x-registry-model"] == choice and body.count("data: ") == 3 and "[DONE]" in body
+        assert c.post("/v1/chat/completions", json={**msg, "model": "no-endpoint"}).status_code == 404
+        bad = c.post("/v1/chat/completions", json={"model": "auto", "messages": []})
+        assert bad.status_code == 400 and "messages" in bad.json()["detail"]
+        log = c.get("/log", params={"limit": 1}).json()[0]
+        assert log["text"] is None                                        # the prompt's hash only
+
+
+def test_endpoints_cli(db_copy):
+    run = lambda *a: CliRunner().invoke(cli, ["--db", str(db_copy), *a])  # noqa: E731
+    r = run("endpoints", "set", "Yi-6B", "--base-url", "http://127.0.0.1:9/v1/", "--api-key-env", "YI_KEY")
+    assert r.exit_code == 0 and "Yi-6B -> http://127.0.0.1:9/v1 as Yi-6B" in r.output
+    assert json.loads(run("endpoints", "--json").output) == [
+        {"model": "Yi-6B", "base_url": "http://127.0.0.1:9/v1", "upstream_model": "Yi-6B", "api_key_env": "YI_KEY"}]
+    bad = run("endpoints", "set", "Yi-6B", "--base-url", "ftp://x")
+    assert bad.exit_code == 1 and "must start with http" in bad.output
+    key = run("endpoints", "set", "Yi-6B", "--base-url", "http://x/v1", "--api-key-env", "sk-live-123")
+    assert key.exit_code == 1 and "NAME of an environment variable" in key.output
+    assert run("endpoints", "remove", "Yi-6B").exit_code == 0
+    assert json.loads(run("endpoints", "--json").output) == []
+    assert "no endpoint" in run("endpoints", "remove", "Yi-6B").output
+    with Registry(db_copy) as reg, reg.store.tx() as tx:   # the key's value is never stored
+        assert not tx.sql("SELECT 1 FROM model_endpoints WHERE api_key_env LIKE 'sk-%'")

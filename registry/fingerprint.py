@@ -128,11 +128,16 @@ _answer_cals: dict[tuple, AnswerCalibration] = {}
 def answer_calibration(tx: Tx, exclude: set[int] | None = None) -> AnswerCalibration:
     """p_min over the pairs of distinct registered models with MIN_PAIR_SHARED shared queries (leaving out the model
     ids in `exclude`, e.g. the model being registered). Kept per process until evaluations change."""
-    key = (tx.path, int(tx.sql("SELECT coalesce(max(batch_id), 0) FROM evaluations")[0][0]),
-           tuple(sorted(exclude or ())))
+    # only models with MIN_PAIR_SHARED evaluations can form a calibrating pair, so only their evaluations matter:
+    # registering a model from fewer (the common case under load) reuses the calibration
+    known = tx.sql("""SELECT model_id, max(batch_id) FROM evaluations GROUP BY model_id
+                      HAVING count(*) >= ? ORDER BY 1""", [MIN_PAIR_SHARED])
+    key = (tx.path, tuple(map(tuple, known)), tuple(sorted(exclude or ())))
     if key in _answer_cals:
         return _answer_cals[key]
-    res = tx.duck.execute(f"SELECT model_id, query_id, correct::TINYINT AS c FROM {evaluations.CURRENT}").fetchnumpy()
+    ids = ", ".join(str(int(m)) for m, _ in known) or "NULL"
+    res = tx.duck.execute(f"""SELECT model_id, query_id, correct::TINYINT AS c FROM {evaluations.CURRENT}
+                              WHERE model_id IN ({ids})""").fetchnumpy()
     mids, qids = np.unique(res["model_id"]), np.unique(res["query_id"])
     keep = ~np.isin(mids, list(exclude or ()))
     correct = np.full((len(mids), len(qids)), -1, dtype=np.int8)

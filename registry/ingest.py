@@ -555,10 +555,12 @@ def changed_results(tx: Tx, name: str, batch_id: int | None):
     (count, (query id, old, new) of the first) or None."""
     if batch_id is None:
         return None
+    model_id = tx.sql("SELECT id FROM models WHERE name = ?", [name])[0][0]
     rows = tx.sql(f"""
         SELECT count(*) OVER (), q.external_id, o.correct::INT, e.correct::INT
         FROM evaluations e JOIN models m ON m.id = e.model_id JOIN queries q ON q.id = e.query_id
-        JOIN {evaluations.current(before_batch=batch_id)} o ON o.model_id = e.model_id AND o.query_id = e.query_id
+        JOIN {evaluations.current(before_batch=batch_id, model_ids=[model_id])} o
+             ON o.model_id = e.model_id AND o.query_id = e.query_id
         WHERE m.name = ? AND e.batch_id = ? ORDER BY q.external_id LIMIT 1""", [name, batch_id])
     return (int(rows[0][0]), tuple(rows[0][1:])) if rows else None
 

@@ -36,7 +36,7 @@ def row(what: str, value: str, bar: str = "") -> None:
 # --- bar 1 -----------------------------------------------------------------------------------------------------------
 def bench_fingerprint(reg: Registry, seeds: int = 5, sample: int = 128) -> None:
     with reg.store.tx() as tx:
-        cal = fingerprint.calibration(tx, sample=sample)        # seed 0: the registry's own calibration
+        cal = fingerprint.calibration(tx, sample=sample).embedding   # seed 0: the registry's own calibration
         model, meta = encoders.load(tx, cal.encoder_id)
         ids = [r[0] for r in tx.sql("SELECT DISTINCT model_id FROM embedding_versions WHERE encoder_id = ?",
                                     [cal.encoder_id])]

@@ -69,8 +69,10 @@ def main() -> None:
                     name = f"load-{k}-{rnd.randrange(3)}"          # new model, or more evaluations for it
                     picked = rnd.sample(qids, 64)
                     rows = [{"question_id": q, "correct": rnd.random() < 0.5} for q in picked]
+                    # update: a result that differs from the one stored for the model is recorded as newer
+                    # (without it, register refuses changed results with a 400 since issue 19)
                     kind, call = "register", lambda: c.post("/models", json={"name": name, "params_b": 7,
-                                                                               "evaluations": rows})
+                                                                               "evaluations": rows, "update": True})
                 elif roll < 0.5:
                     kind, call = "route known", lambda: c.post("/route", json={"text": rnd.choice(texts)})
                 elif roll < 0.9:

@@ -67,14 +67,14 @@ def main() -> None:
             hit_eval = _hit_from(ev)
             source = "Registry.evaluate"
         else:
-            hit_eval, source = reg.frontier(split="test", open_only=False, weights=[0.0]).router[0].accuracy, \
+            hit_eval, source = reg.frontier(split="test", weights=[0.0]).router[0].accuracy, \
                 "argmax P over stored vectors"
         rows.append(["1 hit@1: route --file (CLI)", f"{hit_cli:.4f}", f"{len(routes)} queries, {cli_s:.1f} s"])
         rows.append([f"1 hit@1: {source}", "n/a" if hit_eval is None else f"{hit_eval:.4f}",
                      "agree" if hit_eval is not None and round(hit_eval, 4) == round(hit_cli, 4) else "DIFFER"])
 
         # 2. cost frontier among open-weight models
-        f = reg.frontier(split="test", open_only=True)
+        f = reg.frontier(split="test", cost_by="params")   # open-weight models: those with params_b
         b, c = f.best_single, f.cheapest_matching
         rows.append(["2 best open-weight model", f"{b.accuracy:.4f}", f"{b.label}, {b.mean_cost:g}B params"])
         if c:

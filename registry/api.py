@@ -173,11 +173,20 @@ class Registry:
         return encoder_id
 
     def evaluate(self, split: str = "test", baselines: bool = True, sample_efficiency: bool = False,
-                 seeds: int = 5):
+                 seeds: int | None = None, held_out: int | None = None, n: int = 128,
+                 max_steps: int | None = None, epochs: int | None = None, progress=None):
         """Routing accuracy and predictor quality of LOCUS on a split, beside the baselines, over the established
-        models with an up-to-date embedding (pending onboarding is finished first; the others are reported)."""
-        from . import evaluation
+        models with an up-to-date embedding (pending onboarding is finished first; the others are reported).
+        `held_out=K`: per seed (default 3), K models known only from n evaluations (heldout.py; nothing written)."""
+        from . import evaluation, heldout
 
+        if held_out is not None:
+            if split != "test" or sample_efficiency or not baselines:
+                raise InputError("--held-out scores every method on the test split: it takes no --split, "
+                                 "--sample-efficiency or --no-baselines")
+            with self.store.tx() as tx:
+                data = evaluation.dataset(tx)
+            return heldout.run(data, held_out, n, 3 if seeds is None else seeds, max_steps, epochs, progress)
         self._finish_pending()
         with self.store.tx() as tx:
             return evaluation.evaluate(tx, split, baselines=baselines, sample_efficiency=sample_efficiency,

@@ -83,9 +83,31 @@ def best_single_scores(correct: np.ndarray, train_idx, eval_idx) -> np.ndarray:
     return np.repeat(acc[:, None], len(eval_idx), axis=1)
 
 
-def knn_scores(qvecs: np.ndarray, correct: np.ndarray, train_idx, eval_idx, k: int) -> np.ndarray:
-    """Mean correctness of each model on the k most cosine-similar train queries (observed entries only)."""
-    tr, ev = np.asarray(train_idx), np.asarray(eval_idx)
+def knn_scores(qvecs: np.ndarray, correct: np.ndarray, train_idx, eval_idx, k: int,
+               own_neighbours: bool = False) -> np.ndarray:
+    """Mean correctness of each model on the k most cosine-similar train queries (observed entries only).
+
+    own_neighbours: each model's k nearest among the train queries *it* has a result for. With a few results per
+    model (a new model known from 128 of 9,626 train queries), the shared k = 50 neighbours would hold under one of
+    its results on average, so its score would be 0 almost everywhere; on complete rows the two rules agree."""
+    tr = np.asarray(train_idx)
+    if not own_neighbours:
+        return _knn_shared(qvecs, correct, tr, np.asarray(eval_idx), k)
+    seen = correct[:, tr] >= 0
+    out = np.empty((correct.shape[0], len(eval_idx)), dtype=np.float64)
+    groups = {}
+    for m in range(correct.shape[0]):                              # models with the same observed train queries
+        groups.setdefault(np.packbits(seen[m]).tobytes(), []).append(m)
+    for rows in groups.values():
+        cols = tr[seen[rows[0]]]
+        if len(cols) == 0:
+            out[rows] = 0.0
+            continue
+        out[rows] = _knn_shared(qvecs, correct[rows], cols, np.asarray(eval_idx), k)
+    return out
+
+
+def _knn_shared(qvecs, correct, tr, ev, k):
     k = min(k, len(tr))
     y = correct[:, tr].astype(np.float32)                          # [M,Ntr]
     obs = (y >= 0).astype(np.float32)
@@ -100,10 +122,20 @@ def knn_scores(qvecs: np.ndarray, correct: np.ndarray, train_idx, eval_idx, k: i
     return out + 1e-6 * model_accuracy(correct[:, tr])[:, None]     # ties among neighbours: the stronger model
 
 
-def knn_router(qvecs, correct, train_idx, val_idx, ks=(5, 10, 20, 50, 100)) -> tuple[int, dict]:
+def val_hit(scores: np.ndarray, correct_val: np.ndarray) -> float:
+    """Validation hit@1 for choosing a baseline's settings, among the models with a validation result: one without
+    any (a new model known only from a few train results) cannot be judged there, and counting its choices as
+    wrong would tune the baseline against new models. With every model on val this is hit_at_k(..., 1)."""
+    rows = (correct_val >= 0).any(axis=1)
+    return hit_at_k(scores[rows], correct_val[rows], 1) if rows.any() else 0.0
+
+
+def knn_router(qvecs, correct, train_idx, val_idx, ks=(5, 10, 20, 50, 100),
+               own_neighbours: bool = False) -> tuple[int, dict]:
     """k chosen by validation hit@1 (ties: smaller k), among the ks a train split of this size allows."""
     ks = [k for k in ks if k <= len(train_idx)] or [len(train_idx)]
-    val = {k: hit_at_k(knn_scores(qvecs, correct, train_idx, val_idx, k), correct[:, val_idx]) for k in ks}
+    val = {k: val_hit(knn_scores(qvecs, correct, train_idx, val_idx, k, own_neighbours), correct[:, val_idx])
+           for k in ks}
     return max(ks, key=lambda k: (val[k], -k)), val
 
 
@@ -120,10 +152,35 @@ class MF(torch.nn.Module):
     def logits(self, q):                                           # q [N,Dq] -> [M,N]
         return self.e.weight @ self.w(q).T + self.b[:, None]
 
+    def pair_logits(self, m, q):                                   # m [P] model indices, q [P,Dq] -> [P]
+        return (self.e(m) * self.w(q)).sum(-1) + self.b[m]
 
-def train_mf(qvecs, correct, train_idx, val_idx, dim: int, seed: int = 0, epochs: int = 12, lr: float = 1e-3,
-             weight_decay: float = 1e-4, batch: int = 4096) -> tuple[MF, dict]:
-    """BCE on observed train pairs with Adam; the epoch with the best validation hit@1 (ties: lower BCE) is kept."""
+
+class IRT(torch.nn.Module):
+    """Multidimensional IRT with the item side read from the query text (IRT-Router; the LOCUS paper's IRT-Net):
+    logit = a(q) . theta_m - b(q), a(q) = A q + a0 (discrimination), b(q) = w . q + b0 (difficulty), theta_m one
+    ability vector per model. Unlike MF, the per-query difficulty is explicit and the model side is only theta, so
+    a new model is placed by fitting theta alone against the frozen query side (`fit_theta`)."""
+
+    def __init__(self, n_models: int, d_query: int, dim: int):
+        super().__init__()
+        self.theta = torch.nn.Embedding(n_models, dim)
+        self.a = torch.nn.Linear(d_query, dim)
+        self.b = torch.nn.Linear(d_query, 1)
+        torch.nn.init.normal_(self.theta.weight, std=dim ** -0.5)
+
+    def logits(self, q, theta=None):                               # q [N,Dq] -> [M,N] (theta [M,dim]: other models)
+        theta = self.theta.weight if theta is None else theta
+        return theta @ self.a(q).T - self.b(q)[:, 0][None]
+
+    def pair_logits(self, m, q):
+        return (self.theta(m) * self.a(q)).sum(-1) - self.b(q)[:, 0]
+
+
+def train_pairs(make, qvecs, correct, train_idx, val_idx, dim: int, seed: int = 0, epochs: int = 12,
+                lr: float = 1e-3, weight_decay: float = 1e-4, batch: int = 4096) -> tuple[torch.nn.Module, dict]:
+    """A pair model (MF or IRT: `make(n_models, d_query, dim)`) fitted by BCE on the observed train pairs with
+    AdamW; the epoch with the best validation hit@1 (`val_hit`; ties: lower BCE) is kept."""
     g = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     tr = np.asarray(train_idx)
@@ -132,7 +189,7 @@ def train_mf(qvecs, correct, train_idx, val_idx, dim: int, seed: int = 0, epochs
     py = torch.from_numpy((correct[m_idx, tr[n_idx]] == 1).astype(np.float32))
     q = torch.from_numpy(qvecs)
     qv, cv = q[np.asarray(val_idx)], correct[:, val_idx]
-    model = MF(correct.shape[0], qvecs.shape[1], dim)
+    model = make(correct.shape[0], qvecs.shape[1], dim)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     best, best_state = None, None
     for ep in range(epochs):
@@ -140,8 +197,7 @@ def train_mf(qvecs, correct, train_idx, val_idx, dim: int, seed: int = 0, epochs
         perm = torch.randperm(len(py), generator=g)
         for s in range(0, len(perm), batch):
             b = perm[s:s + batch]
-            logit = (model.e(pm[b]) * model.w(q[pn[b]])).sum(-1) + model.b[pm[b]]
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(logit, py[b])
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(model.pair_logits(pm[b], q[pn[b]]), py[b])
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -151,7 +207,7 @@ def train_mf(qvecs, correct, train_idx, val_idx, dim: int, seed: int = 0, epochs
         obs = cv >= 0
         bce = float(torch.nn.functional.binary_cross_entropy_with_logits(
             torch.from_numpy(lv[obs]), torch.from_numpy((cv[obs] == 1).astype(np.float32))))
-        key = (hit_at_k(lv, cv), -bce)
+        key = (val_hit(lv, cv), -bce)
         if best is None or key > best[0]:
             best, best_state = (key, ep), {k: v.clone() for k, v in model.state_dict().items()}
     model.load_state_dict(best_state)
@@ -159,14 +215,76 @@ def train_mf(qvecs, correct, train_idx, val_idx, dim: int, seed: int = 0, epochs
     return model, {"dim": dim, "epoch": best[1], "val_hit@1": best[0][0], "val_bce": -best[0][1]}
 
 
-def mf_router(qvecs, correct, train_idx, val_idx, dims=(16, 32, 64, 128), seed: int = 0, **kw) -> tuple[MF, dict]:
+def train_mf(qvecs, correct, train_idx, val_idx, dim: int, seed: int = 0, **kw) -> tuple[MF, dict]:
+    return train_pairs(MF, qvecs, correct, train_idx, val_idx, dim, seed=seed, **kw)
+
+
+def _choose_dim(make, qvecs, correct, train_idx, val_idx, dims, seed, **kw):
     """Dimension chosen by validation hit@1 (ties: lower validation BCE)."""
-    runs = [train_mf(qvecs, correct, train_idx, val_idx, d, seed=seed, **kw) for d in dims]
+    runs = [train_pairs(make, qvecs, correct, train_idx, val_idx, d, seed=seed, **kw) for d in dims]
     model, info = max(runs, key=lambda r: (r[1]["val_hit@1"], -r[1]["val_bce"]))
     info = dict(info, val_by_dim={r[1]["dim"]: r[1]["val_hit@1"] for r in runs})
     return model, info
 
 
+def mf_router(qvecs, correct, train_idx, val_idx, dims=(16, 32, 64, 128), seed: int = 0, **kw) -> tuple[MF, dict]:
+    return _choose_dim(MF, qvecs, correct, train_idx, val_idx, dims, seed, **kw)
+
+
+def irt_router(qvecs, correct, train_idx, val_idx, dims=(1, 4, 16, 64), seed: int = 0, **kw) -> tuple[IRT, dict]:
+    """IRT's dimension chosen on val as MF's is; 1 is the classic two-parameter logistic model."""
+    return _choose_dim(IRT, qvecs, correct, train_idx, val_idx, dims, seed, **kw)
+
+
 def mf_probs(model: MF, qvecs, eval_idx) -> np.ndarray:
     with torch.no_grad():
         return torch.sigmoid(model.logits(torch.from_numpy(qvecs[np.asarray(eval_idx)]))).numpy()
+
+
+irt_probs = mf_probs     # either pair model: sigmoid(logits) over its fitted models
+
+
+def irt_theta_probs(model: IRT, theta: np.ndarray, qvecs, eval_idx) -> np.ndarray:
+    """P(correct) [K,N] of abilities theta [K,dim] (say, new models' from `fit_theta`) under a fitted query side."""
+    with torch.no_grad():
+        return torch.sigmoid(model.logits(torch.from_numpy(qvecs[np.asarray(eval_idx)]),
+                                          torch.as_tensor(theta, dtype=torch.float32))).numpy()
+
+
+def fit_theta(model: IRT, qvecs: np.ndarray, sets: list[tuple[np.ndarray, np.ndarray]], iters: int = 50,
+              tol: float = 1e-10) -> np.ndarray:
+    """A new model's ability from its evaluations with the query side (a, b) frozen: sets = [(query indices, 0/1
+    answers)] per new model -> theta [K,dim] float32. MAP under a Gaussian prior with the fitted models' mean and
+    per-dimension variance (so 128 answers place theta among the known abilities instead of at the extremes), solved
+    by Newton's method with step halving: the log-posterior is strictly concave, so the result is the unique
+    maximum, and deterministic. Nothing in `model` changes."""
+    with torch.no_grad():
+        known = model.theta.weight.detach().double().numpy()
+        A_all = model.a.weight.detach().double().numpy()                   # [dim,Dq]
+        a0, w, b0 = (t.detach().double().numpy() for t in (model.a.bias, model.b.weight[0], model.b.bias))
+    mu, var = known.mean(0), known.var(0) + 1e-6
+    out = np.empty((len(sets), known.shape[1]), dtype=np.float32)
+
+    def objective(th, A, off, y):                                          # log-posterior (up to a constant)
+        z = A @ th + off
+        return float((y * z - np.logaddexp(0.0, z)).sum() - 0.5 * (((th - mu) ** 2) / var).sum())
+
+    for i, (rows, y) in enumerate(sets):
+        q = np.asarray(qvecs, dtype=np.float64)[np.asarray(rows)]
+        A, off, y = q @ A_all.T + a0, -(q @ w + b0), np.asarray(y, dtype=np.float64)
+        th, f = mu.copy(), objective(mu, A, off, y)
+        for _ in range(iters):
+            p = 1.0 / (1.0 + np.exp(-(A @ th + off)))
+            grad = A.T @ (y - p) - (th - mu) / var
+            hess = (A * (p * (1 - p))[:, None]).T @ A + np.diag(1.0 / var)
+            step, t = np.linalg.solve(hess, grad), 1.0
+            while t > 1e-6 and objective(th + t * step, A, off, y) < f:
+                t /= 2
+            th_new = th + t * step
+            f_new = objective(th_new, A, off, y)
+            done = f_new - f < tol
+            th, f = (th_new, f_new) if f_new >= f else (th, f)
+            if done:
+                break
+        out[i] = th
+    return out

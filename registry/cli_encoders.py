@@ -43,6 +43,38 @@ def encoders_install(ctx, path, name, activate):
     click.echo(f"encoder {encoder_id} installed" + (" and active" if activate else ""))
 
 
+def stage_bars(quiet: bool):
+    """(progress callback, close): one tqdm bar per training stage (teacher epochs, encoder steps, refit epochs),
+    with its loss and val hit@1; a held-out run's {"stage": "seed"} messages title the bars of each seed."""
+    from tqdm import tqdm
+
+    bars: dict[str, tqdm] = {}
+    prefix = ["train"]
+
+    def close() -> None:
+        for b in bars.values():
+            b.close()
+        bars.clear()
+
+    def progress(info: dict) -> None:
+        stage = info["stage"]
+        if stage == "seed":
+            close()
+            prefix[0] = f"seed {info['seed'] + 1}/{info['seeds']}: train"
+            return
+        if stage not in bars:
+            for b in bars.values():
+                b.close()
+            bars[stage] = tqdm(total=info["max_steps"], disable=quiet, desc=f"{prefix[0]} {len(bars) + 1}: {stage}",
+                               unit="step" if stage == "encoder" else "epoch")
+        bar = bars[stage]
+        bar.update(info["step"] - bar.n)
+        bar.set_postfix({k: (round(v, 4) if isinstance(v, float) else v) for k, v in info.items()
+                         if k in ("loss", "val_hit@1", "best_val_hit@1")}, refresh=True)
+
+    return progress, close
+
+
 @command()
 @click.option("--seed", default=0, show_default=True)
 @click.option("--anchors", type=int, help="Largest anchor set per model (default: the training config's).")
@@ -52,27 +84,11 @@ def encoders_install(ctx, path, name, activate):
 @click.option("--name")
 def train(ctx, seed, anchors, max_steps, epochs, activate, name, as_json):
     """Train the LOCUS encoder and predictor on this registry's train split; store the checkpoint."""
-    from tqdm import tqdm
-
-    bars: dict[str, tqdm] = {}   # one bar per training stage: teacher (epochs), encoder (steps), refit (epochs)
-
-    def progress(info: dict) -> None:
-        stage = info["stage"]
-        if stage not in bars:
-            for b in bars.values():
-                b.close()
-            bars[stage] = tqdm(total=info["max_steps"], disable=as_json, desc=f"train {len(bars) + 1}: {stage}",
-                               unit="step" if stage == "encoder" else "epoch")
-        bar = bars[stage]
-        bar.update(info["step"] - bar.n)
-        bar.set_postfix({k: (round(v, 4) if isinstance(v, float) else v) for k, v in info.items()
-                         if k in ("loss", "val_hit@1", "best_val_hit@1")}, refresh=True)
-
+    progress, close = stage_bars(as_json)
     reg = open_registry(ctx)
     encoder_id = reg.train(seed=seed, anchors=anchors, max_steps=max_steps, epochs=epochs, activate=activate,
                            name=name, progress=progress)
-    for b in bars.values():
-        b.close()
+    close()
     info = next(e for e in reg.encoders() if e.id == encoder_id)
     if as_json:
         emit_json(info)
@@ -84,14 +100,29 @@ def train(ctx, seed, anchors, max_steps, epochs, activate, name, as_json):
 @command()
 @click.option("--split", default="test", show_default=True, type=click.Choice(["train", "val", "test"]))
 @click.option("--sample-efficiency", is_flag=True, help="Also embed every model from 32..512 evaluations.")
-@click.option("--seeds", default=5, show_default=True, help="Random draws per size (--sample-efficiency).")
+@click.option("--seeds", type=int, help="Random draws per size (--sample-efficiency; default 5), or seeds of the "
+                                        "held-out run (default 3).")
 @click.option("--no-baselines", is_flag=True)
-def evaluate(ctx, split, sample_efficiency, seeds, no_baselines, as_json):
-    """Routing accuracy (hit@1/3/5) and predictor quality of LOCUS beside the baselines, on one split."""
+@click.option("--held-out", "held_out", type=int, help="Per seed, hold K models out of training and know them only "
+                                                       "from --n evaluations (trained in memory; nothing stored).")
+@click.option("--n", "n", default=128, show_default=True, help="Evaluations per held-out model (--held-out).")
+@click.option("--steps", "max_steps", type=int, help="Encoder-stage steps of the held-out run's training.")
+@click.option("--epochs", type=int, help="Teacher epochs of the held-out run's training.")
+def evaluate(ctx, split, sample_efficiency, seeds, no_baselines, held_out, n, max_steps, epochs, as_json):
+    """Routing accuracy (hit@1/3/5) and predictor quality of LOCUS beside the baselines, on one split; with
+    --held-out K, on models the encoder never saw."""
+    if held_out is None and (max_steps is not None or epochs is not None):
+        raise click.UsageError("--steps and --epochs set the training of a --held-out run")
+    progress, close = stage_bars(as_json)
     r = open_registry(ctx).evaluate(split, baselines=not no_baselines, sample_efficiency=sample_efficiency,
-                                    seeds=seeds)
+                                    seeds=seeds, held_out=held_out, n=n, max_steps=max_steps, epochs=epochs,
+                                    progress=progress if held_out is not None else None)
+    close()
     if as_json:
         emit_json(r)
+        return
+    if held_out is not None:
+        show_held_out(r)
         return
     click.echo(f"{r.split}: {r.queries} queries, {r.models} models, encoder {r.encoder}")
     for name, why in r.excluded.items():
@@ -121,6 +152,26 @@ def evaluate(ctx, split, sample_efficiency, seeds, no_baselines, as_json):
         click.echo("")
         table([[n, f"{v['mean']:.4f} ± {v['std']:.4f}", v["draws"]] for n, v in r.sample_efficiency.items()]
               + [["all", fmt(r.methods["locus"]["hit@1"]), ""]], ["evaluations per model", "hit@1", "draws"])
+
+
+def show_held_out(r) -> None:
+    from .heldout import COLUMNS
+
+    cfg = r.train_config
+    click.echo(f"held out: {r.held_out} of {r.models} models per seed, each known from {r.n} evaluations; "
+               f"{r.queries} test queries; encoder trained per seed with teacher_epochs={cfg['teacher_epochs']}, "
+               f"max_steps={cfg['max_steps']}, refit_epochs={cfg['refit_epochs']}")
+    for s in r.per_seed:
+        click.echo(f"\nseed {s.seed}: held out {', '.join(s.held_out)} (LOCUS best step {s.locus_train['best_step']}, "
+                   f"val hit@1 {s.locus_train['val_hit@1']}; {s.wall_s:.0f} s)")
+        table([[m] + [f"{v[k]:.4f}" for k, _ in COLUMNS]
+               + [", ".join(f"{k}={v[k]}" for k in ("dim", "k", "model") if k in v)] for m, v in s.methods.items()],
+              ["method"] + [h for _, h in COLUMNS] + ["setting"])
+    click.echo(f"\nmean over {len(r.seeds)} seeds (± std)")
+    table([[m] + [f"{v[k]:.4f} ± {r.std[m][k]:.4f}" for k, _ in COLUMNS] for m, v in r.mean.items()],
+          ["method"] + [h for _, h in COLUMNS])
+    for note in r.notes:
+        click.echo(f"note: {note}")
 
 
 COMMANDS = [encoders, train, evaluate]

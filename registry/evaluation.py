@@ -2,6 +2,7 @@
 
 LOCUS is scored with the models' stored current embeddings (computed from every evaluation outside the test split,
 see embedding.py), so the report describes exactly what routing will do. Every method sees the same queries.
+`registry evaluate --held-out K` (models the encoder never saw, known from a few evaluations) is heldout.py.
 """
 from __future__ import annotations
 
@@ -168,6 +169,10 @@ def evaluate(tx: Tx, split: str = "test", baselines: bool = True, sample_efficie
         s = B.mf_probs(mf, data.qvecs, idx)
         methods["mf"] = dict(B.routing_report(s, ct, s), dim=info["dim"])
         scores["mf"] = s
+        irt, info = B.irt_router(data.qvecs, data.correct, tr, va, seed=mf_seed)
+        s = B.irt_probs(irt, data.qvecs, idx)
+        methods["irt"] = dict(B.routing_report(s, ct, s), dim=info["dim"])
+        scores["irt"] = s
     per_category = {}
     for cat in sorted(set(data.categories[idx])):
         sel = data.categories[idx] == cat

@@ -23,10 +23,10 @@ def test_evaluate_json_methods_baselines_and_sample_efficiency(db_copy):
     assert res.exit_code == 0, res.output
     r = json.loads(res.output)
     m = r["methods"]
-    for name in ("locus", "knn", "mf"):
+    for name in ("locus", "knn", "mf", "irt"):
         assert {"hit@1", "hit@3", "hit@5", "auc"} <= set(m[name]), name
         assert 0.5 <= m[name]["auc"] <= 1.0, (name, m[name]["auc"])
-    for name in ("locus", "oracle", "best_single", "random", "knn", "mf"):
+    for name in ("locus", "oracle", "best_single", "random", "knn", "mf", "irt"):
         hits = [m[name][f"hit@{k}"] for k in (1, 3, 5)]
         assert hits == sorted(hits) and 0.0 <= hits[0] and hits[-1] <= m["oracle"]["hit@1"] + 1e-9, (name, hits)
 
@@ -56,7 +56,7 @@ def test_evaluate_json_methods_baselines_and_sample_efficiency(db_copy):
     # per category: the query-weighted mean of each category's hit@1 is the overall figure
     pc = r["per_category"]
     assert sum(v["queries"] for v in pc.values()) == len(test_ids)
-    for name in ("locus", "best_single", "knn", "mf"):
+    for name in ("locus", "best_single", "knn", "mf", "irt"):
         mean = sum(v[name] * v["queries"] for v in pc.values()) / len(test_ids)
         assert abs(mean - m[name]["hit@1"]) < 1e-3, name
     assert all({"locus_acc", "locus_auc", "locus_brier"} <= set(v) for v in pc.values())

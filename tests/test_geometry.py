@@ -138,6 +138,7 @@ def test_geometry_matches_a_recomputation_from_raw_tables(db_copy):
     assert -1 <= g["spearman"] <= 1
 
 
+@pytest.mark.slow   # trains an encoder / draws a t-SNE map: seconds, not the inner loop
 def test_map_draws_every_model(db_copy, tmp_path):
     from PIL import Image
 

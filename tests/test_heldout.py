@@ -43,6 +43,7 @@ def seed_run(small):
     return (data, *heldout.run_seed(data, 3, 31, 1, cfg))
 
 
+@pytest.mark.slow   # trains an encoder / draws a t-SNE map: seconds, not the inner loop
 def test_held_out_cli_json_and_table_write_nothing(db_copy):
     before = snapshot(db_copy)
     res = CliRunner().invoke(cli, ["--db", str(db_copy), "evaluate", "--held-out", "3", "--n", "31", "--seeds", "2",

@@ -101,3 +101,34 @@ def snapshot(path: Path) -> dict[str, tuple]:
                 for (table,) in con.execute("SELECT table_name FROM duckdb_tables() ORDER BY 1").fetchall()}
     finally:
         con.close()
+
+
+def start_server(db: Path, token: str | None = None):
+    """A real `registry serve` process on a free loopback port, answering /health: -> (process, origin). The caller
+    terminates it. Fails (not skips) with the server's output if it does not come up."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "registry", "--db", str(db), "serve", "--port", str(port)]
+                            + (["--token", token] if token else []),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    origin = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 90
+    while True:
+        try:
+            if httpx.get(origin + "/health", timeout=5).status_code == 200:
+                return proc, origin
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            pytest.fail(f"server did not start: {proc.stdout.read()}")
+        time.sleep(0.3)
+

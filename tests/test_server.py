@@ -4,48 +4,26 @@ file."""
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import sys
-import time
 
 import duckdb
 import httpx
 import pytest
+
+from .conftest import start_server
 
 TOKEN = "s3cret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 Q = "What is the derivative of x^2 with respect to x?"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-pytestmark = pytest.mark.slow     # a real server process, and routes of new texts (MiniLM)
-
-
 @pytest.fixture(scope="module")
 def server(base_db, tmp_path_factory):
     db = tmp_path_factory.mktemp("srv") / "registry.duckdb"
     shutil.copy(base_db, db)
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "registry", "--db", str(db), "serve", "--port", str(port),
-                             "--token", TOKEN], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120)
-    deadline = time.time() + 90
-    while True:
-        try:
-            if client.get("/health").status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
-            pytest.fail(f"server did not start: {proc.stdout.read()}")
-        time.sleep(0.3)
+    proc, origin = start_server(db, TOKEN)
+    client = httpx.Client(base_url=origin, timeout=120)
     yield client, db, proc
     client.close()
     proc.terminate()

@@ -5,16 +5,14 @@ of each page go to build/screenshots/ (not committed)."""
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import duckdb
-import httpx
 import pytest
 
 from registry import Registry
+
+from .conftest import start_server
 
 pytestmark = pytest.mark.slow      # a browser and a server process
 
@@ -24,14 +22,6 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-ne
 SHOTS = Path(__file__).resolve().parents[1] / "build" / "screenshots"
 TOKEN = "web-secret"
 GPT = "gpt-4o-2024-05-13"
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -50,21 +40,7 @@ def site(base_db, small_data, tmp_path_factory):
         f.write_text("question_id,correct\n" + "".join(f"{q},{c}\n" for q, c in rows))
         reg.register(neighbour, str(f), update=True)
         assert len(reg.history(neighbour).versions) == 2
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "registry", "--db", str(db), "serve", "--port", str(port),
-                             "--token", TOKEN], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    origin = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 90
-    while True:
-        try:
-            if httpx.get(origin + "/health", timeout=5).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
-            pytest.fail(f"server did not start: {proc.stdout.read()}")
-        time.sleep(0.3)
+    proc, origin = start_server(db, TOKEN)
     yield origin, neighbour, small_data
     proc.terminate()
     proc.wait(timeout=30)

@@ -38,10 +38,6 @@ class Calibration:
     same_below: float = 0.0                         # share of same-model pairs under the threshold (the power)
     nearest_is_same: float = 0.0                    # share of second embeddings whose nearest first one is the model
 
-    @property
-    def distinct_min(self) -> float:
-        return self.threshold
-
 
 def _quantiles(x: np.ndarray) -> dict:
     return {f"p{q}": round(float(np.percentile(x, q)), 4) for q in (5, 50, 95)} if len(x) else {}
@@ -205,7 +201,7 @@ def by_embedding(tx: Tx, neighbours_, n: int) -> Fingerprint:
     first = neighbours_[0]
     second = neighbours_[1] if len(neighbours_) > 1 else None
     cal = calibrate(tx, sample=max(16, min(int(n), 512)))
-    limit = None if cal is None else cal.distinct_min
+    limit = None if cal is None else cal.threshold
     same = limit is not None and first.distance < limit
     return Fingerprint(first.model, "same" if same else "not conclusive", "embedding", 0, None, limit,
                        first.distance, second.model if second else None, None)

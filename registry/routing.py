@@ -198,17 +198,9 @@ def _stored_vectors(tx: Tx, hashes: list[str]) -> dict[str, np.ndarray]:
 def keep_vectors(tx: Tx, hashes: list[str], vectors: np.ndarray) -> None:
     """Store routed texts' vectors by content hash (text_vectors is a cache keyed by it), so that the same text routes
     again, from any process, without loading MiniLM."""
-    import pyarrow as pa
+    from . import vectors as text_vectors
 
-    if not hashes:
-        return
-    tx.duck.register("_routed_vectors", pa.table({"h": hashes, "v": list(vectors.astype(np.float32))}))
-    try:
-        tx.duck.execute("""INSERT INTO text_vectors (content_hash, text_encoder, vector)
-                           SELECT DISTINCT ON (h) h, ?, v FROM _routed_vectors ON CONFLICT DO NOTHING""",
-                        [textvec.TEXT_ENCODER])
-    finally:
-        tx.duck.unregister("_routed_vectors")
+    text_vectors.insert(tx, hashes, vectors)
 
 
 # --- scoring and choosing -----------------------------------------------------------------------------------------

@@ -131,21 +131,24 @@ def load(tx: Tx, path: str | Path, only: set[str] | None = None) -> VectorsResul
     if only is not None:
         keep = [i for i, h in enumerate(hashes) if h in only]
         hashes, mat = [hashes[i] for i in keep], mat[keep]
-    return VectorsResult(str(path), n, _insert(tx, hashes, mat))
+    return VectorsResult(str(path), n, insert(tx, hashes, mat))
 
 
-def _insert(tx: Tx, hashes: list[str], mat: np.ndarray) -> int:
+def insert(tx: Tx, hashes: list[str], mat: np.ndarray) -> int:
+    """Add vectors [n, dim] for content hashes (the one writer of text_vectors): a hash already there, or repeated
+    here, keeps one vector. -> how many were new."""
     import pyarrow as pa
 
     if not hashes:
         return 0
     before = tx.sql("SELECT count(*) FROM text_vectors")[0][0]
+    mat = np.ascontiguousarray(mat, dtype=np.float32)
     tbl = pa.table({"h": hashes, "v": pa.FixedSizeListArray.from_arrays(pa.array(mat.ravel(), type=pa.float32()),
                                                                           textvec.TEXT_DIM)})
     tx.duck.register("_vectors_file", tbl)
     try:
         tx.duck.execute("""INSERT INTO text_vectors (content_hash, text_encoder, vector)
-                           SELECT h, ?, v::FLOAT[] FROM _vectors_file ON CONFLICT DO NOTHING""",
+                           SELECT DISTINCT ON (h) h, ?, v::FLOAT[] FROM _vectors_file ON CONFLICT DO NOTHING""",
                         [textvec.TEXT_ENCODER])
     finally:
         tx.duck.unregister("_vectors_file")

@@ -18,6 +18,9 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 Q = "What is the derivative of x^2 with respect to x?"
 
 
+pytestmark = pytest.mark.slow     # a real server process, and routes of new texts (MiniLM)
+
+
 @pytest.fixture(scope="module")
 def server(base_db, tmp_path_factory):
     db = tmp_path_factory.mktemp("srv") / "registry.duckdb"

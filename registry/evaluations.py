@@ -10,11 +10,13 @@ from .store import Tx
 
 
 
-def current(before_batch: int | None = None, model_ids=None) -> str:
+def current(before_batch: int | None = None, model_ids=None, queries_in: str | None = None) -> str:
     """The newest evaluation of each (model, query) pair, as a subquery (`FROM {current()} e`); with `before_batch`,
-    as it stood before that import batch; with `model_ids`, of those models only (far cheaper than filtering after)."""
+    as it stood before that import batch; with `model_ids`, of those models only, and with `queries_in` (a table or
+    view with a query_id column), of those queries only (both far cheaper than filtering after)."""
     conds = ([f"batch_id < {int(before_batch)}"] if before_batch is not None else []) + (
-        [f"model_id IN ({', '.join(str(int(m)) for m in model_ids) or 'NULL'})"] if model_ids is not None else [])
+        [f"model_id IN ({', '.join(str(int(m)) for m in model_ids) or 'NULL'})"] if model_ids is not None else []) + (
+        [f"query_id IN (SELECT query_id FROM {queries_in})"] if queries_in else [])
     where = ("WHERE " + " AND ".join(conds)) if conds else ""
     return f"""(SELECT model_id, query_id, arg_max(correct, batch_id) AS correct, max(batch_id) AS batch_id
                FROM evaluations {where} GROUP BY model_id, query_id)"""
@@ -43,25 +45,25 @@ def of_models(tx: Tx, model_ids) -> dict:
 def disagreement(tx: Tx, qids, y, others) -> dict[int, tuple[int, float]]:
     """How often each of `others` (model ids) disagrees with the answers y [n] on query ids qids [n], over the queries
     both answered (their current evaluations): {other id: (shared queries, disagreement rate)}."""
+    import pyarrow as pa
+
     qids, y = np.asarray(qids, dtype=np.int64), np.asarray(y, dtype=np.int64)
     evaluated = tx.cached("evaluated_models", lambda: {r[0] for r in tx.sql(
         "SELECT DISTINCT model_id FROM evaluations")})              # imports of evaluations invalidate it
     others = [int(m) for m in others if m is not None and m in evaluated]
     if not len(qids) or not others:
         return {}
-    rows = of_models(tx, others)
-    if not len(rows["query_id"]):
-        return {}
-    own = np.full(int(max(rows["query_id"].max(), qids.max())) + 1, -1, dtype=np.int64)   # the answer per query id
-    own[qids] = y
-    out = {}
-    for other in others:
-        sel = rows["model_id"] == other
-        theirs, ours = rows["correct"][sel], own[rows["query_id"][sel]]
-        shared = ours >= 0
-        if shared.any():
-            out[other] = (int(shared.sum()), float(np.mean(theirs[shared] != ours[shared])))
-    return out
+    last = len(qids) - 1 - np.unique(qids[::-1], return_index=True)[1]     # a repeated query: its last answer
+    # only the others' rows on these queries: a join on the given ids, not every evaluation of every other model
+    tx.duck.register("_answers", pa.table({"query_id": qids[last], "y": y[last]}))
+    try:
+        res = tx.duck.execute(f"""
+            SELECT e.model_id, count(*) AS shared, avg((e.correct::INT <> a.y)::INT) AS rate
+            FROM {current(model_ids=others, queries_in="_answers")} e JOIN _answers a ON a.query_id = e.query_id
+            GROUP BY e.model_id""").fetchall()
+    finally:
+        tx.duck.unregister("_answers")
+    return {int(m): (int(n), float(r)) for m, n, r in res}
 
 
 def disagreement_matrix(correct: np.ndarray, min_shared: int = 1) -> tuple[np.ndarray, np.ndarray]:

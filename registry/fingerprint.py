@@ -128,14 +128,16 @@ def answer_calibration(tx: Tx, exclude: set[int] | None = None) -> AnswerCalibra
     # registering a model from fewer (the common case under load) reuses the calibration
     known = tx.sql("""SELECT model_id, max(batch_id) FROM evaluations GROUP BY model_id
                       HAVING count(*) >= ? ORDER BY 1""", [MIN_PAIR_SHARED])
-    key = (tx.path, tuple(map(tuple, known)), tuple(sorted(exclude or ())))
+    # excluding a model that cannot calibrate (the common case: a new model) changes nothing, nor the key
+    exclude = set(exclude or ()) & {int(m) for m, _ in known}
+    key = (tx.path, tuple(map(tuple, known)), tuple(sorted(exclude)))
     if key in _answer_cals:
         return _answer_cals[key]
     ids = ", ".join(str(int(m)) for m, _ in known) or "NULL"
     res = tx.duck.execute(f"""SELECT model_id, query_id, correct::TINYINT AS c FROM {evaluations.CURRENT}
                               WHERE model_id IN ({ids})""").fetchnumpy()
     mids, qids = np.unique(res["model_id"]), np.unique(res["query_id"])
-    keep = ~np.isin(mids, list(exclude or ()))
+    keep = ~np.isin(mids, list(exclude))
     correct = np.full((len(mids), len(qids)), -1, dtype=np.int8)
     correct[np.searchsorted(mids, res["model_id"]), np.searchsorted(qids, res["query_id"])] = res["c"]
     rate, shared = evaluations.disagreement_matrix(correct[keep], MIN_PAIR_SHARED)

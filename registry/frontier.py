@@ -46,7 +46,7 @@ class Frontier:
     notes: list[str] = field(default_factory=list)
 
 
-def compute(tx: Tx, st: routing._State, split: str = "test", cost_by: str = "params",
+def compute(tx: Tx, st: routing.State, split: str = "test", cost_by: str = "params",
             weights: list[float] | None = None) -> Frontier:
     if cost_by not in routing.COST_BASES:
         raise InputError(f"cost basis must be one of {', '.join(routing.COST_BASES)}, got {cost_by!r}")

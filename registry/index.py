@@ -7,6 +7,9 @@ the model's old vector, add the new), so an answer is never stale and nothing is
 Onboarding hands its new versions to the in-memory index when it commits (`appended`), and every writer of versions
 says so (`versions_written`), so between writes an index answers without asking the database. `as_of` answers
 build a transient index from the versions that existed then.
+
+An index in the cache is never changed in place: an update builds a changed copy and swaps it in, so a reader in
+another thread (the server answers `similar` while its writer onboards) keeps searching the index it took.
 """
 from __future__ import annotations
 
@@ -46,6 +49,12 @@ class VectorIndex:
         model_id = self.id_of(name)
         return None if model_id is None else self.index.reconstruct(int(model_id))
 
+    def copy(self) -> "VectorIndex":
+        import faiss
+
+        return VectorIndex(self.encoder_id, faiss.clone_index(self.index), dict(self.names), self.through_version,
+                           self.stamp, self.unsaved, self.checked)
+
     @property
     def size(self) -> int:
         return int(self.index.ntotal)
@@ -75,7 +84,7 @@ def current_versions(tx: Tx, encoder_id: int, as_of: str | None = None, after_ve
             tbl.column("name").to_pylist(), flat.reshape(n, -1).astype(np.float32) if n else np.zeros((0, 128), np.float32))
 
 
-def _new_index(dim: int = 128):
+def new_index(dim: int = 128):
     import faiss
 
     return faiss.IndexIDMap2(faiss.IndexFlatL2(dim))
@@ -91,7 +100,7 @@ def get(tx: Tx, db_path: str, encoder_id: int, as_of: str | None = None) -> Vect
 
     if as_of:
         _, mids, names, vecs = current_versions(tx, encoder_id, as_of)
-        idx = _new_index()
+        idx = new_index()
         if len(mids):
             idx.add_with_ids(vecs, mids)
         return VectorIndex(encoder_id, idx, dict(zip(mids.tolist(), names)), -1)
@@ -102,9 +111,10 @@ def get(tx: Tx, db_path: str, encoder_id: int, as_of: str | None = None) -> Vect
     vi = vi or _from_sidecar(tx, db_path, encoder_id)
     newest = tx.sql("SELECT coalesce(max(id), 0) FROM embedding_versions WHERE encoder_id = ?", [encoder_id])[0][0]
     if vi.through_version > newest:
-        vi = VectorIndex(encoder_id, _new_index(), {}, 0)
+        vi = VectorIndex(encoder_id, new_index(), {}, 0)
     if newest > vi.through_version:
         _, mids, names, vecs = current_versions(tx, encoder_id, after_version_id=vi.through_version)
+        vi = vi.copy()
         if len(mids):
             vi.index.remove_ids(mids)
             vi.index.add_with_ids(vecs, mids)
@@ -124,7 +134,7 @@ def _from_sidecar(tx: Tx, db_path: str, encoder_id: int) -> VectorIndex:
     import faiss
 
     side = _sidecar(db_path, encoder_id)
-    empty = VectorIndex(encoder_id, _new_index(), {}, 0)
+    empty = VectorIndex(encoder_id, new_index(), {}, 0)
     if not (side.is_file() and side.with_suffix(".json").is_file()):
         return empty
     try:
@@ -156,6 +166,7 @@ def appended(tx: Tx, encoder_id: int, versions) -> None:
     if vi is None or not ids or ids != list(range(vi.through_version + 1, vi.through_version + 1 + len(ids))):
         return
     mids = np.array([v.model_id for v in versions], dtype=np.int64)
+    vi = vi.copy()
     vi.index.remove_ids(mids)
     vi.index.add_with_ids(np.stack([v.vector for v in versions]).astype(np.float32), mids)
     vi.names.update((v.model_id, v.name) for v in versions)
@@ -163,6 +174,7 @@ def appended(tx: Tx, encoder_id: int, versions) -> None:
     newest = max(versions, key=lambda v: v.id)
     vi.through_version, vi.stamp, vi.unsaved = newest.id, newest.created, True
     vi.checked = tx.cache.get(("generation", "versions"), 0)   # onboarding bumped it just before (versions_written)
+    tx.cache[("index", encoder_id)] = vi
 
 
 def flush(cache: dict, db_path: str) -> None:
@@ -176,11 +188,18 @@ def _save(vi: VectorIndex, side: Path) -> None:
     """Best effort: the sidecar only saves the next process some work; the database stays the truth."""
     import faiss
 
+    import os
+    import threading
+
     try:
         side.parent.mkdir(exist_ok=True)
-        faiss.serialize_index(vi.index).tofile(side)
-        side.with_suffix(".json").write_text(json.dumps({"through_version": vi.through_version, "stamp": vi.stamp,
-                                                         "names": {str(k): v for k, v in vi.names.items()}}))
+        # each file whole or not at all (os.replace), also when two threads save at once
+        tmp = side.with_name(f"{side.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        faiss.serialize_index(vi.index).tofile(tmp)
+        os.replace(tmp, side)
+        tmp.write_text(json.dumps({"through_version": vi.through_version, "stamp": vi.stamp,
+                                   "names": {str(k): v for k, v in vi.names.items()}}))
+        os.replace(tmp, side.with_suffix(".json"))
         vi.unsaved = False
     except OSError:
         pass

@@ -41,7 +41,8 @@ def last_user_text(messages) -> str:
     raise InputError("messages: no user message with text to route on")
 
 
-def mount(app: FastAPI, reg, write_lock, timeout: float = 60.0) -> None:
+def mount(app: FastAPI, serving, timeout: float = 60.0) -> None:
+    """serving: serving.Serving (routes and endpoints from its current snapshot, log rows through its writer)."""
     client = httpx.AsyncClient(timeout=timeout)
 
     @app.on_event("shutdown")
@@ -52,7 +53,7 @@ def mount(app: FastAPI, reg, write_lock, timeout: float = 60.0) -> None:
     def v1_models():
         """OpenAI-style model list: "auto" (routed) and every model with an endpoint."""
         return {"object": "list", "data": [{"id": "auto", "object": "model", "owned_by": "registry"}] + [
-            {"id": e.model, "object": "model", "owned_by": "registry"} for e in reg.endpoints()]}
+            {"id": m, "object": "model", "owned_by": "registry"} for m in serving.snapshots.current.endpoints]}
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
@@ -63,7 +64,7 @@ def mount(app: FastAPI, reg, write_lock, timeout: float = 60.0) -> None:
             raise InputError(f"bad JSON: {exc}") from None
         if not isinstance(body, dict) or not isinstance(body.get("model"), str):
             raise InputError("the body must be a JSON object with a string field 'model'")
-        eps = {e.model: e for e in await run_in_threadpool(reg.endpoints)}
+        eps = serving.snapshots.current.endpoints
         if not eps:
             return JSONResponse({"detail": "no model has an endpoint: `registry endpoints set MODEL --base-url URL`"},
                                 status_code=503)
@@ -72,8 +73,7 @@ def mount(app: FastAPI, reg, write_lock, timeout: float = 60.0) -> None:
             if options[k] is None and k in request.query_params:
                 options[k] = request.query_params[k] if k == "cost_by" else float(request.query_params[k])
         if body["model"] == "auto":
-            chain, fallback = await run_in_threadpool(_route, reg, write_lock, last_user_text(body.get("messages")),
-                                                      eps, options)
+            chain, fallback = await run_in_threadpool(_route, serving, last_user_text(body.get("messages")), options)
         elif body["model"] in eps:
             chain, fallback = [body["model"]], False
         else:
@@ -109,21 +109,15 @@ def mount(app: FastAPI, reg, write_lock, timeout: float = 60.0) -> None:
                             status_code=502)
 
 
-def _route(reg, write_lock, text: str, eps: dict, options: dict):
+def _route(serving, text: str, options: dict):
     """(models to try in order: the choice, then its fallback chain among models with endpoints; fallback?)"""
-    reg.prepare_queries([text])                                     # encode outside the lock
-    without = [a.model for a in reg.availability() if a.model not in eps]     # (a cheap list of every name)
-    with write_lock:
-        d = reg.route(text, options["cost_weight"], options["min_prob"], without or None, log_text=False,
-                      cost_by=options["cost_by"] or "cost")
+    snap = serving.snapshots.current
+    without = [m for m in snap.routing.known if m not in snap.endpoints]     # only models with an endpoint
+    d = serving.route([text], options["cost_weight"], options["min_prob"], without or None, log_text=False,
+                      cost_by=options["cost_by"] or "cost")[0]
     if d.model is None:
         raise RegistryError(d.note or "no model available")
-    try:
-        with write_lock:
-            rest = [link.model for link in reg.fallback(d.model, k=len(eps)).chain if link.model in eps]
-    except RegistryError:
-        rest = []
-    return [d.model] + rest, d.fallback
+    return [d.model] + snap.chain(d.model, set(snap.endpoints), snap.routing.down), d.fallback
 
 
 def _closer(resp):

@@ -1,7 +1,7 @@
 """Routing: query text -> MiniLM vector -> P(correct) for every model with a current embedding under the active
 encoder -> a choice (most likely, cost-aware, or cheapest above a threshold), never an unavailable model.
 
-Per-query overhead is kept small by a per-process cache (`_State`) of the loaded encoder, the current z matrix, the
+Per-query overhead is kept small by a per-process cache (`State`) of the loaded encoder, the current z matrix, the
 models' costs and the persistent availability flags. One cheap SQL statement (max ids of activations, versions and
 availability rows, and a hash over the models' cost columns) tells whether the cache is still current; anything new
 rebuilds it. Text vectors are cached per content hash (an LRU), and a text the registry already holds reuses its
@@ -60,12 +60,13 @@ class Decision:
 
 
 @dataclass
-class _State:
+class State:
     key: tuple
     encoder_id: int
     encoder_name: str
     model: object                     # LocusModel (eval mode)
     names: list[str]
+    model_ids: np.ndarray             # [M] models.id
     versions: np.ndarray              # [M] embedding version numbers
     version_ids: np.ndarray           # [M] embedding_versions.id
     z: np.ndarray                     # [M,128] current embeddings
@@ -74,12 +75,12 @@ class _State:
     evidence: evidence.Evidence       # [M] evaluations, stability, probation, shrinkage weight
     down: set[str] = field(default_factory=set)   # marked unavailable in the registry
     score: object = None                          # q [N,Dq] -> P(correct) [M,N] (LocusModel.scorer)
+    known: frozenset = frozenset()                # every registered model's name (embedded or not)
 
 
-_states: dict[str, _State] = {}
+_states: dict[str, State] = {}
 _vectors: OrderedDict[str, np.ndarray] = OrderedDict()
 _vectors_lock = threading.Lock()   # the server routes from several threads
-_encode_lock = threading.Lock()
 
 _KEY_SQL = """SELECT (SELECT coalesce(max(id), 0) FROM encoder_activations),
                      (SELECT coalesce(max(id), 0) FROM embedding_versions),
@@ -88,7 +89,7 @@ _KEY_SQL = """SELECT (SELECT coalesce(max(id), 0) FROM encoder_activations),
                      (SELECT coalesce(bit_xor(hash(id, name, cost, params_b)), 0) FROM models)"""
 
 
-def state(tx: Tx, db_path: str, probation_min: int | None = None) -> _State:
+def state(tx: Tx, db_path: str, probation_min: int | None = None) -> State:
     """The cached routing state, rebuilt only when the registry changed in a way that matters to routing."""
     key = tuple(tx.sql(_KEY_SQL)[0]) + (evidence.probation_min(probation_min),)
     st = _states.get(db_path)
@@ -99,22 +100,22 @@ def state(tx: Tx, db_path: str, probation_min: int | None = None) -> _State:
     return st
 
 
-def _build(tx: Tx, key: tuple) -> _State:
+def _build(tx: Tx, key: tuple) -> State:
     encoder_id = encoders.require_active(tx)
     model, _ = encoders.load(tx, encoder_id)
     vids, mids, names, vecs = index.current_versions(tx, encoder_id)
-    meta = {r[0]: r[1:] for r in tx.sql("SELECT id, cost, params_b FROM models")}
+    meta = {r[0]: r[1:] for r in tx.sql("SELECT id, cost, params_b, name FROM models")}
     about = {r[0]: r[1:] for r in tx.sql("""
         SELECT v.id, v.version, v.n_evaluations, coalesce(s.stability, v.stability) FROM embedding_versions v
         LEFT JOIN version_stability s ON s.version_id = v.id WHERE v.id IN (SELECT unnest(?))""", [vids.tolist()])}
     down = set(availability.unavailable_models(tx))
     enc_name = tx.sql("SELECT name FROM encoders WHERE id = ?", [encoder_id])[0][0]
     ev = evidence.assess(vecs, [about[int(v)][1] for v in vids], [about[int(v)][2] for v in vids], key[-1])
-    return _State(key, encoder_id, enc_name, model, list(names),
-                  np.array([about[int(v)][0] for v in vids], dtype=np.int64), np.asarray(vids, dtype=np.int64),
-                  vecs, np.array([_nan(meta[m][0]) for m in mids.tolist()], dtype=np.float64),
-                  np.array([_nan(meta[m][1]) for m in mids.tolist()], dtype=np.float64), ev, down,
-                  model.scorer(vecs))
+    return State(key, encoder_id, enc_name, model, list(names), np.asarray(mids, dtype=np.int64),
+                 np.array([about[int(v)][0] for v in vids], dtype=np.int64), np.asarray(vids, dtype=np.int64),
+                 vecs, np.array([_nan(meta[m][0]) for m in mids.tolist()], dtype=np.float64),
+                 np.array([_nan(meta[m][1]) for m in mids.tolist()], dtype=np.float64), ev, down,
+                 model.scorer(vecs), frozenset(m[2] for m in meta.values()))
 
 
 def _nan(v) -> float:
@@ -138,9 +139,11 @@ def clean_texts(texts) -> tuple[list[str], list[str]]:
 
 
 def query_vectors(tx: Tx | None, texts: list[str], hashes: list[str], reuse: bool = True,
-                  batch_size: int = 64, progress: bool = False, fresh: list | None = None) -> np.ndarray:
-    """[N,384]: from the LRU, then from the registry's stored vectors (by content hash), then MiniLM (batched).
-    `fresh`, if given, receives the indices that MiniLM encoded here."""
+                  batch_size: int = 64, progress: bool = False, fresh: list | None = None,
+                  stored=None, encode=None) -> np.ndarray:
+    """[N,384]: from the LRU, then from the registry's stored vectors (by content hash: in `tx`, or from `stored`,
+    hashes -> {hash: vector}), then MiniLM (batched; or `encode`, texts -> [n,384]). `fresh`, if given, receives
+    the indices that were encoded here."""
     out = np.zeros((len(texts), textvec.TEXT_DIM), dtype=np.float32)
     todo = []
     for i, h in enumerate(hashes):
@@ -150,19 +153,20 @@ def query_vectors(tx: Tx | None, texts: list[str], hashes: list[str], reuse: boo
             todo.append(i)
         else:
             out[i] = v
-    if todo and reuse and tx is not None:
-        stored = _stored_vectors(tx, [hashes[i] for i in todo])
+    if todo and reuse and (tx is not None or stored is not None):
+        found = (stored or (lambda hs: stored_vectors(tx, hs)))([hashes[i] for i in todo])
         rest = []
         for i in todo:
-            v = stored.get(hashes[i])
+            v = found.get(hashes[i])
             if v is None:
                 rest.append(i)
             else:
                 out[i] = v
         todo = rest
     if todo:
-        with _encode_lock:  # HF fast tokenisers fail when one is used by two threads at once
-            out[todo] = textvec.encode([texts[i] for i in todo], batch_size=batch_size, progress=progress)
+        todo_texts = [texts[i] for i in todo]
+        out[todo] = (encode(todo_texts) if encode is not None
+                     else textvec.encode(todo_texts, batch_size=batch_size, progress=progress))
         if fresh is not None:
             fresh.extend(todo)
     with _vectors_lock:
@@ -174,7 +178,8 @@ def query_vectors(tx: Tx | None, texts: list[str], hashes: list[str], reuse: boo
     return out
 
 
-def _stored_vectors(tx: Tx, hashes: list[str]) -> dict[str, np.ndarray]:
+def stored_vectors(tx: Tx, hashes: list[str]) -> dict[str, np.ndarray]:
+    """The registry's stored text vectors of these content hashes (those it has)."""
     if len(hashes) == 1:  # the single-query path: one indexed lookup, no Arrow registration
         rows = tx.sql("SELECT vector FROM text_vectors WHERE content_hash = ? AND text_encoder = ?",
                       [hashes[0], textvec.TEXT_ENCODER])
@@ -204,7 +209,7 @@ def keep_vectors(tx: Tx, hashes: list[str], vectors: np.ndarray) -> None:
 
 
 # --- scoring and choosing -----------------------------------------------------------------------------------------
-def probabilities(st: _State, qvecs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def probabilities(st: State, qvecs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """[N,384] -> (P(correct) as routing uses it, shrunk by evidence; the predictor's own), each [M,N]."""
     raw = st.score(qvecs)
     return evidence.shrink(raw, st.evidence), raw
@@ -225,7 +230,7 @@ class Policy:
     note: str | None = None
 
 
-def policy(st: _State, cost_weight: float | None = None, min_prob: float | None = None, unavailable=(),
+def policy(st: State, cost_weight: float | None = None, min_prob: float | None = None, unavailable=(),
            known_models=(), cost_by: str = "cost", include_probation: bool = False) -> Policy:
     if cost_weight is not None and min_prob is not None:
         raise InputError("give either a cost weight or a minimum probability, not both")
@@ -269,7 +274,7 @@ def policy(st: _State, cost_weight: float | None = None, min_prob: float | None 
     return Policy(down, eligible, cost, basis, cost_weight, min_prob, note)
 
 
-def choose(st: _State, probs: np.ndarray, pol: Policy) -> list[tuple[int | None, bool]]:
+def choose(st: State, probs: np.ndarray, pol: Policy) -> list[tuple[int | None, bool]]:
     """For each query column of probs [M,N]: (chosen model row or None, fallback). The policy ranks the eligible
     models; the top-ranked one is taken unless unavailable, then the best-ranked available one (a fallback)."""
     M, N = probs.shape
@@ -295,7 +300,7 @@ def choose(st: _State, probs: np.ndarray, pol: Policy) -> list[tuple[int | None,
     return out
 
 
-def decisions(st: _State, probs: np.ndarray, raw: np.ndarray, picks, pol: Policy, hashes: list[str],
+def decisions(st: State, probs: np.ndarray, raw: np.ndarray, picks, pol: Policy, hashes: list[str],
               truncated: list[bool]) -> list[Decision]:
     versions = dict(zip(st.names, st.versions.tolist()))
     ev = st.evidence
@@ -319,60 +324,97 @@ def decisions(st: _State, probs: np.ndarray, raw: np.ndarray, picks, pol: Policy
     return out
 
 
+def decide(st: State, pol: Policy, qvecs: np.ndarray, hashes: list[str], truncated: list[bool]) -> list[Decision]:
+    """The decisions for texts already turned into vectors [N,384]: no database, no lock (the server answers from
+    its in-memory snapshot with this)."""
+    probs, raw = probabilities(st, qvecs)
+    return decisions(st, probs, raw, choose(st, probs, pol), pol, hashes, truncated)
+
+
+@dataclass
+class Routed:
+    decisions: list[Decision]
+    log_rows: list[tuple]             # routing_log rows of these decisions (`append_log`)
+    new_hashes: list[str]             # texts encoded here whose text the log keeps: keep their vectors too
+    new_vectors: np.ndarray           # [n,384]
+
+
+def route_texts(st: State, texts: list[str], vectors, cost_weight: float | None = None,
+                min_prob: float | None = None, unavailable: list[str] | None = None, log_text: bool = True,
+                cost_by: str = "cost", include_probation: bool = False) -> Routed:
+    """Route texts on a routing state: `vectors(texts, hashes, fresh)` turns them into [N,384] (appending to
+    `fresh` the indices it encoded). Writes nothing: the caller logs (`route` in its transaction, the server through
+    its writer)."""
+    cut, hashes = clean_texts(texts)
+    if not cut:
+        return Routed([], [], [], np.zeros((0, textvec.TEXT_DIM), np.float32))
+    pol = policy(st, cost_weight, min_prob, unavailable, st.known, cost_by, include_probation)
+    fresh: list[int] = []
+    q = vectors(cut, hashes, fresh)
+    decs = decide(st, pol, q, hashes, [len(t) > len(c) for t, c in zip(texts, cut)])
+    keep = fresh if log_text else []
+    return Routed(decs, log_rows(decs, cut if log_text else None, st.encoder_id,
+                                 log_options(pol, cost_weight, min_prob, include_probation)),
+                  [hashes[i] for i in keep], q[keep])
+
+
 def route(tx: Tx, db_path: str, texts: list[str], cost_weight: float | None = None, min_prob: float | None = None,
           unavailable: list[str] | None = None, log_decisions: bool = True, log_text: bool = True,
           reuse_vectors: bool = True, batch_size: int = 64, progress: bool = False, cost_by: str = "cost",
           include_probation: bool = False, probation_min: int | None = None) -> list[Decision]:
     """`Registry.route_batch`: texts -> vectors -> P(correct) -> the policy's choice, logged in the same transaction
     (texts routed for the first time keep their vectors, when their text is logged)."""
-    cut, hashes = clean_texts(texts)
-    if not cut:
+    if not texts:
         return []
-    st = state(tx, db_path, probation_min)
-    known = [r[0] for r in tx.sql("SELECT name FROM models")] if unavailable else ()
-    pol = policy(st, cost_weight, min_prob, unavailable, known, cost_by, include_probation)
-    fresh: list[int] = []
-    q = query_vectors(tx, cut, hashes, reuse=reuse_vectors, batch_size=batch_size, progress=progress, fresh=fresh)
-    probs, raw = probabilities(st, q)
-    decs = decisions(st, probs, raw, choose(st, probs, pol), pol, hashes,
-                     [len(t) > len(c) for t, c in zip(texts, cut)])
+    r = route_texts(state(tx, db_path, probation_min), texts,
+                    lambda cut, hashes, fresh: query_vectors(tx, cut, hashes, reuse_vectors, batch_size, progress,
+                                                             fresh),
+                    cost_weight, min_prob, unavailable, log_text, cost_by, include_probation)
     if log_decisions:
-        if log_text and reuse_vectors and fresh:       # the log keeps these texts: keep their vectors too
-            keep_vectors(tx, [hashes[i] for i in fresh], q[fresh])
-        options = {"cost_weight": cost_weight, "min_prob": min_prob, "unavailable": sorted(pol.down),
-                   "cost_basis": pol.cost_basis, "include_probation": include_probation}
-        log(tx, decs, cut if log_text else None, st.encoder_id, options)
-    return decs
+        if reuse_vectors:
+            keep_vectors(tx, r.new_hashes, r.new_vectors)
+        append_log(tx, r.log_rows)
+    return r.decisions
 
 
 # --- the routing log ----------------------------------------------------------------------------------------------
-def log(tx: Tx, decs: list[Decision], texts: list[str] | None, encoder_id: int, options: dict) -> None:
-    """Append one row per decision in one native bulk insert (Arrow), whatever the batch size."""
+LOG_COLUMNS = ("query_hash", "text", "model", "fallback", "candidates", "encoder_id", "versions", "options")
+_LOG_TYPES = ("VARCHAR", "VARCHAR", "VARCHAR", "BOOLEAN", "VARCHAR", "BIGINT", "VARCHAR", "VARCHAR")
+
+
+def log_options(pol: Policy, cost_weight: float | None, min_prob: float | None, include_probation: bool) -> dict:
+    """What the log records of the options a decision was made under."""
+    return {"cost_weight": cost_weight, "min_prob": min_prob, "unavailable": sorted(pol.down),
+            "cost_basis": pol.cost_basis, "include_probation": include_probation}
+
+
+def log_rows(decs: list[Decision], texts: list[str] | None, encoder_id: int, options: dict) -> list[tuple]:
+    """One routing_log row per decision (LOG_COLUMNS; JSON columns as text), for `append_log` now or later."""
+    opts = json.dumps(options)
+    return [(d.query_hash, texts[i] if texts is not None else None, d.model, d.fallback,
+             json.dumps([{"model": c.model, "prob": c.prob} for c in d.candidates[:LOG_TOP]]), encoder_id,
+             json.dumps(d.versions), opts) for i, d in enumerate(decs)]
+
+
+def append_log(tx: Tx, rows: list[tuple]) -> None:
+    """Append routing_log rows (`log_rows`) in one native bulk insert (Arrow), whatever their number: the server's
+    writer appends many requests' rows at once."""
     import pyarrow as pa
 
-    if not decs:
+    if not rows:
         return
-    cands = [json.dumps([{"model": c.model, "prob": c.prob} for c in d.candidates[:LOG_TOP]]) for d in decs]
     sql = """INSERT INTO routing_log (query_hash, text, model, fallback, candidates, encoder_id, versions, options)
-             SELECT query_hash, text, model, fallback, candidates::JSON, ?, versions::JSON, ?::JSON FROM {}"""
-    if len(decs) == 1:  # one query: a plain parameterised insert costs less than registering an Arrow table
-        d = decs[0]
-        tx.duck.execute(sql.format("(SELECT ? AS query_hash, ? AS text, ? AS model, ? AS fallback, "
-                                   "? AS candidates, ? AS versions)"),
-                        [encoder_id, json.dumps(options), d.query_hash, texts[0] if texts is not None else None,
-                         d.model, d.fallback, cands[0], json.dumps(d.versions)])
+             SELECT query_hash, text, model, fallback, candidates::JSON, encoder_id, versions::JSON, options::JSON
+             FROM {}"""
+    if len(rows) == 1:  # one query: a plain parameterised insert costs less than registering an Arrow table
+        one = ", ".join(f"?::{t} AS {c}" for c, t in zip(LOG_COLUMNS, _LOG_TYPES))
+        tx.duck.execute(sql.format(f"(SELECT {one})"), list(rows[0]))
         return
-    tbl = pa.table({
-        "query_hash": [d.query_hash for d in decs],
-        "text": texts if texts is not None else pa.nulls(len(decs), pa.string()),
-        "model": [d.model for d in decs],
-        "fallback": [d.fallback for d in decs],
-        "candidates": cands,
-        "versions": [json.dumps(d.versions) for d in decs],
-    })
+    types = {"BOOLEAN": pa.bool_(), "BIGINT": pa.int64(), "VARCHAR": pa.string()}
+    tbl = pa.table({c: pa.array(v, type=types[t]) for c, t, v in zip(LOG_COLUMNS, _LOG_TYPES, zip(*rows))})
     tx.duck.register("_route_log", tbl)
     try:
-        tx.duck.execute(sql.format("_route_log"), [encoder_id, json.dumps(options)])
+        tx.duck.execute(sql.format("_route_log"))
     finally:
         tx.duck.unregister("_route_log")
 

@@ -2,10 +2,14 @@
 
 - The server owns the DuckDB file while it runs (DuckDB lets one process write); a CLI command started meanwhile
   says so in one line (store.DatabaseLocked).
-- Writes (register, evaluations, availability, and the shared in-memory vector index behind `similar`) go one at a
-  time through `_write_lock`; plain reads (models, show, history, log) run concurrently on the engine's pooled
-  connections to the one DuckDB instance. Routing encodes its texts outside the lock (the slow part), then scores
-  and appends its log rows under it.
+- Reads never wait for writes (serving.py): routes answer from an in-memory snapshot swapped whole when a write
+  commits; the other reads (models, history, similar, fallback, portfolio, fingerprint) run on their own
+  connections, which DuckDB serves from the last commit while a write is in progress. Every write (register,
+  evaluations, availability, routing-log rows) goes through one writer thread that commits what is waiting in one
+  transaction; a write is answered once durable. New query texts are encoded in shared batches.
+- A crash loses no acknowledged write; routing-log rows are written by the writer's next cycle, so a crash loses at
+  most the rows of routes answered in the last cycle and the 0.1 s before it (writer.py; /health reports the
+  longest cycle).
 - Writing endpoints require `Authorization: Bearer <token>` when a token is configured; routing and fingerprinting
   do not (the one only appends to the routing log, the other writes nothing).
 - Errors are JSON `{"detail": "<one line>"}`: bad input 400, a missing or ill-typed field 422, unknown names 404,
@@ -18,7 +22,6 @@ import hmac
 import json
 import os
 import tempfile
-import threading
 from dataclasses import asdict, is_dataclass
 from typing import Any
 
@@ -30,6 +33,7 @@ from pydantic import BaseModel, Field
 from . import proxy, web
 from .api import Registry
 from .errors import DatabaseLocked, InputError, NotFound, RegistryError
+from .serving import Serving
 
 UPLOAD_TYPES = {"text/csv": ".csv", "application/x-ndjson": ".jsonl", "application/jsonl": ".jsonl",
                 "application/vnd.apache.parquet": ".parquet", "application/octet-stream": ".csv"}
@@ -91,10 +95,11 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
                create: bool = True) -> FastAPI:
     reg = Registry(db, probation_min=probation_min, create=create)
     hold = reg.store.engine.connect()   # keep the file open (and locked against other processes) while we serve
-    write_lock = threading.Lock()
+    serving = Serving(reg)
     # /docs from the package's own Swagger UI files (FastAPI's default fetches them from a CDN: blank offline)
     app = FastAPI(title="LLM model registry", version="1", description=__doc__, docs_url=None, redoc_url=None)
     app.state.registry = reg
+    app.state.serving = serving
 
     @app.middleware("http")
     async def _size_limit(request: Request, call_next):
@@ -106,10 +111,11 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
         return await call_next(request)
     _offline_docs(app)
     web.mount(app, reg, token)      # the pages at / (web.py)
-    proxy.mount(app, reg, write_lock)   # the OpenAI-compatible routing proxy at /v1 (proxy.py)
+    proxy.mount(app, serving)           # the OpenAI-compatible routing proxy at /v1 (proxy.py)
 
     @app.on_event("shutdown")
     def _close():
+        serving.close()                 # the writer commits what it holds first
         hold.close()
         reg.close()
 
@@ -163,7 +169,7 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
     # --- reading --------------------------------------------------------------------------------------------------
     @app.get("/health")
     def health():
-        return {"ok": True, "db": reg.path}
+        return {"ok": True, "db": reg.path, **serving.stats()}
 
     @app.get("/models")
     def models():
@@ -179,14 +185,12 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
 
     @app.get("/models/{name}/similar")
     def similar(name: str, k: int = Query(5, ge=1, le=1000)):
-        with write_lock:  # may bring the shared in-memory index up to date
-            return _out(reg.similar(name, k=k))
+        return _out(reg.similar(name, k=k))
 
     @app.get("/models/{name}/fallback")
     def fallback(name: str, k: int = Query(5, ge=1, le=1000)):
         fn = _optional(reg, "fallback")
-        with write_lock:
-            return _out(fn(name, k=k) if _takes(fn, "k") else fn(name))
+        return _out(fn(name, k=k) if _takes(fn, "k") else fn(name))
 
     @app.get("/portfolio")
     def portfolio(k: int | None = Query(None, ge=1, le=1000), target: float | None = Query(None, gt=0, le=1),
@@ -194,12 +198,12 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
         """A few models covering the embedding space (give k, or a target share of the pool's accuracy)."""
         fn = _optional(reg, "portfolio")
         given = {"k": k, "target": target, "method": method, "max_params": max_params, "max_cost": max_cost}
-        with write_lock:
-            return _out(fn(**{a: v for a, v in given.items() if v is not None and _takes(fn, a)}))
+        return _out(fn(**{a: v for a, v in given.items() if v is not None and _takes(fn, a)}))
 
     @app.get("/log")
     def routing_log(since: str | None = None, limit: int | None = Query(None, ge=1), oldest: bool = False):
-        """Routing log entries, newest first (oldest=true: oldest first)."""
+        """Routing log entries, newest first (oldest=true: oldest first), up to the last route answered."""
+        serving.flush()
         return _out(reg.routing_log(since=since, limit=limit, oldest=oldest))
 
     @app.get("/availability")
@@ -209,21 +213,17 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
     # --- routing ----------------------------------------------------------------------------------------------
     @app.post("/route")
     def route(body: RouteBody):
-        reg.prepare_queries([body.text])          # encode outside the lock
-        with write_lock:
-            return _out(reg.route(body.text, body.cost_weight, body.min_prob, body.unavailable,
+        return _out(serving.route([body.text], body.cost_weight, body.min_prob, body.unavailable,
                                   log_text=body.log_text, cost_by=body.cost_by,
-                                  include_probation=body.include_probation))
+                                  include_probation=body.include_probation)[0])
 
     @app.post("/route/batch")
     def route_batch(body: RouteBatchBody):
         if not body.texts:
             raise InputError("texts: give at least one query")
-        reg.prepare_queries(body.texts)
-        with write_lock:
-            return _out(reg.route_batch(body.texts, body.cost_weight, body.min_prob, body.unavailable,
-                                        log_text=body.log_text, cost_by=body.cost_by,
-                                        include_probation=body.include_probation))
+        return _out(serving.route(body.texts, body.cost_weight, body.min_prob, body.unavailable,
+                                  log_text=body.log_text, cost_by=body.cost_by,
+                                  include_probation=body.include_probation))
 
     # --- writing ----------------------------------------------------------------------------------------------
     @app.post("/models", dependencies=[Depends(writer)])
@@ -233,10 +233,10 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
             raise InputError("evaluations: give at least one row")
         path = _temp_file([r.model_dump(exclude_none=True) for r in body.evaluations])
         try:
-            with write_lock, _rows_named("evaluations", path):
-                return _out(reg.register(body.name, path, family=body.family, provider=body.provider,
-                                         params_b=body.params_b, cost=body.cost, open_weights=body.open_weights,
-                                         tags=body.tags, update=body.update))
+            with _rows_named("evaluations", path):
+                return _out(serving.register(body.name, path, dict(
+                    family=body.family, provider=body.provider, params_b=body.params_b, cost=body.cost,
+                    open_weights=body.open_weights, tags=body.tags), update=body.update))
         finally:
             os.unlink(path)
 
@@ -262,8 +262,8 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
             import anyio
 
             def run():
-                with write_lock, _rows_named("the uploaded file", path, rows=False):
-                    return _out(reg.register(name, path))
+                with _rows_named("the uploaded file", path, rows=False):
+                    return _out(serving.register(name, path))
             return await anyio.to_thread.run_sync(run)
         finally:
             os.unlink(path)
@@ -274,20 +274,18 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
         fn = _optional(reg, "fingerprint")
         path = _temp_file([r.model_dump(exclude_none=True) for r in evaluations])
         try:
-            with write_lock, _rows_named("evaluations", path):
+            with _rows_named("evaluations", path):
                 return _out(fn(path))
         finally:
             os.unlink(path)
 
     @app.post("/availability/unavailable", dependencies=[Depends(writer)])
     def mark_unavailable(body: AvailabilityBody):
-        with write_lock:
-            return _out(reg.mark_unavailable(body.models, body.reason))
+        return _out(serving.write(lambda: reg.mark_unavailable(body.models, body.reason)))
 
     @app.post("/availability/available", dependencies=[Depends(writer)])
     def mark_available(body: AvailabilityBody):
-        with write_lock:
-            return _out(reg.mark_available(body.models, body.reason))
+        return _out(serving.write(lambda: reg.mark_available(body.models, body.reason)))
 
     return app
 

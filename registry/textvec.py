@@ -7,6 +7,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import queue
+import threading
+import time
+from concurrent.futures import Future
 from typing import Sequence
 
 import numpy as np
@@ -60,11 +64,63 @@ def load_model():
     return _model
 
 
+_encode_lock = threading.Lock()   # HF fast tokenisers fail when one is used by two threads at once
+
+
 def encode(texts: Sequence[str], batch_size: int = 64, progress: bool = False) -> np.ndarray:
-    """[N] texts -> [N, 384] float32, unit norm."""
+    """[N] texts -> [N, 384] float32, unit norm. Safe from several threads (they take turns)."""
     if len(texts) == 0:
         return np.zeros((0, TEXT_DIM), dtype=np.float32)
     model = load_model()
-    vecs = model.encode(list(texts), batch_size=batch_size, show_progress_bar=progress,
-                        convert_to_numpy=True, normalize_embeddings=True)
+    with _encode_lock:
+        vecs = model.encode(list(texts), batch_size=batch_size, show_progress_bar=progress,
+                            convert_to_numpy=True, normalize_embeddings=True)
     return np.asarray(vecs, dtype=np.float32)
+
+
+class Batcher:
+    """Dynamic batching for a server: texts that arrive from many threads within `wait_s` of each other are encoded
+    in one MiniLM pass (one forward over a batch costs far less than one per text), and each caller gets its rows.
+    A text already waiting or being encoded is not encoded twice (by content hash)."""
+
+    def __init__(self, wait_s: float = 0.002, max_batch: int = 64):
+        self.wait_s, self.max_batch = wait_s, max_batch
+        self._queue: queue.Queue = queue.Queue()
+        self._pending: dict[str, Future] = {}           # content hash -> its vector, once encoded
+        self._lock = threading.Lock()
+        self.batches = 0                                 # how many passes, and how many texts (for benchmarks)
+        self.texts = 0
+        threading.Thread(target=self._run, daemon=True, name="text-batcher").start()
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        """[N] texts -> [N, 384], as `encode` gives, sharing passes with other callers."""
+        futures = []
+        for t in texts:
+            h = content_hash(t)
+            with self._lock:
+                f = self._pending.get(h)
+                if f is None:
+                    f = self._pending[h] = Future()
+                    self._queue.put((h, t, f))
+            futures.append(f)
+        return np.stack([f.result() for f in futures]) if futures else encode([])
+
+    def _run(self) -> None:
+        while True:
+            batch = [self._queue.get()]
+            deadline = time.monotonic() + self.wait_s
+            while len(batch) < self.max_batch:
+                left = deadline - time.monotonic()
+                try:
+                    batch.append(self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                vecs = encode([t for _, t, _ in batch], batch_size=self.max_batch)
+            except Exception as exc:   # every caller of this pass gets the error, the thread lives on
+                vecs = exc
+            self.batches, self.texts = self.batches + 1, self.texts + len(batch)
+            with self._lock:
+                for i, (h, _, f) in enumerate(batch):
+                    self._pending.pop(h, None)
+                    f.set_exception(vecs) if isinstance(vecs, Exception) else f.set_result(vecs[i])

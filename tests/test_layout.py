@@ -20,6 +20,7 @@ LAYERS = [
                  "fallback", "maps", "routing", "frontier", "baselines", "evaluation", "training",
                  "heldout"}),
     ("facade", {"api", "__init__"}),
+    ("serving", {"snapshot", "writer", "serving"}),
     ("interfaces", {"cli", "cli_common", "server", "web", "proxy", "__main__"}),
 ]
 

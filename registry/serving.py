@@ -1,0 +1,46 @@
+"""A registry being served (`registry serve`, the proxy): reads answer from the current in-memory snapshot
+(snapshot.py), every write goes through the one writer (writer.py), and new query texts are encoded in shared
+batches. What the HTTP layer calls; it holds no lock a read could wait on.
+"""
+from __future__ import annotations
+
+from . import routing
+from .snapshot import QueryVectors, Snapshots
+from .writer import Writer
+
+
+class Serving:
+    def __init__(self, reg):
+        self.reg = reg
+        self.snapshots = Snapshots(reg)
+        self.writer = Writer(reg, self.snapshots)
+        self.vectors = QueryVectors(reg)
+
+    def route(self, texts: list[str], cost_weight: float | None = None, min_prob: float | None = None,
+              unavailable: list[str] | None = None, log: bool = True, log_text: bool = True,
+              cost_by: str = "cost", include_probation: bool = False) -> list[routing.Decision]:
+        """`Registry.route_batch` from the current snapshot; the log rows go to the writer (not waited for)."""
+        r = routing.route_texts(self.snapshots.current.routing, texts, self.vectors, cost_weight, min_prob,
+                                unavailable, log_text, cost_by, include_probation)
+        if log:
+            self.writer.log(r.log_rows, r.new_hashes, r.new_vectors)
+        return r.decisions
+
+    def register(self, name: str, evals: str, metadata: dict | None = None, update: bool = False, k: int = 5):
+        """`Registry.register` through the writer (group commit); answered once durable and visible to reads."""
+        return self.writer.register(name, evals, metadata or {}, update, k)
+
+    def write(self, fn):
+        """Any other write (`fn()`, over the Registry's own transactions), run by the writer in turn."""
+        return self.writer.run(fn)
+
+    def flush(self) -> None:
+        """Wait until every routing-log row handed over so far is committed (what reading the log needs)."""
+        self.writer.run(lambda: None)
+
+    def stats(self) -> dict:
+        return {"snapshot": self.snapshots.current.generation, "writer": self.writer.stats(),
+                "text_batches": self.vectors.batcher.batches, "texts_encoded": self.vectors.batcher.texts}
+
+    def close(self) -> None:
+        self.writer.close()

@@ -1,0 +1,78 @@
+"""What a running server answers routes from: an immutable snapshot of the registry, swapped whole when a write
+commits. A request takes `Snapshots.current` once and answers from it with no database and no lock, so routes never
+wait for the writer or for each other; the writer (writer.py) builds the next snapshot after each commit, and a
+request that started earlier finishes on the one it took.
+
+A snapshot holds the routing state (the active encoder's predictor, every model's current version, evidence, cost,
+availability and name: routing.State), a vector index and pool of the same versions (fallback chains), and the
+models' upstream endpoints (the proxy). Query text vectors are not part of it: they never change once known, so one
+shared cache serves every snapshot (`QueryVectors`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import endpoints, fallback, index, routing, textvec
+from .geometry import Pool
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    generation: int                          # one more with every swap
+    routing: routing.State
+    index: index.VectorIndex                 # the same versions as `routing`, never changed after the swap
+    pool: Pool                               # the same, ordered by name
+    endpoints: dict[str, endpoints.Endpoint]
+
+    def chain(self, model: str, among: set[str], down: set[str]) -> list[str]:
+        """`model`'s fallback chain: the other models in `among`, not in `down`, nearest first (fallback.chains)."""
+        if model not in self.pool.names or len(self.pool.names) < 2:
+            return []
+        links = fallback.chains(self.index, self.pool, len(self.pool.names), down,
+                                only=[self.pool.names.index(model)])[model]
+        return [link.model for link in links if link.model in among]
+
+
+def build(reg, generation: int) -> Snapshot:
+    """Read the registry once (a read transaction) into a new snapshot."""
+    with reg.store.tx() as tx:
+        st = routing.state(tx, reg.path, reg.probation_min)
+        eps = endpoints.current(tx)
+    vi = index.VectorIndex(st.encoder_id, index.new_index(), dict(zip(st.model_ids.tolist(), st.names)), -1)
+    if len(st.names):
+        vi.index.add_with_ids(np.ascontiguousarray(st.z, dtype=np.float32), st.model_ids)
+    order = sorted(range(len(st.names)), key=lambda i: st.names[i])
+    pool = Pool(st.encoder_id, st.model_ids[order], [st.names[i] for i in order],
+                np.ascontiguousarray(st.z[order], dtype=np.float32))
+    return Snapshot(generation, st, vi, pool, eps)
+
+
+class Snapshots:
+    """The current snapshot; `refresh` (the writer's, after each commit) builds the next and swaps it in."""
+
+    def __init__(self, reg):
+        self._reg = reg
+        self.current = build(reg, 0)
+
+    def refresh(self) -> Snapshot:
+        self.current = build(self._reg, self.current.generation + 1)   # one reference assignment: atomic
+        return self.current
+
+
+class QueryVectors:
+    """Query text -> vector for a server: the routing LRU, then the registry's stored vectors (a read that waits for
+    no writer), then MiniLM through a dynamic batcher, so that new texts arriving together share one pass."""
+
+    def __init__(self, reg, batcher: textvec.Batcher | None = None):
+        self._reg = reg
+        self.batcher = batcher or textvec.Batcher()
+
+    def __call__(self, texts: list[str], hashes: list[str], fresh: list | None = None) -> np.ndarray:
+        return routing.query_vectors(None, texts, hashes, fresh=fresh, stored=self._stored,
+                                     encode=self.batcher.encode)
+
+    def _stored(self, hashes: list[str]) -> dict:
+        with self._reg.store.tx() as tx:
+            return routing.stored_vectors(tx, hashes)

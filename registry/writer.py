@@ -1,0 +1,173 @@
+"""The server's one writer: every write of a running server goes through one thread, which commits what is waiting
+in one transaction (group commit), onboards, then swaps in a new snapshot (snapshot.py) for the readers.
+
+- Registrations and uploads queue as jobs. A cycle stages every waiting job's rows in one transaction; when one of
+  them is refused (bad input), the group is rolled back and each job staged alone, so one bad request never fails
+  the others. A job is answered only after its rows are committed (durable), its model onboarded and the new
+  snapshot swapped in: a client that registers and then routes sees its model.
+- Routing-log rows (and routed texts' vectors) are handed over without waiting (`log`) and committed by the next
+  cycle, in the same transaction as whatever else is waiting. A cycle starts at most LOG_FLUSH_S after the last one
+  ended, so a crash loses at most the log rows of routes answered during the last cycle and the LOG_FLUSH_S before
+  it (`stats()["longest_cycle_ms"]` tells how long a cycle has taken); acknowledged writes are never lost.
+- Other writes (availability, endpoints) run whole, in turn (`run`).
+"""
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+import time
+import traceback
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from . import registration, routing, vectors
+
+LOG_FLUSH_S = 0.1           # the longest an idle writer leaves routing-log rows in memory
+MAX_GROUP = 64              # jobs staged in one transaction
+
+
+@dataclass
+class _Job:
+    kind: str                              # "register" | "run"
+    args: tuple
+    future: Future = field(default_factory=Future)
+
+
+class Writer:
+    def __init__(self, reg, snapshots, flush_s: float = LOG_FLUSH_S):
+        self.reg, self.snapshots, self.flush_s = reg, snapshots, flush_s
+        self._jobs: queue.Queue = queue.Queue()
+        self._log_lock = threading.Lock()
+        self._log_rows: list[tuple] = []
+        self._log_vectors: dict[str, np.ndarray] = {}
+        self._stopping = False
+        self._stats = {"cycles": 0, "groups": 0, "jobs": 0, "log_rows": 0, "longest_cycle_ms": 0.0}
+        reg._finish_pending()        # a crash may have left onboarding jobs behind
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="registry-writer")
+        self._thread.start()
+
+    # --- what request threads call --------------------------------------------------------------------------------
+    def register(self, name: str, evals: str, metadata: dict, update: bool = False, k: int = 5):
+        """`Registry.register` through the writer (`registration.RegisterResult`); blocks until durable."""
+        name = registration.check(name, metadata)
+        staged, outcome = self._submit("register", (name, evals, metadata, update))
+        return registration.report(self.reg, staged, outcome, k)      # a read, in the caller's thread
+
+    def run(self, fn: Callable[[], Any]) -> Any:
+        """Run a write (`fn()`, its own transactions) on the writer thread, in turn; blocks until it is done."""
+        return self._submit("run", (fn,))
+
+    def log(self, rows: list[tuple], hashes: list[str] = (), vecs: np.ndarray | None = None) -> None:
+        """Routing-log rows (routing.log_rows) and routed texts' vectors, for the next cycle: never waits."""
+        with self._log_lock:
+            self._log_rows.extend(rows)
+            for h, v in zip(hashes, vecs if vecs is not None else ()):
+                self._log_vectors[h] = v
+
+    def stats(self) -> dict:
+        with self._log_lock:
+            return {**self._stats, "log_rows_pending": len(self._log_rows)}
+
+    def close(self) -> None:
+        """Finish what is queued (the log rows too), then stop."""
+        self._stopping = True
+        self._jobs.put(None)
+        self._thread.join(timeout=60)
+
+    def _submit(self, kind: str, args: tuple):
+        if self._stopping:
+            raise RuntimeError("the server is stopping")
+        job = _Job(kind, args)
+        self._jobs.put(job)
+        return job.future.result()
+
+    # --- the writer thread ----------------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            try:
+                first = self._jobs.get(timeout=self.flush_s)
+            except queue.Empty:
+                first = False
+            jobs = [first] if first else []
+            while len(jobs) < MAX_GROUP:
+                try:
+                    jobs.append(self._jobs.get_nowait())
+                except queue.Empty:
+                    break
+            stop = first is None or None in jobs
+            t0 = time.perf_counter()
+            try:
+                self._cycle([j for j in jobs if j])
+            except Exception:          # a bug of ours: the trace to the server's log, the writer lives on
+                traceback.print_exc(file=sys.stderr)
+            if jobs:
+                self._stats["longest_cycle_ms"] = max(self._stats["longest_cycle_ms"],
+                                                      round(1000 * (time.perf_counter() - t0), 1))
+            self._stats["cycles"] += 1
+            if stop:
+                self._cycle([])      # the last log rows
+                return
+
+    def _cycle(self, jobs: list[_Job]) -> None:
+        regs = [j for j in jobs if j.kind == "register"]
+        with self._log_lock:
+            rows, vecs = self._log_rows, self._log_vectors
+            self._log_rows, self._log_vectors = [], {}
+        staged = self._stage(regs, rows, vecs) if (regs or rows) else {}
+        for j in jobs:
+            if j.kind == "run":
+                try:
+                    staged[id(j)] = j.args[0]()
+                except Exception as exc:
+                    j.future.set_exception(exc)
+        done = [j for j in jobs if id(j) in staged]
+        if not done:
+            return
+        outcomes = {}
+        if any(j.kind == "register" for j in done):
+            try:
+                outcomes = {o.model: o for o in self.reg.onboard()}
+            except Exception as exc:   # the rows are committed; pending jobs finish on the next onboarding
+                traceback.print_exc(file=sys.stderr)
+                for j in done:
+                    j.future.set_exception(exc)
+                return
+        self.snapshots.refresh()
+        self._stats["groups"] += 1
+        self._stats["jobs"] += len(done)
+        for j in done:
+            value = staged[id(j)]
+            j.future.set_result((value, outcomes.get(value.name)) if j.kind == "register" else value)
+
+    def _stage(self, regs: list[_Job], rows: list[tuple], vecs: dict) -> dict:
+        """Stage every registration and the log rows in one transaction; when that fails, each alone. -> {id(job):
+        registration.Staged} for the jobs that committed (the others' futures carry their error)."""
+        try:
+            with self.reg.store.tx() as tx:
+                out = {id(j): registration.stage(tx, *j.args) for j in regs}
+                self._append_log(tx, rows, vecs)
+            self._stats["log_rows"] += len(rows)
+            return out
+        except Exception as exc:
+            if len(regs) + bool(rows) <= 1:
+                for j in regs:
+                    j.future.set_exception(exc)
+                if rows:
+                    print(f"registry-writer: {len(rows)} routing-log rows not written: {exc}", file=sys.stderr)
+                return {}
+        out = {}
+        for j in regs:
+            out.update(self._stage([j], [], {}))
+        if rows:
+            self._stage([], rows, vecs)
+        return out
+
+    @staticmethod
+    def _append_log(tx, rows: list[tuple], vecs: dict) -> None:
+        routing.append_log(tx, rows)
+        if vecs:
+            vectors.insert(tx, list(vecs), np.stack(list(vecs.values())))

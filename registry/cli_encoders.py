@@ -141,8 +141,8 @@ def evaluate(ctx, split, sample_efficiency, seeds, no_baselines, held_out, n, ma
     sel = r.interaction
     if "val_hit" in sel:
         click.echo(f"routing (locus_interaction) = predictor logit + {sel['a']} x category offset + {sel['w']} x "
-                   f"residual of the {sel['k']} nearest queries, chosen on val (val hit@1 {sel['val_hit']['chosen']:.4f}"
-                   f"; the predictor alone {sel['val_hit']['predictor']:.4f})")
+                   f"residual of the {sel['k']} nearest queries, chosen on val (val hit@1 "
+                   f"{sel['val_hit']['chosen']:.4f}; the predictor alone {sel['val_hit']['predictor']:.4f})")
     click.echo("routing chooses: " + ", ".join(f"{m} {n}" for m, n in sorted(r.choices.items(), key=lambda kv: -kv[1])))
     for m, v in r.methods.items():
         if v.get("scored") is not None and v["scored"] < r.queries:

@@ -208,7 +208,7 @@ def fit(logits: np.ndarray, correct: np.ndarray, qvecs: np.ndarray, categories, 
     return Interaction(a, k, w, names, b, np.ascontiguousarray(qvecs[ref]), cat[ref], resid, seen, selection)
 
 
-# --- from a registry ----------------------------------------------------------------------------------------------
+# --- as routing keeps it ---------------------------------------------------------------------------------
 @dataclass
 class Served:
     """What routing keeps: the fitted terms for the routing state's models, and each registered query's category by
@@ -220,32 +220,3 @@ class Served:
     def scores(self, logits: np.ndarray, qvecs: np.ndarray, hashes) -> np.ndarray:
         cats = [self.category_of.get(h) for h in hashes] if hashes is not None else [None] * logits.shape[1]
         return self.fitted.scores(logits, qvecs, self.fitted.category_index(cats))
-
-
-_served: dict[tuple, Served | None] = {}
-
-
-def for_registry(tx, key: tuple, model_ids: np.ndarray, routing_probs, eligible: np.ndarray) -> Served | None:
-    """The interaction for routing among these models (routing_probs: query vectors [N,Dq] -> the P(correct) [M,N]
-    routing uses, in model_ids' order), fitted on the registry's train and val queries as `registry evaluate` fits
-    it; None without a train and a val split. Kept per `key` (what the fit depends on: encoder, versions, splits)."""
-    from .errors import RegistryError
-    from .evaluation import dataset
-
-    if key in _served:
-        return _served[key]
-    try:
-        data = dataset(tx)
-    except RegistryError:
-        data = None
-    out = None
-    if data is not None and len(data.splits["train"]) and len(data.splits["val"]) and len(model_ids):
-        row = {int(m): i for i, m in enumerate(data.model_ids)}
-        correct = data.correct[[row[int(m)] for m in model_ids]]
-        fitted = fit(logit(routing_probs(data.qvecs)), correct, data.qvecs, data.categories, data.splits["train"],
-                     data.splits["val"], eligible)
-        out = Served(fitted, dict(tx.sql("SELECT content_hash, coalesce(category, '(none)') FROM queries")))
-    if len(_served) > 8:                               # a few registries per process at most
-        _served.clear()
-    _served[key] = out
-    return out

@@ -117,13 +117,42 @@ def _build(tx: Tx, key: tuple, db_path: str) -> State:
     # the interaction depends on the encoder, the versions, who is on probation and the splits; not on availability
     # or cost, whose changes leave it as it is
     fit_key = (str(db_path), encoder_id, tuple(int(v) for v in vids), tuple(ev.probation.tolist()), key[-2])
-    served = interaction.for_registry(tx, fit_key, np.asarray(mids, dtype=np.int64),
-                                      lambda q: evidence.shrink(score(q), ev), evidence.candidates(ev))
+    served = _interaction(tx, fit_key, np.asarray(mids, dtype=np.int64), lambda q: evidence.shrink(score(q), ev),
+                          evidence.candidates(ev))
     return State(key, encoder_id, enc_name, model, list(names), np.asarray(mids, dtype=np.int64),
                  np.array([about[int(v)][0] for v in vids], dtype=np.int64), np.asarray(vids, dtype=np.int64),
                  vecs, np.array([_nan(meta[m][0]) for m in mids.tolist()], dtype=np.float64),
                  np.array([_nan(meta[m][1]) for m in mids.tolist()], dtype=np.float64), ev, down,
                  score, frozenset(m[2] for m in meta.values()), served)
+
+
+_served: dict[tuple, interaction.Served | None] = {}
+
+
+def _interaction(tx: Tx, key: tuple, model_ids: np.ndarray, routing_probs, eligible: np.ndarray):
+    """The interaction terms for routing among these models (routing_probs: query vectors [N,Dq] -> the P(correct)
+    [M,N] routing gives, in model_ids' order), fitted on the registry's train and val queries exactly as `registry
+    evaluate` fits them; None without a train and a val split. Kept per `key` (encoder, versions, probation,
+    splits), so a change of availability or cost does not refit."""
+    from .evaluation import dataset
+
+    if key in _served:
+        return _served[key]
+    try:
+        data = dataset(tx)
+    except RegistryError:                               # no splits: the predictor alone
+        data = None
+    out = None
+    if data is not None and len(data.splits["train"]) and len(data.splits["val"]) and len(model_ids):
+        row = {int(m): i for i, m in enumerate(data.model_ids)}
+        fitted = interaction.fit(interaction.logit(routing_probs(data.qvecs)),
+                                 data.correct[[row[int(m)] for m in model_ids]], data.qvecs, data.categories,
+                                 data.splits["train"], data.splits["val"], eligible)
+        out = interaction.Served(fitted, dict(tx.sql("SELECT content_hash, coalesce(category, '(none)') FROM queries")))
+    if len(_served) > 8:                                # a few registries and states per process at most
+        _served.clear()
+    _served[key] = out
+    return out
 
 
 def _nan(v) -> float:

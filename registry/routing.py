@@ -117,8 +117,7 @@ def _build(tx: Tx, key: tuple, db_path: str) -> State:
     # the interaction depends on the encoder, the versions, who is on probation and the splits; not on availability
     # or cost, whose changes leave it as it is
     fit_key = (str(db_path), encoder_id, tuple(int(v) for v in vids), tuple(ev.probation.tolist()), key[-2])
-    served = _interaction(tx, fit_key, np.asarray(mids, dtype=np.int64), lambda q: evidence.shrink(score(q), ev),
-                          evidence.candidates(ev))
+    served = _interaction(tx, fit_key, model, vecs, np.asarray(mids, dtype=np.int64), np.asarray(vids), ev)
     return State(key, encoder_id, enc_name, model, list(names), np.asarray(mids, dtype=np.int64),
                  np.array([about[int(v)][0] for v in vids], dtype=np.int64), np.asarray(vids, dtype=np.int64),
                  vecs, np.array([_nan(meta[m][0]) for m in mids.tolist()], dtype=np.float64),
@@ -127,13 +126,16 @@ def _build(tx: Tx, key: tuple, db_path: str) -> State:
 
 
 _served: dict[tuple, interaction.Served | None] = {}
+_rows: dict[tuple, np.ndarray] = {}     # (db, encoder, version, queries) -> the predictor's P(correct) row
 
 
-def _interaction(tx: Tx, key: tuple, model_ids: np.ndarray, routing_probs, eligible: np.ndarray):
-    """The interaction terms for routing among these models (routing_probs: query vectors [N,Dq] -> the P(correct)
-    [M,N] routing gives, in model_ids' order), fitted on the registry's train and val queries exactly as `registry
+def _interaction(tx: Tx, key: tuple, model, z: np.ndarray, model_ids: np.ndarray, version_ids: np.ndarray,
+                 ev: evidence.Evidence):
+    """The interaction terms for routing among these models (embeddings z, versions version_ids), fitted on the
+    registry's train and val queries on the P(correct) routing gives (shrunk by evidence) exactly as `registry
     evaluate` fits them; None without a train and a val split. Kept per `key` (encoder, versions, probation,
-    splits), so a change of availability or cost does not refit."""
+    splits), so a change of availability or cost does not refit; each version's predictions are kept too, so a
+    registration scores only the new version."""
     from .evaluation import dataset
 
     if key in _served:
@@ -144,10 +146,18 @@ def _interaction(tx: Tx, key: tuple, model_ids: np.ndarray, routing_probs, eligi
         data = None
     out = None
     if data is not None and len(data.splits["train"]) and len(data.splits["val"]) and len(model_ids):
+        qkey = (key[0], key[1], data.query_ids.tobytes())
+        todo = [i for i, v in enumerate(version_ids.tolist()) if qkey + (v,) not in _rows]
+        if todo:
+            fresh = model.scorer(z[todo])(data.qvecs)
+            if len(_rows) + len(todo) > 4096:
+                _rows.clear()
+            _rows.update({qkey + (int(version_ids[i]),): fresh[j] for j, i in enumerate(todo)})
+        raw = np.stack([_rows[qkey + (int(v),)] for v in version_ids.tolist()])
         row = {int(m): i for i, m in enumerate(data.model_ids)}
-        fitted = interaction.fit(interaction.logit(routing_probs(data.qvecs)),
+        fitted = interaction.fit(interaction.logit(evidence.shrink(raw, ev)),
                                  data.correct[[row[int(m)] for m in model_ids]], data.qvecs, data.categories,
-                                 data.splits["train"], data.splits["val"], eligible)
+                                 data.splits["train"], data.splits["val"], evidence.candidates(ev))
         out = interaction.Served(fitted, dict(tx.sql("SELECT content_hash, coalesce(category, '(none)') FROM queries")))
     if len(_served) > 8:                                # a few registries and states per process at most
         _served.clear()

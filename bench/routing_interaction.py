@@ -114,13 +114,20 @@ class CachedTrain:
         h = hashlib.sha256(np.ascontiguousarray(correct).tobytes())
         h.update(json.dumps(asdict(cfg), sort_keys=True, default=str).encode())
         path = self.cache / f"heldout-seed{cfg.seed}-{h.hexdigest()[:12]}.safetensors"
+        lock = path.with_suffix(".training")
+        while lock.exists() and not path.exists():      # another run of this bench is training it
+            time.sleep(10)
         if path.exists():
             model, ecfg, meta = load_checkpoint(path.read_bytes())
             return model, ecfg, meta["metrics"]
         log(self.t0, f"held-out seed {cfg.seed}: training")
-        model, ecfg, metrics = training.train(qvecs, correct, train_idx, val_idx, cfg)
-        keep = {"best_step": metrics["best_step"], "val_hit@1": metrics["val_hit@1"]}
-        path.write_bytes(save_checkpoint(model, ecfg, {"metrics": keep}))
+        lock.touch()
+        try:
+            model, ecfg, metrics = training.train(qvecs, correct, train_idx, val_idx, cfg)
+            keep = {"best_step": metrics["best_step"], "val_hit@1": metrics["val_hit@1"]}
+            path.write_bytes(save_checkpoint(model, ecfg, {"metrics": keep}))
+        finally:
+            lock.unlink()
         return model, ecfg, keep
 
 

@@ -158,14 +158,17 @@ def evaluate(tx: Tx, split: str = "test", baselines: bool = True, sample_efficie
     strongest = int(np.argmax(B.model_accuracy(data.correct[:, tr]))) if len(tr) else None
     enc_name = tx.sql("SELECT name FROM encoders WHERE id = ?", [encoder_id])[0][0]
     methods = {"locus": B.routing_report(p, ct, p, strongest)}
-    fitted = interaction.fit(interaction.logit(p_all), data.correct, data.qvecs, data.categories, tr, va)
-    routed = interaction.sigmoid(fitted.scores(interaction.logit(p), data.qvecs[idx],
-                                                fitted.category_index(data.categories[idx])))
-    methods["locus_interaction"] = dict(B.routing_report(routed, ct, routed, strongest),
-                                        **{k: fitted.selection[k] for k in ("a", "k", "w")})
+    scores, routed, selection = {"locus": p}, p, {}
+    if len(tr) and len(va):         # as routing: without a val split to choose the weights, the predictor alone
+        fitted = interaction.fit(interaction.logit(p_all), data.correct, data.qvecs, data.categories, tr, va)
+        routed = interaction.sigmoid(fitted.scores(interaction.logit(p), data.qvecs[idx],
+                                                    fitted.category_index(data.categories[idx])))
+        selection = fitted.selection
+        methods["locus_interaction"] = dict(B.routing_report(routed, ct, routed, strongest),
+                                            **{k: selection[k] for k in ("a", "k", "w")})
+        scores["locus_interaction"] = routed
     chosen = B.topk_models(routed, 1)[0]
     choices = {data.models[m]: int(n) for m, n in zip(*np.unique(chosen, return_counts=True))}
-    scores = {"locus": p, "locus_interaction": routed}
     if baselines:
         methods["oracle"] = {f"hit@{k}": B.oracle_hit(ct) for k in (1, 3, 5)}
         s = B.best_single_scores(data.correct, tr, idx)
@@ -199,7 +202,7 @@ def evaluate(tx: Tx, split: str = "test", baselines: bool = True, sample_efficie
                               {m: {k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}
                                for m, r in methods.items()}, per_category, None, choices, excluded,
                               probation=probation, held_out=split == "test",
-                              disagree=int(B.disagreement(ct).sum()), interaction=fitted.selection)
+                              disagree=int(B.disagreement(ct).sum()), interaction=selection)
     if sample_efficiency:
         report.sample_efficiency = sample_efficiency_curve(tx, data, idx, seeds, sizes)
     return report

@@ -104,6 +104,32 @@ def served_vs_report(db: Path, report: dict) -> dict:
             "route_known_text_ms": lat}
 
 
+def paired_vs_per_category(db: Path, draws: int = 1000) -> dict:
+    """The served router's choices on the test questions (`Registry.route_batch`) against the per-category
+    router's, question by question: on how many questions they choose differently with a different outcome, and a
+    paired bootstrap over the questions of the hit@1 difference."""
+    from registry import baselines as B
+
+    with Registry(db) as reg:
+        with reg.store.tx() as tx:
+            data = dataset(tx)
+            text_of = dict(tx.sql("SELECT id, text FROM queries"))
+        te, tr, va = data.splits["test"], data.splits["train"], data.splits["val"]
+        decisions = reg.route_batch([text_of[int(q)] for q in data.query_ids[te]], log=False)
+    row = {n: i for i, n in enumerate(data.models)}
+    ct = data.correct[:, te]
+    served = np.array([ct[row[d.model], j] == 1 for j, d in enumerate(decisions)])
+    pc, _ = B.per_category_router(data.correct, data.categories, tr, va, te)
+    other = ct[B.topk_models(pc, 1)[0], np.arange(len(te))] == 1
+    rng = np.random.default_rng(0)
+    diffs = np.array([(served[i] - other[i].astype(float)).mean()
+                      for i in (rng.integers(0, len(te), len(te)) for _ in range(draws))], dtype=np.float64)
+    return {"served_hit@1": float(served.mean()), "per_category_hit@1": float(other.mean()),
+            "served_only": int((served & ~other).sum()), "per_category_only": int((other & ~served).sum()),
+            "ci95": [float(np.percentile(diffs, 2.5)), float(np.percentile(diffs, 97.5))],
+            "share_at_least": float((diffs >= 0).mean())}
+
+
 class CachedTrain:
     """training.train for the held-out run, kept on disk per seed and visible data (bench/heldout.py retrains)."""
 
@@ -138,7 +164,7 @@ def table(methods: dict, extra: str = "") -> None:
     for key, label in ROWS:
         v = methods.get(key)
         if v is not None:
-            print(f"| {label} | {f(v.get('hit@1'))} | {f(v.get('auc'))} | {f(v.get('n_chosen'))} | "
+            print(f"| {label} | {f(v.get('hit@1'))} | {f(v.get('auc'))} | {v.get('n_chosen', 0):.4g} | "
                   f"{f(v.get('differs_from_strongest'))} | {f(v.get('hit@1_disagree'))} |")
 
 
@@ -168,6 +194,7 @@ def main() -> None:
         db = trained_copy(src, cache, f"all-seed{s}", s, t0=t0)
         log(t0, f"all models, seed {s}: evaluate")
         out["all"][s] = evaluate(db)
+        out["all"][s]["paired"] = paired_vs_per_category(db)
     if args.seeds:
         out["served"] = served_vs_report(cache / f"all-seed{args.seeds[0]}.duckdb", out["all"][args.seeds[0]])
 
@@ -206,6 +233,11 @@ def main() -> None:
         auc_ok = m["locus_interaction"]["auc"] >= m["locus"]["auc"]
         b1.append(ok)
         bars.setdefault("4", []).append(auc_ok)
+        pv = r["paired"]
+        print(f"served router vs per-category, question by question: right only with the served router on "
+              f"{pv['served_only']}, only with per-category on {pv['per_category_only']}; paired bootstrap of the "
+              f"hit@1 difference, 95% [{pv['ci95'][0]:+.4f}, {pv['ci95'][1]:+.4f}], >= 0 in "
+              f"{pv['share_at_least']:.0%} of resamples")
         print(f"bar 1, seed {s}: {h:.4f} vs KNN {m['knn']['hit@1']:.4f}, MF {m['mf']['hit@1']:.4f}, per-category "
               f"{m['per_category']['hit@1']:.4f}, best single {m['best_single']['hit@1']:.4f}: {verdict(ok)}; "
               f"bar 4: AUC {m['locus_interaction']['auc']:.4f} vs LOCUS {m['locus']['auc']:.4f}: {verdict(auc_ok)}")

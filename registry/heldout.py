@@ -32,7 +32,7 @@ from .evaluation import Dataset, embed_subsets
 TRAIN_SHORT = {"teacher_epochs": 8, "max_steps": 60, "eval_every": 20, "refit_epochs": 4}
 METHODS = ("locus", "locus_interaction", "mf", "irt", "knn", "per_category", "best_single")
 COLUMNS = [("hit@1", "hit@1"), ("auc", "AUC"), ("n_chosen", "models chosen"),           # (metric, table heading)
-           ("hit@1_disagree", "hit@1 where models disagree"), ("held_out_auc", "held-out AUC"),
+           ("differs_from_strongest", "not the strongest"), ("hit@1_disagree", "hit@1 where models disagree"), ("held_out_auc", "held-out AUC"),
            ("held_out_auc_within", "within-model AUC"), ("held_out_brier", "held-out Brier"),
            ("held_out_acc_error", "acc error"), ("routed_to_held_out", "routed to held-out")]
 NOTES = [
@@ -154,8 +154,9 @@ def predictions(vis: Dataset, held: np.ndarray, cfg: training.TrainConfig, seed:
     return probs, info
 
 
-def metrics(p: np.ndarray, truth: np.ndarray, held: np.ndarray) -> dict:
-    """Routing over every model, and prediction quality on the held-out models' answers alone. truth [M,N] int8."""
+def metrics(p: np.ndarray, truth: np.ndarray, held: np.ndarray, strongest: int) -> dict:
+    """Routing over every model (how many it chooses, how often not the `strongest`, the best single model, and
+    hit@1 where models disagree too), and prediction quality on the held-out models' answers alone. truth [M,N]."""
     top = B.topk_models(p, 1)[0]
     ph, th = p[held], truth[held]
     within, err = [], []
@@ -167,7 +168,8 @@ def metrics(p: np.ndarray, truth: np.ndarray, held: np.ndarray) -> dict:
     hp = B.predictor_metrics(ph, th)
     dis = B.disagreement(truth)
     return {"hit@1": B.hit_at_k(p, truth, 1), "auc": B.predictor_metrics(p, truth)["auc"],
-            "n_chosen": float(len(np.unique(top))), "hit@1_disagree": B.hit_at_k(p[:, dis], truth[:, dis], 1),
+            "n_chosen": float(len(np.unique(top))), "differs_from_strongest": float((top != strongest).mean()),
+            "hit@1_disagree": B.hit_at_k(p[:, dis], truth[:, dis], 1),
             "held_out_auc": hp["auc"], "held_out_auc_within": float(np.nanmean(within)),
             "held_out_brier": hp["brier"], "held_out_acc_error": float(np.mean(err)),
             "routed_to_held_out": float(held[top].mean())}
@@ -180,7 +182,8 @@ def run_seed(data: Dataset, k: int, n: int, seed: int, cfg: training.TrainConfig
     vis = visible(data, held, rows)
     probs, info = predictions(vis, held, replace(cfg, seed=seed), seed, progress, train)
     truth = data.correct[:, data.splits["test"]]
-    methods = {m: {**{key: round(v, 4) for key, v in metrics(probs[m], truth, held).items()},
+    strongest = int(np.argmax(probs["best_single"][:, 0]))
+    methods = {m: {**{key: round(v, 4) for key, v in metrics(probs[m], truth, held, strongest).items()},
                    **{key: v for key, v in info[m].items() if m != "locus"}} for m in METHODS}
     digest = hashlib.sha256(np.ascontiguousarray(vis.correct).tobytes()).hexdigest()[:16]
     out = HeldOutSeed(seed, [data.models[m] for m in np.flatnonzero(held)], methods, digest, info["locus"],

@@ -152,15 +152,16 @@ def evaluate(tx: Tx, split: str = "test", baselines: bool = True, sample_efficie
         if len(rows) == 0:   # best single is chosen on train, KNN's k and MF's dimension on val
             raise RegistryError(f"no queries in the {name} split")
     ct = data.correct[:, idx]
-    p_all = evidence.shrink(locus_probs(tx, encoder_id, z, data.qvecs), ev)   # what the predictor gives routing
-    p = p_all[:, idx]
+    p = evidence.shrink(locus_probs(tx, encoder_id, z, data.qvecs[idx]), ev)   # what the predictor gives routing
     # the strongest model: the best single model on train, against which "differs_from_strongest" is counted
     strongest = int(np.argmax(B.model_accuracy(data.correct[:, tr]))) if len(tr) else None
     enc_name = tx.sql("SELECT name FROM encoders WHERE id = ?", [encoder_id])[0][0]
     methods = {"locus": B.routing_report(p, ct, p, strongest)}
     scores, routed, selection = {"locus": p}, p, {}
     if len(tr) and len(va):         # as routing: without a val split to choose the weights, the predictor alone
-        fitted = interaction.fit(interaction.logit(p_all), data.correct, data.qvecs, data.categories, tr, va)
+        rows = interaction.contenders(data.correct, tr, va)      # (every model here is eligible)
+        raw = locus_probs(tx, encoder_id, z[rows], data.qvecs)      # the predictor's own, as routing fits on
+        fitted = interaction.fit(interaction.logit(raw), data.correct, data.qvecs, data.categories, tr, va, rows)
         routed = interaction.sigmoid(fitted.scores(interaction.logit(p), data.qvecs[idx],
                                                     fitted.category_index(data.categories[idx])))
         selection = fitted.selection

@@ -117,7 +117,9 @@ def _locus(vis: Dataset, held, te, cfg: training.TrainConfig, progress, train=No
     z = embed_subsets(model, vis, [np.flatnonzero(vis.correct[m] >= 0) for m in range(len(vis.models))])
     info = {"best_step": metrics["best_step"], "val_hit@1": round(metrics["val_hit@1"], 4)}
     lg = interaction.logit(model.p_correct(z, vis.qvecs))
-    fitted = interaction.fit(lg, vis.correct, vis.qvecs, vis.categories, vis.splits["train"], vis.splits["val"])
+    tr, va = vis.splits["train"], vis.splits["val"]
+    rows = interaction.contenders(vis.correct, tr, va)
+    fitted = interaction.fit(lg[rows], vis.correct, vis.qvecs, vis.categories, tr, va, rows)
     routed = interaction.sigmoid(fitted.scores(lg[:, te], vis.qvecs[te], fitted.category_index(vis.categories[te])))
     return interaction.sigmoid(lg[:, te]), routed, info, {k: fitted.selection[k] for k in ("a", "k", "w")}
 

@@ -18,8 +18,11 @@ reference (non-test) queries, neither retraining the encoder:
 
 a, k and w are chosen on the validation split (the terms fitted on train alone, routing hit@1 on val, the grid
 below; ties: the simpler setting); then the terms are refitted on train + val, as models are embedded from all of
-their non-test evaluations. a = w = 0 is the predictor alone, so validation can always fall back to it.
-`registry evaluate` and routing build this the same way (`fit`), so what is measured is what is served.
+their non-test evaluations. a = w = 0 is the predictor alone, so validation can always fall back to it. The terms
+are fitted against the predictor's own logits, and routing adds them to its logit after the evidence shrinkage;
+only the MAX_MODELS strongest eligible models get them (`contenders`), so a refit costs about a second whatever the
+size of the registry. `registry evaluate` and routing build this the same way (`fit`), so what is measured is what
+is served.
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ GRID_W = (0.0, 0.5, 1.0, 2.0, 4.0)      # residual weights tried on val
 L2 = 10.0                                # prior pseudo-weight of each offset (in units of answers x p(1-p))
 CAT_K = 50                               # reference neighbours whose categories stand in for an unknown one
 NEWTON_STEPS = 25
+MAX_MODELS = 64                          # models that get the terms: the eligible ones most often right (see fit)
 _CLIP = 1e-6
 
 
@@ -79,7 +83,7 @@ def residuals(adjusted: np.ndarray, correct: np.ndarray) -> tuple[np.ndarray, np
     return r.astype(np.float32), obs.astype(np.float32)
 
 
-def neighbours(ref_vecs: np.ndarray, qvecs: np.ndarray, k: int, exclude_self: bool = False) -> np.ndarray:
+def neighbours(ref_vecs: np.ndarray, qvecs: np.ndarray, k: int) -> np.ndarray:
     """[N,k] indices of the k reference vectors most cosine-similar to each query (vectors are unit norm), most
     similar first; ties by index."""
     k = min(k, len(ref_vecs))
@@ -148,16 +152,17 @@ def category_mix(cat: np.ndarray, nn: np.ndarray, ref_cat: np.ndarray, n_cat: in
 
 @dataclass
 class Interaction:
-    """The fitted terms over the reference queries, for the models in one order (rows of every [M,...] array)."""
+    """The fitted terms over the reference (train and val) queries, for the models `rows` of the routing logits."""
     a: float
     k: int
     w: float
     categories: list[str]            # the categories with reference answers; b's columns
-    offsets: np.ndarray              # b [M, C]
+    rows: np.ndarray                 # [R] the models (rows of the routing logits) that get the terms
+    offsets: np.ndarray              # b [R, C]
     ref_vecs: np.ndarray             # [Nref, Dq] float32: the reference queries' text vectors
     ref_cat: np.ndarray              # [Nref] category index (-1: none)
-    resid: np.ndarray                # [M, Nref] float32: answer - sigmoid(logit + a b), 0 where unanswered
-    seen: np.ndarray                 # [M, Nref] float32: 1 where answered
+    resid: np.ndarray                # [R, Nref] float32: answer - sigmoid(logit + a b), 0 where unanswered
+    seen: np.ndarray                 # [R, Nref] float32: 1 where answered
     selection: dict = field(default_factory=dict)   # what validation measured (see `fit`)
 
     def category_index(self, names) -> np.ndarray:
@@ -167,16 +172,16 @@ class Interaction:
     def scores(self, logits: np.ndarray, qvecs: np.ndarray, cat: np.ndarray) -> np.ndarray:
         """Routing logits [M,N] from the predictor's logits [M,N], the queries' text vectors [N,Dq] and category
         indices [N] (-1: unknown)."""
-        out = np.asarray(logits, dtype=np.float64)
-        if (self.a == 0 and self.w == 0) or not len(self.ref_vecs) or out.shape[1] == 0:
+        out = np.array(logits, dtype=np.float64)
+        if (self.a == 0 and self.w == 0) or not len(self.ref_vecs) or out.shape[1] == 0 or not len(self.rows):
             return out
         need_mix = self.a != 0 and bool(((cat < 0) | (cat >= len(self.categories))).any())
         kk = max(self.k if self.w else 0, CAT_K if need_mix else 0, 1)
         nn = neighbours(self.ref_vecs, qvecs, kk)
         if self.a:
-            out = out + self.a * (self.offsets @ category_mix(cat, nn, self.ref_cat, len(self.categories)).T)
+            out[self.rows] += self.a * (self.offsets @ category_mix(cat, nn, self.ref_cat, len(self.categories)).T)
         if self.w:
-            out = out + self.w * knn_residual(self.resid, self.seen, nn, self.k)
+            out[self.rows] += self.w * knn_residual(self.resid, self.seen, nn, self.k)
         return out
 
 
@@ -189,13 +194,29 @@ def _hit1(scores: np.ndarray, correct: np.ndarray) -> float:
     return float((correct[rows][top, np.arange(correct.shape[1])] == 1).mean())
 
 
-def fit(logits: np.ndarray, correct: np.ndarray, qvecs: np.ndarray, categories, train_idx, val_idx,
-        eligible: np.ndarray | None = None) -> Interaction:
-    """Choose a, k, w on val and fit the terms on train + val.
+def contenders(correct: np.ndarray, train_idx, val_idx, eligible: np.ndarray | None = None) -> np.ndarray:
+    """[R] the models that get the terms, ascending: the eligible ones, at most MAX_MODELS of them, those most often
+    right on their train and val answers. The fit costs models x reference queries, and in a registry of a thousand
+    models the hundredth strongest is not where routing decides; this keeps a refit near a second."""
+    ref = np.concatenate([np.asarray(train_idx, dtype=np.int64), np.asarray(val_idx, dtype=np.int64)])
+    elig = np.ones(correct.shape[0], dtype=bool) if eligible is None else np.asarray(eligible, dtype=bool)
+    rows = np.flatnonzero(elig)
+    if len(rows) <= MAX_MODELS:
+        return rows
+    c = correct[rows][:, ref]
+    acc = (c == 1).sum(1) / np.maximum((c >= 0).sum(1), 1)
+    return np.sort(rows[np.argsort(-acc, kind="stable")[:MAX_MODELS]])
 
-    logits [M, Nq] the predictor's routing logits on the registry's queries, correct [M, Nq] (-1 missing), qvecs
-    [Nq, Dq], categories [Nq] (str; None = unknown), train_idx / val_idx index the queries. `eligible` [M]: the
-    models routing may choose (validation judges routing among those only)."""
+
+def fit(logits: np.ndarray, correct: np.ndarray, qvecs: np.ndarray, categories, train_idx, val_idx,
+        rows: np.ndarray | None = None) -> Interaction:
+    """Choose a, k, w on val and fit the terms on train + val, for the models `rows` (`contenders`; None: all).
+
+    logits [R, Nq]: the predictor's logits of those models on the registry's queries (only the train and val columns
+    are read), correct [M, Nq] (-1 missing) of every model, qvecs [Nq, Dq], categories [Nq] (str; None = unknown),
+    train_idx / val_idx index the queries. Validation judges routing among the `rows`."""
+    rows = np.arange(correct.shape[0]) if rows is None else np.asarray(rows, dtype=np.int64)
+    correct = np.asarray(correct)[rows]
     tr, va = np.asarray(train_idx, dtype=np.int64), np.asarray(val_idx, dtype=np.int64)
     ref = np.sort(np.concatenate([tr, va]))
     cats = [None if c is None else str(c) for c in categories]
@@ -204,14 +225,14 @@ def fit(logits: np.ndarray, correct: np.ndarray, qvecs: np.ndarray, categories, 
     cat = np.array([pos.get(c, -1) if c is not None else -1 for c in cats], dtype=np.int64)
     known_cat = cat >= 0
     M = correct.shape[0]
-    elig = np.ones(M, dtype=bool) if eligible is None else np.asarray(eligible, dtype=bool)
     logits = np.asarray(logits, dtype=np.float64)
     qvecs = np.asarray(qvecs, dtype=np.float32)
 
     selection = {"grid": {"a": list(GRID_A), "k": list(GRID_K), "w": list(GRID_W)}}
     best = (0.0, 10, 0.0)
-    cv = correct[:, va][elig]
-    if len(tr) and len(va) and elig.any() and (cv >= 0).any():
+    cv = correct[:, va]
+    obs = cv >= 0
+    if len(tr) and len(va) and M and obs.any():
         trc = tr[known_cat[tr]]                   # offsets fit on labelled train queries
         nn_va = _neighbours_cached(qvecs[tr], qvecs[va], max(max(GRID_K), CAT_K))
         # a val query's category counts only if train has answers in it (as a category unseen in training would)
@@ -232,8 +253,7 @@ def fit(logits: np.ndarray, correct: np.ndarray, qvecs: np.ndarray, categories, 
                 for w in GRID_W:
                     if w == 0 and k != GRID_K[0]:
                         continue                   # k does not matter without the residual
-                    s = (base + w * r)[elig]
-                    obs = cv >= 0
+                    s = base + w * r
                     pr = np.clip(sigmoid(s[obs]), _CLIP, 1 - _CLIP)
                     bce = float(-np.mean(np.where(cv[obs] == 1, np.log(pr), np.log1p(-pr))))
                     results[(a, k, w)] = (round(_hit1(s, cv), 9), -bce)
@@ -247,7 +267,8 @@ def fit(logits: np.ndarray, correct: np.ndarray, qvecs: np.ndarray, categories, 
     b = category_offsets(logits[:, refc], correct[:, refc], cat[refc], len(names)) if len(names) else np.zeros((M, 0))
     adj = logits[:, ref] + (a * b[:, np.maximum(cat[ref], 0)] * known_cat[ref] if len(names) and a else 0.0)
     resid, seen = residuals(adj, correct[:, ref])
-    return Interaction(a, k, w, names, b, np.ascontiguousarray(qvecs[ref]), cat[ref], resid, seen, selection)
+    selection.update(models=int(len(rows)))
+    return Interaction(a, k, w, names, rows, b, np.ascontiguousarray(qvecs[ref]), cat[ref], resid, seen, selection)
 
 
 # --- as routing keeps it ---------------------------------------------------------------------------------

@@ -132,10 +132,10 @@ _rows: dict[tuple, np.ndarray] = {}     # (db, encoder, version, queries) -> the
 def _interaction(tx: Tx, key: tuple, model, z: np.ndarray, model_ids: np.ndarray, version_ids: np.ndarray,
                  ev: evidence.Evidence):
     """The interaction terms for routing among these models (embeddings z, versions version_ids), fitted on the
-    registry's train and val queries on the P(correct) routing gives (shrunk by evidence) exactly as `registry
-    evaluate` fits them; None without a train and a val split. Kept per `key` (encoder, versions, probation,
-    splits), so a change of availability or cost does not refit; each version's predictions are kept too, so a
-    registration scores only the new version."""
+    registry's train and val queries exactly as `registry evaluate` fits them (on the predictor's own logits, for
+    the `interaction.contenders`); None without a train and a val split. Kept per `key` (encoder, versions,
+    probation, splits), so a change of availability or cost does not refit; each version's predictions are kept
+    too, so a registration scores only its new version."""
     from .evaluation import dataset
 
     if key in _served:
@@ -146,18 +146,20 @@ def _interaction(tx: Tx, key: tuple, model, z: np.ndarray, model_ids: np.ndarray
         data = None
     out = None
     if data is not None and len(data.splits["train"]) and len(data.splits["val"]) and len(model_ids):
+        pos = {int(m): i for i, m in enumerate(data.model_ids)}
+        correct = data.correct[[pos[int(m)] for m in model_ids]]
+        tr, va = data.splits["train"], data.splits["val"]
+        rows = interaction.contenders(correct, tr, va, evidence.candidates(ev))
         qkey = (key[0], key[1], data.query_ids.tobytes())
-        todo = [i for i, v in enumerate(version_ids.tolist()) if qkey + (v,) not in _rows]
+        todo = [i for i in rows.tolist() if qkey + (int(version_ids[i]),) not in _rows]
         if todo:
             fresh = model.scorer(z[todo])(data.qvecs)
             if len(_rows) + len(todo) > 4096:
                 _rows.clear()
             _rows.update({qkey + (int(version_ids[i]),): fresh[j] for j, i in enumerate(todo)})
-        raw = np.stack([_rows[qkey + (int(v),)] for v in version_ids.tolist()])
-        row = {int(m): i for i, m in enumerate(data.model_ids)}
-        fitted = interaction.fit(interaction.logit(evidence.shrink(raw, ev)),
-                                 data.correct[[row[int(m)] for m in model_ids]], data.qvecs, data.categories,
-                                 data.splits["train"], data.splits["val"], evidence.candidates(ev))
+        raw = np.stack([_rows[qkey + (int(version_ids[i]),)] for i in rows.tolist()]) if len(rows) else \
+            np.zeros((0, len(data.query_ids)), dtype=np.float32)
+        fitted = interaction.fit(interaction.logit(raw), correct, data.qvecs, data.categories, tr, va, rows)
         out = interaction.Served(fitted, dict(tx.sql("SELECT content_hash, coalesce(category, '(none)') FROM queries")))
     if len(_served) > 8:                                # a few registries and states per process at most
         _served.clear()

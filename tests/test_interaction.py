@@ -67,8 +67,8 @@ def test_without_an_interaction_validation_keeps_the_predictor_or_no_worse():
     fitted = I.fit(pred, correct, q, list(names), sp["train"], sp["val"])
     assert fitted.selection["val_hit"]["chosen"] >= fitted.selection["val_hit"]["predictor"]
     assert np.abs(fitted.offsets).max() < 0.3
-    none = I.Interaction(0.0, 10, 0.0, fitted.categories, fitted.offsets, fitted.ref_vecs, fitted.ref_cat,
-                         fitted.resid, fitted.seen)
+    none = I.Interaction(0.0, 10, 0.0, fitted.categories, fitted.rows, fitted.offsets, fitted.ref_vecs,
+                         fitted.ref_cat, fitted.resid, fitted.seen)
     te = sp["test"]
     assert np.array_equal(none.scores(pred[:, te], q[te], none.category_index(names[te])), pred[:, te])
 
@@ -198,3 +198,19 @@ def test_draw_splits_cannot_hold_out_every_category(db_copy):
     res = CliRunner().invoke(cli, ["--db", str(db_copy), "draw-splits", "--by", "category", "--test-categories",
                                    ",".join(cats)])
     assert res.exit_code != 0 and "leaves nothing to train on" in res.output
+
+
+def test_only_the_strongest_eligible_models_get_the_terms(monkeypatch):
+    pred, correct, q, names, cat, b_true, sp = world(models=6)
+    eligible = np.array([True, True, False, True, True, True])
+    monkeypatch.setattr(I, "MAX_MODELS", 3)
+    rows = I.contenders(correct, sp["train"], sp["val"], eligible)
+    ref = np.concatenate([sp["train"], sp["val"]])
+    acc = (correct[:, ref] == 1).mean(1)
+    assert list(rows) == sorted(np.argsort(-np.where(eligible, acc, -1))[:3].tolist())
+    fitted = I.fit(pred[rows], correct, q, list(names), sp["train"], sp["val"], rows)
+    te = sp["test"]
+    routed = fitted.scores(pred[:, te], q[te], fitted.category_index(names[te]))
+    others = np.setdiff1d(np.arange(6), rows)
+    assert np.array_equal(routed[others], pred[others][:, te])          # the rest keep the predictor's logit
+    assert not np.allclose(routed[rows], pred[rows][:, te])

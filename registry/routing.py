@@ -1,5 +1,7 @@
 """Routing: query text -> MiniLM vector -> P(correct) for every model with a current embedding under the active
-encoder -> a choice (most likely, cost-aware, or cheapest above a threshold), never an unavailable model.
+encoder, with the interaction terms (interaction.py: category offsets and nearest-query residuals from the registry's
+answers) added to its logit -> a choice (most likely, cost-aware, or cheapest above a threshold), never an
+unavailable model.
 
 Per-query overhead is kept small by a per-process cache (`State`) of the loaded encoder, the current z matrix, the
 models' costs and the persistent availability flags. One cheap SQL statement (max ids of activations, versions and
@@ -38,7 +40,8 @@ _VEC_CACHE_SIZE = 4096
 @dataclass
 class Candidate:
     model: str
-    prob: float                       # P(correct) as routing uses it: shrunk by the model's evidence
+    prob: float                       # P(correct) as routing uses it: shrunk by the model's evidence, with the
+                                      #   interaction terms added to its logit (interaction.py)
     raw_prob: float                   # the predictor's own P(correct) from the model's embedding
     evaluations: int                  # behind the embedding used
     probation: bool = False           # too few evaluations: chosen only when asked (include_probation)

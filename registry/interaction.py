@@ -54,7 +54,7 @@ def category_offsets(logits: np.ndarray, correct: np.ndarray, cat: np.ndarray, n
     """b [M, n_cat]: per model and category, argmax_b sum log-likelihood(answers | sigmoid(logit + b)) - l2 b^2 / 2,
     over the observed answers (correct [M,N] 1/0, -1 missing; cat [N] in 0..n_cat-1). Each (m, c) is a separate
     one-dimensional concave problem: Newton's method, a few steps (about 5 to 1e-5)."""
-    if len(cat) == 0:
+    if len(cat) == 0 or correct.shape[0] == 0:
         return np.zeros((correct.shape[0], n_cat))
     order = np.argsort(cat, kind="stable")                 # columns grouped by category: sums by reduceat
     present, starts = np.unique(cat[order], return_index=True)

@@ -214,3 +214,11 @@ def test_only_the_strongest_eligible_models_get_the_terms(monkeypatch):
     others = np.setdiff1d(np.arange(6), rows)
     assert np.array_equal(routed[others], pred[others][:, te])          # the rest keep the predictor's logit
     assert not np.allclose(routed[rows], pred[rows][:, te])
+
+
+def test_with_no_model_to_route_to_the_terms_are_empty():
+    pred, correct, q, names, cat, _, sp = world()
+    fitted = I.fit(pred[:0], correct, q, list(names), sp["train"], sp["val"], np.array([], dtype=np.int64))
+    te = sp["test"]
+    assert len(fitted.rows) == 0 and fitted.selection["models"] == 0
+    assert np.array_equal(fitted.scores(pred[:, te], q[te], fitted.category_index(names[te])), pred[:, te])

@@ -193,6 +193,19 @@ def stored_vectors(tx: Tx, hashes: list[str]) -> dict[str, np.ndarray]:
                              WHERE v.text_encoder = ?""", params=[textvec.TEXT_ENCODER]).to_arrow_table()
     finally:
         tx.duck.unregister("_route_hashes")
+    return _by_hash(tbl)
+
+
+def every_stored_vector(tx: Tx, limit: int) -> tuple[dict[str, np.ndarray], bool]:
+    """Up to `limit` of the registry's stored text vectors (the newest first) -> ({hash: vector}, whether that is
+    all of them): what a server keeps in memory so that a known text routes without a read."""
+    tbl = tx.duck.sql("""SELECT content_hash, vector FROM text_vectors WHERE text_encoder = ?
+                         ORDER BY created DESC LIMIT ?""", params=[textvec.TEXT_ENCODER, limit + 1]).to_arrow_table()
+    complete = tbl.num_rows <= limit
+    return _by_hash(tbl.slice(0, limit)), complete
+
+
+def _by_hash(tbl) -> dict[str, np.ndarray]:
     if not tbl.num_rows:
         return {}
     flat = tbl.column("vector").combine_chunks().flatten().to_numpy(zero_copy_only=False)

@@ -13,8 +13,8 @@ class Serving:
     def __init__(self, reg):
         self.reg = reg
         self.snapshots = Snapshots(reg)
-        self.writer = Writer(reg, self.snapshots)
         self.vectors = QueryVectors(reg)
+        self.writer = Writer(reg, self.snapshots, on_new_queries=self.vectors.reload)
 
     def route(self, texts: list[str], cost_weight: float | None = None, min_prob: float | None = None,
               unavailable: list[str] | None = None, log: bool = True, log_text: bool = True,

@@ -62,17 +62,31 @@ class Snapshots:
 
 
 class QueryVectors:
-    """Query text -> vector for a server: the routing LRU, then the registry's stored vectors (a read that waits for
-    no writer), then MiniLM through a dynamic batcher, so that new texts arriving together share one pass."""
+    """Query text -> vector for a server: the routing LRU, then the registry's stored vectors (held in memory, up to
+    KEEP of them, so that a known text routes without a read), then MiniLM through a dynamic batcher, so that new
+    texts arriving together share one pass."""
+
+    KEEP = 500_000            # 384 float32 each: 0.8 GB at most; a larger registry reads the rest when asked
 
     def __init__(self, reg, batcher: textvec.Batcher | None = None):
         self._reg = reg
         self.batcher = batcher or textvec.Batcher()
+        self.reload()
 
     def __call__(self, texts: list[str], hashes: list[str], fresh: list | None = None) -> np.ndarray:
         return routing.query_vectors(None, texts, hashes, fresh=fresh, stored=self._stored,
                                      encode=self.batcher.encode)
 
-    def _stored(self, hashes: list[str]) -> dict:
+    def reload(self) -> None:
+        """Read the stored vectors again (the writer's, after a write that added queries)."""
         with self._reg.store.tx() as tx:
-            return routing.stored_vectors(tx, hashes)
+            self._known, self._complete = routing.every_stored_vector(tx, self.KEEP)
+
+    def _stored(self, hashes: list[str]) -> dict:
+        known = self._known
+        found = {h: known[h] for h in hashes if h in known}
+        rest = [h for h in hashes if h not in found]
+        if rest and not self._complete:
+            with self._reg.store.tx() as tx:
+                found.update(routing.stored_vectors(tx, rest))
+        return found

@@ -38,8 +38,9 @@ class _Job:
 
 
 class Writer:
-    def __init__(self, reg, snapshots, flush_s: float = LOG_FLUSH_S):
+    def __init__(self, reg, snapshots, flush_s: float = LOG_FLUSH_S, on_new_queries: Callable[[], Any] | None = None):
         self.reg, self.snapshots, self.flush_s = reg, snapshots, flush_s
+        self.on_new_queries = on_new_queries      # called after a commit that added queries (their vectors)
         self._jobs: queue.Queue = queue.Queue()
         self._log_lock = threading.Lock()
         self._log_rows: list[tuple] = []
@@ -136,6 +137,8 @@ class Writer:
                 for j in done:
                     j.future.set_exception(exc)
                 return
+        if self.on_new_queries and any(j.kind == "register" and staged[id(j)].queries_added for j in done):
+            self.on_new_queries()
         self.snapshots.refresh()
         self._stats["groups"] += 1
         self._stats["jobs"] += len(done)

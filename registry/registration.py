@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import catalog, encoders, fingerprint, ingest, neighbours, onboarding
+from . import catalog, encoders, evaluations, fingerprint, ingest, neighbours, onboarding
 from .errors import InputError
 from .neighbours import Neighbour
 from .store import Tx
@@ -78,15 +78,19 @@ def report(reg, staged: Staged, o: onboarding.JobOutcome | None, k: int = 5) -> 
             info = catalog.show(tx, name, reg.probation_min)
             o = onboarding.JobOutcome(name, "unchanged", info.version, info.embedded_from or 0)
         held_out = catalog.held_out(tx, name)
+        model_id = tx.sql("SELECT id FROM models WHERE name = ?", [name])[0][0]
+        # its answers against every other model's, once: the neighbours' disagreement and the duplicate test use it
+        own = evaluations.of_models(tx, [model_id])
+        rates = evaluations.disagreement(tx, own["query_id"], own["correct"], [
+            m for (m,) in tx.sql("SELECT id FROM models WHERE id <> ?", [model_id])])
         near, notes, status = [], [], "not embedded"
         if o.version is not None:
-            near = neighbours.of_model(tx, reg.path, name, k, encoders.require_active(tx))
+            near = neighbours.of_model(tx, reg.path, name, k, encoders.require_active(tx), rates=rates)
             status = "probation" if o.n_evaluations < reg.probation_min else "established"
             notes = [] if status == "established" else [
                 f"on probation: embedded from {o.n_evaluations} evaluations, routing needs {reg.probation_min} to "
                 f"choose it unasked; its nearest models are uncertain at this size"]
-        model_id = tx.sql("SELECT id FROM models WHERE name = ?", [name])[0][0]
-        notes += [w for w in [fingerprint.duplicate_warning(tx, name, model_id)] if w]   # from its answers
+        notes += [w for w in [fingerprint.duplicate_warning(tx, name, model_id, rates)] if w]   # from its answers
         warning = "; ".join(notes) or None
     return RegisterResult(name, o.version, o.outcome, o.n_evaluations, o.stability, near, warning,
                           staged.evaluations_added, staged.queries_added, held_out, status, staged.changes,

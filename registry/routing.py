@@ -138,6 +138,12 @@ def clean_texts(texts) -> tuple[list[str], list[str]]:
     return out, hashes
 
 
+def has_vector(content_hash: str) -> bool:
+    """Whether the LRU holds this text's vector."""
+    with _vectors_lock:
+        return content_hash in _vectors
+
+
 def query_vectors(tx: Tx | None, texts: list[str], hashes: list[str], reuse: bool = True,
                   batch_size: int = 64, progress: bool = False, fresh: list | None = None,
                   stored=None, encode=None) -> np.ndarray:

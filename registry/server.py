@@ -26,6 +26,7 @@ import tempfile
 from dataclasses import fields, is_dataclass
 from typing import Any
 
+import anyio
 from fastapi import Body, Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -241,19 +242,24 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
         return _out(reg.availability())
 
     # --- routing ----------------------------------------------------------------------------------------------
+    async def _routed(texts: list[str], body, one: bool):
+        def answer():
+            out = serving.route(texts, body.cost_weight, body.min_prob, body.unavailable, log_text=body.log_text,
+                                cost_by=body.cost_by, include_probation=body.include_probation)
+            return _out(out[0] if one else out)
+        if serving.vectors.known(texts):    # under a millisecond, waits for nothing: answered on the event loop
+            return answer()
+        return await anyio.to_thread.run_sync(answer)     # MiniLM runs: off the loop
+
     @app.post("/route")
-    def route(body: RouteBody):
-        return _out(serving.route([body.text], body.cost_weight, body.min_prob, body.unavailable,
-                                  log_text=body.log_text, cost_by=body.cost_by,
-                                  include_probation=body.include_probation)[0])
+    async def route(body: RouteBody):
+        return await _routed([body.text], body, one=True)
 
     @app.post("/route/batch")
-    def route_batch(body: RouteBatchBody):
+    async def route_batch(body: RouteBatchBody):
         if not body.texts:
             raise InputError("texts: give at least one query")
-        return _out(serving.route(body.texts, body.cost_weight, body.min_prob, body.unavailable,
-                                  log_text=body.log_text, cost_by=body.cost_by,
-                                  include_probation=body.include_probation))
+        return await _routed(body.texts, body, one=False)
 
     # --- writing ----------------------------------------------------------------------------------------------
     @app.post("/models", dependencies=[Depends(writer)])
@@ -289,8 +295,6 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         try:
-            import anyio
-
             def run():
                 with _rows_named("the uploaded file", path, rows=False):
                     return _out(serving.register(name, path))

@@ -35,11 +35,12 @@ class Snapshot:
         return [link.model for link in links if link.model in among]
 
 
-def build(reg, generation: int) -> Snapshot:
-    """Read the registry once (a read transaction) into a new snapshot."""
+def build(reg, generation: int, previous: Snapshot | None = None) -> Snapshot:
+    """Read the registry once (a read transaction) into a new snapshot; with `previous`, its endpoints are kept (the
+    write changed models, not endpoints)."""
     with reg.store.tx() as tx:
         st = routing.state(tx, reg.path, reg.probation_min)
-        eps = endpoints.current(tx)
+        eps = previous.endpoints if previous is not None else endpoints.current(tx)
     vi = index.VectorIndex(st.encoder_id, index.new_index(), dict(zip(st.model_ids.tolist(), st.names)), -1)
     if len(st.names):
         vi.index.add_with_ids(np.ascontiguousarray(st.z, dtype=np.float32), st.model_ids)
@@ -56,8 +57,9 @@ class Snapshots:
         self._reg = reg
         self.current = build(reg, 0)
 
-    def refresh(self) -> Snapshot:
-        self.current = build(self._reg, self.current.generation + 1)   # one reference assignment: atomic
+    def refresh(self, endpoints_changed: bool = True) -> Snapshot:
+        self.current = build(self._reg, self.current.generation + 1,      # one reference assignment: atomic
+                             None if endpoints_changed else self.current)
         return self.current
 
 
@@ -76,6 +78,11 @@ class QueryVectors:
     def __call__(self, texts: list[str], hashes: list[str], fresh: list | None = None) -> np.ndarray:
         return routing.query_vectors(None, texts, hashes, fresh=fresh, stored=self._stored,
                                      encode=self.batcher.encode)
+
+    def known(self, texts: list[str]) -> bool:
+        """Whether every text's vector is at hand (held in memory or recently routed): routing them waits for nothing."""
+        hashes = [textvec.content_hash(t) for t in texts if isinstance(t, str)]
+        return len(hashes) == len(texts) and all(h in self._known or routing.has_vector(h) for h in hashes)
 
     def reload(self) -> None:
         """Read the stored vectors again (the writer's, after a write that added queries)."""

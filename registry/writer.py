@@ -6,9 +6,11 @@ in one transaction (group commit), onboards, then swaps in a new snapshot (snaps
   the others. A job is answered only after its rows are committed (durable), its model onboarded and the new
   snapshot swapped in: a client that registers and then routes sees its model.
 - Routing-log rows (and routed texts' vectors) are handed over without waiting (`log`) and committed by the next
-  cycle, in the same transaction as whatever else is waiting. A cycle starts at most LOG_FLUSH_S after the last one
-  ended, so a crash loses at most the log rows of routes answered during the last cycle and the LOG_FLUSH_S before
-  it (`stats()["longest_cycle_ms"]` tells how long a cycle has taken); acknowledged writes are never lost.
+  cycle, in the same transaction as whatever else is waiting. A row handed over at time t is taken by the first cycle
+  that starts after t (at most the rest of the running cycle + LOG_FLUSH_S later) and committed within that cycle, so
+  a crash loses at most the log rows of routes answered in the 2 x longest cycle + LOG_FLUSH_S before it
+  (`stats()["longest_cycle_ms"]`; the README states it, tests/test_serving_crash.py checks it with a real SIGKILL);
+  acknowledged writes are never lost.
 - Other writes (availability, endpoints) run whole, in turn (`run`).
 """
 from __future__ import annotations
@@ -139,7 +141,7 @@ class Writer:
                 return
         if self.on_new_queries and any(j.kind == "register" and staged[id(j)].queries_added for j in done):
             self.on_new_queries()
-        self.snapshots.refresh()
+        self.snapshots.refresh(endpoints_changed=any(j.kind == "run" for j in done))
         self._stats["groups"] += 1
         self._stats["jobs"] += len(done)
         for j in done:

@@ -550,6 +550,28 @@ def upsert_model_metadata(tx: Tx, name: str, **fields) -> dict[str, list]:
     return changes
 
 
+def insert_new_models(tx: Tx, models: dict[str, dict]) -> None:
+    """Insert models that do not exist yet, {name: metadata as upsert_model_metadata takes it}, in one statement."""
+    import pyarrow as pa
+
+    if not models:
+        return
+    meta = list(models.values())
+    tx.duck.register("_new_models", pa.table({
+        "name": list(models), "tags": [json.dumps(m.get("tags") or {}) for m in meta],
+        "family": pa.array([m.get("family") for m in meta], pa.string()),
+        "provider": pa.array([m.get("provider") for m in meta], pa.string()),
+        "params_b": pa.array([m.get("params_b") for m in meta], pa.float64()),
+        "cost": pa.array([m.get("cost") for m in meta], pa.float64()),
+        "open_weights": pa.array([m.get("open_weights") for m in meta], pa.bool_())}))
+    try:
+        outbox.new_models(tx, tx.sql("""INSERT INTO models (name, tags, family, provider, params_b, cost, open_weights)
+                                        SELECT name, tags::JSON, family, provider, params_b, cost, open_weights
+                                        FROM _new_models RETURNING id, name"""))
+    finally:
+        tx.duck.unregister("_new_models")
+
+
 def changed_results(tx: Tx, name: str, batch_id: int | None):
     """Results of an import batch that supersede a different stored result of the same (model, query):
     (count, (query id, old, new) of the first) or None."""

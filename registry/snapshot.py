@@ -72,7 +72,7 @@ class QueryVectors:
 
     def __init__(self, reg, batcher: textvec.Batcher | None = None):
         self._reg = reg
-        self.batcher = batcher or textvec.Batcher()
+        self.batcher = batcher or textvec.Batcher(separate_process=True)
         self.reload()
 
     def __call__(self, texts: list[str], hashes: list[str], fresh: list | None = None) -> np.ndarray:

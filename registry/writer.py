@@ -15,6 +15,7 @@ in one transaction (group commit), onboards, then swaps in a new snapshot (snaps
 """
 from __future__ import annotations
 
+import os
 import queue
 import sys
 import threading
@@ -43,6 +44,7 @@ class Writer:
     def __init__(self, reg, snapshots, flush_s: float = LOG_FLUSH_S, on_new_queries: Callable[[], Any] | None = None):
         self.reg, self.snapshots, self.flush_s = reg, snapshots, flush_s
         self.on_new_queries = on_new_queries      # called after a commit that added queries (their vectors)
+        self.nice = int(os.environ.get("REGISTRY_WRITER_NICE", "10"))   # 0: as important as reads
         self._jobs: queue.Queue = queue.Queue()
         self._log_lock = threading.Lock()
         self._log_rows: list[tuple] = []
@@ -91,6 +93,11 @@ class Writer:
 
     # --- the writer thread ----------------------------------------------------------------------------------------
     def _loop(self) -> None:
+        if self.nice:      # reads first: under a full CPU the writer's cycles yield to routes and text batches
+            try:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
+            except (OSError, AttributeError):
+                pass
         while True:
             try:
                 first = self._jobs.get(timeout=self.flush_s)

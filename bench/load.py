@@ -127,7 +127,20 @@ def main() -> None:
                     else:
                         routed.append((body["text"], time.time()))
 
+    during: list[float] = []          # the same bare encode, side by side with the load (one every 0.5 s)
+
+    def floor_under_load() -> None:
+        i = 0
+        while time.time() < stop and not killed.is_set():
+            text = _short_text(random.Random(50_000 + i), f"during {i}")
+            t0 = time.perf_counter()
+            textvec.encode([text])
+            during.append(time.perf_counter() - t0)
+            i += 1
+            time.sleep(0.5)
+
     threads = [threading.Thread(target=client, args=(k,)) for k in range(args.clients)]
+    threads.append(threading.Thread(target=floor_under_load))
     for t in threads:
         t.start()
     window_s = kill_time = longest_cycle_ms = None
@@ -151,6 +164,7 @@ def main() -> None:
         proc.wait(timeout=120)
 
     bare_ms = min(floor_before, _bare_encode_ms(textvec, "after"))
+    bare_load_ms = 1000 * float(np.median(during)) if during else float("nan")
 
     # --- the file afterwards ----------------------------------------------------------------------------------------
     checks: dict[str, object] = {}
@@ -193,6 +207,7 @@ def main() -> None:
     result = {
         "clients": args.clients, "seconds": round(wall, 1), "requests": total, "per_s": round(total / wall, 1),
         "failures": len(failures), "bare_encode_ms": round(bare_ms, 1),
+        "bare_encode_under_load_ms": round(bare_load_ms, 1),
         "latency_ms": {k: {"p50": round(a, 1), "p99": round(b, 1), "n": n} for k, (a, b, n) in pct.items()},
         "acked_registrations": len(acked_evals), "acked_evaluations": sum(len(v) for v in acked_evals.values()),
         "missing": len(missing), "acked_routes": len(routed), "log_rows_lost": len(lost_at),
@@ -209,13 +224,14 @@ def main() -> None:
               f"{total} requests ({total / wall:.1f}/s), {len(failures)} failed; "
               f"{result['acked_evaluations']} evaluations acknowledged for {len(acked_evals)} new models, "
               f"missing afterwards: {len(missing)}")
-        print(f"bare single-text MiniLM encode (this process, same run, before and after the load): p50 "
-              f"{bare_ms:.1f} ms")
+        print(f"bare single-text MiniLM encode (this process, same run): p50 {bare_ms:.1f} ms idle (before and "
+              f"after the load), {bare_load_ms:.1f} ms under the load (one every 0.5 s, side by side)")
         print(f"{'kind':<14} {'n':>6} {'p50 ms':>8} {'p99 ms':>8}")
         for kind, (p50, p99, n) in pct.items():
             print(f"{kind:<14} {n:>6} {p50:>8.1f} {p99:>8.1f}")
         if "route new" in pct:
-            print(f"new-text route p50 / bare encode p50: {pct['route new'][0] / bare_ms:.2f}x")
+            print(f"new-text route p50 / bare encode p50: {pct['route new'][0] / bare_ms:.2f}x idle, "
+                  f"{pct['route new'][0] / bare_load_ms:.2f}x under the load")
         print(f"routing-log rows: {len(routed)} routes acknowledged, {len(lost_at)} rows lost"
               + (f", {len(lost_outside)} of them answered before the window "
                  f"(kill - {window_s:.3f} s; longest writer cycle {longest_cycle_ms} ms)" if kill_time else ""))

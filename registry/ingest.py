@@ -415,10 +415,13 @@ def import_evaluations(tx: Tx, staged: Staged, batch_id: int, result: ImportResu
                             WHERE model NOT IN (SELECT name FROM models) ORDER BY model RETURNING id, name""")
     outbox.new_models(tx, new_models)
     result.models_added += len(new_models)
-    has_current = tx.sql("SELECT count(*) > 0 FROM (SELECT 1 FROM evaluations LIMIT 1)")[0][0]
-    # Only what differs from the current (newest) evaluation is appended; an empty registry skips that join.
-    changed = f"""LEFT JOIN {evaluations.CURRENT} cur ON cur.model_id = m.id AND cur.query_id = q.id
-                  WHERE cur.correct IS DISTINCT FROM e.c""" if has_current else ""
+    # Only what differs from the current (newest) evaluation is appended. The current evaluations are those of the
+    # file's models that have any (none for new models: the join is skipped), not the whole table's.
+    evaluated = [r[0] for r in tx.sql(f"""SELECT DISTINCT m.id FROM (SELECT DISTINCT model FROM {t}) f
+                                          JOIN models m ON m.name = f.model
+                                          WHERE EXISTS (SELECT 1 FROM evaluations x WHERE x.model_id = m.id)""")]
+    changed = f"""LEFT JOIN {evaluations.current(model_ids=evaluated)} cur ON cur.model_id = m.id
+                  AND cur.query_id = q.id WHERE cur.correct IS DISTINCT FROM e.c""" if evaluated else ""
     insert = f"""
         INSERT INTO evaluations (model_id, query_id, correct, batch_id)
         SELECT {{distinct}} m.id, q.id, e.c, {int(batch_id)}

@@ -23,10 +23,10 @@ import json
 import os
 import sys
 import tempfile
-from dataclasses import fields, is_dataclass
 from typing import Any
 
 import anyio
+import orjson
 from fastapi import Body, Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -86,26 +86,15 @@ class AvailabilityBody(BaseModel):
 
 
 def _out(obj: Any) -> Response:
-    """A result as JSON (dataclasses as objects), serialised here in one pass: FastAPI's own encoder walks every value
+    """A result as JSON (dataclasses as objects), serialised by orjson in C: FastAPI's own encoder walks every value
     in Python and cost more than answering the route (a route's answer lists every model)."""
-    return Response(json.dumps(_plain(obj), allow_nan=False, separators=(",", ":"), default=_json_default),
+    return Response(orjson.dumps(obj, default=_json_default,
+                                 option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS),
                     media_type="application/json")
 
 
-def _plain(obj: Any) -> Any:
-    if is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: _plain(getattr(obj, f.name)) for f in fields(obj)}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(o) for o in obj]
-    if isinstance(obj, dict):
-        return {k: _plain(v) for k, v in obj.items()}
-    return obj
-
-
 def _json_default(obj: Any) -> Any:
-    if hasattr(obj, "isoformat"):                 # datetime, date
-        return obj.isoformat()
-    if hasattr(obj, "item"):                      # numpy scalars
+    if hasattr(obj, "item"):                      # numpy scalars orjson does not take (e.g. float16)
         return obj.item()
     if isinstance(obj, (set, frozenset)):
         return sorted(obj)

@@ -51,7 +51,8 @@ class Writer:
         self._log_vectors: dict[str, np.ndarray] = {}
         self._stopping = False
         self._stats = {"cycles": 0, "groups": 0, "jobs": 0, "log_rows": 0, "longest_cycle_ms": 0.0,
-                       "stage_ms": 0.0, "onboard_ms": 0.0, "refresh_ms": 0.0}     # totals: where the cycles go
+                       "stage_ms": 0.0, "onboard_ms": 0.0, "refresh_ms": 0.0,     # totals: where the cycles go
+                       "register_wait_ms": 0.0, "report_ms": 0.0}                 # and a registration's time
         reg._finish_pending()        # a crash may have left onboarding jobs behind
         self._thread = threading.Thread(target=self._loop, daemon=True, name="registry-writer")
         self._thread.start()
@@ -60,8 +61,13 @@ class Writer:
     def register(self, name: str, evals: str, metadata: dict, update: bool = False, k: int = 5):
         """`Registry.register` through the writer (`registration.RegisterResult`); blocks until durable."""
         name = registration.check(name, metadata)
+        t0 = time.perf_counter()
         staged, outcome = self._submit("register", (name, evals, metadata, update))
-        return registration.report(self.reg, staged, outcome, k)      # a read, in the caller's thread
+        t1 = time.perf_counter()
+        out = registration.report(self.reg, staged, outcome, k)      # a read, in the caller's thread
+        self._stats["register_wait_ms"] += 1000 * (t1 - t0)
+        self._stats["report_ms"] += 1000 * (time.perf_counter() - t1)
+        return out
 
     def run(self, fn: Callable[[], Any]) -> Any:
         """Run a write (`fn()`, its own transactions) on the writer thread, in turn; blocks until it is done."""

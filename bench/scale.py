@@ -143,6 +143,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None, help="torch and DuckDB threads (default: all cores)")
     ap.add_argument("--floor-batch", type=int, default=1, help="sets per batch of the bare forward pass")
+    ap.add_argument("--floor-models", type=int, default=100, help="models the floor is timed on (scaled up)")
     ap.add_argument("--similar", type=int, default=3, help="new models asked `registry similar` afterwards")
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder")
     args = ap.parse_args()
@@ -183,15 +184,6 @@ def main() -> None:
         os.remove(tmp / f"floor{i}.duckdb")
     t_ctas = min(floors)
 
-    wait_quiet()
-    cli = [sys.executable, "-m", "registry", "--db", str(db)]
-    wall, rss, out = child(cli + ["import", "--evaluations", str(f), "--json"], env)
-    res = json.loads(out)
-    sec = res.get("seconds") or {}
-    embedded = sum(o["outcome"] == "embedded" for o in res["onboarding"])
-    assert res["evaluations_added"] == n_evals and embedded == args.models, (res["evaluations_added"], embedded)
-    print(f"registry import: {wall:.1f} s wall, peak RSS {rss:.2f} GB; {json.dumps(sec)}", flush=True)
-
     # the floor's inputs: the same encoder, the same query vectors, the same answers
     con = duckdb.connect(str(db), read_only=True)
     try:
@@ -199,7 +191,42 @@ def main() -> None:
                                encoder_activations ORDER BY id DESC LIMIT 1)""").fetchone()
         rows = con.execute("""SELECT q.id, v.vector FROM queries q JOIN text_vectors v ON v.content_hash = q.content_hash
                               WHERE q.id IN (SELECT unnest(?))""", [qids.tolist()]).fetchall()
-        stored = con.execute("""SELECT m.name, v.vector, v.digest FROM embedding_versions v
+    finally:
+        con.close()
+    vec_of = {int(i): np.asarray(v, dtype=np.float32) for i, v in rows}
+    qvec = np.stack([vec_of[int(i)] for i in qids])
+    model = load_checkpoint(bytes(blob))[0].eval()
+    # the floor is timed on a sample of the models (every set has the same size, so models/s carries over), once
+    # before the child and once after it: the machine is shared, so the better of the two counts
+    sample = np.linspace(0, args.models - 1, min(args.floor_models, args.models)).astype(int)
+    ys = y[sample].astype(np.float32)
+    seeded_halves = lambda i: np.split(np.random.default_rng(i).permutation(args.queries), [args.queries // 2])
+    floor_full, floor_halves = [], []
+
+    def time_floors():
+        wait_quiet()
+        floor_full.append(bare_forward(model, qvec, ys, args.floor_batch)[0] * args.models / len(sample))
+        floor_halves.append(bare_forward(model, qvec, ys, args.floor_batch, seeded_halves)[0] * args.models
+                            / len(sample))
+
+    time_floors()
+    wait_quiet()
+    cli = [sys.executable, "-m", "registry", "--db", str(db)]
+    load_before = os.getloadavg()[0]
+    wall, rss, out = child(cli + ["import", "--evaluations", str(f), "--json"], env)
+    load_after = os.getloadavg()[0]
+    res = json.loads(out)
+    sec = res.get("seconds") or {}
+    embedded = sum(o["outcome"] == "embedded" for o in res["onboarding"])
+    assert res["evaluations_added"] == n_evals and embedded == args.models, (res["evaluations_added"], embedded)
+    print(f"registry import: {wall:.1f} s wall, peak RSS {rss:.2f} GB; {json.dumps(sec)}; load average "
+          f"{load_before:.1f} before, {load_after:.1f} after", flush=True)
+    time_floors()
+    t_bare, t_bare_h = min(floor_full), min(floor_halves)
+
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        stored = con.execute("""SELECT m.name, v.vector FROM embedding_versions v
                                 JOIN models m ON m.id = v.model_id WHERE m.name LIKE 'synth-%'
                                 ORDER BY m.name""").fetchall()
         real_vecs = con.execute("""SELECT m.name, v.vector FROM embedding_versions v JOIN models m ON m.id = v.model_id
@@ -207,22 +234,9 @@ def main() -> None:
                                    (PARTITION BY v.model_id ORDER BY v.version DESC) = 1""").fetchall()
     finally:
         con.close()
-    vec_of = {int(i): np.asarray(v, dtype=np.float32) for i, v in rows}
-    qvec = np.stack([vec_of[int(i)] for i in qids])
-    model = load_checkpoint(bytes(blob))[0].eval()
-    digests = [d for _, _, d in stored]
-
-    def halves_of(i):
-        rng = np.random.default_rng(int(digests[i][:16], 16))   # as embedding.halves does
-        perm = rng.permutation(args.queries)
-        return perm[: args.queries // 2], perm[args.queries // 2:]
-
-    wait_quiet()
-    t_bare, z_bare = bare_forward(model, qvec, y.astype(np.float32), args.floor_batch)
-    wait_quiet()
-    t_bare_h, _ = bare_forward(model, qvec, y.astype(np.float32), args.floor_batch, halves_of)
-    z_reg = np.stack([np.asarray(v, dtype=np.float32) for _, v, _ in stored])
-    max_diff = float(np.abs(z_reg - z_bare).max())
+    z_reg = np.stack([np.asarray(v, dtype=np.float32) for _, v in stored])
+    _, z_bare = bare_forward(model, qvec, ys, args.floor_batch)
+    max_diff = float(np.abs(z_reg[sample] - z_bare).max())
 
     # do the embeddings mean something? the nearest real model of each new one, against its two parents
     real_z = np.stack([np.asarray(v, dtype=np.float32) for _, v in real_vecs])

@@ -68,9 +68,11 @@ def evaluation_sets(tx: Tx, model_ids, through_batch: int, max_set: int | None =
 
 
 def chunked_sets(tx: Tx, model_ids, through_batch: int, max_set: int | None = None,
-                 chunk_rows: int = CHUNK_ROWS):
-    """`evaluation_sets` of many models, a chunk of about `chunk_rows` evaluations at a time (models in the given
-    order): yields {model id: EvalSet} per chunk, so that only one chunk's rows are in memory."""
+                 chunk_rows: int | None = None):
+    """`evaluation_sets` of many models, a chunk of about `chunk_rows` (default CHUNK_ROWS) evaluations at a time
+    (models in the given order): yields {model id: EvalSet} per chunk, so that only one chunk's rows are in
+    memory."""
+    chunk_rows = chunk_rows or CHUNK_ROWS
     model_ids = [int(m) for m in model_ids]
     if len(model_ids) <= 1:
         yield evaluation_sets(tx, model_ids, through_batch, max_set)

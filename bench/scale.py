@@ -108,6 +108,7 @@ def child(args: list[str], env: dict) -> tuple[float, float, str]:
         text = out.read().decode()
         if proc.returncode != 0:
             raise SystemExit(f"{' '.join(args)} failed ({proc.returncode}):\n{text}\n{err.read().decode()}")
+    child.cpu = usage.ru_utime + usage.ru_stime          # CPU seconds of the last child (both cores count)
     return wall, usage.ru_maxrss / 1024 ** 2, text
 
 
@@ -214,6 +215,7 @@ def main() -> None:
     cli = [sys.executable, "-m", "registry", "--db", str(db)]
     load_before = os.getloadavg()[0]
     wall, rss, out = child(cli + ["import", "--evaluations", str(f), "--json"], env)
+    cpu_import = child.cpu
     load_after = os.getloadavg()[0]
     res = json.loads(out)
     sec = res.get("seconds") or {}
@@ -268,6 +270,7 @@ def main() -> None:
         print(f"{'import + embed (s), in the child':58} {t_import + t_onb:9.2f} {'':>9} {'':>7}  <= 180")
     print(f"{'registry import, whole child process (s, wall)':58} {wall:9.2f} {'':>9} {'':>7}  "
           f"(start-up, import, embed, stability)")
+    print(f"{'registry import, CPU time of the child process (s)':58} {cpu_import:9.2f}")
     print(f"{'peak RSS of the registry import process (GB)':58} {rss:9.2f} {'':>9} {'':>7}  <= 3")
     print(f"max |stored vector - floor's vector| over the new models: {max_diff:.2e}")
     print(f"nearest real model is one of the two parents: {parent_hit:.1%} of new models (chance {2 / len(real_z):.1%})")

@@ -8,14 +8,16 @@ evaluations from one Parquet file into a copy of the full registry, imported and
 - The import is the public path, `registry import --evaluations F --json` in a child process (peak RSS of that
   child from wait4); it imports, embeds every new model (versions and the index) and estimates their stability,
   and says how long each step took (`seconds` in its JSON).
-- Floors, in this process: DuckDB's own `CREATE TABLE t AS SELECT * FROM read_parquet(F)` into a new database file
-  (best of 3), and the bare batched forward pass of the same encoder on the same inputs (the 10,000 distinct queries
-  projected once, then each model's set, no padding, `--floor-batch` models per batch), for the full sets and for the
-  stability halves; the registry's stored vectors are compared with the floor's.
+- Floors: DuckDB's own `CREATE TABLE t AS SELECT * FROM read_parquet(F)` into a new database file (best of 3, in
+  this process), and the bare batched forward pass of the same encoder on the same inputs (the 10,000 distinct
+  queries projected once, then each model's set gathered, no padding, `--floor-batch` models per batch), for the
+  full sets and for the stability halves, timed on `--floor-models` models in a child process of its own (after a
+  warm-up pass), before and after the registry's child: the better of the two counts (the machine is shared).
+  The registry's stored vectors are compared with the floor's.
 - Then `registry similar` for a few new models, each in its own child process.
 
 Usage: .venv/bin/python bench/scale.py [--db /work/main/registry.duckdb] [--models 1000] [--queries 10000]
-       [--threads N] [--keep]
+       [--floor-models 100] [--keep]
 While /work/QUIET exists (the lead is measuring latency) the bench waits before each heavy step.
 """
 from __future__ import annotations
@@ -36,6 +38,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parents[1]
+BUDGET = 1 << 16        # rows per batch, as registry.embedding.BUDGET
 QUIET = Path("/work/QUIET")
 
 
@@ -114,7 +117,7 @@ def child(args: list[str], env: dict) -> tuple[float, float, str]:
 
 def bare_forward(model, qvec: np.ndarray, y: np.ndarray, batch: int, halves_of=None) -> tuple[float, np.ndarray]:
     """The floor: project the distinct queries once, then each model's set (gathered rows, no padding, no mask) in
-    batches of `batch` sets. With `halves_of` (a function set -> two index arrays), the stability halves instead."""
+    batches of `batch` sets (0: as many as BUDGET rows take). With `halves_of` (a function set -> two index arrays), the stability halves instead."""
     import torch
 
     t = time.perf_counter()
@@ -122,6 +125,7 @@ def bare_forward(model, qvec: np.ndarray, y: np.ndarray, batch: int, halves_of=N
         P, S = model.row_proj(torch.from_numpy(qvec))
         sets = [(np.arange(y.shape[1]), y[i]) for i in range(len(y))] if halves_of is None else [
             (h, y[i][h]) for i in range(len(y)) for h in halves_of(i)]
+        batch = batch or max(1, BUDGET // len(sets[0][0]))
         z = np.zeros((len(sets), model.cfg.d_model), dtype=np.float32)
         i = 0
         while i < len(sets):
@@ -136,32 +140,46 @@ def bare_forward(model, qvec: np.ndarray, y: np.ndarray, batch: int, halves_of=N
     return time.perf_counter() - t, z
 
 
+def floor_child(path: Path, batch: int) -> None:
+    """--floor: time the bare forward pass on the saved inputs (full sets, then halves), after a warm-up pass."""
+    from registry.checkpoint import load_checkpoint
+
+    data = np.load(path)
+    qvec, y = data["qvec"], data["y"]
+    model = load_checkpoint((path.parent / "encoder.safetensors").read_bytes())[0].eval()
+    halves = lambda i: np.split(np.random.default_rng(i).permutation(y.shape[1]), [y.shape[1] // 2])
+    bare_forward(model, qvec, y[:2], batch)                                      # warm-up
+    full = bare_forward(model, qvec, y, batch)[0]
+    print(json.dumps({"full": full, "halves": bare_forward(model, qvec, y, batch, halves)[0]}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--db", default="/work/main/registry.duckdb", help="the built default registry (copied)")
     ap.add_argument("--models", type=int, default=1000)
     ap.add_argument("--queries", type=int, default=10000)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=None, help="torch and DuckDB threads (default: all cores)")
-    ap.add_argument("--floor-batch", type=int, default=1, help="sets per batch of the bare forward pass")
+    ap.add_argument("--floor-batch", type=int, default=0,
+                    help="sets per batch of the bare forward pass (default: as many as the registry's row budget takes)")
     ap.add_argument("--floor-models", type=int, default=100, help="models the floor is timed on (scaled up)")
     ap.add_argument("--similar", type=int, default=3, help="new models asked `registry similar` afterwards")
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    ap.add_argument("--floor", help=argparse.SUPPRESS)   # (the floor's own child process)
     args = ap.parse_args()
     import torch
 
     from registry.checkpoint import load_checkpoint
 
-    threads = args.threads or os.cpu_count()
+    threads = os.cpu_count()          # torch and DuckDB take every core by default, in the registry as here
     torch.set_num_threads(threads)
+    if args.floor:
+        return floor_child(Path(args.floor), args.floor_batch)
     tmp = Path(tempfile.mkdtemp(prefix="scale-"))
     db = tmp / "registry.duckdb"
     shutil.copy(args.db, db)
     if Path(str(args.db) + ".index").is_dir():
         shutil.copytree(str(args.db) + ".index", str(db) + ".index")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
-    if args.threads:
-        env.update(OMP_NUM_THREADS=str(threads), REGISTRY_THREADS=str(threads))
     n_evals = args.models * args.queries
 
     wait_quiet()
@@ -197,18 +215,23 @@ def main() -> None:
     vec_of = {int(i): np.asarray(v, dtype=np.float32) for i, v in rows}
     qvec = np.stack([vec_of[int(i)] for i in qids])
     model = load_checkpoint(bytes(blob))[0].eval()
-    # the floor is timed on a sample of the models (every set has the same size, so models/s carries over), once
-    # before the child and once after it: the machine is shared, so the better of the two counts
+    # the floor is timed on a sample of the models (every set has the same size, so models/s carries over), in a
+    # child process of its own like the registry's (fresh, same threads, after a warm-up pass), once before the
+    # registry's child and once after it: the machine is shared, so the better of the two counts
     sample = np.linspace(0, args.models - 1, min(args.floor_models, args.models)).astype(int)
     ys = y[sample].astype(np.float32)
-    seeded_halves = lambda i: np.split(np.random.default_rng(i).permutation(args.queries), [args.queries // 2])
+    inputs = tmp / "floor.npz"
+    (tmp / "encoder.safetensors").write_bytes(bytes(blob))
+    np.savez(inputs, qvec=qvec, y=ys)
     floor_full, floor_halves = [], []
 
     def time_floors():
         wait_quiet()
-        floor_full.append(bare_forward(model, qvec, ys, args.floor_batch)[0] * args.models / len(sample))
-        floor_halves.append(bare_forward(model, qvec, ys, args.floor_batch, seeded_halves)[0] * args.models
-                            / len(sample))
+        _, _, out = child([sys.executable, __file__, "--floor", str(inputs), "--floor-batch", str(args.floor_batch)],
+                          env)
+        got = json.loads(out)
+        floor_full.append(got["full"] * args.models / len(sample))
+        floor_halves.append(got["halves"] * args.models / len(sample))
 
     time_floors()
     wait_quiet()

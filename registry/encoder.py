@@ -111,9 +111,10 @@ class LocusModel(nn.Module):
         y = y.to(P.dtype)[..., None]                                         # [B,N,1]
         h = P + (2 * y - 1) * S + y * self.inp.weight[:, self.cfg.d_query] + self.inp.bias   # = inp([q, y, q*(2y-1)])
         if mask is not None:
-            h = h.masked_fill(~mask[..., None], 0.0)                         # padded values never enter, even NaN
             if bool(mask.all()):
                 mask = None                                                  # no padding: unmasked attention
+            else:
+                h = h.masked_fill(~mask[..., None], 0.0)                     # padded values never enter, even NaN
         for isab in self.isabs:
             h = isab(h, mask)                                                # [B,N,D]
         return self.out(self.pma(h, mask)[:, 0])                             # [B,D]

@@ -26,7 +26,7 @@ from sklearn.metrics import roc_auc_score
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from registry import Registry, heldout  # noqa: E402
 from registry.evaluation import dataset  # noqa: E402
-from registry.heldout import COLUMNS  # noqa: E402
+from registry.heldout import COLUMNS, cell  # noqa: E402
 
 BASELINES = ("mf", "irt", "knn", "best_single")
 
@@ -91,14 +91,14 @@ def main() -> None:
               f"val hit@1 {s.locus_train['val_hit@1']}; {s.wall_s:.0f} s)\n{head} | setting |\n{rule}|---|")
         for m, v in s.methods.items():
             setting = ", ".join(f"{k}={v[k]}" for k in ("dim", "k", "model") if k in v)
-            print(f"| {m} | " + " | ".join(f"{v[k]:.4f}" for k, _ in COLUMNS) + f" | {setting} |")
+            print(f"| {m} | " + " | ".join(cell(k, v[k]) for k, _ in COLUMNS) + f" | {setting} |")
         print(f"bar 1, seed {s.seed}: LOCUS held-out AUC {s.methods['locus']['held_out_auc']:.4f} vs best baseline "
               f"{e['best_baseline']} {s.methods[e['best_baseline']]['held_out_auc']:.4f}: "
               f"{'holds' if e['holds'] else 'FAILS'}; margin {e['margin']:+.4f}, paired bootstrap over questions "
               f"95% [{e['ci95'][0]:+.4f}, {e['ci95'][1]:+.4f}], LOCUS >= it in {e['share_at_least']:.0%} of resamples")
     print(f"\nmean over {len(r.seeds)} seeds (± std)\n{head} |\n{rule}|")
     for m, v in r.mean.items():
-        print(f"| {m} | " + " | ".join(f"{v[k]:.4f} ± {r.std[m][k]:.4f}" for k, _ in COLUMNS) + " |")
+        print(f"| {m} | " + " | ".join(f"{cell(k, v[k])} ± {r.std[m][k]:.4f}" for k, _ in COLUMNS) + " |")
     holds = [e["holds"] for e in extra]
     print(f"\nbar 1 (LOCUS held-out AUC >= every baseline's, each seed): "
           f"{'holds' if all(holds) else 'FAILS'} ({sum(holds)} of {len(holds)} seeds)")

@@ -32,19 +32,6 @@ def load(db: str):
     return d.correct, d.categories, d.models, d.splits
 
 
-def per_category_scores(correct, cats, known, eval_idx, prior):
-    """[M, len(eval_idx)]: each model's accuracy on the eval query's category over its `known` (model, query) mask."""
-    y = (correct == 1) & known
-    n = known.sum(1)
-    overall = y.sum(1) / np.maximum(n, 1)
-    out = np.zeros((correct.shape[0], len(eval_idx)))
-    for c in np.unique(cats[eval_idx]):
-        in_c = cats == c
-        yc, nc = (y & in_c).sum(1), (known & in_c).sum(1)
-        out[:, cats[eval_idx] == c] = ((yc + prior * overall) / (nc + prior + 1e-9))[:, None]
-    return out + 1e-9 * overall[:, None]                      # ties: the stronger model overall
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--db", default="registry.duckdb")
@@ -74,8 +61,8 @@ def main():
             # the prior is chosen on val with the val questions left out of the known sets
             kv = known.copy()
             kv[:, va] = False
-            prior = max(priors, key=lambda p: B.hit_at_k(per_category_scores(correct, cats, kv, va, p), correct[:, va]))
-            percat.append(B.hit_at_k(per_category_scores(correct, cats, known, te, prior), ct))
+            prior = max(priors, key=lambda p: B.hit_at_k(B.per_category_scores(correct, cats, kv, va, p), correct[:, va]))
+            percat.append(B.hit_at_k(B.per_category_scores(correct, cats, known, te, prior), ct))
             chosen.append(prior)
         label = str(n) if n else "all"
         print(f"{label:>22s} {np.mean(single):>20.4f} +- {np.std(single):.4f} {np.mean(percat):>12.4f} +- "

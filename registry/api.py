@@ -71,13 +71,24 @@ class Registry:
         with self.store.tx() as tx:
             return vectors.load(tx, path)
 
-    def draw_splits(self, val: float = 0.1, test: float = 0.1, seed: int = 0) -> splits.DrawResult:
+    def draw_splits(self, val: float = 0.1, test: float | None = None, seed: int = 0, by: str = "random",
+                    test_categories: list[str] | None = None) -> splits.DrawResult:
         """Give every query without a split one, drawn with `seed` within each category (shares `val` and `test`,
-        the rest train); a query's split, once set, is kept. Models whose test queries change are re-embedded."""
-        splits.check_shares(val, test)
+        default 0.1 each, the rest train); a query's split, once set, is kept. `by="category"`: whole categories
+        held out instead, `test_categories` as test and every other query train or val (existing splits replaced;
+        splits.draw_by_category). Models whose test queries change are re-embedded."""
+        if by not in splits.BY:
+            raise InputError(f"--by must be one of {', '.join(splits.BY)}, got {by!r}")
+        if by == "category" and test is not None:
+            raise InputError("--by category takes no --test share: the test split is the held-out categories")
+        if by == "random" and test_categories:
+            raise InputError("--test-categories goes with --by category")
+        if by == "random":
+            splits.check_shares(val, 0.1 if test is None else test)
         self._finish_pending()
         with self.store.tx() as tx:
-            result = splits.draw(tx, val, test, seed)
+            result = (splits.draw(tx, val, 0.1 if test is None else test, seed) if by == "random"
+                      else splits.draw_by_category(tx, list(test_categories or []), val, seed))
         result.onboarding = [asdict(o) for o in self.onboard()]
         return result
 

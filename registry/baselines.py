@@ -10,7 +10,6 @@ from math import comb
 
 import numpy as np
 import torch
-from sklearn.metrics import roc_auc_score
 
 
 # ---------------------------------------------------------------- metrics
@@ -42,6 +41,8 @@ def random_hit_at_k(correct: np.ndarray, k: int = 1) -> float:
 
 def predictor_metrics(probs: np.ndarray, correct: np.ndarray) -> dict:
     """Accuracy (p > 0.5), ROC-AUC and Brier score of P(correct) over the observed entries."""
+    from sklearn.metrics import roc_auc_score   # here: importing sklearn costs routing's start-up 2 s otherwise
+
     obs = correct >= 0
     p, y = np.asarray(probs, dtype=np.float64)[obs], correct[obs].astype(np.float64)
     return {"acc": float(((p > 0.5) == (y == 1)).mean()),
@@ -57,9 +58,24 @@ def coverage(scores: np.ndarray, correct: np.ndarray) -> tuple[int, float | None
     return scored, (float((got == 1).sum() / scored) if scored else None)
 
 
-def routing_report(scores: np.ndarray, correct: np.ndarray, probs: np.ndarray | None = None) -> dict:
+def disagreement(correct: np.ndarray) -> np.ndarray:
+    """[N] bool: the queries where the models' observed answers differ (some right, some wrong): the only ones
+    where the choice of model matters."""
+    return (correct == 1).any(axis=0) & (correct == 0).any(axis=0)
+
+
+def routing_report(scores: np.ndarray, correct: np.ndarray, probs: np.ndarray | None = None,
+                   strongest: int | None = None) -> dict:
+    """hit@1/3/5, and what routing used: how many models it chooses, how often its choice differs from the
+    strongest model's (`strongest`, a row: the best single model), and hit@1 on the queries where models disagree;
+    with `probs`, the predictor metrics of those P(correct)."""
     out = {f"hit@{k}": hit_at_k(scores, correct, k) for k in (1, 3, 5)}
-    out["n_chosen"] = int(len(np.unique(topk_models(scores, 1))))   # how many distinct models get routed to
+    top = topk_models(scores, 1)[0]
+    out["n_chosen"] = int(len(np.unique(top)))                      # how many distinct models get routed to
+    if strongest is not None:
+        out["differs_from_strongest"] = float((top != strongest).mean())
+    dis = disagreement(correct)
+    out["hit@1_disagree"] = hit_at_k(scores[:, dis], correct[:, dis], 1) if dis.any() else None
     scored, on_scored = coverage(scores, correct)
     out["scored"] = scored                                          # of correct.shape[1] queries
     out["coverage"] = scored / max(correct.shape[1], 1)
@@ -81,6 +97,37 @@ def best_single_scores(correct: np.ndarray, train_idx, eval_idx) -> np.ndarray:
     """Each model's train accuracy as its score on every query: routes everything to the best model."""
     acc = model_accuracy(correct[:, train_idx])
     return np.repeat(acc[:, None], len(eval_idx), axis=1)
+
+
+def per_category_scores(correct: np.ndarray, categories: np.ndarray, known: np.ndarray, eval_idx,
+                        prior: float) -> np.ndarray:
+    """[M, len(eval_idx)]: each model's accuracy on the query's category over the (model, query) pairs in `known`
+    ([M,Nq] bool), shrunk toward its overall accuracy by `prior` pseudo-answers; ties go to the stronger model."""
+    eval_idx = np.asarray(eval_idx)
+    known = known & (correct >= 0)
+    y = (correct == 1) & known
+    overall = y.sum(1) / np.maximum(known.sum(1), 1)
+    out = np.zeros((correct.shape[0], len(eval_idx)))
+    for c in np.unique(categories[eval_idx]):
+        in_c = categories == c
+        yc, nc = (y & in_c).sum(1), (known & in_c).sum(1)
+        out[:, categories[eval_idx] == c] = ((yc + prior * overall) / (nc + prior + 1e-9))[:, None]
+    return out + 1e-9 * overall[:, None]
+
+
+def per_category_router(correct: np.ndarray, categories: np.ndarray, train_idx, val_idx, eval_idx,
+                        priors=(0, 5, 20, 50, 200)) -> tuple[np.ndarray, dict]:
+    """The router that sends each query to its category's best model (by the answers in that category), the prior
+    chosen on val from the train answers, then the scores on eval_idx from the train and val answers (every
+    non-test answer, as the registry embeds models from). -> (scores [M, len(eval_idx)], {"prior", "val"})."""
+    tr, va = np.asarray(train_idx), np.asarray(val_idx)
+    known_tr = np.zeros(correct.shape, dtype=bool)
+    known_tr[:, tr] = True
+    val = {p: val_hit(per_category_scores(correct, categories, known_tr, va, p), correct[:, va]) for p in priors}
+    prior = max(priors, key=lambda p: (val[p], -p))
+    known = known_tr.copy()
+    known[:, va] = True
+    return per_category_scores(correct, categories, known, eval_idx, prior), {"prior": prior, "val": val}
 
 
 def knn_scores(qvecs: np.ndarray, correct: np.ndarray, train_idx, eval_idx, k: int,

@@ -62,17 +62,28 @@ def vectors_import(ctx, file, as_json):
 
 @command("draw-splits")
 @click.option("--val", default=0.1, show_default=True, help="Share of each category's new queries for validation.")
-@click.option("--test", default=0.1, show_default=True, help="Share of each category's new queries for test.")
+@click.option("--test", type=float, help="Share of each category's new queries for test (--by random; default 0.1).")
 @click.option("--seed", default=0, show_default=True)
-def draw_splits(ctx, val, test, seed, as_json):
-    """Give every query without a split a train/val/test split, drawn with a seed (when no splits file exists)."""
-    result = open_registry(ctx).draw_splits(val=val, test=test, seed=seed)
+@click.option("--by", type=click.Choice(["random", "category"]), default="random", show_default=True,
+              help="random: new queries drawn within each category; category: whole categories held out as test "
+                   "(every query's split is set anew).")
+@click.option("--test-categories", help="With --by category: the categories held out as test, comma-separated.")
+def draw_splits(ctx, val, test, seed, by, test_categories, as_json):
+    """Give every query without a split a train/val/test split, drawn with a seed (when no splits file exists); or
+    hold whole categories out as test (--by category)."""
+    cats = [c for c in (test_categories or "").split(",") if c.strip()]
+    result = open_registry(ctx).draw_splits(val=val, test=test, seed=seed, by=by, test_categories=cats or None)
     if as_json:
         emit_json(result)
         return
+    embedded = sum(o["outcome"] == "embedded" for o in result.onboarding)
+    if by == "category":
+        click.echo(f"seed {seed}: test = {', '.join(result.test_categories)}; " + ", ".join(
+            f"{n} {s}" for s, n in result.drawn.items()) + f"; {result.changed} queries changed split; "
+            f"{embedded} models re-embedded")
+        return
     click.echo(f"seed {seed}: " + ", ".join(f"{n} {s}" for s, n in result.drawn.items())
-               + f" drawn; {result.kept} queries kept their split; "
-               + f"{sum(o['outcome'] == 'embedded' for o in result.onboarding)} models re-embedded")
+               + f" drawn; {result.kept} queries kept their split; {embedded} models re-embedded")
 
 
 COMMANDS = [import_, vectors, draw_splits]

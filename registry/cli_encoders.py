@@ -134,9 +134,16 @@ def evaluate(ctx, split, sample_efficiency, seeds, no_baselines, held_out, n, ma
                    f"choose their settings on val")
     fmt = lambda v: "" if v is None else (f"{v:.4f}" if isinstance(v, float) else str(v))  # noqa: E731
     table([[m, fmt(v.get("hit@1")), fmt(v.get("hit@3")), fmt(v.get("hit@5")), fmt(v.get("acc")),
-            fmt(v.get("auc")), fmt(v.get("brier")), fmt(v.get("n_chosen"))] for m, v in r.methods.items()],
-          ["method", "hit@1", "hit@3", "hit@5", "pred acc", "AUC", "Brier", "models chosen"])
-    click.echo("LOCUS routes to: " + ", ".join(f"{m} {n}" for m, n in sorted(r.choices.items(), key=lambda kv: -kv[1])))
+            fmt(v.get("auc")), fmt(v.get("brier")), fmt(v.get("n_chosen")), fmt(v.get("differs_from_strongest")),
+            fmt(v.get("hit@1_disagree"))] for m, v in r.methods.items()],
+          ["method", "hit@1", "hit@3", "hit@5", "pred acc", "AUC", "Brier", "models chosen",
+           "not the strongest", f"hit@1 where models disagree ({r.disagree})"])
+    sel = r.interaction
+    if "val_hit" in sel:
+        click.echo(f"routing (locus_interaction) = predictor logit + {sel['a']} x category offset + {sel['w']} x "
+                   f"residual of the {sel['k']} nearest queries, chosen on val (val hit@1 "
+                   f"{sel['val_hit']['chosen']:.4f}; the predictor alone {sel['val_hit']['predictor']:.4f})")
+    click.echo("routing chooses: " + ", ".join(f"{m} {n}" for m, n in sorted(r.choices.items(), key=lambda kv: -kv[1])))
     for m, v in r.methods.items():
         if v.get("scored") is not None and v["scored"] < r.queries:
             click.echo(f"note: {m}: {r.queries - v['scored']} of {r.queries} chosen models have no result for the "
@@ -146,8 +153,8 @@ def evaluate(ctx, split, sample_efficiency, seeds, no_baselines, held_out, n, ma
         click.echo("")
         cols = [c for c in next(iter(r.per_category.values())) if c != "queries"]
         table([[c, v["queries"]] + [fmt(v[k]) for k in cols] for c, v in r.per_category.items()],
-              ["category", "queries"] + [k.replace("_", " ") if k.startswith("locus_") else f"{k} hit@1"
-                                         for k in cols])
+              ["category", "queries"] + [k.replace("_", " ") if k in ("locus_acc", "locus_auc", "locus_brier")
+                                         else f"{k} hit@1" for k in cols])
     if r.sample_efficiency:
         click.echo("")
         table([[n, f"{v['mean']:.4f} ± {v['std']:.4f}", v["draws"]] for n, v in r.sample_efficiency.items()]
@@ -155,7 +162,7 @@ def evaluate(ctx, split, sample_efficiency, seeds, no_baselines, held_out, n, ma
 
 
 def show_held_out(r) -> None:
-    from .heldout import COLUMNS
+    from .heldout import COLUMNS, cell
 
     cfg = r.train_config
     click.echo(f"held out: {r.held_out} of {r.models} models per seed, each known from {r.n} evaluations; "
@@ -164,11 +171,11 @@ def show_held_out(r) -> None:
     for s in r.per_seed:
         click.echo(f"\nseed {s.seed}: held out {', '.join(s.held_out)} (LOCUS best step {s.locus_train['best_step']}, "
                    f"val hit@1 {s.locus_train['val_hit@1']}; {s.wall_s:.0f} s)")
-        table([[m] + [f"{v[k]:.4f}" for k, _ in COLUMNS]
+        table([[m] + [cell(k, v[k]) for k, _ in COLUMNS]
                + [", ".join(f"{k}={v[k]}" for k in ("dim", "k", "model") if k in v)] for m, v in s.methods.items()],
               ["method"] + [h for _, h in COLUMNS] + ["setting"])
     click.echo(f"\nmean over {len(r.seeds)} seeds (± std)")
-    table([[m] + [f"{v[k]:.4f} ± {r.std[m][k]:.4f}" for k, _ in COLUMNS] for m, v in r.mean.items()],
+    table([[m] + [f"{cell(k, v[k])} ± {r.std[m][k]:.4f}" for k, _ in COLUMNS] for m, v in r.mean.items()],
           ["method"] + [h for _, h in COLUMNS])
     for note in r.notes:
         click.echo(f"note: {note}")

@@ -1,7 +1,9 @@
 """`registry evaluate` and `registry train`: the registry's own data as arrays, LOCUS against the baselines.
 
 LOCUS is scored with the models' stored current embeddings (computed from every evaluation outside the test split,
-see embedding.py), so the report describes exactly what routing will do. Every method sees the same queries.
+see embedding.py). Two LOCUS rows: `locus`, the predictor alone, and `locus_interaction`, what routing serves (the
+predictor's logit plus the interaction terms of interaction.py, fitted on train and val exactly as routing fits
+them), so the report describes exactly what routing will do. Every method sees the same queries.
 `registry evaluate --held-out K` (models the encoder never saw, known from a few evaluations) is heldout.py.
 """
 from __future__ import annotations
@@ -12,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import baselines as B
-from . import embedding, encoders, evaluations, evidence, index, querycache
+from . import embedding, encoders, evaluations, evidence, index, interaction, querycache
 from .errors import RegistryError
 from .store import Tx
 
@@ -69,11 +71,13 @@ class EvaluationReport:
     per_category: dict[str, dict] = field(default_factory=dict)  # category -> {"queries", "locus", "best_single", ...,
                                                                  #   "locus_acc", "locus_auc", "locus_brier"}
     sample_efficiency: dict | None = None
-    choices: dict[str, int] = field(default_factory=dict)     # how often LOCUS routes to each model
+    choices: dict[str, int] = field(default_factory=dict)     # how often routing (locus_interaction) chooses each model
     excluded: dict[str, str] = field(default_factory=dict)    # models left out of every method, and why
     probation: dict[str, int] = field(default_factory=dict)   # on probation (evidence.py): not routed to by any
                                                               #   method; -> evaluations behind the embedding
     held_out: bool = True     # False off the test split: embeddings hold its answers, KNN and MF are tuned on val
+    disagree: int = 0         # queries where the models' answers differ (hit@1_disagree is on these)
+    interaction: dict = field(default_factory=dict)           # a, k, w chosen on val and what val measured
 
 
 def current_embeddings(tx: Tx, data: Dataset, with_evidence: bool = False):
@@ -148,30 +152,44 @@ def evaluate(tx: Tx, split: str = "test", baselines: bool = True, sample_efficie
         if len(rows) == 0:   # best single is chosen on train, KNN's k and MF's dimension on val
             raise RegistryError(f"no queries in the {name} split")
     ct = data.correct[:, idx]
-    p = evidence.shrink(locus_probs(tx, encoder_id, z, data.qvecs[idx]), ev)   # what routing uses
+    p_all = evidence.shrink(locus_probs(tx, encoder_id, z, data.qvecs), ev)   # what the predictor gives routing
+    p = p_all[:, idx]
+    # the strongest model: the best single model on train, against which "differs_from_strongest" is counted
+    strongest = int(np.argmax(B.model_accuracy(data.correct[:, tr]))) if len(tr) else None
     enc_name = tx.sql("SELECT name FROM encoders WHERE id = ?", [encoder_id])[0][0]
-    methods = {"locus": B.routing_report(p, ct, p)}
-    chosen = B.topk_models(p, 1)[0]
+    methods = {"locus": B.routing_report(p, ct, p, strongest)}
+    scores, routed, selection = {"locus": p}, p, {}
+    if len(tr) and len(va):         # as routing: without a val split to choose the weights, the predictor alone
+        fitted = interaction.fit(interaction.logit(p_all), data.correct, data.qvecs, data.categories, tr, va)
+        routed = interaction.sigmoid(fitted.scores(interaction.logit(p), data.qvecs[idx],
+                                                    fitted.category_index(data.categories[idx])))
+        selection = fitted.selection
+        methods["locus_interaction"] = dict(B.routing_report(routed, ct, routed, strongest),
+                                            **{k: selection[k] for k in ("a", "k", "w")})
+        scores["locus_interaction"] = routed
+    chosen = B.topk_models(routed, 1)[0]
     choices = {data.models[m]: int(n) for m, n in zip(*np.unique(chosen, return_counts=True))}
-    scores = {"locus": p}
     if baselines:
         methods["oracle"] = {f"hit@{k}": B.oracle_hit(ct) for k in (1, 3, 5)}
         s = B.best_single_scores(data.correct, tr, idx)
-        methods["best_single"] = B.routing_report(s, ct)
+        methods["best_single"] = B.routing_report(s, ct, None, strongest)
         methods["best_single"]["model"] = data.models[int(np.argmax(s[:, 0]))]
         scores["best_single"] = s
         methods["random"] = {f"hit@{k}": B.random_hit_at_k(ct, k) for k in (1, 3, 5)}
+        s, info = B.per_category_router(data.correct, data.categories, tr, va, idx)
+        methods["per_category"] = dict(B.routing_report(s, ct, None, strongest), prior=info["prior"])
+        scores["per_category"] = s
         k, _ = B.knn_router(data.qvecs, data.correct, tr, va)
         s = B.knn_scores(data.qvecs, data.correct, tr, idx, k)
-        methods["knn"] = dict(B.routing_report(s, ct, s), k=k)
+        methods["knn"] = dict(B.routing_report(s, ct, s, strongest), k=k)
         scores["knn"] = s
         mf, info = B.mf_router(data.qvecs, data.correct, tr, va, seed=mf_seed)
         s = B.mf_probs(mf, data.qvecs, idx)
-        methods["mf"] = dict(B.routing_report(s, ct, s), dim=info["dim"])
+        methods["mf"] = dict(B.routing_report(s, ct, s, strongest), dim=info["dim"])
         scores["mf"] = s
         irt, info = B.irt_router(data.qvecs, data.correct, tr, va, seed=mf_seed)
         s = B.irt_probs(irt, data.qvecs, idx)
-        methods["irt"] = dict(B.routing_report(s, ct, s), dim=info["dim"])
+        methods["irt"] = dict(B.routing_report(s, ct, s, strongest), dim=info["dim"])
         scores["irt"] = s
     per_category = {}
     for cat in sorted(set(data.categories[idx])):
@@ -183,7 +201,8 @@ def evaluate(tx: Tx, split: str = "test", baselines: bool = True, sample_efficie
     report = EvaluationReport(split, len(idx), len(data.models), enc_name,
                               {m: {k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}
                                for m, r in methods.items()}, per_category, None, choices, excluded,
-                              probation=probation, held_out=split == "test")
+                              probation=probation, held_out=split == "test",
+                              disagree=int(B.disagreement(ct).sum()), interaction=selection)
     if sample_efficiency:
         report.sample_efficiency = sample_efficiency_curve(tx, data, idx, seeds, sizes)
     return report

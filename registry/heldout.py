@@ -23,15 +23,16 @@ import numpy as np
 from sklearn.metrics import roc_auc_score
 
 from . import baselines as B
-from . import training
+from . import interaction, training
 from .errors import InputError
 from .evaluation import Dataset, embed_subsets
 
 # Shorter than `registry train`'s default (30 teacher epochs, 240 encoder steps, 10 refit epochs, about 10 min on
 # 2 cores) so that a seed trains in a few minutes; the report names it.
 TRAIN_SHORT = {"teacher_epochs": 8, "max_steps": 60, "eval_every": 20, "refit_epochs": 4}
-METHODS = ("locus", "mf", "irt", "knn", "best_single")
-COLUMNS = [("hit@1", "hit@1"), ("auc", "AUC"), ("held_out_auc", "held-out AUC"),       # (metric, table heading)
+METHODS = ("locus", "locus_interaction", "mf", "irt", "knn", "per_category", "best_single")
+COLUMNS = [("hit@1", "hit@1"), ("auc", "AUC"), ("n_chosen", "models chosen"),           # (metric, table heading)
+           ("differs_from_strongest", "not the strongest"), ("hit@1_disagree", "hit@1 where models disagree"), ("held_out_auc", "held-out AUC"),
            ("held_out_auc_within", "within-model AUC"), ("held_out_brier", "held-out Brier"),
            ("held_out_acc_error", "acc error"), ("routed_to_held_out", "routed to held-out")]
 NOTES = [
@@ -45,10 +46,18 @@ NOTES = [
     "irt: fitted on the other models (dimension chosen on val); a held-out model's theta by MAP from its n, the "
     "query side a(q), b(q) frozen",
     "knn: each model's k nearest among the train queries it has a result for (k chosen on val)",
+    "locus_interaction: routing as served (interaction.py): LOCUS's logit plus each model's category offset and "
+    "nearest-query residual from the visible train and val answers (a held-out model's: its n), weights chosen on val",
+    "per_category: each category's best model by its visible answers in the category (prior chosen on val)",
     "best_single: each model's accuracy on its visible train results, as its P(correct) on every query",
     "held_out_*: the K held-out models' test answers only; acc_error = mean |predicted - actual test accuracy|; "
     "auc_within = mean over held-out models of the AUC across questions (0.5 for a constant prediction)",
 ]
+
+
+def cell(key: str, value: float) -> str:
+    """A table cell: counts as counts, the rest to 4 decimals."""
+    return f"{value:.4g}" if key == "n_chosen" else f"{value:.4f}"
 
 
 @dataclass
@@ -100,14 +109,17 @@ def visible(data: Dataset, held: np.ndarray, rows: dict[int, np.ndarray]) -> Dat
     return replace(data, correct=c)
 
 
-def _locus(vis: Dataset, held, te, cfg: training.TrainConfig, progress):
+def _locus(vis: Dataset, held, te, cfg: training.TrainConfig, progress, train=None):
     known = ~held
-    model, _, metrics = training.train(vis.qvecs, vis.correct[known], vis.splits["train"], vis.splits["val"], cfg,
-                                       progress=progress)
+    model, _, metrics = (train or training.train)(vis.qvecs, vis.correct[known], vis.splits["train"],
+                                                  vis.splits["val"], cfg, progress=progress)
     # as the registry embeds: every visible (non-test) evaluation; for a held-out model that is its n
     z = embed_subsets(model, vis, [np.flatnonzero(vis.correct[m] >= 0) for m in range(len(vis.models))])
     info = {"best_step": metrics["best_step"], "val_hit@1": round(metrics["val_hit@1"], 4)}
-    return model.p_correct(z, vis.qvecs[te]), info
+    lg = interaction.logit(model.p_correct(z, vis.qvecs))
+    fitted = interaction.fit(lg, vis.correct, vis.qvecs, vis.categories, vis.splits["train"], vis.splits["val"])
+    routed = interaction.sigmoid(fitted.scores(lg[:, te], vis.qvecs[te], fitted.category_index(vis.categories[te])))
+    return interaction.sigmoid(lg[:, te]), routed, info, {k: fitted.selection[k] for k in ("a", "k", "w")}
 
 
 def _irt(vis: Dataset, held, te, seed: int):
@@ -123,11 +135,15 @@ def _irt(vis: Dataset, held, te, seed: int):
 
 
 def predictions(vis: Dataset, held: np.ndarray, cfg: training.TrainConfig, seed: int,
-                progress=None) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
-    """Every method's P(correct) [M, test queries] from the visible rows alone -> (probs, settings)."""
+                progress=None, train=None) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
+    """Every method's P(correct) [M, test queries] from the visible rows alone -> (probs, settings). `train`:
+    training.train's stand-in (a bench keeps trained encoders on disk with it)."""
     te, tr, va, c, q = vis.splits["test"], vis.splits["train"], vis.splits["val"], vis.correct, vis.qvecs
     probs, info = {}, {}
-    probs["locus"], info["locus"] = _locus(vis, held, te, cfg, progress)
+    probs["locus"], probs["locus_interaction"], info["locus"], info["locus_interaction"] = _locus(
+        vis, held, te, cfg, progress, train)
+    probs["per_category"], pc = B.per_category_router(c, vis.categories, tr, va, te)
+    info["per_category"] = {"prior": pc["prior"]}
     mf, mf_info = B.mf_router(q, c, tr, va, seed=seed)
     probs["mf"], info["mf"] = B.mf_probs(mf, q, te), {"dim": mf_info["dim"]}
     probs["irt"], info["irt"] = _irt(vis, held, te, seed)
@@ -138,8 +154,9 @@ def predictions(vis: Dataset, held: np.ndarray, cfg: training.TrainConfig, seed:
     return probs, info
 
 
-def metrics(p: np.ndarray, truth: np.ndarray, held: np.ndarray) -> dict:
-    """Routing over every model, and prediction quality on the held-out models' answers alone. truth [M,N] int8."""
+def metrics(p: np.ndarray, truth: np.ndarray, held: np.ndarray, strongest: int) -> dict:
+    """Routing over every model (how many it chooses, how often not the `strongest`, the best single model, and
+    hit@1 where models disagree too), and prediction quality on the held-out models' answers alone. truth [M,N]."""
     top = B.topk_models(p, 1)[0]
     ph, th = p[held], truth[held]
     within, err = [], []
@@ -149,20 +166,24 @@ def metrics(p: np.ndarray, truth: np.ndarray, held: np.ndarray) -> dict:
         within.append(roc_auc_score(y, pm[obs]) if 0 < y.mean() < 1 else np.nan)
         err.append(abs(float(np.mean(pm[obs], dtype=np.float64)) - float(y.mean())))
     hp = B.predictor_metrics(ph, th)
+    dis = B.disagreement(truth)
     return {"hit@1": B.hit_at_k(p, truth, 1), "auc": B.predictor_metrics(p, truth)["auc"],
+            "n_chosen": float(len(np.unique(top))), "differs_from_strongest": float((top != strongest).mean()),
+            "hit@1_disagree": B.hit_at_k(p[:, dis], truth[:, dis], 1),
             "held_out_auc": hp["auc"], "held_out_auc_within": float(np.nanmean(within)),
             "held_out_brier": hp["brier"], "held_out_acc_error": float(np.mean(err)),
             "routed_to_held_out": float(held[top].mean())}
 
 
-def run_seed(data: Dataset, k: int, n: int, seed: int, cfg: training.TrainConfig, progress=None):
+def run_seed(data: Dataset, k: int, n: int, seed: int, cfg: training.TrainConfig, progress=None, train=None):
     """One seed -> (HeldOutSeed, {method: P(correct)}, held, drawn rows)."""
     t0 = time.time()
     held, rows = draw(data, k, n, seed)
     vis = visible(data, held, rows)
-    probs, info = predictions(vis, held, replace(cfg, seed=seed), seed, progress)
+    probs, info = predictions(vis, held, replace(cfg, seed=seed), seed, progress, train)
     truth = data.correct[:, data.splits["test"]]
-    methods = {m: {**{key: round(v, 4) for key, v in metrics(probs[m], truth, held).items()},
+    strongest = int(np.argmax(probs["best_single"][:, 0]))
+    methods = {m: {**{key: round(v, 4) for key, v in metrics(probs[m], truth, held, strongest).items()},
                    **{key: v for key, v in info[m].items() if m != "locus"}} for m in METHODS}
     digest = hashlib.sha256(np.ascontiguousarray(vis.correct).tobytes()).hexdigest()[:16]
     out = HeldOutSeed(seed, [data.models[m] for m in np.flatnonzero(held)], methods, digest, info["locus"],
@@ -207,7 +228,7 @@ def report(data: Dataset, k: int, n: int, cfg: training.TrainConfig, per_seed: l
     """The seeds' results with their mean and std per method and metric."""
     mean, std = {}, {}
     for m in METHODS:
-        keys = [key for key, v in per_seed[0].methods[m].items() if isinstance(v, float)]
+        keys = [key for key, _ in COLUMNS]                          # the metrics, not the settings (a, w, ...)
         mean[m] = {key: round(float(np.mean([r.methods[m][key] for r in per_seed])), 4) for key in keys}
         std[m] = {key: round(float(np.std([r.methods[m][key] for r in per_seed])), 4) for key in keys}
     config = {key: v for key, v in asdict(cfg).items() if key not in ("encoder", "seed")}   # seed: per run

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import availability, encoders, evidence, index, textvec
+from . import availability, encoders, evidence, index, interaction, textvec
 from .errors import InputError, RegistryError, unknown_model
 from .store import Tx
 
@@ -76,6 +76,7 @@ class State:
     down: set[str] = field(default_factory=set)   # marked unavailable in the registry
     score: object = None                          # q [N,Dq] -> P(correct) [M,N] (LocusModel.scorer)
     known: frozenset = frozenset()                # every registered model's name (embedded or not)
+    interaction: interaction.Served | None = None  # the routing terms beside the predictor (interaction.py)
 
 
 _states: dict[str, State] = {}
@@ -86,7 +87,8 @@ _KEY_SQL = """SELECT (SELECT coalesce(max(id), 0) FROM encoder_activations),
                      (SELECT coalesce(max(id), 0) FROM embedding_versions),
                      (SELECT coalesce(max(id), 0) FROM model_availability),
                      (SELECT count(*) FROM version_stability),
-                     (SELECT coalesce(bit_xor(hash(id, name, cost, params_b)), 0) FROM models)"""
+                     (SELECT coalesce(bit_xor(hash(id, name, cost, params_b)), 0) FROM models),
+                     (SELECT coalesce(bit_xor(hash(query_id, split)), 0) FROM query_splits)"""
 
 
 def state(tx: Tx, db_path: str, probation_min: int | None = None) -> State:
@@ -95,12 +97,12 @@ def state(tx: Tx, db_path: str, probation_min: int | None = None) -> State:
     st = _states.get(db_path)
     if st is not None and st.key == key:
         return st
-    st = _build(tx, key)
+    st = _build(tx, key, db_path)
     _states[db_path] = st
     return st
 
 
-def _build(tx: Tx, key: tuple) -> State:
+def _build(tx: Tx, key: tuple, db_path: str) -> State:
     encoder_id = encoders.require_active(tx)
     model, _ = encoders.load(tx, encoder_id)
     vids, mids, names, vecs = index.current_versions(tx, encoder_id)
@@ -111,11 +113,56 @@ def _build(tx: Tx, key: tuple) -> State:
     down = set(availability.unavailable_models(tx))
     enc_name = tx.sql("SELECT name FROM encoders WHERE id = ?", [encoder_id])[0][0]
     ev = evidence.assess(vecs, [about[int(v)][1] for v in vids], [about[int(v)][2] for v in vids], key[-1])
+    score = model.scorer(vecs)
+    # the interaction depends on the encoder, the versions, who is on probation and the splits; not on availability
+    # or cost, whose changes leave it as it is
+    fit_key = (str(db_path), encoder_id, tuple(int(v) for v in vids), tuple(ev.probation.tolist()), key[-2])
+    served = _interaction(tx, fit_key, model, vecs, np.asarray(mids, dtype=np.int64), np.asarray(vids), ev)
     return State(key, encoder_id, enc_name, model, list(names), np.asarray(mids, dtype=np.int64),
                  np.array([about[int(v)][0] for v in vids], dtype=np.int64), np.asarray(vids, dtype=np.int64),
                  vecs, np.array([_nan(meta[m][0]) for m in mids.tolist()], dtype=np.float64),
                  np.array([_nan(meta[m][1]) for m in mids.tolist()], dtype=np.float64), ev, down,
-                 model.scorer(vecs), frozenset(m[2] for m in meta.values()))
+                 score, frozenset(m[2] for m in meta.values()), served)
+
+
+_served: dict[tuple, interaction.Served | None] = {}
+_rows: dict[tuple, np.ndarray] = {}     # (db, encoder, version, queries) -> the predictor's P(correct) row
+
+
+def _interaction(tx: Tx, key: tuple, model, z: np.ndarray, model_ids: np.ndarray, version_ids: np.ndarray,
+                 ev: evidence.Evidence):
+    """The interaction terms for routing among these models (embeddings z, versions version_ids), fitted on the
+    registry's train and val queries on the P(correct) routing gives (shrunk by evidence) exactly as `registry
+    evaluate` fits them; None without a train and a val split. Kept per `key` (encoder, versions, probation,
+    splits), so a change of availability or cost does not refit; each version's predictions are kept too, so a
+    registration scores only the new version."""
+    from .evaluation import dataset
+
+    if key in _served:
+        return _served[key]
+    try:
+        data = dataset(tx)
+    except RegistryError:                               # no splits: the predictor alone
+        data = None
+    out = None
+    if data is not None and len(data.splits["train"]) and len(data.splits["val"]) and len(model_ids):
+        qkey = (key[0], key[1], data.query_ids.tobytes())
+        todo = [i for i, v in enumerate(version_ids.tolist()) if qkey + (v,) not in _rows]
+        if todo:
+            fresh = model.scorer(z[todo])(data.qvecs)
+            if len(_rows) + len(todo) > 4096:
+                _rows.clear()
+            _rows.update({qkey + (int(version_ids[i]),): fresh[j] for j, i in enumerate(todo)})
+        raw = np.stack([_rows[qkey + (int(v),)] for v in version_ids.tolist()])
+        row = {int(m): i for i, m in enumerate(data.model_ids)}
+        fitted = interaction.fit(interaction.logit(evidence.shrink(raw, ev)),
+                                 data.correct[[row[int(m)] for m in model_ids]], data.qvecs, data.categories,
+                                 data.splits["train"], data.splits["val"], evidence.candidates(ev))
+        out = interaction.Served(fitted, dict(tx.sql("SELECT content_hash, coalesce(category, '(none)') FROM queries")))
+    if len(_served) > 8:                                # a few registries and states per process at most
+        _served.clear()
+    _served[key] = out
+    return out
 
 
 def _nan(v) -> float:
@@ -228,10 +275,14 @@ def keep_vectors(tx: Tx, hashes: list[str], vectors: np.ndarray) -> None:
 
 
 # --- scoring and choosing -----------------------------------------------------------------------------------------
-def probabilities(st: State, qvecs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """[N,384] -> (P(correct) as routing uses it, shrunk by evidence; the predictor's own), each [M,N]."""
+def probabilities(st: State, qvecs: np.ndarray, hashes: list[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """[N,384] (texts with these content hashes) -> (P(correct) as routing uses it: the predictor's, shrunk by
+    evidence, with the interaction terms added to its logit; the predictor's own), each [M,N]."""
     raw = st.score(qvecs)
-    return evidence.shrink(raw, st.evidence), raw
+    probs = evidence.shrink(raw, st.evidence)
+    if st.interaction is not None and len(raw):
+        probs = interaction.sigmoid(st.interaction.scores(interaction.logit(probs), qvecs, hashes)).astype(np.float32)
+    return probs, raw
 
 
 COST_BASES = ("cost", "params")
@@ -346,7 +397,7 @@ def decisions(st: State, probs: np.ndarray, raw: np.ndarray, picks, pol: Policy,
 def decide(st: State, pol: Policy, qvecs: np.ndarray, hashes: list[str], truncated: list[bool]) -> list[Decision]:
     """The decisions for texts already turned into vectors [N,384]: no database, no lock (the server answers from
     its in-memory snapshot with this)."""
-    probs, raw = probabilities(st, qvecs)
+    probs, raw = probabilities(st, qvecs, hashes)
     return decisions(st, probs, raw, choose(st, probs, pol), pol, hashes, truncated)
 
 

@@ -20,8 +20,11 @@ from .store import Tx
 class DrawResult:
     seed: int
     drawn: dict[str, int]            # split -> queries that got it from this draw
-    kept: int                        # queries that already had a split: a draw never changes one
+    kept: int                        # queries whose split this draw left as it was
     onboarding: list = field(default_factory=list)
+    by: str = "random"               # "random" | "category"
+    test_categories: list[str] = field(default_factory=list)   # by category: the categories held out as test
+    changed: int = 0                 # queries whose split changed (by category: splits are replaced)
 
 
 def apply(tx: Tx, source: str, batch_id: int | None) -> int:
@@ -88,3 +91,42 @@ def draw(tx: Tx, val: float = 0.1, test: float = 0.1, seed: int = 0) -> DrawResu
     finally:
         tx.duck.unregister("_drawn_splits")
     return DrawResult(seed, {s: int((split == s).sum()) for s in ("train", "val", "test")}, int(kept))
+
+
+BY = ("random", "category")
+
+
+def draw_by_category(tx: Tx, test_categories: list[str], val: float = 0.1, seed: int = 0) -> DrawResult:
+    """Whole categories held out (`registry draw-splits --by category`): every query of `test_categories` becomes
+    test, every other query train or val (val drawn at random within each category, share `val`). Unlike the random
+    draw this sets every query's split, replacing the one it had: a held-out category must have no query anywhere
+    else, and the test set must be those categories only. So the figures measure routing on questions of a kind the
+    training never saw. Queries without a category are never test."""
+    wanted = [c.strip() for c in test_categories if c and c.strip()]
+    if not wanted:
+        raise InputError("--by category needs the categories to hold out (--test-categories A,B)")
+    if not 0.0 < val < 1.0:
+        raise InputError(f"the val share must be in (0, 1), got {val}")
+    rows = tx.arrow("""SELECT external_id, coalesce(category, '') AS category FROM queries
+                       ORDER BY category, external_id""").to_pydict()
+    ids, cats = np.asarray(rows["external_id"], dtype=object), np.asarray(rows["category"], dtype=object)
+    names = sorted(set(cats) - {""})
+    unknown = [c for c in wanted if c not in names]
+    if unknown:
+        raise InputError(f"unknown category {unknown[0]!r}; the registry's categories: {', '.join(names) or 'none'}")
+    rest = sorted(set(cats) - set(wanted))
+    if not rest:
+        raise InputError("holding out every category leaves nothing to train on")
+    split = np.where(np.isin(cats, wanted), "test", "train").astype(object)
+    rng = np.random.default_rng(seed)
+    sizes = np.array([int((cats == c).sum()) for c in rest], dtype=np.int64)
+    for cat, v in zip(rest, quotas(sizes, val, rng)):
+        at = np.flatnonzero(cats == cat)[rng.permutation(int((cats == cat).sum()))]
+        split[at[:v]] = "val"
+    tx.duck.register("_drawn_splits", pa.table({"qid": ids.tolist(), "split": split.tolist()}))
+    try:
+        changed = apply(tx, "_drawn_splits", None)
+    finally:
+        tx.duck.unregister("_drawn_splits")
+    return DrawResult(seed, {s: int((split == s).sum()) for s in ("train", "val", "test")}, len(ids) - changed,
+                      by="category", test_categories=sorted(set(wanted)), changed=changed)

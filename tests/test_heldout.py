@@ -131,8 +131,9 @@ def test_report_recomputes_from_the_raw_rows(small, seed_run):
     for m in np.flatnonzero(held):
         acc = np.mean([raw[(data.models[m], int(data.query_ids[q]))] for q in rows[m]])
         assert np.allclose(probs["best_single"][m], acc)
-    # every metric of LOCUS and best single from the raw test answers and the returned P(correct)
-    for method in ("locus", "best_single"):
+    # every metric of LOCUS, routing as served and best single from the raw test answers and the returned scores
+    strongest = int(np.argmax(probs["best_single"][:, 0]))
+    for method in ("locus", "locus_interaction", "best_single"):
         p = probs[method]
         truth = np.array([[raw.get((name, int(data.query_ids[q])), -1) for q in te] for name in data.models])
         obs = truth >= 0
@@ -146,6 +147,10 @@ def test_report_recomputes_from_the_raw_rows(small, seed_run):
         err = [abs(p[m][obs[m]].mean() - truth[m][obs[m]].mean()) for m in np.flatnonzero(held)]
         assert abs(got["held_out_acc_error"] - np.mean(err)) < 1e-4
         assert got["routed_to_held_out"] == round(float(held[chosen].mean()), 4)
+        assert got["n_chosen"] == len(set(chosen.tolist()))
+        assert got["differs_from_strongest"] == round(float(np.mean(chosen != strongest)), 4)
+        dis = [j for j in range(len(te)) if 1 in truth[:, j] and 0 in truth[:, j]]
+        assert got["hit@1_disagree"] == round(float(np.mean([truth[chosen[j], j] == 1 for j in dis])), 4)
 
 
 def test_irt_places_a_new_model_with_the_query_side_frozen(small):

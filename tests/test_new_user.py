@@ -74,7 +74,7 @@ def test_a_low_evidence_model_is_on_probation_and_never_takes_over(db_copy, smal
     line = next(ln for ln in out.output.splitlines() if ln.startswith("invented-strong"))
     assert "probation" in line
     out = run(db_copy, "evaluate", "--no-baselines")
-    assert "invented-strong: on probation" in out.output and "LOCUS routes to:" in out.output
+    assert "invented-strong: on probation" in out.output and "routing chooses:" in out.output
 
 
 def known_text(db) -> str:

@@ -35,11 +35,12 @@ class Snapshot:
         return [link.model for link in links if link.model in among]
 
 
-def build(reg, generation: int, previous: Snapshot | None = None) -> Snapshot:
+def build(reg, generation: int, previous: Snapshot | None = None, refit: bool = True) -> Snapshot:
     """Read the registry once (a read transaction) into a new snapshot; with `previous`, its endpoints are kept (the
-    write changed models, not endpoints)."""
+    write changed models, not endpoints); without `refit`, routing's interaction terms are carried over from the
+    last fit (routing.state)."""
     with reg.store.tx() as tx:
-        st = routing.state(tx, reg.path, reg.probation_min)
+        st = routing.state(tx, reg.path, reg.probation_min, refit=refit)
         eps = previous.endpoints if previous is not None else endpoints.current(tx)
     vi = index.VectorIndex(st.encoder_id, index.new_index(), dict(zip(st.model_ids.tolist(), st.names)), -1)
     if len(st.names):
@@ -57,9 +58,9 @@ class Snapshots:
         self._reg = reg
         self.current = build(reg, 0)
 
-    def refresh(self, endpoints_changed: bool = True) -> Snapshot:
+    def refresh(self, endpoints_changed: bool = True, refit: bool = False) -> Snapshot:
         self.current = build(self._reg, self.current.generation + 1,      # one reference assignment: atomic
-                             None if endpoints_changed else self.current)
+                             None if endpoints_changed else self.current, refit)
         return self.current
 
 

@@ -31,6 +31,7 @@ from . import registration, routing, vectors
 
 LOG_FLUSH_S = 0.1           # the longest an idle writer leaves routing-log rows in memory
 MAX_GROUP = 64              # jobs staged in one transaction
+REFIT_S = 30.0              # the longest routing's interaction terms go unfitted under steady writes
 
 
 @dataclass
@@ -45,6 +46,7 @@ class Writer:
         self.reg, self.snapshots, self.flush_s = reg, snapshots, flush_s
         self.on_new_queries = on_new_queries      # called after a commit that added queries (their vectors)
         self.nice = int(os.environ.get("REGISTRY_WRITER_NICE", "10"))   # 0: as important as reads
+        self._last_refit = time.monotonic()
         self._jobs: queue.Queue = queue.Queue()
         self._log_lock = threading.Lock()
         self._log_rows: list[tuple] = []
@@ -52,7 +54,8 @@ class Writer:
         self._stopping = False
         self._stats = {"cycles": 0, "groups": 0, "jobs": 0, "log_rows": 0, "longest_cycle_ms": 0.0,
                        "stage_ms": 0.0, "onboard_ms": 0.0, "refresh_ms": 0.0,     # totals: where the cycles go
-                       "register_wait_ms": 0.0, "report_ms": 0.0}                 # and a registration's time
+                       "register_wait_ms": 0.0, "report_ms": 0.0,                 # and a registration's time
+                       "refits": 0}
         reg._finish_pending()        # a crash may have left onboarding jobs behind
         self._thread = threading.Thread(target=self._loop, daemon=True, name="registry-writer")
         self._thread.start()
@@ -109,6 +112,7 @@ class Writer:
                 first = self._jobs.get(timeout=self.flush_s)
             except queue.Empty:
                 first = False
+                self._refit_if_due(idle=True)
             jobs = [first] if first else []
             while len(jobs) < MAX_GROUP:
                 try:
@@ -125,9 +129,24 @@ class Writer:
                 self._stats["longest_cycle_ms"] = max(self._stats["longest_cycle_ms"],
                                                       round(1000 * (time.perf_counter() - t0), 1))
             self._stats["cycles"] += 1
+            self._refit_if_due(idle=False)
             if stop:
                 self._cycle([])      # the last log rows
                 return
+
+    def _refit_if_due(self, idle: bool) -> None:
+        """Routing's interaction terms are refitted (about a second) when the writer is idle, or every REFIT_S
+        under steady writes; in between, a new model routes on the predictor alone (routing.state)."""
+        if self.snapshots.current.routing.interaction_fitted:
+            return
+        if not idle and time.monotonic() - self._last_refit < REFIT_S:
+            return
+        try:
+            self.snapshots.refresh(endpoints_changed=False, refit=True)
+            self._stats["refits"] += 1
+        except Exception:
+            traceback.print_exc(file=sys.stderr)
+        self._last_refit = time.monotonic()
 
     def _cycle(self, jobs: list[_Job]) -> None:
         regs = [j for j in jobs if j.kind == "register"]

@@ -111,3 +111,30 @@ def test_only_plain_small_jsonl_is_staged_together(tmp_path, content):
     assert registration._plain_rows(str(path)) is None
     path.write_text('{"question_id": "q", "correct": 1}\n')
     assert registration._plain_rows(str(path)) == [{"question_id": "q", "correct": 1}]
+
+
+def test_interaction_is_carried_over_then_refitted_when_idle(db_copy, tmp_path):
+    from registry import routing
+
+    with Registry(db_copy) as reg:
+        qids = _qids(reg)
+        serving = Serving(reg)
+        before = serving.snapshots.current.routing
+        assert before.interaction is not None and before.interaction_fitted      # the test data has train and val
+        serving.writer.flush_s = 60         # never idle: the writer answers from the carried-over fit
+        r = serving.register("carried", _rows_file(tmp_path, "c", qids[:60], 1))
+        now = serving.snapshots.current.routing
+        assert r.version is not None and "carried" in now.names and not now.interaction_fitted
+        new, old = now.names.index("carried"), {n: i for i, n in enumerate(before.names)}
+        f0, f1 = before.interaction.fitted, now.interaction.fitted
+        assert not f1.seen[new].any() and not f1.offsets[new].any()              # no terms for the new model
+        for name, i in old.items():                                              # the others keep theirs
+            j = now.names.index(name)
+            assert (f1.resid[j] == f0.resid[i]).all() and (f1.offsets[j] == f0.offsets[i]).all()
+        serving.writer._refit_if_due(idle=True)     # what the writer does when its queue is empty
+        fitted = serving.snapshots.current.routing
+        assert fitted.interaction_fitted and fitted.interaction is not None
+        with reg.store.tx() as tx:       # the same terms a library call fits for these versions
+            lib = routing.state(tx, reg.path, reg.probation_min)
+        assert (lib.interaction.fitted.resid == fitted.interaction.fitted.resid).all()
+        serving.close()

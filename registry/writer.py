@@ -31,7 +31,7 @@ from . import registration, routing, vectors
 
 LOG_FLUSH_S = 0.1           # the longest an idle writer leaves routing-log rows in memory
 MAX_GROUP = 64              # jobs staged in one transaction
-REFIT_S = 30.0              # the longest routing's interaction terms go unfitted under steady writes
+REFIT_S = 30.0              # at most one fit of routing's interaction terms per this many seconds
 
 
 @dataclass
@@ -46,7 +46,8 @@ class Writer:
         self.reg, self.snapshots, self.flush_s = reg, snapshots, flush_s
         self.on_new_queries = on_new_queries      # called after a commit that added queries (their vectors)
         self.nice = int(os.environ.get("REGISTRY_WRITER_NICE", "10"))   # 0: as important as reads
-        self._last_refit = time.monotonic()
+        self._last_refit = 0.0
+        self._stale = threading.Event()
         self._jobs: queue.Queue = queue.Queue()
         self._log_lock = threading.Lock()
         self._log_rows: list[tuple] = []
@@ -59,6 +60,7 @@ class Writer:
         reg._finish_pending()        # a crash may have left onboarding jobs behind
         self._thread = threading.Thread(target=self._loop, daemon=True, name="registry-writer")
         self._thread.start()
+        threading.Thread(target=self._refitter, daemon=True, name="registry-refitter").start()
 
     # --- what request threads call --------------------------------------------------------------------------------
     def register(self, name: str, evals: str, metadata: dict, update: bool = False, k: int = 5):
@@ -102,17 +104,12 @@ class Writer:
 
     # --- the writer thread ----------------------------------------------------------------------------------------
     def _loop(self) -> None:
-        if self.nice:      # reads first: under a full CPU the writer's cycles yield to routes and text batches
-            try:
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
-            except (OSError, AttributeError):
-                pass
+        self._set_nice()
         while True:
             try:
                 first = self._jobs.get(timeout=self.flush_s)
             except queue.Empty:
                 first = False
-                self._refit_if_due(idle=True)
             jobs = [first] if first else []
             while len(jobs) < MAX_GROUP:
                 try:
@@ -129,24 +126,42 @@ class Writer:
                 self._stats["longest_cycle_ms"] = max(self._stats["longest_cycle_ms"],
                                                       round(1000 * (time.perf_counter() - t0), 1))
             self._stats["cycles"] += 1
-            self._refit_if_due(idle=False)
+            if not self.snapshots.current.routing.interaction_fitted:
+                self._stale.set()
             if stop:
                 self._cycle([])      # the last log rows
                 return
 
-    def _refit_if_due(self, idle: bool) -> None:
-        """Routing's interaction terms are refitted (about a second) when the writer is idle, or every REFIT_S
-        under steady writes; in between, a new model routes on the predictor alone (routing.state)."""
-        if self.snapshots.current.routing.interaction_fitted:
-            return
-        if not idle and time.monotonic() - self._last_refit < REFIT_S:
-            return
-        try:
-            self.snapshots.refresh(endpoints_changed=False, refit=True)
-            self._stats["refits"] += 1
-        except Exception:
-            traceback.print_exc(file=sys.stderr)
-        self._last_refit = time.monotonic()
+    def refit(self) -> None:
+        """Fit routing's interaction terms for the current versions (about a second; in this thread, with its own
+        read), then have the writer swap in a snapshot that uses them (a refresh: the fit is cached by versions)."""
+        with self.reg.store.tx() as tx:
+            routing.state(tx, self.reg.path, self.reg.probation_min, refit=True)
+        self._stats["refits"] += 1
+        self.run(lambda: self.snapshots.refresh(endpoints_changed=False))
+
+    def _refitter(self) -> None:
+        """After a commit leaves the terms carried over (a new model routes on the predictor alone), refit them, at
+        most once every REFIT_S and at the writer's low priority: the writer never waits for a fit."""
+        self._set_nice()
+        while not self._stopping:
+            if not self._stale.wait(timeout=1.0):
+                continue
+            time.sleep(max(0.0, self._last_refit + REFIT_S - time.monotonic()))
+            self._stale.clear()
+            self._last_refit = time.monotonic()
+            try:
+                self.refit()
+            except Exception:
+                if not self._stopping:
+                    traceback.print_exc(file=sys.stderr)
+
+    def _set_nice(self) -> None:
+        if self.nice:      # reads first: under a full CPU the writer's work yields to routes and text batches
+            try:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
+            except (OSError, AttributeError):
+                pass
 
     def _cycle(self, jobs: list[_Job]) -> None:
         regs = [j for j in jobs if j.kind == "register"]

@@ -47,6 +47,7 @@ class Writer:
         self.on_new_queries = on_new_queries      # called after a commit that added queries (their vectors)
         self.nice = int(os.environ.get("REGISTRY_WRITER_NICE", "10"))   # 0: as important as reads
         self._last_refit = 0.0
+        self.refit_every_s = REFIT_S
         self._stale = threading.Event()
         self._jobs: queue.Queue = queue.Queue()
         self._log_lock = threading.Lock()
@@ -147,7 +148,9 @@ class Writer:
         while not self._stopping:
             if not self._stale.wait(timeout=1.0):
                 continue
-            time.sleep(max(0.0, self._last_refit + REFIT_S - time.monotonic()))
+            if time.monotonic() - self._last_refit < self.refit_every_s:
+                time.sleep(1.0)                 # not yet due: look again (the writer may be stopping)
+                continue
             self._stale.clear()
             self._last_refit = time.monotonic()
             try:

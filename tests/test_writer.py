@@ -72,7 +72,7 @@ def test_a_bad_registration_in_a_group_is_refused_alone(db_copy, tmp_path):
     with Registry(db_copy) as reg:
         qids = _qids(reg)
         serving = Serving(reg)
-        serving.writer._last_refit = 1e12   # no refit of routing's terms in between (its job would count below)
+        serving.writer.refit_every_s = 1e9  # no refit of routing's terms in between (its job would count below)
         files = {f"writer-{i}": _rows_file(tmp_path, f"w{i}", qids[i: i + 60], i) for i in range(6)}
         bad = tmp_path / "bad.jsonl"
         bad.write_text("".join(json.dumps({"question_id": q, "correct": 1}) + "\n" for q in qids[:59])
@@ -122,7 +122,7 @@ def test_interaction_is_carried_over_then_refitted_when_idle(db_copy, tmp_path):
         serving = Serving(reg)
         before = serving.snapshots.current.routing
         assert before.interaction is not None and before.interaction_fitted      # the test data has train and val
-        serving.writer._last_refit = 1e12   # the refitter waits: the writer answers from the carried-over fit
+        serving.writer.refit_every_s = 1e9  # the refitter waits: the writer answers from the carried-over fit
         r = serving.register("carried", _rows_file(tmp_path, "c", qids[:60], 1))
         now = serving.snapshots.current.routing
         assert r.version is not None and "carried" in now.names and not now.interaction_fitted

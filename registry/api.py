@@ -3,6 +3,7 @@ the domain modules and returns their plain dataclasses; the CLI (cli*.py) and th
 """
 from __future__ import annotations
 
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -52,10 +53,12 @@ class Registry:
                              "--evaluations, --splits")
         if onboard:  # a crash may have left jobs behind: any writing command finishes them
             self._finish_pending()
+        started = time.perf_counter()
         with self.store.tx() as tx:
             result = ingest.run_import(tx, files, progress=progress)
+        result.seconds["import"] = round(time.perf_counter() - started, 3)
         if onboard:
-            result.onboarding = [asdict(o) for o in self.onboard()]
+            result.onboarding = [asdict(o) for o in self.onboard(seconds=result.seconds)]
         return result
 
     def export_vectors(self, path: str, source: str | None = None, dtype: str = "float32"):
@@ -102,15 +105,22 @@ class Registry:
                                      k, progress, update)
 
     # --- onboarding and versions ------------------------------------------------------------------------------
-    def onboard(self, all_models: bool = False, stability: bool = True) -> list[onboarding.JobOutcome]:
+    def onboard(self, all_models: bool = False, stability: bool = True,
+                seconds: dict | None = None) -> list[onboarding.JobOutcome]:
         """Run every pending onboarding job (`all_models`: re-embed every model) and write the new versions; then,
-        unless `stability` is False, estimate the stability of every version still without one."""
+        unless `stability` is False, estimate the stability of every version still without one. `seconds`, if
+        given, gets how long each step took ("onboarding": versions committed and indexed; "stability")."""
+        seconds = {} if seconds is None else seconds
+        started = time.perf_counter()
         with self.store.tx() as tx:
             outcomes = onboarding.run_pending(tx, self.min_evaluations, all_models=all_models)
+        seconds["onboarding"] = round(time.perf_counter() - started, 3)
         if stability:
+            started = time.perf_counter()
             estimates = self.estimate_stability()
             for o in outcomes:
                 o.stability = estimates.get(o.version_id, o.stability)
+            seconds["stability"] = round(time.perf_counter() - started, 3)
         return outcomes
 
     def estimate_stability(self) -> dict[int, float]:

@@ -35,13 +35,18 @@ class EvalSet:
         return len(self.query_ids)
 
 
+# a registry reads the evaluations of this many rows at a time when it embeds many models (onboarding, stability):
+# memory stays bounded by the chunk, not by the registry (10^7 evaluations would be about 1 GB as arrays)
+CHUNK_ROWS = 1 << 20
+
+
 def evaluation_sets(tx: Tx, model_ids, through_batch: int, max_set: int | None = None) -> dict[int, EvalSet]:
     """Each model's embedding input and its digest (see the module docstring for what it contains): its current
     evaluations in one query, chosen and ordered with the cached `query_meta`."""
     ids = ", ".join(str(int(m)) for m in model_ids) or "NULL"
     res = tx.duck.execute(f"""SELECT model_id, query_id, correct::INT AS correct, batch_id FROM evaluations
                               WHERE model_id IN ({ids}) AND batch_id <= {int(through_batch)}""").fetchnumpy()
-    res = newest_per_query(res)
+    res = newest_per_query(res)                       # sorted by model, then query
     meta = query_meta(tx)
     model_col = np.asarray(res["model_id"], dtype=np.int64)
     qid_col = np.asarray(res["query_id"], dtype=np.int64)
@@ -50,16 +55,40 @@ def evaluation_sets(tx: Tx, model_ids, through_batch: int, max_set: int | None =
     at = meta.rows(qid_col)
     keep = ~meta.is_test[at]
     out = {}
-    for m in model_ids:
-        of_model = model_col == int(m)
-        sel = np.flatnonzero(of_model & keep)
+    for m in model_ids:        # each model's rows are one run of the sorted columns: no pass over all rows per model
+        lo, hi = np.searchsorted(model_col, [int(m), int(m) + 1])
+        sel = lo + np.flatnonzero(keep[lo:hi])
         if max_set and len(sel) > max_set:                      # the cap: lowest content hashes
             sel = sel[np.argsort(meta.hash_rank[at[sel]], kind="stable")[:max_set]]
         sel = sel[np.argsort(meta.ext_rank[at[sel]], kind="stable")]
         out[int(m)] = EvalSet(int(m), qid_col[sel], correct_col[sel].astype(np.float32),
-                              digest(meta.external_id[at[sel]], correct_col[sel]),
-                              int(batch_col[of_model].max()) if of_model.any() else 0)
+                              meta.digest(at[sel], correct_col[sel]),
+                              int(batch_col[lo:hi].max()) if hi > lo else 0)
     return out
+
+
+def chunked_sets(tx: Tx, model_ids, through_batch: int, max_set: int | None = None,
+                 chunk_rows: int | None = None):
+    """`evaluation_sets` of many models, a chunk of about `chunk_rows` (default CHUNK_ROWS) evaluations at a time
+    (models in the given order): yields {model id: EvalSet} per chunk, so that only one chunk's rows are in
+    memory."""
+    chunk_rows = chunk_rows or CHUNK_ROWS
+    model_ids = [int(m) for m in model_ids]
+    if len(model_ids) <= 1:
+        yield evaluation_sets(tx, model_ids, through_batch, max_set)
+        return
+    ids = ", ".join(map(str, model_ids))
+    rows = dict(tx.sql(f"""SELECT model_id, count(*) FROM evaluations WHERE model_id IN ({ids})
+                           AND batch_id <= {int(through_batch)} GROUP BY model_id"""))
+    chunk, n = [], 0
+    for m in model_ids:
+        if chunk and n + rows.get(m, 0) > chunk_rows:
+            yield evaluation_sets(tx, chunk, through_batch, max_set)
+            chunk, n = [], 0
+        chunk.append(m)
+        n += rows.get(m, 0)
+    if chunk:
+        yield evaluation_sets(tx, chunk, through_batch, max_set)
 
 
 def digest(external_ids, correct) -> str:
@@ -69,35 +98,46 @@ def digest(external_ids, correct) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def embed_sets(model, sets: list[tuple[np.ndarray, np.ndarray]], budget: int = 1 << 16,
-               projected: bool = False) -> np.ndarray:
-    """Embed many sets in padded, masked batches. sets: [(q [n,Dq], y [n])] -> z [len(sets), D] float32; with
-    `projected`, each set brings its rows' input projections instead of query vectors: [(PS [n,2,D], y [n])]
-    (see `projections`).
+# rows per padded batch of the forward pass; a set this long or longer is embedded in a batch of sets of its own
+# length only, unpadded and unmasked (padding buys nothing once one set fills the cores, and the masked attention
+# costs more than the unmasked one)
+BUDGET = 1 << 16
+LONG_SET = 2048
 
-    Largest first; a batch pads to its first set's width (a multiple of 64) and takes sets down to a quarter of it.
-    Versions are float32: the same set embedded in another batch differs by under 1e-6 (float32 sums in another
-    order), the tolerance `recompute` is checked to."""
+
+def embed_sets(model, sets: list[tuple[np.ndarray, np.ndarray]], budget: int = BUDGET,
+               projected: bool = False, table: np.ndarray | None = None) -> np.ndarray:
+    """Embed many sets in batches. sets: [(q [n,Dq], y [n])] -> z [len(sets), D] float32; with `projected`, each
+    set brings its rows' input projections instead of query vectors: [(PS [n,2,D], y [n])] (see `projections`).
+    With `table` ([R,Dq] query vectors, or [R,2,D] projections with `projected`), a set brings row numbers into it
+    instead, [(rows [n] int, y [n])], and a batch gathers its rows only when it runs: many sets then share the
+    table, and no per-evaluation copy of a vector exists outside the batch being embedded.
+
+    Largest first; sets of one length share a batch unpadded; shorter sets that vary pad to their batch's first set
+    (down to a quarter of its length), masked. Versions are float32: the same set embedded in another batch differs
+    by under 1e-6 (float32 sums in another order), the tolerance `recompute` is checked to."""
     import torch
 
-    order = sorted(range(len(sets)), key=lambda i: -len(sets[i][1]))
-    width_of = lambda i: max(64, -(-len(sets[i][1]) // 64) * 64)
+    length = [len(s[1]) for s in sets]
+    order = sorted(range(len(sets)), key=lambda i: -length[i])
     z = np.zeros((len(sets), model.cfg.d_model), dtype=np.float32)
     start = 0
     with torch.no_grad():
         while start < len(order):
-            width = width_of(order[start])
+            width = max(1, length[order[start]])
             end = start + 1
             while (end < len(order) and (end - start + 1) * width <= budget
-                   and 4 * len(sets[order[end]][1]) >= width):
+                   and (length[order[end]] == width or (width < LONG_SET and 4 * length[order[end]] >= width))):
                 end += 1
             chunk = order[start:end]
-            x = np.zeros((len(chunk), width, *sets[chunk[0]][0].shape[1:]), dtype=np.float32)   # [B,N,Dq] | [B,N,2,D]
-            y = np.zeros((len(chunk), width), dtype=np.float32)                                  # [B,N]
-            mask = np.zeros((len(chunk), width), dtype=bool)                                     # [B,N]
+            shape = table.shape[1:] if table is not None else sets[chunk[0]][0].shape[1:]
+            x = np.zeros((len(chunk), width, *shape), dtype=np.float32)          # [B,N,Dq] | [B,N,2,D]
+            y = np.zeros((len(chunk), width), dtype=np.float32)                  # [B,N]
+            mask = np.zeros((len(chunk), width), dtype=bool)                     # [B,N]
             for b, i in enumerate(chunk):
-                n = len(sets[i][1])
-                x[b, :n], y[b, :n], mask[b, :n] = sets[i][0], sets[i][1], True
+                n = length[i]
+                x[b, :n] = table[sets[i][0]] if table is not None else sets[i][0]
+                y[b, :n], mask[b, :n] = sets[i][1], True
             x, y, mask = torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(mask)
             out = model.embed_proj(x[:, :, 0], x[:, :, 1], y, mask) if projected else model.embed(x, y, mask)
             z[chunk] = out.numpy()
@@ -112,19 +152,21 @@ def halves(es: EvalSet) -> tuple[np.ndarray, np.ndarray]:
     return perm[: es.n // 2], perm[es.n // 2:]
 
 
-def projected_inputs(tx: Tx, model, sets: list[EvalSet]) -> list[tuple[np.ndarray, np.ndarray]]:
-    """What `embed_sets(..., projected=True)` takes for these sets: their rows' input projections, and y."""
-    row_of, proj = projections(tx, model, np.concatenate([s.query_ids for s in sets]))
-    return [(proj[[row_of[int(i)] for i in s.query_ids]], s.y) for s in sets]
+def projected_inputs(tx: Tx, model, sets: list[EvalSet]) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+    """What `embed_sets(..., projected=True, table=...)` takes for these sets: the input projections of the queries
+    (one row per distinct query, `projections`) and per set its rows' numbers there, and y."""
+    if not sets:
+        return np.zeros((0, 2, model.cfg.d_model), dtype=np.float32), []
+    row_at, proj = projections(tx, model, np.concatenate([s.query_ids for s in sets]))
+    return proj, [(row_at(s.query_ids), s.y) for s in sets]
 
 
 def compute(tx: Tx, model, sets: list[EvalSet]) -> np.ndarray:
     """Embeddings [len(sets), D] of evaluation sets, in one batched pass."""
     if not sets:
         return np.zeros((0, model.cfg.d_model), dtype=np.float32)
-    return embed_sets(model, projected_inputs(tx, model, sets), projected=True)
-
-
+    proj, inputs = projected_inputs(tx, model, sets)
+    return embed_sets(model, inputs, projected=True, table=proj)
 
 
 def embed_file(tx: Tx, path: str, model, min_evaluations: int = MIN_EVALUATIONS):

@@ -13,6 +13,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
+_PREDICTOR = ("q_proj", "w_z", "w_u", "w_zu", "head", "q_bias")     # what scores a (model, query) pair
+
+
 @dataclass
 class EncoderConfig:
     d_query: int = 384     # query-vector width (MiniLM)
@@ -108,9 +111,10 @@ class LocusModel(nn.Module):
         y = y.to(P.dtype)[..., None]                                         # [B,N,1]
         h = P + (2 * y - 1) * S + y * self.inp.weight[:, self.cfg.d_query] + self.inp.bias   # = inp([q, y, q*(2y-1)])
         if mask is not None:
-            h = h.masked_fill(~mask[..., None], 0.0)                         # padded values never enter, even NaN
             if bool(mask.all()):
                 mask = None                                                  # no padding: unmasked attention
+            else:
+                h = h.masked_fill(~mask[..., None], 0.0)                     # padded values never enter, even NaN
         for isab in self.isabs:
             h = isab(h, mask)                                                # [B,N,D]
         return self.out(self.pma(h, mask)[:, 0])                             # [B,D]
@@ -176,7 +180,13 @@ class LocusModel(nn.Module):
 
         if len(zt) == 0:
             return exact
-        w = {k: v.detach().cpu().double().numpy() for k, v in self.state_dict().items()}
+        # the predictor's weights in float64, converted once per state of the weights (a server builds a scorer with
+        # every snapshot; training changes the weights in place, which bumps each tensor's _version)
+        params = {k: v for k, v in self.named_parameters() if k.split(".")[0] in _PREDICTOR}
+        key = tuple(p._version for p in params.values())
+        if getattr(self, "_weights64", (None,))[0] != key:
+            self._weights64 = (key, {k: v.detach().cpu().double().numpy() for k, v in params.items()}, None)
+        key, w, agrees = self._weights64
         zd = zt.double().numpy()
         a = zd @ w["w_z.weight"].T + w["w_z.bias"]                                # [M,Hd]
         M, Hd = a.shape
@@ -196,5 +206,8 @@ class LocusModel(nn.Module):
                 out[:, s:s + chunk] = 1.0 / (1.0 + np.exp(-o))
             return out
 
-        probe = np.random.default_rng(0).standard_normal((4, self.cfg.d_query)).astype(np.float32)
-        return fast if np.allclose(fast(probe), exact(probe), atol=1e-5) else exact
+        if agrees is None:                          # checked once per state of the weights
+            probe = np.random.default_rng(0).standard_normal((4, self.cfg.d_query)).astype(np.float32)
+            agrees = bool(np.allclose(fast(probe), exact(probe), atol=1e-5))
+            self._weights64 = (key, w, agrees)
+        return fast if agrees else exact

@@ -177,12 +177,15 @@ class Fingerprint:
         return f"{head} ({what}; {bar}, at most {self.alpha:.0%} of distinct models pass)"
 
 
-def by_answers(tx: Tx, qids, y, exclude: set[int] | None = None) -> Fingerprint | None:
+def by_answers(tx: Tx, qids, y, exclude: set[int] | None = None, rates: dict | None = None) -> Fingerprint | None:
     """The answers test against every registered model (but `exclude`); None when no model shares MIN_SHARED
-    queries with the answers."""
+    queries with the answers. `rates`: evaluations.disagreement of these answers, when the caller has it."""
     names = dict(tx.sql("SELECT id, name FROM models"))
     others = [m for m in names if m not in (exclude or set())]
-    rates = evaluations.disagreement(tx, qids, y, others)
+    if rates is None:
+        rates = evaluations.disagreement(tx, qids, y, others)
+    else:
+        rates = {m: r for m, r in rates.items() if m not in (exclude or set())}
     ranked = sorted(((r, -n, m) for m, (n, r) in rates.items() if n >= MIN_SHARED))
     if not ranked:
         return None
@@ -209,10 +212,11 @@ def by_embedding(tx: Tx, neighbours_, n: int) -> Fingerprint:
                        first.distance, second.model if second else None, None)
 
 
-def duplicate_warning(tx: Tx, name: str, model_id: int) -> str | None:
-    """`register`'s same-model warning: the new model's answers pass the 1% test against another model."""
-    rows = evaluations.of_models(tx, [model_id])
-    f = by_answers(tx, rows["query_id"], rows["correct"], exclude={model_id})
+def duplicate_warning(tx: Tx, name: str, model_id: int, rates: dict | None = None) -> str | None:
+    """`register`'s same-model warning: the new model's answers pass the 1% test against another model. `rates`:
+    the disagreement of its current answers with the other models, when the caller has it."""
+    rows = evaluations.of_models(tx, [model_id]) if rates is None else {"query_id": None, "correct": None}
+    f = by_answers(tx, rows["query_id"], rows["correct"], exclude={model_id}, rates=rates)
     if f is None or f.verdict != "same":
         return None
     return (f"{name} answers like {f.match}: {f.disagreement:.1%} disagreement on {f.shared_queries} shared queries "

@@ -61,6 +61,8 @@ class ImportResult:
     affected_models: list[str] = field(default_factory=list)
     ignored_columns: dict[str, list[str]] = field(default_factory=dict)
     onboarding: list[dict] = field(default_factory=list)  # what the onboarding jobs did right after the import
+    seconds: dict[str, float] = field(default_factory=dict)  # wall time per step: import (its transaction, commit
+    # included), onboarding (versions committed and indexed), stability
 
 
 @dataclass
@@ -166,16 +168,26 @@ def _source(path: str, fmt: str, names: list[str] | None = None, delim: str = ",
     return f"read_parquet({_sql_str(path)})"
 
 
-def stage(tx: Tx, kind: str, path: str, table: str, project: Callable[[dict[str, str]], str] | None = None,
-          with_lines: bool = True, constants: dict[str, str] | None = None) -> Staged:
-    """Read one file into a temporary table with canonical columns (VARCHAR).
+@dataclass
+class Columns:
+    """A file's source expression and how its columns map to the canonical ones (read from its header only)."""
+    path: str
+    fmt: str
+    src: str                                # read_csv(...) / read_json(...) / read_parquet(...)
+    types: dict[str, tuple[str, str]]       # lower-case name -> (name as given, DuckDB type)
+    chosen: dict[str, str]                  # canonical -> lower-case name
+    exprs: dict[str, str]                   # canonical -> SQL giving it as VARCHAR (or a constant)
 
-    `project` may turn the canonical columns into the stage's select list (to normalise in the same pass);
-    `with_lines` adds a `line` column (cheap for small files; big ones compute lines only when reporting an error).
-    """
+    @property
+    def ignored(self) -> list[str]:
+        return [self.types[c][0] for c in self.types if c not in self.chosen.values()]
+
+
+def file_columns(tx: Tx, kind: str, path: str, constants: dict[str, str] | None = None) -> Columns:
+    """Which columns of the file are which (aliases in COLUMNS); a missing required column, an empty header or a
+    Parquet column of the wrong type is an InputError naming the file."""
     _check_path(path)
     fmt = _file_format(path)
-    first_line = {"csv": 2, "jsonl": 1, "parquet": 1}[fmt]
     if fmt == "csv":
         names, delim = _csv_header(path)
         if not [n for n in names if n.strip()]:
@@ -204,12 +216,29 @@ def stage(tx: Tx, kind: str, path: str, table: str, project: Callable[[dict[str,
     exprs = {}
     for canon, alias in chosen.items():
         original, dtype = types[alias]
-        col = '"' + original.replace('"', '""') + '"'
-        exprs[canon] = f"to_json({col})::VARCHAR" if dtype.endswith("]") or dtype.startswith(("STRUCT", "MAP")) \
-            else (col if dtype == "VARCHAR" else f"CAST({col} AS VARCHAR)")
+        exprs[canon] = f"to_json({_ident(original)})::VARCHAR" if dtype.endswith("]") or \
+            dtype.startswith(("STRUCT", "MAP")) else (_ident(original) if dtype == "VARCHAR"
+                                                      else f"CAST({_ident(original)} AS VARCHAR)")
     for canon, value in (constants or {}).items():
         exprs.setdefault(canon, _sql_str(value))
-    ignored = [types[c][0] for c in types if c not in chosen.values()]
+    return Columns(path, fmt, src, types, chosen, exprs)
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def stage(tx: Tx, kind: str, path: str, table: str, project: Callable[[dict[str, str]], str] | None = None,
+          with_lines: bool = True, constants: dict[str, str] | None = None) -> Staged:
+    """Read one file into a temporary table with canonical columns (VARCHAR).
+
+    `project` may turn the canonical columns into the stage's select list (to normalise in the same pass);
+    `with_lines` adds a `line` column (cheap for small files; big ones compute lines only when reporting an error).
+    """
+    cols = file_columns(tx, kind, path, constants)
+    fmt, src, types, chosen, exprs = cols.fmt, cols.src, cols.types, cols.chosen, cols.exprs
+    first_line = {"csv": 2, "jsonl": 1, "parquet": 1}[fmt]
+    ignored = cols.ignored
     selects = project(exprs) if project else ", ".join(f"{e} AS {c}" for c, e in exprs.items())
     if kind == "models":  # kept, as tags
         selects += "".join(', CAST("{0}" AS VARCHAR) AS "x:{0}"'.format(c.replace('"', '""')) for c in ignored)
@@ -415,10 +444,13 @@ def import_evaluations(tx: Tx, staged: Staged, batch_id: int, result: ImportResu
                             WHERE model NOT IN (SELECT name FROM models) ORDER BY model RETURNING id, name""")
     outbox.new_models(tx, new_models)
     result.models_added += len(new_models)
-    has_current = tx.sql("SELECT count(*) > 0 FROM (SELECT 1 FROM evaluations LIMIT 1)")[0][0]
-    # Only what differs from the current (newest) evaluation is appended; an empty registry skips that join.
-    changed = f"""LEFT JOIN {evaluations.CURRENT} cur ON cur.model_id = m.id AND cur.query_id = q.id
-                  WHERE cur.correct IS DISTINCT FROM e.c""" if has_current else ""
+    # Only what differs from the current (newest) evaluation is appended. The current evaluations are those of the
+    # file's models that have any (none for new models: the join is skipped), not the whole table's.
+    evaluated = [r[0] for r in tx.sql(f"""SELECT DISTINCT m.id FROM (SELECT DISTINCT model FROM {t}) f
+                                          JOIN models m ON m.name = f.model
+                                          WHERE EXISTS (SELECT 1 FROM evaluations x WHERE x.model_id = m.id)""")]
+    changed = f"""LEFT JOIN {evaluations.current(model_ids=evaluated)} cur ON cur.model_id = m.id
+                  AND cur.query_id = q.id WHERE cur.correct IS DISTINCT FROM e.c""" if evaluated else ""
     insert = f"""
         INSERT INTO evaluations (model_id, query_id, correct, batch_id)
         SELECT {{distinct}} m.id, q.id, e.c, {int(batch_id)}
@@ -434,13 +466,92 @@ def import_evaluations(tx: Tx, staged: Staged, batch_id: int, result: ImportResu
         added = tx.sql(count)
     conflicting = [m for m, n, distinct in added if n != distinct]
     if conflicting:
-        dup = tx.sql(f"""SELECT model, qid, min({staged.line_sql}), max({staged.line_sql}) FROM {t}
-                         WHERE model = (SELECT name FROM models WHERE id = {conflicting[0]})
-                         GROUP BY model, qid HAVING count(DISTINCT c) > 1 ORDER BY 3 LIMIT 1""")
-        m, q, first, last = dup[0]
-        raise InputError(f"model {m!r}, query {q!r} appears twice with different results (lines {first} and {last})",
-                         file=staged.path, line=int(last))
+        _raise_conflict(tx, staged, conflicting[0])
     result.evaluations_read += staged.rows
+    _added(tx, added, batch_id, result)
+
+
+INTEGER_TYPES = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT",
+                 "HUGEINT")
+# the duplicate check keeps one bit per (model, query id in the registry's range); above this many bits it counts
+# distinct pairs instead (slower, but its memory does not grow with the range)
+BITMAP_BITS = 1 << 31
+
+
+def append_evaluations(tx: Tx, cols: Columns, batch_id: int, result: ImportResult,
+                       model: str | None = None) -> bool:
+    """The bulk path for an evaluations file: read by DuckDB straight into `evaluations` (one INSERT ... SELECT
+    joining the models and queries, no stage table), with the checks done as aggregates over the file and over the
+    rows appended. -> False, having written nothing, when the file has any problem (a bad or empty value, an
+    unknown query, another model than `model`): the caller then takes the careful path (`stage_evaluations` +
+    `import_evaluations`), which finds the first bad row and names its line; a row DuckDB cannot read at all is
+    an InputError here, with the line its reader names. Same outcome
+    as the careful path: new models registered, only new or changed results appended, identical repeats collapsed,
+    differing repeats an error."""
+    e = cols.exprs
+    dtype = cols.types[cols.chosen["correct"]][1] if "correct" in cols.chosen else "VARCHAR"
+    raw = _ident(cols.types[cols.chosen["correct"]][0]) if "correct" in cols.chosen else e["correct"]
+    c = raw if dtype == "BOOLEAN" else (f"CASE {raw} WHEN 1 THEN true WHEN 0 THEN false END" if dtype in INTEGER_TYPES
+                                        else TRUE_FALSE.format(c=e["correct"]))
+    rows = f"(SELECT trim({e['model']}) AS model, trim({e['qid']}) AS qid, {c} AS c FROM {cols.src})"
+    try:
+        per_model = tx.sql(f"""SELECT model, count(*), count(*) FILTER (WHERE c IS NULL),
+            count(*) FILTER (WHERE qid IS NULL OR qid = '') FROM {rows} GROUP BY model""")
+        qids = tx.sql(f"SELECT list(DISTINCT qid) FROM {rows}")[0][0] or []
+    except Exception as exc:   # a row DuckDB cannot read: its reader names the line, as when staging
+        raise _duck_error(cols.path, exc) from None
+    if (not per_model or any(m is None or m == "" or bad_c or bad_q for m, _, bad_c, bad_q in per_model)
+            or (model is not None and any(m != model for m, *_ in per_model))):
+        return False
+    if tx.sql("SELECT 1 FROM (SELECT unnest(?) AS qid) WHERE qid NOT IN (SELECT external_id FROM queries) LIMIT 1",
+              [qids]):
+        return False
+    names = [m for m, *_ in per_model]
+    new_models = tx.sql("""INSERT INTO models (name, tags) SELECT name, '{}'::JSON FROM (SELECT unnest(?) AS name)
+                           WHERE name NOT IN (SELECT name FROM models) ORDER BY name RETURNING id, name""", [names])
+    outbox.new_models(tx, new_models)
+    result.models_added += len(new_models)
+    # only what differs from a model's current (newest) evaluation is appended: compared for the file's models that
+    # have evaluations already (new models have none; comparing against every model's would read them all)
+    known = [r[0] for r in tx.sql("""SELECT DISTINCT e.model_id FROM evaluations e JOIN models m ON m.id = e.model_id
+                                     WHERE m.name IN (SELECT unnest(?))""", [names])]
+    changed = f"""LEFT JOIN {evaluations.current(model_ids=known)} cur ON cur.model_id = m.id AND cur.query_id = q.id
+                  WHERE cur.correct IS DISTINCT FROM f.c""" if known else ""
+    insert = f"""INSERT INTO evaluations (model_id, query_id, correct, batch_id)
+                 SELECT @distinct m.id, q.id, f.c, {int(batch_id)} FROM {rows} f
+                 JOIN models m ON m.name = f.model JOIN queries q ON q.external_id = f.qid {changed}"""
+    lo, hi = tx.sql("SELECT min(id), max(id) FROM queries")[0]
+    distinct = (f"bit_count(bitstring_agg(query_id, {int(lo)}, {int(hi)}))"
+                if len(names) * (int(hi) - int(lo) + 1) <= BITMAP_BITS else "count(DISTINCT query_id)")
+    count = f"""SELECT model_id, count(*), {distinct} FROM evaluations WHERE batch_id = {int(batch_id)}
+                GROUP BY model_id ORDER BY model_id"""
+    tx.duck.execute(insert.replace("@distinct", ""))      # (the file's source may hold braces: no str.format)
+    added = tx.sql(count)
+    if any(n != d for _, n, d in added):
+        # repeated (model, query) rows: identical repeats collapse into one; different results are an error
+        tx.duck.execute(f"DELETE FROM evaluations WHERE batch_id = {int(batch_id)}")   # only this batch's rows
+        tx.duck.execute(insert.replace("@distinct", "DISTINCT"))
+        added = tx.sql(count)
+        if any(n != d for _, n, d in added):
+            staged = stage_evaluations(tx, cols.path, "_stage_repeats", model=model)   # for the lines
+            _raise_conflict(tx, staged, next(m for m, n, d in added if n != d))
+    result.evaluations_read += sum(n for _, n, _, _ in per_model)
+    _added(tx, added, batch_id, result)
+    return True
+
+
+def _raise_conflict(tx: Tx, staged: Staged, model_id: int) -> None:
+    t = staged.table
+    dup = tx.sql(f"""SELECT model, qid, min({staged.line_sql}), max({staged.line_sql}) FROM {t}
+                     WHERE model = (SELECT name FROM models WHERE id = {int(model_id)})
+                     GROUP BY model, qid HAVING count(DISTINCT c) > 1 ORDER BY 3 LIMIT 1""")
+    m, q, first, last = dup[0]
+    raise InputError(f"model {m!r}, query {q!r} appears twice with different results (lines {first} and {last})",
+                     file=staged.path, line=int(last))
+
+
+def _added(tx: Tx, added, batch_id: int, result: ImportResult) -> None:
+    """Account for the rows a batch appended [(model id, rows, distinct queries)] and enqueue their models."""
     result.evaluations_added += sum(n for _, n, _ in added)
     if added:
         outbox.enqueue(tx, [m for m, _, _ in added], "new evaluations", batch_id=batch_id)  # the outbox
@@ -550,6 +661,28 @@ def upsert_model_metadata(tx: Tx, name: str, **fields) -> dict[str, list]:
     return changes
 
 
+def insert_new_models(tx: Tx, models: dict[str, dict]) -> None:
+    """Insert models that do not exist yet, {name: metadata as upsert_model_metadata takes it}, in one statement."""
+    import pyarrow as pa
+
+    if not models:
+        return
+    meta = list(models.values())
+    tx.duck.register("_new_models", pa.table({
+        "name": list(models), "tags": [json.dumps(m.get("tags") or {}) for m in meta],
+        "family": pa.array([m.get("family") for m in meta], pa.string()),
+        "provider": pa.array([m.get("provider") for m in meta], pa.string()),
+        "params_b": pa.array([m.get("params_b") for m in meta], pa.float64()),
+        "cost": pa.array([m.get("cost") for m in meta], pa.float64()),
+        "open_weights": pa.array([m.get("open_weights") for m in meta], pa.bool_())}))
+    try:
+        outbox.new_models(tx, tx.sql("""INSERT INTO models (name, tags, family, provider, params_b, cost, open_weights)
+                                        SELECT name, tags::JSON, family, provider, params_b, cost, open_weights
+                                        FROM _new_models RETURNING id, name"""))
+    finally:
+        tx.duck.unregister("_new_models")
+
+
 def changed_results(tx: Tx, name: str, batch_id: int | None):
     """Results of an import batch that supersede a different stored result of the same (model, query):
     (count, (query id, old, new) of the first) or None."""
@@ -641,20 +774,24 @@ def run_import(tx: Tx, files: dict[str, str], progress: bool = False, embed_text
         return ImportResult(batch_id=int(done[0][0]), already_imported=True)
     batch_id = int(tx.sql("SELECT nextval('import_batches_id_seq')")[0][0])
     result = ImportResult(batch_id=batch_id)
-    staged = {kind: (stage_evaluations if kind == "evaluations" else
-                     lambda t, p, n, k=kind: stage(t, k, p, n))(tx, files[kind], f"_stage_{kind}")
-              for kind in ("models", "queries", "evaluations", "splits") if kind in files}
-    for kind, s in staged.items():
-        if s.ignored and kind != "models":
-            result.ignored_columns[Path(s.path).name] = s.ignored
+    # the evaluations file is only looked at here (its columns); it is read once, by the bulk path, below
+    staged = {kind: stage(tx, kind, files[kind], f"_stage_{kind}")
+              for kind in ("models", "queries", "splits") if kind in files}
+    ev_cols = file_columns(tx, "evaluations", files["evaluations"]) if "evaluations" in files else None
+    for kind in ("queries", "evaluations", "splits"):
+        ignored = ev_cols.ignored if kind == "evaluations" and ev_cols else (
+            staged[kind].ignored if kind in staged else [])
+        if ignored:
+            result.ignored_columns[Path(files[kind]).name] = ignored
     if "vectors" in files:   # first: the queries below then find their vectors
         result.vectors_loaded = vectors.load(tx, files["vectors"]).added
     if "models" in staged:
         import_models(tx, staged["models"], result)
     if "queries" in staged:
         import_queries(tx, staged["queries"], result)
-    if "evaluations" in staged:
-        import_evaluations(tx, staged["evaluations"], batch_id, result)
+    if ev_cols is not None and not append_evaluations(tx, ev_cols, batch_id, result):
+        staged["evaluations"] = stage_evaluations(tx, files["evaluations"], "_stage_evaluations")
+        import_evaluations(tx, staged["evaluations"], batch_id, result)   # names the first bad row
     if "splits" in staged:
         import_splits(tx, staged["splits"], batch_id, result)
     if embed_texts and "queries" in staged:  # in the queries' transaction: no query is left without its vector
@@ -696,13 +833,15 @@ def run_model_import(tx: Tx, model: str, path: str, progress: bool = False) -> I
         if tx.sql("SELECT count(*) FROM _stage_queries")[0][0]:
             import_queries(tx, queries, result)
             result.texts_embedded = embed_missing_texts(tx, progress=progress, result=result)
-    staged = stage_evaluations(tx, path, "_stage_evaluations", model=model)
-    other = tx.sql(f"SELECT model FROM _stage_evaluations WHERE model IS DISTINCT FROM {_sql_str(model)} LIMIT 1")
-    if other:
-        raise InputError(f"the file holds results of model {other[0][0]!r}, not {model!r}", file=path)
-    import_evaluations(tx, staged, batch_id, result, unknown_hint=(
-        "give its text in a `question` column (and `options`, if any) of this file, or import it first with "
-        "`registry import --queries FILE`"))
+    if not append_evaluations(tx, file_columns(tx, "evaluations", path, constants={"model": model}), batch_id, result,
+                              model=model):
+        staged = stage_evaluations(tx, path, "_stage_evaluations", model=model)   # names the first bad row
+        other = tx.sql(f"SELECT model FROM _stage_evaluations WHERE model IS DISTINCT FROM {_sql_str(model)} LIMIT 1")
+        if other:
+            raise InputError(f"the file holds results of model {other[0][0]!r}, not {model!r}", file=path)
+        import_evaluations(tx, staged, batch_id, result, unknown_hint=(
+            "give its text in a `question` column (and `options`, if any) of this file, or import it first with "
+            "`registry import --queries FILE`"))
     tx.duck.execute("DROP TABLE IF EXISTS _stage_evaluations; DROP TABLE IF EXISTS _stage_queries")
     _record_batch(tx, batch_id, {"evaluations": path}, files_digest({"evaluations": path}), result)
     return result

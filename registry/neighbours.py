@@ -21,9 +21,10 @@ class Neighbour:
 
 def by_vector(tx: Tx, db_path: str, vector, k: int, encoder_id: int, as_of: str | None = None,
               exclude: set[str] | None = None, answers: tuple | None = None,
-              vi: index.VectorIndex | None = None) -> list[Neighbour]:
+              vi: index.VectorIndex | None = None, rates: dict | None = None) -> list[Neighbour]:
     """The k nearest current embeddings to one vector (all of them if the pool is smaller), leaving out `exclude`;
-    with `answers` (query ids, 0/1), each neighbour's disagreement with them on the queries both answered."""
+    with `answers` (query ids, 0/1), each neighbour's disagreement with them on the queries both answered (`rates`:
+    evaluations.disagreement of those answers, when the caller has it already)."""
     vi = vi or index.get(tx, db_path, encoder_id, as_of)
     if vi.size == 0:
         raise InputError("the registry has no embedded models yet: import evaluations first (`registry import`)")
@@ -33,8 +34,9 @@ def by_vector(tx: Tx, db_path: str, vector, k: int, encoder_id: int, as_of: str 
     dist, ids = vi.search(np.asarray(vector)[None, :], min(vi.size, k + len(exclude)))
     found = [(int(i), float(d)) for d, i in zip(dist[0], ids[0]) if i >= 0 and vi.names[int(i)] not in exclude][:k]
     out = [Neighbour(vi.names[i], round(d, 4)) for i, d in found]
-    if answers is not None and out:
-        rates = evaluations.disagreement(tx, answers[0], answers[1], [i for i, _ in found])
+    if (answers is not None or rates is not None) and out:
+        if rates is None:
+            rates = evaluations.disagreement(tx, answers[0], answers[1], [i for i, _ in found])
         for (i, _), n in zip(found, out):
             if i in rates:
                 n.shared_queries, n.disagreement = rates[i][0], round(rates[i][1], 4)
@@ -42,13 +44,13 @@ def by_vector(tx: Tx, db_path: str, vector, k: int, encoder_id: int, as_of: str 
 
 
 def of_model(tx: Tx, db_path: str, name: str, k: int, encoder_id: int, as_of: str | None = None,
-             exclude: set[str] | None = None) -> list[Neighbour]:
+             exclude: set[str] | None = None, rates: dict | None = None) -> list[Neighbour]:
     """The k nearest other models to a registered one, with their disagreement with its current evaluations."""
     vi = index.get(tx, db_path, encoder_id, as_of)
     vector = vi.vector_of(name)                                  # no SQL when indexed
     if vector is None:
         vector, _ = vector_of(tx, name, encoder_id, as_of)
-    return of_vector_as_model(tx, db_path, name, vector, k, encoder_id, as_of, exclude, vi)
+    return of_vector_as_model(tx, db_path, name, vector, k, encoder_id, as_of, exclude, vi, rates)
 
 
 def vector_of(tx: Tx, name: str, encoder_id: int, as_of: str | None = None):
@@ -67,13 +69,13 @@ def vector_of(tx: Tx, name: str, encoder_id: int, as_of: str | None = None):
 
 def of_vector_as_model(tx: Tx, db_path: str, name: str, vector, k: int, encoder_id: int,
                        as_of: str | None = None, exclude: set[str] | None = None,
-                       vi: index.VectorIndex | None = None) -> list[Neighbour]:
+                       vi: index.VectorIndex | None = None, rates: dict | None = None) -> list[Neighbour]:
     """The k nearest other models to one of a model's own vectors (an older version, say), as the registry stood
     at `as_of`, with their disagreement with the model's current evaluations."""
     vi = vi or index.get(tx, db_path, encoder_id, as_of)
     own = vi.id_of(name)
     answers = None
-    if own is not None:
+    if own is not None and rates is None:
         rows = evaluations.of_models(tx, [own])
         answers = (rows["query_id"], rows["correct"])
-    return by_vector(tx, db_path, vector, k, encoder_id, as_of, (exclude or set()) | {name}, answers, vi)
+    return by_vector(tx, db_path, vector, k, encoder_id, as_of, (exclude or set()) | {name}, answers, vi, rates)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import encoders
-from .embedding import (MIN_EVALUATIONS, EvalSet, compute, embed_sets, evaluation_sets, halves,
+from .embedding import (MIN_EVALUATIONS, EvalSet, chunked_sets, compute, embed_sets, evaluation_sets, halves,
                         projected_inputs)
 from .errors import NotFound
 from .outbox import enqueue, model_states, pending
@@ -45,10 +45,33 @@ class NewVersion:
 _worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="registry-encoder")
 
 
+class _Forward:
+    """Forward passes on the worker thread, one chunk of sets at a time, while this thread reads the next chunk
+    from the database (torch and DuckDB both release the GIL; the worker never touches the database). At most two
+    chunks are in memory: the one embedding and the one just read. -> `z`: {key: vector}"""
+
+    def __init__(self, tx: Tx, model):
+        self.tx, self.model, self.running, self.z = tx, model, None, {}
+
+    def submit(self, keys: list, sets: list[EvalSet]) -> None:
+        proj, inputs = projected_inputs(self.tx, self.model, sets)     # row numbers into the shared projections
+        self.wait()
+        if keys:
+            self.running = (keys, _worker.submit(embed_sets, self.model, inputs, projected=True, table=proj))
+
+    def wait(self) -> None:
+        if self.running is not None:
+            keys, future = self.running
+            self.running = None
+            self.z.update(zip(keys, future.result()))
+
+
 def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool = False) -> list[JobOutcome]:
     """Finish every pending job (and with `all_models`, re-embed every model) in one batched pass.
 
-    This is every onboarding's hot path, so it reads little: the jobs, the models' versions, their evaluations."""
+    This is every onboarding's hot path, so it reads little: the jobs, the models' versions, their evaluations.
+    Many models stream through in chunks of evaluations (`embedding.chunked_sets`), so memory does not grow with
+    the registry."""
     from . import index
 
     encoder_id = encoders.ensure_default(tx)
@@ -65,40 +88,44 @@ def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool
     states = model_states(tx, model_ids)
     names = {m: states[m].name for m in model_ids}
     latest_version = {m: states[m].latest_version for m in model_ids}          # (read before any update below)
-    # all current evaluations; each version records the newest batch among them (what `recompute` reads up to)
-    sets = evaluation_sets(tx, model_ids, 2 ** 62, meta.get("embed_max_set"))
-    todo = [m for m in model_ids if sets[m].n >= min_evaluations
-            and states[m].by_encoder.get(encoder_id, (0, None))[1] != sets[m].digest]
     outcomes: dict[int, JobOutcome] = {}
     version_of: dict[int, int] = {}
-    forward = None
-    if todo:
-        # the forward pass runs on a worker thread while this one reserves the version ids and writes the job
-        # results (torch and DuckDB both release the GIL); the thread never touches the database
-        inputs = projected_inputs(tx, model, [sets[m] for m in todo])
-        forward = _worker.submit(embed_sets, model, inputs, projected=True)
+    # per model (evaluations, digest, newest batch among them: what `recompute` reads up to); the sets themselves
+    # live only as long as their chunk
+    sets: dict[int, tuple[int, str, int]] = {}
+    forward = _Forward(tx, model)
     try:
+        for found in chunked_sets(tx, model_ids, 2 ** 62, meta.get("embed_max_set")):
+            mine = [m for m in found if found[m].n >= min_evaluations
+                    and states[m].by_encoder.get(encoder_id, (0, None))[1] != found[m].digest]
+            sets.update({m: (s.n, s.digest, s.through_batch) for m, s in found.items()})
+            forward.submit(mine, [found[m] for m in mine])
+            del found
+        todo = [m for m in model_ids if sets[m][0] >= min_evaluations
+                and states[m].by_encoder.get(encoder_id, (0, None))[1] != sets[m][1]]
+        # while the last chunk's forward pass runs: reserve the version ids and write the job results
         if todo:
             reserved = tx.sql(f"SELECT nextval('embedding_versions_id_seq') FROM range({len(todo)})")
             version_of = {m: int(r[0]) for m, r in zip(todo, reserved)}
         for m in model_ids:
             if m in version_of:
-                outcomes[m] = JobOutcome(names[m], "embedded", latest_version[m] + 1, sets[m].n,
+                outcomes[m] = JobOutcome(names[m], "embedded", latest_version[m] + 1, sets[m][0],
                                          version_id=version_of[m])
             else:
-                kind = "too few evaluations" if sets[m].n < min_evaluations else "unchanged"
-                outcomes[m] = JobOutcome(names[m], kind, latest_version[m] or None, sets[m].n)
+                kind = "too few evaluations" if sets[m][0] < min_evaluations else "unchanged"
+                outcomes[m] = JobOutcome(names[m], kind, latest_version[m] or None, sets[m][0])
         results = [[j, outcomes[m].outcome, version_of.get(m)] for j, m, _, _ in jobs]
         for start in range(0, len(results), 1000):
             chunk = results[start:start + 1000]
             tx.sql(f"""INSERT INTO onboarding_results (job_id, outcome, version_id)
                        VALUES {', '.join(['(?, ?, ?)'] * len(chunk))}""", [x for r in chunk for x in r])
     finally:
-        z = forward.result() if forward is not None else None
+        forward.wait()
+    z = np.stack([forward.z[m] for m in todo]) if todo else None
     if todo:
         # plain multi-row VALUES: for the usual one or few rows DuckDB takes them faster than an Arrow scan
-        rows = [[version_of[m], m, latest_version[m] + 1, encoder_id, z[i].tolist(), sets[m].n, sets[m].digest,
-                 sets[m].through_batch, newest_job[m][0], newest_job[m][1]] for i, m in enumerate(todo)]
+        rows = [[version_of[m], m, latest_version[m] + 1, encoder_id, z[i].tolist(), sets[m][0], sets[m][1],
+                 sets[m][2], newest_job[m][0], newest_job[m][1]] for i, m in enumerate(todo)]
         created = {}
         for start in range(0, len(rows), 500):
             chunk = rows[start:start + 500]
@@ -117,7 +144,7 @@ def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool
                 if v.model_id in cached:
                     st = cached[v.model_id]
                     st.latest_version = outcomes[v.model_id].version
-                    st.by_encoder[encoder_id] = (st.latest_version, sets[v.model_id].digest)
+                    st.by_encoder[encoder_id] = (st.latest_version, sets[v.model_id][1])
         tx.after_commit(update_states)
     return [outcomes[m] for m in model_ids]
 
@@ -135,17 +162,22 @@ def estimate_stability(tx: Tx) -> dict[int, float]:
     for encoder_id in sorted({r[2] for r in todo}):
         model, meta = encoders.load(tx, encoder_id)
         mine = [r for r in todo if r[2] == encoder_id]
-        sets = []
-        for through in sorted({r[3] for r in mine}):
-            rows = [r for r in mine if r[3] == through]
-            found = evaluation_sets(tx, [r[1] for r in rows], through, meta.get("embed_max_set"))
-            sets += [(r[0], found[r[1]]) for r in rows if found[r[1]].digest == r[4]]   # else: not reproducible
-        if not sets:
-            continue
-        z = compute(tx, model, [EvalSet(s.model_id, s.query_ids[h], s.y[h], s.digest)
-                                for _, s in sets for h in halves(s)])
-        for i, (vid, _) in enumerate(sets):
-            out[vid] = float(np.linalg.norm(z[2 * i] - z[2 * i + 1]))
+        forward = _Forward(tx, model)          # streamed in chunks of evaluations, as onboarding is
+        done = []
+        try:
+            for through in sorted({r[3] for r in mine}):
+                rows = [r for r in mine if r[3] == through]
+                for found in chunked_sets(tx, list(dict.fromkeys(r[1] for r in rows)), through,
+                                          meta.get("embed_max_set")):
+                    ok = [r for r in rows if r[1] in found and found[r[1]].digest == r[4]]  # else: not reproducible
+                    forward.submit([(r[0], half) for r in ok for half in (0, 1)],
+                                   [EvalSet(s.model_id, s.query_ids[h], s.y[h], s.digest)
+                                    for s in (found[r[1]] for r in ok) for h in halves(s)])
+                    done += [r[0] for r in ok]
+        finally:
+            forward.wait()
+        for vid in done:
+            out[vid] = float(np.linalg.norm(forward.z[(vid, 0)] - forward.z[(vid, 1)]))
     if out:
         tx.duck.register("_stability", pa.table({"version_id": pa.array(list(out), pa.int64()),
                                                  "stability": pa.array(list(out.values()), pa.float64())}))

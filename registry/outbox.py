@@ -14,8 +14,9 @@ def enqueue(tx: Tx, model_ids, reason: str, batch_id: int | None = None, encoder
     ids = sorted({int(m) for m in model_ids})
     if not ids:
         return
-    tx.duck.executemany("INSERT INTO onboarding_jobs (model_id, reason, batch_id, encoder_id) VALUES (?, ?, ?, ?)",
-                        [[m, reason, batch_id, encoder_id] for m in ids])
+    # one statement for all (executemany runs one per row: 1.6 s for 1,000 models)
+    tx.duck.execute("""INSERT INTO onboarding_jobs (model_id, reason, batch_id, encoder_id)
+                       SELECT unnest(?::INTEGER[]), ?, ?::INTEGER, ?::INTEGER""", [ids, reason, batch_id, encoder_id])
 
 
 def pending(tx: Tx) -> list[tuple[int, int, str, int | None]]:

@@ -7,7 +7,8 @@ so a rolled-back query never does. DuckDB's file lock means no other process wri
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -25,9 +26,21 @@ class QueryMeta:
     hash_rank: np.ndarray     # [n] position in (content hash, external id) order: the cap keeps the lowest
     ext_rank: np.ndarray      # [n] position in external id order (DuckDB's string order): the digest's order
     is_test: np.ndarray       # [n] bool: held out, never embedded
+    tokens: np.ndarray = field(init=False, repr=False)   # [2, n] object: "external_id:0", "external_id:1"
+
+    def __post_init__(self):
+        self.tokens = np.array([[f"{e}:{c}" for e in self.external_id] for c in (0, 1)], dtype=object).reshape(
+            2, len(self.external_id))
 
     def rows(self, query_ids: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.ids, query_ids)
+
+    def digest(self, rows: np.ndarray, correct: np.ndarray) -> str:
+        """`embedding.digest` of the queries at these rows and their 0/1 results (in the order given), from the
+        prebuilt "external_id:correct" strings: no string is formatted per evaluation."""
+        text = ",".join(self.tokens[(np.asarray(correct) != 0).astype(np.intp), rows].tolist()) \
+            if len(rows) else ""
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def query_meta(tx: Tx) -> QueryMeta:
@@ -83,20 +96,28 @@ def query_vectors(tx: Tx, query_ids: np.ndarray) -> tuple[dict[int, int], np.nda
     return row_of, mat
 
 
-def projections(tx: Tx, model, query_ids: np.ndarray) -> tuple[dict[int, int], np.ndarray]:
-    """(row of each query id, [rows, 2, D]): the encoder's input projections of the query vectors (`row_proj`, the
-    part of the input layer that depends on the query alone), computed once per encoder for the vectors kept by
-    `query_vectors`, and kept with them."""
+def projections(tx: Tx, model, query_ids: np.ndarray):
+    """(row_at, [rows, 2, D]): the encoder's input projections of the query vectors (`row_proj`, the part of the
+    input layer that depends on the query alone), computed once per encoder for the vectors kept by
+    `query_vectors`, and kept with them; row_at(query ids [n]) -> their rows [n] (vectorised: no Python per id)."""
     import torch
 
     row_of, qmat = query_vectors(tx, query_ids)
     key = ("projections", id(model))
     for kept in (tx.local.get(key), tx.cache.get(key)):
         if kept is not None and kept[0] is qmat and kept[1] is model:
-            return row_of, kept[2]
+            return kept[3], kept[2]
     with torch.no_grad():
         P, S = model.row_proj(torch.from_numpy(qmat))
     proj = torch.stack([P, S], dim=1).numpy()                                             # [rows, 2, D]
-    tx.local[key] = (qmat, model, proj)
-    tx.after_commit(lambda: tx.cache.__setitem__(key, (qmat, model, proj)))
-    return row_of, proj
+    keys = np.fromiter(row_of.keys(), dtype=np.int64, count=len(row_of))
+    vals = np.fromiter(row_of.values(), dtype=np.int64, count=len(row_of))
+    order = np.argsort(keys)
+    keys, vals = keys[order], vals[order]
+
+    def row_at(ids: np.ndarray) -> np.ndarray:    # every id was checked present by query_vectors
+        return vals[np.searchsorted(keys, np.asarray(ids, dtype=np.int64))]
+
+    tx.local[key] = (qmat, model, proj, row_at)
+    tx.after_commit(lambda: tx.cache.__setitem__(key, (qmat, model, proj, row_at)))
+    return row_at, proj

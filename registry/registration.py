@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import catalog, encoders, fingerprint, ingest, neighbours, onboarding
+from . import catalog, encoders, evaluations, fingerprint, ingest, neighbours, onboarding
 from .errors import InputError
 from .neighbours import Neighbour
 from .store import Tx
@@ -53,20 +53,97 @@ def check(name: str, metadata: dict) -> str:
 def stage(tx: Tx, name: str, evals: str, metadata: dict, update: bool = False, progress: bool = False) -> Staged:
     """The model's metadata and results into `tx`, refused whole (InputError) when it would silently change a model
     that exists. The server's writer stages many registrations in one transaction."""
+    changes = _metadata(tx, name, metadata, update)
+    imported = ingest.run_model_import(tx, name, str(evals), progress=progress)
+    changed = _changed_results(tx, name, imported.batch_id, update, evals)
+    return Staged(name, changes, imported.evaluations_added, imported.queries_added, changed)
+
+
+def stage_group(tx: Tx, jobs: list[tuple]) -> list[Staged]:
+    """Many registrations (`stage`'s (name, evals, metadata, update) each) in `tx`, for the server's writer. Those
+    whose files are small JSONL of query ids and results only (what `POST /models` writes), each for a different
+    model, are imported together as one evaluations file with a model column: one pass of the import's checks for
+    the group instead of one per registration. A refusal names the group's file, not the caller's: the writer then
+    stages each registration alone, which names it."""
+    names = [j[0] for j in jobs]
+    rows = [_plain_rows(j[1]) if names.count(j[0]) == 1 else None for j in jobs]
+    together = [i for i, r in enumerate(rows) if r is not None]
+    if len(together) < 2:
+        together = []
+    out: dict[int, Staged] = {i: stage(tx, *jobs[i]) for i in range(len(jobs)) if i not in together}
+    if together:
+        out.update(_stage_together(tx, [jobs[i] for i in together], [rows[i] for i in together], together))
+    return [out[i] for i in range(len(jobs))]
+
+
+def _stage_together(tx: Tx, jobs: list[tuple], rows: list[list[dict]], at: list[int]) -> dict[int, Staged]:
+    import json
+    import os
+    import tempfile
+
+    names = [j[0] for j in jobs]
+    had_results = {r[0] for r in tx.sql("""SELECT DISTINCT m.name FROM models m JOIN evaluations e ON e.model_id = m.id
+                                           WHERE m.name IN (SELECT unnest(?))""", [names])}
+    known = {r[0] for r in tx.sql("SELECT name FROM models WHERE name IN (SELECT unnest(?))", [names])}
+    ingest.insert_new_models(tx, {name: metadata for name, _, metadata, _ in jobs if name not in known})
+    changes = [_metadata(tx, name, metadata, update) if name in known else {}
+               for name, _, metadata, update in jobs]
+    fd, path = tempfile.mkstemp(suffix=".jsonl", prefix="registrations-")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for name, model_rows in zip(names, rows):
+                f.writelines(json.dumps({"model": name, **r}) + "\n" for r in model_rows)
+        imported = ingest.run_import(tx, {"evaluations": path}, embed_texts=False)
+    finally:
+        os.unlink(path)
+    added = {} if imported.already_imported or imported.batch_id is None else dict(tx.sql(
+        """SELECT m.name, count(*) FROM evaluations e JOIN models m ON m.id = e.model_id WHERE e.batch_id = ?
+           GROUP BY m.name""", [imported.batch_id]))
+    return {i: Staged(name, ch, added.get(name, 0), 0,
+                      _changed_results(tx, name, imported.batch_id, update, evals) if name in had_results else 0)
+            for i, (name, evals, _, update), ch in zip(at, jobs, changes)}
+
+
+_PLAIN_KEYS = {"question_id", "correct"}
+_PLAIN_MAX_BYTES = 1 << 20
+
+
+def _plain_rows(evals) -> list[dict] | None:
+    """The rows of a small JSONL file of question ids and results only, else None."""
+    import json
+    import os
+
+    path = str(evals)
+    if not path.endswith(".jsonl") or not os.path.isfile(path) or os.path.getsize(path) > _PLAIN_MAX_BYTES:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError):
+        return None
+    ok = rows and all(isinstance(r, dict) and r.keys() == _PLAIN_KEYS and isinstance(r["question_id"], str)
+                      and r["correct"] in (0, 1) for r in rows)
+    return rows if ok else None
+
+
+def _metadata(tx: Tx, name: str, metadata: dict, update: bool) -> dict:
     changes = ingest.upsert_model_metadata(tx, name, **metadata)
     if changes and not update:
         field_, (old, new) = next(iter(changes.items()))
         raise InputError(f"{name!r} is already registered with {field_}={old!r} (given {new!r}"
                          + (f", and {len(changes) - 1} more field(s)" if len(changes) > 1 else "")
                          + "): pass --update (update=True) to change its metadata")
-    imported = ingest.run_model_import(tx, name, str(evals), progress=progress)
-    changed = ingest.changed_results(tx, name, imported.batch_id)
+    return changes
+
+
+def _changed_results(tx: Tx, name: str, batch_id: int | None, update: bool, evals) -> int:
+    changed = ingest.changed_results(tx, name, batch_id)
     if changed and not update:
         qid, old, new = changed[1]
         raise InputError(f"{changed[0]} of these results differ from the ones {name!r} already has (e.g. "
                          f"query {qid}: stored {old}, given {new}): pass --update (update=True) to record them "
                          f"as newer evaluations (the old ones are kept)", file=str(evals))
-    return Staged(name, changes, imported.evaluations_added, imported.queries_added, changed[0] if changed else 0)
+    return changed[0] if changed else 0
 
 
 def report(reg, staged: Staged, o: onboarding.JobOutcome | None, k: int = 5) -> RegisterResult:
@@ -78,15 +155,19 @@ def report(reg, staged: Staged, o: onboarding.JobOutcome | None, k: int = 5) -> 
             info = catalog.show(tx, name, reg.probation_min)
             o = onboarding.JobOutcome(name, "unchanged", info.version, info.embedded_from or 0)
         held_out = catalog.held_out(tx, name)
+        model_id = tx.sql("SELECT id FROM models WHERE name = ?", [name])[0][0]
+        # its answers against every other model's, once: the neighbours' disagreement and the duplicate test use it
+        own = evaluations.of_models(tx, [model_id])
+        rates = evaluations.disagreement(tx, own["query_id"], own["correct"], [
+            m for (m,) in tx.sql("SELECT id FROM models WHERE id <> ?", [model_id])])
         near, notes, status = [], [], "not embedded"
         if o.version is not None:
-            near = neighbours.of_model(tx, reg.path, name, k, encoders.require_active(tx))
+            near = neighbours.of_model(tx, reg.path, name, k, encoders.require_active(tx), rates=rates)
             status = "probation" if o.n_evaluations < reg.probation_min else "established"
             notes = [] if status == "established" else [
                 f"on probation: embedded from {o.n_evaluations} evaluations, routing needs {reg.probation_min} to "
                 f"choose it unasked; its nearest models are uncertain at this size"]
-        model_id = tx.sql("SELECT id FROM models WHERE name = ?", [name])[0][0]
-        notes += [w for w in [fingerprint.duplicate_warning(tx, name, model_id)] if w]   # from its answers
+        notes += [w for w in [fingerprint.duplicate_warning(tx, name, model_id, rates)] if w]   # from its answers
         warning = "; ".join(notes) or None
     return RegisterResult(name, o.version, o.outcome, o.n_evaluations, o.stability, near, warning,
                           staged.evaluations_added, staged.queries_added, held_out, status, staged.changes,

@@ -80,6 +80,7 @@ class State:
     score: object = None                          # q [N,Dq] -> P(correct) [M,N] (LocusModel.scorer)
     known: frozenset = frozenset()                # every registered model's name (embedded or not)
     interaction: interaction.Served | None = None  # the routing terms beside the predictor (interaction.py)
+    interaction_fitted: bool = True               # False: the last fit, carried over to new models (see `state`)
 
 
 _states: dict[str, State] = {}
@@ -94,18 +95,20 @@ _KEY_SQL = """SELECT (SELECT coalesce(max(id), 0) FROM encoder_activations),
                      (SELECT coalesce(bit_xor(hash(query_id, split)), 0) FROM query_splits)"""
 
 
-def state(tx: Tx, db_path: str, probation_min: int | None = None) -> State:
-    """The cached routing state, rebuilt only when the registry changed in a way that matters to routing."""
+def state(tx: Tx, db_path: str, probation_min: int | None = None, refit: bool = True) -> State:
+    """The cached routing state, rebuilt only when the registry changed in a way that matters to routing. With
+    `refit=False` (a server's writer after each commit: a fit takes about a second) the interaction terms of the last
+    fit are carried over: models it knew keep theirs, a new model gets none until the next fit."""
     key = tuple(tx.sql(_KEY_SQL)[0]) + (evidence.probation_min(probation_min),)
     st = _states.get(db_path)
-    if st is not None and st.key == key:
+    if st is not None and st.key == key and (st.interaction_fitted or not refit):
         return st
-    st = _build(tx, key, db_path)
+    st = _build(tx, key, db_path, refit)
     _states[db_path] = st
     return st
 
 
-def _build(tx: Tx, key: tuple, db_path: str) -> State:
+def _build(tx: Tx, key: tuple, db_path: str, refit: bool = True) -> State:
     encoder_id = encoders.require_active(tx)
     model, _ = encoders.load(tx, encoder_id)
     vids, mids, names, vecs = index.current_versions(tx, encoder_id)
@@ -120,20 +123,52 @@ def _build(tx: Tx, key: tuple, db_path: str) -> State:
     # the interaction depends on the encoder, the versions, who is on probation and the splits; not on availability
     # or cost, whose changes leave it as it is
     fit_key = (str(db_path), encoder_id, tuple(int(v) for v in vids), tuple(ev.probation.tolist()), key[-2])
-    served = _interaction(tx, fit_key, model, vecs, np.asarray(mids, dtype=np.int64), np.asarray(vids), ev)
+    served, fitted = _interaction(tx, fit_key, model, vecs, np.asarray(mids, dtype=np.int64), np.asarray(vids), ev,
+                                  refit)
     return State(key, encoder_id, enc_name, model, list(names), np.asarray(mids, dtype=np.int64),
                  np.array([about[int(v)][0] for v in vids], dtype=np.int64), np.asarray(vids, dtype=np.int64),
                  vecs, np.array([_nan(meta[m][0]) for m in mids.tolist()], dtype=np.float64),
                  np.array([_nan(meta[m][1]) for m in mids.tolist()], dtype=np.float64), ev, down,
-                 score, frozenset(m[2] for m in meta.values()), served)
+                 score, frozenset(m[2] for m in meta.values()), served, fitted)
 
 
 _served: dict[tuple, interaction.Served | None] = {}
 _rows: dict[tuple, np.ndarray] = {}     # (db, encoder, version, queries) -> the predictor's P(correct) row
+_latest: dict[tuple, tuple] = {}        # (db, encoder) -> (model ids, Served) of the newest fit
 
 
 def _interaction(tx: Tx, key: tuple, model, z: np.ndarray, model_ids: np.ndarray, version_ids: np.ndarray,
-                 ev: evidence.Evidence):
+                 ev: evidence.Evidence, refit: bool = True) -> tuple[interaction.Served | None, bool]:
+    """-> (terms, whether fitted for exactly these versions): `_fit`, or without `refit` the newest fit carried over
+    to these models (a model it did not know gets no terms)."""
+    if key in _served:
+        return _served[key], True
+    last = _latest.get(key[:2])
+    if not refit and last is not None:
+        return (None if last[1] is None else _carried(last[1], last[0], model_ids)), False
+    out = _fit(tx, key, model, z, model_ids, version_ids, ev)
+    _latest[key[:2]] = (np.asarray(model_ids), out)
+    return out, True
+
+
+def _carried(served: interaction.Served, fitted_ids: np.ndarray, model_ids: np.ndarray) -> interaction.Served:
+    import dataclasses
+
+    f = served.fitted
+    pos = {int(m): i for i, m in enumerate(fitted_ids)}
+    have = [i for i, m in enumerate(model_ids) if int(m) in pos]
+    src = [pos[int(model_ids[i])] for i in have]
+
+    def rows(a: np.ndarray) -> np.ndarray:        # the fit's rows for the models it knew, zeros for the others
+        out = np.zeros((len(model_ids),) + a.shape[1:], dtype=a.dtype)
+        out[have] = a[src]
+        return out
+    return interaction.Served(dataclasses.replace(f, offsets=rows(f.offsets), resid=rows(f.resid), seen=rows(f.seen)),
+                              served.category_of)
+
+
+def _fit(tx: Tx, key: tuple, model, z: np.ndarray, model_ids: np.ndarray, version_ids: np.ndarray,
+         ev: evidence.Evidence):
     """The interaction terms for routing among these models (embeddings z, versions version_ids), fitted on the
     registry's train and val queries exactly as `registry evaluate` fits them (on the predictor's own logits, for
     the `interaction.contenders`); None without a train and a val split. Kept per `key` (encoder, versions,
@@ -141,8 +176,6 @@ def _interaction(tx: Tx, key: tuple, model, z: np.ndarray, model_ids: np.ndarray
     too, so a registration scores only its new version."""
     from .evaluation import dataset
 
-    if key in _served:
-        return _served[key]
     try:
         data = dataset(tx)
     except RegistryError:                               # no splits: the predictor alone
@@ -188,6 +221,12 @@ def clean_texts(texts) -> tuple[list[str], list[str]]:
         hashes.append(textvec.content_hash(t))
         out.append(t[:MAX_CHARS])
     return out, hashes
+
+
+def has_vector(content_hash: str) -> bool:
+    """Whether the LRU holds this text's vector."""
+    with _vectors_lock:
+        return content_hash in _vectors
 
 
 def query_vectors(tx: Tx | None, texts: list[str], hashes: list[str], reuse: bool = True,
@@ -245,6 +284,19 @@ def stored_vectors(tx: Tx, hashes: list[str]) -> dict[str, np.ndarray]:
                              WHERE v.text_encoder = ?""", params=[textvec.TEXT_ENCODER]).to_arrow_table()
     finally:
         tx.duck.unregister("_route_hashes")
+    return _by_hash(tbl)
+
+
+def every_stored_vector(tx: Tx, limit: int) -> tuple[dict[str, np.ndarray], bool]:
+    """Up to `limit` of the registry's stored text vectors (the newest first) -> ({hash: vector}, whether that is
+    all of them): what a server keeps in memory so that a known text routes without a read."""
+    tbl = tx.duck.sql("""SELECT content_hash, vector FROM text_vectors WHERE text_encoder = ?
+                         ORDER BY created DESC LIMIT ?""", params=[textvec.TEXT_ENCODER, limit + 1]).to_arrow_table()
+    complete = tbl.num_rows <= limit
+    return _by_hash(tbl.slice(0, limit)), complete
+
+
+def _by_hash(tbl) -> dict[str, np.ndarray]:
     if not tbl.num_rows:
         return {}
     flat = tbl.column("vector").combine_chunks().flatten().to_numpy(zero_copy_only=False)

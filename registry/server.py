@@ -21,13 +21,15 @@ import contextlib
 import hmac
 import json
 import os
+import sys
 import tempfile
-from dataclasses import asdict, is_dataclass
 from typing import Any
 
+import anyio
+import orjson
 from fastapi import Body, Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
 from . import proxy, web
@@ -83,32 +85,54 @@ class AvailabilityBody(BaseModel):
     reason: str | None = None
 
 
-def _out(obj: Any):
-    if is_dataclass(obj):
-        return asdict(obj)
-    if isinstance(obj, list):
-        return [_out(o) for o in obj]
-    return obj
+def _out(obj: Any) -> Response:
+    """A result as JSON (dataclasses as objects), serialised by orjson in C: FastAPI's own encoder walks every value
+    in Python and cost more than answering the route (a route's answer lists every model)."""
+    return Response(orjson.dumps(obj, default=_json_default,
+                                 option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS),
+                    media_type="application/json")
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "item"):                      # numpy scalars orjson does not take (e.g. float16)
+        return obj.item()
+    if isinstance(obj, (set, frozenset)):
+        return sorted(obj)
+    return str(obj)                               # Path and the like
+
+
+class _SizeLimit:
+    """Bodies over MAX_BODY are refused before they are read (a clear 413, not a server out of memory). Plain ASGI:
+    Starlette's BaseHTTPMiddleware costs a task per request."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            size = dict(scope["headers"]).get(b"content-length")
+            if size is not None and (not size.isdigit() or int(size) > MAX_BODY):
+                response = JSONResponse({"detail": f"request body over {MAX_BODY // (1 << 20)} MiB: send less (a "
+                                                   f"results file in parts, say)"}, status_code=413)
+                return await response(scope, receive, send)
+        await self.app(scope, receive, send)
 
 
 def create_app(db: str, token: str | None = None, probation_min: int | None = None,
                create: bool = True) -> FastAPI:
     reg = Registry(db, probation_min=probation_min, create=create)
     hold = reg.store.engine.connect()   # keep the file open (and locked against other processes) while we serve
+    # DuckDB runs a query on the thread that asks (no worker threads): the writer's queries then run at the writer's
+    # lower priority, and reads' small queries do not hand work across threads
+    threads = int(os.environ.get("REGISTRY_DUCKDB_THREADS", "1"))
+    hold.connection.driver_connection.execute(f"SET threads = {threads}")
     serving = Serving(reg)
     # /docs from the package's own Swagger UI files (FastAPI's default fetches them from a CDN: blank offline)
     app = FastAPI(title="LLM model registry", version="1", description=__doc__, docs_url=None, redoc_url=None)
     app.state.registry = reg
     app.state.serving = serving
 
-    @app.middleware("http")
-    async def _size_limit(request: Request, call_next):
-        """Bodies over MAX_BODY are refused before they are read (a clear 413, not a server out of memory)."""
-        size = request.headers.get("content-length")
-        if size is not None and (not size.isdigit() or int(size) > MAX_BODY):
-            return JSONResponse({"detail": f"request body over {MAX_BODY // (1 << 20)} MiB: send less (a results "
-                                           f"file in parts, say)"}, status_code=413)
-        return await call_next(request)
+    app.add_middleware(_SizeLimit)
     _offline_docs(app)
     web.mount(app, reg, token)      # the pages at / (web.py)
     proxy.mount(app, serving)           # the OpenAI-compatible routing proxy at /v1 (proxy.py)
@@ -211,19 +235,24 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
         return _out(reg.availability())
 
     # --- routing ----------------------------------------------------------------------------------------------
+    async def _routed(texts: list[str], body, one: bool):
+        def answer():
+            out = serving.route(texts, body.cost_weight, body.min_prob, body.unavailable, log_text=body.log_text,
+                                cost_by=body.cost_by, include_probation=body.include_probation)
+            return _out(out[0] if one else out)
+        if serving.vectors.known(texts):    # under a millisecond, waits for nothing: answered on the event loop
+            return answer()
+        return await anyio.to_thread.run_sync(answer)     # MiniLM runs: off the loop
+
     @app.post("/route")
-    def route(body: RouteBody):
-        return _out(serving.route([body.text], body.cost_weight, body.min_prob, body.unavailable,
-                                  log_text=body.log_text, cost_by=body.cost_by,
-                                  include_probation=body.include_probation)[0])
+    async def route(body: RouteBody):
+        return await _routed([body.text], body, one=True)
 
     @app.post("/route/batch")
-    def route_batch(body: RouteBatchBody):
+    async def route_batch(body: RouteBatchBody):
         if not body.texts:
             raise InputError("texts: give at least one query")
-        return _out(serving.route(body.texts, body.cost_weight, body.min_prob, body.unavailable,
-                                  log_text=body.log_text, cost_by=body.cost_by,
-                                  include_probation=body.include_probation))
+        return await _routed(body.texts, body, one=False)
 
     # --- writing ----------------------------------------------------------------------------------------------
     @app.post("/models", dependencies=[Depends(writer)])
@@ -259,8 +288,6 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         try:
-            import anyio
-
             def run():
                 with _rows_named("the uploaded file", path, rows=False):
                     return _out(serving.register(name, path))
@@ -365,6 +392,19 @@ def serve(db: str, host: str = "127.0.0.1", port: int = 8000, token: str | None 
           probation_min: int | None = None) -> None:
     import uvicorn
 
+    # Routes are short and the writer's cycles long: switch threads every 1 ms (CPython's default is 5 ms) so that a
+    # route does not wait out a writer's time slice, its p99 is set by this
+    sys.setswitchinterval(float(os.environ.get("REGISTRY_SWITCH_INTERVAL", "0.001")))
+    # One thread per numeric call (torch, faiss, numpy's BLAS): requests already run side by side, and a pool's idle
+    # thread spinning for work takes the core another request needed (OpenBLAS's took 0.6 of a core under load)
+    import faiss
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    threads = int(os.environ.get("REGISTRY_THREADS", "1"))
+    torch.set_num_threads(threads)
+    faiss.omp_set_num_threads(threads)
+    threadpool_limits(threads)
     app = create_app(db, token, probation_min, create=False)
     print(f"serving {db} on http://{host}:{port} (OpenAPI at /openapi.json; writes "
           f"{'need a bearer token' if token else 'are open: no token configured'})", flush=True)

@@ -13,8 +13,8 @@ class Serving:
     def __init__(self, reg):
         self.reg = reg
         self.snapshots = Snapshots(reg)
-        self.writer = Writer(reg, self.snapshots)
         self.vectors = QueryVectors(reg)
+        self.writer = Writer(reg, self.snapshots, on_new_queries=self.vectors.reload)
 
     def route(self, texts: list[str], cost_weight: float | None = None, min_prob: float | None = None,
               unavailable: list[str] | None = None, log: bool = True, log_text: bool = True,
@@ -40,7 +40,9 @@ class Serving:
 
     def stats(self) -> dict:
         return {"snapshot": self.snapshots.current.generation, "writer": self.writer.stats(),
-                "text_batches": self.vectors.batcher.batches, "texts_encoded": self.vectors.batcher.texts}
+                "text_batches": self.vectors.batcher.batches, "texts_encoded": self.vectors.batcher.texts,
+                "text_encode_ms": round(1000 * self.vectors.batcher.encode_s, 1),
+                "text_wait_ms": round(1000 * self.vectors.batcher.wait_s_total, 1)}
 
     def close(self) -> None:
         self.writer.close()

@@ -35,11 +35,13 @@ class Snapshot:
         return [link.model for link in links if link.model in among]
 
 
-def build(reg, generation: int) -> Snapshot:
-    """Read the registry once (a read transaction) into a new snapshot."""
+def build(reg, generation: int, previous: Snapshot | None = None, refit: bool = True) -> Snapshot:
+    """Read the registry once (a read transaction) into a new snapshot; with `previous`, its endpoints are kept (the
+    write changed models, not endpoints); without `refit`, routing's interaction terms are carried over from the
+    last fit (routing.state)."""
     with reg.store.tx() as tx:
-        st = routing.state(tx, reg.path, reg.probation_min)
-        eps = endpoints.current(tx)
+        st = routing.state(tx, reg.path, reg.probation_min, refit=refit)
+        eps = previous.endpoints if previous is not None else endpoints.current(tx)
     vi = index.VectorIndex(st.encoder_id, index.new_index(), dict(zip(st.model_ids.tolist(), st.names)), -1)
     if len(st.names):
         vi.index.add_with_ids(np.ascontiguousarray(st.z, dtype=np.float32), st.model_ids)
@@ -56,23 +58,43 @@ class Snapshots:
         self._reg = reg
         self.current = build(reg, 0)
 
-    def refresh(self) -> Snapshot:
-        self.current = build(self._reg, self.current.generation + 1)   # one reference assignment: atomic
+    def refresh(self, endpoints_changed: bool = True, refit: bool = False) -> Snapshot:
+        self.current = build(self._reg, self.current.generation + 1,      # one reference assignment: atomic
+                             None if endpoints_changed else self.current, refit)
         return self.current
 
 
 class QueryVectors:
-    """Query text -> vector for a server: the routing LRU, then the registry's stored vectors (a read that waits for
-    no writer), then MiniLM through a dynamic batcher, so that new texts arriving together share one pass."""
+    """Query text -> vector for a server: the routing LRU, then the registry's stored vectors (held in memory, up to
+    KEEP of them, so that a known text routes without a read), then MiniLM through a dynamic batcher, so that new
+    texts arriving together share one pass."""
+
+    KEEP = 500_000            # 384 float32 each: 0.8 GB at most; a larger registry reads the rest when asked
 
     def __init__(self, reg, batcher: textvec.Batcher | None = None):
         self._reg = reg
-        self.batcher = batcher or textvec.Batcher()
+        self.batcher = batcher or textvec.Batcher(separate_process=True)
+        self.reload()
 
     def __call__(self, texts: list[str], hashes: list[str], fresh: list | None = None) -> np.ndarray:
         return routing.query_vectors(None, texts, hashes, fresh=fresh, stored=self._stored,
                                      encode=self.batcher.encode)
 
-    def _stored(self, hashes: list[str]) -> dict:
+    def known(self, texts: list[str]) -> bool:
+        """Whether every text's vector is at hand (held in memory or recently routed): routing them waits for nothing."""
+        hashes = [textvec.content_hash(t) for t in texts if isinstance(t, str)]
+        return len(hashes) == len(texts) and all(h in self._known or routing.has_vector(h) for h in hashes)
+
+    def reload(self) -> None:
+        """Read the stored vectors again (the writer's, after a write that added queries)."""
         with self._reg.store.tx() as tx:
-            return routing.stored_vectors(tx, hashes)
+            self._known, self._complete = routing.every_stored_vector(tx, self.KEEP)
+
+    def _stored(self, hashes: list[str]) -> dict:
+        known = self._known
+        found = {h: known[h] for h in hashes if h in known}
+        rest = [h for h in hashes if h not in found]
+        if rest and not self._complete:
+            with self._reg.store.tx() as tx:
+                found.update(routing.stored_vectors(tx, rest))
+        return found

@@ -78,18 +78,65 @@ def encode(texts: Sequence[str], batch_size: int = 64, progress: bool = False) -
     return np.asarray(vecs, dtype=np.float32)
 
 
+class EncoderProcess:
+    """`encode` in a child process (started on first use): a MiniLM pass re-takes the GIL after each of its few
+    hundred torch ops, so inside a busy server it waits behind every other thread each time (a one-text pass took 5x
+    its bare time under load). The child has a GIL of its own; texts and vectors cross one pipe."""
+
+    def __init__(self):
+        self._conn = None
+        self._lock = threading.Lock()
+
+    def __call__(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
+        with self._lock:
+            if self._conn is None:
+                self._start()
+            self._conn.send((list(texts), batch_size))
+            out = self._conn.recv()
+        if isinstance(out, BaseException):
+            raise out
+        return out
+
+    def _start(self) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")     # not fork: the parent has threads
+        self._conn, child = ctx.Pipe()
+        ctx.Process(target=_encoder_process, args=(child,), daemon=True, name="registry-text-encoder").start()
+        child.close()
+
+
+def _encoder_process(conn) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    while True:
+        try:
+            texts, batch_size = conn.recv()
+        except (EOFError, OSError):       # the server is gone (even SIGKILLed): so is this process
+            return
+        try:
+            conn.send(encode(texts, batch_size=batch_size))
+        except Exception as exc:         # the caller raises it
+            conn.send(RuntimeError(f"text encoder: {exc}"))
+
+
 class Batcher:
     """Dynamic batching for a server: texts that arrive from many threads within `wait_s` of each other are encoded
     in one MiniLM pass (one forward over a batch costs far less than one per text), and each caller gets its rows.
-    A text already waiting or being encoded is not encoded twice (by content hash)."""
+    A text already waiting or being encoded is not encoded twice (by content hash). `separate_process`: the passes
+    run in an EncoderProcess (what a server wants); else in this process."""
 
-    def __init__(self, wait_s: float = 0.002, max_batch: int = 64):
+    def __init__(self, wait_s: float = 0.002, max_batch: int = 64, separate_process: bool = False):
         self.wait_s, self.max_batch = wait_s, max_batch
+        self._encode = EncoderProcess() if separate_process else encode
         self._queue: queue.Queue = queue.Queue()
         self._pending: dict[str, Future] = {}           # content hash -> its vector, once encoded
         self._lock = threading.Lock()
         self.batches = 0                                 # how many passes, and how many texts (for benchmarks)
         self.texts = 0
+        self.encode_s = 0.0                              # time in passes, and texts' time waiting for theirs
+        self.wait_s_total = 0.0
         threading.Thread(target=self._run, daemon=True, name="text-batcher").start()
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
@@ -101,7 +148,7 @@ class Batcher:
                 f = self._pending.get(h)
                 if f is None:
                     f = self._pending[h] = Future()
-                    self._queue.put((h, t, f))
+                    self._queue.put((h, t, f, time.perf_counter()))
             futures.append(f)
         return np.stack([f.result() for f in futures]) if futures else encode([])
 
@@ -115,12 +162,15 @@ class Batcher:
                     batch.append(self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait())
                 except queue.Empty:
                     break
+            t0 = time.perf_counter()
             try:
-                vecs = encode([t for _, t, _ in batch], batch_size=self.max_batch)
+                vecs = self._encode([b[1] for b in batch], batch_size=self.max_batch)
             except Exception as exc:   # every caller of this pass gets the error, the thread lives on
                 vecs = exc
+            self.encode_s += time.perf_counter() - t0
+            self.wait_s_total += sum(t0 - b[3] for b in batch)
             self.batches, self.texts = self.batches + 1, self.texts + len(batch)
             with self._lock:
-                for i, (h, _, f) in enumerate(batch):
+                for i, (h, _, f, _) in enumerate(batch):
                     self._pending.pop(h, None)
                     f.set_exception(vecs) if isinstance(vecs, Exception) else f.set_result(vecs[i])

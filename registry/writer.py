@@ -6,13 +6,16 @@ in one transaction (group commit), onboards, then swaps in a new snapshot (snaps
   the others. A job is answered only after its rows are committed (durable), its model onboarded and the new
   snapshot swapped in: a client that registers and then routes sees its model.
 - Routing-log rows (and routed texts' vectors) are handed over without waiting (`log`) and committed by the next
-  cycle, in the same transaction as whatever else is waiting. A cycle starts at most LOG_FLUSH_S after the last one
-  ended, so a crash loses at most the log rows of routes answered during the last cycle and the LOG_FLUSH_S before
-  it (`stats()["longest_cycle_ms"]` tells how long a cycle has taken); acknowledged writes are never lost.
+  cycle, in the same transaction as whatever else is waiting. A row handed over at time t is taken by the first cycle
+  that starts after t (at most the rest of the running cycle + LOG_FLUSH_S later) and committed within that cycle, so
+  a crash loses at most the log rows of routes answered in the 2 x longest cycle + LOG_FLUSH_S before it
+  (`stats()["longest_cycle_ms"]`; the README states it, tests/test_serving_crash.py checks it with a real SIGKILL);
+  acknowledged writes are never lost.
 - Other writes (availability, endpoints) run whole, in turn (`run`).
 """
 from __future__ import annotations
 
+import os
 import queue
 import sys
 import threading
@@ -28,6 +31,7 @@ from . import registration, routing, vectors
 
 LOG_FLUSH_S = 0.1           # the longest an idle writer leaves routing-log rows in memory
 MAX_GROUP = 64              # jobs staged in one transaction
+REFIT_S = 30.0              # at most one fit of routing's interaction terms per this many seconds
 
 
 @dataclass
@@ -38,24 +42,38 @@ class _Job:
 
 
 class Writer:
-    def __init__(self, reg, snapshots, flush_s: float = LOG_FLUSH_S):
+    def __init__(self, reg, snapshots, flush_s: float = LOG_FLUSH_S, on_new_queries: Callable[[], Any] | None = None):
         self.reg, self.snapshots, self.flush_s = reg, snapshots, flush_s
+        self.on_new_queries = on_new_queries      # called after a commit that added queries (their vectors)
+        self.nice = int(os.environ.get("REGISTRY_WRITER_NICE", "10"))   # 0: as important as reads
+        self._last_refit = 0.0
+        self.refit_every_s = REFIT_S
+        self._stale = threading.Event()
         self._jobs: queue.Queue = queue.Queue()
         self._log_lock = threading.Lock()
         self._log_rows: list[tuple] = []
         self._log_vectors: dict[str, np.ndarray] = {}
         self._stopping = False
-        self._stats = {"cycles": 0, "groups": 0, "jobs": 0, "log_rows": 0, "longest_cycle_ms": 0.0}
+        self._stats = {"cycles": 0, "groups": 0, "jobs": 0, "log_rows": 0, "longest_cycle_ms": 0.0,
+                       "stage_ms": 0.0, "onboard_ms": 0.0, "refresh_ms": 0.0,     # totals: where the cycles go
+                       "register_wait_ms": 0.0, "report_ms": 0.0,                 # and a registration's time
+                       "refits": 0}
         reg._finish_pending()        # a crash may have left onboarding jobs behind
         self._thread = threading.Thread(target=self._loop, daemon=True, name="registry-writer")
         self._thread.start()
+        threading.Thread(target=self._refitter, daemon=True, name="registry-refitter").start()
 
     # --- what request threads call --------------------------------------------------------------------------------
     def register(self, name: str, evals: str, metadata: dict, update: bool = False, k: int = 5):
         """`Registry.register` through the writer (`registration.RegisterResult`); blocks until durable."""
         name = registration.check(name, metadata)
+        t0 = time.perf_counter()
         staged, outcome = self._submit("register", (name, evals, metadata, update))
-        return registration.report(self.reg, staged, outcome, k)      # a read, in the caller's thread
+        t1 = time.perf_counter()
+        out = registration.report(self.reg, staged, outcome, k)      # a read, in the caller's thread
+        self._stats["register_wait_ms"] += 1000 * (t1 - t0)
+        self._stats["report_ms"] += 1000 * (time.perf_counter() - t1)
+        return out
 
     def run(self, fn: Callable[[], Any]) -> Any:
         """Run a write (`fn()`, its own transactions) on the writer thread, in turn; blocks until it is done."""
@@ -87,6 +105,7 @@ class Writer:
 
     # --- the writer thread ----------------------------------------------------------------------------------------
     def _loop(self) -> None:
+        self._set_nice()
         while True:
             try:
                 first = self._jobs.get(timeout=self.flush_s)
@@ -108,16 +127,53 @@ class Writer:
                 self._stats["longest_cycle_ms"] = max(self._stats["longest_cycle_ms"],
                                                       round(1000 * (time.perf_counter() - t0), 1))
             self._stats["cycles"] += 1
+            if not self.snapshots.current.routing.interaction_fitted:
+                self._stale.set()
             if stop:
                 self._cycle([])      # the last log rows
                 return
+
+    def refit(self) -> None:
+        """Fit routing's interaction terms for the current versions (about a second; in this thread, with its own
+        read), then have the writer swap in a snapshot that uses them (a refresh: the fit is cached by versions)."""
+        with self.reg.store.tx() as tx:
+            routing.state(tx, self.reg.path, self.reg.probation_min, refit=True)
+        self._stats["refits"] += 1
+        self.run(lambda: self.snapshots.refresh(endpoints_changed=False))
+
+    def _refitter(self) -> None:
+        """After a commit leaves the terms carried over (a new model routes on the predictor alone), refit them, at
+        most once every REFIT_S and at the writer's low priority: the writer never waits for a fit."""
+        self._set_nice()
+        while not self._stopping:
+            if not self._stale.wait(timeout=1.0):
+                continue
+            if time.monotonic() - self._last_refit < self.refit_every_s:
+                time.sleep(1.0)                 # not yet due: look again (the writer may be stopping)
+                continue
+            self._stale.clear()
+            self._last_refit = time.monotonic()
+            try:
+                self.refit()
+            except Exception:
+                if not self._stopping:
+                    traceback.print_exc(file=sys.stderr)
+
+    def _set_nice(self) -> None:
+        if self.nice:      # reads first: under a full CPU the writer's work yields to routes and text batches
+            try:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
+            except (OSError, AttributeError):
+                pass
 
     def _cycle(self, jobs: list[_Job]) -> None:
         regs = [j for j in jobs if j.kind == "register"]
         with self._log_lock:
             rows, vecs = self._log_rows, self._log_vectors
             self._log_rows, self._log_vectors = [], {}
+        t0 = time.perf_counter()
         staged = self._stage(regs, rows, vecs) if (regs or rows) else {}
+        t1 = time.perf_counter()
         for j in jobs:
             if j.kind == "run":
                 try:
@@ -136,7 +192,13 @@ class Writer:
                 for j in done:
                     j.future.set_exception(exc)
                 return
-        self.snapshots.refresh()
+        t2 = time.perf_counter()
+        if self.on_new_queries and any(j.kind == "register" and staged[id(j)].queries_added for j in done):
+            self.on_new_queries()
+        self.snapshots.refresh(endpoints_changed=any(j.kind == "run" for j in done))
+        t3 = time.perf_counter()
+        for key, dt in (("stage_ms", t1 - t0), ("onboard_ms", t2 - t1), ("refresh_ms", t3 - t2)):
+            self._stats[key] = round(self._stats[key] + 1000 * dt, 1)
         self._stats["groups"] += 1
         self._stats["jobs"] += len(done)
         for j in done:
@@ -148,7 +210,7 @@ class Writer:
         registration.Staged} for the jobs that committed (the others' futures carry their error)."""
         try:
             with self.reg.store.tx() as tx:
-                out = {id(j): registration.stage(tx, *j.args) for j in regs}
+                out = dict(zip(map(id, regs), registration.stage_group(tx, [j.args for j in regs])))
                 self._append_log(tx, rows, vecs)
             self._stats["log_rows"] += len(rows)
             return out

@@ -289,3 +289,57 @@ def test_draw_splits_bad_share_is_one_line_and_changes_nothing(unsplit_db, tmp_p
     assert res.exit_code == 1 and res.output.startswith("Error: ") and res.output.count("\n") == 1, res.output
     assert "share" in res.output
     assert snapshot(db) == before
+
+
+def _evaluation_rows(path) -> list[tuple]:
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        return con.execute("""SELECT m.name, q.external_id, e.correct, e.batch_id FROM evaluations e
+                              JOIN models m ON m.id = e.model_id JOIN queries q ON q.id = e.query_id
+                              ORDER BY ALL""").fetchall()
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize("form", ["parquet bool", "parquet int", "csv"])
+def test_bulk_path_appends_exactly_what_the_careful_path_does(db_copy, small_data, tmp_path, monkeypatch, form):
+    """The bulk path (one INSERT ... SELECT from the file) against the careful one (stage, check, insert): the same
+    rows, models, counts and jobs, for a file with new models, a changed result of a known model, a result it
+    already has, and an identical repeat."""
+    from registry import ingest
+
+    q = some_query_ids(small_data, 3)
+    have = duckdb.sql(f"""SELECT correct FROM read_csv('{small_data}/evaluations.csv.gz')
+                          WHERE model = 'gemma-7b' AND question_id = {q[0]}""").fetchall()[0][0]
+    rows = [("bulk-a", q[0], 1), ("bulk-a", q[1], 0), ("bulk-b", q[2], 1), ("bulk-a", q[0], 1),
+            ("gemma-7b", q[0], 1 - have), ("gemma-7b", q[1], None)]
+    known = duckdb.sql(f"""SELECT correct FROM read_csv('{small_data}/evaluations.csv.gz')
+                           WHERE model = 'gemma-7b' AND question_id = {q[1]}""").fetchall()[0][0]
+    rows[-1] = ("gemma-7b", q[1], known)                               # unchanged: not appended again
+    if form == "csv":
+        f = tmp_path / "e.csv"
+        f.write_text("model,question_id,correct\n" + "".join(f"{m}, {x} ,{c}\n" for m, x, c in rows))
+    else:
+        f = tmp_path / "e.parquet"
+        correct = pa.array([bool(c) for *_, c in rows]) if form == "parquet bool" else pa.array(
+            [c for *_, c in rows], pa.int8())
+        pq.write_table(pa.table({"model": [m for m, *_ in rows], "question_id": [x for _, x, _ in rows],
+                                 "correct": correct}), f)
+    careful = tmp_path / "careful.duckdb"
+    shutil.copy(db_copy, careful)
+    taken = []
+    original = ingest.append_evaluations
+    monkeypatch.setattr(ingest, "append_evaluations", lambda *a, **k: taken.append(original(*a, **k)) or taken[-1])
+    with Registry(db_copy) as reg:
+        bulk = reg.import_files(evaluations=str(f), onboard=False)
+    monkeypatch.setattr(ingest, "append_evaluations", lambda *a, **k: False)
+    with Registry(careful) as reg:
+        slow = reg.import_files(evaluations=str(f), onboard=False)
+    assert taken == [True]
+    assert (bulk.evaluations_read, bulk.evaluations_added, bulk.models_added, bulk.affected_models) == \
+        (slow.evaluations_read, slow.evaluations_added, slow.models_added, slow.affected_models) == \
+        (6, 4, 2, ["bulk-a", "bulk-b", "gemma-7b"])
+    assert _evaluation_rows(db_copy) == _evaluation_rows(careful)
+    jobs = "SELECT m.name, j.reason FROM onboarding_jobs j JOIN models m ON m.id = j.model_id ORDER BY ALL"
+    assert duckdb.connect(str(db_copy), read_only=True).sql(jobs).fetchall() == \
+        duckdb.connect(str(careful), read_only=True).sql(jobs).fetchall()

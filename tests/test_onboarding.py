@@ -219,3 +219,87 @@ def test_sigkill_during_import_and_onboarding(db_copy, small_data, tmp_path):
             assert tx.sql("SELECT count(*) FROM onboarding_jobs WHERE id NOT IN "
                           "(SELECT job_id FROM onboarding_results)")[0][0] == 0
     assert done == 5
+
+
+def test_streamed_onboarding_matches_the_per_model_forward_pass(small_data, tmp_path, monkeypatch):
+    """Onboarding streams models through in chunks of evaluations and gathers each batch's rows from the shared
+    query projections. Every stored vector must still be what the plain per-model path gives: the model's own
+    non-test evaluations (read here with SQL), their query vectors through `LocusModel.embed`, one set alone; and
+    what the old batching gave (all sets padded to a multiple of 64, masked, one batch). Digests and stability
+    estimates too."""
+    import hashlib
+
+    import torch
+
+    from registry import embedding, encoders, onboarding
+
+    chunks = []
+    streamed = onboarding.chunked_sets
+
+    def spy(*args, **kwargs):
+        for found in streamed(*args, **kwargs):
+            chunks.append(len(found))
+            yield found
+    monkeypatch.setattr(embedding, "CHUNK_ROWS", 400)          # about 3 of the slice's models per chunk
+    monkeypatch.setattr(onboarding, "chunked_sets", spy)
+    db = tmp_path / "streamed.duckdb"
+    with Registry(db) as reg:
+        reg.import_files(directory=str(small_data))
+        with reg.store.tx() as tx:
+            model, _ = encoders.load(tx, encoders.active_id(tx))
+    assert len(chunks) >= 20 and sum(chunks) == 2 * 31        # onboarding, then stability, in many chunks
+    con = duckdb.connect(str(db), read_only=True)
+    stored = con.execute("""SELECT m.name, v.vector, v.digest, v.n_evaluations, s.stability FROM embedding_versions v
+                            JOIN models m ON m.id = v.model_id JOIN version_stability s ON s.version_id = v.id
+                            ORDER BY m.name""").fetchall()
+    sets = {}
+    for name, *_ in stored:
+        rows = con.execute("""SELECT q.external_id, e.correct::INT, t.vector FROM evaluations e
+                              JOIN models m ON m.id = e.model_id JOIN queries q ON q.id = e.query_id
+                              JOIN query_splits s ON s.query_id = q.id JOIN text_vectors t ON t.content_hash = q.content_hash
+                              WHERE m.name = ? AND s.split <> 'test' ORDER BY q.external_id""", [name]).fetchall()
+        sets[name] = (np.array([r[2] for r in rows], dtype=np.float32), np.array([r[1] for r in rows], np.float32),
+                      hashlib.sha256(",".join(f"{r[0]}:{r[1]}" for r in rows).encode()).hexdigest())
+    con.close()
+
+    def alone(q, y):
+        with torch.no_grad():
+            return model.embed(torch.from_numpy(q)[None], torch.from_numpy(y)[None],
+                               torch.ones(1, len(y), dtype=torch.bool))[0].numpy()
+
+    width = -(-max(len(y) for _, y, _ in sets.values()) // 64) * 64
+    q_pad = np.zeros((len(sets), width, model.cfg.d_query), np.float32)
+    y_pad, m_pad = np.zeros((len(sets), width), np.float32), np.zeros((len(sets), width), bool)
+    for i, (q, y, _) in enumerate(sets.values()):
+        q_pad[i, :len(y)], y_pad[i, :len(y)], m_pad[i, :len(y)] = q, y, True
+    with torch.no_grad():
+        old_batch = model.embed(torch.from_numpy(q_pad), torch.from_numpy(y_pad), torch.from_numpy(m_pad)).numpy()
+    for i, (name, vector, dig, n, stability) in enumerate(stored):
+        q, y, ref_digest = sets[name]
+        assert (dig, n) == (ref_digest, len(y)), name
+        np.testing.assert_allclose(np.asarray(vector, np.float32), alone(q, y), atol=1e-6, err_msg=name)
+        np.testing.assert_allclose(np.asarray(vector, np.float32), old_batch[i], atol=1e-6, err_msg=name)
+        a, b = np.split(np.random.default_rng(int(dig[:16], 16)).permutation(len(y)), [len(y) // 2])
+        assert abs(stability - float(np.linalg.norm(alone(q[a], y[a]) - alone(q[b], y[b])))) < 1e-5, name
+
+
+def test_long_sets_embed_unpadded_and_as_alone(base_db):
+    """Sets of LONG_SET rows or more go unpadded and unmasked (batched only with sets of their own length), drawn
+    as row numbers into a shared table: each z still equals that set's plain forward pass alone."""
+    import torch
+
+    from registry import embedding, encoders, querycache
+
+    with Registry(base_db) as reg, reg.store.tx() as tx:
+        model, _ = encoders.load(tx, encoders.active_id(tx))
+        ids = tx.duck.execute("SELECT id FROM queries ORDER BY id").fetchnumpy()["id"]
+        row_of, qmat = querycache.query_vectors(tx, ids)
+    rng = np.random.default_rng(3)
+    lengths = [embedding.LONG_SET + 40, embedding.LONG_SET + 40, embedding.LONG_SET + 200, 300, 90]
+    sets = [(rng.integers(0, len(qmat), n), (rng.random(n) < 0.6).astype(np.float32)) for n in lengths]
+    z = embedding.embed_sets(model, sets, table=qmat)
+    for (rows, y), got in zip(sets, z):
+        with torch.no_grad():
+            want = model.embed(torch.from_numpy(qmat[rows])[None], torch.from_numpy(y)[None],
+                               torch.ones(1, len(y), dtype=torch.bool))[0].numpy()
+        np.testing.assert_allclose(got, want, atol=1e-6)

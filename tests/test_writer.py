@@ -1,0 +1,141 @@
+"""The server's writer (issue 13, item 2): registrations staged together in one transaction leave the same rows as
+one at a time; a bad registration in a group is refused alone, with its own one-line error, and the others commit."""
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import threading
+
+import pytest
+
+from registry import Registry, registration
+from registry.errors import InputError
+from registry.serving import Serving
+
+
+def _rows_file(tmp_path, name: str, qids: list[str], seed: int, extra: dict | None = None) -> str:
+    rnd = random.Random(seed)
+    path = tmp_path / f"{name}.jsonl"
+    with open(path, "w") as f:
+        for q in qids:
+            f.write(json.dumps({"question_id": q, "correct": int(rnd.random() < 0.5), **(extra or {})}) + "\n")
+    return str(path)
+
+
+def _evaluations(reg: Registry, names: list[str]) -> dict[str, set]:
+    with reg.store.tx() as tx:
+        out: dict[str, set] = {n: set() for n in names}
+        for name, qid, c in tx.sql("""SELECT m.name, q.external_id, e.correct FROM evaluations e
+                                      JOIN models m ON m.id = e.model_id JOIN queries q ON q.id = e.query_id
+                                      WHERE m.name IN (SELECT unnest(?))""", [names]):
+            out[name].add((qid, bool(c)))
+        return out
+
+
+def _qids(reg: Registry) -> list[str]:
+    with reg.store.tx() as tx:
+        return [r[0] for r in tx.sql("SELECT external_id FROM queries ORDER BY id")]
+
+
+def test_a_group_leaves_the_rows_one_at_a_time_would(db_copy, tmp_path):
+    other = tmp_path / "one-at-a-time.duckdb"
+    shutil.copy(db_copy, other)
+    with Registry(db_copy) as reg:
+        qids = _qids(reg)
+        jobs = [(f"grouped-{i}", _rows_file(tmp_path, f"g{i}", qids[i * 10: i * 10 + 60], i), {"params_b": 7 + i},
+                 False) for i in range(3)]
+        # an existing model gets more results in the same group (update: one of them changes a stored result)
+        with reg.store.tx() as tx:
+            existing = tx.sql("""SELECT m.name FROM models m JOIN evaluations e ON e.model_id = m.id
+                                 GROUP BY m.name ORDER BY m.name LIMIT 1""")[0][0]
+        jobs.append((existing, _rows_file(tmp_path, "more", qids[:40], 9), {}, True))
+        with reg.store.tx() as tx:
+            grouped = registration.stage_group(tx, jobs)
+        got = _evaluations(reg, [j[0] for j in jobs])
+        with reg.store.tx() as tx:      # one import batch for the group, not one per registration
+            batches = {r[0] for r in tx.sql("""SELECT DISTINCT e.batch_id FROM evaluations e JOIN models m
+                                               ON m.id = e.model_id WHERE m.name LIKE 'grouped-%'""")}
+            params = dict(tx.sql("SELECT name, params_b FROM models WHERE name LIKE 'grouped-%'"))
+    assert len(batches) == 1 and params == {"grouped-0": 7, "grouped-1": 8, "grouped-2": 9}
+    with Registry(other) as reg:
+        with reg.store.tx() as tx:
+            alone = [registration.stage(tx, *j) for j in jobs]
+        want = _evaluations(reg, [j[0] for j in jobs])
+    assert got == want
+    assert [(s.name, s.evaluations_added, s.results_changed) for s in grouped] == \
+        [(s.name, s.evaluations_added, s.results_changed) for s in alone]
+    assert all(s.evaluations_added == 60 for s in grouped[:3])
+
+
+def test_a_bad_registration_in_a_group_is_refused_alone(db_copy, tmp_path):
+    with Registry(db_copy) as reg:
+        qids = _qids(reg)
+        serving = Serving(reg)
+        serving.writer.refit_every_s = 1e9  # no refit of routing's terms in between (its job would count below)
+        files = {f"writer-{i}": _rows_file(tmp_path, f"w{i}", qids[i: i + 60], i) for i in range(6)}
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text("".join(json.dumps({"question_id": q, "correct": 1}) + "\n" for q in qids[:59])
+                       + json.dumps({"question_id": "no-such-question", "correct": 1}) + "\n")
+        files["writer-bad"] = str(bad)
+        results, errors = {}, {}
+        start = threading.Barrier(len(files))
+
+        def register(name: str, path: str) -> None:
+            start.wait()
+            try:
+                results[name] = serving.register(name, path)
+            except InputError as exc:
+                errors[name] = str(exc)
+
+        threads = [threading.Thread(target=register, args=item) for item in files.items()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        stats = serving.stats()["writer"]
+        serving.close()
+        assert set(errors) == {"writer-bad"} and "no-such-question" in errors["writer-bad"]
+        assert str(bad) in errors["writer-bad"] and "\n" not in errors["writer-bad"]
+        assert all(results[n].version is not None and results[n].evaluations_added == 60 for n in results)
+        assert len(results) == 6 and stats["jobs"] == 6
+        with reg.store.tx() as tx:
+            assert not tx.sql("SELECT 1 FROM models WHERE name = 'writer-bad'")
+        snap = serving.snapshots.current.routing
+        assert all(n in snap.names for n in results)      # answered only once readers see the model
+
+
+@pytest.mark.parametrize("content", ['{"question_id": "q", "correct": 1, "text": "why?"}\n', "not json\n", ""])
+def test_only_plain_small_jsonl_is_staged_together(tmp_path, content):
+    path = tmp_path / "e.jsonl"
+    path.write_text(content)
+    assert registration._plain_rows(str(path)) is None
+    path.write_text('{"question_id": "q", "correct": 1}\n')
+    assert registration._plain_rows(str(path)) == [{"question_id": "q", "correct": 1}]
+
+
+def test_interaction_is_carried_over_then_refitted_when_idle(db_copy, tmp_path):
+    from registry import routing
+
+    with Registry(db_copy) as reg:
+        qids = _qids(reg)
+        serving = Serving(reg)
+        before = serving.snapshots.current.routing
+        assert before.interaction is not None and before.interaction_fitted      # the test data has train and val
+        serving.writer.refit_every_s = 1e9  # the refitter waits: the writer answers from the carried-over fit
+        r = serving.register("carried", _rows_file(tmp_path, "c", qids[:60], 1))
+        now = serving.snapshots.current.routing
+        assert r.version is not None and "carried" in now.names and not now.interaction_fitted
+        new, old = now.names.index("carried"), {n: i for i, n in enumerate(before.names)}
+        f0, f1 = before.interaction.fitted, now.interaction.fitted
+        assert not f1.seen[new].any() and not f1.offsets[new].any()              # no terms for the new model
+        for name, i in old.items():                                              # the others keep theirs
+            j = now.names.index(name)
+            assert (f1.resid[j] == f0.resid[i]).all() and (f1.offsets[j] == f0.offsets[i]).all()
+        serving.writer.refit()              # what the refitter thread does, at most every REFIT_S
+        fitted = serving.snapshots.current.routing
+        assert fitted.interaction_fitted and fitted.interaction is not None
+        with reg.store.tx() as tx:       # the same terms a library call fits for these versions
+            lib = routing.state(tx, reg.path, reg.probation_min)
+        assert (lib.interaction.fitted.resid == fitted.interaction.fitted.resid).all()
+        serving.close()

@@ -152,19 +152,17 @@ def _interaction(tx: Tx, key: tuple, model, z: np.ndarray, model_ids: np.ndarray
 
 
 def _carried(served: interaction.Served, fitted_ids: np.ndarray, model_ids: np.ndarray) -> interaction.Served:
+    """The fit's terms moved onto these models: a model the fit gave terms (one of its `rows`, the contenders) keeps
+    them at its new position; any other model, new ones included, gets none."""
     import dataclasses
 
     f = served.fitted
-    pos = {int(m): i for i, m in enumerate(fitted_ids)}
-    have = [i for i, m in enumerate(model_ids) if int(m) in pos]
-    src = [pos[int(model_ids[i])] for i in have]
-
-    def rows(a: np.ndarray) -> np.ndarray:        # the fit's rows for the models it knew, zeros for the others
-        out = np.zeros((len(model_ids),) + a.shape[1:], dtype=a.dtype)
-        out[have] = a[src]
-        return out
-    return interaction.Served(dataclasses.replace(f, offsets=rows(f.offsets), resid=rows(f.resid), seen=rows(f.seen)),
-                              served.category_of)
+    src = {int(fitted_ids[r]): j for j, r in enumerate(f.rows.tolist())}   # model id -> its row in the fit's terms
+    keep = [(i, src[int(m)]) for i, m in enumerate(model_ids.tolist()) if int(m) in src]
+    at = np.array([i for i, _ in keep], dtype=np.int64)
+    take = np.array([j for _, j in keep], dtype=np.int64)
+    return interaction.Served(dataclasses.replace(f, rows=at, offsets=f.offsets[take], resid=f.resid[take],
+                                                  seen=f.seen[take]), served.category_of)
 
 
 def _fit(tx: Tx, key: tuple, model, z: np.ndarray, model_ids: np.ndarray, version_ids: np.ndarray,

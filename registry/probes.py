@@ -1,0 +1,188 @@
+"""Planned probes (issue 16, item 1): which queries to ask a new or partly evaluated model next, so that what the
+registry knows of it settles fastest; pure numerics here, the registry side is in probe_plans.py.
+
+The model is known through the predictor: P(correct | z, q). Given the answers so far, its embedding z is read by
+likelihood (`read`): the z that maximises the predictor's likelihood of those answers under a Gaussian prior
+fitted to the other models' embeddings (Newton steps; the predictor's logit is piecewise linear in z, so the
+Gauss-Newton matrix is the exact Hessian of the likelihood term, and its inverse the Laplace posterior covariance).
+The next queries are then those whose answers would shrink the posterior variance of the model's logits where
+routing decides (`choose`): reference queries are weighted by how close the model's predicted logit comes to the
+best other model's there, plus a floor that keeps the rest of the map in view. Picks are greedy in batches (rank-one
+updates of the covariance), so that one batch does not ask the same thing twice.
+
+Why a likelihood reading: the set encoder was trained on random subsets and reads a chosen set as if it were
+random; asking where the model is uncertain (questions of about its own difficulty) makes it look average, so a
+planned set read by the encoder lands further from the model than a random one of the same size. The likelihood
+does not care how the questions were chosen (the design enters only through which answers are observed).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+SEED_SIZE = 32        # random probes first: the reading's linearisation needs some answers to stand on
+BATCH = 16            # planned picks between two readings
+RIDGE = 0.01          # prior covariance + RIDGE x its mean variance (fewer models than dimensions)
+FLOOR = 0.1           # reference weight every query keeps, besides its routing relevance
+REFERENCES = 1000     # reference queries the logits' variance is measured on
+CANDIDATES = 3000     # candidate queries scored per batch (a seeded random subset of the pool beyond that)
+
+
+class Predictor:
+    """The predictor's pieces in float64, for logits and their gradients in z. u: query projections [n,D]."""
+
+    def __init__(self, model):
+        w = {k: v.detach().cpu().double().numpy() for k, v in model.named_parameters()}
+        self.Wz, self.bz = w["w_z.weight"], w["w_z.bias"]                 # [H,D], [H]
+        self.Wu, self.Wzu = w["w_u.weight"], w["w_zu.weight"]             # [H,D], [H,D]
+        self.head, self.hb = w["head.weight"][0], float(w["head.bias"][0])
+        self.qb = (w["q_bias.weight"][0], float(w["q_bias.bias"][0])) if model.cfg.query_bias else None
+        self.Wq, self.bq = w["q_proj.weight"], w["q_proj.bias"]
+
+    def project(self, qvecs: np.ndarray) -> "Queries":
+        u = np.asarray(qvecs, dtype=np.float64) @ self.Wq.T + self.bq
+        return Queries(u, u @ self.Wu.T, None if self.qb is None else u @ self.qb[0] + self.qb[1])
+
+    def logits(self, z: np.ndarray, q: "Queries") -> np.ndarray:
+        """z [D] -> logits [n]."""
+        pre = q.u @ (self.Wzu * z[None]).T + q.uwu + (self.Wz @ z + self.bz)[None]
+        out = np.maximum(pre, 0.0) @ self.head + self.hb
+        return out if q.bias is None else out + q.bias
+
+    def logits_grad(self, z: np.ndarray, q: "Queries") -> tuple[np.ndarray, np.ndarray]:
+        """z [D] -> (logits [n], d logit / dz [n,D])."""
+        pre = q.u @ (self.Wzu * z[None]).T + q.uwu + (self.Wz @ z + self.bz)[None]     # [n,H]
+        c = (pre > 0) * self.head[None]                                                # [n,H]
+        out = np.maximum(pre, 0.0) @ self.head + self.hb
+        if q.bias is not None:
+            out = out + q.bias
+        return out, c @ self.Wz + (c @ self.Wzu) * q.u
+
+
+@dataclass
+class Queries:
+    u: np.ndarray               # [n,D] query projections
+    uwu: np.ndarray             # [n,H] their hidden-layer term
+    bias: np.ndarray | None     # [n] per-query logit bias (encoders with query_bias)
+
+    def take(self, rows) -> "Queries":
+        return Queries(self.u[rows], self.uwu[rows], None if self.bias is None else self.bias[rows])
+
+
+def _sigmoid(x):
+    return 0.5 * (1.0 + np.tanh(0.5 * x))
+
+
+@dataclass
+class Prior:
+    mean: np.ndarray            # [D]
+    precision: np.ndarray       # [D,D]
+
+
+def gaussian_prior(Z: np.ndarray, ridge: float = RIDGE) -> Prior:
+    """The other models' embeddings Z [K,D] as a Gaussian: their mean and covariance, plus ridge x the mean variance
+    on the diagonal (K is smaller than D)."""
+    Z = np.asarray(Z, dtype=np.float64)
+    C = np.cov(Z.T) if len(Z) > 1 else np.zeros((Z.shape[1], Z.shape[1]))
+    scale = np.trace(C) / len(C) if np.trace(C) > 0 else 1.0
+    return Prior(Z.mean(0), np.linalg.inv(C + ridge * scale * np.eye(len(C))))
+
+
+def read(pred: Predictor, q: Queries, y: np.ndarray, prior: Prior, iters: int = 30,
+         tol: float = 1e-7) -> tuple[np.ndarray, np.ndarray]:
+    """The likelihood reading of answers y [n] (0/1) on queries q: (z [D], posterior precision [D,D]). Newton steps
+    from the prior mean, halved until the objective falls; deterministic for the same inputs."""
+    y = np.asarray(y, dtype=np.float64)
+    mu, lam = prior.mean, prior.precision
+
+    def objective(z):
+        lg = pred.logits(z, q)
+        d = z - mu
+        return float(np.sum(np.logaddexp(0.0, lg) - y * lg) + 0.5 * d @ lam @ d)
+
+    z, cur = mu.copy(), objective(mu)
+    for _ in range(iters):
+        lg, g = pred.logits_grad(z, q)
+        p = _sigmoid(lg)
+        H = (g * (p * (1 - p))[:, None]).T @ g + lam
+        step = np.linalg.solve(H, g.T @ (p - y) + lam @ (z - mu))
+        t = 1.0
+        while t >= 1e-4:
+            new = objective(z - t * step)
+            if new <= cur:
+                break
+            t *= 0.5
+        else:
+            break
+        z, gain, cur = z - t * step, cur - new, new
+        if gain <= tol * max(1.0, abs(cur)):
+            break
+    lg, g = pred.logits_grad(z, q)
+    p = _sigmoid(lg)
+    return z, (g * (p * (1 - p))[:, None]).T @ g + lam
+
+
+def _greedy(G: np.ndarray, w: np.ndarray, cov: np.ndarray, B: np.ndarray, k: int) -> list[int]:
+    """k rows of G [n,D] (logit gradients of candidate queries; w [n] their Bernoulli variances) chosen one at a
+    time, each the largest reduction of tr(B cov) (B = weighted reference gradients' scatter), cov updated after
+    each pick (rank one), so a batch does not ask the same thing twice."""
+    GS = G @ cov                                        # [n,D]
+    s = np.einsum("nd,nd->n", GS, G)                    # g' cov g
+    GB = GS @ B
+    out: list[int] = []
+    for _ in range(min(k, len(G))):
+        gain = w * np.einsum("nd,nd->n", GB, GS) / (1.0 + w * s)
+        gain[out] = -np.inf
+        j = int(np.argmax(gain))
+        out.append(j)
+        kv, c = GS[j].copy(), 1.0 / max(w[j], 1e-12) + s[j]
+        a = G @ kv
+        GS -= np.outer(a, kv) / c
+        GB -= np.outer(a, B @ kv) / c
+        s = s - a * a / c
+    return out
+
+
+def choose(pred: Predictor, z: np.ndarray, precision: np.ndarray, cand: Queries, ref: Queries,
+           best_other: np.ndarray | None, k: int, floor: float = FLOOR) -> list[int]:
+    """Indices of k candidate queries to ask next. ref: reference queries, best_other [len(ref)]: the best other
+    model's logit on each (None: no other model, every reference weighs the same)."""
+    cov = np.linalg.inv(precision)
+    lg, G = pred.logits_grad(z, cand)
+    p = _sigmoid(lg)
+    lr, GR = pred.logits_grad(z, ref)
+    if best_other is None:
+        rho = np.ones(len(lr))
+    else:
+        sd = np.sqrt(np.maximum(np.einsum("nd,nd->n", GR @ cov, GR), 1e-12))
+        rho = np.exp(-0.5 * ((lr - best_other) / sd) ** 2) + floor      # routing relevance + floor
+    B = (GR * rho[:, None]).T @ GR
+    return _greedy(G, p * (1 - p), cov, B, k)
+
+
+def plan_rows(pred: Predictor, q: Queries, answers: np.ndarray, pool: list[np.ndarray], seed_rows: list[np.ndarray],
+              sizes, priors: list[Prior], others: list[np.ndarray], ref: np.ndarray, seed: int = 0,
+              batch: int = BATCH, candidates: int = CANDIDATES) -> dict[int, list[np.ndarray]]:
+    """The simulated protocol for benches and `evaluate --planned`: every model m starts from seed_rows[m] and is
+    asked batch after batch, each batch chosen from its pool[m] (rows of q it has an answer for) on what the answers
+    so far say, its answer revealed from answers [M, rows] (1/0). -> {n: [rows asked of each model, in order]}.
+    others[m]: the best other model's logit on each reference row (ref: rows of q)."""
+    rng = np.random.default_rng([seed, 1])
+    R = q.take(ref)
+    sets = [list(map(int, s)) for s in seed_rows]
+    out = {}
+    for n in sorted(sizes):
+        for m in range(len(sets)):
+            while len(sets[m]) < n:
+                asked = np.asarray(sets[m])
+                z, prec = read(pred, q.take(asked), answers[m, asked], priors[m])
+                left = np.setdiff1d(pool[m], asked)
+                if not len(left):
+                    break
+                if candidates and len(left) > candidates:
+                    left = np.sort(rng.choice(left, candidates, replace=False))
+                pick = choose(pred, z, prec, q.take(left), R, others[m], min(batch, n - len(sets[m])))
+                sets[m] += left[pick].tolist()
+        out[n] = [np.asarray(s[:n]) for s in sets]
+    return out

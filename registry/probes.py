@@ -123,24 +123,39 @@ def read(pred: Predictor, q: Queries, y: np.ndarray, prior: Prior, iters: int = 
     return z, (g * (p * (1 - p))[:, None]).T @ g + lam
 
 
+def expect_answers(pred: Predictor, z: np.ndarray, precision: np.ndarray, q: Queries) -> np.ndarray:
+    """The posterior precision once queries q are answered too (their answers not known yet: the information they
+    carry at z does not depend on them)."""
+    if len(q.u) == 0:
+        return precision
+    lg, g = pred.logits_grad(z, q)
+    p = _sigmoid(lg)
+    return precision + (g * (p * (1 - p))[:, None]).T @ g
+
+
 def _greedy(G: np.ndarray, w: np.ndarray, cov: np.ndarray, B: np.ndarray, k: int) -> list[int]:
     """k rows of G [n,D] (logit gradients of candidate queries; w [n] their Bernoulli variances) chosen one at a
     time, each the largest reduction of tr(B cov) (B = weighted reference gradients' scatter), cov updated after
-    each pick (rank one), so a batch does not ask the same thing twice."""
-    GS = G @ cov                                        # [n,D]
-    s = np.einsum("nd,nd->n", GS, G)                    # g' cov g
-    GB = GS @ B
+    each pick (rank one), so a batch does not ask the same thing twice. With K = cov after the picks so far,
+    s = g'Kg and t = g'KBKg per candidate are updated in O(n D) per pick (no [n,D] rewrite)."""
+    GS0 = G @ cov                                       # [n,D]: rows g'cov (before any pick)
+    s = np.einsum("nd,nd->n", GS0, G)
+    t = np.einsum("nd,nd->n", GS0 @ B, GS0)
+    A, KV, C = [], [], []                               # per pick: a = G kv [n], kv [D], c
     out: list[int] = []
     for _ in range(min(k, len(G))):
-        gain = w * np.einsum("nd,nd->n", GB, GS) / (1.0 + w * s)
+        gain = w * t / (1.0 + w * s)
         gain[out] = -np.inf
         j = int(np.argmax(gain))
         out.append(j)
-        kv, c = GS[j].copy(), 1.0 / max(w[j], 1e-12) + s[j]
+        kv = GS0[j] - sum(a[j] * v / c for a, v, c in zip(A, KV, C)) if A else GS0[j].copy()   # row j of G K
+        c = 1.0 / max(w[j], 1e-12) + s[j]
         a = G @ kv
-        GS -= np.outer(a, kv) / c
-        GB -= np.outer(a, B @ kv) / c
+        b = B @ kv
+        gsb = GS0 @ b - sum(ai * (vi @ b) / ci for ai, vi, ci in zip(A, KV, C)) if A else GS0 @ b   # G K B kv
+        t = t - 2.0 * a * gsb / c + a * a * (kv @ b) / (c * c)
         s = s - a * a / c
+        A.append(a), KV.append(kv), C.append(c)
     return out
 
 
@@ -185,4 +200,51 @@ def plan_rows(pred: Predictor, q: Queries, answers: np.ndarray, pool: list[np.nd
                 pick = choose(pred, z, prec, q.take(left), R, others[m], min(batch, n - len(sets[m])))
                 sets[m] += left[pick].tolist()
         out[n] = [np.asarray(s[:n]) for s in sets]
+    return out
+
+
+def compare(pred: Predictor, q: Queries, correct: np.ndarray, pool_rows: np.ndarray, z_all: np.ndarray,
+            eval_rows: np.ndarray, sizes, seeds: int, encode, draw, plans: dict | None = None) -> dict:
+    """Planned against random at each n, every model known from n evaluations of pool_rows (`evaluate
+    --sample-efficiency --planned` and bench/planned_probes.py). correct [M, rows of q] (1/0/-1); z_all [M,D]: each
+    model's embedding from all its evaluations, which gives the *other* models' prior and routing relevance when a
+    model is planned (every model in turn is the new one); encode(rows per model) -> z [M,D]: the set encoder.
+    draw(n, seed) -> n random rows per model (evaluation.subset_rows: the sample-efficiency curve's draws); a planned
+    draw starts from draw(SEED_SIZE, seed). Each set is read by the encoder and by likelihood; scored by hit@1 and AUC on
+    eval_rows. plans: {seed: planned rows}, reused when given, filled in otherwise.
+    -> {str(n): {design: {reading: {"hit@1", "hit@1_std", "auc", "auc_std"}}}, "draws"}"""
+    from . import baselines as B
+
+    M = len(correct)
+    answers = (correct == 1).astype(np.float64)
+    priors = [gaussian_prior(np.delete(z_all, m, 0)) for m in range(M)]
+    ref = np.sort(np.random.default_rng(0).choice(pool_rows, min(REFERENCES, len(pool_rows)), replace=False))
+    L_ref = np.stack([pred.logits(z, q.take(ref)) for z in z_all])
+    others = [np.delete(L_ref, m, 0).max(0) if M > 1 else None for m in range(M)]
+    pool = [pool_rows[correct[m, pool_rows] >= 0] for m in range(M)]
+    truth, qe = correct[:, eval_rows], q.take(eval_rows)
+    plans = {} if plans is None else plans
+
+    def score(Z):
+        p = np.stack([_sigmoid(pred.logits(z, qe)) for z in Z])
+        return B.hit_at_k(p, truth, 1), B.predictor_metrics(p, truth)["auc"]
+
+    def by_likelihood(rows):
+        return np.stack([read(pred, q.take(r), answers[m, r], priors[m])[0] for m, r in enumerate(rows)])
+
+    got: dict = {}
+    for s in range(seeds):
+        if s not in plans:
+            plans[s] = plan_rows(pred, q, answers, pool, draw(SEED_SIZE, s), sizes,
+                                 priors, others, ref, seed=s)
+        for n in sizes:
+            for design, rows in (("random", draw(n, s)), ("planned", plans[s][n])):
+                got.setdefault((n, design, "encoder"), []).append(score(np.asarray(encode(rows), np.float64)))
+                got.setdefault((n, design, "likelihood"), []).append(score(by_likelihood(rows)))
+    out = {}
+    for (n, design, reading), v in got.items():
+        a = np.array(v)
+        out.setdefault(str(n), {"draws": seeds}).setdefault(design, {})[reading] = {
+            "hit@1": round(float(a[:, 0].mean()), 4), "hit@1_std": round(float(a[:, 0].std()), 4),
+            "auc": round(float(a[:, 1].mean()), 4), "auc_std": round(float(a[:, 1].std()), 4)}
     return out

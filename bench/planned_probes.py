@@ -43,7 +43,11 @@ def main():
     ap.add_argument("--pool", choices=["nontest", "train"], default="nontest")
     ap.add_argument("--split", choices=["test", "val"], default="test")
     ap.add_argument("--cache", default="out/planned_probes")
+    ap.add_argument("--floor", type=float, default=probes.FLOOR, help="probes.FLOOR (settings search)")
+    ap.add_argument("--batch", type=int, default=probes.BATCH, help="probes.BATCH (settings search)")
+    ap.add_argument("--seed-size", type=int, default=probes.SEED_SIZE, help="probes.SEED_SIZE (settings search)")
     args = ap.parse_args()
+    probes.FLOOR, probes.BATCH, probes.SEED_SIZE = args.floor, args.batch, args.seed_size
     torch.set_num_threads(1)
     t0 = time.time()
     with Registry(args.db) as reg, reg.store.tx() as tx:

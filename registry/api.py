@@ -188,7 +188,7 @@ class Registry:
         """Routing accuracy and predictor quality of LOCUS on a split, beside the baselines, over the established
         models with an up-to-date embedding (pending onboarding is finished first; the others are reported).
         `held_out=K`: per seed (default 3), K models known only from n evaluations (heldout.py; nothing written).
-        `planned` (with sample_efficiency): planned probes against random ones at each n (probes.py)."""
+        `planned` (with sample_efficiency or held_out): planned probes against random ones (probes.py)."""
         from . import evaluation, heldout
 
         if held_out is not None:
@@ -197,7 +197,8 @@ class Registry:
                                  "--sample-efficiency or --no-baselines")
             with self.store.tx() as tx:
                 data = evaluation.dataset(tx)
-            return heldout.run(data, held_out, n, 3 if seeds is None else seeds, max_steps, epochs, progress)
+            return heldout.run(data, held_out, n, 3 if seeds is None else seeds, max_steps, epochs, progress,
+                               planned=planned)
         if planned and not sample_efficiency:
             raise InputError("--planned compares planned and random probes on the sample-efficiency curve: add "
                              "--sample-efficiency")

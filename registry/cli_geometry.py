@@ -58,7 +58,8 @@ def fingerprint(ctx, evals, show_calibration, plan, n, candidates, out, seed, as
             return
         click.echo(f"{len(p.probes)} queries separating {len(p.candidates)} candidates (of {p.pool} answered by "
                    f"two or more); the least separated pair, {' and '.join(p.closest_pair)}, differs on "
-                   f"{p.separated} of them (about {p.expected_random:g} on as many random ones)")
+                   f"{p.separated} of them (on as many random queries the least separated pair differs on "
+                   f"{p.random_separated:g}, mean of 100 draws)")
         table([[r.question_id, r.category or "", r.text[:60].replace("\n", " ")] for r in p.probes],
               ["question_id", "category", "question"])
         if p.file:

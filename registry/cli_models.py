@@ -1,4 +1,5 @@
-"""Models and their embeddings: `registry models`, `show`, `stats`, `register`, `probe`, `onboard`, `history`, `diff`."""
+"""Models and their embeddings: `registry models`, `show`, `stats`, `register`, `probe`, `onboard`, `history`,
+`diff`."""
 from __future__ import annotations
 
 import click

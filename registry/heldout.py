@@ -41,10 +41,10 @@ NOTES = [
     "method's own P(correct) is scored",
     "locus: encoder trained in memory on the other models only (train_config); known models embedded from all their "
     "non-test evaluations, held-out ones from their n",
-    "locus_likelihood: the same encoder and known models; each held-out model read from its n by likelihood (probes.read,"
-    " prior from the known models' embeddings)",
-    "planned (with --planned): each held-out model asked probes.SEED_SIZE of its n random rows, then batches planned by "
-    "probes.choose with the same encoder and the known models, up to n; every method given those rows instead",
+    "locus_likelihood: the same encoder and known models; each held-out model read from its n by likelihood "
+    "(probes.read, prior from the known models' embeddings)",
+    "planned (with --planned): each held-out model asked probes.SEED_SIZE of its n random rows, then batches "
+    "planned by probes.choose with the same encoder and the known models, up to n; every method given those rows",
     "mf: retrained on every visible train result (the held-out rows: their n); dimension chosen on val",
     "irt: fitted on the other models (dimension chosen on val); a held-out model's theta by MAP from its n, the "
     "query side a(q), b(q) frozen",

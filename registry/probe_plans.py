@@ -53,7 +53,7 @@ class FingerprintPlan:
     probes: list[Probe]
     closest_pair: list[str]     # the pair the planned queries separate least
     separated: int              # on how many of the planned queries that pair's answers differ
-    expected_random: float      # the same pair, on as many random queries of the pool (expected)
+    random_separated: float     # the same least separation on as many random queries of the pool (mean of 100)
     file: str | None = None
 
 
@@ -167,13 +167,13 @@ def fingerprint_plan(tx: Tx, n: int, candidates=(), seed: int = 0, out: str | No
         raise InputError("no query has results from two of the candidates: nothing tells them apart")
     picks, sep = separating(A, seen, min(n, len(qids)), seed)
     iu = np.triu_indices(len(chosen), 1)
-    both = seen.astype(np.float64) @ seen.T.astype(np.float64)
-    differ = (A == 1).astype(np.float64) @ (A == 0).T
-    rate = np.divide(differ + differ.T, both, out=np.zeros_like(both), where=both > 0)
     worst = int(np.argmin(sep[iu]))
     i, j = iu[0][worst], iu[1][worst]
+    rng = np.random.default_rng([seed, 3])
+    at_random = [separation(A[:, c], seen[:, c])[iu].min()
+                 for c in (rng.choice(len(qids), len(picks), replace=False) for _ in range(100))]
     result = FingerprintPlan(chosen, len(qids), _probes(tx, qids[picks].tolist(), ["planned"] * len(picks)),
-                             sorted([chosen[i], chosen[j]]), int(sep[i, j]), round(float(rate[i, j] * len(picks)), 1),
+                             sorted([chosen[i], chosen[j]]), int(sep[i, j]), round(float(np.mean(at_random)), 2),
                              out)
     if out:
         write_file(out, result.probes)
@@ -203,3 +203,10 @@ def separating(A: np.ndarray, seen: np.ndarray, n: int, seed: int = 0) -> tuple[
         d = np.outer(right[:, j], wrong[:, j])
         sep += d + d.T
     return picks, sep
+
+
+def separation(A: np.ndarray, seen: np.ndarray) -> np.ndarray:
+    """[K,K]: on how many columns of A each pair of candidates both answered and differ."""
+    right = ((A == 1) & seen).astype(np.float64)
+    wrong = ((A == 0) & seen).astype(np.float64)
+    return right @ wrong.T + wrong @ right.T

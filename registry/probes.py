@@ -160,9 +160,10 @@ def _greedy(G: np.ndarray, w: np.ndarray, cov: np.ndarray, B: np.ndarray, k: int
 
 
 def choose(pred: Predictor, z: np.ndarray, precision: np.ndarray, cand: Queries, ref: Queries,
-           best_other: np.ndarray | None, k: int, floor: float = FLOOR) -> list[int]:
+           best_other: np.ndarray | None, k: int, floor: float | None = None) -> list[int]:
     """Indices of k candidate queries to ask next. ref: reference queries, best_other [len(ref)]: the best other
-    model's logit on each (None: no other model, every reference weighs the same)."""
+    model's logit on each (None: no other model, every reference weighs the same); floor: FLOOR unless given."""
+    floor = FLOOR if floor is None else floor
     cov = np.linalg.inv(precision)
     lg, G = pred.logits_grad(z, cand)
     p = _sigmoid(lg)
@@ -178,11 +179,12 @@ def choose(pred: Predictor, z: np.ndarray, precision: np.ndarray, cand: Queries,
 
 def plan_rows(pred: Predictor, q: Queries, answers: np.ndarray, pool: list[np.ndarray], seed_rows: list[np.ndarray],
               sizes, priors: list[Prior], others: list[np.ndarray], ref: np.ndarray, seed: int = 0,
-              batch: int = BATCH, candidates: int = CANDIDATES) -> dict[int, list[np.ndarray]]:
+              batch: int | None = None, candidates: int | None = None) -> dict[int, list[np.ndarray]]:
     """The simulated protocol for benches and `evaluate --planned`: every model m starts from seed_rows[m] and is
     asked batch after batch, each batch chosen from its pool[m] (rows of q it has an answer for) on what the answers
     so far say, its answer revealed from answers [M, rows] (1/0). -> {n: [rows asked of each model, in order]}.
     others[m]: the best other model's logit on each reference row (ref: rows of q)."""
+    batch, candidates = batch or BATCH, CANDIDATES if candidates is None else candidates
     rng = np.random.default_rng([seed, 1])
     R = q.take(ref)
     sets = [list(map(int, s)) for s in seed_rows]
@@ -210,8 +212,8 @@ def compare(pred: Predictor, q: Queries, correct: np.ndarray, pool_rows: np.ndar
     model's embedding from all its evaluations, which gives the *other* models' prior and routing relevance when a
     model is planned (every model in turn is the new one); encode(rows per model) -> z [M,D]: the set encoder.
     draw(n, seed) -> n random rows per model (evaluation.subset_rows: the sample-efficiency curve's draws); a planned
-    draw starts from draw(SEED_SIZE, seed). Each set is read by the encoder and by likelihood; scored by hit@1 and AUC on
-    eval_rows. plans: {seed: planned rows}, reused when given, filled in otherwise.
+    draw starts from draw(SEED_SIZE, seed). Each set is read by the encoder and by likelihood; scored by hit@1 and
+    AUC on eval_rows. plans: {seed: planned rows}, reused when given, filled in otherwise.
     -> {str(n): {design: {reading: {"hit@1", "hit@1_std", "auc", "auc_std"}}}, "draws"}"""
     from . import baselines as B
 

@@ -46,8 +46,10 @@ def main():
     ap.add_argument("--floor", type=float, default=probes.FLOOR, help="probes.FLOOR (settings search)")
     ap.add_argument("--batch", type=int, default=probes.BATCH, help="probes.BATCH (settings search)")
     ap.add_argument("--seed-size", type=int, default=probes.SEED_SIZE, help="probes.SEED_SIZE (settings search)")
+    ap.add_argument("--prior-scale", type=float, default=probes.PRIOR_SCALE, help="probes.PRIOR_SCALE (search)")
     args = ap.parse_args()
     probes.FLOOR, probes.BATCH, probes.SEED_SIZE = args.floor, args.batch, args.seed_size
+    probes.PRIOR_SCALE = args.prior_scale
     torch.set_num_threads(1)
     t0 = time.time()
     with Registry(args.db) as reg, reg.store.tx() as tx:
@@ -59,7 +61,8 @@ def main():
     pred = probes.Predictor(model)
     nontest = np.concatenate([tr, va])
     z_all = embed_subsets(model, data, [nontest[c[m, nontest] >= 0] for m in range(len(c))])
-    settings = f"{args.pool}-seed{probes.SEED_SIZE}-batch{probes.BATCH}-floor{probes.FLOOR}-to{max(args.sizes)}"
+    settings = (f"{args.pool}-seed{probes.SEED_SIZE}-batch{probes.BATCH}-floor{probes.FLOOR}"
+                + (f"-prior{probes.PRIOR_SCALE}" if probes.PRIOR_SCALE != 1.0 else "") + f"-to{max(args.sizes)}")
     os.makedirs(args.cache, exist_ok=True)
     plans = {}
     for s in range(args.draws):

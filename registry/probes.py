@@ -24,6 +24,7 @@ import numpy as np
 SEED_SIZE = 32        # random probes first: the reading's linearisation needs some answers to stand on
 BATCH = 16            # planned picks between two readings
 RIDGE = 0.01          # prior covariance + RIDGE x its mean variance (fewer models than dimensions)
+PRIOR_SCALE = 1.0     # the prior covariance x this (above 1: a weaker prior)
 FLOOR = 0.1           # reference weight every query keeps, besides its routing relevance
 REFERENCES = 1000     # reference queries the logits' variance is measured on
 CANDIDATES = 3000     # candidate queries scored per batch (a seeded random subset of the pool beyond that)
@@ -86,7 +87,7 @@ def gaussian_prior(Z: np.ndarray, ridge: float = RIDGE) -> Prior:
     Z = np.asarray(Z, dtype=np.float64)
     C = np.cov(Z.T) if len(Z) > 1 else np.zeros((Z.shape[1], Z.shape[1]))
     scale = np.trace(C) / len(C) if np.trace(C) > 0 else 1.0
-    return Prior(Z.mean(0), np.linalg.inv(C + ridge * scale * np.eye(len(C))))
+    return Prior(Z.mean(0), np.linalg.inv(PRIOR_SCALE * (C + ridge * scale * np.eye(len(C)))))
 
 
 def read(pred: Predictor, q: Queries, y: np.ndarray, prior: Prior, iters: int = 30,

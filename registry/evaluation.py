@@ -69,12 +69,12 @@ class EvaluationReport:
     per_category: dict[str, dict] = field(default_factory=dict)  # category -> {"queries", "locus", "best_single", ...,
                                                                  #   "locus_acc", "locus_auc", "locus_brier"}
     sample_efficiency: dict | None = None
-    planned_efficiency: dict | None = None                    # --planned: planned against random at each n
     choices: dict[str, int] = field(default_factory=dict)     # how often LOCUS routes to each model
     excluded: dict[str, str] = field(default_factory=dict)    # models left out of every method, and why
     probation: dict[str, int] = field(default_factory=dict)   # on probation (evidence.py): not routed to by any
                                                               #   method; -> evaluations behind the embedding
     held_out: bool = True     # False off the test split: embeddings hold its answers, KNN and MF are tuned on val
+    planned_efficiency: dict | None = None   # --planned: planned against random probes at each n (probes.compare)
 
 
 def current_embeddings(tx: Tx, data: Dataset, with_evidence: bool = False):

@@ -24,8 +24,8 @@ import numpy as np
 SEED_SIZE = 32        # random probes first: the reading's linearisation needs some answers to stand on
 BATCH = 16            # planned picks between two readings
 RIDGE = 0.01          # prior covariance + RIDGE x its mean variance (fewer models than dimensions)
-PRIOR_SCALE = 1.0     # the prior covariance x this (above 1: a weaker prior)
-FLOOR = 0.1           # reference weight every query keeps, besides its routing relevance
+PRIOR_SCALE = 3.0     # the prior covariance x this: a weaker prior than the models' spread (chosen on val)
+FLOOR = 1.0           # reference weight every query keeps, besides its routing relevance (chosen on val)
 REFERENCES = 1000     # reference queries the logits' variance is measured on
 CANDIDATES = 3000     # candidate queries scored per batch (a seeded random subset of the pool beyond that)
 

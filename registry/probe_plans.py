@@ -128,7 +128,8 @@ def plan(tx: Tx, name: str, n: int, seed: int = 0, out: str | None = None) -> Pr
         ref = proj(ref_q)
         best_other = np.max([pred.logits(o, ref) for o in others], axis=0)
         planned_q = cand_q[probes.choose(pred, z, precision, proj(cand_q), ref, best_other, n - n_seed)]
-    notes = []
+    notes = ["register embeds with the set encoder, which reads planned answers as if they were random: they pay "
+             "when read by likelihood (BENCHMARKS.md, planned probes)"]
     if model_id is None:
         notes.append(f"{name} is not registered: planned as a new model")
     if n_seed and n > n_seed:

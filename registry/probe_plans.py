@@ -116,8 +116,8 @@ def plan(tx: Tx, name: str, n: int, seed: int = 0, out: str | None = None) -> Pr
     planned_q = np.zeros(0, np.int64)
     if n > n_seed:
         pred = probes.Predictor(model)
-        ref_q = np.sort(rng.choice(pool if len(pool) > len(answered_q) else meta.ids[~meta.is_test],
-                                   min(probes.REFERENCES, len(pool)), replace=False))
+        nontest = meta.ids[~meta.is_test]               # where routing decides: any query, asked or not
+        ref_q = np.sort(rng.choice(nontest, min(probes.REFERENCES, len(nontest)), replace=False))
         cand_q = np.setdiff1d(pool, seed_q)
         row_of, qmat = querycache.query_vectors(tx, np.concatenate([answered_q, cand_q, ref_q, seed_q]))
         proj = lambda qs: pred.project(qmat[[row_of[int(x)] for x in qs]])   # noqa: E731

@@ -104,6 +104,16 @@ class Registry:
                                                              cost=cost, open_weights=open_weights, tags=tags),
                                      k, progress, update)
 
+    def probe(self, model: str, n: int = 16, seed: int = 0, out: str | None = None):
+        """The next n queries to ask a new or partly evaluated model so that its embedding and its routing settle
+        fastest (`probe_plans.ProbePlan`), written to `out` (CSV or JSONL, an empty `correct` column to fill in)
+        for `register`. Nothing is written to the registry."""
+        from . import probe_plans
+
+        self._finish_pending()
+        with self.store.tx() as tx:
+            return probe_plans.plan(tx, model, n, seed, out)
+
     # --- onboarding and versions ------------------------------------------------------------------------------
     def onboard(self, all_models: bool = False, stability: bool = True,
                 seconds: dict | None = None) -> list[onboarding.JobOutcome]:
@@ -195,10 +205,11 @@ class Registry:
 
     def evaluate(self, split: str = "test", baselines: bool = True, sample_efficiency: bool = False,
                  seeds: int | None = None, held_out: int | None = None, n: int = 128,
-                 max_steps: int | None = None, epochs: int | None = None, progress=None):
+                 max_steps: int | None = None, epochs: int | None = None, progress=None, planned: bool = False):
         """Routing accuracy and predictor quality of LOCUS on a split, beside the baselines, over the established
         models with an up-to-date embedding (pending onboarding is finished first; the others are reported).
-        `held_out=K`: per seed (default 3), K models known only from n evaluations (heldout.py; nothing written)."""
+        `held_out=K`: per seed (default 3), K models known only from n evaluations (heldout.py; nothing written).
+        `planned` (with sample_efficiency or held_out): planned probes against random ones (probes.py)."""
         from . import evaluation, heldout
 
         if held_out is not None:
@@ -207,11 +218,16 @@ class Registry:
                                  "--sample-efficiency or --no-baselines")
             with self.store.tx() as tx:
                 data = evaluation.dataset(tx)
-            return heldout.run(data, held_out, n, 3 if seeds is None else seeds, max_steps, epochs, progress)
+            return heldout.run(data, held_out, n, 3 if seeds is None else seeds, max_steps, epochs, progress,
+                               planned=planned)
+        if planned and not sample_efficiency:
+            raise InputError("--planned compares planned and random probes on the sample-efficiency curve: add "
+                             "--sample-efficiency")
         self._finish_pending()
         with self.store.tx() as tx:
             return evaluation.evaluate(tx, split, baselines=baselines, sample_efficiency=sample_efficiency,
-                                       seeds=5 if seeds is None else seeds, probation_min=self.probation_min)
+                                       seeds=5 if seeds is None else seeds, probation_min=self.probation_min,
+                                       planned=planned)
 
     # --- reading: models, neighbours, the embedding space ----------------------------------------------------
     def models(self) -> list[catalog.ModelInfo]:
@@ -249,6 +265,15 @@ class Registry:
             encoder_id = encoders.require_active(tx, as_of)
             geometry.pool(tx, self.path, encoder_id, as_of)  # an empty registry fails here, before the file is read
             return fingerprint.identify(tx, self.path, evals, encoder_id, self.min_evaluations, as_of)
+
+    def fingerprint_plan(self, n: int = 64, candidates=(), seed: int = 0, out: str | None = None):
+        """The n queries whose answers best tell the candidate models apart (default: every model with results),
+        written to `out` (CSV or JSONL, an empty `correct` column to fill in) for `fingerprint --evals`
+        (`probe_plans.FingerprintPlan`). Nothing is written to the registry."""
+        from . import probe_plans
+
+        with self.store.tx() as tx:
+            return probe_plans.fingerprint_plan(tx, n, list(candidates), seed, out)
 
     def calibration(self, sample: int = 128, draws: int = 3):
         """How the fingerprint tests decide "same" (`fingerprint.CalibrationReport`)."""

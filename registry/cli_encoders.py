@@ -108,7 +108,9 @@ def train(ctx, seed, anchors, max_steps, epochs, activate, name, as_json):
 @click.option("--n", "n", default=128, show_default=True, help="Evaluations per held-out model (--held-out).")
 @click.option("--steps", "max_steps", type=int, help="Encoder-stage steps of the held-out run's training.")
 @click.option("--epochs", type=int, help="Teacher epochs of the held-out run's training.")
-def evaluate(ctx, split, sample_efficiency, seeds, no_baselines, held_out, n, max_steps, epochs, as_json):
+@click.option("--planned", is_flag=True, help="With --sample-efficiency or --held-out: planned probes (registry "
+                                              "probe) against random ones at each n (takes minutes).")
+def evaluate(ctx, split, sample_efficiency, seeds, no_baselines, held_out, n, max_steps, epochs, planned, as_json):
     """Routing accuracy (hit@1/3/5) and predictor quality of LOCUS beside the baselines, on one split; with
     --held-out K, on models the encoder never saw."""
     if held_out is None and (max_steps is not None or epochs is not None):
@@ -116,7 +118,7 @@ def evaluate(ctx, split, sample_efficiency, seeds, no_baselines, held_out, n, ma
     progress, close = stage_bars(as_json)
     r = open_registry(ctx).evaluate(split, baselines=not no_baselines, sample_efficiency=sample_efficiency,
                                     seeds=seeds, held_out=held_out, n=n, max_steps=max_steps, epochs=epochs,
-                                    progress=progress if held_out is not None else None)
+                                    progress=progress if held_out is not None else None, planned=planned)
     close()
     if as_json:
         emit_json(r)
@@ -159,6 +161,13 @@ def evaluate(ctx, split, sample_efficiency, seeds, no_baselines, held_out, n, ma
         click.echo("")
         table([[n, f"{v['mean']:.4f} ± {v['std']:.4f}", v["draws"]] for n, v in r.sample_efficiency.items()]
               + [["all", fmt(r.methods["locus"]["hit@1"]), ""]], ["evaluations per model", "hit@1", "draws"])
+    if r.planned_efficiency:
+        cols = [(d, rd) for d in ("random", "planned") for rd in ("encoder", "likelihood")]
+        click.echo(f"\nplanned probes against random ({next(iter(r.planned_efficiency.values()))['draws']} draws): "
+                   f"hit@1 / AUC, each set read by the encoder (what register stores) and by likelihood")
+        table([[n] + [f"{v[d][rd]['hit@1']:.4f} ± {v[d][rd]['hit@1_std']:.4f} / {v[d][rd]['auc']:.4f}"
+                      for d, rd in cols] for n, v in r.planned_efficiency.items()],
+              ["evaluations per model"] + [f"{d}, {rd}" for d, rd in cols])
 
 
 def show_held_out(r) -> None:
@@ -177,6 +186,10 @@ def show_held_out(r) -> None:
     click.echo(f"\nmean over {len(r.seeds)} seeds (± std)")
     table([[m] + [f"{cell(k, v[k])} ± {r.std[m][k]:.4f}" for k, _ in COLUMNS] for m, v in r.mean.items()],
           ["method"] + [h for _, h in COLUMNS])
+    if r.planned_mean:
+        click.echo(f"\nthe same, every held-out model known from {r.n} planned evaluations instead (± std)")
+        table([[m] + [f"{v[k]:.4f} ± {r.planned_std[m][k]:.4f}" for k, _ in COLUMNS]
+               for m, v in r.planned_mean.items()], ["method"] + [h for _, h in COLUMNS])
     for note in r.notes:
         click.echo(f"note: {note}")
 

@@ -35,11 +35,36 @@ def similar(ctx, model, evals, k, as_of, as_json):
 @command()
 @click.option("--evals", type=click.Path(), help="Results of the unknown endpoint: query id, correct.")
 @click.option("--calibration", "show_calibration", is_flag=True, help="Show the same-model threshold's calibration.")
-def fingerprint(ctx, evals, show_calibration, as_json):
-    """Is an unknown endpoint one of the registered models? (or, with --calibration, how the verdict is calibrated)"""
-    if bool(evals) == show_calibration:
-        raise InputError("give --evals FILE or --calibration (one of them)")
+@click.option("--plan", "plan", is_flag=True, help="List the queries that best tell the candidates apart.")
+@click.option("-n", "n", default=64, show_default=True, help="How many queries to plan (--plan).")
+@click.option("--candidates", multiple=True, help="A candidate model (repeatable, or comma-separated; --plan; "
+                                                  "default: every model with results).")
+@click.option("--out", type=click.Path(), help="Write the plan here (.csv or .jsonl; fill in `correct`, then "
+                                              "`registry fingerprint --evals FILE`).")
+@click.option("--seed", default=0, show_default=True, help="Seed of the plan's tie-breaks (--plan).")
+def fingerprint(ctx, evals, show_calibration, plan, n, candidates, out, seed, as_json):
+    """Is an unknown endpoint one of the registered models? (or, with --calibration, how the verdict is calibrated;
+    with --plan, which queries to ask it)"""
+    if (bool(evals) + show_calibration + plan) != 1:
+        raise InputError("give --evals FILE, --calibration or --plan (one of them)")
+    if not plan and (candidates or out):
+        raise InputError("--candidates and --out go with --plan")
     reg = open_registry(ctx)
+    if plan:
+        names = [c.strip() for arg in candidates for c in arg.split(",") if c.strip()]
+        p = reg.fingerprint_plan(n, names, seed=seed, out=out)
+        if as_json:
+            emit_json(p)
+            return
+        click.echo(f"{len(p.probes)} queries separating {len(p.candidates)} candidates (of {p.pool} answered by "
+                   f"two or more); the least separated pair, {' and '.join(p.closest_pair)}, differs on "
+                   f"{p.separated} of them (on as many random queries the least separated pair differs on "
+                   f"{p.random_separated:g}, mean of 100 draws)")
+        table([[r.question_id, r.category or "", r.text[:60].replace("\n", " ")] for r in p.probes],
+              ["question_id", "category", "question"])
+        if p.file:
+            click.echo(f"written to {p.file}: fill in `correct` (1/0), then `registry fingerprint --evals {p.file}`")
+        return
     if show_calibration:
         c = reg.calibration()
         if as_json:

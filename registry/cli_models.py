@@ -1,4 +1,5 @@
-"""Models and their embeddings: `registry models`, `show`, `stats`, `register`, `onboard`, `history`, `diff`."""
+"""Models and their embeddings: `registry models`, `show`, `stats`, `register`, `probe`, `onboard`, `history`,
+`diff`."""
 from __future__ import annotations
 
 import click
@@ -112,6 +113,29 @@ def register(ctx, name, evals, family, provider, params_b, cost, open_weights, t
 
 
 @command()
+@click.argument("model")
+@click.option("-n", "n", default=16, show_default=True, help="How many queries to list.")
+@click.option("--out", type=click.Path(), help="Write them here (.csv or .jsonl; fill in `correct`, then `registry "
+              "register MODEL --evals FILE`).")
+@click.option("--seed", default=0, show_default=True, help="Seed of the random first probes.")
+def probe(ctx, model, n, out, seed, as_json):
+    """The next N queries to ask MODEL (new or partly evaluated) so that its embedding and routing settle fastest."""
+    p = open_registry(ctx).probe(model, n=n, seed=seed, out=out)
+    if as_json:
+        emit_json(p)
+        return
+    click.echo(f"{p.model}: {p.answered} answers outside the test split, {p.pool} queries left to ask; "
+               f"{p.seed} random + {p.planned} planned:")
+    table([[r.question_id, r.kind, r.category or "", r.text[:60].replace("\n", " ")] for r in p.probes],
+          ["question_id", "kind", "category", "question"])
+    for note in p.notes:
+        click.echo(f"note: {note}")
+    if p.file:
+        click.echo(f"written to {p.file}: fill in `correct` (1/0), then `registry register {p.model} --evals "
+                   f"{p.file}`")
+
+
+@command()
 @click.option("--all", "all_models", is_flag=True, help="Re-embed every model.")
 @click.option("--min-evals", default=32, show_default=True)
 def onboard(ctx, all_models, min_evals, as_json):
@@ -164,4 +188,4 @@ def diff(ctx, model, v1, v2, k, as_json):
           ["category", f"predicted acc v{d.v1}", f"v{d.v2}", "change"])
 
 
-COMMANDS = [models, show, stats, register, onboard, history, diff]
+COMMANDS = [models, show, stats, register, probe, onboard, history, diff]

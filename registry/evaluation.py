@@ -78,6 +78,7 @@ class EvaluationReport:
     held_out: bool = True     # False off the test split: embeddings hold its answers, KNN and MF are tuned on val
     disagree: int = 0         # queries where the models' answers differ (hit@1_disagree is on these)
     interaction: dict = field(default_factory=dict)           # a, k, w chosen on val and what val measured
+    planned_efficiency: dict | None = None   # --planned: planned against random probes at each n (probes.compare)
 
 
 def current_embeddings(tx: Tx, data: Dataset, with_evidence: bool = False):
@@ -129,7 +130,7 @@ def without(data: Dataset, drop: np.ndarray) -> Dataset:
 
 def evaluate(tx: Tx, split: str = "test", baselines: bool = True, sample_efficiency: bool = False,
              seeds: int = 5, sizes=(32, 64, 128, 256, 512), mf_seed: int = 0,
-             probation_min: int | None = None) -> EvaluationReport:
+             probation_min: int | None = None, planned: bool = False) -> EvaluationReport:
     if split not in SPLITS:
         raise RegistryError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
     data = dataset(tx)
@@ -206,6 +207,8 @@ def evaluate(tx: Tx, split: str = "test", baselines: bool = True, sample_efficie
                               disagree=int(B.disagreement(ct).sum()), interaction=selection)
     if sample_efficiency:
         report.sample_efficiency = sample_efficiency_curve(tx, data, idx, seeds, sizes)
+    if planned:
+        report.planned_efficiency = planned_curve(tx, data, z, idx, seeds, sizes)
     return report
 
 
@@ -238,3 +241,18 @@ def sample_efficiency_curve(tx: Tx, data: Dataset, idx: np.ndarray, seeds: int, 
             hits.append(B.hit_at_k(p, ct, 1))
         out[str(n)] = {"mean": round(float(np.mean(hits)), 4), "std": round(float(np.std(hits)), 4), "draws": seeds}
     return out
+
+
+def planned_curve(tx: Tx, data: Dataset, z: np.ndarray, idx: np.ndarray, seeds: int, sizes) -> dict:
+    """Planned probes against random ones at each n (probes.compare): every model known from n non-test
+    evaluations, random (the draws of `sample_efficiency_curve`) or planned from a random seed set of the same draw
+    (each model in turn planned against the others' current embeddings z), each read by the set encoder and by
+    likelihood, scored on the split's queries idx."""
+    from . import probes
+
+    model, _ = encoders.load(tx, encoders.ensure_default(tx))
+    pred = probes.Predictor(model)
+    nontest = np.concatenate([data.splits["train"], data.splits["val"]])
+    return probes.compare(pred, pred.project(data.qvecs), data.correct, nontest, z.astype(np.float64), idx, sizes,
+                          seeds, lambda rows: embed_subsets(model, data, rows),
+                          lambda n, s: subset_rows(data.correct, nontest, n, s))

@@ -23,14 +23,14 @@ import numpy as np
 from sklearn.metrics import roc_auc_score
 
 from . import baselines as B
-from . import interaction, training
+from . import interaction, probes, training
 from .errors import InputError
 from .evaluation import Dataset, embed_subsets
 
 # Shorter than `registry train`'s default (30 teacher epochs, 240 encoder steps, 10 refit epochs, about 10 min on
 # 2 cores) so that a seed trains in a few minutes; the report names it.
 TRAIN_SHORT = {"teacher_epochs": 8, "max_steps": 60, "eval_every": 20, "refit_epochs": 4}
-METHODS = ("locus", "locus_interaction", "mf", "irt", "knn", "per_category", "best_single")
+METHODS = ("locus", "locus_interaction", "locus_likelihood", "mf", "irt", "knn", "per_category", "best_single")
 COLUMNS = [("hit@1", "hit@1"), ("auc", "AUC"), ("n_chosen", "models chosen"),           # (metric, table heading)
            ("differs_from_strongest", "not the strongest"), ("hit@1_disagree", "hit@1 where models disagree"), ("held_out_auc", "held-out AUC"),
            ("held_out_auc_within", "within-model AUC"), ("held_out_brier", "held-out Brier"),
@@ -42,6 +42,10 @@ NOTES = [
     "method's own P(correct) is scored",
     "locus: encoder trained in memory on the other models only (train_config); known models embedded from all their "
     "non-test evaluations, held-out ones from their n",
+    "locus_likelihood: the same encoder and known models; each held-out model read from its n by likelihood "
+    "(probes.read, prior from the known models' embeddings)",
+    "planned (with --planned): each held-out model asked probes.SEED_SIZE of its n random rows, then batches "
+    "planned by probes.choose with the same encoder and the known models, up to n; every method given those rows",
     "mf: retrained on every visible train result (the held-out rows: their n); dimension chosen on val",
     "irt: fitted on the other models (dimension chosen on val); a held-out model's theta by MAP from its n, the "
     "query side a(q), b(q) frozen",
@@ -68,6 +72,7 @@ class HeldOutSeed:
     visible_digest: str             # of the rows every method was given
     locus_train: dict               # best step, val hit@1 of the encoder trained without the held-out models
     wall_s: float
+    planned: dict[str, dict] | None = None   # --planned: the same, every held-out model known from planned rows
 
 
 @dataclass
@@ -82,6 +87,8 @@ class HeldOutReport:
     mean: dict[str, dict]           # method -> metric -> mean over seeds
     std: dict[str, dict]
     notes: list[str] = field(default_factory=lambda: list(NOTES))
+    planned_mean: dict[str, dict] | None = None   # --planned
+    planned_std: dict[str, dict] | None = None
 
 
 def draw(data: Dataset, k: int, n: int, seed: int) -> tuple[np.ndarray, dict[int, np.ndarray]]:
@@ -109,19 +116,51 @@ def visible(data: Dataset, held: np.ndarray, rows: dict[int, np.ndarray]) -> Dat
     return replace(data, correct=c)
 
 
-def _locus(vis: Dataset, held, te, cfg: training.TrainConfig, progress, train=None):
-    known = ~held
-    model, _, metrics = (train or training.train)(vis.qvecs, vis.correct[known], vis.splits["train"],
+def _train(vis: Dataset, held, cfg: training.TrainConfig, progress, train=None):
+    model, _, metrics = (train or training.train)(vis.qvecs, vis.correct[~held], vis.splits["train"],
                                                   vis.splits["val"], cfg, progress=progress)
-    # as the registry embeds: every visible (non-test) evaluation; for a held-out model that is its n
+    return model, {"best_step": metrics["best_step"], "val_hit@1": round(metrics["val_hit@1"], 4)}
+
+
+def _locus(vis: Dataset, held, te, model):
+    """-> (P(correct) as the registry embeds: every visible (non-test) evaluation, for a held-out model its n;
+    the router's P with the interaction terms; the terms' settings; P with each held-out model read by likelihood)"""
     z = embed_subsets(model, vis, [np.flatnonzero(vis.correct[m] >= 0) for m in range(len(vis.models))])
-    info = {"best_step": metrics["best_step"], "val_hit@1": round(metrics["val_hit@1"], 4)}
     lg = interaction.logit(model.p_correct(z, vis.qvecs))
     tr, va = vis.splits["train"], vis.splits["val"]
     rows = interaction.contenders(vis.correct, tr, va)
     fitted = interaction.fit(lg[rows], vis.correct, vis.qvecs, vis.categories, tr, va, rows)
     routed = interaction.sigmoid(fitted.scores(lg[:, te], vis.qvecs[te], fitted.category_index(vis.categories[te])))
-    return interaction.sigmoid(lg[:, te]), routed, info, {k: fitted.selection[k] for k in ("a", "k", "w")}
+    pred = probes.Predictor(model)
+    q = pred.project(vis.qvecs)
+    prior = probes.gaussian_prior(z[~held])
+    zl = z.astype(np.float64)
+    for m in np.flatnonzero(held):
+        rows_m = np.flatnonzero(vis.correct[m] >= 0)
+        zl[m] = probes.read(pred, q.take(rows_m), (vis.correct[m, rows_m] == 1).astype(np.float64), prior)[0]
+    return (interaction.sigmoid(lg[:, te]), routed, {k: fitted.selection[k] for k in ("a", "k", "w")},
+            model.p_correct(zl.astype(np.float32), vis.qvecs[te]))
+
+
+def planned_rows(data: Dataset, held: np.ndarray, rows: dict[int, np.ndarray], model, seed: int) -> dict:
+    """Each held-out model's n rows planned instead of drawn: probes.SEED_SIZE of its drawn rows first, then batches
+    chosen with `model` (trained without the held-out models) against the known models, from its train rows."""
+    tr = data.splits["train"]
+    pred = probes.Predictor(model)
+    q = pred.project(data.qvecs)
+    known = np.flatnonzero(~held)
+    nontest = np.concatenate([tr, data.splits["val"]])
+    z = embed_subsets(model, data, [nontest[data.correct[m, nontest] >= 0] for m in known]).astype(np.float64)
+    ref = np.sort(np.random.default_rng(0).choice(tr, min(probes.REFERENCES, len(tr)), replace=False))
+    best_other = np.max([pred.logits(zk, q.take(ref)) for zk in z], axis=0)
+    new = np.flatnonzero(held)
+    n = len(rows[int(new[0])])
+    rng = np.random.default_rng([seed, 2])
+    answers = (data.correct[new] == 1).astype(np.float64)
+    planned = probes.plan_rows(pred, q, answers, [tr[data.correct[m, tr] >= 0] for m in new],
+                               [rng.choice(rows[int(m)], min(probes.SEED_SIZE, n), replace=False) for m in new], [n],
+                               [probes.gaussian_prior(z)] * len(new), [best_other] * len(new), ref, seed=seed)[n]
+    return {int(m): np.sort(r) for m, r in zip(new, planned)}
 
 
 def _irt(vis: Dataset, held, te, seed: int):
@@ -137,13 +176,16 @@ def _irt(vis: Dataset, held, te, seed: int):
 
 
 def predictions(vis: Dataset, held: np.ndarray, cfg: training.TrainConfig, seed: int,
-                progress=None, train=None) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
+                progress=None, train=None, trained=None) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
     """Every method's P(correct) [M, test queries] from the visible rows alone -> (probs, settings). `train`:
-    training.train's stand-in (a bench keeps trained encoders on disk with it)."""
+    training.train's stand-in (a bench keeps trained encoders on disk with it); `trained`: (encoder, its info)
+    already trained on the known models (the encoder never sees the held-out rows)."""
     te, tr, va, c, q = vis.splits["test"], vis.splits["train"], vis.splits["val"], vis.correct, vis.qvecs
     probs, info = {}, {}
-    probs["locus"], probs["locus_interaction"], info["locus"], info["locus_interaction"] = _locus(
-        vis, held, te, cfg, progress, train)
+    model, info["locus"] = trained or _train(vis, held, cfg, progress, train)
+    probs["locus"], probs["locus_interaction"], info["locus_interaction"], probs["locus_likelihood"] = _locus(
+        vis, held, te, model)
+    info["locus_likelihood"], info["model"] = {}, model
     probs["per_category"], pc = B.per_category_router(c, vis.categories, tr, va, te)
     info["per_category"] = {"prior": pc["prior"]}
     mf, mf_info = B.mf_router(q, c, tr, va, seed=seed)
@@ -177,19 +219,30 @@ def metrics(p: np.ndarray, truth: np.ndarray, held: np.ndarray, strongest: int) 
             "routed_to_held_out": float(held[top].mean())}
 
 
-def run_seed(data: Dataset, k: int, n: int, seed: int, cfg: training.TrainConfig, progress=None, train=None):
-    """One seed -> (HeldOutSeed, {method: P(correct)}, held, drawn rows)."""
+def run_seed(data: Dataset, k: int, n: int, seed: int, cfg: training.TrainConfig, progress=None, train=None,
+             planned: bool = False):
+    """One seed -> (HeldOutSeed, {method: P(correct)}, held, drawn rows). `planned`: every method again with each
+    held-out model known from n planned rows instead (HeldOutSeed.planned)."""
     t0 = time.time()
     held, rows = draw(data, k, n, seed)
     vis = visible(data, held, rows)
     probs, info = predictions(vis, held, replace(cfg, seed=seed), seed, progress, train)
     truth = data.correct[:, data.splits["test"]]
-    strongest = int(np.argmax(probs["best_single"][:, 0]))
-    methods = {m: {**{key: round(v, 4) for key, v in metrics(probs[m], truth, held, strongest).items()},
-                   **{key: v for key, v in info[m].items() if m != "locus"}} for m in METHODS}
+
+    def table(probs, info):
+        strongest = int(np.argmax(probs["best_single"][:, 0]))
+        return {m: {**{key: round(v, 4) for key, v in metrics(probs[m], truth, held, strongest).items()},
+                    **{key: v for key, v in info[m].items() if m != "locus"}} for m in METHODS}
+
     digest = hashlib.sha256(np.ascontiguousarray(vis.correct).tobytes()).hexdigest()[:16]
-    out = HeldOutSeed(seed, [data.models[m] for m in np.flatnonzero(held)], methods, digest, info["locus"],
-                      round(time.time() - t0, 1))
+    out = HeldOutSeed(seed, [data.models[m] for m in np.flatnonzero(held)], table(probs, info), digest,
+                      info["locus"], round(time.time() - t0, 1))
+    if planned:
+        model = info["model"]
+        vis_p = visible(data, held, planned_rows(data, held, rows, model, seed))
+        probs_p, info_p = predictions(vis_p, held, replace(cfg, seed=seed), seed, trained=(model, info["locus"]))
+        out.planned = table(probs_p, info_p)
+        out.wall_s = round(time.time() - t0, 1)
     return out, probs, held, rows
 
 
@@ -206,7 +259,7 @@ def train_config(max_steps: int | None = None, epochs: int | None = None) -> tra
 
 
 def run(data: Dataset, k: int, n: int = 128, seeds: int = 3, max_steps: int | None = None,
-        epochs: int | None = None, progress=None) -> HeldOutReport:
+        epochs: int | None = None, progress=None, planned: bool = False) -> HeldOutReport:
     """Seeds 0..seeds-1, each holding out k models known from n evaluations; the mean and std over seeds."""
     for flag, value, least in (("--held-out", k, 1), ("--n", n, 1), ("--seeds", seeds, 1)):
         if value < least:
@@ -222,17 +275,24 @@ def run(data: Dataset, k: int, n: int = 128, seeds: int = 3, max_steps: int | No
     for s in range(seeds):
         if progress:
             progress({"stage": "seed", "seed": s, "seeds": seeds})
-        per_seed.append(run_seed(data, k, n, s, cfg, progress)[0])
+        per_seed.append(run_seed(data, k, n, s, cfg, progress, planned=planned)[0])
     return report(data, k, n, cfg, per_seed)
 
 
 def report(data: Dataset, k: int, n: int, cfg: training.TrainConfig, per_seed: list[HeldOutSeed]) -> HeldOutReport:
     """The seeds' results with their mean and std per method and metric."""
-    mean, std = {}, {}
-    for m in METHODS:
-        keys = [key for key, _ in COLUMNS]                          # the metrics, not the settings (a, w, ...)
-        mean[m] = {key: round(float(np.mean([r.methods[m][key] for r in per_seed])), 4) for key in keys}
-        std[m] = {key: round(float(np.std([r.methods[m][key] for r in per_seed])), 4) for key in keys}
+    def summary(tables):
+        mean, std = {}, {}
+        for m in METHODS:
+            keys = [key for key, _ in COLUMNS]                      # the metrics, not the settings (a, w, ...)
+            mean[m] = {key: round(float(np.mean([t[m][key] for t in tables])), 4) for key in keys}
+            std[m] = {key: round(float(np.std([t[m][key] for t in tables])), 4) for key in keys}
+        return mean, std
+
+    mean, std = summary([r.methods for r in per_seed])
     config = {key: v for key, v in asdict(cfg).items() if key not in ("encoder", "seed")}   # seed: per run
-    return HeldOutReport(k, n, [r.seed for r in per_seed], len(data.splits["test"]), len(data.models), config,
-                         per_seed, mean, std)
+    out = HeldOutReport(k, n, [r.seed for r in per_seed], len(data.splits["test"]), len(data.models), config,
+                        per_seed, mean, std)
+    if all(r.planned is not None for r in per_seed):
+        out.planned_mean, out.planned_std = summary([r.planned for r in per_seed])
+    return out

@@ -18,7 +18,7 @@ LAYERS = [
     ("versions", {"onboarding"}),
     ("answers", {"catalog", "neighbours", "versions", "registration", "geometry", "fingerprint", "portfolio",
                  "fallback", "maps", "routing", "frontier", "baselines", "evaluation", "training",
-                 "heldout", "interaction"}),
+                 "heldout", "interaction", "probes", "probe_plans"}),
     ("facade", {"api", "__init__"}),
     ("serving", {"snapshot", "writer", "serving"}),
     ("interfaces", {"cli", "cli_common", "server", "web", "proxy", "__main__"}),

@@ -1,0 +1,236 @@
+"""Planned probes (issue 16, item 1) on the session's small real registry: `registry probe` and `fingerprint --plan`
+list queries a model may be asked and write files that `register` and `fingerprint --evals` take back; the
+likelihood reading and the greedy choice behave as their docstrings say; `evaluate --planned` compares the designs."""
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from registry import Registry, encoders, evaluations, probes
+from registry.cli import cli
+from registry.errors import InputError, NotFound
+from registry.evaluation import dataset, embed_subsets
+
+from .conftest import snapshot
+
+DONOR = "gpt-4o-2024-05-13"     # whose real answers fill in the plan files
+
+
+def answers_of(db, model: str) -> dict[str, int]:
+    """A registered model's current answers: {question external id: 0/1}."""
+    with Registry(db) as reg, reg.store.tx() as tx:
+        mid = tx.sql("SELECT id FROM models WHERE name = ?", [model])[0][0]
+        rows = evaluations.of_models(tx, [mid])
+        ext = dict(tx.sql("SELECT id, external_id FROM queries"))
+        return {ext[int(q)]: int(c) for q, c in zip(rows["query_id"], rows["correct"])}
+
+
+def fill_csv(path, answers: dict[str, int]) -> int:
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        r["correct"] = str(answers[r["question_id"]])
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return len(rows)
+
+
+def test_probe_new_model_round_trip_through_register(db_copy, tmp_path):
+    out = tmp_path / "probes.csv"
+    with Registry(db_copy) as reg:
+        p = reg.probe("newcomer", n=40, out=str(out))
+        with reg.store.tx() as tx:
+            split = dict(tx.sql("SELECT q.external_id, s.split FROM queries q "
+                                "JOIN query_splits s ON s.query_id = q.id"))
+    assert not p.registered and p.answered == 0
+    assert (p.seed, p.planned, len(p.probes)) == (probes.SEED_SIZE, 40 - probes.SEED_SIZE, 40)
+    assert [r.kind for r in p.probes] == ["seed"] * probes.SEED_SIZE + ["planned"] * (40 - probes.SEED_SIZE)
+    ids = [r.question_id for r in p.probes]
+    assert len(set(ids)) == 40 and all(split[i] != "test" for i in ids)
+    assert any("not registered" in n for n in p.notes)
+    with open(out, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["question_id"] for r in rows] == ids and all(r["correct"] == "" for r in rows)
+    assert all(r["question"] for r in rows)                  # the text, for whoever asks the model
+    fill_csv(out, answers_of(db_copy, DONOR))
+    with Registry(db_copy) as reg:
+        r = reg.register("newcomer", str(out))
+        assert (r.evaluations_added, r.n_evaluations, r.outcome) == (40, 40, "embedded")
+        # the next round: nothing it answered is proposed again, and no random seed is needed any more
+        again = reg.probe("newcomer", n=16)
+    assert again.registered and again.answered == 40 and (again.seed, again.planned) == (0, 16)
+    assert not set(r.question_id for r in again.probes) & set(ids)
+
+
+def test_unfilled_plan_file_is_refused_in_one_line(db_copy, tmp_path):
+    out = tmp_path / "probes.csv"
+    res = CliRunner().invoke(cli, ["--db", str(db_copy), "probe", "newcomer", "-n", "4", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    before = snapshot(db_copy)
+    res = CliRunner().invoke(cli, ["--db", str(db_copy), "register", "newcomer", "--evals", str(out)])
+    assert res.exit_code == 1 and "line 2" in res.output and "correct must be 0, 1, true or false" in res.output
+    assert len(res.output.strip().splitlines()) == 1
+    assert snapshot(db_copy) == before
+
+
+def test_probe_plans_against_the_answers_it_has(db_copy, tmp_path):
+    """Two partly evaluated models with different answers on the same queries get different plans; a model that has
+    answered every non-test query has nothing left to ask."""
+    with Registry(db_copy) as reg:
+        seed = reg.probe("strong", n=40, out=str(tmp_path / "s.csv"))
+    fill_csv(tmp_path / "s.csv", answers_of(db_copy, DONOR))
+    (tmp_path / "w.csv").write_bytes((tmp_path / "s.csv").read_bytes())
+    fill_csv(tmp_path / "w.csv", answers_of(db_copy, "Llama-2-7b-hf"))
+    with Registry(db_copy) as reg:
+        reg.register("strong", str(tmp_path / "s.csv"))
+        reg.register("weak", str(tmp_path / "w.csv"))
+        strong, weak = reg.probe("strong", n=16), reg.probe("weak", n=16)
+        with pytest.raises(InputError, match="nothing left to ask"):
+            reg.probe(DONOR, n=8)
+    asked = {r.question_id for r in seed.probes}
+    for p in (strong, weak):
+        assert p.answered == 40 and p.planned == 16 and not {r.question_id for r in p.probes} & asked
+    assert [r.question_id for r in strong.probes] != [r.question_id for r in weak.probes]
+
+
+def test_probe_errors_are_one_line(db_copy, tmp_path):
+    run = lambda *a: CliRunner().invoke(cli, ["--db", str(db_copy), *a])       # noqa: E731
+    for args, words in ((["probe", "m", "-n", "0"], "-n must be at least 1"),
+                        (["probe", "m", "--out", str(tmp_path / "p.txt")], "must end in .csv or .jsonl"),
+                        (["fingerprint", "--plan", "--candidates", DONOR], "at least 2 candidates"),
+                        (["fingerprint", "--plan", "--candidates", f"{DONOR},nope"], "unknown model 'nope'"),
+                        (["fingerprint", "--plan", "--evals", "x.csv"], "one of them"),
+                        (["fingerprint", "--evals", "x.csv", "--out", "y.csv"], "go with --plan")):
+        res = run(*args)
+        assert res.exit_code == 1, (args, res.output)
+        assert words in res.output and len(res.output.strip().splitlines()) == 1, res.output
+    with Registry(db_copy) as reg:
+        with pytest.raises(NotFound):
+            reg.fingerprint_plan(8, ["nope", DONOR])
+        with pytest.raises(InputError):
+            reg.probe("m", n=-3)
+
+
+def test_fingerprint_plan_separates_and_round_trips(db_copy, tmp_path):
+    out = tmp_path / "plan.jsonl"
+    res = CliRunner().invoke(cli, ["--db", str(db_copy), "fingerprint", "--plan", "-n", "40", "--out", str(out),
+                                   "--json"])
+    assert res.exit_code == 0, res.output
+    p = json.loads(res.output)
+    assert len(p["probes"]) == 40 and len(p["candidates"]) == 31 and p["file"] == str(out)
+    # the least separated pair is separated more often than the least separated pair of random queries
+    assert p["separated"] > p["random_separated"]
+    donor = answers_of(db_copy, DONOR)
+    lines = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
+    assert all(r["correct"] is None for r in lines)
+    out.write_text("".join(json.dumps({**r, "correct": donor[r["question_id"]]}) + "\n" for r in lines),
+                   encoding="utf-8")
+    with Registry(db_copy) as reg:
+        f = reg.fingerprint(str(out))
+    assert f.method == "answers" and f.match == DONOR and f.disagreement == 0.0
+
+
+def test_fingerprint_plan_beats_random_queries_at_separating():
+    """The greedy rule against random columns on a synthetic answer matrix where most columns separate nothing."""
+    from registry.probe_plans import separating
+
+    rng = np.random.default_rng(0)
+    K, N = 6, 400
+    A = np.tile(rng.integers(0, 2, size=(1, N)), (K, 1))      # every candidate answers alike...
+    A[:, :30] = rng.integers(0, 2, size=(K, 30))              # ...but on 30 columns
+    seen = np.ones_like(A, dtype=bool)
+    picks, sep = separating(A, seen, 20)
+    assert set(picks) <= set(range(30))
+    iu = np.triu_indices(K, 1)
+    cols = rng.choice(N, 20, replace=False)
+    rand = np.array([[np.sum(A[i, cols] != A[j, cols]) for j in range(K)] for i in range(K)])
+    assert sep[iu].min() > rand[iu].min()
+
+
+def test_greedy_updates_equal_plain_recomputation():
+    def plain(G, w, cov, B, k):
+        out = []
+        for _ in range(k):
+            gain = np.array([w[i] * (G[i] @ cov @ B @ cov @ G[i]) / (1 + w[i] * (G[i] @ cov @ G[i]))
+                             for i in range(len(G))])
+            gain[out] = -np.inf
+            j = int(np.argmax(gain))
+            out.append(j)
+            kv = cov @ G[j]
+            cov = cov - np.outer(kv, kv) / (1 / w[j] + G[j] @ kv)
+        return out
+
+    rng = np.random.default_rng(1)
+    G, w = rng.standard_normal((200, 12)), rng.random(200) * 0.25
+    X, R = rng.standard_normal((12, 12)), rng.standard_normal((50, 12))
+    cov, B = X @ X.T / 12 + np.eye(12), R.T @ R
+    assert probes._greedy(G, w, cov, B, 10) == plain(G, w, cov, B, 10)
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory, base_db):
+    import shutil
+
+    path = tmp_path_factory.mktemp("probes") / "r.duckdb"
+    shutil.copy(base_db, path)
+    with Registry(path) as reg, reg.store.tx() as tx:
+        model, _ = encoders.load(tx, encoders.ensure_default(tx))
+        return path, dataset(tx), model
+
+
+def test_likelihood_reading_fits_the_answers(small):
+    """Read from all of a model's non-test answers, the embedding predicts them better than the prior mean does, and
+    the reading is deterministic; with no answers it is the prior."""
+    _, data, model = small
+    torch.set_num_threads(1)
+    pred = probes.Predictor(model)
+    q = pred.project(data.qvecs)
+    nontest = np.concatenate([data.splits["train"], data.splits["val"]])
+    m = data.models.index(DONOR)
+    Z = embed_subsets(model, data, [nontest[data.correct[k, nontest] >= 0] for k in range(len(data.models)) if k != m])
+    prior = probes.gaussian_prior(Z)                          # the other models, as the registry reads a new one
+    rows = nontest[data.correct[m, nontest] >= 0]
+    y = (data.correct[m, rows] == 1).astype(float)
+    z, precision = probes.read(pred, q.take(rows), y, prior)
+
+    def nll(zz):
+        lg = pred.logits(zz, q.take(rows))
+        return float(np.sum(np.logaddexp(0, lg) - y * lg))
+
+    assert nll(z) < nll(prior.mean) - 1.0
+    p = 1 / (1 + np.exp(-pred.logits(z, q.take(rows))))
+    assert abs(p.mean() - y.mean()) < 0.1
+    assert np.array_equal(z, probes.read(pred, q.take(rows), y, prior)[0])
+    assert np.all(np.linalg.eigvalsh(precision - prior.precision) > -1e-6)      # answers only add information
+    z0, _ = probes.read(pred, q.take(rows[:0]), y[:0], prior)
+    assert np.allclose(z0, prior.mean)
+
+
+@pytest.mark.slow   # plans every model's probes for five sizes: half a minute
+def test_evaluate_planned_compares_designs_on_the_same_draws(db_copy):
+    """With every answer asked (n above the pool), planned and random sets hold the same rows: the same figures."""
+    res = CliRunner().invoke(cli, ["--db", str(db_copy), "evaluate", "--sample-efficiency", "--planned", "--seeds",
+                                   "2", "--no-baselines", "--json"])
+    assert res.exit_code == 0, res.output
+    r = json.loads(res.output)
+    pe = r["planned_efficiency"]
+    assert set(pe) == {"32", "64", "128", "256", "512"} and pe["32"]["draws"] == 2
+    for n in pe:
+        for design in ("random", "planned"):
+            assert set(pe[n][design]) == {"encoder", "likelihood"}
+    # the random column read by the encoder is the sample-efficiency curve itself
+    for n, v in r["sample_efficiency"].items():
+        assert pe[n]["random"]["encoder"]["hit@1"] == v["mean"]
+    for reading in ("encoder", "likelihood"):                   # ~130 answers per model: all of them, both ways
+        for key, v in pe["512"]["planned"][reading].items():
+            assert v == pytest.approx(pe["512"]["random"][reading][key], abs=1e-3)
+    assert pe["32"]["planned"] == pe["32"]["random"]            # the seed set is the first 32 of the same draw
+    res = CliRunner().invoke(cli, ["--db", str(db_copy), "evaluate", "--planned"])
+    assert res.exit_code == 1 and "--sample-efficiency" in res.output

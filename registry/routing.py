@@ -410,19 +410,25 @@ def decisions(st: State, probs: np.ndarray, raw: np.ndarray, picks, pol: Policy,
               truncated: list[bool]) -> list[Decision]:
     versions = dict(zip(st.names, st.versions.tolist()))
     ev = st.evidence
+    # per-model fields as Python values once per call, not once per (model, query): with hundreds of models the
+    # candidates of every answer are most of a route's time
+    n_ev, prob_flag = ev.n.astype(np.int64).tolist(), ev.probation.tolist()
+    cost = [None if c != c else c for c in st.cost.tolist()]
+    params = [None if p != p else p for p in st.params_b.tolist()]
+    avail = [n not in pol.down for n in st.names]
+    skipped = int((ev.probation & ~pol.eligible).sum())
     out = []
     for j, (row, fallback) in enumerate(picks):
         order = np.argsort(-probs[:, j], kind="stable")
-        cands = [Candidate(st.names[i], round(float(probs[i, j]), 6), round(float(raw[i, j]), 6), int(ev.n[i]),
-                           bool(ev.probation[i]), None if np.isnan(st.cost[i]) else float(st.cost[i]),
-                           None if np.isnan(st.params_b[i]) else float(st.params_b[i]),
-                           st.names[i] not in pol.down) for i in order]
+        p = np.round(probs[order, j].astype(np.float64), 6).tolist()
+        r = np.round(raw[order, j].astype(np.float64), 6).tolist()
+        cands = [Candidate(st.names[i], p[k], r[k], n_ev[i], prob_flag[i], cost[i], params[i], avail[i])
+                 for k, i in enumerate(order.tolist())]
         notes = [pol.note] if pol.note else []
         if row is None:
             notes.append(f"no model available: all {int(pol.eligible.sum())} candidates are unavailable")
         elif truncated[j]:
             notes.append(f"query longer than {MAX_CHARS} characters: routed on its first {MAX_CHARS}")
-        skipped = int((ev.probation & ~pol.eligible).sum())
         if skipped:
             notes.append(f"{skipped} model(s) on probation (under {ev.minimum} evaluations) not considered")
         out.append(Decision(None if row is None else st.names[row], fallback, cands, st.encoder_name, versions,
@@ -497,9 +503,18 @@ def log_options(pol: Policy, cost_weight: float | None, min_prob: float | None, 
 def log_rows(decs: list[Decision], texts: list[str] | None, encoder_id: int, options: dict) -> list[tuple]:
     """One routing_log row per decision (LOG_COLUMNS; JSON columns as text), for `append_log` now or later."""
     opts = json.dumps(options)
-    return [(d.query_hash, texts[i] if texts is not None else None, d.model, d.fallback,
-             json.dumps([{"model": c.model, "prob": c.prob} for c in d.candidates[:LOG_TOP]]), encoder_id,
-             json.dumps(d.versions), opts) for i, d in enumerate(decs)]
+    rows = []
+    for i, d in enumerate(decs):
+        top = d.candidates[:LOG_TOP]
+        # the versions behind what the row records (its candidates and the choice), not every model's: a row stays
+        # small however many models the registry holds, and the rest is in the versions' history at its time
+        used = {c.model: d.versions[c.model] for c in top}
+        if d.model is not None:
+            used[d.model] = d.versions[d.model]
+        rows.append((d.query_hash, texts[i] if texts is not None else None, d.model, d.fallback,
+                     json.dumps([{"model": c.model, "prob": c.prob} for c in top]), encoder_id, json.dumps(used),
+                     opts))
+    return rows
 
 
 def append_log(tx: Tx, rows: list[tuple]) -> None:

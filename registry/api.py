@@ -123,9 +123,9 @@ class Registry:
         seconds = {} if seconds is None else seconds
         started = time.perf_counter()
         with self.store.tx() as tx:
-            outcomes = onboarding.run_pending(tx, self.min_evaluations, all_models=all_models)
+            outcomes = onboarding.run_pending(tx, self.min_evaluations, all_models=all_models, stability=stability)
         seconds["onboarding"] = round(time.perf_counter() - started, 3)
-        if stability:
+        if stability:    # the new versions have theirs (run_pending); any older version still without one
             started = time.perf_counter()
             estimates = self.estimate_stability()
             for o in outcomes:

@@ -161,8 +161,9 @@ def _carried(served: interaction.Served, fitted_ids: np.ndarray, model_ids: np.n
     keep = [(i, src[int(m)]) for i, m in enumerate(model_ids.tolist()) if int(m) in src]
     at = np.array([i for i, _ in keep], dtype=np.int64)
     take = np.array([j for _, j in keep], dtype=np.int64)
+    # the same reference queries: the texts' nearest ones found so far stay good (the dict is shared)
     return interaction.Served(dataclasses.replace(f, rows=at, offsets=f.offsets[take], resid=f.resid[take],
-                                                  seen=f.seen[take]), served.category_of)
+                                                  seen=f.seen[take]), served.category_of, served._nn)
 
 
 def _fit(tx: Tx, key: tuple, model, z: np.ndarray, model_ids: np.ndarray, version_ids: np.ndarray,

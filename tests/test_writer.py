@@ -128,6 +128,7 @@ def test_interaction_is_carried_over_then_refitted_when_idle(db_copy, tmp_path):
         assert r.version is not None and "carried" in now.names and not now.interaction_fitted
         new, old = now.names.index("carried"), {n: i for i, n in enumerate(before.names)}
         f0, f1 = before.interaction.fitted, now.interaction.fitted
+        assert now.interaction._nn is before.interaction._nn     # same reference queries: the found ones stay
         at0, at1 = ({int(m): r for r, m in enumerate(f.rows.tolist())} for f in (f0, f1))   # model -> its terms' row
         assert new not in at1                                                    # no terms for the new model
         assert len(at0) == len(at1) > 0

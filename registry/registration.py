@@ -82,9 +82,9 @@ def _stage_together(tx: Tx, jobs: list[tuple], rows: list[list[dict]], at: list[
     import tempfile
 
     names = [j[0] for j in jobs]
-    had_results = {r[0] for r in tx.sql("""SELECT DISTINCT m.name FROM models m JOIN evaluations e ON e.model_id = m.id
-                                           WHERE m.name IN (SELECT unnest(?))""", [names])}
     known = {r[0] for r in tx.sql("SELECT name FROM models WHERE name IN (SELECT unnest(?))", [names])}
+    had_results = {r[0] for r in tx.sql("""SELECT DISTINCT m.name FROM models m JOIN evaluations e ON e.model_id = m.id
+                                           WHERE m.name IN (SELECT unnest(?))""", [sorted(known)])} if known else set()
     ingest.insert_new_models(tx, {name: metadata for name, _, metadata, _ in jobs if name not in known})
     changes = [_metadata(tx, name, metadata, update) if name in known else {}
                for name, _, metadata, update in jobs]
@@ -96,9 +96,7 @@ def _stage_together(tx: Tx, jobs: list[tuple], rows: list[list[dict]], at: list[
         imported = ingest.run_import(tx, {"evaluations": path}, embed_texts=False)
     finally:
         os.unlink(path)
-    added = {} if imported.already_imported or imported.batch_id is None else dict(tx.sql(
-        """SELECT m.name, count(*) FROM evaluations e JOIN models m ON m.id = e.model_id WHERE e.batch_id = ?
-           GROUP BY m.name""", [imported.batch_id]))
+    added = {} if imported.already_imported or imported.batch_id is None else imported.added_by_model
     return {i: Staged(name, ch, added.get(name, 0), 0,
                       _changed_results(tx, name, imported.batch_id, update, evals) if name in had_results else 0)
             for i, (name, evals, _, update), ch in zip(at, jobs, changes)}

@@ -217,6 +217,8 @@ def main() -> None:
         elif health:
             print(f"server: {json.dumps(health['writer'])}, {health['text_batches']} text batches for "
                   f"{health['texts_encoded']} texts")
+            print("inside the server (handler start to answer): " + ", ".join(
+                f"{k} p50 {v['p50_ms']} ms, p99 {v['p99_ms']} ms" for k, v in health.get("inside", {}).items()))
         for f in failures[:5] + missing[:5]:
             print("  ", f)
         if onboard is not None and onboard.returncode:

@@ -66,11 +66,16 @@ class _Forward:
             self.z.update(zip(keys, future.result()))
 
 
+FUSE_STABILITY_MAX = 64     # models: up to this many, their stability halves ride along with their versions
+
+
 def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool = False,
                 stability: bool = False) -> list[JobOutcome]:
     """Finish every pending job (and with `all_models`, re-embed every model) in one batched pass; with
-    `stability`, each new version's stability estimate too, from the same read of its evaluations (its two halves
-    ride along in the same forward passes; the same figure `estimate_stability` gives).
+    `stability`, and at most FUSE_STABILITY_MAX models to embed, each new version's stability estimate too, from
+    the same read of its evaluations (its two halves ride along in the same forward passes; the same figure
+    `estimate_stability` gives). A server's registrations take that path; a bulk import commits and indexes its
+    versions first, and `estimate_stability` follows (the halves cost as much again as the versions).
 
     This is every onboarding's hot path, so it reads little: the jobs, the models' versions, their evaluations.
     Many models stream through in chunks of evaluations (`embedding.chunked_sets`), so memory does not grow with
@@ -87,6 +92,7 @@ def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool
         return []
     model, meta = encoders.load(tx, encoder_id)
     model_ids = sorted({j[1] for j in jobs})
+    stability = stability and len(model_ids) <= FUSE_STABILITY_MAX
     newest_job = {m: (reason, batch) for _, m, reason, batch in jobs}     # jobs are oldest first: the newest wins
     states = model_states(tx, model_ids)
     names = {m: states[m].name for m in model_ids}

@@ -23,6 +23,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from typing import Any
 
 import anyio
@@ -247,9 +248,14 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
             out = serving.route(texts, body.cost_weight, body.min_prob, body.unavailable, log_text=body.log_text,
                                 cost_by=body.cost_by, include_probation=body.include_probation, top=body.top)
             return _out(out[0] if one else out)
+        t0 = time.perf_counter()
         if serving.vectors.known(texts):    # under a millisecond, waits for nothing: answered on the event loop
-            return answer()
-        return await anyio.to_thread.run_sync(answer)     # MiniLM runs: off the loop
+            out = answer()
+            serving.timed("route_known", time.perf_counter() - t0)
+            return out
+        out = await anyio.to_thread.run_sync(answer)     # MiniLM runs: off the loop
+        serving.timed("route_new", time.perf_counter() - t0)
+        return out
 
     @app.post("/route")
     async def route(body: RouteBody):

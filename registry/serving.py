@@ -4,9 +4,16 @@ batches. What the HTTP layer calls; it holds no lock a read could wait on.
 """
 from __future__ import annotations
 
+from collections import deque
+
+import numpy as np
+
 from . import routing
 from .snapshot import QueryVectors, Snapshots
 from .writer import Writer
+
+
+TIMES_KEPT = 10_000     # the newest request times kept per kind (GET /health: inside the server, p50 and p99)
 
 
 class Serving:
@@ -15,6 +22,7 @@ class Serving:
         self.snapshots = Snapshots(reg)
         self.vectors = QueryVectors(reg)
         self.writer = Writer(reg, self.snapshots, on_new_queries=self.vectors.reload)
+        self._times: dict[str, deque] = {}
 
     def route(self, texts: list[str], cost_weight: float | None = None, min_prob: float | None = None,
               unavailable: list[str] | None = None, log: bool = True, log_text: bool = True,
@@ -38,8 +46,14 @@ class Serving:
         """Wait until every routing-log row handed over so far is committed (what reading the log needs)."""
         self.writer.run(lambda: None)
 
+    def timed(self, kind: str, seconds: float) -> None:
+        """A request's time inside the server (from its handler's start to its answer), kept for `stats`."""
+        self._times.setdefault(kind, deque(maxlen=TIMES_KEPT)).append(seconds)
+
     def stats(self) -> dict:
-        return {"snapshot": self.snapshots.current.generation, "writer": self.writer.stats(),
+        inside = {k: {"n": len(v), "p50_ms": round(1000 * float(np.percentile(v, 50)), 2),
+                      "p99_ms": round(1000 * float(np.percentile(v, 99)), 2)} for k, v in list(self._times.items()) if v}
+        return {"snapshot": self.snapshots.current.generation, "writer": self.writer.stats(), "inside": inside,
                 "text_batches": self.vectors.batcher.batches, "texts_encoded": self.vectors.batcher.texts,
                 "text_encode_ms": round(1000 * self.vectors.batcher.encode_s, 1),
                 "text_wait_ms": round(1000 * self.vectors.batcher.wait_s_total, 1)}

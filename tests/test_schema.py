@@ -41,6 +41,41 @@ def test_migrated_schema_equals_orm_metadata(tmp_path):
     assert len(a["columns"]) > 20
 
 
+def pg_catalog(url) -> dict:
+    """Columns, constraints (with CHECK definitions) and sequences as PostgreSQL's catalog holds them."""
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        cols = conn.execute("""SELECT table_name, column_name, data_type, udt_name, is_nullable, column_default
+                               FROM information_schema.columns
+                               WHERE table_schema = current_schema() AND table_name <> 'alembic_version'
+                               ORDER BY table_name, ordinal_position""").fetchall()
+        cons = conn.execute("""SELECT c.conrelid::regclass::text, c.conname, c.contype, pg_get_constraintdef(c.oid)
+                               FROM pg_constraint c JOIN pg_namespace n ON n.oid = c.connamespace
+                               WHERE n.nspname = current_schema() AND c.conrelid::regclass::text <> 'alembic_version'
+                               ORDER BY 1, 2""").fetchall()
+        seqs = conn.execute("""SELECT sequence_name, data_type, start_value, increment FROM information_schema.sequences
+                               WHERE sequence_schema = current_schema() ORDER BY 1""").fetchall()
+        return {"columns": cols, "constraints": cons, "sequences": seqs}
+
+
+def test_migrated_schema_equals_orm_metadata_on_postgres(pg_server):
+    migrated = pg_server.create_db("schema_migrated")
+    Store(migrated).close()
+    from_orm = pg_server.create_db("schema_orm")
+    engine = create_engine(from_orm.replace("postgresql://", "postgresql+psycopg://"))
+    Base.metadata.create_all(engine)
+    engine.dispose()
+    a, b = pg_catalog(migrated), pg_catalog(from_orm)
+    assert a["columns"] == b["columns"]
+    assert a["constraints"] == b["constraints"]
+    assert a["sequences"] == b["sequences"]
+    assert len(a["columns"]) > 20
+    types = {(t, c): u for t, c, _, u, _, _ in a["columns"]}
+    assert types[("embedding_versions", "vector")] == types[("text_vectors", "vector")] == "_float4"   # real[]
+    assert any(name == "embedding_versions_vector_dim" for _, name, _, _ in a["constraints"])
+
+
 def test_downgrade_and_upgrade_keep_data(db_copy):
     before = snapshot(db_copy)
     assert before["evaluations"][0] > 0

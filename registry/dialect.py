@@ -1,0 +1,162 @@
+"""What differs between the two databases the registry runs on, in one place: DuckDB (the default, one file) and
+PostgreSQL (`--db postgresql://user@host:port/dbname`, psycopg 3).
+
+Modules write SQL once, with `?` placeholders, in the subset both read (`::INT` casts, `unnest(?)` of a list,
+`ON CONFLICT`, `count(*) FILTER`, window functions in subqueries rather than QUALIFY, `min` rather than
+`any_value`). What PostgreSQL lacks of DuckDB's SQL is either here (placeholders, Arrow reads, COPY, temporary
+tables from Arrow) or created in the database by migration 0007 (the `arg_max` aggregates). Computation that only
+DuckDB does (reading files, bit-string aggregates) runs in an in-process DuckDB over Arrow tables (`Tx.stage`).
+"""
+from __future__ import annotations
+
+import re
+
+# rows cached per open database that another process can change: on PostgreSQL they are dropped at the start of
+# every transaction (DuckDB's file lock means no other process writes while a registry holds the file)
+MUTABLE_CACHE = ("active_encoder", "evaluated_models", "model_states", "query_meta")
+
+TABLE_EXISTS = {
+    "duckdb": "select count(*) from duckdb_tables() where table_name = :name",
+    "postgresql": "select count(*) from information_schema.tables where table_name = :name "
+                  "and table_schema = current_schema()",
+}
+
+
+def is_url(path: str) -> bool:
+    return str(path).startswith(("postgresql://", "postgres://", "postgresql+psycopg://"))
+
+
+def engine_url(url: str) -> str:
+    """SQLAlchemy's URL for psycopg 3."""
+    return re.sub(r"^(postgresql|postgres)(\+psycopg)?://", "postgresql+psycopg://", url)
+
+
+def display_url(url: str) -> str:
+    """The URL as printed (`stats`, `/health`, errors): the password, if any, hidden."""
+    return re.sub(r"^(\w[\w+]*://[^:/@]+):[^@]*@", r"\1:***@", re.sub(r"^postgresql\+psycopg://", "postgresql://",
+                                                                      re.sub(r"^postgres://", "postgresql://", url)))
+
+
+_TOKEN = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\?|%")
+
+
+def pg_statement(statement: str, params=None) -> tuple[str, list | None]:
+    """(statement, params) as psycopg takes them: `?` -> `%s` (outside quotes), a literal `%` doubled, numpy
+    scalars and arrays as Python values."""
+    if not params:
+        return statement, None
+
+    def sub(m):
+        tok = m.group(0)
+        return "%s" if tok == "?" else ("%%" if tok == "%" else tok)
+    return _TOKEN.sub(sub, statement), [_py(p) for p in params]
+
+
+def _py(value):
+    if hasattr(value, "tolist") and not isinstance(value, (bytes, bytearray, memoryview)):
+        return value.tolist()          # numpy scalar or array
+    if isinstance(value, (list, tuple)):
+        return [_py(v) for v in value]
+    return value
+
+
+def configure(cursor) -> None:
+    """Read values as DuckDB gives them: JSON as its text, numeric (avg of integers) as float."""
+    from psycopg.types.numeric import FloatLoader
+    from psycopg.types.string import TextLoader
+
+    cursor.adapters.register_loader("json", TextLoader)
+    cursor.adapters.register_loader("jsonb", TextLoader)
+    cursor.adapters.register_loader("numeric", FloatLoader)
+
+
+# PostgreSQL type oid -> Arrow type, so that an empty result keeps its column types
+def _arrow_types():
+    import pyarrow as pa
+
+    return {16: pa.bool_(), 20: pa.int64(), 21: pa.int16(), 23: pa.int32(), 700: pa.float32(), 701: pa.float64(),
+            1700: pa.float64(), 25: pa.string(), 1043: pa.string(), 114: pa.string(), 3802: pa.string(),
+            17: pa.binary(), 1114: pa.timestamp("us"), 1184: pa.timestamp("us", tz="UTC"),
+            1021: pa.list_(pa.float32()), 1022: pa.list_(pa.float64()), 1007: pa.list_(pa.int32()),
+            1016: pa.list_(pa.int64()), 1009: pa.list_(pa.string())}
+
+
+def rows_to_arrow(cursor):
+    """The rows of an executed psycopg cursor as a pyarrow Table, column by column."""
+    import pyarrow as pa
+
+    if cursor.description is None:
+        return pa.table({})
+    types = _arrow_types()
+    rows = cursor.fetchall()
+    cols = list(zip(*rows)) if rows else [()] * len(cursor.description)
+    arrays, names = [], []
+    for d, values in zip(cursor.description, cols):
+        names.append(d.name)
+        arrays.append(pa.array(list(values), type=types.get(d.type_code)))
+    return pa.Table.from_arrays(arrays, names=names)
+
+
+def _pg_type(t) -> str:
+    import pyarrow as pa
+
+    if pa.types.is_boolean(t):
+        return "boolean"
+    if pa.types.is_integer(t):
+        return "bigint" if t.bit_width > 32 or (pa.types.is_unsigned_integer(t) and t.bit_width == 32) else "integer"
+    if pa.types.is_float32(t) or pa.types.is_float16(t):
+        return "real"
+    if pa.types.is_floating(t):
+        return "double precision"
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return _pg_type(t.value_type) + "[]"
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return "bytea"
+    if pa.types.is_timestamp(t):
+        return "timestamp"
+    return "text"
+
+
+def _as_arrow(data):
+    return data if hasattr(data, "column_names") else data.to_arrow_table()
+
+
+def pg_temp_table(conn, name: str, data) -> None:
+    """A temporary table `name` holding an Arrow table's rows (dropped at the end of the transaction at the
+    latest)."""
+    data = _as_arrow(data)
+    cols = ", ".join(f'"{f.name}" {_pg_type(f.type)}' for f in data.schema)
+    with conn.cursor() as cur:
+        cur.execute(f"DROP TABLE IF EXISTS {name}")
+        cur.execute(f"CREATE TEMP TABLE {name} ({cols}) ON COMMIT DROP")
+    pg_copy(conn, name, data.column_names, data)
+
+
+def pg_copy(conn, table: str, columns: list[str], data) -> None:
+    """Append an Arrow table's rows with COPY. Flat columns go as CSV written by Arrow's C++ writer (no Python
+    object per value); a table with list columns (vectors) goes row by row through psycopg's binary COPY."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    data = _as_arrow(data).select(columns)
+    if data.num_rows == 0:
+        return
+    collist = ", ".join(f'"{c}"' for c in columns)
+    nested = any(pa.types.is_list(f.type) or pa.types.is_large_list(f.type) or pa.types.is_fixed_size_list(f.type)
+                 or pa.types.is_binary(f.type) for f in data.schema)
+    with conn.cursor() as cur:
+        if nested:
+            with cur.copy(f"COPY {table} ({collist}) FROM STDIN (FORMAT binary)") as cp:
+                cp.set_types([_pg_type(f.type) for f in data.schema])
+                for batch in data.to_batches():
+                    for row in zip(*(c.to_pylist() for c in batch.columns)):
+                        cp.write_row(row)
+            return
+        # pyarrow writes nulls as empty unquoted fields and quotes every string: COPY's CSV reads both right
+        opts = pacsv.WriteOptions(include_header=False, quoting_style="all_valid", batch_size=1 << 16)
+        with cur.copy(f"COPY {table} ({collist}) FROM STDIN (FORMAT csv)") as cp:
+            sink = pa.BufferOutputStream()
+            for batch in data.to_batches(max_chunksize=1 << 18):
+                sink = pa.BufferOutputStream()
+                pacsv.write_csv(pa.Table.from_batches([batch]), sink, opts)
+                cp.write(sink.getvalue().to_pybytes())

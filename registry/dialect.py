@@ -160,3 +160,10 @@ def pg_copy(conn, table: str, columns: list[str], data) -> None:
                 sink = pa.BufferOutputStream()
                 pacsv.write_csv(pa.Table.from_batches([batch]), sink, opts)
                 cp.write(sink.getvalue().to_pybytes())
+
+
+def xor_hash(dialect: str, columns: str) -> str:
+    """SQL for an order-free digest of a table's rows over `columns` (a cache key: changes when any row does)."""
+    if dialect == "postgresql":
+        return f"coalesce(bit_xor(hashtextextended(row({columns})::text, 0)), 0)"
+    return f"coalesce(bit_xor(hash({columns})), 0)"

@@ -167,3 +167,10 @@ def xor_hash(dialect: str, columns: str) -> str:
     if dialect == "postgresql":
         return f"coalesce(bit_xor(hashtextextended(row({columns})::text, 0)), 0)"
     return f"coalesce(bit_xor(hash({columns})), 0)"
+
+
+def pg_failed(conn) -> bool:
+    """Whether the connection's transaction has failed (every statement but ROLLBACK is refused)."""
+    from psycopg.pq import TransactionStatus
+
+    return conn.info.transaction_status == TransactionStatus.INERROR

@@ -171,7 +171,8 @@ class Tx:
         try:
             yield name
         finally:
-            self.sql(f"DROP TABLE IF EXISTS {name}")
+            if not dialect.pg_failed(self.raw):   # (a failed transaction drops it when it rolls back)
+                self.sql(f"DROP TABLE IF EXISTS {name}")
 
     def append(self, table: str, data, columns: list[str] | None = None) -> None:
         """Bulk-append the rows of a pyarrow Table (or a DuckDB relation) to a registry table: DuckDB inserts

@@ -174,6 +174,21 @@ def test_bad_file_in_a_directory_import_changes_nothing(any_db, small_data, tmp_
     assert any_snapshot(any_db) == before
 
 
+def test_failure_after_the_evaluations_were_copied_changes_nothing(any_db, tmp_path):
+    """The splits file is checked after the evaluations are appended (COPYed, on PostgreSQL): its bad line still
+    rolls back the whole import, the new query, model and evaluations included."""
+    d = tmp_path / "late"
+    d.mkdir()
+    (d / "questions.csv").write_text('question_id,question,category\nlateq,"What is 3+4?",math\n')
+    (d / "evaluations.csv").write_text("model,question_id,correct\nlate-model,lateq,1\n")
+    (d / "splits.csv").write_text("question_id,split\nlateq,holdout\n")
+    before = any_snapshot(any_db)
+    with Registry(any_db) as reg:
+        with pytest.raises(InputError, match="splits.csv: line 2: split must be train, val or test"):
+            reg.import_files(directory=str(d))
+    assert any_snapshot(any_db) == before
+
+
 def test_cli_read_commands_json(any_db):
     runner = CliRunner()
     stats = json.loads(runner.invoke(cli, ["--db", str(any_db), "stats", "--json"]).output)

@@ -506,6 +506,9 @@ def append_evaluations(tx: Tx, cols: Columns, batch_id: int, result: ImportResul
                                         else TRUE_FALSE.format(c=e["correct"]))
     rows = f"(SELECT trim({e['model']}) AS model, trim({e['qid']}) AS qid, {c} AS c FROM {cols.src})"
     try:
+        if tx.postgres:   # the stage is private and in memory: read the file once, then check and join the table
+            tx.stage.execute(f"CREATE OR REPLACE TEMP TABLE _file_rows AS SELECT * FROM {rows}")
+            rows = "_file_rows"
         per_model = _q(tx, f"""SELECT model, count(*), count(*) FILTER (WHERE c IS NULL),
             count(*) FILTER (WHERE qid IS NULL OR qid = '') FROM {rows} GROUP BY model""")
         qids = _q(tx, f"SELECT list(DISTINCT qid) FROM {rows}")[0][0] or []

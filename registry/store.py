@@ -64,6 +64,7 @@ class Tx:
     _after_commit: list = field(default_factory=list)
     dialect: str = "duckdb"                     # "duckdb" | "postgresql"
     _stage: object = None                       # PostgreSQL only: the in-process DuckDB for files (see `stage`)
+    _stage_db: object = None                    # PostgreSQL only: -> the Store's in-memory DuckDB
 
     def cached(self, key, build):
         """The cached value under `key`, or build() read in this transaction; a value read here joins the cache
@@ -115,10 +116,9 @@ class Tx:
         if not self.postgres:
             return self.raw
         if self._stage is None:
-            import duckdb
-
-            self._stage = duckdb.connect(config={"threads": 1} if os.environ.get("REGISTRY_DUCKDB_THREADS") == "1"
-                                         else {})
+            # a connection of its own to the Store's in-memory DuckDB (opened once: about 60 ms): temporary tables
+            # and registered Arrow tables are per connection, so concurrent transactions do not see each other's
+            self._stage = self._stage_db().cursor()
         return self._stage
 
     def sql(self, statement: str, params=None):
@@ -235,10 +235,23 @@ class Store:
                 raise DatabaseLocked(_locked_message(self.path, exc)) from None
             raise RegistryError(f"{self.path}: cannot open database: {str(exc).splitlines()[0]}") from None
 
+    def _stage_db(self):
+        """The in-memory DuckDB that reads files for a PostgreSQL registry (`Tx.stage`), opened on first use."""
+        with self._stage_lock:
+            if self._stage_con is None:
+                import duckdb
+
+                threads = {"threads": 1} if os.environ.get("REGISTRY_DUCKDB_THREADS") == "1" else {}
+                self._stage_con = duckdb.connect(config=threads)
+            return self._stage_con
+
     def _open_postgres(self) -> None:
         """The database must exist (PostgreSQL creates databases, we create the schema in it). Other processes
         may write to it at any time: `tx` drops the cached values of rows that can change (dialect.MUTABLE_CACHE)
         at the start of every transaction, and keeps only rows that never change once written."""
+        import threading
+
+        self._stage_con, self._stage_lock = None, threading.Lock()
         url = dialect.engine_url(self.path)
         self.path = dialect.display_url(self.path)      # what is printed: never a password
         try:
@@ -292,7 +305,7 @@ class Store:
                 self.cache.pop(key, None)
             self.cache[("generation", "versions")] = self.cache.get(("generation", "versions"), 0) + 1
         with Session(self.engine, expire_on_commit=False) as session:
-            tx = Tx(session, self.cache, self.path, dialect=self.dialect)
+            tx = Tx(session, self.cache, self.path, dialect=self.dialect, _stage_db=self._stage_db)
             try:
                 yield tx
                 session.commit()
@@ -306,3 +319,6 @@ class Store:
 
     def close(self) -> None:
         self.engine.dispose()
+        if getattr(self, "_stage_con", None) is not None:
+            self._stage_con.close()
+            self._stage_con = None

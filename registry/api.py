@@ -15,8 +15,9 @@ from .store import Store, Tx
 
 
 class Registry:
-    """A model registry in one DuckDB file. `Registry(path)` opens (and, if new, creates) it; with `create=False`
-    a missing file is an error (NotFound) instead."""
+    """A model registry in one DuckDB file (or a PostgreSQL database: `Registry("postgresql://...")`).
+    `Registry(path)` opens (and, if new, creates) it; with `create=False` a missing file is an error (NotFound)
+    instead."""
 
     def __init__(self, path: str | Path | None = None, migrate: bool = True,
                  min_evaluations: int = embedding.MIN_EVALUATIONS, create: bool = True,

@@ -159,7 +159,8 @@ def versions_written(tx: Tx) -> None:
     """Whoever appends embedding versions calls this in the same transaction: once it commits, every in-memory
     index of this database checks the database again before answering (onboarding does; so must any bulk writer).
     Between such commits an index answers without a query: this process holds DuckDB's file lock, so nothing else
-    writes versions."""
+    writes versions. (On PostgreSQL other processes do: `Store.tx` bumps the generation at the start of every
+    transaction there, so an index checks the newest version id once per transaction.)"""
     tx.invalidate("versions")
 
 

@@ -164,14 +164,41 @@ def report(reg, staged: Staged, o: onboarding.JobOutcome | None, k: int = 5) -> 
         if o.version is not None:
             near = neighbours.of_model(tx, reg.path, name, k, encoders.require_active(tx), rates=rates)
             status = "probation" if o.n_evaluations < reg.probation_min else "established"
-            notes = [] if status == "established" else [
-                f"on probation: embedded from {o.n_evaluations} evaluations, routing needs {reg.probation_min} to "
-                f"choose it unasked; its nearest models are uncertain at this size"]
+            notes = [] if status == "established" else [_probation_note(o, reg.probation_min)]
         notes += [w for w in [fingerprint.duplicate_warning(tx, name, model_id, rates)] if w]   # from its answers
-        warning = "; ".join(notes) or None
-    return RegisterResult(name, o.version, o.outcome, o.n_evaluations, o.stability, near, warning,
-                          staged.evaluations_added, staged.queries_added, held_out, status, staged.changes,
-                          staged.results_changed)
+    return _result(staged, o, near, notes, held_out, status)
+
+
+def report_served(reg, snap, book, staged: Staged, o: onboarding.JobOutcome | None, k: int = 5) -> RegisterResult:
+    """`report` from a running server's memory, with no read: its snapshot (snapshot.py: the index of current
+    versions) and its answer book (answerbook.py), both up to date with the write being reported. What `report`
+    says, the same way (tests/test_writer.py compares them)."""
+    model_id = book.id_of(staged.name)
+    if o is None or model_id is None:                 # nothing new was embedded, or no answers: the plain report
+        return report(reg, staged, o, k)
+    rates = book.disagreement(model_id)
+    near, notes, status = [], [], "not embedded"
+    vector = snap.index.vector_of(staged.name) if o.version is not None else None
+    if vector is not None:
+        near = neighbours.by_vector(None, reg.path, vector, k, snap.index.encoder_id, exclude={staged.name},
+                                    vi=snap.index, rates=rates)
+        status = "probation" if o.n_evaluations < reg.probation_min else "established"
+        notes = [] if status == "established" else [_probation_note(o, reg.probation_min)]
+    notes += [w for w in [fingerprint.duplicate_warning(None, staged.name, model_id, rates, book.names,
+                                                        book.calibration({model_id}))] if w]
+    return _result(staged, o, near, notes, book.held_out(model_id), status)
+
+
+def _probation_note(o: onboarding.JobOutcome, minimum: int) -> str:
+    return (f"on probation: embedded from {o.n_evaluations} evaluations, routing needs {minimum} to choose it "
+            f"unasked; its nearest models are uncertain at this size")
+
+
+def _result(staged: Staged, o: onboarding.JobOutcome, near: list[Neighbour], notes: list[str], held_out: int,
+            status: str) -> RegisterResult:
+    return RegisterResult(staged.name, o.version, o.outcome, o.n_evaluations, o.stability, near,
+                          "; ".join(notes) or None, staged.evaluations_added, staged.queries_added, held_out, status,
+                          staged.changes, staged.results_changed)
 
 
 def register(reg, name: str, evals: str, metadata: dict, k: int = 5, progress: bool = False,

@@ -60,6 +60,11 @@ class RegisterBody(BaseModel):
     update: bool = False
 
 
+# the candidates a route answer lists unless asked (`top`; 0: every model): the most likely first, and the chosen
+# one wherever it ranks. In a registry of hundreds of models the whole list was most of an answer's bytes and time.
+ROUTE_TOP = 50
+
+
 class RouteBody(BaseModel):
     text: str
     cost_weight: float | None = None
@@ -68,6 +73,7 @@ class RouteBody(BaseModel):
     log_text: bool = True
     cost_by: str = "cost"
     include_probation: bool = False
+    top: int = ROUTE_TOP
 
 
 class RouteBatchBody(BaseModel):
@@ -78,6 +84,7 @@ class RouteBatchBody(BaseModel):
     log_text: bool = True
     cost_by: str = "cost"
     include_probation: bool = False
+    top: int = ROUTE_TOP
 
 
 class AvailabilityBody(BaseModel):
@@ -241,7 +248,7 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
     async def _routed(texts: list[str], body, one: bool):
         def answer():
             out = serving.route(texts, body.cost_weight, body.min_prob, body.unavailable, log_text=body.log_text,
-                                cost_by=body.cost_by, include_probation=body.include_probation)
+                                cost_by=body.cost_by, include_probation=body.include_probation, top=body.top)
             return _out(out[0] if one else out)
         if serving.vectors.known(texts):    # under a millisecond, waits for nothing: answered on the event loop
             return answer()

@@ -18,10 +18,10 @@ class Serving:
 
     def route(self, texts: list[str], cost_weight: float | None = None, min_prob: float | None = None,
               unavailable: list[str] | None = None, log: bool = True, log_text: bool = True,
-              cost_by: str = "cost", include_probation: bool = False) -> list[routing.Decision]:
+              cost_by: str = "cost", include_probation: bool = False, top: int | None = None) -> list[routing.Decision]:
         """`Registry.route_batch` from the current snapshot; the log rows go to the writer (not waited for)."""
         r = routing.route_texts(self.snapshots.current.routing, texts, self.vectors, cost_weight, min_prob,
-                                unavailable, log_text, cost_by, include_probation)
+                                unavailable, log_text, cost_by, include_probation, top)
         if log:
             self.writer.log(r.log_rows, r.new_hashes, r.new_vectors)
         return r.decisions

@@ -250,7 +250,8 @@ def test_streamed_onboarding_matches_the_per_model_forward_pass(small_data, tmp_
         reg.import_files(directory=str(small_data))
         with reg.store.tx() as tx:
             model, _ = encoders.load(tx, encoders.active_id(tx))
-    assert len(chunks) >= 20 and sum(chunks) == 2 * 31        # onboarding, then stability, in many chunks
+    # one streamed pass in many chunks: each version and its stability halves from the same read
+    assert len(chunks) >= 10 and sum(chunks) == 31
     con = duckdb.connect(str(db), read_only=True)
     stored = con.execute("""SELECT m.name, v.vector, v.digest, v.n_evaluations, s.stability FROM embedding_versions v
                             JOIN models m ON m.id = v.model_id JOIN version_stability s ON s.version_id = v.id

@@ -16,7 +16,7 @@ LAYERS = [
     ("the network", {"encoder", "checkpoint", "encoders"}),
     ("embedding", {"embedding", "index", "evidence"}),
     ("versions", {"onboarding"}),
-    ("answers", {"catalog", "neighbours", "versions", "registration", "geometry", "fingerprint", "portfolio",
+    ("answers", {"answerbook", "catalog", "neighbours", "versions", "registration", "geometry", "fingerprint", "portfolio",
                  "fallback", "maps", "routing", "frontier", "baselines", "evaluation", "training",
                  "heldout", "interaction", "probes", "probe_plans"}),
     ("facade", {"api", "__init__"}),

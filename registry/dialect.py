@@ -41,14 +41,14 @@ _TOKEN = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\?|%")
 
 
 def pg_statement(statement: str, params=None) -> tuple[str, list | None]:
-    """(statement, params) as psycopg takes them: `?` -> `%s` (outside quotes), a literal `%` doubled, numpy
+    """(statement, params) as psycopg takes them: `?` -> `%s` (outside quotes), every literal `%` doubled, numpy
     scalars and arrays as Python values."""
     if not params:
         return statement, None
 
-    def sub(m):
+    def sub(m):   # psycopg reads % everywhere, quotes included; ? is a placeholder only outside quotes
         tok = m.group(0)
-        return "%s" if tok == "?" else ("%%" if tok == "%" else tok)
+        return "%s" if tok == "?" else tok.replace("%", "%%")
     return _TOKEN.sub(sub, statement), [_py(p) for p in params]
 
 

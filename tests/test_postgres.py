@@ -112,3 +112,18 @@ def test_serve_on_postgres_answers_as_the_registry_does(pair, pg_server, pg_base
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_placeholders_and_urls_as_psycopg_and_people_read_them():
+    import numpy as np
+
+    from registry import dialect
+
+    sql, params = dialect.pg_statement("SELECT '?' || ?, 'a%b' LIKE ?, \"we?ird\" FROM t WHERE x = ?",
+                                       ["x", "a%", np.int64(3)])
+    assert sql == "SELECT '?' || %s, 'a%%b' LIKE %s, \"we?ird\" FROM t WHERE x = %s"
+    assert params == ["x", "a%", 3] and type(params[2]) is int
+    assert dialect.pg_statement("SELECT 100 % 7", None) == ("SELECT 100 % 7", None)   # no params: sent as is
+    assert dialect.display_url("postgresql://bob:secret@db:5432/reg") == "postgresql://bob:***@db:5432/reg"
+    assert dialect.engine_url("postgres://bob@db/reg") == "postgresql+psycopg://bob@db/reg"
+    assert dialect.is_url("postgresql://x/y") and not dialect.is_url("registry.duckdb")

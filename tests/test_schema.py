@@ -9,7 +9,7 @@ from registry import Registry, SchemaOutdated
 from registry.schema import Base
 from registry.store import Store, head_revision
 
-from .conftest import snapshot
+from .conftest import any_snapshot
 
 
 def catalog(path) -> dict:
@@ -76,21 +76,21 @@ def test_migrated_schema_equals_orm_metadata_on_postgres(pg_server):
     assert any(name == "embedding_versions_vector_dim" for _, name, _, _ in a["constraints"])
 
 
-def test_downgrade_and_upgrade_keep_data(db_copy):
-    before = snapshot(db_copy)
+def test_downgrade_and_upgrade_keep_data(any_db):
+    before = any_snapshot(any_db)
     assert before["evaluations"][0] > 0
-    store = Store(db_copy)
+    store = Store(any_db)
     store.downgrade("0001")
     assert store.current_revision() == "0001"
     with pytest.raises(SchemaOutdated, match="registry db upgrade"):
-        Store(db_copy)
+        Store(any_db)
     store.upgrade("head")
     store.close()
-    after = snapshot(db_copy)
+    after = any_snapshot(any_db)
     # the tables that 0001 holds keep every row across the round trip
     for table in ("models", "queries", "evaluations", "text_vectors", "import_batches"):
         assert after[table] == before[table], table
-    with Registry(db_copy) as reg:
+    with Registry(any_db) as reg:
         assert reg.stats().evaluations > 0
 
 

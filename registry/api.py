@@ -230,6 +230,14 @@ class Registry:
                                        seeds=5 if seeds is None else seeds, probation_min=self.probation_min,
                                        planned=planned)
 
+    # --- the database as a whole --------------------------------------------------------------------------------
+    def db_copy(self, dest: str, progress=None):
+        """Copy this registry, every table, to `dest` (a new DuckDB file or an empty PostgreSQL database, given by
+        URL), losslessly and all or nothing (`dbcopy.CopyResult`); `progress(table, rows)` hears of each table."""
+        from . import dbcopy
+
+        return dbcopy.copy(self.store, dest, progress)
+
     # --- reading: models, neighbours, the embedding space ----------------------------------------------------
     def models(self) -> list[catalog.ModelInfo]:
         """Every model: evaluations, accuracy, metadata, availability, current version and evidence status."""

@@ -87,11 +87,23 @@ def rows_to_arrow(cursor):
 
     if cursor.description is None:
         return pa.table({})
+    return _rows_table(cursor.description, cursor.fetchall())
+
+
+def arrow_batches(cursor, rows: int):
+    """The rows of an executed psycopg cursor as pyarrow Tables of at most `rows` rows each (a server-side cursor
+    keeps only one batch in memory: `db copy` of a large table)."""
+    while batch := cursor.fetchmany(rows):
+        yield _rows_table(cursor.description, batch)
+
+
+def _rows_table(description, rows):
+    import pyarrow as pa
+
     types = _arrow_types()
-    rows = cursor.fetchall()
-    cols = list(zip(*rows)) if rows else [()] * len(cursor.description)
+    cols = list(zip(*rows)) if rows else [()] * len(description)
     arrays, names = [], []
-    for d, values in zip(cursor.description, cols):
+    for d, values in zip(description, cols):
         names.append(d.name)
         arrays.append(pa.array(list(values), type=types.get(d.type_code)))
     return pa.Table.from_arrays(arrays, names=names)
@@ -215,3 +227,25 @@ def pg_failed(conn) -> bool:
     from psycopg.pq import TransactionStatus
 
     return conn.info.transaction_status == TransactionStatus.INERROR
+
+
+# `db copy`: the tables and id sequences of a registry's schema, and how to set a sequence so that the next id is
+# `value + 1` (DuckDB has no setval: it draws the missing values; its sequences, like PostgreSQL's, ignore rollback)
+TABLES = {
+    "duckdb": "SELECT table_name FROM duckdb_tables() WHERE schema_name = current_schema() ORDER BY 1",
+    "postgresql": "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema() "
+                  "ORDER BY 1",
+}
+SEQUENCES = {   # -> (name, last value drawn or NULL)
+    "duckdb": "SELECT sequence_name, last_value FROM duckdb_sequences() WHERE schema_name = current_schema()",
+    "postgresql": "SELECT sequencename, last_value FROM pg_sequences WHERE schemaname = current_schema()",
+}
+
+
+def advance_sequence(dialect: str, name: str, last: int | None, value: int) -> str | None:
+    """SQL that moves sequence `name` (last drawn: `last`, None if never) on to `value`; None if nothing to do."""
+    if value <= (last or 0):
+        return None
+    if dialect == "postgresql":
+        return f"SELECT setval('{name}', {int(value)})"
+    return f"SELECT max(nextval('{name}')) FROM range({int(value) - (last or 0)})"

@@ -16,6 +16,7 @@ from registry import Registry, dbcopy
 from registry.cli import cli
 from registry.errors import InputError, RegistryError
 from registry.schema import Base
+from registry.store import Store
 
 from .conftest import any_snapshot, snapshot
 
@@ -126,8 +127,24 @@ def test_duckdb_to_duckdb_on_the_command_line(full_db, tmp_path):
     assert "evaluations" in res.stderr and "rows" in res.stderr          # progress, one line per table
     assert rows(dest) == before
     assert snapshot(dest) == snapshot(full_db)
-    res = CliRunner().invoke(cli, ["--db", str(full_db), "db", "copy", str(tmp_path / "plain.duckdb")])
+    # an empty registry at an older revision is empty too: migrated to head, then filled
+    older = tmp_path / "older.duckdb"
+    store = Store(older, migrate=False)
+    store.upgrade("0005")
+    store.close()
+    res = CliRunner().invoke(cli, ["--db", str(full_db), "db", "copy", str(older)])
     assert res.exit_code == 0 and res.stdout.startswith("copied 15 tables"), res.output
+    assert rows(older) == before
+
+
+def test_a_destination_with_another_table_is_refused(full_db, tmp_path):
+    dest = tmp_path / "other.duckdb"
+    con = duckdb.connect(str(dest))
+    con.execute("CREATE TABLE notes (line VARCHAR)")
+    con.close()
+    with Registry(full_db) as reg, pytest.raises(InputError, match="holds table notes, which is not the registry's"):
+        reg.db_copy(str(dest))
+    assert list(snapshot(dest)) == ["notes"]
 
 
 def test_a_destination_with_rows_is_refused_and_unchanged(any_db, base_db, tmp_path):

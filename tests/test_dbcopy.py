@@ -186,3 +186,24 @@ def test_a_failed_copy_leaves_the_destination_empty_and_ready(full_db, pg_url):
     with Registry(full_db) as reg:
         result = reg.db_copy(pg_url)
     assert result.tables["routing_log"] == len(rows(full_db)["routing_log"])
+
+
+def test_a_postgres_source_written_to_meanwhile_is_copied_as_it_stood(full_db, pg_url, tmp_path):
+    """The copy reads one snapshot: a write committed by another connection while the copy runs (here: between its
+    first table and model_availability) is not in the copy."""
+    with Registry(full_db) as reg:
+        reg.db_copy(pg_url)
+    writes = []
+
+    def write_meanwhile(table, rows):
+        if not writes:
+            with Registry(pg_url) as other:
+                writes.append(other.mark_unavailable(["gemma-7b"], reason="during the copy"))
+
+    back = tmp_path / "back.duckdb"
+    with Registry(pg_url) as reg:
+        result = reg.db_copy(str(back), progress=write_meanwhile)
+    assert writes and list(result.tables).index("model_availability") > 0
+    assert rows(back)["model_availability"] == rows(full_db)["model_availability"]
+    with Registry(pg_url) as reg, reg.store.tx() as tx:      # the write itself went in
+        assert tx.sql("SELECT count(*) FROM model_availability")[0][0] == len(rows(full_db)["model_availability"]) + 1

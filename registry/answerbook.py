@@ -41,9 +41,9 @@ class AnswerBook:
         rows = evaluations.of_models(tx, changed)
         new_q = np.setdiff1d(np.unique(rows["query_id"]), np.fromiter(self.col, dtype=np.int64, count=len(self.col)))
         test = {int(q) for (q,) in tx.sql("""SELECT query_id FROM query_splits WHERE split = 'test'
-                                               AND query_id IN (SELECT unnest(?))""", [new_q.tolist()])} \
+                                               AND query_id IN (SELECT unnest(?::INTEGER[]))""", [new_q.tolist()])} \
             if len(new_q) else set()
-        named = dict(tx.sql("SELECT id, name FROM models WHERE id IN (SELECT unnest(?))",
+        named = dict(tx.sql("SELECT id, name FROM models WHERE id IN (SELECT unnest(?::INTEGER[]))",
                             [[m for m in changed if m not in self.names]]))
         with self._lock:
             correct, row, col = self.correct, dict(self.row), dict(self.col)

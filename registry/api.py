@@ -15,8 +15,9 @@ from .store import Store, Tx
 
 
 class Registry:
-    """A model registry in one DuckDB file. `Registry(path)` opens (and, if new, creates) it; with `create=False`
-    a missing file is an error (NotFound) instead."""
+    """A model registry in one DuckDB file (or a PostgreSQL database: `Registry("postgresql://...")`).
+    `Registry(path)` opens (and, if new, creates) it; with `create=False` a missing file is an error (NotFound)
+    instead."""
 
     def __init__(self, path: str | Path | None = None, migrate: bool = True,
                  min_evaluations: int = embedding.MIN_EVALUATIONS, create: bool = True,
@@ -228,6 +229,14 @@ class Registry:
             return evaluation.evaluate(tx, split, baselines=baselines, sample_efficiency=sample_efficiency,
                                        seeds=5 if seeds is None else seeds, probation_min=self.probation_min,
                                        planned=planned)
+
+    # --- the database as a whole --------------------------------------------------------------------------------
+    def db_copy(self, dest: str, progress=None):
+        """Copy this registry, every table, to `dest` (a new DuckDB file or an empty PostgreSQL database, given by
+        URL), losslessly and all or nothing (`dbcopy.CopyResult`); `progress(table, rows)` hears of each table."""
+        from . import dbcopy
+
+        return dbcopy.copy(self.store, dest, progress)
 
     # --- reading: models, neighbours, the embedding space ----------------------------------------------------
     def models(self) -> list[catalog.ModelInfo]:

@@ -17,12 +17,12 @@ class Availability:
 def set_available(tx: Tx, names: list[str], available: bool, reason: str | None = None) -> None:
     if not names:
         raise InputError("name at least one model")
-    ids = dict(tx.sql("SELECT name, id FROM models WHERE name IN (SELECT unnest(?))", [list(names)]))
+    ids = dict(tx.sql("SELECT name, id FROM models WHERE name IN (SELECT unnest(?::VARCHAR[]))", [list(names)]))
     for n in names:
         if n not in ids:
             raise unknown_model(n, [r[0] for r in tx.sql("SELECT name FROM models")])
-    tx.duck.executemany("INSERT INTO model_availability (model_id, available, reason) VALUES (?, ?, ?)",
-                        [[ids[n], available, reason] for n in names])
+    tx.executemany("INSERT INTO model_availability (model_id, available, reason) VALUES (?, ?, ?)",
+                   [[ids[n], available, reason] for n in names])
 
 
 def unavailable_models(tx: Tx) -> list[str]:

@@ -67,7 +67,7 @@ def models(tx: Tx, probation_min: int, stats: dict | None = None) -> list[ModelI
 def evaluation_stats(tx: Tx, model_ids=None) -> dict[int, tuple[int, float | None]]:
     """{model id: (current evaluations, accuracy)} for every model, or only `model_ids`."""
     return {m: (int(n), a) for m, n, a in tx.sql(
-        f"SELECT model_id, count(*), avg(correct::INT) FROM {current(model_ids=model_ids)} GROUP BY model_id")}
+        f"SELECT model_id, count(*), avg(correct::INT) FROM {current(model_ids=model_ids)} e GROUP BY model_id")}
 
 
 def newest_batch(tx: Tx) -> int:
@@ -86,7 +86,9 @@ def show(tx: Tx, name: str, probation_min: int) -> ModelDetail:
     mine = current(model_ids=[mid[0][0]])
     rows = tx.sql(f"""SELECT m.name, count(e.query_id), avg(e.correct::INT), m.family, m.provider, m.params_b, m.cost,
                              m.open_weights, m.tags::VARCHAR, m.created::VARCHAR
-                      FROM models m LEFT JOIN {mine} e ON e.model_id = m.id WHERE m.name = ? GROUP BY ALL""", [name])
+                      FROM models m LEFT JOIN {mine} e ON e.model_id = m.id WHERE m.name = ?
+                      GROUP BY m.name, m.family, m.provider, m.params_b, m.cost, m.open_weights, m.tags::VARCHAR,
+                               m.created::VARCHAR""", [name])
     detail = _with_state(_info(ModelDetail, rows[0]), _state(tx), probation_min)
     cats = tx.sql(f"""SELECT coalesce(q.category, '(none)'), count(*), avg(e.correct::INT)
                       FROM {mine} e JOIN queries q ON q.id = e.query_id GROUP BY 1 ORDER BY 1""")
@@ -101,7 +103,7 @@ def stats(tx: Tx, path: str) -> Stats:
     models_, queries, rows, vectors, batches = tx.sql("""
         SELECT (SELECT count(*) FROM models), (SELECT count(*) FROM queries), (SELECT count(*) FROM evaluations),
                (SELECT count(*) FROM text_vectors), (SELECT count(*) FROM import_batches)""")[0]
-    current = tx.sql(f"SELECT count(*) FROM {CURRENT}")[0][0]
+    current = tx.sql(f"SELECT count(*) FROM {CURRENT} e")[0][0]
     splits = dict(tx.sql("SELECT split, count(*) FROM query_splits GROUP BY split ORDER BY split"))
     return Stats(models_, queries, current, rows, vectors, batches, splits, path, queries - sum(splits.values()))
 

@@ -21,7 +21,8 @@ COMMAND_MODULES = (cli_db, cli_data, cli_models, cli_encoders, cli_geometry, cli
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--db", envvar="REGISTRY_DB", default="registry.duckdb", show_default=True,
-              help="The registry's DuckDB file (or set REGISTRY_DB).")
+              help="The registry's DuckDB file, or a PostgreSQL URL postgresql://user@host:port/dbname "
+                   "(or set REGISTRY_DB).")
 @click.option("--probation-min", type=click.IntRange(min=0), envvar="REGISTRY_PROBATION_MIN", default=None,
               help="Fewest evaluations behind a model's embedding for routing to choose it unasked (default 500; "
                    "or set REGISTRY_PROBATION_MIN).")

@@ -1,14 +1,15 @@
-"""`registry db`: schema migrations (Alembic): upgrade, downgrade, current."""
+"""`registry db`: schema migrations (Alembic): upgrade, downgrade, current; and `db copy` of the whole registry to
+another database."""
 from __future__ import annotations
 
 import click
 
-from .cli_common import command, emit_json, group
+from .cli_common import command, emit_json, group, open_registry
 
 
 @group()
 def db(ctx) -> None:
-    """Schema migrations (Alembic)."""
+    """Schema migrations (Alembic), and copying the registry to another database."""
 
 
 @command("upgrade", group=db, json=False)
@@ -47,6 +48,23 @@ def db_current(ctx, as_json):
         emit_json({"current": current, "head": head})
     else:
         click.echo(f"current: {current or '(empty)'}  head: {head}")
+
+
+@command("copy", group=db)
+@click.argument("dest")
+def db_copy(ctx, dest, as_json):
+    """Copy the registry (every table, same ids) to DEST: a new DuckDB file or an empty PostgreSQL database (URL)."""
+    def shown(table, rows):   # progress on stderr: stdout stays the result (or its JSON)
+        click.echo(f"  {table:<22} {rows:>12,} rows", err=True)
+
+    result = open_registry(ctx).db_copy(dest, progress=shown)
+    if as_json:
+        emit_json({"source": result.source, "dest": result.dest, "revision": result.revision,
+                   "tables": result.tables, "rows": result.rows, "sequences": result.sequences,
+                   "seconds": result.seconds})
+    else:
+        click.echo(f"copied {len(result.tables)} tables, {result.rows:,} rows, from {result.source} to "
+                   f"{result.dest} (revision {result.revision}) in {result.seconds:.1f} s")
 
 
 COMMANDS = [db]

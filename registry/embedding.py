@@ -44,8 +44,8 @@ def evaluation_sets(tx: Tx, model_ids, through_batch: int, max_set: int | None =
     """Each model's embedding input and its digest (see the module docstring for what it contains): its current
     evaluations in one query, chosen and ordered with the cached `query_meta`."""
     ids = ", ".join(str(int(m)) for m in model_ids) or "NULL"
-    res = tx.duck.execute(f"""SELECT model_id, query_id, correct::INT AS correct, batch_id FROM evaluations
-                              WHERE model_id IN ({ids}) AND batch_id <= {int(through_batch)}""").fetchnumpy()
+    res = tx.numpy(f"""SELECT model_id, query_id, correct::INT AS correct, batch_id FROM evaluations
+                              WHERE model_id IN ({ids}) AND batch_id <= {int(through_batch)}""")
     res = newest_per_query(res)                       # sorted by model, then query
     meta = query_meta(tx)
     model_col = np.asarray(res["model_id"], dtype=np.int64)

@@ -41,14 +41,14 @@ class Dataset:
 
 def dataset(tx: Tx) -> Dataset:
     """Current evaluations of every model on every query with a split, as a dense matrix."""
-    q = tx.duck.execute("""SELECT q.id, s.split, coalesce(q.category, '(none)') AS category FROM queries q
-                           JOIN query_splits s ON s.query_id = q.id ORDER BY q.id""").fetchnumpy()
+    q = tx.numpy("""SELECT q.id, s.split, coalesce(q.category, '(none)') AS category FROM queries q
+                           JOIN query_splits s ON s.query_id = q.id ORDER BY q.id""")
     if len(q["id"]) == 0:
         raise RegistryError("no queries with a train/val/test split: import a splits file or run "
                             "`registry draw-splits`")
     m = tx.sql("SELECT id, name FROM models ORDER BY name")
     model_ids = np.array([r[0] for r in m], dtype=np.int64)
-    ev = tx.duck.execute(f"SELECT model_id, query_id, correct::TINYINT AS c FROM {evaluations.CURRENT}").fetchnumpy()
+    ev = tx.numpy(f"SELECT model_id, query_id, correct::INT AS c FROM {evaluations.CURRENT} e")
     qpos = {int(x): i for i, x in enumerate(q["id"])}
     mpos = {int(x): i for i, x in enumerate(model_ids)}
     correct = np.full((len(model_ids), len(q["id"])), -1, dtype=np.int8)

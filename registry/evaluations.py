@@ -43,8 +43,8 @@ def newest_per_query(res: dict) -> dict:
 def of_models(tx: Tx, model_ids) -> dict:
     """Current evaluations of some models as numpy columns (model_id, query_id, correct, batch_id)."""
     ids = ", ".join(str(int(m)) for m in model_ids) or "NULL"
-    return newest_per_query(tx.duck.execute(f"""SELECT model_id, query_id, correct::INT AS correct, batch_id
-                                               FROM evaluations WHERE model_id IN ({ids})""").fetchnumpy())
+    return newest_per_query(tx.numpy(f"""SELECT model_id, query_id, correct::INT AS correct, batch_id
+                                               FROM evaluations WHERE model_id IN ({ids})"""))
 
 
 def disagreement(tx: Tx, qids, y, others) -> dict[int, tuple[int, float]]:
@@ -60,14 +60,11 @@ def disagreement(tx: Tx, qids, y, others) -> dict[int, tuple[int, float]]:
         return {}
     last = len(qids) - 1 - np.unique(qids[::-1], return_index=True)[1]     # a repeated query: its last answer
     # only the others' rows on these queries: a join on the given ids, not every evaluation of every other model
-    tx.duck.register("_answers", pa.table({"query_id": qids[last], "y": y[last]}))
-    try:
-        res = tx.duck.execute(f"""
+    with tx.table("_answers", pa.table({"query_id": qids[last], "y": y[last]})):
+        res = tx.sql(f"""
             SELECT e.model_id, count(*) AS shared, avg((e.correct::INT <> a.y)::INT) AS rate
             FROM {current(model_ids=others, queries_in="_answers")} e JOIN _answers a ON a.query_id = e.query_id
-            GROUP BY e.model_id""").fetchall()
-    finally:
-        tx.duck.unregister("_answers")
+            GROUP BY e.model_id""")
     return {int(m): (int(n), float(r)) for m, n, r in res}
 
 

@@ -142,8 +142,8 @@ def answer_calibration(tx: Tx, exclude: set[int] | None = None) -> AnswerCalibra
     if key in _answer_cals:
         return _answer_cals[key]
     ids = ", ".join(str(int(m)) for m, _ in known) or "NULL"
-    res = tx.duck.execute(f"""SELECT model_id, query_id, correct::TINYINT AS c FROM {evaluations.CURRENT}
-                              WHERE model_id IN ({ids})""").fetchnumpy()
+    res = tx.numpy(f"""SELECT model_id, query_id, correct::INT AS c FROM {evaluations.CURRENT} e
+                              WHERE model_id IN ({ids})""")
     mids, qids = np.unique(res["model_id"]), np.unique(res["query_id"])
     keep = ~np.isin(mids, list(exclude))
     correct = np.full((len(mids), len(qids)), -1, dtype=np.int8)

@@ -69,7 +69,8 @@ def compute(tx: Tx, st: routing.State, split: str = "test", cost_by: str = "para
     row_of, qmat = querycache.query_vectors(tx, qids)
     qmat = qmat[[row_of[int(q)] for q in qids]]
     correct = _correct_matrix(tx, names, qids)                       # [m,N] 1/0/-1
-    hashes = [r[0] for r in tx.sql("SELECT content_hash FROM queries WHERE id IN (SELECT unnest(?)) ORDER BY id",
+    hashes = [r[0] for r in tx.sql("""SELECT content_hash FROM queries WHERE id IN (SELECT unnest(?::INTEGER[]))
+                                      ORDER BY id""",
                                     [qids.tolist()])]
     probs = routing.probabilities(st, qmat, hashes)[0][rows]
     sub = routing.Policy(set(), np.ones(len(rows), dtype=bool), cost, basis)
@@ -122,13 +123,10 @@ def _correct_matrix(tx: Tx, names: list[str], qids: np.ndarray) -> np.ndarray:
     out = np.full((len(names), len(qids)), -1, dtype=np.int8)
     col = {q: j for j, q in enumerate(qids.tolist())}
     rowm = {n: i for i, n in enumerate(names)}
-    tx.duck.register("_front_q", pa.table({"id": qids}))
-    try:
-        res = tx.duck.execute(f"""SELECT m.name, e.query_id, e.correct::INT AS c
+    with tx.table("_front_q", pa.table({"id": qids})):
+        res = tx.sql(f"""SELECT m.name, e.query_id, e.correct::INT AS c
                                   FROM {evaluations.CURRENT} e JOIN models m ON m.id = e.model_id
-                                  WHERE e.query_id IN (SELECT id FROM _front_q)""").fetchall()
-    finally:
-        tx.duck.unregister("_front_q")
+                                  WHERE e.query_id IN (SELECT id FROM _front_q)""")
     for n, q, c in res:
         if n in rowm:
             out[rowm[n], col[q]] = c

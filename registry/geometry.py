@@ -56,15 +56,12 @@ def test_outcomes(tx: Tx, model_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray
     """Current evaluations on the test split: (query ids [N], correct [M,N] int8, 1/0 and -1 = not evaluated)."""
     import pyarrow as pa
 
-    tx.duck.register("_pool", pa.table({"model_id": np.asarray(model_ids, np.int64),
-                                        "row": np.arange(len(model_ids), dtype=np.int64)}))
-    try:
-        res = tx.duck.execute(f"""
+    with tx.table("_pool", pa.table({"model_id": np.asarray(model_ids, np.int64),
+                                        "row": np.arange(len(model_ids), dtype=np.int64)})):
+        res = tx.numpy(f"""
             SELECT p.row, e.query_id, e.correct::INT AS correct
             FROM {evaluations.CURRENT} e JOIN _pool p ON p.model_id = e.model_id
-            JOIN query_splits s ON s.query_id = e.query_id AND s.split = 'test'""").fetchnumpy()
-    finally:
-        tx.duck.unregister("_pool")
+            JOIN query_splits s ON s.query_id = e.query_id AND s.split = 'test'""")
     qids = np.unique(np.asarray(res["query_id"], np.int64))
     correct = np.full((len(model_ids), len(qids)), -1, dtype=np.int8)
     correct[np.asarray(res["row"], np.int64), np.searchsorted(qids, res["query_id"])] = res["correct"]

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import dialect
 from .store import Tx
 
 
@@ -74,10 +75,12 @@ def current_versions(tx: Tx, encoder_id: int, as_of: str | None = None, after_ve
     -> (version ids [n], model ids [n], names [n], vectors [n,128] float32)"""
     when = "AND v.created <= ?::TIMESTAMP" if as_of else ""
     tbl = tx.arrow(f"""
-        SELECT v.id, v.model_id, m.name, v.vector FROM embedding_versions v JOIN models m ON m.id = v.model_id
-        WHERE v.encoder_id = ? {when} AND v.id > ?
-        QUALIFY row_number() OVER (PARTITION BY v.model_id ORDER BY v.version DESC) = 1
-        ORDER BY v.model_id""", [encoder_id] + ([as_of] if as_of else []) + [after_version_id])
+        SELECT id, model_id, name, vector FROM (
+            SELECT v.id, v.model_id, m.name, v.vector,
+                   row_number() OVER (PARTITION BY v.model_id ORDER BY v.version DESC) AS newest
+            FROM embedding_versions v JOIN models m ON m.id = v.model_id
+            WHERE v.encoder_id = ? {when} AND v.id > ?) x
+        WHERE newest = 1 ORDER BY model_id""", [encoder_id] + ([as_of] if as_of else []) + [after_version_id])
     n = tbl.num_rows
     flat = tbl.column("vector").combine_chunks().flatten().to_numpy(zero_copy_only=False) if n else np.zeros(0)
     return (tbl.column("id").to_numpy(), tbl.column("model_id").to_numpy().astype(np.int64),
@@ -90,7 +93,11 @@ def new_index(dim: int = 128):
     return faiss.IndexIDMap2(faiss.IndexFlatL2(dim))
 
 
-def _sidecar(db_path: str, encoder_id: int) -> Path:
+def _sidecar(db_path: str, encoder_id: int) -> Path | None:
+    """Where the index is saved beside a DuckDB file (PostgreSQL: nowhere; the index is rebuilt from the database
+    when a process first needs it)."""
+    if dialect.is_url(db_path):
+        return None
     return Path(f"{db_path}.index") / f"encoder-{encoder_id}.faiss"
 
 
@@ -135,7 +142,7 @@ def _from_sidecar(tx: Tx, db_path: str, encoder_id: int) -> VectorIndex:
 
     side = _sidecar(db_path, encoder_id)
     empty = VectorIndex(encoder_id, new_index(), {}, 0)
-    if not (side.is_file() and side.with_suffix(".json").is_file()):
+    if side is None or not (side.is_file() and side.with_suffix(".json").is_file()):
         return empty
     try:
         meta = json.loads(side.with_suffix(".json").read_text())
@@ -152,7 +159,8 @@ def versions_written(tx: Tx) -> None:
     """Whoever appends embedding versions calls this in the same transaction: once it commits, every in-memory
     index of this database checks the database again before answering (onboarding does; so must any bulk writer).
     Between such commits an index answers without a query: this process holds DuckDB's file lock, so nothing else
-    writes versions."""
+    writes versions. (On PostgreSQL other processes do: `Store.tx` bumps the generation at the start of every
+    transaction there, so an index checks the newest version id once per transaction.)"""
     tx.invalidate("versions")
 
 
@@ -191,6 +199,8 @@ def _save(vi: VectorIndex, side: Path) -> None:
     import os
     import threading
 
+    if side is None:
+        return
     try:
         side.parent.mkdir(exist_ok=True)
         # each file whole or not at all (os.replace), also when two threads save at once

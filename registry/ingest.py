@@ -5,6 +5,11 @@ checked with a few set-based queries, and written with `INSERT ... SELECT`: no r
 raises `InputError` naming the file, the line and the problem, and the transaction rolls back, so a failed import
 leaves the database exactly as it was.
 
+Files are read in `tx.stage`, the in-process DuckDB: on a DuckDB registry its own connection, so the checks join the
+registry's tables directly and rows go in with `INSERT ... SELECT`; on PostgreSQL a private DuckDB into which the
+registry rows the checks need are mirrored (`_mirror`), and the rows to append are computed there and copied into
+PostgreSQL with COPY (`_append_evaluations`), in the import's one transaction.
+
 Line numbers: for CSV, line = record number + 1 (the header is line 1); for JSONL, the record number; for Parquet,
 the row number.
 """
@@ -135,6 +140,23 @@ def _duck_error(path: str, exc: Exception) -> InputError:
     return InputError(first.strip().rstrip("."), file=path, line=int(line.group(1)) if line else None)
 
 
+def _q(tx: Tx, statement: str, params=None):
+    """Run SQL in the stage (the in-process DuckDB that reads the files) and fetch all rows."""
+    return tx.stage.execute(statement, params or []).fetchall()
+
+
+def _mirror(tx: Tx, *tables: str) -> None:
+    """PostgreSQL: copy the registry rows that the stage's checks join into the stage, as they are now in this
+    transaction (DuckDB: the stage is the registry's own connection; nothing to do)."""
+    for t in tables:
+        tx.mirror(t, MIRRORS[t])
+
+
+MIRRORS = {"queries": "SELECT id, external_id, content_hash FROM queries",
+           "models": "SELECT id, name FROM models",
+           "query_splits": "SELECT query_id, split FROM query_splits"}
+
+
 def _sql_str(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
@@ -198,7 +220,7 @@ def file_columns(tx: Tx, kind: str, path: str, constants: dict[str, str] | None 
     else:
         src = _source(path, fmt)
         try:
-            described = tx.sql(f"DESCRIBE SELECT * FROM {src}")
+            described = _q(tx, f"DESCRIBE SELECT * FROM {src}")
         except Exception as exc:
             raise _duck_error(path, exc) from None
         types = {row[0].strip().lower(): (row[0], row[1]) for row in described}
@@ -245,11 +267,11 @@ def stage(tx: Tx, kind: str, path: str, table: str, project: Callable[[dict[str,
         selects += "".join(', CAST("{0}" AS VARCHAR) AS "x:{0}"'.format(c.replace('"', '""')) for c in ignored)
         ignored = []
     try:
-        tx.duck.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT {selects} FROM {src}")
+        tx.stage.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT {selects} FROM {src}")
         # rowids follow the file's order (insertion order is preserved) from an arbitrary start
-        rows, start = tx.sql(f"SELECT count(*), min(rowid) FROM {table}")[0]
+        rows, start = _q(tx, f"SELECT count(*), min(rowid) FROM {table}")[0]
         if with_lines and rows:
-            tx.duck.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS "
+            tx.stage.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS "
                             f"SELECT rowid - {start} + {first_line} AS line, * FROM {table}")
     except Exception as exc:
         raise _duck_error(path, exc) from None
@@ -276,7 +298,7 @@ def _check_parquet_types(kind: str, path: str, chosen: dict[str, str], types: di
 
 def _first_bad(tx: Tx, staged: Staged, condition: str, message: str, value_col: str | None = None) -> None:
     value = f", {value_col}" if value_col else ""
-    row = tx.sql(f"SELECT {staged.line_sql} AS l{value} FROM {staged.table} WHERE {condition} ORDER BY l LIMIT 1")
+    row = _q(tx, f"SELECT {staged.line_sql} AS l{value} FROM {staged.table} WHERE {condition} ORDER BY l LIMIT 1")
     if row:
         shown = repr(row[0][1]) if value_col else ""
         raise InputError(message.format(value=shown), file=staged.path, line=int(row[0][0]))
@@ -329,8 +351,8 @@ def _parse_tags(raw: str | None, path: str, line: int) -> dict:
 
 def import_models(tx: Tx, staged: Staged, result: ImportResult) -> None:
     """Models are metadata-sized: validated in Python, written with two bulk statements."""
-    names = [d[0] for d in tx.duck.execute(f"SELECT * FROM {staged.table} LIMIT 0").description]
-    rows = tx.sql(f"SELECT * FROM {staged.table} ORDER BY line")
+    names = [d[0] for d in tx.stage.execute(f"SELECT * FROM {staged.table} LIMIT 0").description]
+    rows = _q(tx, f"SELECT * FROM {staged.table} ORDER BY line")
     parsed, seen = [], {}
     for row in rows:
         rec = dict(zip(names, row))
@@ -361,15 +383,14 @@ def upsert_models(tx: Tx, parsed: list[dict], result: ImportResult) -> None:
     table = pa.Table.from_pylist(parsed, schema=pa.schema([
         ("name", pa.string()), ("family", pa.string()), ("provider", pa.string()), ("params_b", pa.float64()),
         ("cost", pa.float64()), ("open_weights", pa.bool_()), ("tags", pa.string())]))
-    tx.duck.register("_models_in", table)
-    try:
+    with tx.table("_models_in", table):
         changed = tx.sql("""
             SELECT count(*) FROM _models_in i JOIN models m ON m.name = i.name
             WHERE m.family IS DISTINCT FROM i.family OR m.provider IS DISTINCT FROM i.provider
                OR m.params_b IS DISTINCT FROM i.params_b OR m.cost IS DISTINCT FROM i.cost
                OR m.open_weights IS DISTINCT FROM i.open_weights OR m.tags::VARCHAR IS DISTINCT FROM i.tags""")[0][0]
         if changed:
-            tx.duck.execute("""
+            tx.sql("""
                 UPDATE models SET family = i.family, provider = i.provider, params_b = i.params_b, cost = i.cost,
                                   open_weights = i.open_weights, tags = i.tags::JSON
                 FROM _models_in i WHERE models.name = i.name AND (
@@ -382,19 +403,17 @@ def upsert_models(tx: Tx, parsed: list[dict], result: ImportResult) -> None:
             SELECT name, family, provider, params_b, cost, open_weights, tags::JSON FROM _models_in
             WHERE name NOT IN (SELECT name FROM models) RETURNING id, name""")
         outbox.new_models(tx, added)
-    finally:
-        tx.duck.unregister("_models_in")
     result.models_added += len(added)
     result.models_updated += int(changed)
 
 
 def import_queries(tx: Tx, staged: Staged, result: ImportResult) -> None:
     """Queries: the text embedded is the question plus its lettered options; its sha256 is the content hash."""
-    has = {d[0] for d in tx.duck.execute(f"SELECT * FROM {staged.table} LIMIT 0").description}
+    has = {d[0] for d in tx.stage.execute(f"SELECT * FROM {staged.table} LIMIT 0").description}
     pick = ", ".join(c if c in has else f"NULL AS {c}" for c in ("id", "text", "category", "source", "options"))
     _first_bad(tx, staged, "id IS NULL OR trim(id) = ''", "empty query id")
     _first_bad(tx, staged, "text IS NULL OR trim(text) = ''", "empty query text")
-    rows = tx.sql(f"SELECT line, {pick} FROM {staged.table} ORDER BY line")
+    rows = _q(tx, f"SELECT line, {pick} FROM {staged.table} ORDER BY line")
     out, seen = [], {}
     for line, qid, question, category, source, options in rows:
         qid = qid.strip()
@@ -411,9 +430,10 @@ def import_queries(tx: Tx, staged: Staged, result: ImportResult) -> None:
         seen[qid] = digest
         out.append({"external_id": qid, "source": source or None, "category": category or None, "text": text,
                     "content_hash": digest, "line": line})
-    table = pa.Table.from_pylist(out)
-    tx.duck.register("_queries_in", table)
-    try:
+    table = pa.Table.from_pylist(out, schema=pa.schema([
+        ("external_id", pa.string()), ("source", pa.string()), ("category", pa.string()), ("text", pa.string()),
+        ("content_hash", pa.string()), ("line", pa.int64())]))
+    with tx.table("_queries_in", table):
         clash = tx.sql("""SELECT i.line, i.external_id FROM _queries_in i JOIN queries q ON q.external_id = i.external_id
                           WHERE q.content_hash <> i.content_hash ORDER BY i.line LIMIT 1""")
         if clash:
@@ -424,8 +444,6 @@ def import_queries(tx: Tx, staged: Staged, result: ImportResult) -> None:
                           WHERE external_id NOT IN (SELECT external_id FROM queries) RETURNING id""")
         if added:
             tx.invalidate("query_meta")
-    finally:
-        tx.duck.unregister("_queries_in")
     result.queries_added += len(added)
 
 
@@ -440,31 +458,26 @@ def import_evaluations(tx: Tx, staged: Staged, batch_id: int, result: ImportResu
     """
     t = staged.table
     check_evaluations(tx, staged, unknown_hint)
-    new_models = tx.sql(f"""INSERT INTO models (name, tags)
-                            SELECT model, '{{}}'::JSON FROM (SELECT DISTINCT model FROM {t})
-                            WHERE model NOT IN (SELECT name FROM models) ORDER BY model RETURNING id, name""")
+    names = [r[0] for r in _q(tx, f"SELECT DISTINCT model FROM {t} ORDER BY model")]
+    new_models = tx.sql("""INSERT INTO models (name, tags)
+                           SELECT name, '{}'::JSON FROM (SELECT unnest(?::VARCHAR[]) AS name) n
+                           WHERE name NOT IN (SELECT name FROM models) ORDER BY name RETURNING id, name""", [names])
     outbox.new_models(tx, new_models)
     result.models_added += len(new_models)
     # Only what differs from the current (newest) evaluation is appended. The current evaluations are those of the
     # file's models that have any (none for new models: the join is skipped), not the whole table's.
-    evaluated = [r[0] for r in tx.sql(f"""SELECT DISTINCT m.id FROM (SELECT DISTINCT model FROM {t}) f
-                                          JOIN models m ON m.name = f.model
-                                          WHERE EXISTS (SELECT 1 FROM evaluations x WHERE x.model_id = m.id)""")]
+    evaluated = [r[0] for r in tx.sql("""SELECT DISTINCT e.model_id FROM evaluations e
+                                         JOIN models m ON m.id = e.model_id
+                                         WHERE m.name IN (SELECT unnest(?::VARCHAR[]))""", [names])] if names else []
+    _mirror(tx, "models", "queries")
+    _mirror_evaluations(tx, evaluated)
     changed = f"""LEFT JOIN {evaluations.current(model_ids=evaluated)} cur ON cur.model_id = m.id
                   AND cur.query_id = q.id WHERE cur.correct IS DISTINCT FROM e.c""" if evaluated else ""
-    insert = f"""
-        INSERT INTO evaluations (model_id, query_id, correct, batch_id)
-        SELECT {{distinct}} m.id, q.id, e.c, {int(batch_id)}
+    select = f"""
+        SELECT {{distinct}} m.id AS model_id, q.id AS query_id, e.c AS correct, {int(batch_id)} AS batch_id
         FROM {t} e JOIN models m ON m.name = e.model JOIN queries q ON q.external_id = e.qid {changed}"""
-    count = f"""SELECT model_id, count(*), count(DISTINCT query_id) FROM evaluations
-                WHERE batch_id = {int(batch_id)} GROUP BY model_id"""
-    tx.duck.execute(insert.format(distinct=""))  # fast path: files rarely repeat a row
-    added = tx.sql(count)
-    if any(n != distinct for _, n, distinct in added):
-        # Repeated (model, query) rows: identical repeats collapse into one; different results are an error.
-        tx.duck.execute(f"DELETE FROM evaluations WHERE batch_id = {int(batch_id)}")  # only this batch's own rows
-        tx.duck.execute(insert.format(distinct="DISTINCT"))
-        added = tx.sql(count)
+    added = _append_evaluations(tx, select.format(distinct=""), select.format(distinct="DISTINCT"), batch_id,
+                                "count(DISTINCT query_id)")
     conflicting = [m for m, n, distinct in added if n != distinct]
     if conflicting:
         _raise_conflict(tx, staged, conflicting[0])
@@ -496,54 +509,92 @@ def append_evaluations(tx: Tx, cols: Columns, batch_id: int, result: ImportResul
                                         else TRUE_FALSE.format(c=e["correct"]))
     rows = f"(SELECT trim({e['model']}) AS model, trim({e['qid']}) AS qid, {c} AS c FROM {cols.src})"
     try:
-        per_model = tx.sql(f"""SELECT model, count(*), count(*) FILTER (WHERE c IS NULL),
+        if tx.postgres:   # the stage is private and in memory: read the file once, then check and join the table
+            tx.stage.execute(f"CREATE OR REPLACE TEMP TABLE _file_rows AS SELECT * FROM {rows}")
+            rows = "_file_rows"
+        per_model = _q(tx, f"""SELECT model, count(*), count(*) FILTER (WHERE c IS NULL),
             count(*) FILTER (WHERE qid IS NULL OR qid = '') FROM {rows} GROUP BY model""")
-        qids = tx.sql(f"SELECT list(DISTINCT qid) FROM {rows}")[0][0] or []
+        qids = _q(tx, f"SELECT list(DISTINCT qid) FROM {rows}")[0][0] or []
     except Exception as exc:   # a row DuckDB cannot read: its reader names the line, as when staging
         raise _duck_error(cols.path, exc) from None
     if (not per_model or any(m is None or m == "" or bad_c or bad_q for m, _, bad_c, bad_q in per_model)
             or (model is not None and any(m != model for m, *_ in per_model))):
         return False
-    if tx.sql("SELECT 1 FROM (SELECT unnest(?) AS qid) WHERE qid NOT IN (SELECT external_id FROM queries) LIMIT 1",
-              [qids]):
+    _mirror(tx, "queries")
+    if _q(tx, "SELECT 1 FROM (SELECT unnest(?) AS qid) WHERE qid NOT IN (SELECT external_id FROM queries) LIMIT 1",
+          [qids]):
         return False
     names = [m for m, *_ in per_model]
-    new_models = tx.sql("""INSERT INTO models (name, tags) SELECT name, '{}'::JSON FROM (SELECT unnest(?) AS name)
+    new_models = tx.sql("""INSERT INTO models (name, tags)
+                           SELECT name, '{}'::JSON FROM (SELECT unnest(?::VARCHAR[]) AS name) n
                            WHERE name NOT IN (SELECT name FROM models) ORDER BY name RETURNING id, name""", [names])
     outbox.new_models(tx, new_models)
     result.models_added += len(new_models)
     # only what differs from a model's current (newest) evaluation is appended: compared for the file's models that
     # have evaluations already (new models have none; comparing against every model's would read them all)
     known = [r[0] for r in tx.sql("""SELECT DISTINCT e.model_id FROM evaluations e JOIN models m ON m.id = e.model_id
-                                     WHERE m.name IN (SELECT unnest(?))""", [names])]
+                                     WHERE m.name IN (SELECT unnest(?::VARCHAR[]))""", [names])]
     changed = f"""LEFT JOIN {evaluations.current(model_ids=known)} cur ON cur.model_id = m.id AND cur.query_id = q.id
                   WHERE cur.correct IS DISTINCT FROM f.c""" if known else ""
-    insert = f"""INSERT INTO evaluations (model_id, query_id, correct, batch_id)
-                 SELECT @distinct m.id, q.id, f.c, {int(batch_id)} FROM {rows} f
-                 JOIN models m ON m.name = f.model JOIN queries q ON q.external_id = f.qid {changed}"""
+    _mirror(tx, "models")
+    _mirror_evaluations(tx, known)
+    select = f"""SELECT @distinct m.id AS model_id, q.id AS query_id, f.c AS correct, {int(batch_id)} AS batch_id
+                 FROM {rows} f JOIN models m ON m.name = f.model JOIN queries q ON q.external_id = f.qid {changed}"""
     lo, hi = tx.sql("SELECT min(id), max(id) FROM queries")[0]
     distinct = (f"bit_count(bitstring_agg(query_id, {int(lo)}, {int(hi)}))"
                 if len(names) * (int(hi) - int(lo) + 1) <= BITMAP_BITS else "count(DISTINCT query_id)")
-    count = f"""SELECT model_id, count(*), {distinct} FROM evaluations WHERE batch_id = {int(batch_id)}
-                GROUP BY model_id ORDER BY model_id"""
-    tx.duck.execute(insert.replace("@distinct", ""))      # (the file's source may hold braces: no str.format)
-    added = tx.sql(count)
-    if any(n != d for _, n, d in added):
-        # repeated (model, query) rows: identical repeats collapse into one; different results are an error
-        tx.duck.execute(f"DELETE FROM evaluations WHERE batch_id = {int(batch_id)}")   # only this batch's rows
-        tx.duck.execute(insert.replace("@distinct", "DISTINCT"))
-        added = tx.sql(count)
-        if any(n != d for _, n, d in added):
-            staged = stage_evaluations(tx, cols.path, "_stage_repeats", model=model)   # for the lines
-            _raise_conflict(tx, staged, next(m for m, n, d in added if n != d))
+    # (the file's source may hold braces: no str.format)
+    added = _append_evaluations(tx, select.replace("@distinct", ""), select.replace("@distinct", "DISTINCT"),
+                                batch_id, distinct)
+    if any(n != d for _, n, d in added):           # differing repeats: find their lines to name them
+        staged = stage_evaluations(tx, cols.path, "_stage_repeats", model=model)
+        _raise_conflict(tx, staged, next(m for m, n, d in added if n != d))
     result.evaluations_read += sum(n for _, n, _, _ in per_model)
     _added(tx, added, batch_id, result)
     return True
 
 
+def _mirror_evaluations(tx: Tx, model_ids) -> None:
+    """PostgreSQL: the evaluations of these models into the stage, for `evaluations.current` there."""
+    ids = ", ".join(str(int(m)) for m in model_ids) or "NULL"
+    tx.mirror("evaluations", f"SELECT model_id, query_id, correct, batch_id FROM evaluations WHERE model_id IN ({ids})")
+
+
+def _append_evaluations(tx: Tx, select: str, select_distinct: str, batch_id: int, distinct: str) -> list:
+    """Append the rows `select` gives (model_id, query_id, correct, batch_id), computed in the stage; if a (model,
+    query) pair repeats, the rows of `select_distinct` instead (identical repeats collapsed). -> [(model id, rows,
+    distinct queries)] per model appended; rows != distinct queries means differing repeats (the caller raises,
+    and the transaction rolls back). DuckDB: INSERT ... SELECT and count what the batch added. PostgreSQL: the rows
+    are counted in the stage and copied in with COPY once they are the ones to keep."""
+    count = f"""SELECT model_id, count(*), {distinct} FROM {{table}} {{where}}
+                GROUP BY model_id ORDER BY model_id"""
+    if not tx.postgres:
+        where = f"WHERE batch_id = {int(batch_id)}"
+        tx.duck.execute(f"INSERT INTO evaluations (model_id, query_id, correct, batch_id) {select}")  # fast path
+        added = tx.sql(count.format(table="evaluations", where=where))
+        if any(n != d for _, n, d in added):
+            # repeated (model, query) rows: identical repeats collapse into one; different results are an error
+            tx.duck.execute(f"DELETE FROM evaluations {where}")   # only this batch's own rows
+            tx.duck.execute(f"INSERT INTO evaluations (model_id, query_id, correct, batch_id) {select_distinct}")
+            added = tx.sql(count.format(table="evaluations", where=where))
+        return added
+    rows = tx.stage.sql(select).to_arrow_table()
+    tx.stage.register("_appended", rows)
+    added = _q(tx, count.format(table="_appended", where=""))
+    if any(n != d for _, n, d in added):
+        rows = tx.stage.sql(select_distinct).to_arrow_table()
+        tx.stage.register("_appended", rows)
+        added = _q(tx, count.format(table="_appended", where=""))
+    tx.stage.unregister("_appended")
+    if not any(n != d for _, n, d in added):
+        tx.append("evaluations", rows, ["model_id", "query_id", "correct", "batch_id"])
+    return added
+
+
 def _raise_conflict(tx: Tx, staged: Staged, model_id: int) -> None:
     t = staged.table
-    dup = tx.sql(f"""SELECT model, qid, min({staged.line_sql}), max({staged.line_sql}) FROM {t}
+    _mirror(tx, "models")
+    dup = _q(tx, f"""SELECT model, qid, min({staged.line_sql}), max({staged.line_sql}) FROM {t}
                      WHERE model = (SELECT name FROM models WHERE id = {int(model_id)})
                      GROUP BY model, qid HAVING count(DISTINCT c) > 1 ORDER BY 3 LIMIT 1""")
     m, q, first, last = dup[0]
@@ -569,7 +620,7 @@ def check_evaluations(tx: Tx, staged: Staged, unknown_hint: str | None = UNKNOWN
     that is not 0/1/true/false, a query id the registry lacks (unless `unknown_hint` is None: the caller brings
     those queries' texts)."""
     t = staged.table
-    bad_model, bad_qid, bad_c = tx.sql(f"""SELECT count(*) FILTER (WHERE model IS NULL OR model = ''),
+    bad_model, bad_qid, bad_c = _q(tx, f"""SELECT count(*) FILTER (WHERE model IS NULL OR model = ''),
         count(*) FILTER (WHERE qid IS NULL OR qid = ''), count(*) FILTER (WHERE c IS NULL) FROM {t}""")[0]
     if bad_model:
         _first_bad(tx, staged, "model IS NULL OR model = ''", "empty model name")
@@ -579,7 +630,8 @@ def check_evaluations(tx: Tx, staged: Staged, unknown_hint: str | None = UNKNOWN
         _first_bad(tx, staged, "c IS NULL", "correct must be 0, 1, true or false, got {value}", "raw")
     if unknown_hint is None:
         return
-    unknown = tx.sql(f"""SELECT qid FROM (SELECT DISTINCT qid FROM {t})
+    _mirror(tx, "queries")
+    unknown = _q(tx, f"""SELECT qid FROM (SELECT DISTINCT qid FROM {t})
                          WHERE qid NOT IN (SELECT external_id FROM queries) LIMIT 1""")
     if unknown:
         _first_bad(tx, staged, f"qid = {_sql_str(unknown[0][0])}",
@@ -603,26 +655,27 @@ def read_answers(tx: Tx, path: str) -> Answers:
     staged = stage_evaluations(tx, path, "_answers", model="(file)")
     fmt = _file_format(path)
     columns = {c.strip().lower() for c in (_csv_header(path)[0] if fmt == "csv" else
-                                           [r[0] for r in tx.sql(f"DESCRIBE SELECT * FROM {_source(path, fmt)}")])}
+                                           [r[0] for r in _q(tx, f"DESCRIBE SELECT * FROM {_source(path, fmt)}")])}
     with_text = any(a in columns for a in COLUMNS["queries"]["text"])
     check_evaluations(tx, staged, None if with_text else "only results on queries the registry has can be "
                                                           "compared; give the texts in a `question` column")
-    models = tx.sql("SELECT DISTINCT model FROM _answers WHERE model <> '(file)' LIMIT 2")
+    models = _q(tx, "SELECT DISTINCT model FROM _answers WHERE model <> '(file)' LIMIT 2")
     if len(models) > 1:
         raise InputError(f"the file holds results of several models ({models[0][0]!r}, {models[1][0]!r}, ...)",
                          file=path)
-    dup = tx.sql("SELECT qid FROM _answers GROUP BY qid HAVING count(DISTINCT c) > 1 LIMIT 1")
+    dup = _q(tx, "SELECT qid FROM _answers GROUP BY qid HAVING count(DISTINCT c) > 1 LIMIT 1")
     if dup:
         raise InputError(f"query {dup[0][0]!r} appears twice with different results", file=path)
-    known = tx.duck.execute("""SELECT q.id AS qid, bool_or(a.c)::INT AS c, coalesce(any_value(s.split) = 'test', false)
+    _mirror(tx, "queries", "query_splits")
+    known = tx.stage.execute("""SELECT q.id AS qid, bool_or(a.c)::INT AS c, coalesce(any_value(s.split) = 'test', false)
                                       AS test
                                FROM _answers a JOIN queries q ON q.external_id = a.qid
                                LEFT JOIN query_splits s ON s.query_id = q.id GROUP BY q.id ORDER BY q.id""").fetchnumpy()
     texts, new_c = [], []
     if with_text:
         queries = stage(tx, "queries", path, "_answer_queries")
-        has_options = "options" in {r[0] for r in tx.sql(f"DESCRIBE {queries.table}")}
-        rows = tx.sql(f"""SELECT any_value(n.text), {'any_value(n.options)' if has_options else 'NULL'},
+        has_options = "options" in {r[0] for r in _q(tx, f"DESCRIBE {queries.table}")}
+        rows = _q(tx, f"""SELECT any_value(n.text), {'any_value(n.options)' if has_options else 'NULL'},
                                  bool_or(a.c)::INT FROM _answers a
                           JOIN {queries.table} n ON n.id = a.qid WHERE a.qid NOT IN (SELECT external_id FROM queries)
                           GROUP BY a.qid ORDER BY a.qid""")
@@ -634,8 +687,8 @@ def read_answers(tx: Tx, path: str) -> Answers:
             except (ValueError, TypeError):
                 raise InputError(f"options of a query must be a JSON list, got {options!r}", file=path) from None
             new_c.append(c)
-        tx.duck.execute(f"DROP TABLE IF EXISTS {queries.table}")
-    tx.duck.execute("DROP TABLE IF EXISTS _answers")
+        tx.stage.execute(f"DROP TABLE IF EXISTS {queries.table}")
+    tx.stage.execute("DROP TABLE IF EXISTS _answers")
     return Answers(np.asarray(known["qid"], np.int64), np.asarray(known["c"], np.int64),
                    np.asarray(known["test"], bool), texts, np.asarray(new_c, np.int64))
 
@@ -671,19 +724,16 @@ def insert_new_models(tx: Tx, models: dict[str, dict]) -> None:
     if not models:
         return
     meta = list(models.values())
-    tx.duck.register("_new_models", pa.table({
+    with tx.table("_new_models", pa.table({
         "name": list(models), "tags": [json.dumps(m.get("tags") or {}) for m in meta],
         "family": pa.array([m.get("family") for m in meta], pa.string()),
         "provider": pa.array([m.get("provider") for m in meta], pa.string()),
         "params_b": pa.array([m.get("params_b") for m in meta], pa.float64()),
         "cost": pa.array([m.get("cost") for m in meta], pa.float64()),
-        "open_weights": pa.array([m.get("open_weights") for m in meta], pa.bool_())}))
-    try:
+        "open_weights": pa.array([m.get("open_weights") for m in meta], pa.bool_())})):
         outbox.new_models(tx, tx.sql("""INSERT INTO models (name, tags, family, provider, params_b, cost, open_weights)
                                         SELECT name, tags::JSON, family, provider, params_b, cost, open_weights
                                         FROM _new_models RETURNING id, name"""))
-    finally:
-        tx.duck.unregister("_new_models")
 
 
 def changed_results(tx: Tx, name: str, batch_id: int | None):
@@ -713,15 +763,20 @@ def import_splits(tx: Tx, staged: Staged, batch_id: int, result: ImportResult) -
     """Set the file's splits (see splits.py: the models whose test queries change are enqueued)."""
     t = staged.table
     cases = " ".join(f"WHEN '{k}' THEN '{v}'" for k, v in SPLIT_NAMES.items())
-    tx.duck.execute(f"""CREATE OR REPLACE TEMP TABLE {t}_n AS
+    tx.stage.execute(f"""CREATE OR REPLACE TEMP TABLE {t}_n AS
         SELECT line, trim(qid) AS qid, split AS raw, CASE lower(trim(split)) {cases} ELSE NULL END AS split FROM {t}""")
     normalised = Staged(staged.kind, staged.path, f"{t}_n", staged.rows, [])
     _first_bad(tx, normalised, "split IS NULL", "split must be train, val or test, got {value}", "raw")
+    _mirror(tx, "queries")
     _first_bad(tx, normalised, "qid NOT IN (SELECT external_id FROM queries)", "unknown query id {value}", "qid")
-    dup = tx.sql(f"SELECT qid, max(line) FROM {t}_n GROUP BY qid HAVING count(DISTINCT split) > 1 LIMIT 1")
+    dup = _q(tx, f"SELECT qid, max(line) FROM {t}_n GROUP BY qid HAVING count(DISTINCT split) > 1 LIMIT 1")
     if dup:
         raise InputError(f"query {dup[0][0]!r} is given two different splits", file=staged.path, line=int(dup[0][1]))
-    result.splits_set += splits.apply(tx, f"{t}_n", batch_id)
+    if not tx.postgres:
+        result.splits_set += splits.apply(tx, f"{t}_n", batch_id)
+        return
+    with tx.table("_splits_in", tx.stage.sql(f"SELECT qid, split FROM {t}_n").to_arrow_table()):
+        result.splits_set += splits.apply(tx, "_splits_in", batch_id)
 
 
 # --- text vectors -------------------------------------------------------------------------------------------------
@@ -746,12 +801,7 @@ def embed_missing_texts(tx: Tx, progress: bool = False,
     embedded = (encode or (lambda texts: textvec.encode(texts, progress=progress)))([r[1] for r in missing])
     table = pa.table({"content_hash": hashes, "text_encoder": [textvec.TEXT_ENCODER] * len(hashes),
                       "vector": pa.array(list(embedded), type=pa.list_(pa.float32()))})
-    tx.duck.register("_vectors_in", table)
-    try:
-        tx.duck.execute("INSERT INTO text_vectors (content_hash, text_encoder, vector) "
-                        "SELECT content_hash, text_encoder, vector FROM _vectors_in")
-    finally:
-        tx.duck.unregister("_vectors_in")
+    tx.append("text_vectors", table, ["content_hash", "text_encoder", "vector"])
     return len(hashes)
 
 
@@ -800,7 +850,7 @@ def run_import(tx: Tx, files: dict[str, str], progress: bool = False, embed_text
     if embed_texts and "queries" in staged:  # in the queries' transaction: no query is left without its vector
         result.texts_embedded = embed_missing_texts(tx, progress=progress, result=result)
     for s in staged.values():
-        tx.duck.execute(f"DROP TABLE IF EXISTS {s.table}; DROP TABLE IF EXISTS {s.table}_n")
+        tx.stage.execute(f"DROP TABLE IF EXISTS {s.table}; DROP TABLE IF EXISTS {s.table}_n")
     _record_batch(tx, batch_id, files, digest, result)
     return result
 
@@ -815,7 +865,7 @@ def _record_batch(tx: Tx, batch_id: int, files: dict[str, str], digest: str, res
     counts = {"models_added": result.models_added, "models_updated": result.models_updated,
               "queries_added": result.queries_added, "evaluations_read": result.evaluations_read,
               "evaluations_added": result.evaluations_added, "splits_set": result.splits_set}
-    tx.duck.execute("INSERT INTO import_batches (id, files, row_counts, digest) VALUES (?, ?, ?, ?)",
+    tx.sql("INSERT INTO import_batches (id, files, row_counts, digest) VALUES (?, ?, ?, ?)",
                     [batch_id, json.dumps({k: str(Path(v).resolve()) for k, v in files.items()}),
                      json.dumps(counts), digest])
 
@@ -828,23 +878,24 @@ def run_model_import(tx: Tx, model: str, path: str, progress: bool = False) -> I
     result = ImportResult(batch_id=batch_id)
     fmt = _file_format(path)
     columns = set(_csv_header(path)[0]) if fmt == "csv" else {
-        r[0] for r in tx.sql(f"DESCRIBE SELECT * FROM {_source(path, fmt)}")}
+        r[0] for r in _q(tx, f"DESCRIBE SELECT * FROM {_source(path, fmt)}")}
     columns = {c.strip().lower() for c in columns}
     if any(a in columns for a in COLUMNS["queries"]["text"]):
         queries = stage(tx, "queries", path, "_stage_queries")
-        tx.duck.execute("DELETE FROM _stage_queries WHERE id IN (SELECT external_id FROM queries)")
-        if tx.sql("SELECT count(*) FROM _stage_queries")[0][0]:
+        _mirror(tx, "queries")
+        tx.stage.execute("DELETE FROM _stage_queries WHERE id IN (SELECT external_id FROM queries)")
+        if _q(tx, "SELECT count(*) FROM _stage_queries")[0][0]:
             import_queries(tx, queries, result)
             result.texts_embedded = embed_missing_texts(tx, progress=progress, result=result)
     if not append_evaluations(tx, file_columns(tx, "evaluations", path, constants={"model": model}), batch_id, result,
                               model=model):
         staged = stage_evaluations(tx, path, "_stage_evaluations", model=model)   # names the first bad row
-        other = tx.sql(f"SELECT model FROM _stage_evaluations WHERE model IS DISTINCT FROM {_sql_str(model)} LIMIT 1")
+        other = _q(tx, f"SELECT model FROM _stage_evaluations WHERE model IS DISTINCT FROM {_sql_str(model)} LIMIT 1")
         if other:
             raise InputError(f"the file holds results of model {other[0][0]!r}, not {model!r}", file=path)
         import_evaluations(tx, staged, batch_id, result, unknown_hint=(
             "give its text in a `question` column (and `options`, if any) of this file, or import it first with "
             "`registry import --queries FILE`"))
-    tx.duck.execute("DROP TABLE IF EXISTS _stage_evaluations; DROP TABLE IF EXISTS _stage_queries")
+    tx.stage.execute("DROP TABLE IF EXISTS _stage_evaluations; DROP TABLE IF EXISTS _stage_queries")
     _record_batch(tx, batch_id, {"evaluations": path}, files_digest({"evaluations": path}), result)
     return result

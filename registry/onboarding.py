@@ -118,7 +118,7 @@ def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool
                 and states[m].by_encoder.get(encoder_id, (0, None))[1] != sets[m][1]]
         # while the last chunk's forward pass runs: reserve the version ids and write the job results
         if todo:
-            reserved = tx.sql(f"SELECT nextval('embedding_versions_id_seq') FROM range({len(todo)})")
+            reserved = tx.sql(f"SELECT nextval('embedding_versions_id_seq') FROM generate_series(1, {len(todo)})")
             version_of = {m: int(r[0]) for m, r in zip(todo, reserved)}
         for m in model_ids:
             if m in version_of:
@@ -173,8 +173,8 @@ def estimate_stability(tx: Tx) -> dict[int, float]:
     the distance between the embeddings of the two digest-seeded halves of its evaluations, in one batched pass per
     encoder. -> {version id: stability}"""
     todo = tx.sql("""SELECT v.id, v.model_id, v.encoder_id, v.through_batch, v.digest FROM embedding_versions v
-                     ANTI JOIN version_stability s ON s.version_id = v.id
-                     WHERE v.n_evaluations >= 2 ORDER BY v.id""")
+                     WHERE NOT EXISTS (SELECT 1 FROM version_stability s WHERE s.version_id = v.id)
+                     AND v.n_evaluations >= 2 ORDER BY v.id""")
     out: dict[int, float] = {}
     for encoder_id in sorted({r[2] for r in todo}):
         model, meta = encoders.load(tx, encoder_id)
@@ -205,12 +205,9 @@ def _write_stability(tx: Tx, estimates: dict[int, float]) -> None:
 
     if not estimates:
         return
-    tx.duck.register("_stability", pa.table({"version_id": pa.array(list(estimates), pa.int64()),
-                                             "stability": pa.array(list(estimates.values()), pa.float64())}))
-    try:
+    with tx.table("_stability", pa.table({"version_id": pa.array(list(estimates), pa.int64()),
+                                          "stability": pa.array(list(estimates.values()), pa.float64())})):
         tx.sql("INSERT INTO version_stability (version_id, stability) SELECT version_id, stability FROM _stability")
-    finally:
-        tx.duck.unregister("_stability")
 
 
 def recompute(tx: Tx, version_id: int) -> tuple[np.ndarray, np.ndarray, bool]:

@@ -45,10 +45,10 @@ class QueryMeta:
 
 def query_meta(tx: Tx) -> QueryMeta:
     def build():
-        r = tx.duck.execute("""
+        r = tx.numpy("""
             SELECT q.id, q.external_id, row_number() OVER (ORDER BY q.content_hash, q.external_id) AS hash_rank,
                    row_number() OVER (ORDER BY q.external_id) AS ext_rank, coalesce(s.split = 'test', false) AS test
-            FROM queries q LEFT JOIN query_splits s ON s.query_id = q.id ORDER BY q.id""").fetchnumpy()
+            FROM queries q LEFT JOIN query_splits s ON s.query_id = q.id ORDER BY q.id""")
         return QueryMeta(np.asarray(r["id"], dtype=np.int64), np.asarray(r["external_id"], dtype=object),
                          np.asarray(r["hash_rank"], dtype=np.int64), np.asarray(r["ext_rank"], dtype=np.int64),
                          np.asarray(r["test"], dtype=bool))
@@ -75,13 +75,10 @@ def query_vectors(tx: Tx, query_ids: np.ndarray) -> tuple[dict[int, int], np.nda
         return row_of, mat
     preload = mat is None and tx.sql("SELECT count(*) FROM queries")[0][0] <= PRELOAD_QUERIES
     source = "queries q" if preload else "_qids i JOIN queries q ON q.id = i.id"
-    tx.duck.register("_qids", pa.table({"id": missing}))
-    try:
+    with tx.table("_qids", pa.table({"id": missing})):
         tbl = tx.arrow(f"""SELECT q.id, v.vector FROM {source}
                            JOIN text_vectors v ON v.content_hash = q.content_hash AND v.text_encoder = ?
                            ORDER BY q.id""", [textvec.TEXT_ENCODER])
-    finally:
-        tx.duck.unregister("_qids")
     ids = tbl.column("id").to_numpy()
     if not set(missing.tolist()) <= set(ids.tolist()):
         absent = sorted(set(missing.tolist()) - set(ids.tolist()))[:3]

@@ -82,9 +82,9 @@ def _stage_together(tx: Tx, jobs: list[tuple], rows: list[list[dict]], at: list[
     import tempfile
 
     names = [j[0] for j in jobs]
-    known = {r[0] for r in tx.sql("SELECT name FROM models WHERE name IN (SELECT unnest(?))", [names])}
+    known = {r[0] for r in tx.sql("SELECT name FROM models WHERE name IN (SELECT unnest(?::VARCHAR[]))", [names])}
     had_results = {r[0] for r in tx.sql("""SELECT DISTINCT m.name FROM models m JOIN evaluations e ON e.model_id = m.id
-                                           WHERE m.name IN (SELECT unnest(?))""", [sorted(known)])} if known else set()
+                                           WHERE m.name IN (SELECT unnest(?::VARCHAR[]))""", [sorted(known)])} if known else set()
     ingest.insert_new_models(tx, {name: metadata for name, _, metadata, _ in jobs if name not in known})
     changes = [_metadata(tx, name, metadata, update) if name in known else {}
                for name, _, metadata, update in jobs]

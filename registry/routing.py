@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import availability, encoders, evidence, index, interaction, textvec
+from . import availability, dialect, encoders, evidence, index, interaction, textvec
 from .errors import InputError, RegistryError, unknown_model
 from .store import Tx
 
@@ -91,15 +91,20 @@ _KEY_SQL = """SELECT (SELECT coalesce(max(id), 0) FROM encoder_activations),
                      (SELECT coalesce(max(id), 0) FROM embedding_versions),
                      (SELECT coalesce(max(id), 0) FROM model_availability),
                      (SELECT count(*) FROM version_stability),
-                     (SELECT coalesce(bit_xor(hash(id, name, cost, params_b)), 0) FROM models),
-                     (SELECT coalesce(bit_xor(hash(query_id, split)), 0) FROM query_splits)"""
+                     (SELECT {models} FROM models),
+                     (SELECT {splits} FROM query_splits)"""
+
+
+def _key_sql(db: str) -> str:
+    return _KEY_SQL.format(models=dialect.xor_hash(db, "id, name, cost, params_b"),
+                           splits=dialect.xor_hash(db, "query_id, split"))
 
 
 def state(tx: Tx, db_path: str, probation_min: int | None = None, refit: bool = True) -> State:
     """The cached routing state, rebuilt only when the registry changed in a way that matters to routing. With
     `refit=False` (a server's writer after each commit: a fit takes about a second) the interaction terms of the last
     fit are carried over: models it knew keep theirs, a new model gets none until the next fit."""
-    key = tuple(tx.sql(_KEY_SQL)[0]) + (evidence.probation_min(probation_min),)
+    key = tuple(tx.sql(_key_sql(tx.dialect))[0]) + (evidence.probation_min(probation_min),)
     st = _states.get(db_path)
     if st is not None and st.key == key and (st.interaction_fitted or not refit):
         return st
@@ -115,7 +120,8 @@ def _build(tx: Tx, key: tuple, db_path: str, refit: bool = True) -> State:
     meta = {r[0]: r[1:] for r in tx.sql("SELECT id, cost, params_b, name FROM models")}
     about = {r[0]: r[1:] for r in tx.sql("""
         SELECT v.id, v.version, v.n_evaluations, coalesce(s.stability, v.stability) FROM embedding_versions v
-        LEFT JOIN version_stability s ON s.version_id = v.id WHERE v.id IN (SELECT unnest(?))""", [vids.tolist()])}
+        LEFT JOIN version_stability s ON s.version_id = v.id
+        WHERE v.id IN (SELECT unnest(?::INTEGER[]))""", [vids.tolist()])}
     down = set(availability.unavailable_models(tx))
     enc_name = tx.sql("SELECT name FROM encoders WHERE id = ?", [encoder_id])[0][0]
     ev = evidence.assess(vecs, [about[int(v)][1] for v in vids], [about[int(v)][2] for v in vids], key[-1])
@@ -276,21 +282,18 @@ def stored_vectors(tx: Tx, hashes: list[str]) -> dict[str, np.ndarray]:
         return {hashes[0]: np.asarray(rows[0][0], dtype=np.float32)} if rows else {}
     import pyarrow as pa
 
-    tx.duck.register("_route_hashes", pa.table({"h": hashes}))
-    try:
-        tbl = tx.duck.sql("""SELECT v.content_hash, v.vector FROM text_vectors v
+    with tx.table("_route_hashes", pa.table({"h": hashes})):
+        tbl = tx.arrow("""SELECT v.content_hash, v.vector FROM text_vectors v
                              JOIN (SELECT DISTINCT h FROM _route_hashes) r ON r.h = v.content_hash
-                             WHERE v.text_encoder = ?""", params=[textvec.TEXT_ENCODER]).to_arrow_table()
-    finally:
-        tx.duck.unregister("_route_hashes")
+                             WHERE v.text_encoder = ?""", [textvec.TEXT_ENCODER])
     return _by_hash(tbl)
 
 
 def every_stored_vector(tx: Tx, limit: int) -> tuple[dict[str, np.ndarray], bool]:
     """Up to `limit` of the registry's stored text vectors (the newest first) -> ({hash: vector}, whether that is
     all of them): what a server keeps in memory so that a known text routes without a read."""
-    tbl = tx.duck.sql("""SELECT content_hash, vector FROM text_vectors WHERE text_encoder = ?
-                         ORDER BY created DESC LIMIT ?""", params=[textvec.TEXT_ENCODER, limit + 1]).to_arrow_table()
+    tbl = tx.arrow("""SELECT content_hash, vector FROM text_vectors WHERE text_encoder = ?
+                         ORDER BY created DESC LIMIT ?""", [textvec.TEXT_ENCODER, limit + 1])
     complete = tbl.num_rows <= limit
     return _by_hash(tbl.slice(0, limit)), complete
 
@@ -537,18 +540,15 @@ def append_log(tx: Tx, rows: list[tuple]) -> None:
         return
     sql = """INSERT INTO routing_log (query_hash, text, model, fallback, candidates, encoder_id, versions, options)
              SELECT query_hash, text, model, fallback, candidates::JSON, encoder_id, versions::JSON, options::JSON
-             FROM {}"""
+             FROM {} AS r"""
     if len(rows) == 1:  # one query: a plain parameterised insert costs less than registering an Arrow table
         one = ", ".join(f"?::{t} AS {c}" for c, t in zip(LOG_COLUMNS, _LOG_TYPES))
-        tx.duck.execute(sql.format(f"(SELECT {one})"), list(rows[0]))
+        tx.sql(sql.format(f"(SELECT {one})"), list(rows[0]))
         return
     types = {"BOOLEAN": pa.bool_(), "BIGINT": pa.int64(), "VARCHAR": pa.string()}
     tbl = pa.table({c: pa.array(v, type=types[t]) for c, t, v in zip(LOG_COLUMNS, _LOG_TYPES, zip(*rows))})
-    tx.duck.register("_route_log", tbl)
-    try:
-        tx.duck.execute(sql.format("_route_log"))
-    finally:
-        tx.duck.unregister("_route_log")
+    with tx.table("_route_log", tbl):
+        tx.sql(sql.format("_route_log"))
 
 
 @dataclass

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import (JSON, Boolean, Double, Float, Integer, LargeBinary, Sequence, String, UniqueConstraint,
-                        func)
+from sqlalchemy import (JSON, REAL, Boolean, CheckConstraint, Double, Float, Integer, LargeBinary, Sequence, String,
+                        UniqueConstraint, func)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import ARRAY, DateTime, UserDefinedType
 
 
 class FixedVector(UserDefinedType):
-    """DuckDB FLOAT[n]: a fixed-length array, so a vector of the wrong length is refused by the database."""
+    """DuckDB FLOAT[n]: a fixed-length array, so a vector of the wrong length is refused by the database. On
+    PostgreSQL: real[], its length checked by a CHECK constraint (`vector_column`, migration 0007)."""
     cache_ok = True
 
     def __init__(self, dim: int):
@@ -27,6 +28,12 @@ class FixedVector(UserDefinedType):
 
     def get_col_spec(self, **kw):
         return f"FLOAT[{self.dim}]"
+
+
+def vector_column(dim: int | None = None):
+    """A float32 vector column: DuckDB FLOAT[dim] (FLOAT[] without dim), PostgreSQL real[]."""
+    base = FixedVector(dim) if dim else ARRAY(Float)
+    return base.with_variant(ARRAY(REAL), "postgresql")
 
 
 class Base(DeclarativeBase):
@@ -67,7 +74,7 @@ class TextVector(Base):
     __tablename__ = "text_vectors"
     content_hash: Mapped[str] = mapped_column(String, primary_key=True)
     text_encoder: Mapped[str] = mapped_column(String, primary_key=True)
-    vector: Mapped[list[float]] = mapped_column(ARRAY(Float), nullable=False)
+    vector: Mapped[list[float]] = mapped_column(vector_column(), nullable=False)
     created: Mapped[datetime] = mapped_column(DateTime, server_default=func.now(), nullable=False)
 
 
@@ -122,12 +129,14 @@ class EncoderActivation(Base):
 class EmbeddingVersion(Base):
     """Append-only: a version is never changed or deleted."""
     __tablename__ = "embedding_versions"
-    __table_args__ = (UniqueConstraint("model_id", "version"),)
+    __table_args__ = (UniqueConstraint("model_id", "version"),
+                      CheckConstraint("array_ndims(vector) = 1 AND array_length(vector, 1) = 128",
+                                      name="embedding_versions_vector_dim").ddl_if(dialect="postgresql"))
     id: Mapped[int] = _id("embedding_versions_id_seq")
     model_id: Mapped[int] = mapped_column(Integer, nullable=False)
     version: Mapped[int] = mapped_column(Integer, nullable=False)           # 1, 2, ... per model
     encoder_id: Mapped[int] = mapped_column(Integer, nullable=False)
-    vector: Mapped[list[float]] = mapped_column(FixedVector(128), nullable=False)
+    vector: Mapped[list[float]] = mapped_column(vector_column(128), nullable=False)
     n_evaluations: Mapped[int] = mapped_column(Integer, nullable=False)
     digest: Mapped[str] = mapped_column(String, nullable=False)             # sha256 of exactly the evaluations used
     through_batch: Mapped[int] = mapped_column(Integer, nullable=False)     # evaluations of batches <= this one

@@ -129,11 +129,13 @@ class _SizeLimit:
 def create_app(db: str, token: str | None = None, probation_min: int | None = None,
                create: bool = True) -> FastAPI:
     reg = Registry(db, probation_min=probation_min, create=create)
-    hold = reg.store.engine.connect()   # keep the file open (and locked against other processes) while we serve
-    # DuckDB runs a query on the thread that asks (no worker threads): the writer's queries then run at the writer's
-    # lower priority, and reads' small queries do not hand work across threads
-    threads = int(os.environ.get("REGISTRY_DUCKDB_THREADS", "1"))
-    hold.connection.driver_connection.execute(f"SET threads = {threads}")
+    hold = None
+    if reg.store.dialect == "duckdb":     # (PostgreSQL: a server of its own, shared with other processes)
+        hold = reg.store.engine.connect()   # keep the file open (and locked against other processes) while we serve
+        # DuckDB runs a query on the thread that asks (no worker threads): the writer's queries then run at the
+        # writer's lower priority, and reads' small queries do not hand work across threads
+        threads = int(os.environ.get("REGISTRY_DUCKDB_THREADS", "1"))
+        hold.connection.driver_connection.execute(f"SET threads = {threads}")
     serving = Serving(reg)
     # /docs from the package's own Swagger UI files (FastAPI's default fetches them from a CDN: blank offline)
     app = FastAPI(title="LLM model registry", version="1", description=__doc__, docs_url=None, redoc_url=None)
@@ -148,7 +150,8 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
     @app.on_event("shutdown")
     def _close():
         serving.close()                 # the writer commits what it holds first
-        hold.close()
+        if hold is not None:
+            hold.close()
         reg.close()
 
     def writer(authorization: str | None = Header(None)) -> None:

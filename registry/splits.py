@@ -35,10 +35,11 @@ def apply(tx: Tx, source: str, batch_id: int | None) -> int:
                   WHERE (s.split = 'test') IS DISTINCT FROM coalesce(cur.split = 'test', false)"""
     models = [r[0] for r in tx.sql(f"SELECT DISTINCT model_id FROM evaluations WHERE query_id IN ({flipped})")]
     changed = tx.sql(f"""
-        INSERT OR REPLACE INTO query_splits (query_id, split)
+        INSERT INTO query_splits (query_id, split)
         SELECT DISTINCT q.id, s.split FROM {source} s JOIN queries q ON q.external_id = s.qid
         LEFT JOIN query_splits cur ON cur.query_id = q.id
-        WHERE cur.split IS DISTINCT FROM s.split RETURNING query_id""")
+        WHERE cur.split IS DISTINCT FROM s.split
+        ON CONFLICT (query_id) DO UPDATE SET split = excluded.split RETURNING query_id""")
     if changed:
         tx.invalidate("query_meta")
     waiting = {m for _, m, _, _ in outbox.pending(tx)}   # (new evaluations in this very import, say)
@@ -85,11 +86,8 @@ def draw(tx: Tx, val: float = 0.1, test: float = 0.1, seed: int = 0) -> DrawResu
         at = np.flatnonzero(cats == cat)[rng.permutation(int((cats == cat).sum()))]   # this category, shuffled
         split[at[:t]] = "test"
         split[at[t:t + v]] = "val"
-    tx.duck.register("_drawn_splits", pa.table({"qid": ids.tolist(), "split": split.tolist()}))
-    try:
+    with tx.table("_drawn_splits", pa.table({"qid": ids.tolist(), "split": split.tolist()})):
         apply(tx, "_drawn_splits", None)
-    finally:
-        tx.duck.unregister("_drawn_splits")
     return DrawResult(seed, {s: int((split == s).sum()) for s in ("train", "val", "test")}, int(kept))
 
 
@@ -123,10 +121,7 @@ def draw_by_category(tx: Tx, test_categories: list[str], val: float = 0.1, seed:
     for cat, v in zip(rest, quotas(sizes, val, rng)):
         at = np.flatnonzero(cats == cat)[rng.permutation(int((cats == cat).sum()))]
         split[at[:v]] = "val"
-    tx.duck.register("_drawn_splits", pa.table({"qid": ids.tolist(), "split": split.tolist()}))
-    try:
+    with tx.table("_drawn_splits", pa.table({"qid": ids.tolist(), "split": split.tolist()})):
         changed = apply(tx, "_drawn_splits", None)
-    finally:
-        tx.duck.unregister("_drawn_splits")
     return DrawResult(seed, {s: int((split == s).sum()) for s in ("train", "val", "test")}, len(ids) - changed,
                       by="category", test_categories=sorted(set(wanted)), changed=changed)

@@ -1,7 +1,11 @@
-"""The DuckDB file behind the registry: engine, migrations, and one managed transaction per public operation.
+"""The database behind the registry: engine, migrations, and one managed transaction per public operation.
 
-Bulk rows go through the DuckDB connection that the SQLAlchemy session holds (`Tx.duck`), so native bulk paths
-(`read_csv`, Arrow) and ORM rows share one transaction: an import commits whole or not at all.
+The default is one DuckDB file; `--db postgresql://user@host:port/dbname` puts the same schema on PostgreSQL
+(psycopg 3). Modules write their SQL once, in the subset both databases read (see dialect.py for what differs), and
+run it through `Tx`: `sql`, `arrow`, `numpy`, `table` (a Python table visible to SQL), `append` (bulk rows). Files
+are always read by DuckDB in-process (`Tx.stage`): on DuckDB that is the registry's own connection, on PostgreSQL a
+private in-memory one whose results are copied in with COPY. Bulk rows and ORM rows share one transaction either
+way: an import commits whole or not at all.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from typing import Iterator
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session
 
+from . import dialect
 from .errors import DatabaseLocked, NotFound, RegistryError, SchemaOutdated
 
 DEFAULT_DB = "registry.duckdb"
@@ -51,12 +56,15 @@ def head_revision() -> str:
 
 @dataclass
 class Tx:
-    """One open transaction: the ORM session and the raw DuckDB connection inside it."""
+    """One open transaction: the ORM session and the raw connection inside it (DuckDB or PostgreSQL)."""
     session: Session
     cache: dict = field(default_factory=dict)   # the Store's cache of immutable rows (see Store.cache)
-    path: str = ""                              # the database file
+    path: str = ""                              # the database file (or PostgreSQL URL, password hidden)
     local: dict = field(default_factory=dict)   # this transaction's own cache (may hold rows it has not committed)
     _after_commit: list = field(default_factory=list)
+    dialect: str = "duckdb"                     # "duckdb" | "postgresql"
+    _stage: object = None                       # PostgreSQL only: the in-process DuckDB for files (see `stage`)
+    _stage_db: object = None                    # PostgreSQL only: -> the Store's in-memory DuckDB
 
     def cached(self, key, build):
         """The cached value under `key`, or build() read in this transaction; a value read here joins the cache
@@ -85,21 +93,129 @@ class Tx:
         self._after_commit.append(fn)
 
     @property
-    def duck(self):
+    def postgres(self) -> bool:
+        return self.dialect == "postgresql"
+
+    @property
+    def raw(self):
+        """The driver's connection inside this transaction (duckdb, or psycopg on PostgreSQL)."""
         return self.session.connection().connection.driver_connection
 
+    @property
+    def duck(self):
+        """The registry's own DuckDB connection (DuckDB-only code paths: benches, the DuckDB side of a test)."""
+        if self.postgres:
+            raise RegistryError("a DuckDB-only operation was asked of a PostgreSQL registry")
+        return self.raw
+
+    @property
+    def stage(self):
+        """DuckDB in this process, for reading and checking files and for computing over Arrow tables: on DuckDB
+        the registry's own connection (registry tables are visible in it), on PostgreSQL a private in-memory one
+        (registry rows it needs are mirrored into it, `mirror`; results go to PostgreSQL with `append`)."""
+        if not self.postgres:
+            return self.raw
+        if self._stage is None:
+            # a connection of its own to the Store's in-memory DuckDB (opened once: about 60 ms): temporary tables
+            # and registered Arrow tables are per connection, so concurrent transactions do not see each other's
+            self._stage = self._stage_db().cursor()
+        return self._stage
+
     def sql(self, statement: str, params=None):
-        """Run SQL on the raw DuckDB connection and fetch all rows."""
-        return self.duck.execute(statement, params or []).fetchall()
+        """Run SQL (`?` placeholders) on the registry's connection and fetch all rows (none for a statement that
+        returns none)."""
+        if not self.postgres:
+            return self.raw.execute(statement, params or []).fetchall()
+        with self.raw.cursor() as cur:
+            dialect.configure(cur)
+            cur.execute(*dialect.pg_statement(statement, params))
+            return cur.fetchall() if cur.description is not None else []
+
+    def executemany(self, statement: str, rows) -> None:
+        if not self.postgres:
+            self.raw.executemany(statement, rows)
+            return
+        with self.raw.cursor() as cur:
+            cur.executemany(dialect.pg_statement(statement, [0])[0], [dialect._py(list(r)) for r in rows])
 
     def arrow(self, statement: str, params=None):
-        """Run SQL and fetch the result as a pyarrow Table (the bulk path: no Python objects per row)."""
-        return self.duck.sql(statement, params=params or None).to_arrow_table()
+        """Run SQL and fetch the result as a pyarrow Table (the bulk path: no Python objects per row on DuckDB)."""
+        if not self.postgres:
+            return self.raw.sql(statement, params=params or None).to_arrow_table()
+        with self.raw.cursor() as cur:
+            dialect.configure(cur)
+            cur.execute(*dialect.pg_statement(statement, params))
+            return dialect.rows_to_arrow(cur)
+
+    def numpy(self, statement: str, params=None) -> dict:
+        """Run SQL and fetch the result as {column: numpy array}."""
+        if not self.postgres:
+            return self.raw.execute(statement, params or []).fetchnumpy()
+        import numpy as np
+
+        tbl = self.arrow(statement, params)
+        return {c: np.asarray(tbl.column(c).to_numpy(zero_copy_only=False)) for c in tbl.column_names}
+
+    @contextmanager
+    def table(self, name: str, data):
+        """A pyarrow Table visible to the registry's SQL as `name` for the block (DuckDB: registered as is;
+        PostgreSQL: a temporary table filled by COPY)."""
+        if not self.postgres:
+            self.raw.register(name, data)
+            try:
+                yield name
+            finally:
+                self.raw.unregister(name)
+            return
+        dialect.pg_temp_table(self.raw, name, data)
+        try:
+            yield name
+        finally:
+            if not dialect.pg_failed(self.raw):   # (a failed transaction drops it when it rolls back)
+                self.sql(f"DROP TABLE IF EXISTS {name}")
+
+    def append(self, table: str, data, columns: list[str] | None = None) -> None:
+        """Bulk-append the rows of a pyarrow Table (or a DuckDB relation) to a registry table: DuckDB inserts
+        from Arrow, PostgreSQL takes them with COPY."""
+        columns = columns or list(data.column_names if hasattr(data, "column_names") else data.columns)
+        if not self.postgres:
+            self.raw.register("_append_in", data)
+            try:
+                self.raw.execute(f"INSERT INTO {table} ({', '.join(columns)}) SELECT {', '.join(columns)} "
+                                 f"FROM _append_in")
+            finally:
+                self.raw.unregister("_append_in")
+            return
+        dialect.pg_copy(self.raw, table, columns, data)
+
+    def mirror(self, name: str, statement: str, params=None) -> None:
+        """Make the registry rows that `statement` selects visible to `stage` as table `name` (PostgreSQL: read
+        into it; DuckDB: nothing to do, `stage` sees the registry's tables, so `name` must be the table's own)."""
+        if self.postgres:
+            self.stage.register(name, self.arrow(statement, params))
+
+    def close_stage(self) -> None:
+        if self._stage is not None:
+            self._stage.close()
+            self._stage = None
 
 
 class Store:
     def __init__(self, path: str | os.PathLike | None = None, migrate: bool = True, create: bool = True):
         self.path = str(path or default_db_path())
+        self.dialect = "postgresql" if dialect.is_url(self.path) else "duckdb"
+        if self.dialect == "postgresql":
+            self._open_postgres()
+        else:
+            self._open_duckdb(create)
+        if migrate:
+            try:
+                self.ensure_schema()
+            except BaseException:
+                self.engine.dispose()  # release the file: nothing of ours may keep it open after a refusal
+                raise
+
+    def _open_duckdb(self, create: bool) -> None:
         if Path(self.path).is_dir():
             raise RegistryError(f"{self.path}: is a directory, not a database file")
         if not create and not Path(self.path).exists():   # a typo must not leave an empty registry behind
@@ -118,18 +234,41 @@ class Store:
             if "lock" in str(exc).lower():
                 raise DatabaseLocked(_locked_message(self.path, exc)) from None
             raise RegistryError(f"{self.path}: cannot open database: {str(exc).splitlines()[0]}") from None
-        if migrate:
-            try:
-                self.ensure_schema()
-            except BaseException:
-                self.engine.dispose()  # release the file: nothing of ours may keep it open after a refusal
-                raise
+
+    def _stage_db(self):
+        """The in-memory DuckDB that reads files for a PostgreSQL registry (`Tx.stage`), opened on first use."""
+        with self._stage_lock:
+            if self._stage_con is None:
+                import duckdb
+
+                threads = {"threads": 1} if os.environ.get("REGISTRY_DUCKDB_THREADS") == "1" else {}
+                self._stage_con = duckdb.connect(config=threads)
+            return self._stage_con
+
+    def _open_postgres(self) -> None:
+        """The database must exist (PostgreSQL creates databases, we create the schema in it). Other processes
+        may write to it at any time: `tx` drops the cached values of rows that can change (dialect.MUTABLE_CACHE)
+        at the start of every transaction, and keeps only rows that never change once written."""
+        import threading
+
+        self._stage_con, self._stage_lock = None, threading.Lock()
+        url = dialect.engine_url(self.path)
+        self.path = dialect.display_url(self.path)      # what is printed: never a password
+        try:
+            # sessions in UTC: TIMESTAMP columns hold UTC, as DuckDB's now() gives them
+            self.engine = create_engine(url, pool_reset_on_return=None, pool_pre_ping=True,
+                                        connect_args={"options": "-c timezone=UTC"})
+            self.cache = {}
+            with self.engine.connect() as conn:
+                conn.execute(text("select 1"))
+        except Exception as exc:
+            first = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+            raise RegistryError(f"{self.path}: cannot open database: {first}") from None
 
     # --- schema -------------------------------------------------------------------------------------------
     def current_revision(self) -> str | None:
         with self.engine.connect() as conn:
-            exists = conn.execute(text(
-                "select count(*) from duckdb_tables() where table_name = 'alembic_version'")).scalar()
+            exists = conn.execute(text(dialect.TABLE_EXISTS[self.dialect]), {"name": "alembic_version"}).scalar()
             if not exists:
                 return None
             return conn.execute(text("select version_num from alembic_version")).scalar()
@@ -161,16 +300,25 @@ class Store:
     @contextmanager
     def tx(self) -> Iterator[Tx]:
         """Commit on success, roll back on any error: a failed operation changes nothing."""
+        if self.dialect == "postgresql":   # another process may have changed these rows since
+            for key in dialect.MUTABLE_CACHE:
+                self.cache.pop(key, None)
+            self.cache[("generation", "versions")] = self.cache.get(("generation", "versions"), 0) + 1
         with Session(self.engine, expire_on_commit=False) as session:
+            tx = Tx(session, self.cache, self.path, dialect=self.dialect, _stage_db=self._stage_db)
             try:
-                tx = Tx(session, self.cache, self.path)
                 yield tx
                 session.commit()
             except BaseException:
                 session.rollback()
                 raise
+            finally:
+                tx.close_stage()
             for fn in tx._after_commit:
                 fn()
 
     def close(self) -> None:
         self.engine.dispose()
+        if getattr(self, "_stage_con", None) is not None:
+            self._stage_con.close()
+            self._stage_con = None

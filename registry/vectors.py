@@ -145,13 +145,10 @@ def insert(tx: Tx, hashes: list[str], mat: np.ndarray) -> int:
     mat = np.ascontiguousarray(mat, dtype=np.float32)
     tbl = pa.table({"h": hashes, "v": pa.FixedSizeListArray.from_arrays(pa.array(mat.ravel(), type=pa.float32()),
                                                                           textvec.TEXT_DIM)})
-    tx.duck.register("_vectors_file", tbl)
-    try:
-        tx.duck.execute("""INSERT INTO text_vectors (content_hash, text_encoder, vector)
-                           SELECT DISTINCT ON (h) h, ?, v::FLOAT[] FROM _vectors_file ON CONFLICT DO NOTHING""",
-                        [textvec.TEXT_ENCODER])
-    finally:
-        tx.duck.unregister("_vectors_file")
+    with tx.table("_vectors_file", tbl):
+        tx.sql("""INSERT INTO text_vectors (content_hash, text_encoder, vector)
+                  SELECT DISTINCT ON (h) h, ?, v::FLOAT[] FROM _vectors_file ON CONFLICT DO NOTHING""",
+               [textvec.TEXT_ENCODER])
     return int(tx.sql("SELECT count(*) FROM text_vectors")[0][0] - before)
 
 

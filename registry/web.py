@@ -11,6 +11,7 @@ most 200 ms, and a t-SNE of the map alone takes seconds, so it is computed once 
 """
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
+from . import dialect
 from .errors import RegistryError
 
 HERE = Path(__file__).resolve().parent
@@ -31,10 +33,10 @@ _cache_lock = threading.Lock()
 _KEYS = {   # what each cached value depends on
     "models": """SELECT (SELECT coalesce(max(id), 0) FROM embedding_versions),
         (SELECT coalesce(max(batch_id), 0) FROM evaluations), (SELECT coalesce(max(id), 0) FROM model_availability),
-        (SELECT coalesce(bit_xor(hash(id, name, family, provider, params_b, cost, open_weights, tags::VARCHAR)), 0)
+        (SELECT {h:id, name, family, provider, params_b, cost, open_weights, tags::VARCHAR}
          FROM models), (SELECT coalesce(max(id), 0) FROM encoder_activations)""",
     "map": """SELECT (SELECT coalesce(max(id), 0) FROM embedding_versions),
-        (SELECT coalesce(bit_xor(hash(id, family)), 0) FROM models),
+        (SELECT {h:id, family} FROM models),
         (SELECT coalesce(max(id), 0) FROM encoder_activations)""",
 }
 
@@ -42,7 +44,8 @@ _KEYS = {   # what each cached value depends on
 def _cached(reg, what: str, build):
     """A value derived from the registry, kept until what it depends on changes (_KEYS)."""
     with reg.store.tx() as tx:
-        key = (reg.path, what) + tuple(tx.sql(_KEYS[what])[0])
+        sql = re.sub(r"\{h:([^}]*)\}", lambda m: dialect.xor_hash(tx.dialect, m.group(1)), _KEYS[what])
+        key = (reg.path, what) + tuple(tx.sql(sql)[0])
     with _cache_lock:
         if key in _cache:
             return _cache[key]

@@ -132,3 +132,80 @@ def start_server(db: Path, token: str | None = None):
             pytest.fail(f"server did not start: {proc.stdout.read()}")
         time.sleep(0.3)
 
+
+
+# --- PostgreSQL (issue 14): the same tests on a throwaway server -------------------------------------------------
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """One throwaway PostgreSQL for the session (tests/pg.py), stopped at the end, also when tests fail. Skipped
+    only where no PostgreSQL is installed (`.ci/run` installs it, so CI runs these tests)."""
+    from .pg import Server, bin_dir
+
+    if bin_dir() is None:
+        pytest.skip("no PostgreSQL binaries under /usr/lib/postgresql/*/bin (apt-get install postgresql)")
+    server = Server()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+_pg_names = iter(range(10 ** 9))
+
+
+@pytest.fixture
+def pg_url(pg_server) -> str:
+    """A fresh, empty PostgreSQL database of its own for one test."""
+    return pg_server.create_db(f"t{next(_pg_names)}")
+
+
+@pytest.fixture(scope="session")
+def pg_base(pg_server, small_data) -> str:
+    """The session's registry (as base_db) on PostgreSQL: a database that each test copies (CREATE DATABASE ...
+    TEMPLATE)."""
+    url = pg_server.create_db("base")
+    with Registry(url) as reg:
+        reg.import_files(directory=str(small_data))
+    return "base"
+
+
+@pytest.fixture(params=["duckdb", "postgres"])
+def backend(request) -> str:
+    """Which database a parametrised test runs on."""
+    return request.param
+
+
+@pytest.fixture
+def fresh_db(backend, tmp_path, request) -> str:
+    """A new, empty registry location on the test's backend: a file path or a PostgreSQL URL."""
+    if backend == "duckdb":
+        return str(tmp_path / "registry.duckdb")
+    return request.getfixturevalue("pg_url")
+
+
+@pytest.fixture
+def any_db(backend, tmp_path, request) -> str:
+    """A private copy of the session's registry on the test's backend (db_copy, or a database copied from
+    pg_base)."""
+    if backend == "duckdb":
+        return str(request.getfixturevalue("db_copy"))
+    template = request.getfixturevalue("pg_base")
+    server = request.getfixturevalue("pg_server")
+    return server.create_db(f"t{next(_pg_names)}", template=template)
+
+
+def pg_snapshot(url: str) -> dict[str, tuple]:
+    """`snapshot` for a PostgreSQL registry: every table's (row count, sum of its rows' md5 hashes)."""
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        tables = [r[0] for r in conn.execute("""SELECT table_name FROM information_schema.tables
+                                                WHERE table_schema = current_schema() ORDER BY 1""")]
+        return {t: tuple(conn.execute(
+            f"""SELECT count(*), coalesce(sum(('x' || substr(md5(t::text), 1, 15))::bit(60)::bigint::numeric), 0)
+                FROM "{t}" t""").fetchone()) for t in tables}
+
+
+def any_snapshot(db) -> dict[str, tuple]:
+    return pg_snapshot(db) if str(db).startswith("postgresql://") else snapshot(Path(db))

@@ -16,7 +16,7 @@ from registry import InputError, Registry
 from registry.cli import cli
 from registry.splits import quotas
 
-from .conftest import N_QUESTIONS, snapshot
+from .conftest import N_QUESTIONS, any_snapshot, snapshot
 
 
 def some_query_ids(small_data, n=3) -> list[str]:
@@ -41,21 +41,21 @@ def test_directory_import_counts(base_db, small_data):
     assert gpt.tags == {"instruction_tuned": "true"}  # a column we do not model is kept as a tag
 
 
-def test_reimport_adds_nothing_and_embeds_nothing(db_copy, small_data):
-    before = snapshot(db_copy)
-    with Registry(db_copy) as reg:
+def test_reimport_adds_nothing_and_embeds_nothing(any_db, small_data):
+    before = any_snapshot(any_db)
+    with Registry(any_db) as reg:
         again = reg.import_files(directory=str(small_data))
         assert again.already_imported
         # the same rows under other file names: the row-level check finds nothing new either
         files = {"evaluations": str(small_data / "evaluations.csv.gz")}
         r = reg.import_files(**files)
         assert r.already_imported or (r.evaluations_added == 0 and r.texts_embedded == 0)
-    assert snapshot(db_copy) == before
+    assert any_snapshot(any_db) == before
 
 
-def test_changed_result_is_a_newer_evaluation(db_copy, small_data, tmp_path):
+def test_changed_result_is_a_newer_evaluation(any_db, small_data, tmp_path):
     qid = some_query_ids(small_data, 1)[0]
-    with Registry(db_copy) as reg:
+    with Registry(any_db) as reg:
         old = next(m for m in reg.models() if m.name == "gemma-7b")
         cur = duckdb.sql(f"""SELECT correct FROM read_csv('{small_data}/evaluations.csv.gz')
                              WHERE model = 'gemma-7b' AND question_id = {qid}""").fetchall()[0][0]
@@ -70,11 +70,11 @@ def test_changed_result_is_a_newer_evaluation(db_copy, small_data, tmp_path):
     assert s.evaluation_rows == s.evaluations + 1  # the old row is kept, not overwritten
 
 
-def test_unknown_model_in_evaluations_is_registered(db_copy, small_data, tmp_path):
+def test_unknown_model_in_evaluations_is_registered(any_db, small_data, tmp_path):
     qids = some_query_ids(small_data, 2)
     f = tmp_path / "new.jsonl"
     f.write_text("".join(json.dumps({"model": "brand-new", "query_id": q, "correct": True}) + "\n" for q in qids))
-    with Registry(db_copy) as reg:
+    with Registry(any_db) as reg:
         r = reg.import_files(evaluations=str(f))
         assert r.models_added == 1
         assert reg.show("brand-new").evaluations == 2
@@ -139,58 +139,73 @@ CASE_NAMES = ["missing column", "misspelled column", "value outside 0/1", "unkno
 
 
 @pytest.mark.parametrize("case", CASE_NAMES)
-def test_bad_input_is_one_line_and_changes_nothing(db_copy, cases, case):
+def test_bad_input_is_one_line_and_changes_nothing(any_db, cases, case):
     kind, path, expected = cases[case]
-    before = snapshot(db_copy)
-    with Registry(db_copy) as reg:
+    before = any_snapshot(any_db)
+    with Registry(any_db) as reg:
         with pytest.raises(InputError) as err:
             reg.import_files(**{kind: str(path)})
     message = str(err.value)
     assert "\n" not in message
     assert expected in message, message
-    assert snapshot(db_copy) == before
+    assert any_snapshot(any_db) == before
 
 
-def test_bad_input_through_the_cli(db_copy, cases):
+def test_bad_input_through_the_cli(any_db, cases):
     kind, path, expected = cases["value outside 0/1"]
-    before = snapshot(db_copy)
-    result = CliRunner().invoke(cli, ["--db", str(db_copy), "import", f"--{kind}", str(path)])
+    before = any_snapshot(any_db)
+    result = CliRunner().invoke(cli, ["--db", str(any_db), "import", f"--{kind}", str(path)])
     assert result.exit_code == 1
     assert result.output.strip().startswith("Error: ") and expected in result.output
     assert len(result.output.strip().splitlines()) == 1
-    assert snapshot(db_copy) == before
+    assert any_snapshot(any_db) == before
 
 
-def test_bad_file_in_a_directory_import_changes_nothing(db_copy, small_data, tmp_path):
+def test_bad_file_in_a_directory_import_changes_nothing(any_db, small_data, tmp_path):
     """A good questions file beside a bad evaluations file: the whole import rolls back, queries included."""
     d = tmp_path / "dir"
     d.mkdir()
     (d / "questions.csv").write_text('question_id,question,options,category\nnewq,"What is 2+2?","[""3"",""4""]",math\n')
     (d / "evaluations.csv").write_text("model,question_id,correct\nm,newq,maybe\n")
-    before = snapshot(db_copy)
-    with Registry(db_copy) as reg:
+    before = any_snapshot(any_db)
+    with Registry(any_db) as reg:
         with pytest.raises(InputError, match="evaluations.csv: line 2: correct must be"):
             reg.import_files(directory=str(d))
-    assert snapshot(db_copy) == before
+    assert any_snapshot(any_db) == before
 
 
-def test_cli_read_commands_json(db_copy):
+def test_failure_after_the_evaluations_were_copied_changes_nothing(any_db, tmp_path):
+    """The splits file is checked after the evaluations are appended (COPYed, on PostgreSQL): its bad line still
+    rolls back the whole import, the new query, model and evaluations included."""
+    d = tmp_path / "late"
+    d.mkdir()
+    (d / "questions.csv").write_text('question_id,question,category\nlateq,"What is 3+4?",math\n')
+    (d / "evaluations.csv").write_text("model,question_id,correct\nlate-model,lateq,1\n")
+    (d / "splits.csv").write_text("question_id,split\nlateq,holdout\n")
+    before = any_snapshot(any_db)
+    with Registry(any_db) as reg:
+        with pytest.raises(InputError, match="splits.csv: line 2: split must be train, val or test"):
+            reg.import_files(directory=str(d))
+    assert any_snapshot(any_db) == before
+
+
+def test_cli_read_commands_json(any_db):
     runner = CliRunner()
-    stats = json.loads(runner.invoke(cli, ["--db", str(db_copy), "stats", "--json"]).output)
+    stats = json.loads(runner.invoke(cli, ["--db", str(any_db), "stats", "--json"]).output)
     assert stats["models"] == 31 and stats["queries"] == N_QUESTIONS and stats["evaluations"] > 4000
-    models = json.loads(runner.invoke(cli, ["--db", str(db_copy), "models", "--json"]).output)
+    models = json.loads(runner.invoke(cli, ["--db", str(any_db), "models", "--json"]).output)
     assert len(models) == 31 and {"name", "evaluations", "accuracy"} <= set(models[0])
-    shown = json.loads(runner.invoke(cli, ["--db", str(db_copy), "show", "gemma-7b", "--json"]).output)
+    shown = json.loads(runner.invoke(cli, ["--db", str(any_db), "show", "gemma-7b", "--json"]).output)
     assert shown["name"] == "gemma-7b" and shown["per_category"]
-    missing = runner.invoke(cli, ["--db", str(db_copy), "show", "no-such-model"])
+    missing = runner.invoke(cli, ["--db", str(any_db), "show", "no-such-model"])
     assert missing.exit_code == 1 and "unknown model 'no-such-model'" in missing.output
 
 
-def test_identical_repeated_rows_collapse_into_one(db_copy, small_data, tmp_path):
+def test_identical_repeated_rows_collapse_into_one(any_db, small_data, tmp_path):
     q0, q1 = some_query_ids(small_data, 2)
     f = tmp_path / "rep.csv"
     f.write_text(f"model,question_id,correct\nrep-model,{q0},1\nrep-model,{q1},0\nrep-model,{q0},1\n")
-    with Registry(db_copy) as reg:
+    with Registry(any_db) as reg:
         r = reg.import_files(evaluations=str(f))
         assert r.evaluations_added == 2 and r.evaluations_read == 3
         assert reg.show("rep-model").evaluations == 2

@@ -10,13 +10,13 @@ PACKAGE = Path(__file__).resolve().parents[1] / "registry"
 
 # Lowest first. A module may import modules of its own layer or of lower ones.
 LAYERS = [
-    ("foundation", {"errors", "textvec", "schema", "store"}),
+    ("foundation", {"errors", "textvec", "schema", "dialect", "store", "dbcopy"}),
     ("stored rules", {"evaluations", "outbox", "availability", "endpoints", "querycache"}),
     ("files in", {"ingest", "splits", "vectors", "route_files"}),
     ("the network", {"encoder", "checkpoint", "encoders"}),
     ("embedding", {"embedding", "index", "evidence"}),
     ("versions", {"onboarding"}),
-    ("answers", {"catalog", "neighbours", "versions", "registration", "geometry", "fingerprint", "portfolio",
+    ("answers", {"answerbook", "catalog", "neighbours", "versions", "registration", "geometry", "fingerprint", "portfolio",
                  "fallback", "maps", "routing", "frontier", "baselines", "evaluation", "training",
                  "heldout", "interaction", "probes", "probe_plans"}),
     ("facade", {"api", "__init__"}),

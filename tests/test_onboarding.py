@@ -20,12 +20,15 @@ from .conftest import snapshot
 
 
 def versions(path) -> dict[str, int]:
-    con = duckdb.connect(str(path), read_only=True)
+    from registry.store import Store
+
+    store = Store(path)
     try:
-        return dict(con.execute("""SELECT m.name, count(v.id) FROM models m
-                                   LEFT JOIN embedding_versions v ON v.model_id = m.id GROUP BY m.name""").fetchall())
+        with store.tx() as tx:
+            return dict(tx.sql("""SELECT m.name, count(v.id) FROM models m
+                                  LEFT JOIN embedding_versions v ON v.model_id = m.id GROUP BY m.name"""))
     finally:
-        con.close()
+        store.close()
 
 
 def model_results(small_data, model: str, n: int | None = None) -> list[tuple[str, int]]:
@@ -40,13 +43,13 @@ def write_evals(path, rows, model: str | None = None):
     return path
 
 
-def test_import_gives_one_version_per_model_and_reimport_none(db_copy, small_data):
-    counts = versions(db_copy)
+def test_import_gives_one_version_per_model_and_reimport_none(any_db, small_data):
+    counts = versions(any_db)
     assert len(counts) == 31 and set(counts.values()) == {1}
-    with Registry(db_copy) as reg:
+    with Registry(any_db) as reg:
         reg.import_files(directory=str(small_data))
         assert reg.import_files(evaluations=str(small_data / "evaluations.csv.gz")).onboarding == []
-    assert versions(db_copy) == counts
+    assert versions(any_db) == counts
 
 
 @pytest.mark.slow
@@ -69,21 +72,21 @@ def test_new_evaluations_give_exactly_one_new_version_for_that_model(db_copy, tm
     assert h.versions[-1].reason == "new evaluations" and h.versions[-1].distance_moved > 0
 
 
-def test_every_version_is_reproducible_from_its_digest(db_copy):
-    with Registry(db_copy) as reg:
+def test_every_version_is_reproducible_from_its_digest(any_db):
+    with Registry(any_db) as reg:
         for name in ("gemma-7b", "gpt-4o-2024-05-13", "Llama-2-7b-hf"):
             stored, recomputed, digest_ok = reg.recompute_version(name, 1)
             assert digest_ok
             np.testing.assert_allclose(recomputed, stored, atol=1e-6)
 
 
-def test_stability_follows_the_version_and_a_missing_one_is_made_later(db_copy, small_data, tmp_path):
+def test_stability_follows_the_version_and_a_missing_one_is_made_later(any_db, small_data, tmp_path):
     """onboard(stability=False) stands for a crash between the version and its estimate: the version is there and
     indexed; the estimate is made by the next run, once, and equals the distance between the two halves."""
     from registry import embedding, encoders
 
     rows = model_results(small_data, "gemma-7b")
-    with Registry(db_copy) as reg:
+    with Registry(any_db) as reg:
         out = reg.import_files(evaluations=str(write_evals(tmp_path / "more.csv", rows, model="newcomer")),
                                onboard=False)
         assert out.evaluations_added == len(rows)
@@ -104,9 +107,9 @@ def test_stability_follows_the_version_and_a_missing_one_is_made_later(db_copy, 
         assert abs(float(np.linalg.norm(za - zb)) - estimates[o.version_id]) < 1e-5
 
 
-def test_register_embeds_and_reports_neighbours(db_copy, small_data, tmp_path):
+def test_register_embeds_and_reports_neighbours(any_db, small_data, tmp_path):
     f = write_evals(tmp_path / "twin.csv", model_results(small_data, "Llama-2-7b-hf"))
-    out = CliRunner().invoke(cli, ["--db", str(db_copy), "register", "llama-twin", "--evals", str(f),
+    out = CliRunner().invoke(cli, ["--db", str(any_db), "register", "llama-twin", "--evals", str(f),
                                    "--family", "llama-2", "--params-b", "7", "--tag", "origin=test", "--json"])
     assert out.exit_code == 0, out.output
     r = json.loads(out.output)
@@ -114,17 +117,17 @@ def test_register_embeds_and_reports_neighbours(db_copy, small_data, tmp_path):
     assert r["neighbours"][0]["model"] == "Llama-2-7b-hf"       # its very answers: the same model
     assert r["neighbours"][0]["disagreement"] == 0.0
     assert r["warning"] and "probably the same model" in r["warning"]
-    hist = json.loads(CliRunner().invoke(cli, ["--db", str(db_copy), "history", "llama-twin", "--json"]).output)
+    hist = json.loads(CliRunner().invoke(cli, ["--db", str(any_db), "history", "llama-twin", "--json"]).output)
     assert [v["version"] for v in hist["versions"]] == [1]
     assert {"version", "encoder", "n_evaluations", "created", "reason"} <= set(hist["versions"][0])
-    with Registry(db_copy) as reg:
+    with Registry(any_db) as reg:
         shown = reg.show("llama-twin")
     assert shown.params_b == 7 and shown.family == "llama-2" and shown.tags == {"origin": "test"}
 
 
-def test_too_few_evaluations_registers_without_embedding(db_copy, small_data, tmp_path):
+def test_too_few_evaluations_registers_without_embedding(any_db, small_data, tmp_path):
     f = write_evals(tmp_path / "few.csv", model_results(small_data, "gemma-7b", 10))
-    with Registry(db_copy) as reg:
+    with Registry(any_db) as reg:
         r = reg.register("tiny-sample", str(f))
         assert r.outcome == "too few evaluations" and r.version is None
         assert r.evaluations_added == 10 and r.n_evaluations <= 10  # test-split results are never embedded
@@ -132,20 +135,20 @@ def test_too_few_evaluations_registers_without_embedding(db_copy, small_data, tm
         assert reg.show("tiny-sample").evaluations == 10
 
 
-def test_pending_jobs_survive_and_the_next_writing_command_finishes_them(db_copy, small_data, tmp_path):
+def test_pending_jobs_survive_and_the_next_writing_command_finishes_them(any_db, small_data, tmp_path):
     f = write_evals(tmp_path / "later.csv", model_results(small_data, "gemma-7b"), model="pending-model")
-    with Registry(db_copy) as reg:
+    with Registry(any_db) as reg:
         reg.import_files(evaluations=str(f), onboard=False)   # as if the process died right after the import
         assert reg.history("pending-model").versions == []
-    with Registry(db_copy) as reg:
+    with Registry(any_db) as reg:
         reg.import_files(directory=str(small_data))           # any writing command finishes pending jobs first
         assert len(reg.history("pending-model").versions) == 1
 
 
-def test_as_of_answers_as_the_registry_stood_then(db_copy, small_data, tmp_path):
+def test_as_of_answers_as_the_registry_stood_then(any_db, small_data, tmp_path):
     weak = model_results(small_data, "Llama-2-7b-hf")
     strong = dict(model_results(small_data, "gpt-4o-2024-05-13"))
-    with Registry(db_copy) as reg:
+    with Registry(any_db) as reg:
         reg.register("shifter", str(write_evals(tmp_path / "a.csv", weak)))
         then = reg.history("shifter").versions[-1].created
         before = [n.model for n in reg.similar("shifter", k=3)]
@@ -160,8 +163,8 @@ def test_as_of_answers_as_the_registry_stood_then(db_copy, small_data, tmp_path)
     assert as_of == before and now != before
 
 
-def test_activating_another_encoder_reembeds_everything_and_keeps_old_versions(db_copy):
-    with Registry(db_copy) as reg:
+def test_activating_another_encoder_reembeds_everything_and_keeps_old_versions(any_db):
+    with Registry(any_db) as reg:
         old = reg.encoders()
         new_id = reg.train(seed=1, max_steps=2, name="tiny-test-encoder")
         outcomes = reg.activate_encoder(new_id)
@@ -172,7 +175,7 @@ def test_activating_another_encoder_reembeds_everything_and_keeps_old_versions(d
         assert h.versions[1].distance_moved is None    # never compared across encoders
         assert all(n.model != "gemma-7b" for n in reg.similar("gemma-7b", k=30))
         assert len(reg.similar("gemma-7b", k=30)) == 30  # the new index holds the 31 new vectors only
-    assert set(versions(db_copy).values()) == {2}
+    assert set(versions(any_db).values()) == {2}
 
 
 CHILD = """

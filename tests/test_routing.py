@@ -17,8 +17,9 @@ Q = "What is the derivative of x^2 with respect to x?"
 
 
 @pytest.fixture
-def reg(db_copy):
-    r = Registry(db_copy)
+def reg(any_db):
+    """The session's registry on each backend (DuckDB file, PostgreSQL database)."""
+    r = Registry(any_db)
     yield r
     r.close()
 

@@ -9,7 +9,7 @@ from registry import Registry, SchemaOutdated
 from registry.schema import Base
 from registry.store import Store, head_revision
 
-from .conftest import snapshot
+from .conftest import any_snapshot
 
 
 def catalog(path) -> dict:
@@ -41,21 +41,56 @@ def test_migrated_schema_equals_orm_metadata(tmp_path):
     assert len(a["columns"]) > 20
 
 
-def test_downgrade_and_upgrade_keep_data(db_copy):
-    before = snapshot(db_copy)
+def pg_catalog(url) -> dict:
+    """Columns, constraints (with CHECK definitions) and sequences as PostgreSQL's catalog holds them."""
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        cols = conn.execute("""SELECT table_name, column_name, data_type, udt_name, is_nullable, column_default
+                               FROM information_schema.columns
+                               WHERE table_schema = current_schema() AND table_name <> 'alembic_version'
+                               ORDER BY table_name, ordinal_position""").fetchall()
+        cons = conn.execute("""SELECT c.conrelid::regclass::text, c.conname, c.contype, pg_get_constraintdef(c.oid)
+                               FROM pg_constraint c JOIN pg_namespace n ON n.oid = c.connamespace
+                               WHERE n.nspname = current_schema() AND c.conrelid::regclass::text <> 'alembic_version'
+                               ORDER BY 1, 2""").fetchall()
+        seqs = conn.execute("""SELECT sequence_name, data_type, start_value, increment FROM information_schema.sequences
+                               WHERE sequence_schema = current_schema() ORDER BY 1""").fetchall()
+        return {"columns": cols, "constraints": cons, "sequences": seqs}
+
+
+def test_migrated_schema_equals_orm_metadata_on_postgres(pg_server):
+    migrated = pg_server.create_db("schema_migrated")
+    Store(migrated).close()
+    from_orm = pg_server.create_db("schema_orm")
+    engine = create_engine(from_orm.replace("postgresql://", "postgresql+psycopg://"))
+    Base.metadata.create_all(engine)
+    engine.dispose()
+    a, b = pg_catalog(migrated), pg_catalog(from_orm)
+    assert a["columns"] == b["columns"]
+    assert a["constraints"] == b["constraints"]
+    assert a["sequences"] == b["sequences"]
+    assert len(a["columns"]) > 20
+    types = {(t, c): u for t, c, _, u, _, _ in a["columns"]}
+    assert types[("embedding_versions", "vector")] == types[("text_vectors", "vector")] == "_float4"   # real[]
+    assert any(name == "embedding_versions_vector_dim" for _, name, _, _ in a["constraints"])
+
+
+def test_downgrade_and_upgrade_keep_data(any_db):
+    before = any_snapshot(any_db)
     assert before["evaluations"][0] > 0
-    store = Store(db_copy)
+    store = Store(any_db)
     store.downgrade("0001")
     assert store.current_revision() == "0001"
     with pytest.raises(SchemaOutdated, match="registry db upgrade"):
-        Store(db_copy)
+        Store(any_db)
     store.upgrade("head")
     store.close()
-    after = snapshot(db_copy)
+    after = any_snapshot(any_db)
     # the tables that 0001 holds keep every row across the round trip
     for table in ("models", "queries", "evaluations", "text_vectors", "import_batches"):
         assert after[table] == before[table], table
-    with Registry(db_copy) as reg:
+    with Registry(any_db) as reg:
         assert reg.stats().evaluations > 0
 
 

@@ -21,10 +21,15 @@ Q = "What is the derivative of x^2 with respect to x?"
 pytestmark = pytest.mark.slow     # a real server process, and routes of new texts (MiniLM)
 
 
-@pytest.fixture(scope="module")
-def server(base_db, tmp_path_factory):
-    db = tmp_path_factory.mktemp("srv") / "registry.duckdb"
-    shutil.copy(base_db, db)
+@pytest.fixture(scope="module", params=["duckdb", "postgres"])
+def server(request, base_db, tmp_path_factory):
+    """A server on a copy of the session's registry, on each backend (DuckDB file, PostgreSQL database)."""
+    if request.param == "duckdb":
+        db = tmp_path_factory.mktemp("srv") / "registry.duckdb"
+        shutil.copy(base_db, db)
+    else:
+        db = request.getfixturevalue("pg_server").create_db("served_" + request.module.__name__.split(".")[-1],
+                                                            template=request.getfixturevalue("pg_base"))
     proc, origin = start_server(db, TOKEN)
     client = httpx.Client(base_url=origin, timeout=120)
     yield client, db, proc
@@ -117,6 +122,11 @@ def test_errors_are_clear_4xx(server):
 
 def test_cli_refuses_in_one_line_while_served(server):
     _, db, proc = server
+    if str(db).startswith("postgresql://"):    # PostgreSQL: other processes read and write beside the server
+        r = subprocess.run([sys.executable, "-m", "registry", "--db", str(db), "stats", "--json"], capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0 and '"models": ' in r.stdout, r.stdout + r.stderr
+        return
     r = subprocess.run([sys.executable, "-m", "registry", "--db", str(db), "models"], capture_output=True, text=True,
                        timeout=120)
     lines = (r.stdout + r.stderr).strip().splitlines()

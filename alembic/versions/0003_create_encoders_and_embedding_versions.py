@@ -1,11 +1,15 @@
 """Create encoders (LOCUS checkpoints), their activations, append-only embedding versions, and the onboarding
 job outbox with its results.
 
+Dialect-aware since issue 14: on PostgreSQL the vector is real[] with a CHECK of its length (DuckDB's FLOAT[128]
+checks it itself). What this revision does on DuckDB is unchanged, statement for statement.
+
 Revision ID: 0003
 Revises: 0002
 """
 import sqlalchemy as sa
 from alembic import op
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.schema import CreateSequence, DropSequence, Sequence
 
 revision = "0003"
@@ -52,12 +56,16 @@ def upgrade() -> None:
         "embedding_versions", _seq_id("embedding_versions_id_seq"),
         sa.Column("model_id", sa.Integer, nullable=False), sa.Column("version", sa.Integer, nullable=False),
         sa.Column("encoder_id", sa.Integer, nullable=False),
-        sa.Column("vector", FixedVector(128), nullable=False),
+        sa.Column("vector", FixedVector(128).with_variant(postgresql.ARRAY(sa.REAL), "postgresql"),
+                  nullable=False),
         sa.Column("n_evaluations", sa.Integer, nullable=False), sa.Column("digest", sa.String, nullable=False),
         sa.Column("through_batch", sa.Integer, nullable=False),
         sa.Column("reason", sa.String, nullable=False), sa.Column("batch_id", sa.Integer),
         sa.Column("stability", sa.Double), _created(),
         sa.UniqueConstraint("model_id", "version"))
+    if op.get_bind().dialect.name == "postgresql":
+        op.execute("ALTER TABLE embedding_versions ADD CONSTRAINT embedding_versions_vector_dim "
+                   "CHECK (array_ndims(vector) = 1 AND array_length(vector, 1) = 128)")
     op.create_table(
         "onboarding_jobs", _seq_id("onboarding_jobs_id_seq"),
         sa.Column("model_id", sa.Integer, nullable=False), sa.Column("reason", sa.String, nullable=False),

@@ -1,0 +1,251 @@
+"""What differs between the two databases the registry runs on, in one place: DuckDB (the default, one file) and
+PostgreSQL (`--db postgresql://user@host:port/dbname`, psycopg 3).
+
+Modules write SQL once, with `?` placeholders, in the subset both read (`::INT` casts, `unnest(?)` of a list,
+`ON CONFLICT`, `count(*) FILTER`, window functions in subqueries rather than QUALIFY, `min` rather than
+`any_value`). What PostgreSQL lacks of DuckDB's SQL is either here (placeholders, Arrow reads, COPY, temporary
+tables from Arrow) or created in the database by migration 0007 (the `arg_max` aggregates). Computation that only
+DuckDB does (reading files, bit-string aggregates) runs in an in-process DuckDB over Arrow tables (`Tx.stage`).
+"""
+from __future__ import annotations
+
+import re
+
+# rows cached per open database that another process can change: on PostgreSQL they are dropped at the start of
+# every transaction (DuckDB's file lock means no other process writes while a registry holds the file)
+MUTABLE_CACHE = ("active_encoder", "evaluated_models", "model_states", "query_meta")
+
+TABLE_EXISTS = {
+    "duckdb": "select count(*) from duckdb_tables() where table_name = :name",
+    "postgresql": "select count(*) from information_schema.tables where table_name = :name "
+                  "and table_schema = current_schema()",
+}
+
+
+def is_url(path: str) -> bool:
+    return str(path).startswith(("postgresql://", "postgres://", "postgresql+psycopg://"))
+
+
+def engine_url(url: str) -> str:
+    """SQLAlchemy's URL for psycopg 3."""
+    return re.sub(r"^(postgresql|postgres)(\+psycopg)?://", "postgresql+psycopg://", url)
+
+
+def display_url(url: str) -> str:
+    """The URL as printed (`stats`, `/health`, errors): the password, if any, hidden."""
+    return re.sub(r"^(\w[\w+]*://[^:/@]+):[^@]*@", r"\1:***@", re.sub(r"^postgresql\+psycopg://", "postgresql://",
+                                                                      re.sub(r"^postgres://", "postgresql://", url)))
+
+
+_TOKEN = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\?|%")
+
+
+def pg_statement(statement: str, params=None) -> tuple[str, list | None]:
+    """(statement, params) as psycopg takes them: `?` -> `%s` (outside quotes), every literal `%` doubled, numpy
+    scalars and arrays as Python values."""
+    if not params:
+        return statement, None
+
+    def sub(m):   # psycopg reads % everywhere, quotes included; ? is a placeholder only outside quotes
+        tok = m.group(0)
+        return "%s" if tok == "?" else tok.replace("%", "%%")
+    return _TOKEN.sub(sub, statement), [_py(p) for p in params]
+
+
+def _py(value):
+    if hasattr(value, "tolist") and not isinstance(value, (bytes, bytearray, memoryview)):
+        return value.tolist()          # numpy scalar or array
+    if isinstance(value, (list, tuple)):
+        return [_py(v) for v in value]
+    return value
+
+
+def configure(cursor) -> None:
+    """Read values as DuckDB gives them: JSON as its text, numeric (avg of integers) as float."""
+    from psycopg.types.numeric import FloatLoader
+    from psycopg.types.string import TextLoader
+
+    cursor.adapters.register_loader("json", TextLoader)
+    cursor.adapters.register_loader("jsonb", TextLoader)
+    cursor.adapters.register_loader("numeric", FloatLoader)
+
+
+# PostgreSQL type oid -> Arrow type, so that an empty result keeps its column types
+def _arrow_types():
+    import pyarrow as pa
+
+    return {16: pa.bool_(), 20: pa.int64(), 21: pa.int16(), 23: pa.int32(), 700: pa.float32(), 701: pa.float64(),
+            1700: pa.float64(), 25: pa.string(), 1043: pa.string(), 114: pa.string(), 3802: pa.string(),
+            17: pa.binary(), 1114: pa.timestamp("us"), 1184: pa.timestamp("us", tz="UTC"),
+            1021: pa.list_(pa.float32()), 1022: pa.list_(pa.float64()), 1007: pa.list_(pa.int32()),
+            1016: pa.list_(pa.int64()), 1009: pa.list_(pa.string())}
+
+
+def rows_to_arrow(cursor):
+    """The rows of an executed psycopg cursor as a pyarrow Table, column by column."""
+    import pyarrow as pa
+
+    if cursor.description is None:
+        return pa.table({})
+    return _rows_table(cursor.description, cursor.fetchall())
+
+
+def arrow_batches(cursor, rows: int):
+    """The rows of an executed psycopg cursor as pyarrow Tables of at most `rows` rows each (a server-side cursor
+    keeps only one batch in memory: `db copy` of a large table)."""
+    while batch := cursor.fetchmany(rows):
+        yield _rows_table(cursor.description, batch)
+
+
+def _rows_table(description, rows):
+    import pyarrow as pa
+
+    types = _arrow_types()
+    cols = list(zip(*rows)) if rows else [()] * len(description)
+    arrays, names = [], []
+    for d, values in zip(description, cols):
+        names.append(d.name)
+        arrays.append(pa.array(list(values), type=types.get(d.type_code)))
+    return pa.Table.from_arrays(arrays, names=names)
+
+
+def _pg_type(t) -> str:
+    import pyarrow as pa
+
+    if pa.types.is_boolean(t):
+        return "boolean"
+    if pa.types.is_integer(t):
+        return "bigint" if t.bit_width > 32 or (pa.types.is_unsigned_integer(t) and t.bit_width == 32) else "integer"
+    if pa.types.is_float32(t) or pa.types.is_float16(t):
+        return "real"
+    if pa.types.is_floating(t):
+        return "double precision"
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return _pg_type(t.value_type) + "[]"
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return "bytea"
+    if pa.types.is_timestamp(t):
+        return "timestamp"
+    return "text"
+
+
+def _as_arrow(data):
+    return data if hasattr(data, "column_names") else data.to_arrow_table()
+
+
+def pg_temp_table(conn, name: str, data) -> None:
+    """A temporary table `name` holding an Arrow table's rows (dropped at the end of the transaction at the
+    latest)."""
+    data = _as_arrow(data)
+    cols = ", ".join(f'"{f.name}" {_pg_type(f.type)}' for f in data.schema)
+    with conn.cursor() as cur:
+        cur.execute(f"DROP TABLE IF EXISTS {name}")
+        cur.execute(f"CREATE TEMP TABLE {name} ({cols}) ON COMMIT DROP")
+    pg_copy(conn, name, data.column_names, data)
+
+
+def pg_copy(conn, table: str, columns: list[str], data) -> None:
+    """Append an Arrow table's rows with COPY. Flat columns go as CSV written by Arrow's C++ writer (no Python
+    object per value); a table with list columns (vectors) goes row by row through psycopg's binary COPY."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    data = _as_arrow(data).select(columns)
+    if data.num_rows == 0:
+        return
+    collist = ", ".join(f'"{c}"' for c in columns)
+    nested = any(pa.types.is_list(f.type) or pa.types.is_large_list(f.type) or pa.types.is_fixed_size_list(f.type)
+                 or pa.types.is_binary(f.type) for f in data.schema)
+    if not nested and _copy_binary_fixed(conn, table, columns, data):
+        return
+    with conn.cursor() as cur:
+        if nested:
+            with cur.copy(f"COPY {table} ({collist}) FROM STDIN (FORMAT binary)") as cp:
+                cp.set_types([_pg_type(f.type) for f in data.schema])
+                for batch in data.to_batches():
+                    for row in zip(*(c.to_pylist() for c in batch.columns)):
+                        cp.write_row(row)
+            return
+        # pyarrow writes nulls as empty unquoted fields and quotes every string: COPY's CSV reads both right
+        opts = pacsv.WriteOptions(include_header=False, quoting_style="all_valid", batch_size=1 << 16)
+        with cur.copy(f"COPY {table} ({collist}) FROM STDIN (FORMAT csv)") as cp:
+            sink = pa.BufferOutputStream()
+            for batch in data.to_batches(max_chunksize=1 << 18):
+                sink = pa.BufferOutputStream()
+                pacsv.write_csv(pa.Table.from_batches([batch]), sink, opts)
+                cp.write(sink.getvalue().to_pybytes())
+
+
+def xor_hash(dialect: str, columns: str) -> str:
+    """SQL for an order-free digest of a table's rows over `columns` (a cache key: changes when any row does)."""
+    if dialect == "postgresql":
+        return f"coalesce(bit_xor(hashtextextended(row({columns})::text, 0)), 0)"
+    return f"coalesce(bit_xor(hash({columns})), 0)"
+
+
+_FIXED = {"integer": ">i4", "bigint": ">i8", "smallint": ">i2", "boolean": "?", "real": ">f4",
+          "double precision": ">f8"}
+_PGCOPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + b"\x00" * 8
+_ROWS_PER_WRITE = 1 << 18
+
+
+def _copy_binary_fixed(conn, table: str, columns: list[str], data) -> bool:
+    """COPY in PostgreSQL's binary format, built with numpy (no Python object per value), when every column is a
+    fixed-width number or boolean in the target table and holds no NULL: the bulk path for evaluations. -> False
+    (nothing sent) otherwise."""
+    import numpy as np
+
+    if any(c.null_count for c in data.columns):
+        return False
+    with conn.cursor() as cur:
+        types = dict(cur.execute(
+            """SELECT attname, format_type(atttypid, NULL) FROM pg_attribute
+               WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped""", [table]).fetchall())
+    if not all(types.get(c) in _FIXED for c in columns):
+        return False
+    fields = [("n", ">i2")]
+    for i, c in enumerate(columns):
+        dt = np.dtype(_FIXED[types[c]])
+        fields += [(f"l{i}", ">i4"), (f"v{i}", dt)]
+    row = np.dtype(fields)
+    with conn.cursor() as cur, cur.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN (FORMAT binary)") as cp:
+        cp.write(_PGCOPY_HEADER)
+        for start in range(0, data.num_rows, _ROWS_PER_WRITE):
+            part = data.slice(start, _ROWS_PER_WRITE)
+            out = np.empty(part.num_rows, dtype=row)
+            out["n"] = len(columns)
+            for i, c in enumerate(columns):
+                out[f"l{i}"] = row[f"v{i}"].itemsize
+                out[f"v{i}"] = part.column(c).to_numpy(zero_copy_only=False)
+            cp.write(out.tobytes())
+        cp.write(b"\xff\xff")
+    return True
+
+
+def pg_failed(conn) -> bool:
+    """Whether the connection's transaction has failed (every statement but ROLLBACK is refused)."""
+    from psycopg.pq import TransactionStatus
+
+    return conn.info.transaction_status == TransactionStatus.INERROR
+
+
+# `db copy`: the tables and id sequences of a registry's schema, and how to set a sequence so that the next id is
+# `value + 1` (DuckDB has no setval: it draws the missing values; its sequences, like PostgreSQL's, ignore rollback)
+TABLES = {
+    "duckdb": "SELECT table_name FROM duckdb_tables() WHERE schema_name = current_schema() ORDER BY 1",
+    "postgresql": "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema() "
+                  "ORDER BY 1",
+}
+SEQUENCES = {   # -> (name, last value drawn or NULL)
+    "duckdb": "SELECT sequence_name, last_value FROM duckdb_sequences() WHERE schema_name = current_schema()",
+    "postgresql": "SELECT sequencename, last_value FROM pg_sequences WHERE schemaname = current_schema()",
+}
+
+
+def advance_sequence(dialect: str, name: str, last: int | None, value: int) -> str | None:
+    """SQL that moves sequence `name` (last drawn: `last`, None if never) on to `value`; None if nothing to do."""
+    if value <= (last or 0):
+        return None
+    if dialect == "postgresql":
+        return f"SELECT setval('{name}', {int(value)})"
+    return f"SELECT max(nextval('{name}')) FROM range({int(value) - (last or 0)})"

@@ -189,14 +189,17 @@ class Registry:
         return encoder_id
 
     def train(self, seed: int = 0, anchors: int | None = None, max_steps: int | None = None,
-              epochs: int | None = None, activate: bool = False, name: str | None = None, progress=None) -> int:
+              epochs: int | None = None, activate: bool = False, name: str | None = None, progress=None,
+              category_features: bool = False) -> int:
         """Train a LOCUS encoder on the registry's train split (val for model selection), store it as a checkpoint;
-        returns its encoder id. `activate` makes it active (every model is re-embedded)."""
+        returns its encoder id. `activate` makes it active (every model is re-embedded). `category_features`: the
+        predictor also reads each query's category (its vocabulary kept in the checkpoint)."""
         from . import evaluation, training
 
         with self.store.tx() as tx:
             data = evaluation.dataset(tx)
-        blob, meta = training.checkpoint_from(data, seed, anchors, max_steps, epochs, name, progress)
+        blob, meta = training.checkpoint_from(data, seed, anchors, max_steps, epochs, name, progress,
+                                              category_features)
         with self.store.tx() as tx:
             encoder_id = encoders.install(tx, blob, name=meta["name"])
         if activate:

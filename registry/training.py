@@ -78,6 +78,10 @@ class TrainConfig:
     ema: float = 0.0              # validation and the result use an exponential moving average of the weights (0: off)
     eval_max_set: int | None = None  # cap per model when embedding for validation (seeded draw; None = all, as the
                                      # registry embeds a model from all of its evaluations)
+    category_features: bool = False  # issue 16: the predictor also reads each query's category (a learned row added
+                                     # to u; the vocabulary is the train split's categories, kept in the config)
+    category_dropout: float = 0.1    # share of training rows shown as "no category" (row 0), so a query without one,
+                                     # or with a category the training never saw, still routes on its text
     refit_epochs: int = 10        # >0: stage 3, the encoder frozen, every model embedded from all its train
                                   # evaluations, the predictor refitted on all train pairs (best val epoch kept)
     encoder: EncoderConfig = field(default_factory=lambda: EncoderConfig(dropout=0.0))
@@ -136,22 +140,26 @@ def embed_models(model: LocusModel, qvecs: np.ndarray, correct: np.ndarray, idx_
 
 
 @torch.no_grad()
-def predict_proba(model: LocusModel, z: np.ndarray, qvecs: np.ndarray) -> np.ndarray:
-    """P(correct) [M,N] for model embeddings z [M,D] and query vectors [N,Dq]."""
+def predict_proba(model: LocusModel, z: np.ndarray, qvecs: np.ndarray, categories=None) -> np.ndarray:
+    """P(correct) [M,N] for model embeddings z [M,D] and query vectors [N,Dq] (with their category names [N], for
+    a model that reads them)."""
     model.eval()
-    return model.p_correct(z, qvecs)
+    return model.p_correct(z, qvecs, categories)
 
 
-def route(model: LocusModel, z: np.ndarray, qvecs: np.ndarray, k: int = 1) -> np.ndarray:
+def route(model: LocusModel, z: np.ndarray, qvecs: np.ndarray, k: int = 1, categories=None) -> np.ndarray:
     """[k,N] indices of the k models most likely to answer each query, best first."""
-    p = predict_proba(model, z, qvecs)
+    p = predict_proba(model, z, qvecs, categories)
     return np.argsort(-p.astype(np.float64), axis=0, kind="stable")[:k]
 
 
-def evaluate(model: LocusModel, qvecs, correct, embed_idx, eval_idx, max_set=None, seed=None) -> dict:
-    """Routing and predictor metrics on eval_idx, with models embedded from their evaluations on embed_idx."""
+def evaluate(model: LocusModel, qvecs, correct, embed_idx, eval_idx, max_set=None, seed=None,
+             categories=None) -> dict:
+    """Routing and predictor metrics on eval_idx, with models embedded from their evaluations on embed_idx
+    (categories [Nq]: every query's category name, or None)."""
     z = embed_models(model, qvecs, correct, embed_idx, max_set=max_set, seed=seed)
-    p = predict_proba(model, z, qvecs[np.asarray(eval_idx)])
+    eval_idx = np.asarray(eval_idx)
+    p = predict_proba(model, z, qvecs[eval_idx], None if categories is None else np.asarray(categories)[eval_idx])
     c = correct[:, eval_idx]
     obs = c >= 0
     pt = torch.from_numpy(p[obs].astype(np.float64)).clamp(1e-7, 1 - 1e-7)
@@ -173,13 +181,35 @@ def routing_loss(logits, y, valid):
     return (lse_all - lse_pos)[has].mean()
 
 
+class _Categories:
+    """The queries' category ids for a model that reads them (all None for a text-only one): train rows with
+    `dropout` of them shown as row 0 ("no category"), drawn from a generator of their own so that the rest of the
+    training draws exactly what a text-only run with the same seed draws."""
+
+    def __init__(self, model: LocusModel, categories, train_idx, val_idx, dropout: float, seed: int):
+        ids = model.category_ids(categories)
+        self.all = None if ids is None else torch.from_numpy(ids)
+        self.tr = None if ids is None else self.all[torch.from_numpy(np.asarray(train_idx))]
+        self.val = None if ids is None else self.all[torch.from_numpy(np.asarray(val_idx))]
+        self.dropout, self.rng = dropout, np.random.default_rng([seed, 16])
+
+    def train_rows(self, rows):
+        """Category ids of train rows (indices into the train split), some dropped to row 0; None: text only."""
+        if self.tr is None:
+            return None
+        ids = self.tr[rows]
+        if self.dropout > 0:
+            ids = ids.masked_fill(torch.from_numpy(self.rng.random(len(ids)) < self.dropout), 0)
+        return ids
+
+
 class _BestOnVal:
     """Validation for the fitting stages (1 and 3): routing hit@1 of the model embeddings z on the val queries.
     Keeps the best state (ties: lower val BCE) with any extra tensors given, and reports progress as epoch
     `step` of `max_steps` of its stage."""
 
-    def __init__(self, q_val, correct_val, progress, t0, stage: str, epochs: int):
-        self.q, self.c = q_val, correct_val
+    def __init__(self, q_val, correct_val, progress, t0, stage: str, epochs: int, cat_val=None):
+        self.q, self.c, self.cat = q_val, correct_val, cat_val
         self.obs = torch.from_numpy(correct_val >= 0)
         self.y = torch.from_numpy((correct_val == 1).astype(np.float32))
         self.progress, self.t0, self.stage, self.max_steps = progress, t0, stage, epochs
@@ -188,7 +218,7 @@ class _BestOnVal:
     def check(self, model, z, ep: int, loss: float, *extras) -> None:
         model.eval()
         with torch.no_grad():
-            lv = model.predict_logits(z, self.q)                                 # [M,Nval]
+            lv = model.predict_logits(z, self.q, cat=self.cat)                   # [M,Nval]
         bce = float(F.binary_cross_entropy_with_logits(lv[self.obs], self.y[self.obs]))
         hit = hit_at_k(lv.numpy(), self.c, 1)
         key = (round(hit, 9), -bce)
@@ -208,7 +238,8 @@ class _BestOnVal:
         return ({"epoch": ep, "val_hit@1": key[0], "val_bce": -key[1]}, *extras)
 
 
-def _fit_teacher(model, dec_params, log_s, q_tr, y_tr, obs_tr, dis, q_all, correct, val_idx, cfg, rng, progress, t0):
+def _fit_teacher(model, dec_params, log_s, q_tr, y_tr, obs_tr, dis, q_all, correct, val_idx, cfg, rng, progress, t0,
+                 cats: _Categories):
     """Stage 1: predictor + one free vector per model, BCE on all train pairs (minibatches of n_targets queries),
     plus the geometry loss on the vectors. Keeps the epoch with the best val hit@1 (ties: val BCE); loads that
     predictor into `model` and returns the vectors [M,D] (fixed from then on)."""
@@ -220,7 +251,7 @@ def _fit_teacher(model, dec_params, log_s, q_tr, y_tr, obs_tr, dis, q_all, corre
         params.append({"params": [log_s], "lr": cfg.lr_predictor, "weight_decay": 0.0})
     opt = torch.optim.AdamW(params, weight_decay=cfg.weight_decay)
     val = _BestOnVal(q_all[torch.from_numpy(np.asarray(val_idx))], correct[:, np.asarray(val_idx)], progress, t0,
-                     "teacher", cfg.teacher_epochs)
+                     "teacher", cfg.teacher_epochs, cats.val)
     pm, pn = (torch.from_numpy(a) for a in np.nonzero(obs_tr.numpy()))     # observed (model, query) train pairs
     py = y_tr[pm, pn]
     for ep in range(1, cfg.teacher_epochs + 1):
@@ -228,7 +259,7 @@ def _fit_teacher(model, dec_params, log_s, q_tr, y_tr, obs_tr, dis, q_all, corre
         perm = torch.from_numpy(rng.permutation(len(py)))
         for s in range(0, len(perm), cfg.teacher_batch):
             b = perm[s:s + cfg.teacher_batch]                              # [P] random pairs, as MF trains
-            logits = model.pair_logits(e[pm[b]], model.query_proj(q_tr[pn[b]]))
+            logits = model.pair_logits(e[pm[b]], model.query_proj(q_tr[pn[b]], cats.train_rows(pn[b])))
             loss = F.binary_cross_entropy_with_logits(logits, py[b])
             if cfg.geo_weight > 0:
                 loss = loss + cfg.geo_weight * ((log_s.exp() * torch.pdist(e) - dis) ** 2).mean()
@@ -251,6 +282,19 @@ def _fit_teacher(model, dec_params, log_s, q_tr, y_tr, obs_tr, dis, q_all, corre
     return e, dict(info, scale=float(sd))
 
 
+def category_vocabulary(categories, train_idx) -> tuple[str, ...]:
+    """The category names of the train queries, sorted ("(none)", the registry's name for a missing one, left out)."""
+    from .errors import InputError
+
+    if categories is None:
+        raise InputError("category features need the queries' categories")
+    names = sorted({c for c in np.asarray(categories, dtype=object)[np.asarray(train_idx)].tolist()
+                    if isinstance(c, str) and c != "(none)"})
+    if not names:
+        raise InputError("category features need categories, and no train query has one")
+    return tuple(names)
+
+
 def set_statistic(q, y, mask):
     """The linear teacher's input: mean over the real rows of [(2y-1) q, y].
     q [B,N,Dq], y [B,N] 0/1, mask [B,N] bool -> [B,Dq+1]"""
@@ -260,7 +304,8 @@ def set_statistic(q, y, mask):
     return torch.cat([torch.einsum("bn,bnd->bd", sign, q) / n, (y.to(q.dtype) * w).sum(1, keepdim=True) / n], 1)
 
 
-def _fit_linear_teacher(model, dec_params, q_tr, y_tr, obs_tr, q_all, correct, val_idx, cfg, rng, progress, t0):
+def _fit_linear_teacher(model, dec_params, q_tr, y_tr, obs_tr, q_all, correct, val_idx, cfg, rng, progress, t0,
+                        cats: _Categories):
     """Stage 1, linear teacher: the predictor is fitted with each model's vector = lin(set_statistic of all its train
     evaluations), on every train (model, query) pair (batches of teacher_queries queries x all models). Unlike free
     vectors, this target is defined for any set, so stage 2 can regress each sampled set onto its own target, which
@@ -275,7 +320,7 @@ def _fit_linear_teacher(model, dec_params, q_tr, y_tr, obs_tr, q_all, correct, v
     params = dec_params + list(lin.parameters())
     opt = torch.optim.AdamW(params, lr=cfg.lr_predictor, weight_decay=cfg.teacher_wd)
     val = _BestOnVal(q_all[torch.from_numpy(np.asarray(val_idx))], correct[:, np.asarray(val_idx)], progress, t0,
-                     "teacher", cfg.teacher_epochs)
+                     "teacher", cfg.teacher_epochs, cats.val)
     for ep in range(1, cfg.teacher_epochs + 1):
         model.train()
         perm = rng.permutation(n_tr)
@@ -284,7 +329,7 @@ def _fit_linear_teacher(model, dec_params, q_tr, y_tr, obs_tr, q_all, correct, v
             qt = q_tr[t]
             if cfg.teacher_noise > 0:
                 qt = qt + cfg.teacher_noise * torch.randn(qt.shape)
-            logits = model.logits_from_u(lin(stat), model.query_proj(qt))                # [M,T]
+            logits = model.logits_from_u(lin(stat), model.query_proj(qt, cats.train_rows(t)))   # [M,T]
             valid = obs_tr[:, t]
             loss = F.binary_cross_entropy_with_logits(logits[valid], y_tr[:, t][valid])
             opt.zero_grad(set_to_none=True)
@@ -302,7 +347,8 @@ def _fit_linear_teacher(model, dec_params, q_tr, y_tr, obs_tr, q_all, correct, v
     return lin, dict(info, kind="linear")
 
 
-def _refit_predictor(model, dec_params, qvecs, correct, tr, val_idx, q_tr, y_tr, obs_tr, cfg, rng, progress, t0):
+def _refit_predictor(model, dec_params, qvecs, correct, tr, val_idx, q_tr, y_tr, obs_tr, cfg, rng, progress, t0,
+                     cats: _Categories):
     """Stage 3: with the encoder frozen, each model is embedded from all of its train evaluations (as the registry
     embeds a model from all of its evaluations) and the predictor is refitted on every train pair against those
     fixed embeddings, MF-style. Why: the encoder reproduces the teacher's vectors only roughly, and routing among the
@@ -312,7 +358,7 @@ def _refit_predictor(model, dec_params, qvecs, correct, tr, val_idx, q_tr, y_tr,
     pm, pn = (torch.from_numpy(a) for a in np.nonzero(obs_tr.numpy()))
     py = y_tr[pm, pn]
     val = _BestOnVal(torch.from_numpy(np.ascontiguousarray(qvecs[np.asarray(val_idx)], dtype=np.float32)),
-                     correct[:, np.asarray(val_idx)], progress, t0, "refit", cfg.refit_epochs)
+                     correct[:, np.asarray(val_idx)], progress, t0, "refit", cfg.refit_epochs, cats.val)
     for ep in range(0, cfg.refit_epochs + 1):                                 # epoch 0: the stage-2 predictor
         loss = float("nan")
         if ep > 0:
@@ -320,8 +366,8 @@ def _refit_predictor(model, dec_params, qvecs, correct, tr, val_idx, q_tr, y_tr,
             perm = torch.from_numpy(rng.permutation(len(py)))
             for s in range(0, len(perm), cfg.teacher_batch):
                 b = perm[s:s + cfg.teacher_batch]
-                loss = F.binary_cross_entropy_with_logits(model.pair_logits(z[pm[b]], model.query_proj(q_tr[pn[b]])),
-                                                          py[b])
+                u = model.query_proj(q_tr[pn[b]], cats.train_rows(pn[b]))
+                loss = F.binary_cross_entropy_with_logits(model.pair_logits(z[pm[b]], u), py[b])
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(dec_params, cfg.grad_clip)
@@ -332,7 +378,7 @@ def _refit_predictor(model, dec_params, qvecs, correct, tr, val_idx, q_tr, y_tr,
 
 
 def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: TrainConfig | None = None,
-          progress: Callable[[dict], None] | None = None) -> tuple[LocusModel, EncoderConfig, dict]:
+          progress: Callable[[dict], None] | None = None, categories=None) -> tuple[LocusModel, EncoderConfig, dict]:
     """Train on the train queries; keep the state with the best validation hit@1 (ties: lower validation BCE).
 
     Each step: the train queries are split at random into targets (n_targets) and the rest; every model embeds its
@@ -340,6 +386,9 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
     subset of that (size log-uniform in [min_anchors, anchors], its own draw per model) -> z_small. The predictor is
     trained with BCE on the targets from both embeddings (targets are never in a set, as at routing time); a
     consistency term pulls z_small to stopgrad(z_big), so a few evaluations embed close to many.
+
+    categories [Nq]: each query's category name (None or "(none)": none); read only with cfg.category_features,
+    whose vocabulary is then the categories of the train queries.
     """
     cfg = cfg or TrainConfig()
     t0 = time.time()
@@ -349,8 +398,11 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
         torch.manual_seed(cfg.seed)
         rng = np.random.default_rng(cfg.seed)
         ecfg = copy.deepcopy(cfg.encoder)
+        if cfg.category_features:
+            ecfg = replace(ecfg, categories=category_vocabulary(categories, train_idx))
         model = LocusModel(ecfg)
-        is_dec = lambda n: n.startswith(("q_proj", "q_bias", "w_", "head"))
+        cats = _Categories(model, categories, train_idx, val_idx, cfg.category_dropout, cfg.seed)
+        is_dec = lambda n: n.startswith(("q_proj", "q_bias", "q_cat", "w_", "head"))
         enc_params = [p for n, p in model.named_parameters() if not is_dec(n)]
         dec_params = [p for n, p in model.named_parameters() if is_dec(n)]
         log_s = torch.zeros((), requires_grad=True)              # geometry scale, training only (not saved)
@@ -378,14 +430,14 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
         teacher, teacher_info, lin = None, {}, None
         if cfg.teacher_epochs > 0 and cfg.teacher == "linear":
             lin, teacher_info = _fit_linear_teacher(model, dec_params, q_tr, y_tr, obs_tr, q_all, correct, val_idx,
-                                                    cfg, rng, progress, t0)
+                                                    cfg, rng, progress, t0, cats)
             base_lrs[1] *= cfg.predictor_ft
             with torch.no_grad():
                 full = lin(set_statistic(q_tr[None].expand(M, -1, -1), y_tr, obs_tr))         # [M,D]
             t_var = full.var(0).mean()
         elif cfg.teacher_epochs > 0:
             teacher, teacher_info = _fit_teacher(model, dec_params, log_s, q_tr, y_tr, obs_tr, dis, q_all, correct,
-                                                 val_idx, cfg, rng, progress, t0)
+                                                 val_idx, cfg, rng, progress, t0, cats)
             base_lrs[1] *= cfg.predictor_ft
             t_var = teacher.var(0).mean()
 
@@ -434,7 +486,7 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
             qt = q_tr[t_idx]
             if noise > 0:
                 qt = qt + noise * torch.randn(qt.shape)
-            u = model.query_proj(qt)                                                              # [T,D]
+            u = model.query_proj(qt, cats.train_rows(t_idx))                                     # [T,D]
             logits = model.logits_from_u(torch.cat(zs), u)                                        # [2M or M,T]
             yt, valid = y_tr[:, t_idx].repeat(len(zs), 1), obs_tr[:, t_idx].repeat(len(zs), 1)
             bce = F.binary_cross_entropy_with_logits(logits[valid], yt[valid])
@@ -474,7 +526,8 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
             losses.append((float(bce.detach()), float(cons.detach()), float(geo.detach())))
 
             if step % cfg.eval_every == 0 or step == cfg.max_steps:
-                val = evaluate(ema_model, qvecs, correct, tr, val_idx, max_set=cfg.eval_max_set)
+                val = evaluate(ema_model, qvecs, correct, tr, val_idx, max_set=cfg.eval_max_set,
+                               categories=categories if ecfg.categories else None)
                 key = (round(val["hit@1"], 9), -val["bce"])
                 improved = best_key is None or key > best_key
                 if improved:
@@ -496,7 +549,7 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
         refit_info = {}
         if cfg.refit_epochs > 0:
             refit_info = _refit_predictor(model, dec_params, qvecs, correct, tr, val_idx, q_tr, y_tr, obs_tr, cfg, rng,
-                                          progress, t0)
+                                          progress, t0, cats)
         model.eval()
         metrics = {"best_step": best_step, "steps": step, "teacher": teacher_info, "refit": refit_info,
                    "wall_s": time.time() - t0, "n_params": model.n_params(),
@@ -509,9 +562,11 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
 
 
 def checkpoint_from(data, seed: int = 0, anchors: int | None = None, max_steps: int | None = None,
-                    epochs: int | None = None, name: str | None = None, progress=None) -> tuple[bytes, dict]:
+                    epochs: int | None = None, name: str | None = None, progress=None,
+                    category_features: bool = False) -> tuple[bytes, dict]:
     """Train on a registry's dataset (evaluation.Dataset: train split to fit, val to select) and return the
-    checkpoint (safetensors bytes) and its meta. Models without train evaluations are left out."""
+    checkpoint (safetensors bytes) and its meta. Models without train evaluations are left out. With
+    category_features the predictor also reads each query's category (issue 16)."""
     import json
 
     from . import textvec
@@ -522,7 +577,7 @@ def checkpoint_from(data, seed: int = 0, anchors: int | None = None, max_steps: 
     for flag, value in (("--anchors", anchors), ("--steps", max_steps), ("--epochs", epochs)):
         if value is not None and value < 1:
             raise InputError(f"{flag} must be at least 1, got {value}")
-    cfg = TrainConfig(seed=seed)
+    cfg = TrainConfig(seed=seed, category_features=category_features)
     if anchors is not None:
         cfg = replace(cfg, anchors=anchors, min_anchors=min(cfg.min_anchors, anchors))
     if max_steps is not None:
@@ -537,7 +592,7 @@ def checkpoint_from(data, seed: int = 0, anchors: int | None = None, max_steps: 
     if len(data.models) < 2:
         raise RegistryError(f"{len(data.models)} model(s) with train evaluations: training needs at least 2")
     model, config, metrics = train(data.qvecs, data.correct, data.splits["train"], data.splits["val"], cfg,
-                                   progress=progress)
+                                   progress=progress, categories=data.categories)
     digest = data.digest()
     meta = {"name": name or f"locus-seed{seed}-{digest[:8]}", "text_encoder": textvec.TEXT_ENCODER,
             "metrics": metrics, "train_data_digest": digest, "embed_max_set": None,

@@ -115,10 +115,11 @@ def current_embeddings(tx: Tx, data: Dataset, with_evidence: bool = False):
     return z, excluded, encoder_id
 
 
-def locus_probs(tx: Tx, encoder_id: int, z: np.ndarray, qvecs: np.ndarray) -> np.ndarray:
-    """P(correct) [M, N] of embeddings z [M,D] on query vectors [N,Dq] under an encoder."""
+def locus_probs(tx: Tx, encoder_id: int, z: np.ndarray, qvecs: np.ndarray, categories=None) -> np.ndarray:
+    """P(correct) [M, N] of embeddings z [M,D] on query vectors [N,Dq] (categories [N]: their category names, read
+    by an encoder with category features) under an encoder."""
     model, _ = encoders.load(tx, encoder_id)
-    return model.p_correct(z, qvecs)
+    return model.p_correct(z, qvecs, categories)
 
 
 def without(data: Dataset, drop: np.ndarray) -> Dataset:
@@ -153,7 +154,8 @@ def evaluate(tx: Tx, split: str = "test", baselines: bool = True, sample_efficie
         if len(rows) == 0:   # best single is chosen on train, KNN's k and MF's dimension on val
             raise RegistryError(f"no queries in the {name} split")
     ct = data.correct[:, idx]
-    p = evidence.shrink(locus_probs(tx, encoder_id, z, data.qvecs[idx]), ev)   # what the predictor gives routing
+    # what the predictor gives routing
+    p = evidence.shrink(locus_probs(tx, encoder_id, z, data.qvecs[idx], data.categories[idx]), ev)
     # the strongest model: the best single model on train, against which "differs_from_strongest" is counted
     strongest = int(np.argmax(B.model_accuracy(data.correct[:, tr]))) if len(tr) else None
     enc_name = tx.sql("SELECT name FROM encoders WHERE id = ?", [encoder_id])[0][0]
@@ -161,7 +163,7 @@ def evaluate(tx: Tx, split: str = "test", baselines: bool = True, sample_efficie
     scores, routed, selection = {"locus": p}, p, {}
     if len(tr) and len(va):         # as routing: without a val split to choose the weights, the predictor alone
         rows = interaction.contenders(data.correct, tr, va)      # (every model here is eligible)
-        raw = locus_probs(tx, encoder_id, z[rows], data.qvecs)      # the predictor's own, as routing fits on
+        raw = locus_probs(tx, encoder_id, z[rows], data.qvecs, data.categories)  # the predictor's own, as routing
         fitted = interaction.fit(interaction.logit(raw), data.correct, data.qvecs, data.categories, tr, va, rows)
         routed = interaction.sigmoid(fitted.scores(interaction.logit(p), data.qvecs[idx],
                                                     fitted.category_index(data.categories[idx])))
@@ -237,7 +239,7 @@ def sample_efficiency_curve(tx: Tx, data: Dataset, idx: np.ndarray, seeds: int, 
         hits = []
         for seed in range(seeds):
             z = embed_subsets(model, data, subset_rows(data.correct, nontest, n, seed))
-            p = model.p_correct(z, data.qvecs[idx])
+            p = model.p_correct(z, data.qvecs[idx], data.categories[idx])
             hits.append(B.hit_at_k(p, ct, 1))
         out[str(n)] = {"mean": round(float(np.mean(hits)), 4), "std": round(float(np.std(hits)), 4), "draws": seeds}
     return out
@@ -253,6 +255,6 @@ def planned_curve(tx: Tx, data: Dataset, z: np.ndarray, idx: np.ndarray, seeds: 
     model, _ = encoders.load(tx, encoders.ensure_default(tx))
     pred = probes.Predictor(model)
     nontest = np.concatenate([data.splits["train"], data.splits["val"]])
-    return probes.compare(pred, pred.project(data.qvecs), data.correct, nontest, z.astype(np.float64), idx, sizes,
+    return probes.compare(pred, pred.project(data.qvecs, data.categories), data.correct, nontest, z.astype(np.float64), idx, sizes,
                           seeds, lambda rows: embed_subsets(model, data, rows),
                           lambda n, s: subset_rows(data.correct, nontest, n, s))

@@ -40,9 +40,14 @@ class Predictor:
         self.head, self.hb = w["head.weight"][0], float(w["head.bias"][0])
         self.qb = (w["q_bias.weight"][0], float(w["q_bias.bias"][0])) if model.cfg.query_bias else None
         self.Wq, self.bq = w["q_proj.weight"], w["q_proj.bias"]
+        self.E, self.category_ids = w.get("q_cat.weight"), model.category_ids   # category rows (None: text only)
 
-    def project(self, qvecs: np.ndarray) -> "Queries":
+    def project(self, qvecs: np.ndarray, categories=None) -> "Queries":
+        """Query vectors [n,Dq] (and their category names [n], for a predictor that reads them) -> Queries."""
         u = np.asarray(qvecs, dtype=np.float64) @ self.Wq.T + self.bq
+        if self.E is not None:
+            ids = self.category_ids(categories)
+            u = u + (self.E[0][None] if ids is None else self.E[ids])
         return Queries(u, u @ self.Wu.T, None if self.qb is None else u @ self.qb[0] + self.qb[1])
 
     def logits(self, z: np.ndarray, q: "Queries") -> np.ndarray:

@@ -121,3 +121,20 @@ def projections(tx: Tx, model, query_ids: np.ndarray):
     tx.local[key] = (qmat, model, proj, row_at)
     tx.after_commit(lambda: tx.cache.__setitem__(key, (qmat, model, proj, row_at)))
     return row_at, proj
+
+
+def query_categories(tx: Tx, query_ids, model=None) -> np.ndarray | None:
+    """The category names [n] of these registry query ids (None where a query has none), for a predictor that reads
+    them; None when `model` is given and reads none (a text-only encoder: nothing is read). Not cached: a query's
+    category can be corrected by a later import."""
+    import pyarrow as pa
+
+    if model is not None and not model.cfg.categories:
+        return None
+    ids = np.asarray(query_ids, dtype=np.int64)
+    tx.duck.register("_qcat", pa.table({"id": np.unique(ids)}))
+    try:
+        found = dict(tx.duck.execute("SELECT q.id, q.category FROM _qcat i JOIN queries q ON q.id = i.id").fetchall())
+    finally:
+        tx.duck.unregister("_qcat")
+    return np.array([found.get(int(q)) for q in ids.tolist()], dtype=object)

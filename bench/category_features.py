@@ -65,6 +65,7 @@ def checkpoint(data, cache: Path, kind: str, seed: int, overrides: dict, t0: flo
         want = json.loads(json.dumps(asdict(replace(training.TrainConfig(seed=seed), **overrides)), default=str))
         have = dict(meta.get("train_config", {}))
         have.setdefault("category_features", False)       # a checkpoint from before the category fields
+        have["encoder"] = {"categories": [], **have.get("encoder", {})}
         if not want["category_features"]:
             have.setdefault("category_dropout", want["category_dropout"])   # unused without category features
         differ = {k for k in want if have.get(k) != want[k]}

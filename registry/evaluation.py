@@ -255,6 +255,6 @@ def planned_curve(tx: Tx, data: Dataset, z: np.ndarray, idx: np.ndarray, seeds: 
     model, _ = encoders.load(tx, encoders.ensure_default(tx))
     pred = probes.Predictor(model)
     nontest = np.concatenate([data.splits["train"], data.splits["val"]])
-    return probes.compare(pred, pred.project(data.qvecs, data.categories), data.correct, nontest, z.astype(np.float64), idx, sizes,
-                          seeds, lambda rows: embed_subsets(model, data, rows),
+    return probes.compare(pred, pred.project(data.qvecs, data.categories), data.correct, nontest, z.astype(np.float64),
+                          idx, sizes, seeds, lambda rows: embed_subsets(model, data, rows),
                           lambda n, s: subset_rows(data.correct, nontest, n, s))

@@ -1,20 +1,25 @@
 """Category features (issue 16, item 3, bar 3): the LOCUS predictor with and without the queries' categories.
 
-Per training seed (0, 1, 2) two encoders with the same training config, one thread: text only (`registry train
---seed S`) and with category features (`registry train --seed S --category-features`: a learned row per train
-category added to the query projection, one row for none). Each is installed and activated in one copy of the
-registry (every model re-embedded from its non-test evaluations, as the registry embeds them), then
-`Registry.evaluate()` reports LOCUS's test hit@1 and AUC (the predictor alone, `locus`, and routing as served,
-`locus_interaction`); the per-category router (each category's best model, chosen on train and val) is scored on the
-same test questions, beside them, with a paired bootstrap over the questions of the predictor's hit@1 against it.
+Per training seed (0, 1, 2): the text-only encoder (`registry train --seed S`, one thread), and the same encoder with
+category features (`registry train --seed S --category-features [--category-field source]`): training's last stage
+(training.fit_category_rows) gives the predictor one row per category of the train queries, a logit offset per
+model and category read from the model's embedding; nothing before that stage reads the categories, so the bench
+applies that stage to the text-only checkpoint of the same seed instead of training it again (the same function
+`registry train` calls). Two fields: `category` (14 values on MMLU-Pro) and `source` (91: the question's origin,
+e.g. ori_mmlu-professional_law, stemez-Physics), the "other metadata the user names" of the issue.
+
+Each checkpoint is installed and activated in one copy of the registry (every model re-embedded from its non-test
+evaluations, as the registry embeds them), then `Registry.evaluate()` reports LOCUS's test hit@1 and AUC (the
+predictor alone, `locus`, and routing as served, `locus_interaction`); the per-category router (each category's
+best model, chosen on train and val) is scored on the same test questions, beside them, with a paired bootstrap over
+the questions of the predictor's hit@1 against it. Val figures (models embedded from train, scored on val, as
+training selects) are printed too: the choice between fields is made on them, never on test.
 
 Bar 3: with category features, LOCUS test hit@1 >= the per-category router's, and test AUC >= the text-only
-checkpoint's + 0.005, in every seed. Val figures (models embedded from train, scored on val, as training selects)
-are printed too: variants (`--variant NAME key=value ...`, TrainConfig overrides on top of category features) are
-to be judged on them, never on test.
+checkpoint's + 0.005, in every seed.
 
-Trained checkpoints are kept under --cache (NAME-seedS.safetensors), so a rerun only evaluates. A text-only
-checkpoint trained by `registry train --seed S` on the same data can be put there as text-seedS.safetensors
+Checkpoints are kept under --cache (KIND-seedS.safetensors), so a rerun only evaluates. A text-only checkpoint
+trained by `registry train --seed S` on the same data can be put there as text-seedS.safetensors
 (bench/routing_interaction.py's all-seedS.safetensors are such); the bench checks its data digest and config.
 
     .venv/bin/python bench/category_features.py --db registry.duckdb --cache /work/cache-cat [--json-out F]
@@ -33,10 +38,10 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from registry import Registry, textvec, training  # noqa: E402
+from registry import Registry, training  # noqa: E402
 from registry import baselines as B  # noqa: E402
 from registry.checkpoint import load_checkpoint, read_header, save_checkpoint  # noqa: E402
-from registry.evaluation import current_embeddings, dataset, locus_probs  # noqa: E402
+from registry.evaluation import current_embeddings, dataset, locus_probs, query_labels  # noqa: E402
 
 BAR_AUC = 0.005
 
@@ -55,8 +60,9 @@ def wait_quiet(t0: float) -> None:
 
 
 def checkpoint(data, cache: Path, kind: str, seed: int, overrides: dict, t0: float) -> Path:
-    """cache/KIND-seedS.safetensors, trained if missing: `text` and `cat` exactly as `registry train` trains them,
-    a variant through training.train with its overrides."""
+    """cache/KIND-seedS.safetensors, made if missing: `text` as `registry train --seed S` trains it, a category
+    kind as `registry train --seed S --category-features --category-field F` does (its last stage applied to the
+    text-only checkpoint)."""
     path = cache / f"{kind}-seed{seed}.safetensors"
     if path.exists():
         meta = read_header(path.read_bytes())["meta"]
@@ -64,26 +70,27 @@ def checkpoint(data, cache: Path, kind: str, seed: int, overrides: dict, t0: flo
             raise SystemExit(f"{path}: trained on other data ({meta.get('train_data_digest')})")
         want = json.loads(json.dumps(asdict(replace(training.TrainConfig(seed=seed), **overrides)), default=str))
         have = dict(meta.get("train_config", {}))
-        have.setdefault("category_features", False)       # a checkpoint from before the category fields
-        have["encoder"] = {"categories": [], **have.get("encoder", {})}
-        if not want["category_features"]:
-            have.setdefault("category_dropout", want["category_dropout"])   # unused without category features
+        # a checkpoint from before the category fields has them at their defaults
+        have = {**{k: want[k] for k in ("category_features", "category_field", "category_l2")}, **have}
+        have["encoder"] = {"categories": [], "category_field": "category", **have.get("encoder", {})}
         differ = {k for k in want if have.get(k) != want[k]}
         if differ:
             raise SystemExit(f"{path}: trained with another config ({sorted(differ)})")
         return path
     wait_quiet(t0)
-    log(t0, f"{kind} seed {seed}: training")
-    if kind in ("text", "cat"):
-        blob, _ = training.checkpoint_from(data, seed=seed, name=f"bench-{kind}-seed{seed}",
-                                           category_features=kind == "cat")
+    if kind == "text":
+        log(t0, f"{kind} seed {seed}: training")
+        blob, _ = training.checkpoint_from(data, seed=seed, name=f"bench-{kind}-seed{seed}")
     else:
+        log(t0, f"{kind} seed {seed}: the category stage on text-seed{seed}")
+        text = checkpoint(data, cache, "text", seed, {}, t0)
+        model, _, meta = load_checkpoint(text.read_bytes())
         cfg = replace(training.TrainConfig(seed=seed), **overrides)
-        model, ecfg, metrics = training.train(data.qvecs, data.correct, data.splits["train"], data.splits["val"],
-                                              cfg, categories=data.categories)
-        meta = {"name": f"bench-{kind}-seed{seed}", "text_encoder": textvec.TEXT_ENCODER, "metrics": metrics,
-                "train_data_digest": data.digest(), "embed_max_set": None,
-                "train_config": json.loads(json.dumps(asdict(cfg), default=str))}
+        model, ecfg, info = training.fit_category_rows(model, data.qvecs, data.correct, data.splits["train"],
+                                                       data.splits["val"], data.query_field(cfg.category_field),
+                                                       cfg.category_field, cfg.category_l2)
+        meta = dict(meta, name=f"bench-{kind}-seed{seed}", metrics=dict(meta["metrics"], category=info),
+                    train_config=json.loads(json.dumps(asdict(cfg), default=str)))
         blob = save_checkpoint(model, ecfg, meta)
     tmp = path.with_suffix(".tmp")
     tmp.write_bytes(blob)
@@ -102,19 +109,30 @@ def scored(reg: Registry, path: Path, per_cat_hits: np.ndarray, draws: int = 100
         data = dataset(tx)
         z, excluded, encoder_id = current_embeddings(tx, data)
         te = data.splits["test"]
-        p = locus_probs(tx, encoder_id, z, data.qvecs[te], data.categories[te])
+        model, _ = load_checkpoint(path.read_bytes())[:2]
+        labels = query_labels(data, model)
+        p = locus_probs(tx, encoder_id, z, data.qvecs[te], None if labels is None else labels[te])
     ct = data.correct[:, te]
     hits = ct[B.topk_models(p, 1)[0], np.arange(len(te))] == 1
     rng = np.random.default_rng(0)
     diffs = np.array([(hits[i].astype(float) - per_cat_hits[i]).mean()
                       for i in (rng.integers(0, len(te), len(te)) for _ in range(draws))])
     # val as training selects: every model embedded from its train evaluations, scored on the val questions
-    model, _, _ = load_checkpoint(path.read_bytes())
     val = training.evaluate(model, data.qvecs, data.correct, data.splits["train"], data.splits["val"],
-                            categories=data.categories)
+                            categories=labels)
+    drift = None
+    if model.cfg.categories:
+        # the offsets of the models as the registry embeds them (train and val answers) against those the rows
+        # were fitted on (train answers): how far a re-embedded model's offsets move
+        z_tr = training.embed_models(model, data.qvecs, data.correct, data.splits["train"])
+        with torch.no_grad():
+            o = model.category_offsets(torch.from_numpy(z.astype(np.float64)))[:, 1:]
+            o_tr = model.category_offsets(torch.from_numpy(z_tr.astype(np.float64)))[:, 1:]
+        drift = {"offset_abs_mean": float(o_tr.abs().mean()), "drift_abs_mean": float((o - o_tr).abs().mean()),
+                 "drift_abs_max": float((o - o_tr).abs().max())}
     return {"locus": r["methods"]["locus"], "locus_interaction": r["methods"].get("locus_interaction"),
             "interaction": {k: r["interaction"].get(k) for k in ("a", "k", "w")},
-            "val_hit@1": val["hit@1"], "val_auc": val["auc"],
+            "val_hit@1": val["hit@1"], "val_auc": val["auc"], "offsets": drift,
             "paired_hit@1": float(hits.mean()), "only_locus": int((hits & ~per_cat_hits).sum()),
             "only_per_category": int((per_cat_hits & ~hits).sum()),
             "ci95_vs_per_category": [float(np.percentile(diffs, 2.5)), float(np.percentile(diffs, 97.5))]}
@@ -125,8 +143,7 @@ def main() -> None:
     ap.add_argument("--db", default="registry.duckdb")
     ap.add_argument("--cache", default="/work/cache-cat")
     ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
-    ap.add_argument("--variant", nargs="+", action="append", default=[],
-                    help="NAME key=value ...: TrainConfig overrides on top of category_features=true")
+    ap.add_argument("--fields", nargs="*", default=["category", "source"])
     ap.add_argument("--train-only", action="store_true", help="train what is missing, evaluate nothing")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json-out")
@@ -135,14 +152,7 @@ def main() -> None:
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    kinds = {"text": {}, "cat": {"category_features": True}}
-    for name, *kvs in args.variant:
-        over = {"category_features": True}
-        for kv in kvs:
-            k, v = kv.split("=", 1)
-            old = getattr(training.TrainConfig(), k)
-            over[k] = (v.lower() in ("1", "true")) if isinstance(old, bool) else type(old)(v)
-        kinds[name] = over
+    kinds = {"text": {}, **{f: {"category_features": True, "category_field": f} for f in args.fields}}
 
     with Registry(args.db) as reg, reg.store.tx() as tx:
         data = dataset(tx)

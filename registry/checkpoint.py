@@ -17,7 +17,7 @@ if TYPE_CHECKING:                                   # torch is imported only by 
 
 FORMAT = "locus-checkpoint/1"
 _KEY = "locus"
-_LATER_FIELDS = {"categories": ()}   # EncoderConfig fields added after format 1 -> the default a missing one takes
+_LATER_FIELDS = {"categories": (), "category_field": "category"}   # EncoderConfig fields added after format 1 -> the default a missing one takes
 
 
 def save_checkpoint(model: "LocusModel", config: "EncoderConfig", meta: dict) -> bytes:

@@ -83,13 +83,16 @@ def stage_bars(quiet: bool):
 @click.option("--activate", is_flag=True, help="Make the new encoder active (re-embeds every model).")
 @click.option("--name")
 @click.option("--category-features", is_flag=True,
-              help="The predictor also reads each query's category (a learned row per train category, one for none).")
-def train(ctx, seed, anchors, max_steps, epochs, activate, name, category_features, as_json):
+              help="The predictor also reads each query's category: a logit offset per model and category, from z.")
+@click.option("--category-field", type=click.Choice(["category", "source"]), default="category", show_default=True,
+              help="The query column read as the category (with --category-features).")
+def train(ctx, seed, anchors, max_steps, epochs, activate, name, category_features, category_field, as_json):
     """Train the LOCUS encoder and predictor on this registry's train split; store the checkpoint."""
     progress, close = stage_bars(as_json)
     reg = open_registry(ctx)
     encoder_id = reg.train(seed=seed, anchors=anchors, max_steps=max_steps, epochs=epochs, activate=activate,
-                           name=name, progress=progress, category_features=category_features)
+                           name=name, progress=progress, category_features=category_features,
+                           category_field=category_field)
     close()
     info = next(e for e in reg.encoders() if e.id == encoder_id)
     if as_json:

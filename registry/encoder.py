@@ -27,12 +27,15 @@ class EncoderConfig:
     d_hidden: int = 64     # predictor MLP hidden width
     dropout: float = 0.1
     query_bias: bool = False  # predictor adds a per-query logit bias from u alone (difficulty)
-    categories: tuple = ()    # query-category vocabulary (issue 16): u = Linear(q) + a learned row per category, row 0
-                              # for a query without one or with one not listed here; () = text only (every
-                              # checkpoint made before the field: it is written only when not empty)
+    categories: tuple = ()    # query-category vocabulary (issue 16): logit += [z, 1] . row(category), row 0 (zero) for
+                              # a query without one or with one not listed; () = text only (every checkpoint made
+                              # before the field: it is written only when not empty)
+    category_field: str = "category"   # the query column the vocabulary names ("category" or "source")
 
     def __post_init__(self):
         self.categories = tuple(str(c) for c in self.categories)   # JSON gives a list back
+        if self.category_field not in ("category", "source"):            # querycache.CATEGORY_FIELDS
+            raise ValueError(f"category_field must be 'category' or 'source', got {self.category_field!r}")
 
 
 class MAB(nn.Module):
@@ -106,8 +109,10 @@ class LocusModel(nn.Module):
         if cfg.query_bias:
             self.q_bias = nn.Linear(d, 1)                                    # difficulty: logit += q_bias(u)
         if cfg.categories:
-            # created last and at zero: the other weights start as a text-only model's would, and so does u
-            self.q_cat = nn.Embedding(len(cfg.categories) + 1, d)            # row 0: no or unknown category
+            # each category's row, read against the model embedding: a per-(model, category) logit offset that
+            # depends on z only, so a model embedded later gets its own (training.fit_category_rows); created last
+            # and at zero, so the other weights start as a text-only model's would
+            self.q_cat = nn.Embedding(len(cfg.categories) + 1, d + 1)        # row 0: no or unknown category (zero)
             nn.init.zeros_(self.q_cat.weight)
         self._cat_pos = {c: i + 1 for i, c in enumerate(cfg.categories)}
 
@@ -145,19 +150,23 @@ class LocusModel(nn.Module):
         return np.fromiter((self._cat_pos.get(n, 0) if isinstance(n, str) else 0 for n in names), dtype=np.int64,
                            count=len(names))
 
-    def query_proj(self, q, cat=None):
-        # q [N,Dq], cat [N] int64 category ids (None: every query without one) -> u [N,D]; a text-only model
-        # ignores cat
-        u = self.q_proj(q)
-        if self.cfg.categories:
-            u = u + (self.q_cat.weight[0] if cat is None else self.q_cat(cat))
-        return u
+    def query_proj(self, q):
+        return self.q_proj(q)                                                # [N,Dq] -> u [N,D]
+
+    def category_offsets(self, z):
+        """z [M,D] -> [M,C+1]: each model's logit offset on each category (column 0, none: 0). In float64: the rows
+        are a least-norm fit over close embeddings, large enough that float32 would lose 1e-4 of a logit."""
+        w = self.q_cat.weight.double()                                       # [C+1,D+1]
+        return (z.double() @ w[:, :-1].T + w[:, -1]).to(z.dtype)
 
     def predict_logits(self, z, q, chunk_elems: int = 1 << 24, cat=None):
-        # z [M,D], q [N,Dq], cat [N] ids or None -> logits [M,N]; u is computed once per query, the z*u term as
-        # M*Hd rows x N matmul
-        u = self.query_proj(q, cat)                                          # [N,D]
-        return self.logits_from_u(z, u, chunk_elems)
+        # z [M,D], q [N,Dq], cat [N] int64 category ids or None (none) -> logits [M,N]; u is computed once per
+        # query, the z*u term as M*Hd rows x N matmul
+        u = self.query_proj(q)                                               # [N,D]
+        out = self.logits_from_u(z, u, chunk_elems)
+        if self.cfg.categories and cat is not None:
+            out = out + self.category_offsets(z)[:, cat]
+        return out
 
     def logits_from_u(self, z, u, chunk_elems: int = 1 << 24):
         M, D = z.shape
@@ -222,19 +231,20 @@ class LocusModel(nn.Module):
         Wq, bq, Wu = w["q_proj.weight"], w["q_proj.bias"], w["w_u.weight"]
         head, hb = w["head.weight"][0], float(w["head.bias"][0])
         qb = (w["q_bias.weight"][0], float(w["q_bias.bias"][0])) if self.cfg.query_bias else None
-        E = w.get("q_cat.weight")                                                 # [C+1,D] or None (text only)
+        E = w.get("q_cat.weight")                                                 # [C+1,D+1] or None (text only)
+        offsets = None if E is None else zd @ E[:, :-1].T + E[:, -1]             # [M,C+1]
 
         def fast(q, categories=None, chunk: int = 2048):
             out = np.empty((M, len(q)), dtype=np.float32)
             ids = self.category_ids(categories)
             for s in range(0, len(q), chunk):
                 u = np.asarray(q[s:s + chunk], dtype=np.float64) @ Wq.T + bq     # [n,D]
-                if E is not None:
-                    u = u + (E[0][None] if ids is None else E[ids[s:s + chunk]])
                 pre = (zw @ u.T).reshape(M, Hd, -1) + a[:, :, None] + (u @ Wu.T).T[None]
                 o = np.einsum("mhn,h->mn", np.maximum(pre, 0.0), head) + hb
                 if qb is not None:
                     o = o + (u @ qb[0] + qb[1])[None]
+                if offsets is not None and ids is not None:
+                    o = o + offsets[:, ids[s:s + chunk]]
                 out[:, s:s + chunk] = 1.0 / (1.0 + np.exp(-o))
             return out
 

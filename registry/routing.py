@@ -127,7 +127,9 @@ def _build(tx: Tx, key: tuple, db_path: str, refit: bool = True) -> State:
     fit_key = (str(db_path), encoder_id, tuple(int(v) for v in vids), tuple(ev.probation.tolist()), key[-2])
     served, fitted = _interaction(tx, fit_key, model, vecs, np.asarray(mids, dtype=np.int64), np.asarray(vids), ev,
                                   refit)
-    category_of = dict(tx.sql("SELECT content_hash, category FROM queries")) if model.cfg.categories else None
+    category_of = None        # the field is one of querycache.CATEGORY_FIELDS (EncoderConfig checks it)
+    if model.cfg.categories:
+        category_of = dict(tx.sql(f"SELECT content_hash, {model.cfg.category_field} FROM queries"))
     return State(key, encoder_id, enc_name, model, list(names), np.asarray(mids, dtype=np.int64),
                  np.array([about[int(v)][0] for v in vids], dtype=np.int64), np.asarray(vids, dtype=np.int64),
                  vecs, np.array([_nan(meta[m][0]) for m in mids.tolist()], dtype=np.float64),
@@ -175,7 +177,7 @@ def _fit(tx: Tx, key: tuple, model, z: np.ndarray, model_ids: np.ndarray, versio
     the `interaction.contenders`); None without a train and a val split. Kept per `key` (encoder, versions,
     probation, splits), so a change of availability or cost does not refit; each version's predictions are kept
     too, so a registration scores only its new version."""
-    from .evaluation import dataset
+    from .evaluation import dataset, query_labels
 
     try:
         data = dataset(tx)
@@ -190,7 +192,7 @@ def _fit(tx: Tx, key: tuple, model, z: np.ndarray, model_ids: np.ndarray, versio
         qkey = (key[0], key[1], data.query_ids.tobytes())
         todo = [i for i in rows.tolist() if qkey + (int(version_ids[i]),) not in _rows]
         if todo:
-            fresh = model.scorer(z[todo])(data.qvecs, data.categories)
+            fresh = model.scorer(z[todo])(data.qvecs, query_labels(data, model))
             if len(_rows) + len(todo) > 4096:
                 _rows.clear()
             _rows.update({qkey + (int(version_ids[i]),): fresh[j] for j, i in enumerate(todo)})

@@ -78,10 +78,10 @@ class TrainConfig:
     ema: float = 0.0              # validation and the result use an exponential moving average of the weights (0: off)
     eval_max_set: int | None = None  # cap per model when embedding for validation (seeded draw; None = all, as the
                                      # registry embeds a model from all of its evaluations)
-    category_features: bool = False  # issue 16: the predictor also reads each query's category (a learned row added
-                                     # to u; the vocabulary is the train split's categories, kept in the config)
-    category_dropout: float = 0.1    # share of training rows shown as "no category" (row 0), so a query without one,
-                                     # or with a category the training never saw, still routes on its text
+    category_features: bool = False  # issue 16: a last stage fits each query category's row of the predictor (a
+                                     # logit offset per model and category, read from z: fit_category_rows)
+    category_field: str = "category"  # the query column whose values are the categories ("category" or "source")
+    category_l2: float = 10.0     # prior pseudo-weight of each offset (interaction.L2; chosen on val)
     refit_epochs: int = 10        # >0: stage 3, the encoder frozen, every model embedded from all its train
                                   # evaluations, the predictor refitted on all train pairs (best val epoch kept)
     encoder: EncoderConfig = field(default_factory=lambda: EncoderConfig(dropout=0.0))
@@ -181,35 +181,13 @@ def routing_loss(logits, y, valid):
     return (lse_all - lse_pos)[has].mean()
 
 
-class _Categories:
-    """The queries' category ids for a model that reads them (all None for a text-only one): train rows with
-    `dropout` of them shown as row 0 ("no category"), drawn from a generator of their own so that the rest of the
-    training draws exactly what a text-only run with the same seed draws."""
-
-    def __init__(self, model: LocusModel, categories, train_idx, val_idx, dropout: float, seed: int):
-        ids = model.category_ids(categories)
-        self.all = None if ids is None else torch.from_numpy(ids)
-        self.tr = None if ids is None else self.all[torch.from_numpy(np.asarray(train_idx))]
-        self.val = None if ids is None else self.all[torch.from_numpy(np.asarray(val_idx))]
-        self.dropout, self.rng = dropout, np.random.default_rng([seed, 16])
-
-    def train_rows(self, rows):
-        """Category ids of train rows (indices into the train split), some dropped to row 0; None: text only."""
-        if self.tr is None:
-            return None
-        ids = self.tr[rows]
-        if self.dropout > 0:
-            ids = ids.masked_fill(torch.from_numpy(self.rng.random(len(ids)) < self.dropout), 0)
-        return ids
-
-
 class _BestOnVal:
     """Validation for the fitting stages (1 and 3): routing hit@1 of the model embeddings z on the val queries.
     Keeps the best state (ties: lower val BCE) with any extra tensors given, and reports progress as epoch
     `step` of `max_steps` of its stage."""
 
-    def __init__(self, q_val, correct_val, progress, t0, stage: str, epochs: int, cat_val=None):
-        self.q, self.c, self.cat = q_val, correct_val, cat_val
+    def __init__(self, q_val, correct_val, progress, t0, stage: str, epochs: int):
+        self.q, self.c = q_val, correct_val
         self.obs = torch.from_numpy(correct_val >= 0)
         self.y = torch.from_numpy((correct_val == 1).astype(np.float32))
         self.progress, self.t0, self.stage, self.max_steps = progress, t0, stage, epochs
@@ -218,7 +196,7 @@ class _BestOnVal:
     def check(self, model, z, ep: int, loss: float, *extras) -> None:
         model.eval()
         with torch.no_grad():
-            lv = model.predict_logits(z, self.q, cat=self.cat)                   # [M,Nval]
+            lv = model.predict_logits(z, self.q)                                 # [M,Nval]
         bce = float(F.binary_cross_entropy_with_logits(lv[self.obs], self.y[self.obs]))
         hit = hit_at_k(lv.numpy(), self.c, 1)
         key = (round(hit, 9), -bce)
@@ -238,8 +216,7 @@ class _BestOnVal:
         return ({"epoch": ep, "val_hit@1": key[0], "val_bce": -key[1]}, *extras)
 
 
-def _fit_teacher(model, dec_params, log_s, q_tr, y_tr, obs_tr, dis, q_all, correct, val_idx, cfg, rng, progress, t0,
-                 cats: _Categories):
+def _fit_teacher(model, dec_params, log_s, q_tr, y_tr, obs_tr, dis, q_all, correct, val_idx, cfg, rng, progress, t0):
     """Stage 1: predictor + one free vector per model, BCE on all train pairs (minibatches of n_targets queries),
     plus the geometry loss on the vectors. Keeps the epoch with the best val hit@1 (ties: val BCE); loads that
     predictor into `model` and returns the vectors [M,D] (fixed from then on)."""
@@ -251,7 +228,7 @@ def _fit_teacher(model, dec_params, log_s, q_tr, y_tr, obs_tr, dis, q_all, corre
         params.append({"params": [log_s], "lr": cfg.lr_predictor, "weight_decay": 0.0})
     opt = torch.optim.AdamW(params, weight_decay=cfg.weight_decay)
     val = _BestOnVal(q_all[torch.from_numpy(np.asarray(val_idx))], correct[:, np.asarray(val_idx)], progress, t0,
-                     "teacher", cfg.teacher_epochs, cats.val)
+                     "teacher", cfg.teacher_epochs)
     pm, pn = (torch.from_numpy(a) for a in np.nonzero(obs_tr.numpy()))     # observed (model, query) train pairs
     py = y_tr[pm, pn]
     for ep in range(1, cfg.teacher_epochs + 1):
@@ -259,7 +236,7 @@ def _fit_teacher(model, dec_params, log_s, q_tr, y_tr, obs_tr, dis, q_all, corre
         perm = torch.from_numpy(rng.permutation(len(py)))
         for s in range(0, len(perm), cfg.teacher_batch):
             b = perm[s:s + cfg.teacher_batch]                              # [P] random pairs, as MF trains
-            logits = model.pair_logits(e[pm[b]], model.query_proj(q_tr[pn[b]], cats.train_rows(pn[b])))
+            logits = model.pair_logits(e[pm[b]], model.query_proj(q_tr[pn[b]]))
             loss = F.binary_cross_entropy_with_logits(logits, py[b])
             if cfg.geo_weight > 0:
                 loss = loss + cfg.geo_weight * ((log_s.exp() * torch.pdist(e) - dis) ** 2).mean()
@@ -295,6 +272,45 @@ def category_vocabulary(categories, train_idx) -> tuple[str, ...]:
     return tuple(names)
 
 
+@torch.no_grad()
+def fit_category_rows(model: LocusModel, qvecs, correct, train_idx, val_idx, categories, field: str = "category",
+                      l2: float = 10.0) -> tuple[LocusModel, EncoderConfig, dict]:
+    """The last stage of category features (issue 16): a copy of the trained (text-only) model with one row per
+    category of the train queries, so that logit += [z, 1] . row(category).
+
+    Why this form and this fit (measured on MMLU-Pro's val split, BENCHMARKS.md): rows added to the query projection
+    and trained by SGD with the rest did not move routing (the predictor learns base rates and difficulty, not which
+    model is better on what), and neither did rows read against z trained by SGD on the frozen predictor. What the
+    per-category router knows is a per-(model, category) offset. So each model's offset on each category is fitted
+    directly (the maximum-a-posteriori shift of the predictor's logits that fits the model's train answers in the
+    category, prior pseudo-weight l2: interaction.category_offsets), with every model embedded from its train
+    evaluations as in the refit stage; the rows are then the least-norm solution of [z_m, 1] . row_c = offset(m, c),
+    exact for the training models (fewer models than dimensions), and defined for any model embedded later."""
+    from .interaction import category_offsets, logit
+
+    tr, va = np.asarray(train_idx), np.asarray(val_idx)
+    names = category_vocabulary(categories, tr)
+    ecfg = replace(model.cfg, categories=names, category_field=field)
+    out = LocusModel(ecfg)
+    out.load_state_dict({**model.state_dict(), "q_cat.weight": torch.zeros(len(names) + 1, ecfg.d_model + 1)})
+    out.eval()
+    ids = out.category_ids(categories)                                    # [Nq], 0 = none
+    z = embed_models(model, qvecs, correct, tr).astype(np.float64)       # [M,D], as the refit stage embeds
+    lg = logit(model.p_correct(z.astype(np.float32), qvecs[tr]))         # [M,Ntr] the predictor's own
+    has = ids[tr] > 0
+    b = category_offsets(lg[:, has], correct[:, tr][:, has], ids[tr][has] - 1, len(names), l2)   # [M,C]
+    Z = np.concatenate([z, np.ones((len(z), 1))], 1)                     # [M,D+1]
+    rows = np.linalg.pinv(Z) @ b                                         # [D+1,C]
+    out.q_cat.weight[1:] = torch.from_numpy(rows.T.astype(np.float32))
+    before = evaluate(model, qvecs, correct, tr, va)
+    after = evaluate(out, qvecs, correct, tr, va, categories=categories)
+    info = {"field": field, "categories": len(names), "l2": l2,
+            "fit_max_error": float(np.abs(Z @ rows - b).max()),
+            "val_before": {k: before[k] for k in ("hit@1", "auc", "bce")},
+            "val_after": {k: after[k] for k in ("hit@1", "auc", "bce")}}
+    return out, ecfg, info
+
+
 def set_statistic(q, y, mask):
     """The linear teacher's input: mean over the real rows of [(2y-1) q, y].
     q [B,N,Dq], y [B,N] 0/1, mask [B,N] bool -> [B,Dq+1]"""
@@ -304,8 +320,7 @@ def set_statistic(q, y, mask):
     return torch.cat([torch.einsum("bn,bnd->bd", sign, q) / n, (y.to(q.dtype) * w).sum(1, keepdim=True) / n], 1)
 
 
-def _fit_linear_teacher(model, dec_params, q_tr, y_tr, obs_tr, q_all, correct, val_idx, cfg, rng, progress, t0,
-                        cats: _Categories):
+def _fit_linear_teacher(model, dec_params, q_tr, y_tr, obs_tr, q_all, correct, val_idx, cfg, rng, progress, t0):
     """Stage 1, linear teacher: the predictor is fitted with each model's vector = lin(set_statistic of all its train
     evaluations), on every train (model, query) pair (batches of teacher_queries queries x all models). Unlike free
     vectors, this target is defined for any set, so stage 2 can regress each sampled set onto its own target, which
@@ -320,7 +335,7 @@ def _fit_linear_teacher(model, dec_params, q_tr, y_tr, obs_tr, q_all, correct, v
     params = dec_params + list(lin.parameters())
     opt = torch.optim.AdamW(params, lr=cfg.lr_predictor, weight_decay=cfg.teacher_wd)
     val = _BestOnVal(q_all[torch.from_numpy(np.asarray(val_idx))], correct[:, np.asarray(val_idx)], progress, t0,
-                     "teacher", cfg.teacher_epochs, cats.val)
+                     "teacher", cfg.teacher_epochs)
     for ep in range(1, cfg.teacher_epochs + 1):
         model.train()
         perm = rng.permutation(n_tr)
@@ -329,7 +344,7 @@ def _fit_linear_teacher(model, dec_params, q_tr, y_tr, obs_tr, q_all, correct, v
             qt = q_tr[t]
             if cfg.teacher_noise > 0:
                 qt = qt + cfg.teacher_noise * torch.randn(qt.shape)
-            logits = model.logits_from_u(lin(stat), model.query_proj(qt, cats.train_rows(t)))   # [M,T]
+            logits = model.logits_from_u(lin(stat), model.query_proj(qt))                # [M,T]
             valid = obs_tr[:, t]
             loss = F.binary_cross_entropy_with_logits(logits[valid], y_tr[:, t][valid])
             opt.zero_grad(set_to_none=True)
@@ -347,8 +362,7 @@ def _fit_linear_teacher(model, dec_params, q_tr, y_tr, obs_tr, q_all, correct, v
     return lin, dict(info, kind="linear")
 
 
-def _refit_predictor(model, dec_params, qvecs, correct, tr, val_idx, q_tr, y_tr, obs_tr, cfg, rng, progress, t0,
-                     cats: _Categories):
+def _refit_predictor(model, dec_params, qvecs, correct, tr, val_idx, q_tr, y_tr, obs_tr, cfg, rng, progress, t0):
     """Stage 3: with the encoder frozen, each model is embedded from all of its train evaluations (as the registry
     embeds a model from all of its evaluations) and the predictor is refitted on every train pair against those
     fixed embeddings, MF-style. Why: the encoder reproduces the teacher's vectors only roughly, and routing among the
@@ -358,7 +372,7 @@ def _refit_predictor(model, dec_params, qvecs, correct, tr, val_idx, q_tr, y_tr,
     pm, pn = (torch.from_numpy(a) for a in np.nonzero(obs_tr.numpy()))
     py = y_tr[pm, pn]
     val = _BestOnVal(torch.from_numpy(np.ascontiguousarray(qvecs[np.asarray(val_idx)], dtype=np.float32)),
-                     correct[:, np.asarray(val_idx)], progress, t0, "refit", cfg.refit_epochs, cats.val)
+                     correct[:, np.asarray(val_idx)], progress, t0, "refit", cfg.refit_epochs)
     for ep in range(0, cfg.refit_epochs + 1):                                 # epoch 0: the stage-2 predictor
         loss = float("nan")
         if ep > 0:
@@ -366,8 +380,8 @@ def _refit_predictor(model, dec_params, qvecs, correct, tr, val_idx, q_tr, y_tr,
             perm = torch.from_numpy(rng.permutation(len(py)))
             for s in range(0, len(perm), cfg.teacher_batch):
                 b = perm[s:s + cfg.teacher_batch]
-                u = model.query_proj(q_tr[pn[b]], cats.train_rows(pn[b]))
-                loss = F.binary_cross_entropy_with_logits(model.pair_logits(z[pm[b]], u), py[b])
+                loss = F.binary_cross_entropy_with_logits(model.pair_logits(z[pm[b]], model.query_proj(q_tr[pn[b]])),
+                                                          py[b])
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(dec_params, cfg.grad_clip)
@@ -387,8 +401,9 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
     trained with BCE on the targets from both embeddings (targets are never in a set, as at routing time); a
     consistency term pulls z_small to stopgrad(z_big), so a few evaluations embed close to many.
 
-    categories [Nq]: each query's category name (None or "(none)": none); read only with cfg.category_features,
-    whose vocabulary is then the categories of the train queries.
+    With cfg.category_features, categories [Nq] (each query's value of cfg.category_field; None or "(none)": none)
+    are read by a last stage (fit_category_rows); nothing before it reads them, so every other weight is the
+    text-only model's.
     """
     cfg = cfg or TrainConfig()
     t0 = time.time()
@@ -398,11 +413,8 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
         torch.manual_seed(cfg.seed)
         rng = np.random.default_rng(cfg.seed)
         ecfg = copy.deepcopy(cfg.encoder)
-        if cfg.category_features:
-            ecfg = replace(ecfg, categories=category_vocabulary(categories, train_idx))
         model = LocusModel(ecfg)
-        cats = _Categories(model, categories, train_idx, val_idx, cfg.category_dropout, cfg.seed)
-        is_dec = lambda n: n.startswith(("q_proj", "q_bias", "q_cat", "w_", "head"))
+        is_dec = lambda n: n.startswith(("q_proj", "q_bias", "w_", "head"))
         enc_params = [p for n, p in model.named_parameters() if not is_dec(n)]
         dec_params = [p for n, p in model.named_parameters() if is_dec(n)]
         log_s = torch.zeros((), requires_grad=True)              # geometry scale, training only (not saved)
@@ -430,14 +442,14 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
         teacher, teacher_info, lin = None, {}, None
         if cfg.teacher_epochs > 0 and cfg.teacher == "linear":
             lin, teacher_info = _fit_linear_teacher(model, dec_params, q_tr, y_tr, obs_tr, q_all, correct, val_idx,
-                                                    cfg, rng, progress, t0, cats)
+                                                    cfg, rng, progress, t0)
             base_lrs[1] *= cfg.predictor_ft
             with torch.no_grad():
                 full = lin(set_statistic(q_tr[None].expand(M, -1, -1), y_tr, obs_tr))         # [M,D]
             t_var = full.var(0).mean()
         elif cfg.teacher_epochs > 0:
             teacher, teacher_info = _fit_teacher(model, dec_params, log_s, q_tr, y_tr, obs_tr, dis, q_all, correct,
-                                                 val_idx, cfg, rng, progress, t0, cats)
+                                                 val_idx, cfg, rng, progress, t0)
             base_lrs[1] *= cfg.predictor_ft
             t_var = teacher.var(0).mean()
 
@@ -486,7 +498,7 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
             qt = q_tr[t_idx]
             if noise > 0:
                 qt = qt + noise * torch.randn(qt.shape)
-            u = model.query_proj(qt, cats.train_rows(t_idx))                                     # [T,D]
+            u = model.query_proj(qt)                                                              # [T,D]
             logits = model.logits_from_u(torch.cat(zs), u)                                        # [2M or M,T]
             yt, valid = y_tr[:, t_idx].repeat(len(zs), 1), obs_tr[:, t_idx].repeat(len(zs), 1)
             bce = F.binary_cross_entropy_with_logits(logits[valid], yt[valid])
@@ -526,8 +538,7 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
             losses.append((float(bce.detach()), float(cons.detach()), float(geo.detach())))
 
             if step % cfg.eval_every == 0 or step == cfg.max_steps:
-                val = evaluate(ema_model, qvecs, correct, tr, val_idx, max_set=cfg.eval_max_set,
-                               categories=categories if ecfg.categories else None)
+                val = evaluate(ema_model, qvecs, correct, tr, val_idx, max_set=cfg.eval_max_set)
                 key = (round(val["hit@1"], 9), -val["bce"])
                 improved = best_key is None or key > best_key
                 if improved:
@@ -549,9 +560,14 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
         refit_info = {}
         if cfg.refit_epochs > 0:
             refit_info = _refit_predictor(model, dec_params, qvecs, correct, tr, val_idx, q_tr, y_tr, obs_tr, cfg, rng,
-                                          progress, t0, cats)
+                                          progress, t0)
         model.eval()
+        category_info = {}
+        if cfg.category_features:
+            model, ecfg, category_info = fit_category_rows(model, qvecs, correct, tr, val_idx, categories,
+                                                           cfg.category_field, cfg.category_l2)
         metrics = {"best_step": best_step, "steps": step, "teacher": teacher_info, "refit": refit_info,
+                   "category": category_info,
                    "wall_s": time.time() - t0, "n_params": model.n_params(),
                    **{f"val_{k}": v for k, v in best_val.items()}, "train_config": asdict(cfg),
                    "history": [{k: h[k] for k in ("step", "loss", "cons", "val_hit@1", "val_auc", "val_bce",
@@ -563,10 +579,10 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
 
 def checkpoint_from(data, seed: int = 0, anchors: int | None = None, max_steps: int | None = None,
                     epochs: int | None = None, name: str | None = None, progress=None,
-                    category_features: bool = False) -> tuple[bytes, dict]:
+                    category_features: bool = False, category_field: str = "category") -> tuple[bytes, dict]:
     """Train on a registry's dataset (evaluation.Dataset: train split to fit, val to select) and return the
     checkpoint (safetensors bytes) and its meta. Models without train evaluations are left out. With
-    category_features the predictor also reads each query's category (issue 16)."""
+    category_features the predictor also reads each query's value of category_field (issue 16)."""
     import json
 
     from . import textvec
@@ -577,7 +593,7 @@ def checkpoint_from(data, seed: int = 0, anchors: int | None = None, max_steps: 
     for flag, value in (("--anchors", anchors), ("--steps", max_steps), ("--epochs", epochs)):
         if value is not None and value < 1:
             raise InputError(f"{flag} must be at least 1, got {value}")
-    cfg = TrainConfig(seed=seed, category_features=category_features)
+    cfg = TrainConfig(seed=seed, category_features=category_features, category_field=category_field)
     if anchors is not None:
         cfg = replace(cfg, anchors=anchors, min_anchors=min(cfg.min_anchors, anchors))
     if max_steps is not None:
@@ -592,7 +608,8 @@ def checkpoint_from(data, seed: int = 0, anchors: int | None = None, max_steps: 
     if len(data.models) < 2:
         raise RegistryError(f"{len(data.models)} model(s) with train evaluations: training needs at least 2")
     model, config, metrics = train(data.qvecs, data.correct, data.splits["train"], data.splits["val"], cfg,
-                                   progress=progress, categories=data.categories)
+                                   progress=progress,
+                                   categories=data.query_field(category_field) if category_features else None)
     digest = data.digest()
     meta = {"name": name or f"locus-seed{seed}-{digest[:8]}", "text_encoder": textvec.TEXT_ENCODER,
             "metrics": metrics, "train_data_digest": digest, "embed_max_set": None,

@@ -103,7 +103,7 @@ def predicted_category_accuracy(tx: Tx, encoder_id: int, z) -> dict[str, float]:
     row_of, qmat = querycache.query_vectors(tx, qids)
     cats = dict(tx.sql("SELECT id, coalesce(category, '(none)') FROM queries"))
     p = model.p_correct(np.asarray(z, np.float32)[None, :], qmat[[row_of[int(i)] for i in qids]],
-                        [cats[int(i)] for i in qids.tolist()])[0]
+                        querycache.query_categories(tx, qids, model))[0]
     out: dict[str, list] = {}
     for qid, pq in zip(qids.tolist(), p):
         out.setdefault(cats[qid], []).append(pq)

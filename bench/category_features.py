@@ -118,13 +118,14 @@ def scored(reg: Registry, path: Path, per_cat_hits: np.ndarray, draws: int = 100
     diffs = np.array([(hits[i].astype(float) - per_cat_hits[i]).mean()
                       for i in (rng.integers(0, len(te), len(te)) for _ in range(draws))])
     # val as training selects: every model embedded from its train evaluations, scored on the val questions
-    val = training.evaluate(model, data.qvecs, data.correct, data.splits["train"], data.splits["val"],
-                            categories=labels)
+    va = data.splits["val"]
+    z_tr = training.embed_models(model, data.qvecs, data.correct, data.splits["train"])
+    pv = model.p_correct(z_tr, data.qvecs[va], None if labels is None else labels[va])
+    val = {"hit@1": B.hit_at_k(pv, data.correct[:, va], 1), "auc": B.predictor_metrics(pv, data.correct[:, va])["auc"]}
     drift = None
     if model.cfg.categories:
         # the offsets of the models as the registry embeds them (train and val answers) against those the rows
         # were fitted on (train answers): how far a re-embedded model's offsets move
-        z_tr = training.embed_models(model, data.qvecs, data.correct, data.splits["train"])
         with torch.no_grad():
             o = model.category_offsets(torch.from_numpy(z.astype(np.float64)))[:, 1:]
             o_tr = model.category_offsets(torch.from_numpy(z_tr.astype(np.float64)))[:, 1:]

@@ -302,12 +302,13 @@ def fit_category_rows(model: LocusModel, qvecs, correct, train_idx, val_idx, cat
     Z = np.concatenate([z, np.ones((len(z), 1))], 1)                     # [M,D+1]
     rows = np.linalg.pinv(Z) @ b                                         # [D+1,C]
     out.q_cat.weight[1:] = torch.from_numpy(rows.T.astype(np.float32))
-    before = evaluate(model, qvecs, correct, tr, va)
-    after = evaluate(out, qvecs, correct, tr, va, categories=categories)
-    info = {"field": field, "categories": len(names), "l2": l2,
-            "fit_max_error": float(np.abs(Z @ rows - b).max()),
-            "val_before": {k: before[k] for k in ("hit@1", "auc", "bce")},
-            "val_after": {k: after[k] for k in ("hit@1", "auc", "bce")}}
+    z32, cv = z.astype(np.float32), correct[:, va]
+    val = {}
+    for when, p in (("val_before", model.p_correct(z32, qvecs[va])),
+                    ("val_after", out.p_correct(z32, qvecs[va], np.asarray(categories, dtype=object)[va]))):
+        val[when] = {"hit@1": hit_at_k(p, cv, 1), "auc": predictor_metrics(p, cv)["auc"]}
+    info = {"field": field, "categories": len(names), "l2": l2, "fit_max_error": float(np.abs(Z @ rows - b).max()),
+            **val}
     return out, ecfg, info
 
 

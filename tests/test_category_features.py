@@ -1,6 +1,7 @@
-"""Category features (issue 16, item 3): a learned row per query category added to the predictor's query
-projection, its vocabulary kept in the checkpoint's config. A checkpoint without it (the shipped one) loads and
-predicts exactly as before; a query with an unseen or missing category still routes (row 0)."""
+"""Category features (issue 16, item 3): one row per query category in the predictor, read against the model
+embedding (logit += [z, 1] . row), its vocabulary kept in the checkpoint's config. A checkpoint without it (the
+shipped one) loads and predicts exactly as before; a query with an unseen or missing category routes on its text
+alone (row 0, zero)."""
 from __future__ import annotations
 
 import json
@@ -34,11 +35,12 @@ def _probe():
 
 
 def _with_categories(model: LocusModel, names, seed: int = 0) -> LocusModel:
-    """The model's weights in a model that reads these categories, its category rows random (row 0 too)."""
+    """The model's weights in a model that reads these categories, its category rows random (row 0, none, zero)."""
     out = LocusModel(replace(model.cfg, categories=tuple(names)))
     state = dict(model.state_dict())
-    state["q_cat.weight"] = torch.randn(len(names) + 1, model.cfg.d_model,
-                                        generator=torch.Generator().manual_seed(seed))
+    rows = torch.randn(len(names) + 1, model.cfg.d_model + 1, generator=torch.Generator().manual_seed(seed)) / 4
+    rows[0] = 0
+    state["q_cat.weight"] = rows
     out.load_state_dict(state)
     return out.eval()
 
@@ -87,7 +89,7 @@ def test_unseen_or_missing_category_reads_as_none():
     none = model.p_correct(z, q)                                           # no categories given at all
     for cats in (["cooking"] * 4, [None] * 4, ["(none)"] * 4, [float("nan")] * 4):
         assert np.array_equal(model.p_correct(z, q, cats), none)
-    assert np.isfinite(none).all()
+    np.testing.assert_allclose(none, base.p_correct(z, q), rtol=0, atol=1e-7)   # the text-only prediction
 
 
 def _toy(seed: int = 0):
@@ -105,9 +107,11 @@ def _toy(seed: int = 0):
 TOY = EncoderConfig(d_query=16, d_model=32, n_inducing=8, n_heads=4, n_isab=2, d_hidden=16, dropout=0.0)
 
 
-def test_training_keeps_a_vocabulary_and_text_only_is_unchanged():
-    """With category features the vocabulary is the train queries' categories and the rows move from zero; without
-    them, passing categories changes nothing (the same weights as a run that never saw them)."""
+def test_training_fits_category_rows_on_top_of_the_text_only_model():
+    """With category features every weight but the category rows is the text-only run's (nothing before the last
+    stage reads the categories); the rows give each training model its fitted offset on each category, so model 0
+    is predicted right on a and wrong on b, model 1 the reverse; passing categories without the feature changes
+    nothing."""
     q, cats, correct, tr, va = _toy()
     cfg = TrainConfig(max_steps=4, eval_every=2, n_targets=64, big_set=200, anchors=64, min_anchors=16,
                       teacher_epochs=4, refit_epochs=2, encoder=TOY)
@@ -115,23 +119,37 @@ def test_training_keeps_a_vocabulary_and_text_only_is_unchanged():
     ignored, ecfg, _ = train(q, correct, tr, va, cfg, categories=cats)
     assert ecfg.categories == ()
     assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), ignored.state_dict().values()))
-    model, ecfg, _ = train(q, correct, tr, va, replace(cfg, category_features=True), categories=cats)
-    assert ecfg.categories == ("a", "b")
-    assert model.q_cat.weight.abs().sum(1).min() > 0                        # every row trained, none's too
+    model, ecfg, metrics = train(q, correct, tr, va, replace(cfg, category_features=True), categories=cats)
+    assert ecfg.categories == ("a", "b") and ecfg.category_field == "category"
+    state = model.state_dict()
+    assert all(torch.equal(v, state[k]) for k, v in plain.state_dict().items())
+    rows = model.q_cat.weight
+    assert rows[0].abs().sum() == 0 and rows[1:].abs().sum() > 0
+    assert metrics["category"]["fit_max_error"] < 1e-6
+    p = model.p_correct(embed_models(model, q, correct, tr), q[va], cats[va])
+    a, b = cats[va] == "a", cats[va] == "b"
+    assert p[0, a].min() > 0.7 > 0.3 > p[0, b].max() and p[1, b].min() > 0.7 > 0.3 > p[1, a].max()
     with pytest.raises(InputError, match="no train query has one"):
         category_vocabulary(np.array(["(none)"] * 300, dtype=object), tr)
 
 
-@pytest.mark.slow
-def test_training_learns_what_the_category_says():
-    q, cats, correct, tr, va = _toy()
-    cfg = TrainConfig(max_steps=60, eval_every=10, n_targets=64, big_set=200, anchors=64, min_anchors=16,
-                      lr_encoder=1e-2, teacher_epochs=40, refit_epochs=5, lr_predictor=1e-2, encoder=TOY,
-                      category_features=True)
-    model, _, _ = train(q, correct, tr, va, cfg, categories=cats)
-    p = model.p_correct(embed_models(model, q, correct, tr), q[va], cats[va])
-    a, b = cats[va] == "a", cats[va] == "b"
-    assert p[0, a].mean() > 0.8 > 0.2 > p[0, b].mean() and p[1, b].mean() > 0.6 > 0.4 > p[1, a].mean()
+def test_probes_read_category_rows():
+    """The likelihood reading (probes.py) scores and differentiates the category term as the model does."""
+    from registry import probes
+
+    base, _, _ = load_checkpoint(SHIPPED.read_bytes())
+    model = _with_categories(base, ["law", "math"])
+    z, q = _probe()
+    cats = ["law", "math", None, "cooking"]
+    pred = probes.Predictor(model)
+    qs = pred.project(q, cats)
+    lg = pred.logits(z[0].astype(np.float64), qs)
+    np.testing.assert_allclose(1 / (1 + np.exp(-lg)), model.p_correct(z[:1], q, cats)[0], atol=1e-6)
+    out, grad = pred.logits_grad(z[0].astype(np.float64), qs)
+    h = np.zeros(128)
+    h[5] = 1e-6
+    numeric = (pred.logits(z[0] + h, qs) - pred.logits(z[0] - h, qs)) / 2e-6
+    np.testing.assert_allclose(grad[:, 5], numeric, atol=1e-4)
 
 
 def _install(reg: Registry, tmp_path, names) -> LocusModel:
@@ -184,12 +202,15 @@ def test_registry_routes_with_categories_and_without(db_copy, tmp_path):
         np.testing.assert_allclose(raw, model.scorer(st.z)(q), atol=1e-6)
 
 
-def test_train_category_features_flag(db_copy):
-    res = CliRunner().invoke(cli, ["--db", str(db_copy), "train", "--category-features", "--steps", "2",
-                                   "--epochs", "1", "--json"])
+@pytest.mark.parametrize("field", ["category", "source"])
+def test_train_category_features_flag(db_copy, field):
+    res = CliRunner().invoke(cli, ["--db", str(db_copy), "train", "--category-features", "--category-field", field,
+                                   "--steps", "2", "--epochs", "1", "--json"])
     assert res.exit_code == 0, res.output
     info = json.loads(res.output)
     with Registry(db_copy) as reg, reg.store.tx() as tx:
         cfg = json.loads(tx.sql("SELECT config::VARCHAR FROM encoders WHERE id = ?", [info["id"]])[0][0])
         data = dataset(tx)
-    assert cfg["categories"] == sorted(set(data.categories[data.splits["train"]].tolist()) - {"(none)"})
+    assert cfg["categories"] == sorted(set(data.query_field(field)[data.splits["train"]].tolist()) - {"(none)"})
+    assert cfg.get("category_field", "category") == field
+    assert info["metrics"]["category"]["field"] == field

@@ -71,7 +71,8 @@ def checkpoint(data, cache: Path, kind: str, seed: int, overrides: dict, t0: flo
         want = json.loads(json.dumps(asdict(replace(training.TrainConfig(seed=seed), **overrides)), default=str))
         have = dict(meta.get("train_config", {}))
         # a checkpoint from before the category fields has them at their defaults
-        have = {**{k: want[k] for k in ("category_features", "category_field", "category_l2")}, **have}
+        have = {**{k: want[k] for k in ("category_features", "category_field", "category_l2", "category_fit")},
+                **have}
         have["encoder"] = {"categories": [], "category_field": "category", **have.get("encoder", {})}
         differ = {k for k in want if have.get(k) != want[k]}
         if differ:
@@ -88,7 +89,7 @@ def checkpoint(data, cache: Path, kind: str, seed: int, overrides: dict, t0: flo
         cfg = replace(training.TrainConfig(seed=seed), **overrides)
         model, ecfg, info = training.fit_category_rows(model, data.qvecs, data.correct, data.splits["train"],
                                                        data.splits["val"], data.query_field(cfg.category_field),
-                                                       cfg.category_field, cfg.category_l2)
+                                                       cfg.category_field, cfg.category_l2, cfg.category_fit)
         meta = dict(meta, name=f"bench-{kind}-seed{seed}", metrics=dict(meta["metrics"], category=info),
                     train_config=json.loads(json.dumps(asdict(cfg), default=str)))
         blob = save_checkpoint(model, ecfg, meta)
@@ -145,6 +146,8 @@ def main() -> None:
     ap.add_argument("--cache", default="/work/cache-cat")
     ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
     ap.add_argument("--fields", nargs="*", default=["category", "source"])
+    ap.add_argument("--fits", nargs="*", default=["train", "nontest"],
+                    help="the answers the category rows are fitted to (TrainConfig.category_fit)")
     ap.add_argument("--train-only", action="store_true", help="train what is missing, evaluate nothing")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json-out")
@@ -153,7 +156,9 @@ def main() -> None:
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    kinds = {"text": {}, **{f: {"category_features": True, "category_field": f} for f in args.fields}}
+    kinds = {"text": {}, **{f + ("" if fit == "train" else f"-{fit}"): {"category_features": True,
+                                                                         "category_field": f, "category_fit": fit}
+                            for fit in args.fits for f in args.fields}}
 
     with Registry(args.db) as reg, reg.store.tx() as tx:
         data = dataset(tx)

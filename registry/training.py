@@ -82,6 +82,10 @@ class TrainConfig:
                                      # logit offset per model and category, read from z: fit_category_rows)
     category_field: str = "category"  # the query column whose values are the categories ("category" or "source")
     category_l2: float = 10.0     # prior pseudo-weight of each offset (interaction.L2; chosen on val)
+    category_fit: str = "train"   # the answers the rows are fitted to: "train", or "nontest" (train and val, with
+                                  # every model embedded from them, as the registry embeds it and as the
+                                  # per-category router and the interaction terms are refitted; val then measures
+                                  # nothing of the rows)
     refit_epochs: int = 10        # >0: stage 3, the encoder frozen, every model embedded from all its train
                                   # evaluations, the predictor refitted on all train pairs (best val epoch kept)
     encoder: EncoderConfig = field(default_factory=lambda: EncoderConfig(dropout=0.0))
@@ -274,7 +278,7 @@ def category_vocabulary(categories, train_idx) -> tuple[str, ...]:
 
 @torch.no_grad()
 def fit_category_rows(model: LocusModel, qvecs, correct, train_idx, val_idx, categories, field: str = "category",
-                      l2: float = 10.0) -> tuple[LocusModel, EncoderConfig, dict]:
+                      l2: float = 10.0, fit: str = "train") -> tuple[LocusModel, EncoderConfig, dict]:
     """The last stage of category features (issue 16): a copy of the trained (text-only) model with one row per
     category of the train queries, so that logit += [z, 1] . row(category).
 
@@ -285,10 +289,15 @@ def fit_category_rows(model: LocusModel, qvecs, correct, train_idx, val_idx, cat
     directly (the maximum-a-posteriori shift of the predictor's logits that fits the model's train answers in the
     category, prior pseudo-weight l2: interaction.category_offsets), with every model embedded from its train
     evaluations as in the refit stage; the rows are then the least-norm solution of [z_m, 1] . row_c = offset(m, c),
-    exact for the training models (fewer models than dimensions), and defined for any model embedded later."""
+    exact for the training models (fewer models than dimensions), and defined for any model embedded later.
+    fit="nontest" fits to the train and val answers, every model embedded from them (see TrainConfig.category_fit)."""
+    from .errors import InputError
     from .interaction import category_offsets, logit
 
-    tr, va = np.asarray(train_idx), np.asarray(val_idx)
+    if fit not in ("train", "nontest"):
+        raise InputError(f"category rows are fitted on 'train' or 'nontest', not {fit!r}")
+    va = np.asarray(val_idx)
+    tr = np.asarray(train_idx) if fit == "train" else np.sort(np.concatenate([train_idx, val_idx]))
     names = category_vocabulary(categories, tr)
     ecfg = replace(model.cfg, categories=names, category_field=field)
     out = LocusModel(ecfg)
@@ -307,7 +316,7 @@ def fit_category_rows(model: LocusModel, qvecs, correct, train_idx, val_idx, cat
     for when, p in (("val_before", model.p_correct(z32, qvecs[va])),
                     ("val_after", out.p_correct(z32, qvecs[va], np.asarray(categories, dtype=object)[va]))):
         val[when] = {"hit@1": hit_at_k(p, cv, 1), "auc": predictor_metrics(p, cv)["auc"]}
-    info = {"field": field, "categories": len(names), "l2": l2, "fit_max_error": float(np.abs(Z @ rows - b).max()),
+    info = {"field": field, "categories": len(names), "l2": l2, "fit": fit, "fit_max_error": float(np.abs(Z @ rows - b).max()),
             **val}
     return out, ecfg, info
 
@@ -566,7 +575,7 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
         category_info = {}
         if cfg.category_features:
             model, ecfg, category_info = fit_category_rows(model, qvecs, correct, tr, val_idx, categories,
-                                                           cfg.category_field, cfg.category_l2)
+                                                           cfg.category_field, cfg.category_l2, cfg.category_fit)
         metrics = {"best_step": best_step, "steps": step, "teacher": teacher_info, "refit": refit_info,
                    "category": category_info,
                    "wall_s": time.time() - t0, "n_params": model.n_params(),
@@ -580,7 +589,8 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
 
 def checkpoint_from(data, seed: int = 0, anchors: int | None = None, max_steps: int | None = None,
                     epochs: int | None = None, name: str | None = None, progress=None,
-                    category_features: bool = False, category_field: str = "category") -> tuple[bytes, dict]:
+                    category_features: bool = False, category_field: str = "category",
+                    category_fit: str = "train") -> tuple[bytes, dict]:
     """Train on a registry's dataset (evaluation.Dataset: train split to fit, val to select) and return the
     checkpoint (safetensors bytes) and its meta. Models without train evaluations are left out. With
     category_features the predictor also reads each query's value of category_field (issue 16)."""
@@ -594,7 +604,8 @@ def checkpoint_from(data, seed: int = 0, anchors: int | None = None, max_steps: 
     for flag, value in (("--anchors", anchors), ("--steps", max_steps), ("--epochs", epochs)):
         if value is not None and value < 1:
             raise InputError(f"{flag} must be at least 1, got {value}")
-    cfg = TrainConfig(seed=seed, category_features=category_features, category_field=category_field)
+    cfg = TrainConfig(seed=seed, category_features=category_features, category_field=category_field,
+                      category_fit=category_fit)
     if anchors is not None:
         cfg = replace(cfg, anchors=anchors, min_anchors=min(cfg.min_anchors, anchors))
     if max_steps is not None:

@@ -1,5 +1,5 @@
 """The server under load, for real over loopback (issue 13, bars 1 and 3): `registry serve` on a copy of the registry,
-N client threads for D seconds, each request drawn from the issue's mix: 70% routes of texts the registry already
+N client processes for D seconds, each request drawn from the issue's mix: 70% routes of texts the registry already
 embedded, 20% routes of new short texts (MiniLM runs), 10% registrations of a new model with 64 evaluations. The
 floor for a new text, a bare single-text MiniLM encode, is measured in this process in the same run.
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
 import random
 import shutil
 import signal
@@ -84,49 +85,16 @@ def main() -> None:
     acked_evals: dict[str, set[str]] = {}           # model -> question ids of acknowledged registrations
     acked_versions: dict[str, int] = {}             # model -> the version the server reported
     routed: list[tuple[str, float]] = []            # (text, time the answer arrived) of acknowledged routes
-    lock = threading.Lock()
+    # each client is its own process, as the applications in front of a router are: client threads in one process
+    # would share its GIL, and what they measured would include waiting for each other
+    ctx = mp.get_context("spawn")
+    lock, killed, results = ctx.Lock(), ctx.Event(), ctx.Queue()
     t_start = time.time()
     stop = t_start + args.seconds
-    killed = threading.Event()
-
-    def client(k: int) -> None:
-        rnd = random.Random(k)
-        with httpx.Client(base_url=base, timeout=120, headers=auth) as c:
-            n = 0
-            while time.time() < stop and not killed.is_set():
-                n += 1
-                roll = rnd.random()
-                body: dict
-                if roll < 0.7:
-                    kind, path, body = "route known", "/route", {"text": rnd.choice(texts)}
-                elif roll < 0.9:
-                    kind, path, body = "route new", "/route", {"text": _short_text(rnd, f"{k}-{n}")}
-                else:
-                    name = f"load-{k}-{n}"
-                    picked = rnd.sample(qids, 64)
-                    body = {"name": name, "params_b": 7,
-                            "evaluations": [{"question_id": q, "correct": rnd.random() < 0.5} for q in picked]}
-                    kind, path = "register", "/models"
-                t0 = time.perf_counter()
-                try:
-                    r = c.post(path, json=body)
-                    ok, detail = r.status_code == 200, f"{r.status_code} {r.text[:200]}"
-                except httpx.HTTPError as exc:
-                    ok, detail = False, repr(exc)
-                dt = time.perf_counter() - t0
-                with lock:
-                    if not ok:
-                        if not killed.is_set():        # after the kill, in-flight requests fail by design
-                            failures.append(f"{kind}: {detail}")
-                        continue
-                    lat.setdefault(kind, []).append(dt)
-                    if kind == "register":
-                        acked_evals[name] = set(picked)
-                        if r.json()["version"] is not None:
-                            acked_versions[name] = r.json()["version"]
-                    else:
-                        routed.append((body["text"], time.time()))
-
+    procs = [ctx.Process(target=_client, args=(k, base, auth, texts, qids, stop, lock, killed, results))
+             for k in range(args.clients)]
+    for p in procs:
+        p.start()
     during: list[float] = []          # the same bare encode, side by side with the load (one every 0.5 s)
 
     def floor_under_load() -> None:
@@ -139,10 +107,8 @@ def main() -> None:
             i += 1
             time.sleep(0.5)
 
-    threads = [threading.Thread(target=client, args=(k,)) for k in range(args.clients)]
-    threads.append(threading.Thread(target=floor_under_load))
-    for t in threads:
-        t.start()
+    floor = threading.Thread(target=floor_under_load)
+    floor.start()
     window_s = kill_time = longest_cycle_ms = None
     if args.kill_after is not None:
         time.sleep(max(0.0, t_start + args.kill_after - time.time() - 0.5))
@@ -154,8 +120,17 @@ def main() -> None:
             proc.send_signal(signal.SIGKILL)
         proc.wait()
         window_s = 2 * longest_cycle_ms / 1000 + 0.1
-    for t in threads:
-        t.join()
+    for _ in procs:                                  # each client's results, once its loop ends
+        c_lat, c_failures, c_evals, c_versions, c_routed = results.get()
+        for kind, xs in c_lat.items():
+            lat.setdefault(kind, []).extend(xs)
+        failures += c_failures
+        acked_evals.update(c_evals)
+        acked_versions.update(c_versions)
+        routed += c_routed
+    for p in procs:
+        p.join()
+    floor.join()
     wall = (kill_time or time.time()) - t_start
     health = None
     if kill_time is None:
@@ -242,12 +217,62 @@ def main() -> None:
         elif health:
             print(f"server: {json.dumps(health['writer'])}, {health['text_batches']} text batches for "
                   f"{health['texts_encoded']} texts")
+            print("inside the server (handler start to answer): " + ", ".join(
+                f"{k} p50 {v['p50_ms']} ms, p99 {v['p99_ms']} ms" for k, v in health.get("inside", {}).items()))
         for f in failures[:5] + missing[:5]:
             print("  ", f)
         if onboard is not None and onboard.returncode:
             print("  onboard:", onboard.stderr.strip()[-500:])
     shutil.rmtree(work, ignore_errors=True)
     sys.exit(0 if ok else 1)
+
+
+def _client(k: int, base: str, auth: dict, texts: list[str], qids: list[str], stop: float, lock, killed,
+            results) -> None:
+    """One client process: requests drawn from the issue's mix until `stop`; its latencies and what was
+    acknowledged go back through `results` at the end."""
+    lat: dict[str, list[float]] = {}
+    failures: list[str] = []
+    acked_evals: dict[str, set[str]] = {}
+    acked_versions: dict[str, int] = {}
+    routed: list[tuple[str, float]] = []
+    rnd = random.Random(k)
+    with httpx.Client(base_url=base, timeout=120, headers=auth) as c:
+        n = 0
+        while time.time() < stop and not killed.is_set():
+            n += 1
+            roll = rnd.random()
+            body: dict
+            if roll < 0.7:
+                kind, path, body = "route known", "/route", {"text": rnd.choice(texts)}
+            elif roll < 0.9:
+                kind, path, body = "route new", "/route", {"text": _short_text(rnd, f"{k}-{n}")}
+            else:
+                name = f"load-{k}-{n}"
+                picked = rnd.sample(qids, 64)
+                body = {"name": name, "params_b": 7,
+                        "evaluations": [{"question_id": q, "correct": rnd.random() < 0.5} for q in picked]}
+                kind, path = "register", "/models"
+            t0 = time.perf_counter()
+            try:
+                r = c.post(path, json=body)
+                ok, detail = r.status_code == 200, f"{r.status_code} {r.text[:200]}"
+            except httpx.HTTPError as exc:
+                ok, detail = False, repr(exc)
+            dt = time.perf_counter() - t0
+            with lock:          # the kill is set under the same lock: no answer is counted after it
+                if not ok:
+                    if not killed.is_set():        # after the kill, in-flight requests fail by design
+                        failures.append(f"{kind}: {detail}")
+                    continue
+                lat.setdefault(kind, []).append(dt)
+                if kind == "register":
+                    acked_evals[name] = set(picked)
+                    if r.json()["version"] is not None:
+                        acked_versions[name] = r.json()["version"]
+                else:
+                    routed.append((body["text"], time.time()))
+    results.put((lat, failures, acked_evals, acked_versions, routed))
 
 
 def _bare_encode_ms(textvec, tag: str, n: int = 40) -> float:

@@ -123,9 +123,9 @@ class Registry:
         seconds = {} if seconds is None else seconds
         started = time.perf_counter()
         with self.store.tx() as tx:
-            outcomes = onboarding.run_pending(tx, self.min_evaluations, all_models=all_models)
+            outcomes = onboarding.run_pending(tx, self.min_evaluations, all_models=all_models, stability=stability)
         seconds["onboarding"] = round(time.perf_counter() - started, 3)
-        if stability:
+        if stability:    # the new versions have theirs (run_pending); any older version still without one
             started = time.perf_counter()
             estimates = self.estimate_stability()
             for o in outcomes:
@@ -321,24 +321,27 @@ class Registry:
     # --- routing ------------------------------------------------------------------------------------------------
     def route(self, query: str, cost_weight: float | None = None, min_prob: float | None = None,
               unavailable: list[str] | None = None, log: bool = True, log_text: bool = True,
-              cost_by: str = "cost", include_probation: bool = False) -> routing.Decision:
+              cost_by: str = "cost", include_probation: bool = False, top: int | None = None) -> routing.Decision:
         """Route one query text: the model most likely to answer it (or the cost-aware choice: by `cost`, or by
         `params_b` with cost_by="params"), every candidate's P(correct) and evidence, the versions used. Models on
-        probation are chosen only with `include_probation`. Logged unless `log=False`."""
+        probation are chosen only with `include_probation`. Logged unless `log=False`. `top`: list only the that many
+        most likely candidates (and the chosen one); None or 0: every model."""
         if not isinstance(query, str):
             raise InputError(f"a query must be a string, got {type(query).__name__}")
         return self.route_batch([query], cost_weight, min_prob, unavailable, log, log_text, cost_by=cost_by,
-                                include_probation=include_probation)[0]
+                                include_probation=include_probation, top=top)[0]
 
     def route_batch(self, texts: list[str], cost_weight: float | None = None, min_prob: float | None = None,
                     unavailable: list[str] | None = None, log: bool = True, log_text: bool = True,
                     reuse_vectors: bool = True, batch_size: int = 64, progress: bool = False,
-                    cost_by: str = "cost", include_probation: bool = False) -> list[routing.Decision]:
+                    cost_by: str = "cost", include_probation: bool = False,
+                    top: int | None = None) -> list[routing.Decision]:
         """Route many texts (vectors cached or stored where known, the rest MiniLM-encoded in batches) with one bulk
         log insert. `reuse_vectors=False` encodes every text (what benchmarks compare with bare MiniLM)."""
         with self.store.tx() as tx:
             return routing.route(tx, self.path, texts, cost_weight, min_prob, unavailable, log, log_text,
-                                 reuse_vectors, batch_size, progress, cost_by, include_probation, self.probation_min)
+                                 reuse_vectors, batch_size, progress, cost_by, include_probation, self.probation_min,
+                                 top)
 
     def prepare_queries(self, texts: list[str]) -> None:
         """Compute and cache the texts' vectors now (the server does this outside its write lock)."""

@@ -15,6 +15,8 @@ chance of giving it for a distinct model is at most 1% (ALPHA) at the evidence i
 """
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -104,18 +106,24 @@ class AnswerCalibration:
 
     def max_disagreements(self, n: int) -> int:
         """The most disagreements on n shared queries that still reads "same" (-1: none can, at this n)."""
-        from scipy.stats import binom
-
         if self.p_min is None or n < 1:
             return -1
-        k = int(binom.ppf(self.alpha, n, self.p_min))          # smallest k with cdf(k) >= alpha
-        while k >= 0 and binom.cdf(k, n, self.p_min) > self.alpha:
-            k -= 1
-        return k
+        return _max_disagreements(int(n), self.p_min, self.alpha)
 
     def thresholds(self, ns=(32, 64, 128, 256, 512, 1024)) -> dict[str, float | None]:
         return {str(n): (None if self.max_disagreements(n) < 0 else round(self.max_disagreements(n) / n, 4))
                 for n in ns}
+
+
+@functools.lru_cache(maxsize=4096)
+def _max_disagreements(n: int, p_min: float, alpha: float) -> int:
+    """(scipy's binomial, a few ms a call: every registration's duplicate test asks for the same few n)"""
+    from scipy.stats import binom
+
+    k = int(binom.ppf(alpha, n, p_min))          # smallest k with cdf(k) >= alpha
+    while k >= 0 and binom.cdf(k, n, p_min) > alpha:
+        k -= 1
+    return k
 
 
 _answer_cals: dict[tuple, AnswerCalibration] = {}
@@ -140,17 +148,22 @@ def answer_calibration(tx: Tx, exclude: set[int] | None = None) -> AnswerCalibra
     keep = ~np.isin(mids, list(exclude))
     correct = np.full((len(mids), len(qids)), -1, dtype=np.int8)
     correct[np.searchsorted(mids, res["model_id"]), np.searchsorted(qids, res["query_id"])] = res["c"]
-    rate, shared = evaluations.disagreement_matrix(correct[keep], MIN_PAIR_SHARED)
-    np.fill_diagonal(rate, np.nan)
-    cal = AnswerCalibration(None)
-    if np.isfinite(rate).any():
-        i, j = np.unravel_index(np.nanargmin(rate), rate.shape)
-        names = dict(tx.sql("SELECT id, name FROM models"))
-        ids = mids[keep]
-        cal = AnswerCalibration(round(float(rate[i, j]), 6), sorted([names[int(ids[i])], names[int(ids[j])]]),
-                                int(np.isfinite(rate).sum() // 2))
+    names = dict(tx.sql("SELECT id, name FROM models"))
+    cal = calibration_of(correct[keep], [names[int(m)] for m in mids[keep]])
     _answer_cals[key] = cal
     return cal
+
+
+def calibration_of(correct: np.ndarray, names: list[str]) -> AnswerCalibration:
+    """The answers test's calibration from the current answers [M,N] (1/0, -1 none) of the models that may
+    calibrate (those with MIN_PAIR_SHARED evaluations), named `names`."""
+    rate, _ = evaluations.disagreement_matrix(correct, MIN_PAIR_SHARED)
+    np.fill_diagonal(rate, np.nan)
+    if not np.isfinite(rate).any():
+        return AnswerCalibration(None)
+    i, j = np.unravel_index(np.nanargmin(rate), rate.shape)
+    return AnswerCalibration(round(float(rate[i, j]), 6), sorted([names[i], names[j]]),
+                             int(np.isfinite(rate).sum() // 2))
 
 
 @dataclass
@@ -177,10 +190,12 @@ class Fingerprint:
         return f"{head} ({what}; {bar}, at most {self.alpha:.0%} of distinct models pass)"
 
 
-def by_answers(tx: Tx, qids, y, exclude: set[int] | None = None, rates: dict | None = None) -> Fingerprint | None:
+def by_answers(tx: Tx | None, qids, y, exclude: set[int] | None = None, rates: dict | None = None,
+               names: dict[int, str] | None = None, cal: AnswerCalibration | None = None) -> Fingerprint | None:
     """The answers test against every registered model (but `exclude`); None when no model shares MIN_SHARED
-    queries with the answers. `rates`: evaluations.disagreement of these answers, when the caller has it."""
-    names = dict(tx.sql("SELECT id, name FROM models"))
+    queries with the answers. `rates`: evaluations.disagreement of these answers, when the caller has it; with
+    `names` (model id -> name) and `cal` too, nothing is read (a server's answer book has them)."""
+    names = names if names is not None else dict(tx.sql("SELECT id, name FROM models"))
     others = [m for m in names if m not in (exclude or set())]
     if rates is None:
         rates = evaluations.disagreement(tx, qids, y, others)
@@ -189,7 +204,7 @@ def by_answers(tx: Tx, qids, y, exclude: set[int] | None = None, rates: dict | N
     ranked = sorted(((r, -n, m) for m, (n, r) in rates.items() if n >= MIN_SHARED))
     if not ranked:
         return None
-    cal = answer_calibration(tx, exclude)
+    cal = cal or answer_calibration(tx, exclude)
     rate, neg_n, m = ranked[0]
     n = -neg_n
     k = cal.max_disagreements(n)
@@ -212,11 +227,13 @@ def by_embedding(tx: Tx, neighbours_, n: int) -> Fingerprint:
                        first.distance, second.model if second else None, None)
 
 
-def duplicate_warning(tx: Tx, name: str, model_id: int, rates: dict | None = None) -> str | None:
+def duplicate_warning(tx: Tx | None, name: str, model_id: int, rates: dict | None = None,
+                      names: dict[int, str] | None = None, cal: AnswerCalibration | None = None) -> str | None:
     """`register`'s same-model warning: the new model's answers pass the 1% test against another model. `rates`:
-    the disagreement of its current answers with the other models, when the caller has it."""
+    the disagreement of its current answers with the other models, when the caller has it (`names`, `cal`: see
+    by_answers)."""
     rows = evaluations.of_models(tx, [model_id]) if rates is None else {"query_id": None, "correct": None}
-    f = by_answers(tx, rows["query_id"], rows["correct"], exclude={model_id}, rates=rates)
+    f = by_answers(tx, rows["query_id"], rows["correct"], exclude={model_id}, rates=rates, names=names, cal=cal)
     if f is None or f.verdict != "same":
         return None
     return (f"{name} answers like {f.match}: {f.disagreement:.1%} disagreement on {f.shared_queries} shared queries "

@@ -59,6 +59,7 @@ class ImportResult:
     texts_from_files: int = 0         # vectors taken from vector files (vectors.py) instead
     vectors_loaded: int = 0           # from the folder's text_vectors.parquet (or --vectors)
     affected_models: list[str] = field(default_factory=list)
+    added_by_model: dict[str, int] = field(default_factory=dict)   # evaluations appended per model
     ignored_columns: dict[str, list[str]] = field(default_factory=dict)
     onboarding: list[dict] = field(default_factory=list)  # what the onboarding jobs did right after the import
     seconds: dict[str, float] = field(default_factory=dict)  # wall time per step: import (its transaction, commit
@@ -557,8 +558,10 @@ def _added(tx: Tx, added, batch_id: int, result: ImportResult) -> None:
         outbox.enqueue(tx, [m for m, _, _ in added], "new evaluations", batch_id=batch_id)  # the outbox
         tx.invalidate("evaluated_models")
         ids = ", ".join(str(m) for m, _, _ in added)
-        result.affected_models = sorted(set(result.affected_models) | {
-            r[0] for r in tx.sql(f"SELECT name FROM models WHERE id IN ({ids})")})
+        names = dict(tx.sql(f"SELECT id, name FROM models WHERE id IN ({ids})"))
+        result.affected_models = sorted(set(result.affected_models) | set(names.values()))
+        for m, n, _ in added:
+            result.added_by_model[names[m]] = result.added_by_model.get(names[m], 0) + int(n)
 
 
 def check_evaluations(tx: Tx, staged: Staged, unknown_hint: str | None = UNKNOWN_QUERY_HINT) -> None:

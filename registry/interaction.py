@@ -169,15 +169,15 @@ class Interaction:
         pos = {c: i for i, c in enumerate(self.categories)}
         return np.array([pos.get(c, -1) if c is not None else -1 for c in names], dtype=np.int64)
 
-    def scores(self, logits: np.ndarray, qvecs: np.ndarray, cat: np.ndarray) -> np.ndarray:
+    def scores(self, logits: np.ndarray, qvecs: np.ndarray, cat: np.ndarray, nn: np.ndarray | None = None) -> np.ndarray:
         """Routing logits [M,N] from the predictor's logits [M,N], the queries' text vectors [N,Dq] and category
-        indices [N] (-1: unknown)."""
+        indices [N] (-1: unknown). `nn`: the queries' nearest reference queries [N, >= the k used], when known."""
         out = np.array(logits, dtype=np.float64)
         if (self.a == 0 and self.w == 0) or not len(self.ref_vecs) or out.shape[1] == 0 or not len(self.rows):
             return out
         need_mix = self.a != 0 and bool(((cat < 0) | (cat >= len(self.categories))).any())
         kk = max(self.k if self.w else 0, CAT_K if need_mix else 0, 1)
-        nn = neighbours(self.ref_vecs, qvecs, kk)
+        nn = neighbours(self.ref_vecs, qvecs, kk) if nn is None or nn.shape[1] < kk else nn[:, :kk]
         if self.a:
             out[self.rows] += self.a * (self.offsets @ category_mix(cat, nn, self.ref_cat, len(self.categories)).T)
         if self.w:
@@ -279,7 +279,24 @@ class Served:
     neighbours')."""
     fitted: Interaction
     category_of: dict[str, str]
+    # a text's nearest reference queries by content hash: the same text always has the same ones, and the search
+    # is most of a known text's route (bounded: cleared when full)
+    _nn: dict = field(default_factory=dict, repr=False, compare=False)
+
+    NN_KEEP = 50_000
 
     def scores(self, logits: np.ndarray, qvecs: np.ndarray, hashes) -> np.ndarray:
         cats = [self.category_of.get(h) for h in hashes] if hashes is not None else [None] * logits.shape[1]
-        return self.fitted.scores(logits, qvecs, self.fitted.category_index(cats))
+        f = self.fitted
+        nn = None
+        if hashes is not None and len(f.ref_vecs) and len(f.rows) and (f.a or f.w) and len(hashes):
+            width = min(max(f.k, CAT_K), len(f.ref_vecs))      # enough for either use; scores takes what it needs
+            rows = [self._nn.get(h) for h in hashes]
+            miss = [i for i, r in enumerate(rows) if r is None]
+            if miss:
+                if len(self._nn) + len(miss) > self.NN_KEEP:
+                    self._nn.clear()
+                for i, r in zip(miss, neighbours(f.ref_vecs, qvecs[miss], width).astype(np.int32)):
+                    rows[i] = self._nn[hashes[i]] = r
+            nn = np.stack(rows)
+        return f.scores(logits, qvecs, f.category_index(cats), nn)

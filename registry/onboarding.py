@@ -66,8 +66,16 @@ class _Forward:
             self.z.update(zip(keys, future.result()))
 
 
-def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool = False) -> list[JobOutcome]:
-    """Finish every pending job (and with `all_models`, re-embed every model) in one batched pass.
+FUSE_STABILITY_MAX = 64     # models: up to this many, their stability halves ride along with their versions
+
+
+def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool = False,
+                stability: bool = False) -> list[JobOutcome]:
+    """Finish every pending job (and with `all_models`, re-embed every model) in one batched pass; with
+    `stability`, and at most FUSE_STABILITY_MAX models to embed, each new version's stability estimate too, from
+    the same read of its evaluations (its two halves ride along in the same forward passes; the same figure
+    `estimate_stability` gives). A server's registrations take that path; a bulk import commits and indexes its
+    versions first, and `estimate_stability` follows (the halves cost as much again as the versions).
 
     This is every onboarding's hot path, so it reads little: the jobs, the models' versions, their evaluations.
     Many models stream through in chunks of evaluations (`embedding.chunked_sets`), so memory does not grow with
@@ -84,6 +92,7 @@ def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool
         return []
     model, meta = encoders.load(tx, encoder_id)
     model_ids = sorted({j[1] for j in jobs})
+    stability = stability and len(model_ids) <= FUSE_STABILITY_MAX
     newest_job = {m: (reason, batch) for _, m, reason, batch in jobs}     # jobs are oldest first: the newest wins
     states = model_states(tx, model_ids)
     names = {m: states[m].name for m in model_ids}
@@ -99,7 +108,11 @@ def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool
             mine = [m for m in found if found[m].n >= min_evaluations
                     and states[m].by_encoder.get(encoder_id, (0, None))[1] != found[m].digest]
             sets.update({m: (s.n, s.digest, s.through_batch) for m, s in found.items()})
-            forward.submit(mine, [found[m] for m in mine])
+            halved = [m for m in mine if found[m].n >= 2] if stability else []
+            forward.submit(mine + [(m, h) for m in halved for h in (0, 1)],
+                           [found[m] for m in mine] + [EvalSet(m, found[m].query_ids[part], found[m].y[part],
+                                                               found[m].digest)
+                                                       for m in halved for part in halves(found[m])])
             del found
         todo = [m for m in model_ids if sets[m][0] >= min_evaluations
                 and states[m].by_encoder.get(encoder_id, (0, None))[1] != sets[m][1]]
@@ -134,6 +147,12 @@ def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool
                                           n_evaluations, digest, through_batch, reason, batch_id)
                                       VALUES {values} RETURNING id, created::VARCHAR""",
                                   [x for r in chunk for x in r]))
+        if stability:
+            stable = {m: float(np.linalg.norm(forward.z[(m, 0)] - forward.z[(m, 1)])) for m in todo
+                      if (m, 0) in forward.z}
+            _write_stability(tx, {version_of[m]: v for m, v in stable.items()})
+            for m, v in stable.items():
+                outcomes[m].stability = v
         new = [NewVersion(version_of[m], m, names[m], z[i], created[version_of[m]]) for i, m in enumerate(todo)]
         index.versions_written(tx)                                      # (its after-commit runs first)
         tx.after_commit(lambda: index.appended(tx, encoder_id, new))
@@ -153,8 +172,6 @@ def estimate_stability(tx: Tx) -> dict[int, float]:
     """Every version without a stability estimate gets one (normally just the versions the last onboarding wrote):
     the distance between the embeddings of the two digest-seeded halves of its evaluations, in one batched pass per
     encoder. -> {version id: stability}"""
-    import pyarrow as pa
-
     todo = tx.sql("""SELECT v.id, v.model_id, v.encoder_id, v.through_batch, v.digest FROM embedding_versions v
                      ANTI JOIN version_stability s ON s.version_id = v.id
                      WHERE v.n_evaluations >= 2 ORDER BY v.id""")
@@ -178,14 +195,22 @@ def estimate_stability(tx: Tx) -> dict[int, float]:
             forward.wait()
         for vid in done:
             out[vid] = float(np.linalg.norm(forward.z[(vid, 0)] - forward.z[(vid, 1)]))
-    if out:
-        tx.duck.register("_stability", pa.table({"version_id": pa.array(list(out), pa.int64()),
-                                                 "stability": pa.array(list(out.values()), pa.float64())}))
-        try:
-            tx.sql("INSERT INTO version_stability (version_id, stability) SELECT version_id, stability FROM _stability")
-        finally:
-            tx.duck.unregister("_stability")
+    _write_stability(tx, out)
     return out
+
+
+def _write_stability(tx: Tx, estimates: dict[int, float]) -> None:
+    """{version id: stability} into version_stability, in one statement."""
+    import pyarrow as pa
+
+    if not estimates:
+        return
+    tx.duck.register("_stability", pa.table({"version_id": pa.array(list(estimates), pa.int64()),
+                                             "stability": pa.array(list(estimates.values()), pa.float64())}))
+    try:
+        tx.sql("INSERT INTO version_stability (version_id, stability) SELECT version_id, stability FROM _stability")
+    finally:
+        tx.duck.unregister("_stability")
 
 
 def recompute(tx: Tx, version_id: int) -> tuple[np.ndarray, np.ndarray, bool]:

@@ -19,6 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from . import routing
 from .errors import InputError, RegistryError
 
 ROUTE_OPTIONS = ("cost_weight", "min_prob", "cost_by")
@@ -114,7 +115,7 @@ def _route(serving, text: str, options: dict):
     snap = serving.snapshots.current
     without = [m for m in snap.routing.known if m not in snap.endpoints]     # only models with an endpoint
     d = serving.route([text], options["cost_weight"], options["min_prob"], without or None, log_text=False,
-                      cost_by=options["cost_by"] or "cost")[0]
+                      cost_by=options["cost_by"] or "cost", top=routing.LOG_TOP)[0]     # (only the choice is used)
     if d.model is None:
         raise RegistryError(d.note or "no model available")
     return [d.model] + snap.chain(d.model, set(snap.endpoints), snap.routing.down), d.fallback

@@ -82,9 +82,9 @@ def _stage_together(tx: Tx, jobs: list[tuple], rows: list[list[dict]], at: list[
     import tempfile
 
     names = [j[0] for j in jobs]
-    had_results = {r[0] for r in tx.sql("""SELECT DISTINCT m.name FROM models m JOIN evaluations e ON e.model_id = m.id
-                                           WHERE m.name IN (SELECT unnest(?))""", [names])}
     known = {r[0] for r in tx.sql("SELECT name FROM models WHERE name IN (SELECT unnest(?))", [names])}
+    had_results = {r[0] for r in tx.sql("""SELECT DISTINCT m.name FROM models m JOIN evaluations e ON e.model_id = m.id
+                                           WHERE m.name IN (SELECT unnest(?))""", [sorted(known)])} if known else set()
     ingest.insert_new_models(tx, {name: metadata for name, _, metadata, _ in jobs if name not in known})
     changes = [_metadata(tx, name, metadata, update) if name in known else {}
                for name, _, metadata, update in jobs]
@@ -96,9 +96,7 @@ def _stage_together(tx: Tx, jobs: list[tuple], rows: list[list[dict]], at: list[
         imported = ingest.run_import(tx, {"evaluations": path}, embed_texts=False)
     finally:
         os.unlink(path)
-    added = {} if imported.already_imported or imported.batch_id is None else dict(tx.sql(
-        """SELECT m.name, count(*) FROM evaluations e JOIN models m ON m.id = e.model_id WHERE e.batch_id = ?
-           GROUP BY m.name""", [imported.batch_id]))
+    added = {} if imported.already_imported or imported.batch_id is None else imported.added_by_model
     return {i: Staged(name, ch, added.get(name, 0), 0,
                       _changed_results(tx, name, imported.batch_id, update, evals) if name in had_results else 0)
             for i, (name, evals, _, update), ch in zip(at, jobs, changes)}
@@ -164,14 +162,41 @@ def report(reg, staged: Staged, o: onboarding.JobOutcome | None, k: int = 5) -> 
         if o.version is not None:
             near = neighbours.of_model(tx, reg.path, name, k, encoders.require_active(tx), rates=rates)
             status = "probation" if o.n_evaluations < reg.probation_min else "established"
-            notes = [] if status == "established" else [
-                f"on probation: embedded from {o.n_evaluations} evaluations, routing needs {reg.probation_min} to "
-                f"choose it unasked; its nearest models are uncertain at this size"]
+            notes = [] if status == "established" else [_probation_note(o, reg.probation_min)]
         notes += [w for w in [fingerprint.duplicate_warning(tx, name, model_id, rates)] if w]   # from its answers
-        warning = "; ".join(notes) or None
-    return RegisterResult(name, o.version, o.outcome, o.n_evaluations, o.stability, near, warning,
-                          staged.evaluations_added, staged.queries_added, held_out, status, staged.changes,
-                          staged.results_changed)
+    return _result(staged, o, near, notes, held_out, status)
+
+
+def report_served(reg, snap, book, staged: Staged, o: onboarding.JobOutcome | None, k: int = 5) -> RegisterResult:
+    """`report` from a running server's memory, with no read: its snapshot (snapshot.py: the index of current
+    versions) and its answer book (answerbook.py), both up to date with the write being reported. What `report`
+    says, the same way (tests/test_writer.py compares them)."""
+    model_id = book.id_of(staged.name)
+    if o is None or model_id is None:                 # nothing new was embedded, or no answers: the plain report
+        return report(reg, staged, o, k)
+    rates = book.disagreement(model_id)
+    near, notes, status = [], [], "not embedded"
+    vector = snap.index.vector_of(staged.name) if o.version is not None else None
+    if vector is not None:
+        near = neighbours.by_vector(None, reg.path, vector, k, snap.index.encoder_id, exclude={staged.name},
+                                    vi=snap.index, rates=rates)
+        status = "probation" if o.n_evaluations < reg.probation_min else "established"
+        notes = [] if status == "established" else [_probation_note(o, reg.probation_min)]
+    notes += [w for w in [fingerprint.duplicate_warning(None, staged.name, model_id, rates, book.names,
+                                                        book.calibration({model_id}))] if w]
+    return _result(staged, o, near, notes, book.held_out(model_id), status)
+
+
+def _probation_note(o: onboarding.JobOutcome, minimum: int) -> str:
+    return (f"on probation: embedded from {o.n_evaluations} evaluations, routing needs {minimum} to choose it "
+            f"unasked; its nearest models are uncertain at this size")
+
+
+def _result(staged: Staged, o: onboarding.JobOutcome, near: list[Neighbour], notes: list[str], held_out: int,
+            status: str) -> RegisterResult:
+    return RegisterResult(staged.name, o.version, o.outcome, o.n_evaluations, o.stability, near,
+                          "; ".join(notes) or None, staged.evaluations_added, staged.queries_added, held_out, status,
+                          staged.changes, staged.results_changed)
 
 
 def register(reg, name: str, evals: str, metadata: dict, k: int = 5, progress: bool = False,

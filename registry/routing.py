@@ -166,8 +166,9 @@ def _carried(served: interaction.Served, fitted_ids: np.ndarray, model_ids: np.n
     keep = [(i, src[int(m)]) for i, m in enumerate(model_ids.tolist()) if int(m) in src]
     at = np.array([i for i, _ in keep], dtype=np.int64)
     take = np.array([j for _, j in keep], dtype=np.int64)
+    # the same reference queries: the texts' nearest ones found so far stay good (the dict is shared)
     return interaction.Served(dataclasses.replace(f, rows=at, offsets=f.offsets[take], resid=f.resid[take],
-                                                  seen=f.seen[take]), served.category_of)
+                                                  seen=f.seen[take]), served.category_of, served._nn)
 
 
 def _fit(tx: Tx, key: tuple, model, z: np.ndarray, model_ids: np.ndarray, version_ids: np.ndarray,
@@ -413,34 +414,48 @@ def choose(st: State, probs: np.ndarray, pol: Policy) -> list[tuple[int | None, 
 
 
 def decisions(st: State, probs: np.ndarray, raw: np.ndarray, picks, pol: Policy, hashes: list[str],
-              truncated: list[bool]) -> list[Decision]:
+              truncated: list[bool], top: int | None = None) -> list[Decision]:
+    """`top`: list that many candidates, most likely first, and the chosen one wherever it ranks (None or 0:
+    every model); the versions are those of the listed models."""
     versions = dict(zip(st.names, st.versions.tolist()))
+    listed = len(st.names) if not top or top >= len(st.names) else int(top)
     ev = st.evidence
+    # per-model fields as Python values once per call, not once per (model, query): with hundreds of models the
+    # candidates of every answer are most of a route's time
+    n_ev, prob_flag = ev.n.astype(np.int64).tolist(), ev.probation.tolist()
+    cost = [None if c != c else c for c in st.cost.tolist()]
+    params = [None if p != p else p for p in st.params_b.tolist()]
+    avail = [n not in pol.down for n in st.names]
+    skipped = int((ev.probation & ~pol.eligible).sum())
     out = []
     for j, (row, fallback) in enumerate(picks):
         order = np.argsort(-probs[:, j], kind="stable")
-        cands = [Candidate(st.names[i], round(float(probs[i, j]), 6), round(float(raw[i, j]), 6), int(ev.n[i]),
-                           bool(ev.probation[i]), None if np.isnan(st.cost[i]) else float(st.cost[i]),
-                           None if np.isnan(st.params_b[i]) else float(st.params_b[i]),
-                           st.names[i] not in pol.down) for i in order]
+        if listed < len(order):
+            head = order[:listed]
+            order = head if row is None or row in head else np.append(head, row)
+        p = np.round(probs[order, j].astype(np.float64), 6).tolist()
+        r = np.round(raw[order, j].astype(np.float64), 6).tolist()
+        cands = [Candidate(st.names[i], p[k], r[k], n_ev[i], prob_flag[i], cost[i], params[i], avail[i])
+                 for k, i in enumerate(order.tolist())]
         notes = [pol.note] if pol.note else []
         if row is None:
             notes.append(f"no model available: all {int(pol.eligible.sum())} candidates are unavailable")
         elif truncated[j]:
             notes.append(f"query longer than {MAX_CHARS} characters: routed on its first {MAX_CHARS}")
-        skipped = int((ev.probation & ~pol.eligible).sum())
         if skipped:
             notes.append(f"{skipped} model(s) on probation (under {ev.minimum} evaluations) not considered")
-        out.append(Decision(None if row is None else st.names[row], fallback, cands, st.encoder_name, versions,
+        used = versions if listed == len(st.names) else {c.model: versions[c.model] for c in cands}
+        out.append(Decision(None if row is None else st.names[row], fallback, cands, st.encoder_name, used,
                             hashes[j], "; ".join(notes) or None, pol.cost_basis))
     return out
 
 
-def decide(st: State, pol: Policy, qvecs: np.ndarray, hashes: list[str], truncated: list[bool]) -> list[Decision]:
+def decide(st: State, pol: Policy, qvecs: np.ndarray, hashes: list[str], truncated: list[bool],
+           top: int | None = None) -> list[Decision]:
     """The decisions for texts already turned into vectors [N,384]: no database, no lock (the server answers from
     its in-memory snapshot with this)."""
     probs, raw = probabilities(st, qvecs, hashes)
-    return decisions(st, probs, raw, choose(st, probs, pol), pol, hashes, truncated)
+    return decisions(st, probs, raw, choose(st, probs, pol), pol, hashes, truncated, top)
 
 
 @dataclass
@@ -453,17 +468,19 @@ class Routed:
 
 def route_texts(st: State, texts: list[str], vectors, cost_weight: float | None = None,
                 min_prob: float | None = None, unavailable: list[str] | None = None, log_text: bool = True,
-                cost_by: str = "cost", include_probation: bool = False) -> Routed:
+                cost_by: str = "cost", include_probation: bool = False, top: int | None = None) -> Routed:
     """Route texts on a routing state: `vectors(texts, hashes, fresh)` turns them into [N,384] (appending to
     `fresh` the indices it encoded). Writes nothing: the caller logs (`route` in its transaction, the server through
-    its writer)."""
+    its writer). `top`: the candidates each answer lists (`decisions`)."""
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 0):
+        raise InputError(f"top must be a whole number of candidates (0: every model), got {top!r}")
     cut, hashes = clean_texts(texts)
     if not cut:
         return Routed([], [], [], np.zeros((0, textvec.TEXT_DIM), np.float32))
     pol = policy(st, cost_weight, min_prob, unavailable, st.known, cost_by, include_probation)
     fresh: list[int] = []
     q = vectors(cut, hashes, fresh)
-    decs = decide(st, pol, q, hashes, [len(t) > len(c) for t, c in zip(texts, cut)])
+    decs = decide(st, pol, q, hashes, [len(t) > len(c) for t, c in zip(texts, cut)], top)
     keep = fresh if log_text else []
     return Routed(decs, log_rows(decs, cut if log_text else None, st.encoder_id,
                                  log_options(pol, cost_weight, min_prob, include_probation)),
@@ -473,7 +490,7 @@ def route_texts(st: State, texts: list[str], vectors, cost_weight: float | None 
 def route(tx: Tx, db_path: str, texts: list[str], cost_weight: float | None = None, min_prob: float | None = None,
           unavailable: list[str] | None = None, log_decisions: bool = True, log_text: bool = True,
           reuse_vectors: bool = True, batch_size: int = 64, progress: bool = False, cost_by: str = "cost",
-          include_probation: bool = False, probation_min: int | None = None) -> list[Decision]:
+          include_probation: bool = False, probation_min: int | None = None, top: int | None = None) -> list[Decision]:
     """`Registry.route_batch`: texts -> vectors -> P(correct) -> the policy's choice, logged in the same transaction
     (texts routed for the first time keep their vectors, when their text is logged)."""
     if not texts:
@@ -481,7 +498,7 @@ def route(tx: Tx, db_path: str, texts: list[str], cost_weight: float | None = No
     r = route_texts(state(tx, db_path, probation_min), texts,
                     lambda cut, hashes, fresh: query_vectors(tx, cut, hashes, reuse_vectors, batch_size, progress,
                                                              fresh),
-                    cost_weight, min_prob, unavailable, log_text, cost_by, include_probation)
+                    cost_weight, min_prob, unavailable, log_text, cost_by, include_probation, top)
     if log_decisions:
         if reuse_vectors:
             keep_vectors(tx, r.new_hashes, r.new_vectors)
@@ -503,9 +520,18 @@ def log_options(pol: Policy, cost_weight: float | None, min_prob: float | None, 
 def log_rows(decs: list[Decision], texts: list[str] | None, encoder_id: int, options: dict) -> list[tuple]:
     """One routing_log row per decision (LOG_COLUMNS; JSON columns as text), for `append_log` now or later."""
     opts = json.dumps(options)
-    return [(d.query_hash, texts[i] if texts is not None else None, d.model, d.fallback,
-             json.dumps([{"model": c.model, "prob": c.prob} for c in d.candidates[:LOG_TOP]]), encoder_id,
-             json.dumps(d.versions), opts) for i, d in enumerate(decs)]
+    rows = []
+    for i, d in enumerate(decs):
+        top = d.candidates[:LOG_TOP]
+        # the versions behind what the row records (its candidates and the choice), not every model's: a row stays
+        # small however many models the registry holds, and the rest is in the versions' history at its time
+        used = {c.model: d.versions[c.model] for c in top}
+        if d.model is not None:
+            used[d.model] = d.versions[d.model]
+        rows.append((d.query_hash, texts[i] if texts is not None else None, d.model, d.fallback,
+                     json.dumps([{"model": c.model, "prob": c.prob} for c in top]), encoder_id, json.dumps(used),
+                     opts))
+    return rows
 
 
 def append_log(tx: Tx, rows: list[tuple]) -> None:

@@ -4,9 +4,16 @@ batches. What the HTTP layer calls; it holds no lock a read could wait on.
 """
 from __future__ import annotations
 
+from collections import deque
+
+import numpy as np
+
 from . import routing
 from .snapshot import QueryVectors, Snapshots
 from .writer import Writer
+
+
+TIMES_KEPT = 10_000     # the newest request times kept per kind (GET /health: inside the server, p50 and p99)
 
 
 class Serving:
@@ -15,13 +22,14 @@ class Serving:
         self.snapshots = Snapshots(reg)
         self.vectors = QueryVectors(reg)
         self.writer = Writer(reg, self.snapshots, on_new_queries=self.vectors.reload)
+        self._times: dict[str, deque] = {}
 
     def route(self, texts: list[str], cost_weight: float | None = None, min_prob: float | None = None,
               unavailable: list[str] | None = None, log: bool = True, log_text: bool = True,
-              cost_by: str = "cost", include_probation: bool = False) -> list[routing.Decision]:
+              cost_by: str = "cost", include_probation: bool = False, top: int | None = None) -> list[routing.Decision]:
         """`Registry.route_batch` from the current snapshot; the log rows go to the writer (not waited for)."""
         r = routing.route_texts(self.snapshots.current.routing, texts, self.vectors, cost_weight, min_prob,
-                                unavailable, log_text, cost_by, include_probation)
+                                unavailable, log_text, cost_by, include_probation, top)
         if log:
             self.writer.log(r.log_rows, r.new_hashes, r.new_vectors)
         return r.decisions
@@ -38,8 +46,14 @@ class Serving:
         """Wait until every routing-log row handed over so far is committed (what reading the log needs)."""
         self.writer.run(lambda: None)
 
+    def timed(self, kind: str, seconds: float) -> None:
+        """A request's time inside the server (from its handler's start to its answer), kept for `stats`."""
+        self._times.setdefault(kind, deque(maxlen=TIMES_KEPT)).append(seconds)
+
     def stats(self) -> dict:
-        return {"snapshot": self.snapshots.current.generation, "writer": self.writer.stats(),
+        inside = {k: {"n": len(v), "p50_ms": round(1000 * float(np.percentile(v, 50)), 2),
+                      "p99_ms": round(1000 * float(np.percentile(v, 99)), 2)} for k, v in list(self._times.items()) if v}
+        return {"snapshot": self.snapshots.current.generation, "writer": self.writer.stats(), "inside": inside,
                 "text_batches": self.vectors.batcher.batches, "texts_encoded": self.vectors.batcher.texts,
                 "text_encode_ms": round(1000 * self.vectors.batcher.encode_s, 1),
                 "text_wait_ms": round(1000 * self.vectors.batcher.wait_s_total, 1)}

@@ -28,6 +28,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import registration, routing, vectors
+from .answerbook import AnswerBook
 
 LOG_FLUSH_S = 0.1           # the longest an idle writer leaves routing-log rows in memory
 MAX_GROUP = 64              # jobs staged in one transaction
@@ -59,6 +60,8 @@ class Writer:
                        "register_wait_ms": 0.0, "report_ms": 0.0,                 # and a registration's time
                        "refits": 0}
         reg._finish_pending()        # a crash may have left onboarding jobs behind
+        self.book = AnswerBook()     # every model's current answers: what a registration's report compares
+        self._sync_book()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="registry-writer")
         self._thread.start()
         threading.Thread(target=self._refitter, daemon=True, name="registry-refitter").start()
@@ -70,7 +73,7 @@ class Writer:
         t0 = time.perf_counter()
         staged, outcome = self._submit("register", (name, evals, metadata, update))
         t1 = time.perf_counter()
-        out = registration.report(self.reg, staged, outcome, k)      # a read, in the caller's thread
+        out = registration.report_served(self.reg, self.snapshots.current, self.book, staged, outcome, k)
         self._stats["register_wait_ms"] += 1000 * (t1 - t0)
         self._stats["report_ms"] += 1000 * (time.perf_counter() - t1)
         return out
@@ -159,6 +162,10 @@ class Writer:
                 if not self._stopping:
                     traceback.print_exc(file=sys.stderr)
 
+    def _sync_book(self) -> None:
+        with self.reg.store.tx() as tx:
+            self.book.sync(tx)
+
     def _set_nice(self) -> None:
         if self.nice:      # reads first: under a full CPU the writer's work yields to routes and text batches
             try:
@@ -192,6 +199,7 @@ class Writer:
                 for j in done:
                     j.future.set_exception(exc)
                 return
+        self._sync_book()
         t2 = time.perf_counter()
         if self.on_new_queries and any(j.kind == "register" and staged[id(j)].queries_added for j in done):
             self.on_new_queries()

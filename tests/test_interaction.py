@@ -222,3 +222,23 @@ def test_with_no_model_to_route_to_the_terms_are_empty():
     te = sp["test"]
     assert len(fitted.rows) == 0 and fitted.selection["models"] == 0
     assert np.array_equal(fitted.scores(pred[:, te], q[te], fitted.category_index(names[te])), pred[:, te])
+
+
+def test_served_scores_from_remembered_neighbours_equal_a_fresh_search():
+    """A served text's nearest reference queries are kept by content hash: scores from the kept ones, in any batch
+    and with or without a known category, are the scores of a fresh search."""
+    pred, correct, q, names, cat, _, sp = world(planted=False, local=True, seed=5)
+    fitted = I.fit(pred, correct, q, list(names), sp["train"], sp["val"])
+    assert fitted.w > 0 and fitted.k > 1
+    te = sp["test"][:40]
+    hashes = [f"h{i}" for i in te]
+    served = I.Served(fitted, {h: names[i] for h, i in zip(hashes[:20], te[:20])})   # half with a category
+    cats = fitted.category_index([names[i] if j < 20 else None for j, i in enumerate(te)])
+    fresh = fitted.scores(pred[:, te], q[te], cats)
+    first = served.scores(pred[:, te], q[te], hashes)                     # searched, then kept
+    assert len(served._nn) == 40
+    again = served.scores(pred[:, te[::-1]], q[te[::-1]], hashes[::-1])   # every one kept, another order
+    assert np.array_equal(first, fresh) and np.array_equal(again, fresh[:, ::-1])
+    # a kept row is what is used: a wrong one changes the answer (the test could fail)
+    served._nn[hashes[25]] = served._nn[hashes[0]]
+    assert not np.array_equal(served.scores(pred[:, te], q[te], hashes)[:, 25], fresh[:, 25])

@@ -20,7 +20,7 @@ LAYERS = [
                  "fallback", "maps", "routing", "frontier", "baselines", "evaluation", "training",
                  "heldout", "interaction", "probes", "probe_plans"}),
     ("facade", {"api", "__init__"}),
-    ("serving", {"snapshot", "writer", "serving"}),
+    ("serving", {"snapshot", "answerbook", "writer", "serving"}),
     ("interfaces", {"cli", "cli_common", "server", "web", "proxy", "__main__"}),
 ]
 

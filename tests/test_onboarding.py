@@ -221,9 +221,11 @@ def test_sigkill_during_import_and_onboarding(db_copy, small_data, tmp_path):
     assert done == 5
 
 
-def test_streamed_onboarding_matches_the_per_model_forward_pass(small_data, tmp_path, monkeypatch):
+@pytest.mark.parametrize("fuse_max, passes", [(64, 1), (0, 2)])
+def test_streamed_onboarding_matches_the_per_model_forward_pass(small_data, tmp_path, monkeypatch, fuse_max, passes):
     """Onboarding streams models through in chunks of evaluations and gathers each batch's rows from the shared
-    query projections. Every stored vector must still be what the plain per-model path gives: the model's own
+    query projections, the stability halves in the same pass (a few models) or in a pass of their own after the
+    versions (a bulk import). Every stored vector must still be what the plain per-model path gives: the model's own
     non-test evaluations (read here with SQL), their query vectors through `LocusModel.embed`, one set alone; and
     what the old batching gave (all sets padded to a multiple of 64, masked, one batch). Digests and stability
     estimates too."""
@@ -242,12 +244,13 @@ def test_streamed_onboarding_matches_the_per_model_forward_pass(small_data, tmp_
             yield found
     monkeypatch.setattr(embedding, "CHUNK_ROWS", 400)          # about 3 of the slice's models per chunk
     monkeypatch.setattr(onboarding, "chunked_sets", spy)
+    monkeypatch.setattr(onboarding, "FUSE_STABILITY_MAX", fuse_max)
     db = tmp_path / "streamed.duckdb"
     with Registry(db) as reg:
         reg.import_files(directory=str(small_data))
         with reg.store.tx() as tx:
             model, _ = encoders.load(tx, encoders.active_id(tx))
-    assert len(chunks) >= 20 and sum(chunks) == 2 * 31        # onboarding, then stability, in many chunks
+    assert len(chunks) >= 10 * passes and sum(chunks) == 31 * passes      # every pass streamed in many chunks
     con = duckdb.connect(str(db), read_only=True)
     stored = con.execute("""SELECT m.name, v.vector, v.digest, v.n_evaluations, s.stability FROM embedding_versions v
                             JOIN models m ON m.id = v.model_id JOIN version_stability s ON s.version_id = v.id

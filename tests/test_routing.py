@@ -46,7 +46,9 @@ def test_route_gives_every_candidate_and_logs(reg, known):
     reg.route(Q, log_text=False)
     log = reg.routing_log(oldest=True)
     assert [e.text for e in log] == [Q, None] and log[0].query_hash == log[1].query_hash == d.query_hash
-    assert log[0].model == d.model and len(log[0].candidates) == 5 and log[0].versions == d.versions
+    assert log[0].model == d.model and len(log[0].candidates) == 5
+    # the row keeps the versions behind what it records (its candidates and the choice), not every model's
+    assert log[0].versions == {m: d.versions[m] for m in [c["model"] for c in log[0].candidates] + [d.model]}
     assert [e.text for e in reg.routing_log()] == [None, Q]              # newest first by default
     assert [e.text for e in reg.routing_log(limit=1)] == [None]          # --limit keeps the newest
     assert reg.routing_log(since="2999-01-01") == []
@@ -204,3 +206,19 @@ def test_frontier(db_copy, tmp_path):
     assert f.router[-1].mean_cost == min(p.mean_cost for p in f.single)
     with pytest.raises(InputError, match="no queries in split"):
         Registry(db_copy).frontier(split="nope")
+
+
+def test_top_lists_the_most_likely_and_the_choice_with_their_versions(reg, known):
+    """`top` bounds what an answer lists: the most likely candidates in order, plus the chosen model wherever it
+    ranks (here pushed down by a cost weight), and only their versions; 0 lists every model; a bad value is one line."""
+    full = reg.route(known, log=False)
+    three = reg.route(known, log=False, top=3)
+    assert [c.model for c in three.candidates] == [c.model for c in full.candidates[:3]]
+    assert set(three.versions) == {c.model for c in three.candidates}
+    assert three.model == full.model and len(reg.route(known, log=False, top=0).candidates) == 31
+    cheap = reg.route(known, log=False, top=1, cost_by="params", cost_weight=1.0)
+    ranked = [c.model for c in reg.route(known, log=False, cost_by="params", cost_weight=1.0).candidates]
+    assert cheap.model != ranked[0]                            # the cost weight chose a lower-ranked model
+    assert [c.model for c in cheap.candidates] == [ranked[0], cheap.model]
+    with pytest.raises(InputError, match="top must be"):
+        reg.route(known, log=False, top=-1)

@@ -128,6 +128,7 @@ def test_interaction_is_carried_over_then_refitted_when_idle(db_copy, tmp_path):
         assert r.version is not None and "carried" in now.names and not now.interaction_fitted
         new, old = now.names.index("carried"), {n: i for i, n in enumerate(before.names)}
         f0, f1 = before.interaction.fitted, now.interaction.fitted
+        assert now.interaction._nn is before.interaction._nn     # same reference queries: the found ones stay
         at0, at1 = ({int(m): r for r, m in enumerate(f.rows.tolist())} for f in (f0, f1))   # model -> its terms' row
         assert new not in at1                                                    # no terms for the new model
         assert len(at0) == len(at1) > 0
@@ -144,3 +145,37 @@ def test_interaction_is_carried_over_then_refitted_when_idle(db_copy, tmp_path):
             lib = routing.state(tx, reg.path, reg.probation_min)
         assert (lib.interaction.fitted.resid == fitted.interaction.fitted.resid).all()
         serving.close()
+
+
+def test_the_served_report_says_what_the_plain_one_does(db_copy, tmp_path):
+    """A served registration's report comes from memory (the snapshot and the answer book): the same neighbours,
+    disagreements, held-out count and warnings as the report read from the file, for a copy of a registered model
+    (the duplicate warning) and for a new one."""
+    from registry.onboarding import JobOutcome
+
+    with Registry(db_copy) as reg:
+        qids = _qids(reg)
+        with reg.store.tx() as tx:
+            donor = tx.sql("SELECT name FROM models ORDER BY name LIMIT 1")[0][0]
+            rows = tx.sql("""SELECT q.external_id, e.correct::INT FROM evaluations e JOIN models m ON m.id = e.model_id
+                             JOIN queries q ON q.id = e.query_id WHERE m.name = ? ORDER BY q.id LIMIT 300""", [donor])
+        copy = tmp_path / "copy.jsonl"
+        copy.write_text("".join(json.dumps({"question_id": q, "correct": c}) + "\n" for q, c in rows))
+        serving = Serving(reg)
+        serving.writer.refit_every_s = 1e9
+        try:
+            served = [serving.register("copy-of-donor", str(copy), {}),
+                      serving.register("fresh", _rows_file(tmp_path, "fresh", qids[:300], 3), {"params_b": 3})]
+        finally:
+            serving.close()
+        book = serving.writer.book       # both were answered from it (report_served reads the file only without)
+        assert all(book.id_of(r.model) is not None for r in served)
+        plain = [registration.report(reg, registration.Staged(r.model, r.updated, r.evaluations_added,
+                                                              r.queries_added, r.results_changed),
+                                     JobOutcome(r.model, r.outcome, r.version, r.n_evaluations, r.stability))
+                 for r in served]
+    assert served == plain
+    assert donor in served[0].warning and "same model" in served[0].warning
+    assert served[0].neighbours[0].model == donor and served[0].neighbours[0].disagreement == 0.0
+    assert served[1].neighbours and "answers like" not in (served[1].warning or "")
+    assert served[1].held_out > 0                  # qids[:300] holds test queries: counted from memory too

@@ -1,0 +1,114 @@
+"""Every model's current answers, in memory, for a running server: what a registration's report compares the new
+model's answers with (its disagreement with every other model, the duplicate test, its held-out count) without a
+read of the evaluations table per registration.
+
+A dense [models, queries] int8 matrix (1/0, -1 = not evaluated): 1,000 models x 12,000 queries is 12 MB. `sync`
+brings it up to date after a commit: evaluations are only ever appended, in import batches with growing ids, so the
+models whose answers changed are those with rows in a batch newer than the last one seen, and only their rows are
+read again. It reads committed rows only, so it never holds a write that was rolled back.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from . import evaluations, fingerprint
+from .store import Tx
+
+
+class AnswerBook:
+    def __init__(self):
+        self.correct = np.full((0, 0), -1, dtype=np.int8)     # [M, Q] current answers
+        self.row: dict[int, int] = {}                          # model id -> row
+        self.col: dict[int, int] = {}                          # query id -> column
+        self.model_ids = np.zeros(0, dtype=np.int64)           # [M] row -> model id
+        self.test = np.zeros(0, dtype=bool)                    # [Q] test split: kept, never embedded
+        self.changes = np.zeros(0, dtype=np.int64)             # [M] how often each row was read again
+        self.names: dict[int, str] = {}                        # model id -> name (models with answers)
+        self.last_batch = -1
+        self._cal: dict[tuple, fingerprint.AnswerCalibration] = {}
+        self._lock = threading.Lock()                          # sync (the writer) against readers' views
+
+    # --- the writer's -------------------------------------------------------------------------------------------
+    def sync(self, tx: Tx) -> int:
+        """Read again the answers of every model with evaluations newer than the last sync -> how many models."""
+        last = tx.sql("SELECT max(batch_id) FROM evaluations")[0][0]
+        if last is None or last <= self.last_batch:
+            return 0
+        changed = [int(m) for (m,) in tx.sql("SELECT DISTINCT model_id FROM evaluations WHERE batch_id > ?",
+                                             [self.last_batch])]
+        rows = evaluations.of_models(tx, changed)
+        new_q = np.setdiff1d(np.unique(rows["query_id"]), np.fromiter(self.col, dtype=np.int64, count=len(self.col)))
+        test = {int(q) for (q,) in tx.sql("""SELECT query_id FROM query_splits WHERE split = 'test'
+                                               AND query_id IN (SELECT unnest(?))""", [new_q.tolist()])} \
+            if len(new_q) else set()
+        named = dict(tx.sql("SELECT id, name FROM models WHERE id IN (SELECT unnest(?))",
+                            [[m for m in changed if m not in self.names]]))
+        with self._lock:
+            correct, row, col = self.correct, dict(self.row), dict(self.col)
+            new_m = [m for m in changed if m not in row]
+            for m in new_m:
+                row[m] = len(row)
+            for q in new_q.tolist():
+                col[q] = len(col)
+            if new_m or len(new_q):   # a new array (readers keep the one they took)
+                grown = np.full((len(row), len(col)), -1, dtype=np.int8)
+                grown[:correct.shape[0], :correct.shape[1]] = correct
+                correct = grown
+            else:
+                correct = correct.copy()
+            r = np.array([row[m] for m in changed], dtype=np.int64)
+            correct[r] = -1
+            correct[np.fromiter((row[m] for m in rows["model_id"].tolist()), dtype=np.int64, count=len(rows["model_id"])),
+                    np.fromiter((col[q] for q in rows["query_id"].tolist()), dtype=np.int64, count=len(rows["query_id"]))] = \
+                rows["correct"]
+            ids = np.zeros(len(row), dtype=np.int64)
+            ids[list(row.values())] = list(row.keys())
+            test_col = np.concatenate([self.test, np.array([int(q) in test for q in new_q.tolist()], dtype=bool)])
+            changes = np.concatenate([self.changes, np.zeros(len(new_m), dtype=np.int64)])
+            changes[r] += 1
+            self.correct, self.row, self.col, self.model_ids, self.test, self.changes = \
+                correct, row, col, ids, test_col, changes
+            self.names = {**self.names, **named}
+            self.last_batch = int(last)
+        return len(changed)
+
+    # --- what the report reads --------------------------------------------------------------------------------------
+    def view(self):
+        with self._lock:
+            return self.correct, self.row, self.model_ids, self.test, self.changes
+
+    def held_out(self, model_id: int) -> int:
+        """The model's current evaluations on test queries."""
+        correct, row, _, test, _ = self.view()
+        return int(((correct[row[model_id]] >= 0) & test).sum()) if model_id in row else 0
+
+    def disagreement(self, model_id: int) -> dict[int, tuple[int, float]]:
+        """How often each other model disagrees with this one's current answers on the queries both answered:
+        {other id: (shared queries, rate)} (evaluations.disagreement's answer, from memory)."""
+        correct, row, ids, _, _ = self.view()
+        if model_id not in row:
+            return {}
+        own = correct[row[model_id]]
+        cols = np.flatnonzero(own >= 0)
+        others = correct[:, cols]                                   # [M, n]
+        shared = (others >= 0).sum(axis=1)
+        differ = ((others >= 0) & (others != own[cols][None, :])).sum(axis=1)
+        keep = np.flatnonzero(shared > 0)
+        return {int(ids[i]): (int(shared[i]), float(differ[i] / shared[i])) for i in keep.tolist()
+                if ids[i] != model_id}
+
+    def id_of(self, name: str) -> int | None:
+        return next((m for m, n in self.names.items() if n == name), None)
+
+    def calibration(self, exclude: set[int] = frozenset()) -> fingerprint.AnswerCalibration:
+        """fingerprint.answer_calibration from memory: the closest pair of distinct models among those with
+        MIN_PAIR_SHARED evaluations (kept until one of them changes)."""
+        correct, _, ids, _, changes = self.view()
+        big = np.flatnonzero((correct >= 0).sum(axis=1) >= fingerprint.MIN_PAIR_SHARED)
+        big = big[~np.isin(ids[big], list(exclude))]
+        key = tuple(zip(ids[big].tolist(), changes[big].tolist()))
+        if key not in self._cal:
+            self._cal = {key: fingerprint.calibration_of(correct[big], [self.names[int(m)] for m in ids[big]])}
+        return self._cal[key]

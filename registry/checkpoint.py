@@ -17,12 +17,17 @@ if TYPE_CHECKING:                                   # torch is imported only by 
 
 FORMAT = "locus-checkpoint/1"
 _KEY = "locus"
+_LATER_FIELDS = {"categories": (), "category_field": "category"}   # EncoderConfig fields added after format 1 -> the default a missing one takes
 
 
 def save_checkpoint(model: "LocusModel", config: "EncoderConfig", meta: dict) -> bytes:
     from safetensors.torch import save as st_save
 
-    header = {"format": FORMAT, "config": asdict(config), "meta": meta}
+    cfg = asdict(config)
+    for name in _LATER_FIELDS:                      # at their default, left out: an old checkpoint re-saves as it was
+        if cfg.get(name) == _LATER_FIELDS[name]:
+            del cfg[name]
+    header = {"format": FORMAT, "config": cfg, "meta": meta}
     text = json.dumps(header, sort_keys=True, separators=(",", ":"), allow_nan=False)
     tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
     return st_save(tensors, metadata={_KEY: text})

@@ -82,12 +82,20 @@ def stage_bars(quiet: bool):
 @click.option("--epochs", type=int, help="Epochs of the first stage over every train pair (default: the config's).")
 @click.option("--activate", is_flag=True, help="Make the new encoder active (re-embeds every model).")
 @click.option("--name")
-def train(ctx, seed, anchors, max_steps, epochs, activate, name, as_json):
+@click.option("--category-features", is_flag=True,
+              help="The predictor also reads each query's category: a logit offset per model and category, from z.")
+@click.option("--category-field", type=click.Choice(["category", "source"]), default="category", show_default=True,
+              help="The query column read as the category (with --category-features).")
+@click.option("--category-fit", type=click.Choice(["train", "nontest"]), default="train", show_default=True,
+              help="Fit the category rows to the train answers, or to train and val (as the registry embeds models).")
+def train(ctx, seed, anchors, max_steps, epochs, activate, name, category_features, category_field, category_fit,
+          as_json):
     """Train the LOCUS encoder and predictor on this registry's train split; store the checkpoint."""
     progress, close = stage_bars(as_json)
     reg = open_registry(ctx)
     encoder_id = reg.train(seed=seed, anchors=anchors, max_steps=max_steps, epochs=epochs, activate=activate,
-                           name=name, progress=progress)
+                           name=name, progress=progress, category_features=category_features,
+                           category_field=category_field, category_fit=category_fit)
     close()
     info = next(e for e in reg.encoders() if e.id == encoder_id)
     if as_json:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 
-_PREDICTOR = ("q_proj", "w_z", "w_u", "w_zu", "head", "q_bias")     # what scores a (model, query) pair
+_PREDICTOR = ("q_proj", "w_z", "w_u", "w_zu", "head", "q_bias", "q_cat")   # what scores a (model, query) pair
 
 
 @dataclass
@@ -26,6 +27,15 @@ class EncoderConfig:
     d_hidden: int = 64     # predictor MLP hidden width
     dropout: float = 0.1
     query_bias: bool = False  # predictor adds a per-query logit bias from u alone (difficulty)
+    categories: tuple = ()    # query-category vocabulary (issue 16): logit += [z, 1] . row(category), row 0 (zero) for
+                              # a query without one or with one not listed; () = text only (every checkpoint made
+                              # before the field: it is written only when not empty)
+    category_field: str = "category"   # the query column the vocabulary names ("category" or "source")
+
+    def __post_init__(self):
+        self.categories = tuple(str(c) for c in self.categories)   # JSON gives a list back
+        if self.category_field not in ("category", "source"):            # querycache.CATEGORY_FIELDS
+            raise ValueError(f"category_field must be 'category' or 'source', got {self.category_field!r}")
 
 
 class MAB(nn.Module):
@@ -98,6 +108,13 @@ class LocusModel(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         if cfg.query_bias:
             self.q_bias = nn.Linear(d, 1)                                    # difficulty: logit += q_bias(u)
+        if cfg.categories:
+            # each category's row, read against the model embedding: a per-(model, category) logit offset that
+            # depends on z only, so a model embedded later gets its own (training.fit_category_rows); created last
+            # and at zero, so the other weights start as a text-only model's would
+            self.q_cat = nn.Embedding(len(cfg.categories) + 1, d + 1)        # row 0: no or unknown category (zero)
+            nn.init.zeros_(self.q_cat.weight)
+        self._cat_pos = {c: i + 1 for i, c in enumerate(cfg.categories)}
 
     def row_proj(self, q):
         """q [...,Dq] -> (P, S) [...,D]: the query parts of the input layer. A row [q, y, q*(2y-1)] enters as
@@ -125,13 +142,31 @@ class LocusModel(nn.Module):
         P, S = self.row_proj(q)
         return self.embed_proj(P, S, y, mask)
 
+    def category_ids(self, names) -> np.ndarray | None:
+        """Category names [N] (None, "(none)" or a name outside the vocabulary: row 0) -> ids [N] int64, or None for
+        a text-only model or when no names are given."""
+        if names is None or not self.cfg.categories:
+            return None
+        return np.fromiter((self._cat_pos.get(n, 0) if isinstance(n, str) else 0 for n in names), dtype=np.int64,
+                           count=len(names))
+
     def query_proj(self, q):
         return self.q_proj(q)                                                # [N,Dq] -> u [N,D]
 
-    def predict_logits(self, z, q, chunk_elems: int = 1 << 24):
-        # z [M,D], q [N,Dq] -> logits [M,N]; u is computed once per query, the z*u term as M*Hd rows x N matmul
+    def category_offsets(self, z):
+        """z [M,D] -> [M,C+1]: each model's logit offset on each category (column 0, none: 0). In float64: the rows
+        are a least-norm fit over close embeddings, large enough that float32 would lose 1e-4 of a logit."""
+        w = self.q_cat.weight.double()                                       # [C+1,D+1]
+        return (z.double() @ w[:, :-1].T + w[:, -1]).to(z.dtype)
+
+    def predict_logits(self, z, q, chunk_elems: int = 1 << 24, cat=None):
+        # z [M,D], q [N,Dq], cat [N] int64 category ids or None (none) -> logits [M,N]; u is computed once per
+        # query, the z*u term as M*Hd rows x N matmul
         u = self.query_proj(q)                                               # [N,D]
-        return self.logits_from_u(z, u, chunk_elems)
+        out = self.logits_from_u(z, u, chunk_elems)
+        if self.cfg.categories and cat is not None:
+            out = out + self.category_offsets(z)[:, cat]
+        return out
 
     def logits_from_u(self, z, u, chunk_elems: int = 1 << 24):
         M, D = z.shape
@@ -161,22 +196,24 @@ class LocusModel(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     # --- P(correct): the one scorer every reader uses (routing, evaluate, diff, portfolio, frontier) -------------
-    def p_correct(self, z, q):
-        # z [M,D], q [N,Dq] numpy float32 -> P(correct) [M,N] numpy float32 (eval mode, no grad)
-        return self.scorer(z)(q)
+    def p_correct(self, z, q, categories=None):
+        # z [M,D], q [N,Dq] numpy float32, categories [N] names or None -> P(correct) [M,N] numpy float32 (eval
+        # mode, no grad)
+        return self.scorer(z)(q, categories)
 
     def scorer(self, z):
-        """q [N,Dq] -> P(correct) [M,N] for fixed embeddings z [M,D], in numpy with z's half of the predictor
-        precomputed: for a few queries torch's per-op overhead costs more than the arithmetic (31 models x 64
-        hidden units). Checked against `predict_logits` once; any mismatch falls back to torch."""
-        import numpy as np
-
+        """(q [N,Dq], categories [N] names or None) -> P(correct) [M,N] for fixed embeddings z [M,D], in numpy with
+        z's half of the predictor precomputed: for a few queries torch's per-op overhead costs more than the
+        arithmetic (31 models x 64 hidden units). Checked against `predict_logits` once; any mismatch falls back
+        to torch. A text-only model ignores the categories."""
         zt = torch.as_tensor(np.ascontiguousarray(z, dtype=np.float32))
 
-        def exact(q):
+        def exact(q, categories=None):
+            ids = self.category_ids(categories)
             with torch.inference_mode():
                 return torch.sigmoid(self.predict_logits(zt, torch.as_tensor(
-                    np.ascontiguousarray(q, dtype=np.float32)))).numpy()
+                    np.ascontiguousarray(q, dtype=np.float32)), cat=None if ids is None else torch.from_numpy(ids)
+                )).numpy()
 
         if len(zt) == 0:
             return exact
@@ -194,20 +231,27 @@ class LocusModel(nn.Module):
         Wq, bq, Wu = w["q_proj.weight"], w["q_proj.bias"], w["w_u.weight"]
         head, hb = w["head.weight"][0], float(w["head.bias"][0])
         qb = (w["q_bias.weight"][0], float(w["q_bias.bias"][0])) if self.cfg.query_bias else None
+        E = w.get("q_cat.weight")                                                 # [C+1,D+1] or None (text only)
+        offsets = None if E is None else zd @ E[:, :-1].T + E[:, -1]             # [M,C+1]
 
-        def fast(q, chunk: int = 2048):
+        def fast(q, categories=None, chunk: int = 2048):
             out = np.empty((M, len(q)), dtype=np.float32)
+            ids = self.category_ids(categories)
             for s in range(0, len(q), chunk):
                 u = np.asarray(q[s:s + chunk], dtype=np.float64) @ Wq.T + bq     # [n,D]
                 pre = (zw @ u.T).reshape(M, Hd, -1) + a[:, :, None] + (u @ Wu.T).T[None]
                 o = np.einsum("mhn,h->mn", np.maximum(pre, 0.0), head) + hb
                 if qb is not None:
                     o = o + (u @ qb[0] + qb[1])[None]
+                if offsets is not None and ids is not None:
+                    o = o + offsets[:, ids[s:s + chunk]]
                 out[:, s:s + chunk] = 1.0 / (1.0 + np.exp(-o))
             return out
 
         if agrees is None:                          # checked once per state of the weights
             probe = np.random.default_rng(0).standard_normal((4, self.cfg.d_query)).astype(np.float32)
-            agrees = bool(np.allclose(fast(probe), exact(probe), atol=1e-5))
+            cats = [None, *self.cfg.categories[:3]][:4] if self.cfg.categories else None
+            cats = None if cats is None else cats + [None] * (4 - len(cats))
+            agrees = bool(np.allclose(fast(probe, cats), exact(probe, cats), atol=1e-5))
             self._weights64 = (key, w, agrees)
         return fast if agrees else exact

@@ -30,6 +30,15 @@ class Dataset:
     correct: np.ndarray          # [M, Nq] int8, 1/0, -1 = missing
     splits: dict[str, np.ndarray]  # split -> indices into query_ids
     categories: np.ndarray       # [Nq] str
+    sources: np.ndarray | None = None   # [Nq] str: the queries' source column ("(none)" where missing)
+
+    def query_field(self, field: str) -> np.ndarray:
+        """[Nq] the queries' values of a metadata column a predictor may read as categories (issue 16)."""
+        if field == "category":
+            return self.categories
+        if field == "source" and self.sources is not None:
+            return self.sources
+        raise RegistryError(f"category features read the query column 'category' or 'source', not {field!r}")
 
     def digest(self) -> str:
         h = hashlib.sha256()
@@ -41,8 +50,9 @@ class Dataset:
 
 def dataset(tx: Tx) -> Dataset:
     """Current evaluations of every model on every query with a split, as a dense matrix."""
-    q = tx.numpy("""SELECT q.id, s.split, coalesce(q.category, '(none)') AS category FROM queries q
-                           JOIN query_splits s ON s.query_id = q.id ORDER BY q.id""")
+    q = tx.numpy("""SELECT q.id, s.split, coalesce(q.category, '(none)') AS category,
+                           coalesce(q.source, '(none)') AS source FROM queries q
+                    JOIN query_splits s ON s.query_id = q.id ORDER BY q.id""")
     if len(q["id"]) == 0:
         raise RegistryError("no queries with a train/val/test split: import a splits file or run "
                             "`registry draw-splits`")
@@ -58,7 +68,8 @@ def dataset(tx: Tx) -> Dataset:
     qvecs = qmat[[row_of[int(x)] for x in q["id"]]]
     split = np.asarray(q["split"])
     return Dataset([r[1] for r in m], model_ids, np.asarray(q["id"], dtype=np.int64), qvecs, correct,
-                   {s: np.flatnonzero(split == s) for s in SPLITS}, np.asarray(q["category"]))
+                   {s: np.flatnonzero(split == s) for s in SPLITS}, np.asarray(q["category"]),
+                   np.asarray(q["source"]))
 
 
 @dataclass
@@ -115,17 +126,28 @@ def current_embeddings(tx: Tx, data: Dataset, with_evidence: bool = False):
     return z, excluded, encoder_id
 
 
-def locus_probs(tx: Tx, encoder_id: int, z: np.ndarray, qvecs: np.ndarray) -> np.ndarray:
-    """P(correct) [M, N] of embeddings z [M,D] on query vectors [N,Dq] under an encoder."""
+def query_labels(data: Dataset, model) -> np.ndarray | None:
+    """[Nq] what the encoder's predictor reads as the queries' categories (its category_field), or None for a
+    text-only encoder."""
+    return data.query_field(model.cfg.category_field) if model.cfg.categories else None
+
+
+def _at(labels, idx):
+    return None if labels is None else labels[idx]
+
+
+def locus_probs(tx: Tx, encoder_id: int, z: np.ndarray, qvecs: np.ndarray, categories=None) -> np.ndarray:
+    """P(correct) [M, N] of embeddings z [M,D] on query vectors [N,Dq] (categories [N]: their values of the
+    encoder's category field, `query_labels`, read by an encoder with category features) under an encoder."""
     model, _ = encoders.load(tx, encoder_id)
-    return model.p_correct(z, qvecs)
+    return model.p_correct(z, qvecs, categories)
 
 
 def without(data: Dataset, drop: np.ndarray) -> Dataset:
     """The same dataset without the models where `drop` is True."""
     keep = ~drop
     return Dataset([n for n, k in zip(data.models, keep) if k], data.model_ids[keep], data.query_ids, data.qvecs,
-                   data.correct[keep], data.splits, data.categories)
+                   data.correct[keep], data.splits, data.categories, data.sources)
 
 
 def evaluate(tx: Tx, split: str = "test", baselines: bool = True, sample_efficiency: bool = False,
@@ -153,7 +175,9 @@ def evaluate(tx: Tx, split: str = "test", baselines: bool = True, sample_efficie
         if len(rows) == 0:   # best single is chosen on train, KNN's k and MF's dimension on val
             raise RegistryError(f"no queries in the {name} split")
     ct = data.correct[:, idx]
-    p = evidence.shrink(locus_probs(tx, encoder_id, z, data.qvecs[idx]), ev)   # what the predictor gives routing
+    # what the predictor gives routing
+    labels = query_labels(data, encoders.load(tx, encoder_id)[0])
+    p = evidence.shrink(locus_probs(tx, encoder_id, z, data.qvecs[idx], _at(labels, idx)), ev)
     # the strongest model: the best single model on train, against which "differs_from_strongest" is counted
     strongest = int(np.argmax(B.model_accuracy(data.correct[:, tr]))) if len(tr) else None
     enc_name = tx.sql("SELECT name FROM encoders WHERE id = ?", [encoder_id])[0][0]
@@ -161,7 +185,7 @@ def evaluate(tx: Tx, split: str = "test", baselines: bool = True, sample_efficie
     scores, routed, selection = {"locus": p}, p, {}
     if len(tr) and len(va):         # as routing: without a val split to choose the weights, the predictor alone
         rows = interaction.contenders(data.correct, tr, va)      # (every model here is eligible)
-        raw = locus_probs(tx, encoder_id, z[rows], data.qvecs)      # the predictor's own, as routing fits on
+        raw = locus_probs(tx, encoder_id, z[rows], data.qvecs, labels)   # the predictor's own, as routing fits on
         fitted = interaction.fit(interaction.logit(raw), data.correct, data.qvecs, data.categories, tr, va, rows)
         routed = interaction.sigmoid(fitted.scores(interaction.logit(p), data.qvecs[idx],
                                                     fitted.category_index(data.categories[idx])))
@@ -237,7 +261,7 @@ def sample_efficiency_curve(tx: Tx, data: Dataset, idx: np.ndarray, seeds: int, 
         hits = []
         for seed in range(seeds):
             z = embed_subsets(model, data, subset_rows(data.correct, nontest, n, seed))
-            p = model.p_correct(z, data.qvecs[idx])
+            p = model.p_correct(z, data.qvecs[idx], _at(query_labels(data, model), idx))
             hits.append(B.hit_at_k(p, ct, 1))
         out[str(n)] = {"mean": round(float(np.mean(hits)), 4), "std": round(float(np.std(hits)), 4), "draws": seeds}
     return out
@@ -253,6 +277,6 @@ def planned_curve(tx: Tx, data: Dataset, z: np.ndarray, idx: np.ndarray, seeds: 
     model, _ = encoders.load(tx, encoders.ensure_default(tx))
     pred = probes.Predictor(model)
     nontest = np.concatenate([data.splits["train"], data.splits["val"]])
-    return probes.compare(pred, pred.project(data.qvecs), data.correct, nontest, z.astype(np.float64), idx, sizes,
-                          seeds, lambda rows: embed_subsets(model, data, rows),
+    return probes.compare(pred, pred.project(data.qvecs, query_labels(data, model)), data.correct, nontest, z.astype(np.float64),
+                          idx, sizes, seeds, lambda rows: embed_subsets(model, data, rows),
                           lambda n, s: subset_rows(data.correct, nontest, n, s))

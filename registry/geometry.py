@@ -74,7 +74,8 @@ def predicted(tx: Tx, encoder_id: int, vectors: np.ndarray, query_ids: np.ndarra
 
     model, _ = encoders.load(tx, encoder_id)
     row_of, qmat = querycache.query_vectors(tx, query_ids)
-    return model.p_correct(vectors, qmat[[row_of[int(i)] for i in query_ids]])
+    return model.p_correct(vectors, qmat[[row_of[int(i)] for i in query_ids]],
+                           querycache.query_categories(tx, query_ids, model))
 
 
 def correlation(tx: Tx, p: Pool, min_shared: int = 10) -> Geometry:

@@ -25,7 +25,7 @@ from sklearn.metrics import roc_auc_score
 from . import baselines as B
 from . import interaction, probes, training
 from .errors import InputError
-from .evaluation import Dataset, embed_subsets
+from .evaluation import Dataset, embed_subsets, query_labels
 
 # Shorter than `registry train`'s default (30 teacher epochs, 240 encoder steps, 10 refit epochs, about 10 min on
 # 2 cores) so that a seed trains in a few minutes; the report names it.
@@ -126,20 +126,21 @@ def _locus(vis: Dataset, held, te, model):
     """-> (P(correct) as the registry embeds: every visible (non-test) evaluation, for a held-out model its n;
     the router's P with the interaction terms; the terms' settings; P with each held-out model read by likelihood)"""
     z = embed_subsets(model, vis, [np.flatnonzero(vis.correct[m] >= 0) for m in range(len(vis.models))])
-    lg = interaction.logit(model.p_correct(z, vis.qvecs))
+    labels = query_labels(vis, model)
+    lg = interaction.logit(model.p_correct(z, vis.qvecs, labels))
     tr, va = vis.splits["train"], vis.splits["val"]
     rows = interaction.contenders(vis.correct, tr, va)
     fitted = interaction.fit(lg[rows], vis.correct, vis.qvecs, vis.categories, tr, va, rows)
     routed = interaction.sigmoid(fitted.scores(lg[:, te], vis.qvecs[te], fitted.category_index(vis.categories[te])))
     pred = probes.Predictor(model)
-    q = pred.project(vis.qvecs)
+    q = pred.project(vis.qvecs, labels)
     prior = probes.gaussian_prior(z[~held])
     zl = z.astype(np.float64)
     for m in np.flatnonzero(held):
         rows_m = np.flatnonzero(vis.correct[m] >= 0)
         zl[m] = probes.read(pred, q.take(rows_m), (vis.correct[m, rows_m] == 1).astype(np.float64), prior)[0]
     return (interaction.sigmoid(lg[:, te]), routed, {k: fitted.selection[k] for k in ("a", "k", "w")},
-            model.p_correct(zl.astype(np.float32), vis.qvecs[te]))
+            model.p_correct(zl.astype(np.float32), vis.qvecs[te], None if labels is None else labels[te]))
 
 
 def planned_rows(data: Dataset, held: np.ndarray, rows: dict[int, np.ndarray], model, seed: int) -> dict:
@@ -147,7 +148,7 @@ def planned_rows(data: Dataset, held: np.ndarray, rows: dict[int, np.ndarray], m
     chosen with `model` (trained without the held-out models) against the known models, from its train rows."""
     tr = data.splits["train"]
     pred = probes.Predictor(model)
-    q = pred.project(data.qvecs)
+    q = pred.project(data.qvecs, query_labels(data, model))
     known = np.flatnonzero(~held)
     nontest = np.concatenate([tr, data.splits["val"]])
     z = embed_subsets(model, data, [nontest[data.correct[m, nontest] >= 0] for m in known]).astype(np.float64)

@@ -120,7 +120,8 @@ def plan(tx: Tx, name: str, n: int, seed: int = 0, out: str | None = None) -> Pr
         ref_q = np.sort(rng.choice(nontest, min(probes.REFERENCES, len(nontest)), replace=False))
         cand_q = np.setdiff1d(pool, seed_q)
         row_of, qmat = querycache.query_vectors(tx, np.concatenate([answered_q, cand_q, ref_q, seed_q]))
-        proj = lambda qs: pred.project(qmat[[row_of[int(x)] for x in qs]])   # noqa: E731
+        proj = lambda qs: pred.project(qmat[[row_of[int(x)] for x in qs]],   # noqa: E731
+                                       querycache.query_categories(tx, qs, model))
         prior = probes.gaussian_prior(others)
         z, precision = (probes.read(pred, proj(answered_q), answered_y, prior) if len(answered_q)
                         else (prior.mean, prior.precision))

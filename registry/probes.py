@@ -40,15 +40,22 @@ class Predictor:
         self.head, self.hb = w["head.weight"][0], float(w["head.bias"][0])
         self.qb = (w["q_bias.weight"][0], float(w["q_bias.bias"][0])) if model.cfg.query_bias else None
         self.Wq, self.bq = w["q_proj.weight"], w["q_proj.bias"]
+        self.E, self.category_ids = w.get("q_cat.weight"), model.category_ids   # category rows (None: text only)
 
-    def project(self, qvecs: np.ndarray) -> "Queries":
+    def project(self, qvecs: np.ndarray, categories=None) -> "Queries":
+        """Query vectors [n,Dq] (and their categories [n], for a predictor that reads them) -> Queries."""
         u = np.asarray(qvecs, dtype=np.float64) @ self.Wq.T + self.bq
-        return Queries(u, u @ self.Wu.T, None if self.qb is None else u @ self.qb[0] + self.qb[1])
+        bias = None if self.qb is None else u @ self.qb[0] + self.qb[1]
+        ids = self.category_ids(categories) if self.E is not None else None
+        rows = None if ids is None else self.E[ids]                          # [n,D+1]: logit += [z, 1] . row
+        return Queries(u, u @ self.Wu.T, bias, rows)
 
     def logits(self, z: np.ndarray, q: "Queries") -> np.ndarray:
         """z [D] -> logits [n]."""
         pre = q.u @ (self.Wzu * z[None]).T + q.uwu + (self.Wz @ z + self.bz)[None]
         out = np.maximum(pre, 0.0) @ self.head + self.hb
+        if q.cat is not None:
+            out = out + q.cat[:, :-1] @ z + q.cat[:, -1]
         return out if q.bias is None else out + q.bias
 
     def logits_grad(self, z: np.ndarray, q: "Queries") -> tuple[np.ndarray, np.ndarray]:
@@ -58,7 +65,10 @@ class Predictor:
         out = np.maximum(pre, 0.0) @ self.head + self.hb
         if q.bias is not None:
             out = out + q.bias
-        return out, c @ self.Wz + (c @ self.Wzu) * q.u
+        grad = c @ self.Wz + (c @ self.Wzu) * q.u
+        if q.cat is not None:                                                          # linear in z
+            out, grad = out + q.cat[:, :-1] @ z + q.cat[:, -1], grad + q.cat[:, :-1]
+        return out, grad
 
 
 @dataclass
@@ -66,9 +76,11 @@ class Queries:
     u: np.ndarray               # [n,D] query projections
     uwu: np.ndarray             # [n,H] their hidden-layer term
     bias: np.ndarray | None     # [n] per-query logit bias (encoders with query_bias)
+    cat: np.ndarray | None = None   # [n,D+1] each query's category row (encoders with category features)
 
     def take(self, rows) -> "Queries":
-        return Queries(self.u[rows], self.uwu[rows], None if self.bias is None else self.bias[rows])
+        return Queries(self.u[rows], self.uwu[rows], None if self.bias is None else self.bias[rows],
+                       None if self.cat is None else self.cat[rows])
 
 
 def _sigmoid(x):

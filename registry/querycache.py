@@ -118,3 +118,27 @@ def projections(tx: Tx, model, query_ids: np.ndarray):
     tx.local[key] = (qmat, model, proj, row_at)
     tx.after_commit(lambda: tx.cache.__setitem__(key, (qmat, model, proj, row_at)))
     return row_at, proj
+
+
+CATEGORY_FIELDS = ("category", "source")   # the query columns a predictor may read as categories (issue 16)
+
+
+def query_categories(tx: Tx, query_ids, model=None, field: str = "category") -> np.ndarray | None:
+    """The categories [n] of these registry query ids (None where a query has none): their values of `field`, or
+    of the model's category_field; None when `model` is given and reads none (a text-only encoder: nothing is read).
+    Not cached: a query's metadata can be corrected by a later import."""
+    import pyarrow as pa
+
+    if model is not None:
+        if not model.cfg.categories:
+            return None
+        field = model.cfg.category_field
+    if field not in CATEGORY_FIELDS:
+        raise NotFound(f"queries have no column {field!r} to read as categories")
+    ids = np.asarray(query_ids, dtype=np.int64)
+    tx.duck.register("_qcat", pa.table({"id": np.unique(ids)}))
+    try:
+        found = dict(tx.duck.execute(f"SELECT q.id, q.{field} FROM _qcat i JOIN queries q ON q.id = i.id").fetchall())
+    finally:
+        tx.duck.unregister("_qcat")
+    return np.array([found.get(int(q)) for q in ids.tolist()], dtype=object)

@@ -81,6 +81,8 @@ class State:
     known: frozenset = frozenset()                # every registered model's name (embedded or not)
     interaction: interaction.Served | None = None  # the routing terms beside the predictor (interaction.py)
     interaction_fitted: bool = True               # False: the last fit, carried over to new models (see `state`)
+    category_of: dict | None = None               # content hash -> category, for an encoder whose predictor reads
+                                                  #   categories (None: text only); other texts route as "none"
 
 
 _states: dict[str, State] = {}
@@ -131,11 +133,14 @@ def _build(tx: Tx, key: tuple, db_path: str, refit: bool = True) -> State:
     fit_key = (str(db_path), encoder_id, tuple(int(v) for v in vids), tuple(ev.probation.tolist()), key[-2])
     served, fitted = _interaction(tx, fit_key, model, vecs, np.asarray(mids, dtype=np.int64), np.asarray(vids), ev,
                                   refit)
+    category_of = None        # the field is one of querycache.CATEGORY_FIELDS (EncoderConfig checks it)
+    if model.cfg.categories:
+        category_of = dict(tx.sql(f"SELECT content_hash, {model.cfg.category_field} FROM queries"))
     return State(key, encoder_id, enc_name, model, list(names), np.asarray(mids, dtype=np.int64),
                  np.array([about[int(v)][0] for v in vids], dtype=np.int64), np.asarray(vids, dtype=np.int64),
                  vecs, np.array([_nan(meta[m][0]) for m in mids.tolist()], dtype=np.float64),
                  np.array([_nan(meta[m][1]) for m in mids.tolist()], dtype=np.float64), ev, down,
-                 score, frozenset(m[2] for m in meta.values()), served, fitted)
+                 score, frozenset(m[2] for m in meta.values()), served, fitted, category_of)
 
 
 _served: dict[tuple, interaction.Served | None] = {}
@@ -179,7 +184,7 @@ def _fit(tx: Tx, key: tuple, model, z: np.ndarray, model_ids: np.ndarray, versio
     the `interaction.contenders`); None without a train and a val split. Kept per `key` (encoder, versions,
     probation, splits), so a change of availability or cost does not refit; each version's predictions are kept
     too, so a registration scores only its new version."""
-    from .evaluation import dataset
+    from .evaluation import dataset, query_labels
 
     try:
         data = dataset(tx)
@@ -194,7 +199,7 @@ def _fit(tx: Tx, key: tuple, model, z: np.ndarray, model_ids: np.ndarray, versio
         qkey = (key[0], key[1], data.query_ids.tobytes())
         todo = [i for i in rows.tolist() if qkey + (int(version_ids[i]),) not in _rows]
         if todo:
-            fresh = model.scorer(z[todo])(data.qvecs)
+            fresh = model.scorer(z[todo])(data.qvecs, query_labels(data, model))
             if len(_rows) + len(todo) > 4096:
                 _rows.clear()
             _rows.update({qkey + (int(version_ids[i]),): fresh[j] for j, i in enumerate(todo)})
@@ -318,7 +323,8 @@ def keep_vectors(tx: Tx, hashes: list[str], vectors: np.ndarray) -> None:
 def probabilities(st: State, qvecs: np.ndarray, hashes: list[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """[N,384] (texts with these content hashes) -> (P(correct) as routing uses it: the predictor's, shrunk by
     evidence, with the interaction terms added to its logit; the predictor's own), each [M,N]."""
-    raw = st.score(qvecs)
+    cats = None if st.category_of is None or hashes is None else [st.category_of.get(h) for h in hashes]
+    raw = st.score(qvecs, cats)
     probs = evidence.shrink(raw, st.evidence)
     if st.interaction is not None and len(raw):
         probs = interaction.sigmoid(st.interaction.scores(interaction.logit(probs), qvecs, hashes)).astype(np.float32)

@@ -78,6 +78,14 @@ class TrainConfig:
     ema: float = 0.0              # validation and the result use an exponential moving average of the weights (0: off)
     eval_max_set: int | None = None  # cap per model when embedding for validation (seeded draw; None = all, as the
                                      # registry embeds a model from all of its evaluations)
+    category_features: bool = False  # issue 16: a last stage fits each query category's row of the predictor (a
+                                     # logit offset per model and category, read from z: fit_category_rows)
+    category_field: str = "category"  # the query column whose values are the categories ("category" or "source")
+    category_l2: float = 10.0     # prior pseudo-weight of each offset (interaction.L2; chosen on val)
+    category_fit: str = "train"   # the answers the rows are fitted to: "train", or "nontest" (train and val, with
+                                  # every model embedded from them, as the registry embeds it and as the
+                                  # per-category router and the interaction terms are refitted; val then measures
+                                  # nothing of the rows)
     refit_epochs: int = 10        # >0: stage 3, the encoder frozen, every model embedded from all its train
                                   # evaluations, the predictor refitted on all train pairs (best val epoch kept)
     encoder: EncoderConfig = field(default_factory=lambda: EncoderConfig(dropout=0.0))
@@ -136,22 +144,26 @@ def embed_models(model: LocusModel, qvecs: np.ndarray, correct: np.ndarray, idx_
 
 
 @torch.no_grad()
-def predict_proba(model: LocusModel, z: np.ndarray, qvecs: np.ndarray) -> np.ndarray:
-    """P(correct) [M,N] for model embeddings z [M,D] and query vectors [N,Dq]."""
+def predict_proba(model: LocusModel, z: np.ndarray, qvecs: np.ndarray, categories=None) -> np.ndarray:
+    """P(correct) [M,N] for model embeddings z [M,D] and query vectors [N,Dq] (with their category names [N], for
+    a model that reads them)."""
     model.eval()
-    return model.p_correct(z, qvecs)
+    return model.p_correct(z, qvecs, categories)
 
 
-def route(model: LocusModel, z: np.ndarray, qvecs: np.ndarray, k: int = 1) -> np.ndarray:
+def route(model: LocusModel, z: np.ndarray, qvecs: np.ndarray, k: int = 1, categories=None) -> np.ndarray:
     """[k,N] indices of the k models most likely to answer each query, best first."""
-    p = predict_proba(model, z, qvecs)
+    p = predict_proba(model, z, qvecs, categories)
     return np.argsort(-p.astype(np.float64), axis=0, kind="stable")[:k]
 
 
-def evaluate(model: LocusModel, qvecs, correct, embed_idx, eval_idx, max_set=None, seed=None) -> dict:
-    """Routing and predictor metrics on eval_idx, with models embedded from their evaluations on embed_idx."""
+def evaluate(model: LocusModel, qvecs, correct, embed_idx, eval_idx, max_set=None, seed=None,
+             categories=None) -> dict:
+    """Routing and predictor metrics on eval_idx, with models embedded from their evaluations on embed_idx
+    (categories [Nq]: every query's category name, or None)."""
     z = embed_models(model, qvecs, correct, embed_idx, max_set=max_set, seed=seed)
-    p = predict_proba(model, z, qvecs[np.asarray(eval_idx)])
+    eval_idx = np.asarray(eval_idx)
+    p = predict_proba(model, z, qvecs[eval_idx], None if categories is None else np.asarray(categories)[eval_idx])
     c = correct[:, eval_idx]
     obs = c >= 0
     pt = torch.from_numpy(p[obs].astype(np.float64)).clamp(1e-7, 1 - 1e-7)
@@ -251,6 +263,64 @@ def _fit_teacher(model, dec_params, log_s, q_tr, y_tr, obs_tr, dis, q_all, corre
     return e, dict(info, scale=float(sd))
 
 
+def category_vocabulary(categories, train_idx) -> tuple[str, ...]:
+    """The category names of the train queries, sorted ("(none)", the registry's name for a missing one, left out)."""
+    from .errors import InputError
+
+    if categories is None:
+        raise InputError("category features need the queries' categories")
+    names = sorted({c for c in np.asarray(categories, dtype=object)[np.asarray(train_idx)].tolist()
+                    if isinstance(c, str) and c != "(none)"})
+    if not names:
+        raise InputError("category features need categories, and no train query has one")
+    return tuple(names)
+
+
+@torch.no_grad()
+def fit_category_rows(model: LocusModel, qvecs, correct, train_idx, val_idx, categories, field: str = "category",
+                      l2: float = 10.0, fit: str = "train") -> tuple[LocusModel, EncoderConfig, dict]:
+    """The last stage of category features (issue 16): a copy of the trained (text-only) model with one row per
+    category of the train queries, so that logit += [z, 1] . row(category).
+
+    Why this form and this fit (measured on MMLU-Pro's val split, BENCHMARKS.md): rows added to the query projection
+    and trained by SGD with the rest did not move routing (the predictor learns base rates and difficulty, not which
+    model is better on what), and neither did rows read against z trained by SGD on the frozen predictor. What the
+    per-category router knows is a per-(model, category) offset. So each model's offset on each category is fitted
+    directly (the maximum-a-posteriori shift of the predictor's logits that fits the model's train answers in the
+    category, prior pseudo-weight l2: interaction.category_offsets), with every model embedded from its train
+    evaluations as in the refit stage; the rows are then the least-norm solution of [z_m, 1] . row_c = offset(m, c),
+    exact for the training models (fewer models than dimensions), and defined for any model embedded later.
+    fit="nontest" fits to the train and val answers, every model embedded from them (see TrainConfig.category_fit)."""
+    from .errors import InputError
+    from .interaction import category_offsets, logit
+
+    if fit not in ("train", "nontest"):
+        raise InputError(f"category rows are fitted on 'train' or 'nontest', not {fit!r}")
+    va = np.asarray(val_idx)
+    tr = np.asarray(train_idx) if fit == "train" else np.sort(np.concatenate([train_idx, val_idx]))
+    names = category_vocabulary(categories, tr)
+    ecfg = replace(model.cfg, categories=names, category_field=field)
+    out = LocusModel(ecfg)
+    out.load_state_dict({**model.state_dict(), "q_cat.weight": torch.zeros(len(names) + 1, ecfg.d_model + 1)})
+    out.eval()
+    ids = out.category_ids(categories)                                    # [Nq], 0 = none
+    z = embed_models(model, qvecs, correct, tr).astype(np.float64)       # [M,D], as the refit stage embeds
+    lg = logit(model.p_correct(z.astype(np.float32), qvecs[tr]))         # [M,Ntr] the predictor's own
+    has = ids[tr] > 0
+    b = category_offsets(lg[:, has], correct[:, tr][:, has], ids[tr][has] - 1, len(names), l2)   # [M,C]
+    Z = np.concatenate([z, np.ones((len(z), 1))], 1)                     # [M,D+1]
+    rows = np.linalg.pinv(Z) @ b                                         # [D+1,C]
+    out.q_cat.weight[1:] = torch.from_numpy(rows.T.astype(np.float32))
+    z32, cv = z.astype(np.float32), correct[:, va]
+    val = {}
+    for when, p in (("val_before", model.p_correct(z32, qvecs[va])),
+                    ("val_after", out.p_correct(z32, qvecs[va], np.asarray(categories, dtype=object)[va]))):
+        val[when] = {"hit@1": hit_at_k(p, cv, 1), "auc": predictor_metrics(p, cv)["auc"]}
+    info = {"field": field, "categories": len(names), "l2": l2, "fit": fit, "fit_max_error": float(np.abs(Z @ rows - b).max()),
+            **val}
+    return out, ecfg, info
+
+
 def set_statistic(q, y, mask):
     """The linear teacher's input: mean over the real rows of [(2y-1) q, y].
     q [B,N,Dq], y [B,N] 0/1, mask [B,N] bool -> [B,Dq+1]"""
@@ -332,7 +402,7 @@ def _refit_predictor(model, dec_params, qvecs, correct, tr, val_idx, q_tr, y_tr,
 
 
 def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: TrainConfig | None = None,
-          progress: Callable[[dict], None] | None = None) -> tuple[LocusModel, EncoderConfig, dict]:
+          progress: Callable[[dict], None] | None = None, categories=None) -> tuple[LocusModel, EncoderConfig, dict]:
     """Train on the train queries; keep the state with the best validation hit@1 (ties: lower validation BCE).
 
     Each step: the train queries are split at random into targets (n_targets) and the rest; every model embeds its
@@ -340,6 +410,10 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
     subset of that (size log-uniform in [min_anchors, anchors], its own draw per model) -> z_small. The predictor is
     trained with BCE on the targets from both embeddings (targets are never in a set, as at routing time); a
     consistency term pulls z_small to stopgrad(z_big), so a few evaluations embed close to many.
+
+    With cfg.category_features, categories [Nq] (each query's value of cfg.category_field; None or "(none)": none)
+    are read by a last stage (fit_category_rows); nothing before it reads them, so every other weight is the
+    text-only model's.
     """
     cfg = cfg or TrainConfig()
     t0 = time.time()
@@ -498,7 +572,12 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
             refit_info = _refit_predictor(model, dec_params, qvecs, correct, tr, val_idx, q_tr, y_tr, obs_tr, cfg, rng,
                                           progress, t0)
         model.eval()
+        category_info = {}
+        if cfg.category_features:
+            model, ecfg, category_info = fit_category_rows(model, qvecs, correct, tr, val_idx, categories,
+                                                           cfg.category_field, cfg.category_l2, cfg.category_fit)
         metrics = {"best_step": best_step, "steps": step, "teacher": teacher_info, "refit": refit_info,
+                   "category": category_info,
                    "wall_s": time.time() - t0, "n_params": model.n_params(),
                    **{f"val_{k}": v for k, v in best_val.items()}, "train_config": asdict(cfg),
                    "history": [{k: h[k] for k in ("step", "loss", "cons", "val_hit@1", "val_auc", "val_bce",
@@ -509,9 +588,12 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
 
 
 def checkpoint_from(data, seed: int = 0, anchors: int | None = None, max_steps: int | None = None,
-                    epochs: int | None = None, name: str | None = None, progress=None) -> tuple[bytes, dict]:
+                    epochs: int | None = None, name: str | None = None, progress=None,
+                    category_features: bool = False, category_field: str = "category",
+                    category_fit: str = "train") -> tuple[bytes, dict]:
     """Train on a registry's dataset (evaluation.Dataset: train split to fit, val to select) and return the
-    checkpoint (safetensors bytes) and its meta. Models without train evaluations are left out."""
+    checkpoint (safetensors bytes) and its meta. Models without train evaluations are left out. With
+    category_features the predictor also reads each query's value of category_field (issue 16)."""
     import json
 
     from . import textvec
@@ -522,7 +604,8 @@ def checkpoint_from(data, seed: int = 0, anchors: int | None = None, max_steps: 
     for flag, value in (("--anchors", anchors), ("--steps", max_steps), ("--epochs", epochs)):
         if value is not None and value < 1:
             raise InputError(f"{flag} must be at least 1, got {value}")
-    cfg = TrainConfig(seed=seed)
+    cfg = TrainConfig(seed=seed, category_features=category_features, category_field=category_field,
+                      category_fit=category_fit)
     if anchors is not None:
         cfg = replace(cfg, anchors=anchors, min_anchors=min(cfg.min_anchors, anchors))
     if max_steps is not None:
@@ -537,7 +620,8 @@ def checkpoint_from(data, seed: int = 0, anchors: int | None = None, max_steps: 
     if len(data.models) < 2:
         raise RegistryError(f"{len(data.models)} model(s) with train evaluations: training needs at least 2")
     model, config, metrics = train(data.qvecs, data.correct, data.splits["train"], data.splits["val"], cfg,
-                                   progress=progress)
+                                   progress=progress,
+                                   categories=data.query_field(category_field) if category_features else None)
     digest = data.digest()
     meta = {"name": name or f"locus-seed{seed}-{digest[:8]}", "text_encoder": textvec.TEXT_ENCODER,
             "metrics": metrics, "train_data_digest": digest, "embed_max_set": None,

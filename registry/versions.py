@@ -101,8 +101,9 @@ def predicted_category_accuracy(tx: Tx, encoder_id: int, z) -> dict[str, float]:
     if not len(qids):
         return {}
     row_of, qmat = querycache.query_vectors(tx, qids)
-    p = model.p_correct(np.asarray(z, np.float32)[None, :], qmat[[row_of[int(i)] for i in qids]])[0]
     cats = dict(tx.sql("SELECT id, coalesce(category, '(none)') FROM queries"))
+    p = model.p_correct(np.asarray(z, np.float32)[None, :], qmat[[row_of[int(i)] for i in qids]],
+                        querycache.query_categories(tx, qids, model))[0]
     out: dict[str, list] = {}
     for qid, pq in zip(qids.tolist(), p):
         out.setdefault(cats[qid], []).append(pq)

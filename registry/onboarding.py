@@ -180,7 +180,7 @@ def _lock_models(tx: Tx, jobs: list) -> tuple[list, dict[int, "JobOutcome"]]:
     (model_id, version) constraint would refuse the second; it never has to)."""
     first = {j[0]: j[1] for j in jobs}
     mids = sorted(set(first.values()))
-    tx.sql("""SELECT count(pg_advisory_xact_lock(?, m)) FROM
+    tx.sql("""SELECT pg_advisory_xact_lock(?::INTEGER, m)::VARCHAR FROM
               (SELECT m FROM unnest(?::INTEGER[]) AS t(m) ORDER BY m) s""", [LOCK_SPACE, mids])
     locked = set(mids)
     now = [j for j in pending(tx) if j[1] in locked]

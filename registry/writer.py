@@ -251,9 +251,11 @@ class Writer:
             value = staged[id(j)]
             j.future.set_result((value, outcomes.get(value.name)) if j.kind == "register" else value)
 
-    def _stage(self, regs: list[_Job], rows: list[tuple], vecs: dict) -> dict:
+    def _stage(self, regs: list[_Job], rows: list[tuple], vecs: dict, retry: bool = True) -> dict:
         """Stage every registration and the log rows in one transaction; when that fails, each alone. -> {id(job):
-        registration.Staged} for the jobs that committed (the others' futures carry their error)."""
+        registration.Staged} for the jobs that committed (the others' futures carry their error). Alone, a
+        conflict with another process's commit (PostgreSQL: the same new model name registered through another
+        replica at the same instant) is tried once more: it then finds the model that one committed."""
         try:
             with self.reg.store.tx() as tx:
                 out = dict(zip(map(id, regs), registration.stage_group(tx, [j.args for j in regs])))
@@ -262,6 +264,8 @@ class Writer:
             return out
         except Exception as exc:
             if len(regs) + bool(rows) <= 1:
+                if retry and _conflict(exc):
+                    return self._stage(regs, rows, vecs, retry=False)
                 for j in regs:
                     j.future.set_exception(exc)
                 if rows:
@@ -279,3 +283,10 @@ class Writer:
         routing.append_log(tx, rows)
         if vecs:
             vectors.insert(tx, list(vecs), np.stack(list(vecs.values())))
+
+
+def _conflict(exc: BaseException) -> bool:
+    """A PostgreSQL error that another transaction's commit caused, which a retry may not meet again: unique
+    violation, serialization failure, deadlock."""
+    code = getattr(getattr(exc, "orig", None), "sqlstate", None) or getattr(exc, "sqlstate", None)
+    return code in ("23505", "40001", "40P01")

@@ -51,11 +51,13 @@ def test_concurrent_registrations_of_one_model_through_two_replicas(pg_server, p
         assert first.version == 1
         errors, answers, sent = [], [], {"twin": set(qids[:64])}
         rounds = 4
+        size = min(32, (len(qids) - 64) // (2 * rounds))
+        assert size >= 8
         go = threading.Barrier(2)
 
         def writes(side: int) -> None:
-            for k in range(rounds):       # each round: 32 new questions for the shared model, from both at once
-                part = qids[64 + (2 * k + side) * 32: 64 + (2 * k + side + 1) * 32]
+            for k in range(rounds):       # each round: new questions for the shared model, from both at once
+                part = qids[64 + (2 * k + side) * size: 64 + (2 * k + side + 1) * size]
                 go.wait(timeout=60)
                 try:
                     answers.append(servings[side].register("twin", _rows_file(tmp_path, f"twin-{side}-{k}", part,
@@ -123,3 +125,41 @@ def test_a_write_through_one_replica_is_served_by_the_other_within_a_second(pg_s
         assert servings[0].writer.stats()["follows"] >= 1
     finally:
         _close(regs, servings)
+
+
+def test_an_onboarding_waits_for_the_other_process_and_does_not_redo_its_job(pg_server, pg_base, tmp_path):
+    """Deterministic: replica A's onboarding transaction is held open after it numbered the version; B's onboarding
+    of the same pending job waits for A's lock, then finds the job done and reports A's version (without the lock B
+    would number the same version and fail on the unique constraint, or write the job's result twice)."""
+    from registry import onboarding, registration
+
+    url = pg_server.create_db(f"t{next(_pg_names)}", template=pg_base)
+    with Registry(url) as a, Registry(url) as b:
+        with a.store.tx() as tx:
+            qids = [r[0] for r in tx.sql("SELECT external_id FROM queries ORDER BY id")]
+        a.register("twin", _rows_file(tmp_path, "twin", qids[:64], 0), params_b=7)
+        with a.store.tx() as tx:
+            registration.stage(tx, "twin", _rows_file(tmp_path, "more", qids[64:96], 1), {"params_b": 7})
+        out_b, errors = [], []
+
+        def onboard_b() -> None:
+            try:
+                out_b.extend(b.onboard())
+            except Exception as exc:
+                errors.append(repr(exc))
+
+        with a.store.tx() as tx:
+            out_a = onboarding.run_pending(tx, a.min_evaluations)
+            waiting = threading.Thread(target=onboard_b)
+            waiting.start()
+            waiting.join(timeout=1.0)
+            assert waiting.is_alive()                 # B waits for A's transaction
+        waiting.join(timeout=60)
+        assert errors == []
+        assert [(o.model, o.outcome, o.version) for o in out_a] == [("twin", "embedded", 2)]
+        assert [(o.model, o.outcome, o.version) for o in out_b] == [("twin", "embedded", 2)]
+        with b.store.tx() as tx:
+            assert [r[0] for r in tx.sql("""SELECT v.version FROM embedding_versions v JOIN models m
+                                            ON m.id = v.model_id WHERE m.name = 'twin' ORDER BY 1""")] == [1, 2]
+            assert tx.sql("""SELECT count(*) FROM onboarding_jobs j LEFT JOIN onboarding_results r ON r.job_id = j.id
+                             WHERE r.job_id IS NULL""")[0][0] == 0

@@ -92,7 +92,7 @@ def main() -> None:
         pools = _pools(qids, args.clients)
         for j, name in enumerate(SHARED):       # each shared model starts from its own questions
             first = [{"question_id": q, "correct": (k + j) % 3 == 0} for k, q in enumerate(pools["seed"][j])]
-            httpx.post(f"{bases[j % 2]}/models", json={"name": name, "evaluations": first}, headers=auth,
+            httpx.post(f"{bases[j % 2]}/models", json={"name": name, "params_b": 7, "evaluations": first}, headers=auth,
                        timeout=120).raise_for_status()
 
         ctx = mp.get_context("spawn")

@@ -42,7 +42,7 @@ REFIT_S = 30.0              # at most one fit of routing's interaction terms per
 
 @dataclass
 class _Job:
-    kind: str                              # "register" | "run"
+    kind: str                              # "register" | "run" | "follow" (PostgreSQL: another process wrote)
     args: tuple
     future: Future = field(default_factory=Future)
 
@@ -180,19 +180,13 @@ class Writer:
         with self.reg.store.tx() as tx:
             return generation.read(tx)
 
-    def _followed(self) -> None:
-        """A write of another process was seen (PostgreSQL): as a job of its own, the cycle that runs it reads the
-        generation, syncs the book, reloads the stored text vectors if queries were added and swaps in a new
-        snapshot, as after any write of this server's."""
-        self._stats["follows"] += 1
-
     def _follower(self) -> None:
         """PostgreSQL: look at the generation every poll_s; when it moved, have the writer follow (in turn)."""
         while not self._stopping:
             time.sleep(self.poll_s)
             try:
                 if self._generation() != self.seen and not self._stopping:
-                    self.run(self._followed)
+                    self._submit("follow", ())     # the cycle that takes it reads again and refreshes
             except Exception:           # the database away for a moment: look again next time
                 if not self._stopping:
                     traceback.print_exc(file=sys.stderr)
@@ -222,6 +216,8 @@ class Writer:
                     staged[id(j)] = j.args[0]()
                 except Exception as exc:
                     j.future.set_exception(exc)
+            elif j.kind == "follow":
+                staged[id(j)] = None
         done = [j for j in jobs if id(j) in staged]
         if not done:
             return
@@ -235,6 +231,11 @@ class Writer:
                     j.future.set_exception(exc)
                 return
         now = self._generation()         # (before the reads below: a commit after it moves it again)
+        if all(j.kind == "follow" for j in done) and now == self.seen:
+            for j in done:               # the move the follower saw was this writer's own, already refreshed
+                j.future.set_result(None)
+            return
+        self._stats["follows"] += any(j.kind == "follow" for j in done)
         self._sync_book()
         t2 = time.perf_counter()
         if self.on_new_queries and (any(j.kind == "register" and staged[id(j)].queries_added for j in done)

@@ -13,10 +13,10 @@ in one transaction (group commit), onboards, then swaps in a new snapshot (snaps
   acknowledged writes are never lost.
 - Other writes (availability, endpoints) run whole, in turn (`run`).
 - On PostgreSQL other processes (another replica, a CLI import) write to the same database: a follower thread reads
-  the database's generation (generation.py) every POLL_S, and when it moved past what this server last read, the
-  writer (in turn, as a job like a write) syncs the answer book, reloads the stored text vectors if queries were added, and
-  swaps in a new snapshot. The writer notes the generation it read before each refresh of its own, so its own
-  writes cost no second refresh.
+  the database's generation (generation.py) every POLL_S, and when it moved past what this server last read, it
+  syncs the answer book, reloads the stored text vectors if queries were added, and swaps in a new snapshot itself
+  (reads only; the writer's refresh takes the same lock). The writer notes the generation it read before each
+  refresh of its own, so its own writes cost no second refresh.
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ REFIT_S = 30.0              # at most one fit of routing's interaction terms per
 
 @dataclass
 class _Job:
-    kind: str                              # "register" | "run" | "follow" (PostgreSQL: another process wrote)
+    kind: str                              # "register" | "run"
     args: tuple
     future: Future = field(default_factory=Future)
 
@@ -65,6 +65,7 @@ class Writer:
                        "register_wait_ms": 0.0, "report_ms": 0.0,                 # and a registration's time
                        "refits": 0}
         self._stats["follows"] = 0      # refreshes for writes of other processes (PostgreSQL)
+        self._refresh_lock = threading.Lock()     # one snapshot refresh at a time (the writer's, the follower's)
         reg._finish_pending()        # a crash may have left onboarding jobs behind
         self.book = AnswerBook()     # every model's current answers: what a registration's report compares
         # the database's generation that the snapshot and the book reflect (PostgreSQL: none yet, so the follower's
@@ -181,12 +182,26 @@ class Writer:
             return generation.read(tx)
 
     def _follower(self) -> None:
-        """PostgreSQL: look at the generation every poll_s; when it moved, have the writer follow (in turn)."""
+        """PostgreSQL: look at the generation every poll_s; when another process moved it, sync the answer book,
+        reload the stored text vectors if queries were added, and swap in a new snapshot. In this thread (reads
+        only, at the readers' priority), not the writer's: a refresh for another replica's write never waits
+        behind this server's own registrations. The writer's refresh takes the same lock, so snapshots are
+        swapped in the order they were read."""
         while not self._stopping:
             time.sleep(self.poll_s)
             try:
-                if self._generation() != self.seen and not self._stopping:
-                    self._submit("follow", ())     # the cycle that takes it reads again and refreshes
+                if self._generation() == self.seen or self._stopping:
+                    continue
+                with self._refresh_lock:
+                    now = self._generation()
+                    if now == self.seen:     # the move was this writer's own commit, refreshed meanwhile
+                        continue
+                    self._sync_book()
+                    if self.on_new_queries and generation.queries_changed(self.seen, now):
+                        self.on_new_queries()
+                    self.snapshots.refresh(endpoints_changed=True)
+                    self.seen = now
+                    self._stats["follows"] += 1
             except Exception:           # the database away for a moment: look again next time
                 if not self._stopping:
                     traceback.print_exc(file=sys.stderr)
@@ -216,8 +231,6 @@ class Writer:
                     staged[id(j)] = j.args[0]()
                 except Exception as exc:
                     j.future.set_exception(exc)
-            elif j.kind == "follow":
-                staged[id(j)] = None
         done = [j for j in jobs if id(j) in staged]
         if not done:
             return
@@ -230,19 +243,15 @@ class Writer:
                 for j in done:
                     j.future.set_exception(exc)
                 return
-        now = self._generation()         # (before the reads below: a commit after it moves it again)
-        if all(j.kind == "follow" for j in done) and now == self.seen:
-            for j in done:               # the move the follower saw was this writer's own, already refreshed
-                j.future.set_result(None)
-            return
-        self._stats["follows"] += any(j.kind == "follow" for j in done)
-        self._sync_book()
-        t2 = time.perf_counter()
-        if self.on_new_queries and (any(j.kind == "register" and staged[id(j)].queries_added for j in done)
-                                    or (now and generation.queries_changed(self.seen, now))):
-            self.on_new_queries()
-        self.snapshots.refresh(endpoints_changed=any(j.kind == "run" for j in done) or bool(now))
-        self.seen = now
+        with self._refresh_lock:
+            now = self._generation()     # (before the reads below: a commit after it moves it again)
+            self._sync_book()
+            t2 = time.perf_counter()
+            if self.on_new_queries and (any(j.kind == "register" and staged[id(j)].queries_added for j in done)
+                                        or (now and generation.queries_changed(self.seen, now))):
+                self.on_new_queries()
+            self.snapshots.refresh(endpoints_changed=any(j.kind == "run" for j in done) or bool(now))
+            self.seen = now
         t3 = time.perf_counter()
         for key, dt in (("stage_ms", t1 - t0), ("onboard_ms", t2 - t1), ("refresh_ms", t3 - t2)):
             self._stats[key] = round(self._stats[key] + 1000 * dt, 1)

@@ -111,8 +111,10 @@ def main() -> None:
         failures: list[str] = []
         acked: dict[str, set[str]] = {}          # model -> question ids of acknowledged evaluations
         versions_seen: set[tuple[str, int]] = set()
+        slow: list[tuple] = []
         for _ in clients:
-            c_lat, c_failures, c_acked, c_versions = results.get()
+            c_lat, c_failures, c_acked, c_versions, c_slow = results.get()
+            slow += [(round(at - t_start, 1), *rest) for at, *rest in c_slow]
             for key, xs in c_lat.items():
                 lat.setdefault(tuple(key), []).extend(xs)
             failures += c_failures
@@ -173,7 +175,7 @@ def main() -> None:
         "latency_ms": {f"{k} via {r}": {"n": len(xs), "p50": round(1000 * float(np.percentile(xs, 50)), 1),
                                          "p99": round(1000 * float(np.percentile(xs, 99)), 1)}
                        for (k, r), xs in sorted(lat.items())},
-        "writers": [h["writer"] for h in health],
+        "writers": [h["writer"] for h in health], "slow_requests": sorted(slow),
     }
     ok = not failures and not probe_failures and not problems and lags and max(x for _, x in lags) <= 1.0
     if args.json:
@@ -201,6 +203,13 @@ def main() -> None:
               f"{np.max(lag_ms):.0f} ms ({len(lags)}) |")
         print(f"| writer follows (refreshes for the other's writes) A / B | {health[0]['writer'].get('follows')} / "
               f"{health[1]['writer'].get('follows')} |")
+        for tag, h in zip("AB", health):
+            w = h["writer"]
+            print(f"writer {tag}: {w['groups']} groups, longest cycle {w['longest_cycle_ms']:.0f} ms, stage "
+                  f"{w['stage_ms']:.0f} ms, onboard {w['onboard_ms']:.0f} ms, refresh {w['refresh_ms']:.0f} ms "
+                  f"(totals), {w['refits']} refits, {w['follows']} follows")
+        if slow:
+            print("requests over 3 s (sent at s into the run, kind, replica, s):", sorted(slow)[:12])
         print(f"bar 3: {'met' if ok else 'NOT met'}")
         for f in (failures + probe_failures + problems)[:8]:
             print("  ", f)
@@ -226,6 +235,7 @@ def _client(k: int, base: str, via: str, auth: dict, texts: list[str], qids: lis
     failures: list[str] = []
     acked: dict[str, set[str]] = {}
     versions: list[tuple[str, int]] = []
+    slow: list[tuple] = []              # (seconds into the run it was sent, kind, replica, seconds taken) over 3 s
     rnd = random.Random(k)
     cursor = {name: 0 for name in SHARED}
     with httpx.Client(base_url=base, timeout=120, headers=auth) as c:
@@ -262,6 +272,8 @@ def _client(k: int, base: str, via: str, auth: dict, texts: list[str], qids: lis
             except httpx.HTTPError as exc:
                 ok, detail = False, repr(exc)
             dt = time.perf_counter() - t0
+            if dt > 3:
+                slow.append((time.time() - dt, kind, via, round(dt, 1)))
             if not ok:
                 failures.append(f"{kind} via {via}: {detail}")
                 continue
@@ -270,7 +282,7 @@ def _client(k: int, base: str, via: str, auth: dict, texts: list[str], qids: lis
                 acked.setdefault(name, set()).update(picked)
                 if r.json()["version"] is not None:
                     versions.append((name, r.json()["version"]))
-    results.put((lat, failures, acked, versions))
+    results.put((lat, failures, acked, versions, slow))
 
 
 def _probe(bases: list[str], auth: dict, text: str, qids: list[str], stop: float, lags: list, failures: list) -> None:

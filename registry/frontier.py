@@ -69,7 +69,8 @@ def compute(tx: Tx, st: routing.State, split: str = "test", cost_by: str = "para
     row_of, qmat = querycache.query_vectors(tx, qids)
     qmat = qmat[[row_of[int(q)] for q in qids]]
     correct = _correct_matrix(tx, names, qids)                       # [m,N] 1/0/-1
-    hashes = [r[0] for r in tx.sql("SELECT content_hash FROM queries WHERE id IN (SELECT unnest(?::INTEGER[])) ORDER BY id",
+    hashes = [r[0] for r in tx.sql("""SELECT content_hash FROM queries WHERE id IN (SELECT unnest(?::INTEGER[]))
+                                      ORDER BY id""",
                                     [qids.tolist()])]
     probs = routing.probabilities(st, qmat, hashes)[0][rows]
     sub = routing.Policy(set(), np.ones(len(rows), dtype=bool), cost, basis)

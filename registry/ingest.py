@@ -458,13 +458,15 @@ def import_evaluations(tx: Tx, staged: Staged, batch_id: int, result: ImportResu
     t = staged.table
     check_evaluations(tx, staged, unknown_hint)
     names = [r[0] for r in _q(tx, f"SELECT DISTINCT model FROM {t} ORDER BY model")]
-    new_models = tx.sql("""INSERT INTO models (name, tags) SELECT name, '{}'::JSON FROM (SELECT unnest(?::VARCHAR[]) AS name) n
+    new_models = tx.sql("""INSERT INTO models (name, tags)
+                           SELECT name, '{}'::JSON FROM (SELECT unnest(?::VARCHAR[]) AS name) n
                            WHERE name NOT IN (SELECT name FROM models) ORDER BY name RETURNING id, name""", [names])
     outbox.new_models(tx, new_models)
     result.models_added += len(new_models)
     # Only what differs from the current (newest) evaluation is appended. The current evaluations are those of the
     # file's models that have any (none for new models: the join is skipped), not the whole table's.
-    evaluated = [r[0] for r in tx.sql("""SELECT DISTINCT e.model_id FROM evaluations e JOIN models m ON m.id = e.model_id
+    evaluated = [r[0] for r in tx.sql("""SELECT DISTINCT e.model_id FROM evaluations e
+                                         JOIN models m ON m.id = e.model_id
                                          WHERE m.name IN (SELECT unnest(?::VARCHAR[]))""", [names])] if names else []
     _mirror(tx, "models", "queries")
     _mirror_evaluations(tx, evaluated)
@@ -522,7 +524,8 @@ def append_evaluations(tx: Tx, cols: Columns, batch_id: int, result: ImportResul
           [qids]):
         return False
     names = [m for m, *_ in per_model]
-    new_models = tx.sql("""INSERT INTO models (name, tags) SELECT name, '{}'::JSON FROM (SELECT unnest(?::VARCHAR[]) AS name) n
+    new_models = tx.sql("""INSERT INTO models (name, tags)
+                           SELECT name, '{}'::JSON FROM (SELECT unnest(?::VARCHAR[]) AS name) n
                            WHERE name NOT IN (SELECT name FROM models) ORDER BY name RETURNING id, name""", [names])
     outbox.new_models(tx, new_models)
     result.models_added += len(new_models)

@@ -124,7 +124,8 @@ def _build(tx: Tx, key: tuple, db_path: str, refit: bool = True) -> State:
     meta = {r[0]: r[1:] for r in tx.sql("SELECT id, cost, params_b, name FROM models")}
     about = {r[0]: r[1:] for r in tx.sql("""
         SELECT v.id, v.version, v.n_evaluations, coalesce(s.stability, v.stability) FROM embedding_versions v
-        LEFT JOIN version_stability s ON s.version_id = v.id WHERE v.id IN (SELECT unnest(?::INTEGER[]))""", [vids.tolist()])}
+        LEFT JOIN version_stability s ON s.version_id = v.id
+        WHERE v.id IN (SELECT unnest(?::INTEGER[]))""", [vids.tolist()])}
     down = set(availability.unavailable_models(tx))
     enc_name = tx.sql("SELECT name FROM encoders WHERE id = ?", [encoder_id])[0][0]
     ev = evidence.assess(vecs, [about[int(v)][1] for v in vids], [about[int(v)][2] for v in vids], key[-1])

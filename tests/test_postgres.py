@@ -127,3 +127,37 @@ def test_placeholders_and_urls_as_psycopg_and_people_read_them():
     assert dialect.display_url("postgresql://bob:secret@db:5432/reg") == "postgresql://bob:***@db:5432/reg"
     assert dialect.engine_url("postgres://bob@db/reg") == "postgresql+psycopg://bob@db/reg"
     assert dialect.is_url("postgresql://x/y") and not dialect.is_url("registry.duckdb")
+
+
+@pytest.mark.slow   # trains (two steps)
+def test_every_command_runs_on_postgres(pg_server, pg_base, small_data, tmp_path, monkeypatch):
+    """Item 1 of issue 14: every command of the README on a PostgreSQL registry, each answered (exit 0)."""
+    import duckdb
+
+    url = pg_server.create_db("every_command", template=pg_base)
+    rows = duckdb.sql(f"""SELECT question_id, correct FROM read_csv('{small_data}/evaluations.csv.gz')
+                          WHERE model = 'gemma-7b' ORDER BY 1 LIMIT 100""").fetchall()
+    evals = tmp_path / "flip.csv"
+    evals.write_text("question_id,correct\n" + "".join(f"{q},{1 - c}\n" for q, c in rows))
+    commands = [
+        ["models"], ["show", "gemma-7b"], ["stats"], ["history", "gemma-7b"], ["encoders"], ["log"],
+        ["register", "gemma-flip", "--evals", str(evals), "--family", "x"],
+        ["register", "gemma-7b", "--evals", str(evals), "--update"], ["diff", "gemma-7b"],
+        ["similar", "gemma-7b"], ["similar", "--evals", str(evals)], ["fingerprint", "--evals", str(evals)],
+        ["fingerprint", "--calibration"], ["fingerprint", "--plan", "-n", "8"],
+        ["probe", "gemma-flip", "-n", "4", "--out", str(tmp_path / "probe.csv")],
+        ["fallback", "gemma-7b"], ["fallback", "--all"], ["portfolio", "-k", "3"],
+        ["portfolio", "-k", "3", "--method", "routing"], ["geometry"], ["map", "--out", str(tmp_path / "map.png")],
+        ["mark-unavailable", "gemma-7b"], ["mark-available", "gemma-7b"],
+        ["endpoints", "set", "gemma-7b", "--base-url", "http://127.0.0.1:9/v1"], ["endpoints"],
+        ["endpoints", "remove", "gemma-7b"],
+        ["vectors", "export", str(tmp_path / "v.parquet")], ["vectors", "import", str(tmp_path / "v.parquet")],
+        ["evaluate"],
+        ["route", "--frontier", "--split", "test", "--cost-by", "params", "--out", str(tmp_path / "f.png")],
+        ["draw-splits", "--by", "category", "--test-categories", "math"], ["onboard"],
+        ["train", "--steps", "2", "--epochs", "1"],
+        ["db", "current"], ["db", "downgrade", "0005"], ["db", "upgrade"],
+    ]
+    for args in commands:
+        out = CliRunner().invoke(cli, ["--db", url, *args])
+        assert out.exit_code == 0, (args, out.output[-500:], out.exception)

@@ -163,3 +163,43 @@ def test_an_onboarding_waits_for_the_other_process_and_does_not_redo_its_job(pg_
                                             ON m.id = v.model_id WHERE m.name = 'twin' ORDER BY 1""")] == [1, 2]
             assert tx.sql("""SELECT count(*) FROM onboarding_jobs j LEFT JOIN onboarding_results r ON r.job_id = j.id
                              WHERE r.job_id IS NULL""")[0][0] == 0
+
+
+def test_the_same_new_model_registered_through_both_replicas_at_once(pg_server, pg_base, tmp_path):
+    """Deterministic: another process's transaction creates model 'newcomer' and is held open while this replica's
+    writer stages a registration of the same new name; that waits on the unique name, meets a unique violation
+    when the other commits, and is staged once more, as an addition: both acknowledged, versions 1 and 2."""
+    from registry import registration
+
+    regs, servings = _two(pg_server, pg_base)
+    try:
+        with regs[0].store.tx() as tx:
+            qids = [r[0] for r in tx.sql("""SELECT q.external_id FROM queries q LEFT JOIN query_splits s
+                                            ON s.query_id = q.id WHERE coalesce(s.split, '') <> 'test'
+                                            ORDER BY q.id""")]
+        out, errors = [], []
+
+        def through_b() -> None:
+            try:
+                out.append(servings[1].register("newcomer", _rows_file(tmp_path, "b", qids[64:96], 1),
+                                                {"params_b": 7}))
+            except Exception as exc:
+                errors.append(repr(exc))
+
+        with Registry(regs[0].path) as other, other.store.tx() as tx:
+            registration.stage(tx, "newcomer", _rows_file(tmp_path, "a", qids[:64], 0), {"params_b": 7})
+            waiting = threading.Thread(target=through_b)
+            waiting.start()
+            waiting.join(timeout=1.5)
+            assert waiting.is_alive()              # B's staging waits for the other transaction's model row
+        waiting.join(timeout=60)
+        assert errors == []
+        assert out[0].evaluations_added == 32
+        with regs[1].store.tx() as tx:
+            versions = [r[0] for r in tx.sql("""SELECT v.version FROM embedding_versions v JOIN models m
+                                                ON m.id = v.model_id WHERE m.name = 'newcomer' ORDER BY 1""")]
+            n = tx.sql("""SELECT count(*) FROM evaluations e JOIN models m ON m.id = e.model_id
+                          WHERE m.name = 'newcomer'""")[0][0]
+        assert n == 96 and versions == list(range(1, len(versions) + 1)) and versions
+    finally:
+        _close(regs, servings)

@@ -13,13 +13,14 @@ version: the lag from acknowledgement to being served there.
 Afterwards: 0 failed requests; for every model its versions are 1..n with no gap or duplicate; every acknowledged
 evaluation is in the database, every reported version exists; no onboarding job is left pending.
 
-    .venv/bin/python bench/replicas.py [--clients 8 --seconds 60]
+    .venv/bin/python bench/replicas.py [--clients 8 --seconds 60] [--writer-nice 0]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import multiprocessing as mp
+import os
 import random
 import socket
 import subprocess
@@ -46,6 +47,8 @@ def main() -> None:
                     help="a DuckDB registry of the same questions whose MiniLM vectors are exported and imported")
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--writer-nice", default=None,
+                    help="REGISTRY_WRITER_NICE for both servers (default: theirs, 10: reads first)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     from registry import Registry
@@ -74,8 +77,9 @@ def main() -> None:
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
                 port = s.getsockname()[1]
+            env = {**os.environ, **({"REGISTRY_WRITER_NICE": args.writer_nice} if args.writer_nice else {})}
             procs.append(subprocess.Popen([sys.executable, "-m", "registry", "--db", url, "serve", "--port", str(port),
-                                           "--token", TOKEN], cwd=ROOT, stdout=subprocess.DEVNULL,
+                                           "--token", TOKEN], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                                           stderr=open(work / f"server-{tag}.log", "w")))
             bases.append(f"http://127.0.0.1:{port}")
         from bench.load import _wait

@@ -12,7 +12,7 @@ from __future__ import annotations
 from . import dialect
 from .store import Tx
 
-POLL_S = 0.25          # how often each replica looks: a write elsewhere is served here within about this + a refresh
+POLL_S = 0.2          # how often each replica looks: a write elsewhere is served here within about this + a refresh
 
 _SQL = """SELECT {parts}, (SELECT {models} FROM models)"""
 _TABLES = ("embedding_versions", "import_batches", "model_availability", "model_endpoints", "encoder_activations",

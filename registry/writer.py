@@ -196,10 +196,12 @@ class Writer:
                     now = self._generation()
                     if now == self.seen:     # the move was this writer's own commit, refreshed meanwhile
                         continue
-                    self._sync_book()
+                    # what routes are served from first (the snapshot; new queries' vectors before it), then
+                    # the answer book (only registration reports read it)
                     if self.on_new_queries and generation.queries_changed(self.seen, now):
                         self.on_new_queries()
                     self.snapshots.refresh(endpoints_changed=True)
+                    self._sync_book()
                     self.seen = now
                     self._stats["follows"] += 1
             except Exception:           # the database away for a moment: look again next time

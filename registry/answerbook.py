@@ -27,17 +27,30 @@ class AnswerBook:
         self.changes = np.zeros(0, dtype=np.int64)             # [M] how often each row was read again
         self.names: dict[int, str] = {}                        # model id -> name (models with answers)
         self.last_batch = -1
+        self.batches_seen: set[int] = set()                    # PostgreSQL: every import batch read (see sync)
         self._cal: dict[tuple, fingerprint.AnswerCalibration] = {}
         self._lock = threading.Lock()                          # sync (the writer) against readers' views
 
     # --- the writer's -------------------------------------------------------------------------------------------
     def sync(self, tx: Tx) -> int:
         """Read again the answers of every model with evaluations newer than the last sync -> how many models."""
-        last = tx.sql("SELECT max(batch_id) FROM evaluations")[0][0]
-        if last is None or last <= self.last_batch:
-            return 0
-        changed = [int(m) for (m,) in tx.sql("SELECT DISTINCT model_id FROM evaluations WHERE batch_id > ?",
-                                             [self.last_batch])]
+        if tx.postgres:
+            new_batches = self._new_batches(tx)
+            if not new_batches:
+                return 0
+            last = max(new_batches)
+            changed = [int(m) for (m,) in tx.sql("""SELECT DISTINCT model_id FROM evaluations
+                                                     WHERE batch_id IN (SELECT unnest(?::INTEGER[]))""",
+                                                  [new_batches])]
+            if not changed:                           # batches of models, queries or splits only
+                self.batches_seen = self.batches_seen | set(new_batches)
+                return 0
+        else:
+            last = tx.sql("SELECT max(batch_id) FROM evaluations")[0][0]
+            if last is None or last <= self.last_batch:
+                return 0
+            changed = [int(m) for (m,) in tx.sql("SELECT DISTINCT model_id FROM evaluations WHERE batch_id > ?",
+                                                 [self.last_batch])]
         rows = evaluations.of_models(tx, changed)
         new_q = np.setdiff1d(np.unique(rows["query_id"]), np.fromiter(self.col, dtype=np.int64, count=len(self.col)))
         test = {int(q) for (q,) in tx.sql("""SELECT query_id FROM query_splits WHERE split = 'test'
@@ -71,8 +84,16 @@ class AnswerBook:
             self.correct, self.row, self.col, self.model_ids, self.test, self.changes = \
                 correct, row, col, ids, test_col, changes
             self.names = {**self.names, **named}
-            self.last_batch = int(last)
+            self.last_batch = max(self.last_batch, int(last))
+            if tx.postgres:
+                self.batches_seen = self.batches_seen | set(new_batches)
         return len(changed)
+
+    def _new_batches(self, tx: Tx) -> list[int]:
+        """PostgreSQL: the committed import batches not read yet. Other processes write to the same database and
+        batch ids come from a sequence, so a batch with a smaller id than the newest seen can commit later: the
+        ids seen are kept (one per import or registration), not just the newest."""
+        return sorted({int(b) for (b,) in tx.sql("SELECT id FROM import_batches")} - self.batches_seen)
 
     # --- what the report reads --------------------------------------------------------------------------------------
     def view(self):

@@ -63,6 +63,8 @@ def calibrate(tx: Tx, sample: int = 128, draws: int = 3, seed: int = 0) -> Calib
     if encoder_id is None:
         return None
     newest = int(tx.sql("SELECT coalesce(max(id), 0) FROM embedding_versions")[0][0])
+    if tx.postgres:    # other processes commit versions too, not in id order: their count as well
+        newest = (newest, int(tx.sql("SELECT count(*) FROM embedding_versions")[0][0]))
     key = (tx.path, encoder_id, newest, sample, draws, seed)
     if key in _calibrations:
         return _calibrations[key]
@@ -134,14 +136,15 @@ def answer_calibration(tx: Tx, exclude: set[int] | None = None) -> AnswerCalibra
     ids in `exclude`, e.g. the model being registered). Kept per process until evaluations change."""
     # only models with MIN_PAIR_SHARED evaluations can form a calibrating pair, so only their evaluations matter:
     # registering a model from fewer (the common case under load) reuses the calibration
-    known = tx.sql("""SELECT model_id, max(batch_id) FROM evaluations GROUP BY model_id
-                      HAVING count(*) >= ? ORDER BY 1""", [MIN_PAIR_SHARED])
+    # (PostgreSQL: other processes commit batches too, not in id order: each model's count of rows as well)
+    known = tx.sql(f"""SELECT model_id, max(batch_id){', count(*)' if tx.postgres else ''} FROM evaluations
+                       GROUP BY model_id HAVING count(*) >= ? ORDER BY 1""", [MIN_PAIR_SHARED])
     # excluding a model that cannot calibrate (the common case: a new model) changes nothing, nor the key
-    exclude = set(exclude or ()) & {int(m) for m, _ in known}
+    exclude = set(exclude or ()) & {int(m[0]) for m in known}
     key = (tx.path, tuple(map(tuple, known)), tuple(sorted(exclude)))
     if key in _answer_cals:
         return _answer_cals[key]
-    ids = ", ".join(str(int(m)) for m, _ in known) or "NULL"
+    ids = ", ".join(str(int(m[0])) for m in known) or "NULL"
     res = tx.numpy(f"""SELECT model_id, query_id, correct::INT AS c FROM {evaluations.CURRENT} e
                               WHERE model_id IN ({ids})""")
     mids, qids = np.unique(res["model_id"]), np.unique(res["query_id"])

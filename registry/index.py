@@ -32,6 +32,7 @@ class VectorIndex:
     stamp: str | None = None      # that version's creation time: tells this database from a rebuilt one
     unsaved: bool = False         # holds versions the sidecar does not (written by `flush`)
     checked: int | None = None    # the open database's versions generation it is known to be current for
+    count: int | None = None      # PostgreSQL: how many versions of the encoder it was built from (see `get`)
     _ids_by_name: dict[str, int] | None = field(default=None, repr=False)  # built on first use
 
     def search(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -54,7 +55,7 @@ class VectorIndex:
         import faiss
 
         return VectorIndex(self.encoder_id, faiss.clone_index(self.index), dict(self.names), self.through_version,
-                           self.stamp, self.unsaved, self.checked)
+                           self.stamp, self.unsaved, self.checked, self.count)
 
     @property
     def size(self) -> int:
@@ -116,7 +117,16 @@ def get(tx: Tx, db_path: str, encoder_id: int, as_of: str | None = None) -> Vect
     if vi is not None and vi.checked == generation:
         return vi                      # no version was written since it was last brought up to date
     vi = vi or _from_sidecar(tx, db_path, encoder_id)
-    newest = tx.sql("SELECT coalesce(max(id), 0) FROM embedding_versions WHERE encoder_id = ?", [encoder_id])[0][0]
+    if tx.postgres:
+        # other processes append versions too, and a smaller id may commit after a larger one (reading only ids
+        # above the newest applied would miss it): when the count moved, rebuild (one vector per model: cheap)
+        newest, count = tx.sql("SELECT coalesce(max(id), 0), count(*) FROM embedding_versions WHERE encoder_id = ?",
+                               [encoder_id])[0]
+        if count != vi.count:
+            vi = VectorIndex(encoder_id, new_index(), {}, 0)
+    else:
+        newest = tx.sql("SELECT coalesce(max(id), 0) FROM embedding_versions WHERE encoder_id = ?",
+                        [encoder_id])[0][0]
     if vi.through_version > newest:
         vi = VectorIndex(encoder_id, new_index(), {}, 0)
     if newest > vi.through_version:
@@ -131,6 +141,8 @@ def get(tx: Tx, db_path: str, encoder_id: int, as_of: str | None = None) -> Vect
         vi.stamp = tx.sql("SELECT created::VARCHAR FROM embedding_versions WHERE id = ?", [newest])[0][0]
         _save(vi, _sidecar(db_path, encoder_id))
     vi.checked = generation
+    if tx.postgres:
+        vi.count = count
     tx.cache[("index", encoder_id)] = vi
     return vi
 

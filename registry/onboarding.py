@@ -90,6 +90,11 @@ def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool
     jobs = pending(tx)
     if not jobs:
         return []
+    done_elsewhere: dict[int, JobOutcome] = {}
+    if tx.postgres:      # other processes (server replicas, CLI runs) onboard the same database at the same time
+        jobs, done_elsewhere = _lock_models(tx, jobs)
+        if not jobs:
+            return list(done_elsewhere.values())
     model, meta = encoders.load(tx, encoder_id)
     model_ids = sorted({j[1] for j in jobs})
     stability = stability and len(model_ids) <= FUSE_STABILITY_MAX
@@ -165,7 +170,39 @@ def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool
                     st.latest_version = outcomes[v.model_id].version
                     st.by_encoder[encoder_id] = (st.latest_version, sets[v.model_id][1])
         tx.after_commit(update_states)
-    return [outcomes[m] for m in model_ids]
+    return [outcomes[m] for m in model_ids] + [o for m, o in done_elsewhere.items() if m not in outcomes]
+
+
+LOCK_SPACE = 0x4C4F      # pg_advisory_xact_lock(LOCK_SPACE, model id): one model's version numbering
+
+
+def _lock_models(tx: Tx, jobs: list) -> tuple[list, dict[int, "JobOutcome"]]:
+    """PostgreSQL: hold each pending model's onboarding lock until this transaction ends (a transaction-level
+    advisory lock per model, taken in id order so two onboardings never wait on each other in a cycle; staging
+    writes take none, so they never wait on it). Then read the pending jobs again: a job another process finished
+    while this one waited is not done twice (its outcome is read back), and a job it committed meanwhile for a
+    locked model is taken too. Versions are numbered from what is committed once the lock is held (model_states
+    reads them again on PostgreSQL), so two replicas never write the same version number (the unique
+    (model_id, version) constraint would refuse the second; it never has to)."""
+    first = {j[0]: j[1] for j in jobs}
+    mids = sorted(set(first.values()))
+    tx.sql("""SELECT pg_advisory_xact_lock(?::INTEGER, m)::VARCHAR FROM
+              (SELECT m FROM unnest(?::INTEGER[]) AS t(m) ORDER BY m) s""", [LOCK_SPACE, mids])
+    locked = set(mids)
+    now = [j for j in pending(tx) if j[1] in locked]
+    gone = sorted(set(first) - {j[0] for j in now})
+    elsewhere: dict[int, JobOutcome] = {}
+    if gone:    # finished by another process: what it did, newest job per model
+        for job_id, model_id, name, outcome, version, n in tx.sql("""
+                SELECT r.job_id, j.model_id, m.name, r.outcome, v.version, v.n_evaluations
+                FROM onboarding_results r JOIN onboarding_jobs j ON j.id = r.job_id JOIN models m ON m.id = j.model_id
+                LEFT JOIN embedding_versions v ON v.id = r.version_id
+                WHERE r.job_id IN (SELECT unnest(?::INTEGER[])) ORDER BY r.job_id""", [gone]):
+            if version is None:      # unchanged or too few: the model's newest version, as this process reports it
+                version, n = (tx.sql("SELECT max(version), NULL FROM embedding_versions WHERE model_id = ?",
+                                     [model_id])[0])
+            elsewhere[model_id] = JobOutcome(name, outcome, version, n or 0)
+    return now, {m: o for m, o in elsewhere.items() if m not in {j[1] for j in now}}
 
 
 def estimate_stability(tx: Tx) -> dict[int, float]:
@@ -207,7 +244,9 @@ def _write_stability(tx: Tx, estimates: dict[int, float]) -> None:
         return
     with tx.table("_stability", pa.table({"version_id": pa.array(list(estimates), pa.int64()),
                                           "stability": pa.array(list(estimates.values()), pa.float64())})):
-        tx.sql("INSERT INTO version_stability (version_id, stability) SELECT version_id, stability FROM _stability")
+        # (PostgreSQL: another replica may have estimated the same version at the same time; the first one stays)
+        tx.sql("INSERT INTO version_stability (version_id, stability) SELECT version_id, stability FROM _stability"
+               + (" ON CONFLICT DO NOTHING" if tx.postgres else ""))
 
 
 def recompute(tx: Tx, version_id: int) -> tuple[np.ndarray, np.ndarray, bool]:

@@ -37,7 +37,9 @@ class ModelState:
 def model_states(tx: Tx, model_ids) -> dict[int, ModelState]:
     """Kept per open database: versions are appended only by `run_pending`, which updates the states it changes
     when it commits, and a model created by an import starts with none (`new_models`); others are read once."""
-    known = tx.cache.get("model_states", {})
+    # (on PostgreSQL another process may have appended versions since any read: always read again, which
+    # onboarding does only once it holds the models' locks)
+    known = tx.cache.get("model_states", {}) if not tx.postgres else {}
     missing = sorted({int(m) for m in model_ids} - known.keys())
     found: dict[int, ModelState] = {}
     if missing:

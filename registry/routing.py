@@ -98,6 +98,12 @@ _KEY_SQL = """SELECT (SELECT coalesce(max(id), 0) FROM encoder_activations),
 
 
 def _key_sql(db: str) -> str:
+    if db == "postgresql":      # other processes commit versions too, not in id order: their counts as well
+        # (before the splits' digest: `_build` takes the key's second-to-last item as that digest)
+        return _KEY_SQL.replace("(SELECT count(*) FROM version_stability),",
+                                "(SELECT count(*) FROM version_stability), (SELECT count(*) FROM embedding_versions),"
+                                " (SELECT count(*) FROM model_availability),").format(
+            models=dialect.xor_hash(db, "id, name, cost, params_b"), splits=dialect.xor_hash(db, "query_id, split"))
     return _KEY_SQL.format(models=dialect.xor_hash(db, "id, name, cost, params_b"),
                            splits=dialect.xor_hash(db, "query_id, split"))
 

@@ -45,6 +45,9 @@ def _cached(reg, what: str, build):
     """A value derived from the registry, kept until what it depends on changes (_KEYS)."""
     with reg.store.tx() as tx:
         sql = re.sub(r"\{h:([^}]*)\}", lambda m: dialect.xor_hash(tx.dialect, m.group(1)), _KEYS[what])
+        if tx.postgres:   # other processes commit too, not in id order: the counts as well as the newest ids
+            sql += (", (SELECT count(*) FROM embedding_versions), (SELECT count(*) FROM import_batches),"
+                    " (SELECT count(*) FROM model_availability)")
         key = (reg.path, what) + tuple(tx.sql(sql)[0])
     with _cache_lock:
         if key in _cache:

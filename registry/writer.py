@@ -12,6 +12,11 @@ in one transaction (group commit), onboards, then swaps in a new snapshot (snaps
   (`stats()["longest_cycle_ms"]`; the README states it, tests/test_serving_crash.py checks it with a real SIGKILL);
   acknowledged writes are never lost.
 - Other writes (availability, endpoints) run whole, in turn (`run`).
+- On PostgreSQL other processes (another replica, a CLI import) write to the same database: a follower thread reads
+  the database's generation (generation.py) every POLL_S, and when it moved past what this server last read, it
+  syncs the answer book, reloads the stored text vectors if queries were added, and swaps in a new snapshot itself
+  (reads only; the writer's refresh takes the same lock). The writer notes the generation it read before each
+  refresh of its own, so its own writes cost no second refresh.
 """
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import registration, routing, vectors
+from . import generation, registration, routing, vectors
 from .answerbook import AnswerBook
 
 LOG_FLUSH_S = 0.1           # the longest an idle writer leaves routing-log rows in memory
@@ -59,12 +64,20 @@ class Writer:
                        "stage_ms": 0.0, "onboard_ms": 0.0, "refresh_ms": 0.0,     # totals: where the cycles go
                        "register_wait_ms": 0.0, "report_ms": 0.0,                 # and a registration's time
                        "refits": 0}
+        self._stats["follows"] = 0      # refreshes for writes of other processes (PostgreSQL)
+        self._refresh_lock = threading.Lock()     # one snapshot refresh at a time (the writer's, the follower's)
         reg._finish_pending()        # a crash may have left onboarding jobs behind
         self.book = AnswerBook()     # every model's current answers: what a registration's report compares
+        # the database's generation that the snapshot and the book reflect (PostgreSQL: none yet, so the follower's
+        # first look refreshes once: the snapshot was read before `_finish_pending` above)
+        self.seen: tuple = ()
         self._sync_book()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="registry-writer")
         self._thread.start()
         threading.Thread(target=self._refitter, daemon=True, name="registry-refitter").start()
+        if reg.store.dialect == "postgresql":
+            self.poll_s = generation.POLL_S
+            threading.Thread(target=self._follower, daemon=True, name="registry-follower").start()
 
     # --- what request threads call --------------------------------------------------------------------------------
     def register(self, name: str, evals: str, metadata: dict, update: bool = False, k: int = 5):
@@ -162,6 +175,39 @@ class Writer:
                 if not self._stopping:
                     traceback.print_exc(file=sys.stderr)
 
+    def _generation(self) -> tuple:
+        if self.reg.store.dialect != "postgresql":
+            return ()            # DuckDB: this process holds the file's lock, no other process writes
+        with self.reg.store.tx() as tx:
+            return generation.read(tx)
+
+    def _follower(self) -> None:
+        """PostgreSQL: look at the generation every poll_s; when another process moved it, sync the answer book,
+        reload the stored text vectors if queries were added, and swap in a new snapshot. In this thread (reads
+        only, at the readers' priority), not the writer's: a refresh for another replica's write never waits
+        behind this server's own registrations. The writer's refresh takes the same lock, so snapshots are
+        swapped in the order they were read."""
+        while not self._stopping:
+            time.sleep(self.poll_s)
+            try:
+                if self._generation() == self.seen or self._stopping:
+                    continue
+                with self._refresh_lock:
+                    now = self._generation()
+                    if now == self.seen:     # the move was this writer's own commit, refreshed meanwhile
+                        continue
+                    # what routes are served from first (the snapshot; new queries' vectors before it), then
+                    # the answer book (only registration reports read it)
+                    if self.on_new_queries and generation.queries_changed(self.seen, now):
+                        self.on_new_queries()
+                    self.snapshots.refresh(endpoints_changed=True)
+                    self._sync_book()
+                    self.seen = now
+                    self._stats["follows"] += 1
+            except Exception:           # the database away for a moment: look again next time
+                if not self._stopping:
+                    traceback.print_exc(file=sys.stderr)
+
     def _sync_book(self) -> None:
         with self.reg.store.tx() as tx:
             self.book.sync(tx)
@@ -199,11 +245,15 @@ class Writer:
                 for j in done:
                     j.future.set_exception(exc)
                 return
-        self._sync_book()
-        t2 = time.perf_counter()
-        if self.on_new_queries and any(j.kind == "register" and staged[id(j)].queries_added for j in done):
-            self.on_new_queries()
-        self.snapshots.refresh(endpoints_changed=any(j.kind == "run" for j in done))
+        with self._refresh_lock:
+            now = self._generation()     # (before the reads below: a commit after it moves it again)
+            self._sync_book()
+            t2 = time.perf_counter()
+            if self.on_new_queries and (any(j.kind == "register" and staged[id(j)].queries_added for j in done)
+                                        or (now and generation.queries_changed(self.seen, now))):
+                self.on_new_queries()
+            self.snapshots.refresh(endpoints_changed=any(j.kind == "run" for j in done) or bool(now))
+            self.seen = now
         t3 = time.perf_counter()
         for key, dt in (("stage_ms", t1 - t0), ("onboard_ms", t2 - t1), ("refresh_ms", t3 - t2)):
             self._stats[key] = round(self._stats[key] + 1000 * dt, 1)
@@ -213,9 +263,11 @@ class Writer:
             value = staged[id(j)]
             j.future.set_result((value, outcomes.get(value.name)) if j.kind == "register" else value)
 
-    def _stage(self, regs: list[_Job], rows: list[tuple], vecs: dict) -> dict:
+    def _stage(self, regs: list[_Job], rows: list[tuple], vecs: dict, retry: bool = True) -> dict:
         """Stage every registration and the log rows in one transaction; when that fails, each alone. -> {id(job):
-        registration.Staged} for the jobs that committed (the others' futures carry their error)."""
+        registration.Staged} for the jobs that committed (the others' futures carry their error). Alone, a
+        conflict with another process's commit (PostgreSQL: the same new model name registered through another
+        replica at the same instant) is tried once more: it then finds the model that one committed."""
         try:
             with self.reg.store.tx() as tx:
                 out = dict(zip(map(id, regs), registration.stage_group(tx, [j.args for j in regs])))
@@ -224,6 +276,8 @@ class Writer:
             return out
         except Exception as exc:
             if len(regs) + bool(rows) <= 1:
+                if retry and _conflict(exc):
+                    return self._stage(regs, rows, vecs, retry=False)
                 for j in regs:
                     j.future.set_exception(exc)
                 if rows:
@@ -241,3 +295,10 @@ class Writer:
         routing.append_log(tx, rows)
         if vecs:
             vectors.insert(tx, list(vecs), np.stack(list(vecs.values())))
+
+
+def _conflict(exc: BaseException) -> bool:
+    """A PostgreSQL error that another transaction's commit caused, which a retry may not meet again: unique
+    violation, serialization failure, deadlock."""
+    code = getattr(getattr(exc, "orig", None), "sqlstate", None) or getattr(exc, "sqlstate", None)
+    return code in ("23505", "40001", "40P01")

@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "registry"
 # Lowest first. A module may import modules of its own layer or of lower ones.
 LAYERS = [
     ("foundation", {"errors", "textvec", "schema", "dialect", "store", "dbcopy"}),
-    ("stored rules", {"evaluations", "outbox", "availability", "endpoints", "querycache"}),
+    ("stored rules", {"evaluations", "outbox", "availability", "endpoints", "querycache", "generation"}),
     ("files in", {"ingest", "splits", "vectors", "route_files"}),
     ("the network", {"encoder", "checkpoint", "encoders"}),
     ("embedding", {"embedding", "index", "evidence"}),

@@ -170,7 +170,9 @@ def pg_base(pg_server, small_data) -> str:
     return "base"
 
 
-@pytest.fixture(params=["duckdb", "postgres"])
+# PostgreSQL variants are in the slow tier: they start a server and copy databases, and the fast tier (the inner
+# loop) stays under a minute on DuckDB; the README's test command runs both
+@pytest.fixture(params=["duckdb", pytest.param("postgres", marks=pytest.mark.slow)])
 def backend(request) -> str:
     """Which database a parametrised test runs on."""
     return request.param

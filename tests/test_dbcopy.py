@@ -20,6 +20,8 @@ from registry.store import Store
 
 from .conftest import any_snapshot, snapshot
 
+pytestmark = pytest.mark.slow     # PostgreSQL: the full suite runs it, the fast tier stays on DuckDB
+
 MODELS = ("gpt-4o-2024-05-13", "gemma-7b", "Llama-2-7b-hf")
 
 

@@ -14,6 +14,8 @@ from registry.store import Store, head_revision
 
 from .conftest import start_server
 
+pytestmark = pytest.mark.slow     # PostgreSQL: the full suite runs it, the fast tier stays on DuckDB
+
 MODELS = ("gpt-4o-2024-05-13", "gemma-7b", "Llama-2-7b-hf", "DeepSeek-Coder-V2")
 
 

@@ -11,10 +11,14 @@ import random
 import threading
 import time
 
+import pytest
+
 from registry import Registry
 from registry.serving import Serving
 
 from .conftest import _pg_names
+
+pytestmark = pytest.mark.slow     # PostgreSQL: the full suite runs it, the fast tier stays on DuckDB
 
 
 def _rows_file(tmp_path, name: str, qids: list[str], seed: int) -> str:

@@ -59,6 +59,7 @@ def pg_catalog(url) -> dict:
         return {"columns": cols, "constraints": cons, "sequences": seqs}
 
 
+@pytest.mark.slow
 def test_migrated_schema_equals_orm_metadata_on_postgres(pg_server):
     migrated = pg_server.create_db("schema_migrated")
     Store(migrated).close()

@@ -21,7 +21,7 @@ Q = "What is the derivative of x^2 with respect to x?"
 pytestmark = pytest.mark.slow     # a real server process, and routes of new texts (MiniLM)
 
 
-@pytest.fixture(scope="module", params=["duckdb", "postgres"])
+@pytest.fixture(scope="module", params=["duckdb", pytest.param("postgres", marks=pytest.mark.slow)])
 def server(request, base_db, tmp_path_factory):
     """A server on a copy of the session's registry, on each backend (DuckDB file, PostgreSQL database)."""
     if request.param == "duckdb":

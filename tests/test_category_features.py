@@ -107,6 +107,7 @@ def _toy(seed: int = 0):
 TOY = EncoderConfig(d_query=16, d_model=32, n_inducing=8, n_heads=4, n_isab=2, d_hidden=16, dropout=0.0)
 
 
+@pytest.mark.slow     # trains or starts a process: seconds, the full suite runs it
 def test_training_fits_category_rows_on_top_of_the_text_only_model():
     """With category features every weight but the category rows is the text-only run's (nothing before the last
     stage reads the categories); the rows give each training model its fitted offset on each category, so model 0
@@ -202,6 +203,7 @@ def test_registry_routes_with_categories_and_without(db_copy, tmp_path):
         np.testing.assert_allclose(raw, model.scorer(st.z)(q), atol=1e-6)
 
 
+@pytest.mark.slow     # trains or starts a process: seconds, the full suite runs it
 @pytest.mark.parametrize("field", ["category", "source"])
 def test_train_category_features_flag(db_copy, field):
     res = CliRunner().invoke(cli, ["--db", str(db_copy), "train", "--category-features", "--category-field", field,

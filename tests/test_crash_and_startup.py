@@ -75,6 +75,7 @@ def test_help_and_read_commands_do_not_import_heavy_libraries(db_copy):
     assert out.stdout.strip() == ""
 
 
+@pytest.mark.slow     # trains or starts a process: seconds, the full suite runs it
 def test_python_dash_m_runs(tmp_path):
     db = tmp_path / "x.duckdb"
     out = subprocess.run([sys.executable, "-m", "registry", "--db", str(db), "db", "upgrade"],

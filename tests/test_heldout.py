@@ -86,6 +86,7 @@ def test_held_out_refuses_what_it_cannot_do(db_copy):
         reg.evaluate(held_out=2, sample_efficiency=True)
 
 
+@pytest.mark.slow     # trains or starts a process: seconds, the full suite runs it
 def test_hidden_answers_never_reach_a_method_and_every_method_reads_the_drawn_rows(small, seed_run):
     data, report, probs, held, rows = seed_run
     tr, va, te = (data.splits[s] for s in ("train", "val", "test"))

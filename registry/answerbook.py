@@ -46,11 +46,13 @@ class AnswerBook:
                 self.batches_seen = self.batches_seen | set(new_batches)
                 return 0
         else:
-            last = tx.sql("SELECT max(batch_id) FROM evaluations")[0][0]
-            if last is None or last <= self.last_batch:
+            # (batches only grow: the models of the newer ones, and the newest, in one read)
+            newer = tx.sql("SELECT model_id, max(batch_id) FROM evaluations WHERE batch_id > ? GROUP BY model_id",
+                           [self.last_batch])
+            if not newer:
                 return 0
-            changed = [int(m) for (m,) in tx.sql("SELECT DISTINCT model_id FROM evaluations WHERE batch_id > ?",
-                                                 [self.last_batch])]
+            last = max(b for _, b in newer)
+            changed = [int(m) for m, _ in newer]
         rows = evaluations.of_models(tx, changed)
         new_q = np.setdiff1d(np.unique(rows["query_id"]), np.fromiter(self.col, dtype=np.int64, count=len(self.col)))
         test = {int(q) for (q,) in tx.sql("""SELECT query_id FROM query_splits WHERE split = 'test'

@@ -117,16 +117,20 @@ class Registry:
 
     # --- onboarding and versions ------------------------------------------------------------------------------
     def onboard(self, all_models: bool = False, stability: bool = True,
-                seconds: dict | None = None) -> list[onboarding.JobOutcome]:
+                seconds: dict | None = None, sweep: bool = True) -> list[onboarding.JobOutcome]:
         """Run every pending onboarding job (`all_models`: re-embed every model) and write the new versions; then,
         unless `stability` is False, estimate the stability of every version still without one. `seconds`, if
-        given, gets how long each step took ("onboarding": versions committed and indexed; "stability")."""
+        given, gets how long each step took ("onboarding": versions committed and indexed; "stability"). Without
+        `sweep` (a server's writer, after every commit) that last pass runs only when a new version lacks its
+        estimate: small onboardings estimate theirs with their versions, and older versions were swept when the
+        server started."""
         seconds = {} if seconds is None else seconds
         started = time.perf_counter()
         with self.store.tx() as tx:
             outcomes = onboarding.run_pending(tx, self.min_evaluations, all_models=all_models, stability=stability)
         seconds["onboarding"] = round(time.perf_counter() - started, 3)
-        if stability:    # the new versions have theirs (run_pending); any older version still without one
+        if stability and (sweep or any(o.version_id is not None and o.stability is None for o in outcomes)):
+            # the new versions have theirs (run_pending); any older version still without one
             started = time.perf_counter()
             estimates = self.estimate_stability()
             for o in outcomes:

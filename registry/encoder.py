@@ -227,7 +227,8 @@ class LocusModel(nn.Module):
         zd = zt.double().numpy()
         a = zd @ w["w_z.weight"].T + w["w_z.bias"]                                # [M,Hd]
         M, Hd = a.shape
-        zw = (zd[:, None, :] * w["w_zu.weight"][None]).reshape(M * Hd, -1)       # [M*Hd,D]
+        Wzu = w["w_zu.weight"]                                                    # [Hd,D]
+        zw = []        # z's side of w_zu(z * u) [M*Hd,D]: built on the first batch of more queries than models
         Wq, bq, Wu = w["q_proj.weight"], w["q_proj.bias"], w["w_u.weight"]
         head, hb = w["head.weight"][0], float(w["head.bias"][0])
         qb = (w["q_bias.weight"][0], float(w["q_bias.bias"][0])) if self.cfg.query_bias else None
@@ -239,7 +240,17 @@ class LocusModel(nn.Module):
             ids = self.category_ids(categories)
             for s in range(0, len(q), chunk):
                 u = np.asarray(q[s:s + chunk], dtype=np.float64) @ Wq.T + bq     # [n,D]
-                pre = (zw @ u.T).reshape(M, Hd, -1) + a[:, :, None] + (u @ Wu.T).T[None]
+                n = len(u)
+                # w_zu(z * u)[m,h,n] = sum_d z[m,d] Wzu[h,d] u[n,d]: the same sum grouped on the smaller side, so a
+                # server's scorer (hundreds of models, a few queries per route, one scorer per snapshot) never
+                # builds the [M*Hd,D] block, and an evaluation's (thousands of queries) builds it once
+                if zw or n > M:
+                    if not zw:
+                        zw.append((zd[:, None, :] * Wzu[None]).reshape(M * Hd, -1))
+                    zu = (zw[0] @ u.T).reshape(M, Hd, n)                          # [M,Hd,n]
+                else:
+                    zu = (zd @ (u[:, None, :] * Wzu[None]).reshape(n * Hd, -1).T).reshape(M, n, Hd).transpose(0, 2, 1)
+                pre = zu + a[:, :, None] + (u @ Wu.T).T[None]
                 o = np.einsum("mhn,h->mn", np.maximum(pre, 0.0), head) + hb
                 if qb is not None:
                     o = o + (u @ qb[0] + qb[1])[None]

@@ -493,7 +493,7 @@ BITMAP_BITS = 1 << 31
 
 
 def append_evaluations(tx: Tx, cols: Columns, batch_id: int, result: ImportResult,
-                       model: str | None = None) -> bool:
+                       model: str | None = None, evaluated: list[int] | None = None) -> bool:
     """The bulk path for an evaluations file: read by DuckDB straight into `evaluations` (one INSERT ... SELECT
     joining the models and queries, no stage table), with the checks done as aggregates over the file and over the
     rows appended. -> False, having written nothing, when the file has any problem (a bad or empty value, an
@@ -501,7 +501,8 @@ def append_evaluations(tx: Tx, cols: Columns, batch_id: int, result: ImportResul
     `import_evaluations`), which finds the first bad row and names its line; a row DuckDB cannot read at all is
     an InputError here, with the line its reader names. Same outcome
     as the careful path: new models registered, only new or changed results appended, identical repeats collapsed,
-    differing repeats an error."""
+    differing repeats an error. `evaluated`, when the caller knows every model of the file exists: the ids of
+    those with evaluations (two statements fewer: a server's registrations)."""
     e = cols.exprs
     dtype = cols.types[cols.chosen["correct"]][1] if "correct" in cols.chosen else "VARCHAR"
     raw = _ident(cols.types[cols.chosen["correct"]][0]) if "correct" in cols.chosen else e["correct"]
@@ -525,15 +526,17 @@ def append_evaluations(tx: Tx, cols: Columns, batch_id: int, result: ImportResul
           [qids]):
         return False
     names = [m for m, *_ in per_model]
-    new_models = tx.sql("""INSERT INTO models (name, tags)
-                           SELECT name, '{}'::JSON FROM (SELECT unnest(?::VARCHAR[]) AS name) n
-                           WHERE name NOT IN (SELECT name FROM models) ORDER BY name RETURNING id, name""", [names])
-    outbox.new_models(tx, new_models)
-    result.models_added += len(new_models)
+    if evaluated is None:
+        new_models = tx.sql("""INSERT INTO models (name, tags)
+                               SELECT name, '{}'::JSON FROM (SELECT unnest(?::VARCHAR[]) AS name) n
+                               WHERE name NOT IN (SELECT name FROM models) ORDER BY name RETURNING id, name""", [names])
+        outbox.new_models(tx, new_models)
+        result.models_added += len(new_models)
     # only what differs from a model's current (newest) evaluation is appended: compared for the file's models that
     # have evaluations already (new models have none; comparing against every model's would read them all)
-    known = [r[0] for r in tx.sql("""SELECT DISTINCT e.model_id FROM evaluations e JOIN models m ON m.id = e.model_id
-                                     WHERE m.name IN (SELECT unnest(?::VARCHAR[]))""", [names])]
+    known = evaluated if evaluated is not None else [r[0] for r in tx.sql(
+        """SELECT DISTINCT e.model_id FROM evaluations e JOIN models m ON m.id = e.model_id
+           WHERE m.name IN (SELECT unnest(?::VARCHAR[]))""", [names])]
     changed = f"""LEFT JOIN {evaluations.current(model_ids=known)} cur ON cur.model_id = m.id AND cur.query_id = q.id
                   WHERE cur.correct IS DISTINCT FROM f.c""" if known else ""
     _mirror(tx, "models")
@@ -868,6 +871,40 @@ def _record_batch(tx: Tx, batch_id: int, files: dict[str, str], digest: str, res
     tx.sql("INSERT INTO import_batches (id, files, row_counts, digest) VALUES (?, ?, ?, ?)",
                     [batch_id, json.dumps({k: str(Path(v).resolve()) for k, v in files.items()}),
                      json.dumps(counts), digest])
+
+
+def run_rows_import(tx: Tx, model: list[str], qid: list[str], correct: list[bool], label: str,
+                    evaluated: list[int]) -> ImportResult | None:
+    """An evaluations import of rows already in memory (a server's registrations: model, query id and result per
+    row), by the same bulk path and checks as a file's (`append_evaluations`), read from an Arrow table instead of a
+    file DuckDB would parse again. -> None, having written nothing, when a row has a problem (the caller then
+    imports from a file, which names the line). `label` is what the batch records as its file. Every model must
+    exist already; `evaluated`: the ids of those with evaluations."""
+    # (no lookup of an earlier batch with the same digest, as files have: rows seen before append nothing anyway)
+    digest = hashlib.sha256(json.dumps([model, qid, correct]).encode()).hexdigest()
+    batch_id = int(tx.sql("SELECT nextval('import_batches_id_seq')")[0][0])
+    result = ImportResult(batch_id=batch_id)
+    rows = pa.table({"model": pa.array(model, pa.string()), "question_id": pa.array(qid, pa.string()),
+                     "correct": pa.array(correct, pa.bool_())})
+    cols = Columns(label, "arrow", "_rows_in", {c: (c, t) for c, t in (("model", "VARCHAR"), ("question_id", "VARCHAR"),
+                                                                       ("correct", "BOOLEAN"))},
+                   {"model": "model", "qid": "question_id", "correct": "correct"},
+                   {"model": "model", "qid": "question_id", "correct": "correct"})
+    tx.stage.register("_rows_in", rows)      # (the stage reads it: the registry's own connection on DuckDB)
+    try:
+        if not append_evaluations(tx, cols, batch_id, result, evaluated=evaluated):
+            return None
+    finally:
+        tx.stage.unregister("_rows_in")
+    if not (result.models_added or result.evaluations_added):       # a no-op import leaves no trace
+        result.batch_id = None
+        return result
+    tx.sql("INSERT INTO import_batches (id, files, row_counts, digest) VALUES (?, ?, ?, ?)",
+           [batch_id, json.dumps({"evaluations": label}), json.dumps({
+               "models_added": result.models_added, "models_updated": 0, "queries_added": 0,
+               "evaluations_read": result.evaluations_read, "evaluations_added": result.evaluations_added,
+               "splits_set": 0}), digest])
+    return result
 
 
 def run_model_import(tx: Tx, model: str, path: str, progress: bool = False) -> ImportResult:

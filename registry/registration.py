@@ -77,25 +77,22 @@ def stage_group(tx: Tx, jobs: list[tuple]) -> list[Staged]:
 
 
 def _stage_together(tx: Tx, jobs: list[tuple], rows: list[list[dict]], at: list[int]) -> dict[int, Staged]:
-    import json
-    import os
-    import tempfile
-
     names = [j[0] for j in jobs]
-    known = {r[0] for r in tx.sql("SELECT name FROM models WHERE name IN (SELECT unnest(?::VARCHAR[]))", [names])}
-    had_results = {r[0] for r in tx.sql("""SELECT DISTINCT m.name FROM models m JOIN evaluations e ON e.model_id = m.id
-                                           WHERE m.name IN (SELECT unnest(?::VARCHAR[]))""", [sorted(known)])} if known else set()
+    # the group's models that exist (name -> id, whether they have results), in one read
+    found = tx.sql("""SELECT m.id, m.name, EXISTS (SELECT 1 FROM evaluations e WHERE e.model_id = m.id) FROM models m
+                      WHERE m.name IN (SELECT unnest(?::VARCHAR[]))""", [names])
+    known = {name for _, name, _ in found}
+    had_results = {name for _, name, has in found if has}
     ingest.insert_new_models(tx, {name: metadata for name, _, metadata, _ in jobs if name not in known})
     changes = [_metadata(tx, name, metadata, update) if name in known else {}
                for name, _, metadata, update in jobs]
-    fd, path = tempfile.mkstemp(suffix=".jsonl", prefix="registrations-")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for name, model_rows in zip(names, rows):
-                f.writelines(json.dumps({"model": name, **r}) + "\n" for r in model_rows)
-        imported = ingest.run_import(tx, {"evaluations": path}, embed_texts=False)
-    finally:
-        os.unlink(path)
+    imported = ingest.run_rows_import(
+        tx, [name for name, model_rows in zip(names, rows) for _ in model_rows],
+        [r["question_id"] for model_rows in rows for r in model_rows],
+        [bool(r["correct"]) for model_rows in rows for r in model_rows], f"{len(jobs)} registrations",
+        evaluated=[int(i) for i, _, has in found if has])
+    if imported is None:      # a row with a problem: the writer stages each registration alone, naming its line
+        raise InputError("a registration of the group has a bad row")
     added = {} if imported.already_imported or imported.batch_id is None else imported.added_by_model
     return {i: Staged(name, ch, added.get(name, 0), 0,
                       _changed_results(tx, name, imported.batch_id, update, evals) if name in had_results else 0)

@@ -239,7 +239,7 @@ class Writer:
         outcomes = {}
         if any(j.kind == "register" for j in done):
             try:
-                outcomes = {o.model: o for o in self.reg.onboard()}
+                outcomes = {o.model: o for o in self.reg.onboard(sweep=False)}
             except Exception as exc:   # the rows are committed; pending jobs finish on the next onboarding
                 traceback.print_exc(file=sys.stderr)
                 for j in done:

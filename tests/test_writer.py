@@ -68,8 +68,8 @@ def test_a_group_leaves_the_rows_one_at_a_time_would(db_copy, tmp_path):
     assert all(s.evaluations_added == 60 for s in grouped[:3])
 
 
-def test_a_bad_registration_in_a_group_is_refused_alone(db_copy, tmp_path):
-    with Registry(db_copy) as reg:
+def test_a_bad_registration_in_a_group_is_refused_alone(any_db, tmp_path):
+    with Registry(any_db) as reg:
         qids = _qids(reg)
         serving = Serving(reg)
         serving.writer.refit_every_s = 1e9  # no refit of routing's terms in between (its job would count below)

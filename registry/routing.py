@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -147,6 +148,53 @@ def _build(tx: Tx, key: tuple, db_path: str, refit: bool = True) -> State:
                  vecs, np.array([_nan(meta[m][0]) for m in mids.tolist()], dtype=np.float64),
                  np.array([_nan(meta[m][1]) for m in mids.tolist()], dtype=np.float64), ev, down,
                  score, frozenset(m[2] for m in meta.values()), served, fitted, category_of)
+
+
+def with_new_versions(tx: Tx, st: State, db_path: str, registered: set[str] = frozenset()) -> State:
+    """`st` brought up to date after commits that only appended embedding versions (and created the models they are
+    of: a server's registrations), reading only those versions, the newest per model under st's encoder past st's
+    newest id, with their models' cost and size. The rest is st's: encoder, availability, splits, the other
+    models' versions and metadata; `registered`: the names of the models those commits registered (embedded or
+    not: `known`). The interaction terms are a fit of exactly the new set of versions if one was
+    made, else the last fit carried over, as `state(refit=False)` gives them. A full `state` read gives the same
+    State (tests/test_writer.py); its key is st's, so it never enters the cache of `state`."""
+    after = int(st.version_ids.max()) if len(st.version_ids) else 0
+    new = tx.arrow("""
+        SELECT id, model_id, name, version, vector, n_evaluations, stability, cost, params_b FROM (
+            SELECT v.id, v.model_id, m.name, v.version, v.vector, v.n_evaluations, m.cost, m.params_b,
+                   coalesce(s.stability, v.stability) AS stability,
+                   row_number() OVER (PARTITION BY v.model_id ORDER BY v.version DESC) AS newest
+            FROM embedding_versions v JOIN models m ON m.id = v.model_id
+            LEFT JOIN version_stability s ON s.version_id = v.id
+            WHERE v.encoder_id = ? AND v.id > ?) x
+        WHERE newest = 1""", [st.encoder_id, after]).to_pydict()
+    if not new["id"]:
+        return dataclasses.replace(st, known=st.known | frozenset(registered))
+    names, mids, vers, vids = list(st.names), st.model_ids.tolist(), st.versions.tolist(), st.version_ids.tolist()
+    z, cost, params = list(st.z), st.cost.tolist(), st.params_b.tolist()
+    n, stab = st.evidence.n.tolist(), st.evidence.stability.tolist()
+    at = {m: i for i, m in enumerate(mids)}
+    for j, m in enumerate(new["model_id"]):
+        i = at.get(m)
+        if i is None:
+            i = at[m] = len(mids)
+            for col in (names, mids, vers, vids, z, cost, params, n, stab):
+                col.append(None)
+        names[i], mids[i], vers[i], vids[i] = new["name"][j], m, new["version"][j], new["id"][j]
+        z[i] = np.asarray(new["vector"][j], dtype=np.float32)
+        cost[i], params[i] = _nan(new["cost"][j]), _nan(new["params_b"][j])
+        n[i], stab[i] = new["n_evaluations"][j], _nan(new["stability"][j])
+    order = np.argsort(np.asarray(mids, dtype=np.int64), kind="stable")      # as `_build` reads them: by model id
+    take = order.tolist()
+    mids_a, vids_a = np.asarray(mids, dtype=np.int64)[order], np.asarray(vids, dtype=np.int64)[order]
+    z_a = np.stack([z[i] for i in take]).astype(np.float32)
+    ev = evidence.assess(z_a, [n[i] for i in take], [stab[i] for i in take], st.key[-1])
+    fit_key = (str(db_path), st.encoder_id, tuple(int(v) for v in vids_a), tuple(ev.probation.tolist()), st.key[-2])
+    served, fitted = _interaction(None, fit_key, st.model, z_a, mids_a, vids_a, ev, refit=False)
+    return State(st.key, st.encoder_id, st.encoder_name, st.model, [names[i] for i in take], mids_a,
+                 np.asarray(vers, dtype=np.int64)[order], vids_a, z_a, np.asarray(cost, dtype=np.float64)[order],
+                 np.asarray(params, dtype=np.float64)[order], ev, st.down, st.model.scorer(z_a),
+                 st.known | frozenset(new["name"]) | frozenset(registered), served, fitted, st.category_of)
 
 
 _served: dict[tuple, interaction.Served | None] = {}

@@ -42,6 +42,10 @@ def build(reg, generation: int, previous: Snapshot | None = None, refit: bool = 
     with reg.store.tx() as tx:
         st = routing.state(tx, reg.path, reg.probation_min, refit=refit)
         eps = previous.endpoints if previous is not None else endpoints.current(tx)
+    return _assemble(generation, st, eps)
+
+
+def _assemble(generation: int, st: routing.State, eps: dict) -> Snapshot:
     vi = index.VectorIndex(st.encoder_id, index.new_index(), dict(zip(st.model_ids.tolist(), st.names)), -1)
     if len(st.names):
         vi.index.add_with_ids(np.ascontiguousarray(st.z, dtype=np.float32), st.model_ids)
@@ -61,6 +65,16 @@ class Snapshots:
     def refresh(self, endpoints_changed: bool = True, refit: bool = False) -> Snapshot:
         self.current = build(self._reg, self.current.generation + 1,      # one reference assignment: atomic
                              None if endpoints_changed else self.current, refit)
+        return self.current
+
+    def add_versions(self, registered: set[str] = frozenset()) -> Snapshot:
+        """After commits that only appended embedding versions (the writer's registrations): the next snapshot
+        from this one and those versions, one read (routing.with_new_versions) instead of the whole state;
+        `registered`: the names those commits registered."""
+        cur = self.current
+        with self._reg.store.tx() as tx:
+            st = routing.with_new_versions(tx, cur.routing, self._reg.path, registered)
+        self.current = _assemble(cur.generation + 1, st, cur.endpoints)
         return self.current
 
 

@@ -62,8 +62,10 @@ class Writer:
         self._stopping = False
         self._stats = {"cycles": 0, "groups": 0, "jobs": 0, "log_rows": 0, "longest_cycle_ms": 0.0,
                        "stage_ms": 0.0, "onboard_ms": 0.0, "refresh_ms": 0.0,     # totals: where the cycles go
+                       "cpu_ms": 0.0,                                              # (their CPU time)
                        "register_wait_ms": 0.0, "report_ms": 0.0,                 # and a registration's time
                        "refits": 0}
+        self._stats["version_refreshes"] = 0    # snapshots that read only the new versions (add_versions)
         self._stats["follows"] = 0      # refreshes for writes of other processes (PostgreSQL)
         self._refresh_lock = threading.Lock()     # one snapshot refresh at a time (the writer's, the follower's)
         reg._finish_pending()        # a crash may have left onboarding jobs behind
@@ -224,7 +226,7 @@ class Writer:
         with self._log_lock:
             rows, vecs = self._log_rows, self._log_vectors
             self._log_rows, self._log_vectors = [], {}
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         staged = self._stage(regs, rows, vecs) if (regs or rows) else {}
         t1 = time.perf_counter()
         for j in jobs:
@@ -252,16 +254,28 @@ class Writer:
             if self.on_new_queries and (any(j.kind == "register" and staged[id(j)].queries_added for j in done)
                                         or (now and generation.queries_changed(self.seen, now))):
                 self.on_new_queries()
-            self.snapshots.refresh(endpoints_changed=any(j.kind == "run" for j in done) or bool(now))
+            if self._only_new_versions(done, staged):
+                self.snapshots.add_versions({staged[id(j)].name for j in done})
+                self._stats["version_refreshes"] += 1
+            else:
+                self.snapshots.refresh(endpoints_changed=any(j.kind == "run" for j in done) or bool(now))
             self.seen = now
         t3 = time.perf_counter()
-        for key, dt in (("stage_ms", t1 - t0), ("onboard_ms", t2 - t1), ("refresh_ms", t3 - t2)):
+        for key, dt in (("stage_ms", t1 - t0), ("onboard_ms", t2 - t1), ("refresh_ms", t3 - t2),
+                        ("cpu_ms", time.thread_time() - c0)):     # (cpu: this thread's own, of the three)
             self._stats[key] = round(self._stats[key] + 1000 * dt, 1)
         self._stats["groups"] += 1
         self._stats["jobs"] += len(done)
         for j in done:
             value = staged[id(j)]
             j.future.set_result((value, outcomes.get(value.name)) if j.kind == "register" else value)
+
+    def _only_new_versions(self, done: list[_Job], staged: dict) -> bool:
+        """Whether what these jobs committed changes routing only by new versions (and new models): registrations
+        that changed no stored metadata and added no queries, on DuckDB (on PostgreSQL other processes write too).
+        The snapshot then takes just those versions (Snapshots.add_versions)."""
+        return self.reg.store.dialect == "duckdb" and all(
+            j.kind == "register" and not staged[id(j)].changes and not staged[id(j)].queries_added for j in done)
 
     def _stage(self, regs: list[_Job], rows: list[tuple], vecs: dict, retry: bool = True) -> dict:
         """Stage every registration and the log rows in one transaction; when that fails, each alone. -> {id(job):

@@ -7,6 +7,7 @@ import random
 import shutil
 import threading
 
+import numpy as np
 import pytest
 
 from registry import Registry, registration
@@ -179,3 +180,59 @@ def test_the_served_report_says_what_the_plain_one_does(db_copy, tmp_path):
     assert served[0].neighbours[0].model == donor and served[0].neighbours[0].disagreement == 0.0
     assert served[1].neighbours and "answers like" not in (served[1].warning or "")
     assert served[1].held_out > 0                  # qids[:300] holds test queries: counted from memory too
+
+
+def test_a_snapshot_from_new_versions_is_the_one_a_full_read_gives(db_copy, tmp_path):
+    """After registrations that only add versions (new models, an existing model's changed results, one too small to
+    embed), the writer's snapshot takes just the new versions (Snapshots.add_versions): the same routing state a
+    full read of the file builds."""
+    from registry import snapshot
+
+    def same(a, b):
+        assert a.names == b.names and a.known == b.known and a.down == b.down
+        for f in ("model_ids", "versions", "version_ids", "z", "cost", "params_b"):
+            assert np.array_equal(getattr(a, f), getattr(b, f), equal_nan=True), f
+        for f in ("n", "stability", "probation", "weight"):
+            assert np.array_equal(getattr(a.evidence, f), getattr(b.evidence, f), equal_nan=True), f
+        assert a.interaction_fitted == b.interaction_fitted
+        fa, fb = a.interaction.fitted, b.interaction.fitted
+        assert np.array_equal(fa.rows, fb.rows) and np.array_equal(fa.offsets, fb.offsets)
+        q = np.random.default_rng(0).standard_normal((3, a.model.cfg.d_query)).astype(np.float32)
+        assert np.allclose(a.score(q), b.score(q))
+
+    with Registry(db_copy) as reg:
+        qids = _qids(reg)
+        with reg.store.tx() as tx:
+            existing = tx.sql("SELECT name FROM models ORDER BY name LIMIT 1")[0][0]
+            flipped = tx.sql("""SELECT q.external_id, NOT e.correct FROM evaluations e JOIN models m ON m.id = e.model_id
+                                JOIN queries q ON q.id = e.query_id WHERE m.name = ? ORDER BY q.id LIMIT 5""",
+                             [existing])
+        more = tmp_path / "more.jsonl"
+        more.write_text("".join(json.dumps({"question_id": q, "correct": int(c)}) + "\n" for q, c in flipped))
+        serving = Serving(reg)
+        serving.writer.refit_every_s = 1e9
+        try:
+            start = threading.Barrier(4)
+
+            def register(name, path, metadata, update=False):
+                start.wait()
+                serving.register(name, path, metadata, update=update)
+
+            jobs = [("inc-a", _rows_file(tmp_path, "a", qids[:60], 1), {"cost": 2.5}),
+                    ("inc-b", _rows_file(tmp_path, "b", qids[30:100], 2), {"params_b": 70}),
+                    ("inc-tiny", _rows_file(tmp_path, "t", qids[:3], 3), {}),
+                    (existing, str(more), {}, True)]
+            threads = [threading.Thread(target=register, args=j) for j in jobs]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            served = serving.snapshots.current
+            stats = serving.writer.stats()
+            assert stats["jobs"] == 4 and stats["version_refreshes"] >= 1     # (not a full read)
+        finally:
+            serving.close()
+        assert "inc-a" in served.routing.names and "inc-tiny" not in served.routing.names
+        full = snapshot.build(reg, 0, refit=False)
+        same(served.routing, full.routing)
+        assert served.pool.names == full.pool.names and np.array_equal(served.pool.vectors, full.pool.vectors)

@@ -62,14 +62,13 @@ def stage(tx: Tx, name: str, evals: str, metadata: dict, update: bool = False, p
 def stage_group(tx: Tx, jobs: list[tuple]) -> list[Staged]:
     """Many registrations (`stage`'s (name, evals, metadata, update) each) in `tx`, for the server's writer. Those
     whose files are small JSONL of query ids and results only (what `POST /models` writes), each for a different
-    model, are imported together as one evaluations file with a model column: one pass of the import's checks for
-    the group instead of one per registration. A refusal names the group's file, not the caller's: the writer then
-    stages each registration alone, which names it."""
+    model, are imported together from memory (ingest.run_rows_import): one pass of the import's checks for the
+    group instead of one per registration, and no file read again by DuckDB (a group of one too). A bad row in a
+    group of several refuses the group with no line named: the writer then stages each registration alone, and
+    alone a bad row is read again from its file, which names the line."""
     names = [j[0] for j in jobs]
     rows = [_plain_rows(j[1]) if names.count(j[0]) == 1 else None for j in jobs]
     together = [i for i, r in enumerate(rows) if r is not None]
-    if len(together) < 2:
-        together = []
     out: dict[int, Staged] = {i: stage(tx, *jobs[i]) for i in range(len(jobs)) if i not in together}
     if together:
         out.update(_stage_together(tx, [jobs[i] for i in together], [rows[i] for i in together], together))
@@ -92,6 +91,8 @@ def _stage_together(tx: Tx, jobs: list[tuple], rows: list[list[dict]], at: list[
         [bool(r["correct"]) for model_rows in rows for r in model_rows], f"{len(jobs)} registrations",
         evaluated=[int(i) for i, _, has in found if has])
     if imported is None:      # a row with a problem: the writer stages each registration alone, naming its line
+        if len(jobs) == 1:
+            return {at[0]: stage(tx, *jobs[0])}          # the file path names the bad row (and refuses)
         raise InputError("a registration of the group has a bad row")
     added = {} if imported.already_imported or imported.batch_id is None else imported.added_by_model
     return {i: Staged(name, ch, added.get(name, 0), 0,

@@ -134,14 +134,14 @@ def load(tx: Tx, path: str | Path, only: set[str] | None = None) -> VectorsResul
     return VectorsResult(str(path), n, insert(tx, hashes, mat))
 
 
-def insert(tx: Tx, hashes: list[str], mat: np.ndarray) -> int:
+def insert(tx: Tx, hashes: list[str], mat: np.ndarray, count: bool = True) -> int | None:
     """Add vectors [n, dim] for content hashes (the one writer of text_vectors): a hash already there, or repeated
-    here, keeps one vector. -> how many were new."""
+    here, keeps one vector. -> how many were new (None without `count`: two reads fewer, for the server's writer)."""
     import pyarrow as pa
 
     if not hashes:
         return 0
-    before = tx.sql("SELECT count(*) FROM text_vectors")[0][0]
+    before = tx.sql("SELECT count(*) FROM text_vectors")[0][0] if count else None
     mat = np.ascontiguousarray(mat, dtype=np.float32)
     tbl = pa.table({"h": hashes, "v": pa.FixedSizeListArray.from_arrays(pa.array(mat.ravel(), type=pa.float32()),
                                                                           textvec.TEXT_DIM)})
@@ -149,7 +149,7 @@ def insert(tx: Tx, hashes: list[str], mat: np.ndarray) -> int:
         tx.sql("""INSERT INTO text_vectors (content_hash, text_encoder, vector)
                   SELECT DISTINCT ON (h) h, ?, v::FLOAT[] FROM _vectors_file ON CONFLICT DO NOTHING""",
                [textvec.TEXT_ENCODER])
-    return int(tx.sql("SELECT count(*) FROM text_vectors")[0][0] - before)
+    return int(tx.sql("SELECT count(*) FROM text_vectors")[0][0] - before) if count else None
 
 
 def missing_hashes(tx: Tx) -> set[str]:

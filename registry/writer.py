@@ -6,7 +6,8 @@ in one transaction (group commit), onboards, then swaps in a new snapshot (snaps
   the others. A job is answered only after its rows are committed (durable), its model onboarded and the new
   snapshot swapped in: a client that registers and then routes sees its model.
 - Routing-log rows (and routed texts' vectors) are handed over without waiting (`log`) and committed by the next
-  cycle, in the same transaction as whatever else is waiting. A row handed over at time t is taken by the first cycle
+  cycle, in the same transaction as whatever else is waiting (the vectors, a cache, by the next cycle without a
+  registration, or once VECTORS_HELD are held). A row handed over at time t is taken by the first cycle
   that starts after t (at most the rest of the running cycle + LOG_FLUSH_S later) and committed within that cycle, so
   a crash loses at most the log rows of routes answered in the 2 x longest cycle + LOG_FLUSH_S before it
   (`stats()["longest_cycle_ms"]`; the README states it, tests/test_serving_crash.py checks it with a real SIGKILL);
@@ -38,6 +39,7 @@ from .answerbook import AnswerBook
 LOG_FLUSH_S = 0.1           # the longest an idle writer leaves routing-log rows in memory
 MAX_GROUP = 64              # jobs staged in one transaction
 REFIT_S = 30.0              # at most one fit of routing's interaction terms per this many seconds
+VECTORS_HELD = 256          # routed texts' vectors held back from registrations' cycles, at most
 
 
 @dataclass
@@ -224,10 +226,14 @@ class Writer:
     def _cycle(self, jobs: list[_Job]) -> None:
         regs = [j for j in jobs if j.kind == "register"]
         with self._log_lock:
-            rows, vecs = self._log_rows, self._log_vectors
-            self._log_rows, self._log_vectors = [], {}
+            rows, self._log_rows = self._log_rows, []
+            # routed texts' vectors are a cache (a lost one is encoded again): a registration does not wait for
+            # them; a cycle with none takes them, or one that finds VECTORS_HELD held
+            vecs = {}
+            if not regs or len(self._log_vectors) >= VECTORS_HELD:
+                vecs, self._log_vectors = self._log_vectors, {}
         t0, c0 = time.perf_counter(), time.thread_time()
-        staged = self._stage(regs, rows, vecs) if (regs or rows) else {}
+        staged = self._stage(regs, rows, vecs) if (regs or rows or vecs) else {}
         t1, c1 = time.perf_counter(), time.thread_time()
         for j in jobs:
             if j.kind == "run":

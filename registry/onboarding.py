@@ -50,13 +50,18 @@ class _Forward:
     from the database (torch and DuckDB both release the GIL; the worker never touches the database). At most two
     chunks are in memory: the one embedding and the one just read. -> `z`: {key: vector}"""
 
-    def __init__(self, tx: Tx, model):
+    def __init__(self, tx: Tx, model, inline: bool = False):
         self.tx, self.model, self.running, self.z = tx, model, None, {}
+        # inline: on this thread (a server's small onboardings, one chunk: nothing to overlap, and under a full CPU
+        # each hand-over to the worker and back waits for a core)
+        self.inline = inline
 
     def submit(self, keys: list, sets: list[EvalSet]) -> None:
         proj, inputs = projected_inputs(self.tx, self.model, sets)     # row numbers into the shared projections
         self.wait()
-        if keys:
+        if keys and self.inline:
+            self.z.update(zip(keys, embed_sets(self.model, inputs, projected=True, table=proj)))
+        elif keys:
             self.running = (keys, _worker.submit(embed_sets, self.model, inputs, projected=True, table=proj))
 
     def wait(self) -> None:
@@ -107,7 +112,7 @@ def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool
     # per model (evaluations, digest, newest batch among them: what `recompute` reads up to); the sets themselves
     # live only as long as their chunk
     sets: dict[int, tuple[int, str, int]] = {}
-    forward = _Forward(tx, model)
+    forward = _Forward(tx, model, inline=stability)
     try:
         for found in chunked_sets(tx, model_ids, 2 ** 62, meta.get("embed_max_set")):
             mine = [m for m in found if found[m].n >= min_evaluations

@@ -493,7 +493,8 @@ BITMAP_BITS = 1 << 31
 
 
 def append_evaluations(tx: Tx, cols: Columns, batch_id: int, result: ImportResult,
-                       model: str | None = None, evaluated: list[int] | None = None) -> bool:
+                       model: str | None = None, evaluated: list[int] | None = None,
+                       in_memory: tuple[list, list, dict] | None = None) -> bool:
     """The bulk path for an evaluations file: read by DuckDB straight into `evaluations` (one INSERT ... SELECT
     joining the models and queries, no stage table), with the checks done as aggregates over the file and over the
     rows appended. -> False, having written nothing, when the file has any problem (a bad or empty value, an
@@ -502,7 +503,9 @@ def append_evaluations(tx: Tx, cols: Columns, batch_id: int, result: ImportResul
     an InputError here, with the line its reader names. Same outcome
     as the careful path: new models registered, only new or changed results appended, identical repeats collapsed,
     differing repeats an error. `evaluated`, when the caller knows every model of the file exists: the ids of
-    those with evaluations (two statements fewer: a server's registrations)."""
+    those with evaluations (two statements fewer: a server's registrations). `in_memory`, for rows the caller holds
+    (run_rows_import): their per-model counts as the file's are read [(model, rows, bad results, bad ids)], their
+    distinct query ids, and {model id: name} of their models (four statements fewer)."""
     e = cols.exprs
     dtype = cols.types[cols.chosen["correct"]][1] if "correct" in cols.chosen else "VARCHAR"
     raw = _ident(cols.types[cols.chosen["correct"]][0]) if "correct" in cols.chosen else e["correct"]
@@ -513,9 +516,12 @@ def append_evaluations(tx: Tx, cols: Columns, batch_id: int, result: ImportResul
         if tx.postgres:   # the stage is private and in memory: read the file once, then check and join the table
             tx.stage.execute(f"CREATE OR REPLACE TEMP TABLE _file_rows AS SELECT * FROM {rows}")
             rows = "_file_rows"
-        per_model = _q(tx, f"""SELECT model, count(*), count(*) FILTER (WHERE c IS NULL),
-            count(*) FILTER (WHERE qid IS NULL OR qid = '') FROM {rows} GROUP BY model""")
-        qids = _q(tx, f"SELECT list(DISTINCT qid) FROM {rows}")[0][0] or []
+        if in_memory is not None:
+            per_model, qids = in_memory[0], in_memory[1]
+        else:
+            per_model = _q(tx, f"""SELECT model, count(*), count(*) FILTER (WHERE c IS NULL),
+                count(*) FILTER (WHERE qid IS NULL OR qid = '') FROM {rows} GROUP BY model""")
+            qids = _q(tx, f"SELECT list(DISTINCT qid) FROM {rows}")[0][0] or []
     except Exception as exc:   # a row DuckDB cannot read: its reader names the line, as when staging
         raise _duck_error(cols.path, exc) from None
     if (not per_model or any(m is None or m == "" or bad_c or bad_q for m, _, bad_c, bad_q in per_model)
@@ -543,9 +549,12 @@ def append_evaluations(tx: Tx, cols: Columns, batch_id: int, result: ImportResul
     _mirror_evaluations(tx, known)
     select = f"""SELECT @distinct m.id AS model_id, q.id AS query_id, f.c AS correct, {int(batch_id)} AS batch_id
                  FROM {rows} f JOIN models m ON m.name = f.model JOIN queries q ON q.external_id = f.qid {changed}"""
-    lo, hi = tx.sql("SELECT min(id), max(id) FROM queries")[0]
-    distinct = (f"bit_count(bitstring_agg(query_id, {int(lo)}, {int(hi)}))"
-                if len(names) * (int(hi) - int(lo) + 1) <= BITMAP_BITS else "count(DISTINCT query_id)")
+    if in_memory is not None:      # a few hundred rows: no bitmap, and no read of the queries' id range for it
+        distinct = "count(DISTINCT query_id)"
+    else:
+        lo, hi = tx.sql("SELECT min(id), max(id) FROM queries")[0]
+        distinct = (f"bit_count(bitstring_agg(query_id, {int(lo)}, {int(hi)}))"
+                    if len(names) * (int(hi) - int(lo) + 1) <= BITMAP_BITS else "count(DISTINCT query_id)")
     # (the file's source may hold braces: no str.format)
     added = _append_evaluations(tx, select.replace("@distinct", ""), select.replace("@distinct", "DISTINCT"),
                                 batch_id, distinct)
@@ -553,7 +562,7 @@ def append_evaluations(tx: Tx, cols: Columns, batch_id: int, result: ImportResul
         staged = stage_evaluations(tx, cols.path, "_stage_repeats", model=model)
         _raise_conflict(tx, staged, next(m for m, n, d in added if n != d))
     result.evaluations_read += sum(n for _, n, _, _ in per_model)
-    _added(tx, added, batch_id, result)
+    _added(tx, added, batch_id, result, in_memory[2] if in_memory is not None else None)
     return True
 
 
@@ -605,14 +614,16 @@ def _raise_conflict(tx: Tx, staged: Staged, model_id: int) -> None:
                      file=staged.path, line=int(last))
 
 
-def _added(tx: Tx, added, batch_id: int, result: ImportResult) -> None:
-    """Account for the rows a batch appended [(model id, rows, distinct queries)] and enqueue their models."""
+def _added(tx: Tx, added, batch_id: int, result: ImportResult, names: dict | None = None) -> None:
+    """Account for the rows a batch appended [(model id, rows, distinct queries)] and enqueue their models
+    (`names`: {model id: name}, when the caller knows them)."""
     result.evaluations_added += sum(n for _, n, _ in added)
     if added:
         outbox.enqueue(tx, [m for m, _, _ in added], "new evaluations", batch_id=batch_id)  # the outbox
         tx.invalidate("evaluated_models")
-        ids = ", ".join(str(m) for m, _, _ in added)
-        names = dict(tx.sql(f"SELECT id, name FROM models WHERE id IN ({ids})"))
+        if names is None or any(m not in names for m, _, _ in added):
+            ids = ", ".join(str(m) for m, _, _ in added)
+            names = dict(tx.sql(f"SELECT id, name FROM models WHERE id IN ({ids})"))
         result.affected_models = sorted(set(result.affected_models) | set(names.values()))
         for m, n, _ in added:
             result.added_by_model[names[m]] = result.added_by_model.get(names[m], 0) + int(n)
@@ -720,12 +731,13 @@ def upsert_model_metadata(tx: Tx, name: str, **fields) -> dict[str, list]:
     return changes
 
 
-def insert_new_models(tx: Tx, models: dict[str, dict]) -> None:
-    """Insert models that do not exist yet, {name: metadata as upsert_model_metadata takes it}, in one statement."""
+def insert_new_models(tx: Tx, models: dict[str, dict]) -> dict[str, int]:
+    """Insert models that do not exist yet, {name: metadata as upsert_model_metadata takes it}, in one statement.
+    -> {name: model id}"""
     import pyarrow as pa
 
     if not models:
-        return
+        return {}
     meta = list(models.values())
     with tx.table("_new_models", pa.table({
         "name": list(models), "tags": [json.dumps(m.get("tags") or {}) for m in meta],
@@ -734,9 +746,11 @@ def insert_new_models(tx: Tx, models: dict[str, dict]) -> None:
         "params_b": pa.array([m.get("params_b") for m in meta], pa.float64()),
         "cost": pa.array([m.get("cost") for m in meta], pa.float64()),
         "open_weights": pa.array([m.get("open_weights") for m in meta], pa.bool_())})):
-        outbox.new_models(tx, tx.sql("""INSERT INTO models (name, tags, family, provider, params_b, cost, open_weights)
-                                        SELECT name, tags::JSON, family, provider, params_b, cost, open_weights
-                                        FROM _new_models RETURNING id, name"""))
+        created = tx.sql("""INSERT INTO models (name, tags, family, provider, params_b, cost, open_weights)
+                            SELECT name, tags::JSON, family, provider, params_b, cost, open_weights
+                            FROM _new_models RETURNING id, name""")
+    outbox.new_models(tx, created)
+    return {name: int(i) for i, name in created}
 
 
 def changed_results(tx: Tx, name: str, batch_id: int | None):
@@ -874,12 +888,12 @@ def _record_batch(tx: Tx, batch_id: int, files: dict[str, str], digest: str, res
 
 
 def run_rows_import(tx: Tx, model: list[str], qid: list[str], correct: list[bool], label: str,
-                    evaluated: list[int]) -> ImportResult | None:
+                    evaluated: list[int], ids: dict[str, int]) -> ImportResult | None:
     """An evaluations import of rows already in memory (a server's registrations: model, query id and result per
     row), by the same bulk path and checks as a file's (`append_evaluations`), read from an Arrow table instead of a
     file DuckDB would parse again. -> None, having written nothing, when a row has a problem (the caller then
     imports from a file, which names the line). `label` is what the batch records as its file. Every model must
-    exist already; `evaluated`: the ids of those with evaluations."""
+    exist already; `evaluated`: the ids of those with evaluations; `ids`: {name: model id} of all of them."""
     # (no lookup of an earlier batch with the same digest, as files have: rows seen before append nothing anyway)
     digest = hashlib.sha256(json.dumps([model, qid, correct]).encode()).hexdigest()
     batch_id = int(tx.sql("SELECT nextval('import_batches_id_seq')")[0][0])
@@ -892,7 +906,14 @@ def run_rows_import(tx: Tx, model: list[str], qid: list[str], correct: list[bool
                    {"model": "model", "qid": "question_id", "correct": "correct"})
     tx.stage.register("_rows_in", rows)      # (the stage reads it: the registry's own connection on DuckDB)
     try:
-        if not append_evaluations(tx, cols, batch_id, result, evaluated=evaluated):
+        counts: dict[str, list] = {}
+        for m, q in zip(model, qid):
+            c = counts.setdefault(m, [m, 0, 0, 0])
+            c[1] += 1
+            c[3] += not q
+        per_model = [tuple(c) for c in counts.values()]
+        if not append_evaluations(tx, cols, batch_id, result, evaluated=evaluated,
+                                  in_memory=(per_model, sorted(set(qid)), {i: n for n, i in ids.items()})):
             return None
     finally:
         tx.stage.unregister("_rows_in")

@@ -82,14 +82,15 @@ def _stage_together(tx: Tx, jobs: list[tuple], rows: list[list[dict]], at: list[
                       WHERE m.name IN (SELECT unnest(?::VARCHAR[]))""", [names])
     known = {name for _, name, _ in found}
     had_results = {name for _, name, has in found if has}
-    ingest.insert_new_models(tx, {name: metadata for name, _, metadata, _ in jobs if name not in known})
+    ids = {name: int(i) for i, name, _ in found}
+    ids.update(ingest.insert_new_models(tx, {name: metadata for name, _, metadata, _ in jobs if name not in known}))
     changes = [_metadata(tx, name, metadata, update) if name in known else {}
                for name, _, metadata, update in jobs]
     imported = ingest.run_rows_import(
         tx, [name for name, model_rows in zip(names, rows) for _ in model_rows],
         [r["question_id"] for model_rows in rows for r in model_rows],
         [bool(r["correct"]) for model_rows in rows for r in model_rows], f"{len(jobs)} registrations",
-        evaluated=[int(i) for i, _, has in found if has])
+        evaluated=[int(i) for i, _, has in found if has], ids=ids)
     if imported is None:      # a row with a problem: the writer stages each registration alone, naming its line
         if len(jobs) == 1:
             return {at[0]: stage(tx, *jobs[0])}          # the file path names the bad row (and refuses)

@@ -72,6 +72,7 @@ class _Forward:
 
 
 FUSE_STABILITY_MAX = 64     # models: up to this many, their stability halves ride along with their versions
+ONE_READ_MAX = 8            # models: up to this many (and fused), their evaluations are read in one chunk
 
 
 def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool = False,
@@ -114,7 +115,11 @@ def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool
     sets: dict[int, tuple[int, str, int]] = {}
     forward = _Forward(tx, model, inline=stability)
     try:
-        for found in chunked_sets(tx, model_ids, 2 ** 62, meta.get("embed_max_set")):
+        # (a server's registrations, a few models: one read, without the count that plans chunks)
+        chunks = ([evaluation_sets(tx, model_ids, 2 ** 62, meta.get("embed_max_set"))]
+                  if stability and len(model_ids) <= ONE_READ_MAX
+                  else chunked_sets(tx, model_ids, 2 ** 62, meta.get("embed_max_set")))
+        for found in chunks:
             mine = [m for m in found if found[m].n >= min_evaluations
                     and states[m].by_encoder.get(encoder_id, (0, None))[1] != found[m].digest]
             sets.update({m: (s.n, s.digest, s.through_batch) for m, s in found.items()})

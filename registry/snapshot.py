@@ -67,12 +67,15 @@ class Snapshots:
                              None if endpoints_changed else self.current, refit)
         return self.current
 
-    def add_versions(self, registered: set[str] = frozenset()) -> Snapshot:
+    def add_versions(self, registered: set[str] = frozenset(), tx=None) -> Snapshot:
         """After commits that only appended embedding versions (the writer's registrations): the next snapshot
         from this one and those versions, one read (routing.with_new_versions) instead of the whole state;
-        `registered`: the names those commits registered."""
+        `registered`: the names those commits registered; `tx`: a read transaction to use (else one of its own)."""
         cur = self.current
-        with self._reg.store.tx() as tx:
+        if tx is None:
+            with self._reg.store.tx() as tx:
+                st = routing.with_new_versions(tx, cur.routing, self._reg.path, registered)
+        else:
             st = routing.with_new_versions(tx, cur.routing, self._reg.path, registered)
         self.current = _assemble(cur.generation + 1, st, cur.endpoints)
         return self.current

@@ -64,6 +64,7 @@ class Writer:
         self._stopping = False
         self._stats = {"cycles": 0, "groups": 0, "jobs": 0, "log_rows": 0, "longest_cycle_ms": 0.0,
                        "stage_ms": 0.0, "onboard_ms": 0.0, "refresh_ms": 0.0,     # totals: where the cycles go
+                       #   (refresh: the answer book's sync and the new snapshot)
                        "stage_cpu_ms": 0.0, "onboard_cpu_ms": 0.0, "refresh_cpu_ms": 0.0,  # (this thread's CPU)
                        "register_wait_ms": 0.0, "report_ms": 0.0,                 # and a registration's time
                        "refits": 0}
@@ -255,15 +256,17 @@ class Writer:
                 return
         with self._refresh_lock:
             now = self._generation()     # (before the reads below: a commit after it moves it again)
-            self._sync_book()
             t2, c2 = time.perf_counter(), time.thread_time()
-            if self.on_new_queries and (any(j.kind == "register" and staged[id(j)].queries_added for j in done)
-                                        or (now and generation.queries_changed(self.seen, now))):
-                self.on_new_queries()
-            if self._only_new_versions(done, staged):
-                self.snapshots.add_versions({staged[id(j)].name for j in done})
+            if self._only_new_versions(done, staged):       # the book and the snapshot from one read transaction
+                with self.reg.store.tx() as tx:
+                    self.book.sync(tx)
+                    self.snapshots.add_versions({staged[id(j)].name for j in done}, tx)
                 self._stats["version_refreshes"] += 1
             else:
+                self._sync_book()
+                if self.on_new_queries and (any(j.kind == "register" and staged[id(j)].queries_added for j in done)
+                                            or (now and generation.queries_changed(self.seen, now))):
+                    self.on_new_queries()
                 self.snapshots.refresh(endpoints_changed=any(j.kind == "run" for j in done) or bool(now))
             self.seen = now
         t3, c3 = time.perf_counter(), time.thread_time()

@@ -19,7 +19,9 @@ from .store import Tx
 
 class AnswerBook:
     def __init__(self):
-        self.correct = np.full((0, 0), -1, dtype=np.int8)     # [M, Q] current answers
+        self.correct = np.full((0, 0), -1, dtype=np.int8)     # [M, Q] current answers: the first M rows of _buf
+        self._buf = self.correct                               # [capacity, Q]: rows past M are all -1, unread
+        self.answered = np.zeros(0, dtype=np.int64)            # [M] how many queries each row answered
         self.row: dict[int, int] = {}                          # model id -> row
         self.col: dict[int, int] = {}                          # query id -> column
         self.model_ids = np.zeros(0, dtype=np.int64)           # [M] row -> model id
@@ -67,14 +69,17 @@ class AnswerBook:
                 row[m] = len(row)
             for q in new_q.tolist():
                 col[q] = len(col)
-            if new_m or len(new_q):   # a new array (readers keep the one they took)
-                grown = np.full((len(row), len(col)), -1, dtype=np.int8)
-                grown[:correct.shape[0], :correct.shape[1]] = correct
-                correct = grown
-            else:
-                correct = correct.copy()
             r = np.array([row[m] for m in changed], dtype=np.int64)
-            correct[r] = -1
+            buf = self._buf
+            if len(new_m) == len(changed) and not len(new_q) and len(row) <= len(buf):
+                # new models only: their rows are written into the buffer's spare rows, which no reader's view
+                # reaches (a reader keeps the first M rows it took); no copy of the others
+                correct = buf[:len(row)]
+            else:                     # a new buffer (readers keep the one they took), with room for new models
+                buf = np.full((max(len(row), int(1.5 * len(row)) + 64), len(col)), -1, dtype=np.int8)
+                buf[:correct.shape[0], :correct.shape[1]] = correct
+                correct = buf[:len(row)]
+                correct[r] = -1
             correct[np.fromiter((row[m] for m in rows["model_id"].tolist()), dtype=np.int64, count=len(rows["model_id"])),
                     np.fromiter((col[q] for q in rows["query_id"].tolist()), dtype=np.int64, count=len(rows["query_id"]))] = \
                 rows["correct"]
@@ -83,8 +88,10 @@ class AnswerBook:
             test_col = np.concatenate([self.test, np.array([int(q) in test for q in new_q.tolist()], dtype=bool)])
             changes = np.concatenate([self.changes, np.zeros(len(new_m), dtype=np.int64)])
             changes[r] += 1
-            self.correct, self.row, self.col, self.model_ids, self.test, self.changes = \
-                correct, row, col, ids, test_col, changes
+            answered = np.concatenate([self.answered, np.zeros(len(new_m), dtype=np.int64)])
+            answered[r] = (correct[r] >= 0).sum(axis=1)
+            self.correct, self.row, self.col, self.model_ids, self.test, self.changes, self.answered, self._buf = \
+                correct, row, col, ids, test_col, changes, answered, buf
             self.names = {**self.names, **named}
             self.last_batch = max(self.last_batch, int(last))
             if tx.postgres:
@@ -100,17 +107,17 @@ class AnswerBook:
     # --- what the report reads --------------------------------------------------------------------------------------
     def view(self):
         with self._lock:
-            return self.correct, self.row, self.model_ids, self.test, self.changes
+            return self.correct, self.row, self.model_ids, self.test, self.changes, self.answered
 
     def held_out(self, model_id: int) -> int:
         """The model's current evaluations on test queries."""
-        correct, row, _, test, _ = self.view()
+        correct, row, _, test, _, _ = self.view()
         return int(((correct[row[model_id]] >= 0) & test).sum()) if model_id in row else 0
 
     def disagreement(self, model_id: int) -> dict[int, tuple[int, float]]:
         """How often each other model disagrees with this one's current answers on the queries both answered:
         {other id: (shared queries, rate)} (evaluations.disagreement's answer, from memory)."""
-        correct, row, ids, _, _ = self.view()
+        correct, row, ids, _, _, _ = self.view()
         if model_id not in row:
             return {}
         own = correct[row[model_id]]
@@ -128,8 +135,8 @@ class AnswerBook:
     def calibration(self, exclude: set[int] = frozenset()) -> fingerprint.AnswerCalibration:
         """fingerprint.answer_calibration from memory: the closest pair of distinct models among those with
         MIN_PAIR_SHARED evaluations (kept until one of them changes)."""
-        correct, _, ids, _, changes = self.view()
-        big = np.flatnonzero((correct >= 0).sum(axis=1) >= fingerprint.MIN_PAIR_SHARED)
+        correct, _, ids, _, changes, answered = self.view()
+        big = np.flatnonzero(answered >= fingerprint.MIN_PAIR_SHARED)
         big = big[~np.isin(ids[big], list(exclude))]
         key = tuple(zip(ids[big].tolist(), changes[big].tolist()))
         if key not in self._cal:

@@ -236,3 +236,45 @@ def test_a_snapshot_from_new_versions_is_the_one_a_full_read_gives(db_copy, tmp_
         full = snapshot.build(reg, 0, refit=False)
         same(served.routing, full.routing)
         assert served.pool.names == full.pool.names and np.array_equal(served.pool.vectors, full.pool.vectors)
+
+
+def test_the_answer_book_follows_new_models_and_changed_results_and_old_views_stay(db_copy, tmp_path):
+    """The answer book after new models (written into spare rows) and after a changed result of an existing model
+    (a new buffer): every row equals the model's current answers in the file, and a view taken before is unchanged."""
+    from registry import evaluations
+    from registry.answerbook import AnswerBook
+
+    with Registry(db_copy) as reg:
+        qids = _qids(reg)
+        book = AnswerBook()
+        with reg.store.tx() as tx:
+            book.sync(tx)
+        before = book.view()[0].copy()
+        first_view = book.view()[0]
+        for i in range(2):
+            with reg.store.tx() as tx:
+                registration.stage(tx, f"book-{i}", _rows_file(tmp_path, f"b{i}", qids[i * 7: i * 7 + 40], i), {})
+            with reg.store.tx() as tx:
+                book.sync(tx)
+        assert np.array_equal(first_view, before)                # spare rows only: the old view reads the same
+        with reg.store.tx() as tx:
+            existing, qid, c = tx.sql("""SELECT m.name, q.external_id, e.correct FROM evaluations e
+                                         JOIN models m ON m.id = e.model_id JOIN queries q ON q.id = e.query_id
+                                         ORDER BY m.name, q.id LIMIT 1""")[0]
+        flipped = tmp_path / "flip.jsonl"
+        flipped.write_text(json.dumps({"question_id": qid, "correct": int(not c)}) + "\n")
+        with reg.store.tx() as tx:
+            registration.stage(tx, existing, str(flipped), {}, update=True)
+        view = book.view()[0]
+        kept = view.copy()
+        with reg.store.tx() as tx:
+            book.sync(tx)
+            ids = [int(m) for (m,) in tx.sql("SELECT id FROM models")]
+            rows = evaluations.of_models(tx, ids)
+        assert np.array_equal(view, kept)                        # a changed row: a new buffer, the old view stays
+        correct, row, _, _, _, answered = book.view()
+        want = np.full(correct.shape, -1, dtype=np.int8)
+        for m, q, y in zip(rows["model_id"].tolist(), rows["query_id"].tolist(), rows["correct"].tolist()):
+            want[row[m], book.col[q]] = y
+        assert np.array_equal(correct, want)
+        assert np.array_equal(answered, (want >= 0).sum(axis=1))

@@ -1,12 +1,10 @@
 """The server's one writer: every write of a running server goes through one thread, which commits what is waiting
-in one transaction (group commit), the registrations embedded in it, then swaps in a new snapshot (snapshot.py)
-for the readers.
+in one transaction (group commit), onboards, then swaps in a new snapshot (snapshot.py) for the readers.
 
 - Registrations and uploads queue as jobs. A cycle stages every waiting job's rows in one transaction; when one of
   them is refused (bad input), the group is rolled back and each job staged alone, so one bad request never fails
-  the others. The registrations are embedded (onboarded) in the same transaction. A job is answered only after
-  its rows and its model's new version are committed (durable) and the new snapshot swapped in: a client that
-  registers and then routes sees its model.
+  the others. A job is answered only after its rows are committed (durable), its model onboarded and the new
+  snapshot swapped in: a client that registers and then routes sees its model.
 - Routing-log rows (and routed texts' vectors) are handed over without waiting (`log`) and committed by the next
   cycle, in the same transaction as whatever else is waiting (the vectors, a cache, by the next cycle without a
   registration, or once VECTORS_HELD are held). A row handed over at time t is taken by the first cycle
@@ -35,7 +33,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import generation, onboarding, registration, routing, vectors
+from . import generation, registration, routing, vectors
 from .answerbook import AnswerBook
 
 LOG_FLUSH_S = 0.1           # the longest an idle writer leaves routing-log rows in memory
@@ -59,7 +57,6 @@ class Writer:
         self._last_refit = 0.0
         self.refit_every_s = REFIT_S
         self._stale = threading.Event()
-        self._outcomes: dict = {}         # model -> onboarding.JobOutcome of the cycle's registrations
         self._jobs: queue.Queue = queue.Queue()
         self._log_lock = threading.Lock()
         self._log_rows: list[tuple] = []
@@ -67,7 +64,6 @@ class Writer:
         self._stopping = False
         self._stats = {"cycles": 0, "groups": 0, "jobs": 0, "log_rows": 0, "longest_cycle_ms": 0.0,
                        "stage_ms": 0.0, "onboard_ms": 0.0, "refresh_ms": 0.0,     # totals: where the cycles go
-                       #   (stage: the transaction of rows and versions; onboard: run jobs, a stability sweep)
                        #   (refresh: the answer book's sync and the new snapshot)
                        "stage_cpu_ms": 0.0, "onboard_cpu_ms": 0.0, "refresh_cpu_ms": 0.0,  # (this thread's CPU)
                        "register_wait_ms": 0.0, "report_ms": 0.0,                 # and a registration's time
@@ -249,15 +245,15 @@ class Writer:
         done = [j for j in jobs if id(j) in staged]
         if not done:
             return
-        outcomes, self._outcomes = self._outcomes, {}     # (the registrations were onboarded as they committed)
+        outcomes = {}
         if any(j.kind == "register" for j in done):
             try:
-                if any(o.version_id is not None and o.stability is None for o in outcomes.values()):
-                    estimates = self.reg.estimate_stability()       # (a version its onboarding could not estimate)
-                    for o in outcomes.values():
-                        o.stability = estimates.get(o.version_id, o.stability)
-            except Exception:          # the versions are committed; the estimate is made by a later onboarding
+                outcomes = {o.model: o for o in self.reg.onboard(sweep=False)}
+            except Exception as exc:   # the rows are committed; pending jobs finish on the next onboarding
                 traceback.print_exc(file=sys.stderr)
+                for j in done:
+                    j.future.set_exception(exc)
+                return
         with self._refresh_lock:
             now = self._generation()     # (before the reads below: a commit after it moves it again)
             t2, c2 = time.perf_counter(), time.thread_time()
@@ -299,11 +295,6 @@ class Writer:
             with self.reg.store.tx() as tx:
                 out = dict(zip(map(id, regs), registration.stage_group(tx, [j.args for j in regs])))
                 self._append_log(tx, rows, vecs)
-                # embedded in the same transaction: rows and versions commit together (one commit, and the jobs
-                # just enqueued read back from this transaction); a failure rolls both back, and alone it fails
-                # only its own registration
-                done = onboarding.run_pending(tx, self.reg.min_evaluations, stability=True) if regs else []
-            self._outcomes.update({o.model: o for o in done})
             self._stats["log_rows"] += len(rows)
             return out
         except Exception as exc:

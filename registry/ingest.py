@@ -739,6 +739,16 @@ def insert_new_models(tx: Tx, models: dict[str, dict]) -> dict[str, int]:
     if not models:
         return {}
     meta = list(models.values())
+    if len(models) <= 16:        # a few rows (a server's registrations): VALUES cost less than an Arrow table
+        created = tx.sql(
+            "INSERT INTO models (name, tags, family, provider, params_b, cost, open_weights) VALUES "
+            + ", ".join(["(?, ?::JSON, ?, ?, ?::FLOAT8, ?::FLOAT8, ?::BOOLEAN)"] * len(models)) + " RETURNING id, name",
+            [x for name, m in zip(models, meta) for x in (
+                name, json.dumps(m.get("tags") or {}), m.get("family"), m.get("provider"),
+                None if m.get("params_b") is None else float(m["params_b"]),
+                None if m.get("cost") is None else float(m["cost"]), m.get("open_weights"))])
+        outbox.new_models(tx, created)
+        return {name: int(i) for i, name in created}
     with tx.table("_new_models", pa.table({
         "name": list(models), "tags": [json.dumps(m.get("tags") or {}) for m in meta],
         "family": pa.array([m.get("family") for m in meta], pa.string()),

@@ -72,6 +72,7 @@ class _Forward:
 
 
 FUSE_STABILITY_MAX = 64     # models: up to this many, their stability halves ride along with their versions
+FEW_ROWS = 16               # rows: up to this many are inserted as VALUES rather than through an Arrow table
 ONE_READ_MAX = 8            # models: up to this many (and fused), their evaluations are read in one chunk
 
 
@@ -251,6 +252,12 @@ def _write_stability(tx: Tx, estimates: dict[int, float]) -> None:
     import pyarrow as pa
 
     if not estimates:
+        return
+    conflict = " ON CONFLICT DO NOTHING" if tx.postgres else ""
+    if len(estimates) <= FEW_ROWS:       # a few rows: plain VALUES cost less than registering an Arrow table
+        tx.sql("INSERT INTO version_stability (version_id, stability) VALUES "
+               + ", ".join(["(?, ?)"] * len(estimates)) + conflict,
+               [x for v, st in estimates.items() for x in (int(v), float(st))])
         return
     with tx.table("_stability", pa.table({"version_id": pa.array(list(estimates), pa.int64()),
                                           "stability": pa.array(list(estimates.values()), pa.float64())})):

@@ -492,9 +492,18 @@ INTEGER_TYPES = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "USMALL
 BITMAP_BITS = 1 << 31
 
 
+@dataclass
+class HeldRows:
+    """What a caller that holds an evaluations file's rows in memory (run_rows_import) knows of them without a read:
+    every model exists already."""
+    per_model: list[tuple]          # [(model, rows, bad results, bad query ids)], as append_evaluations counts them
+    query_ids: list[str]            # distinct
+    names: dict[int, str]           # model id -> name, of every model of the rows
+    evaluated: list[int]            # the ids of those models with evaluations already
+
+
 def append_evaluations(tx: Tx, cols: Columns, batch_id: int, result: ImportResult,
-                       model: str | None = None, evaluated: list[int] | None = None,
-                       in_memory: tuple[list, list, dict] | None = None) -> bool:
+                       model: str | None = None, held: HeldRows | None = None) -> bool:
     """The bulk path for an evaluations file: read by DuckDB straight into `evaluations` (one INSERT ... SELECT
     joining the models and queries, no stage table), with the checks done as aggregates over the file and over the
     rows appended. -> False, having written nothing, when the file has any problem (a bad or empty value, an
@@ -502,10 +511,8 @@ def append_evaluations(tx: Tx, cols: Columns, batch_id: int, result: ImportResul
     `import_evaluations`), which finds the first bad row and names its line; a row DuckDB cannot read at all is
     an InputError here, with the line its reader names. Same outcome
     as the careful path: new models registered, only new or changed results appended, identical repeats collapsed,
-    differing repeats an error. `evaluated`, when the caller knows every model of the file exists: the ids of
-    those with evaluations (two statements fewer: a server's registrations). `in_memory`, for rows the caller holds
-    (run_rows_import): their per-model counts as the file's are read [(model, rows, bad results, bad ids)], their
-    distinct query ids, and {model id: name} of their models (four statements fewer)."""
+    differing repeats an error. `held`: what the caller knows of rows it holds (run_rows_import), six statements
+    fewer."""
     e = cols.exprs
     dtype = cols.types[cols.chosen["correct"]][1] if "correct" in cols.chosen else "VARCHAR"
     raw = _ident(cols.types[cols.chosen["correct"]][0]) if "correct" in cols.chosen else e["correct"]
@@ -516,8 +523,8 @@ def append_evaluations(tx: Tx, cols: Columns, batch_id: int, result: ImportResul
         if tx.postgres:   # the stage is private and in memory: read the file once, then check and join the table
             tx.stage.execute(f"CREATE OR REPLACE TEMP TABLE _file_rows AS SELECT * FROM {rows}")
             rows = "_file_rows"
-        if in_memory is not None:
-            per_model, qids = in_memory[0], in_memory[1]
+        if held is not None:
+            per_model, qids = held.per_model, held.query_ids
         else:
             per_model = _q(tx, f"""SELECT model, count(*), count(*) FILTER (WHERE c IS NULL),
                 count(*) FILTER (WHERE qid IS NULL OR qid = '') FROM {rows} GROUP BY model""")
@@ -532,7 +539,7 @@ def append_evaluations(tx: Tx, cols: Columns, batch_id: int, result: ImportResul
           [qids]):
         return False
     names = [m for m, *_ in per_model]
-    if evaluated is None:
+    if held is None:
         new_models = tx.sql("""INSERT INTO models (name, tags)
                                SELECT name, '{}'::JSON FROM (SELECT unnest(?::VARCHAR[]) AS name) n
                                WHERE name NOT IN (SELECT name FROM models) ORDER BY name RETURNING id, name""", [names])
@@ -540,7 +547,7 @@ def append_evaluations(tx: Tx, cols: Columns, batch_id: int, result: ImportResul
         result.models_added += len(new_models)
     # only what differs from a model's current (newest) evaluation is appended: compared for the file's models that
     # have evaluations already (new models have none; comparing against every model's would read them all)
-    known = evaluated if evaluated is not None else [r[0] for r in tx.sql(
+    known = held.evaluated if held is not None else [r[0] for r in tx.sql(
         """SELECT DISTINCT e.model_id FROM evaluations e JOIN models m ON m.id = e.model_id
            WHERE m.name IN (SELECT unnest(?::VARCHAR[]))""", [names])]
     changed = f"""LEFT JOIN {evaluations.current(model_ids=known)} cur ON cur.model_id = m.id AND cur.query_id = q.id
@@ -549,7 +556,7 @@ def append_evaluations(tx: Tx, cols: Columns, batch_id: int, result: ImportResul
     _mirror_evaluations(tx, known)
     select = f"""SELECT @distinct m.id AS model_id, q.id AS query_id, f.c AS correct, {int(batch_id)} AS batch_id
                  FROM {rows} f JOIN models m ON m.name = f.model JOIN queries q ON q.external_id = f.qid {changed}"""
-    if in_memory is not None:      # a few hundred rows: no bitmap, and no read of the queries' id range for it
+    if held is not None:           # a few hundred rows: no bitmap, and no read of the queries' id range for it
         distinct = "count(DISTINCT query_id)"
     else:
         lo, hi = tx.sql("SELECT min(id), max(id) FROM queries")[0]
@@ -562,7 +569,7 @@ def append_evaluations(tx: Tx, cols: Columns, batch_id: int, result: ImportResul
         staged = stage_evaluations(tx, cols.path, "_stage_repeats", model=model)
         _raise_conflict(tx, staged, next(m for m, n, d in added if n != d))
     result.evaluations_read += sum(n for _, n, _, _ in per_model)
-    _added(tx, added, batch_id, result, in_memory[2] if in_memory is not None else None)
+    _added(tx, added, batch_id, result, held.names if held is not None else None)
     return True
 
 
@@ -882,8 +889,10 @@ def run_import(tx: Tx, files: dict[str, str], progress: bool = False, embed_text
     return result
 
 
-def _record_batch(tx: Tx, batch_id: int, files: dict[str, str], digest: str, result: ImportResult) -> None:
-    """Write the batch row if the import changed anything (a no-op import leaves no trace)."""
+def _record_batch(tx: Tx, batch_id: int, files: dict[str, str], digest: str, result: ImportResult,
+                  paths: bool = True) -> None:
+    """Write the batch row if the import changed anything (a no-op import leaves no trace). `files`: kind -> path
+    (recorded resolved), or without `paths` kind -> a label (rows that came from memory)."""
     changed = (result.models_added or result.models_updated or result.queries_added or result.evaluations_added
                or result.splits_set)
     if not changed:
@@ -893,7 +902,7 @@ def _record_batch(tx: Tx, batch_id: int, files: dict[str, str], digest: str, res
               "queries_added": result.queries_added, "evaluations_read": result.evaluations_read,
               "evaluations_added": result.evaluations_added, "splits_set": result.splits_set}
     tx.sql("INSERT INTO import_batches (id, files, row_counts, digest) VALUES (?, ?, ?, ?)",
-                    [batch_id, json.dumps({k: str(Path(v).resolve()) for k, v in files.items()}),
+                    [batch_id, json.dumps({k: str(Path(v).resolve()) if paths else v for k, v in files.items()}),
                      json.dumps(counts), digest])
 
 
@@ -921,20 +930,13 @@ def run_rows_import(tx: Tx, model: list[str], qid: list[str], correct: list[bool
             c = counts.setdefault(m, [m, 0, 0, 0])
             c[1] += 1
             c[3] += not q
-        per_model = [tuple(c) for c in counts.values()]
-        if not append_evaluations(tx, cols, batch_id, result, evaluated=evaluated,
-                                  in_memory=(per_model, sorted(set(qid)), {i: n for n, i in ids.items()})):
+        held = HeldRows([tuple(c) for c in counts.values()], sorted(set(qid)), {i: n for n, i in ids.items()},
+                        evaluated)
+        if not append_evaluations(tx, cols, batch_id, result, held=held):
             return None
     finally:
         tx.stage.unregister("_rows_in")
-    if not (result.models_added or result.evaluations_added):       # a no-op import leaves no trace
-        result.batch_id = None
-        return result
-    tx.sql("INSERT INTO import_batches (id, files, row_counts, digest) VALUES (?, ?, ?, ?)",
-           [batch_id, json.dumps({"evaluations": label}), json.dumps({
-               "models_added": result.models_added, "models_updated": 0, "queries_added": 0,
-               "evaluations_read": result.evaluations_read, "evaluations_added": result.evaluations_added,
-               "splits_set": 0}), digest])
+    _record_batch(tx, batch_id, {"evaluations": label}, digest, result, paths=False)
     return result
 
 

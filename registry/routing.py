@@ -190,7 +190,7 @@ def with_new_versions(tx: Tx, st: State, db_path: str, registered: set[str] = fr
     z_a = np.stack([z[i] for i in take]).astype(np.float32)
     ev = evidence.assess(z_a, [n[i] for i in take], [stab[i] for i in take], st.key[-1])
     fit_key = (str(db_path), st.encoder_id, tuple(int(v) for v in vids_a), tuple(ev.probation.tolist()), st.key[-2])
-    served, fitted = _interaction(None, fit_key, st.model, z_a, mids_a, vids_a, ev, refit=False)
+    served, fitted = _interaction(tx, fit_key, st.model, z_a, mids_a, vids_a, ev, refit=False)
     return State(st.key, st.encoder_id, st.encoder_name, st.model, [names[i] for i in take], mids_a,
                  np.asarray(vers, dtype=np.int64)[order], vids_a, z_a, np.asarray(cost, dtype=np.float64)[order],
                  np.asarray(params, dtype=np.float64)[order], ev, st.down, st.model.scorer(z_a),

@@ -128,6 +128,9 @@ def test_a_write_through_one_replica_is_served_by_the_other_within_a_second(pg_s
         while "elsewhere-0" not in servings[0].snapshots.current.routing.down and time.time() < deadline:
             time.sleep(0.01)
         assert "elsewhere-0" in servings[0].snapshots.current.routing.down
+        # (the follower counts a follow once its answer book is synced too, just after it swaps the snapshot in)
+        while servings[0].writer.stats()["follows"] < 1 and time.time() < deadline + 1.0:
+            time.sleep(0.01)
         assert servings[0].writer.stats()["follows"] >= 1
     finally:
         _close(regs, servings)

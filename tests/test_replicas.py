@@ -37,6 +37,13 @@ def _two(pg_server, pg_base):
     return regs, servings
 
 
+def _embeddable_qids(reg: Registry) -> list[str]:
+    """The registry's query ids outside the test split (what a registration's embedding reads), in id order."""
+    with reg.store.tx() as tx:
+        return [r[0] for r in tx.sql("""SELECT q.external_id FROM queries q LEFT JOIN query_splits s
+                                        ON s.query_id = q.id WHERE coalesce(s.split, '') <> 'test' ORDER BY q.id""")]
+
+
 def _close(regs, servings) -> None:
     for s in servings:
         s.close()
@@ -47,10 +54,7 @@ def _close(regs, servings) -> None:
 def test_concurrent_registrations_of_one_model_through_two_replicas(pg_server, pg_base, tmp_path):
     regs, servings = _two(pg_server, pg_base)
     try:
-        with regs[0].store.tx() as tx:
-            qids = [r[0] for r in tx.sql("""SELECT q.external_id FROM queries q LEFT JOIN query_splits s
-                                            ON s.query_id = q.id WHERE coalesce(s.split, '') <> 'test'
-                                            ORDER BY q.id""")]
+        qids = _embeddable_qids(regs[0])
         first = servings[0].register("twin", _rows_file(tmp_path, "twin-0", qids[:64], 0), {"params_b": 7})
         assert first.version == 1
         errors, answers, sent = [], [], {"twin": set(qids[:64])}
@@ -182,10 +186,7 @@ def test_the_same_new_model_registered_through_both_replicas_at_once(pg_server, 
 
     regs, servings = _two(pg_server, pg_base)
     try:
-        with regs[0].store.tx() as tx:
-            qids = [r[0] for r in tx.sql("""SELECT q.external_id FROM queries q LEFT JOIN query_splits s
-                                            ON s.query_id = q.id WHERE coalesce(s.split, '') <> 'test'
-                                            ORDER BY q.id""")]
+        qids = _embeddable_qids(regs[0])
         out, errors = [], []
 
         def through_b() -> None:

@@ -11,7 +11,7 @@ must all be there, log rows may be missing only for routes answered within the d
 (2 x the longest writer cycle, read from /health just before, + the writer's 0.1 s flush interval), the file must
 open, and `registry onboard` must finish any onboarding job the kill left pending.
 
-    .venv/bin/python bench/load.py [--clients 8 --seconds 60] [--kill-after 30]
+    .venv/bin/python bench/load.py [--clients 8 --seconds 60] [--rate 100] [--kill-after 30]
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -37,6 +38,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 TOKEN = "load-test"
+OPEN_LOOP_CONNECTIONS = 4      # per client process, with --rate
 WORDS = ("entropy gradient theorem enzyme tariff contract voltage protein orbit ledger statute molecule derivative "
          "inflation neuron catalyst verdict torque genome equilibrium").split()
 
@@ -47,6 +49,10 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--kill-after", type=float, default=None, help="SIGKILL the server this many seconds in")
+    ap.add_argument("--rate", type=float, default=None,
+                    help="offered requests/s in all (open loop: each client sends at Poisson times, and a latency "
+                         "counts from when its request was due); default: closed loop, each client sends its next "
+                         "request as soon as it has the answer (the server saturated)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--http", choices=["plain", "httpx"], default="plain",
                     help="the clients' HTTP library: the standard library's keep-alive connection (lighter) or httpx")
@@ -94,7 +100,8 @@ def main() -> None:
     lock, killed, results = ctx.Lock(), ctx.Event(), ctx.Queue()
     t_start = time.time()
     stop = t_start + args.seconds
-    procs = [ctx.Process(target=_client, args=(k, base, auth, texts, qids, stop, lock, killed, results, args.http))
+    procs = [ctx.Process(target=_client, args=(k, base, auth, texts, qids, stop, lock, killed, results, args.http,
+                                                    args.rate / args.clients if args.rate else None))
              for k in range(args.clients)]
     for p in procs:
         p.start()
@@ -183,7 +190,8 @@ def main() -> None:
     pct = {kind: (1000 * float(np.percentile(xs, 50)), 1000 * float(np.percentile(xs, 99)), len(xs))
            for kind, xs in sorted(lat.items())}
     result = {
-        "clients": args.clients, "seconds": round(wall, 1), "requests": total, "per_s": round(total / wall, 1),
+        "clients": args.clients, "offered_per_s": args.rate, "seconds": round(wall, 1), "requests": total,
+        "per_s": round(total / wall, 1),
         "failures": len(failures), "bare_encode_ms": round(bare_ms, 1),
         "bare_encode_under_load_ms": round(bare_load_ms, 1),
         "latency_ms": {k: {"p50": round(a, 1), "p99": round(b, 1), "n": n} for k, (a, b, n) in pct.items()},
@@ -198,7 +206,8 @@ def main() -> None:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(f"{args.clients} clients for {wall:.0f} s over loopback{' (SIGKILLed)' if kill_time else ''}: "
+        print(f"{args.clients} clients for {wall:.0f} s over loopback{' (SIGKILLed)' if kill_time else ''}"
+              f"{f', offered {args.rate:g} requests/s (open loop)' if args.rate else ' (closed loop)'}: "
               f"{total} requests ({total / wall:.1f}/s), {len(failures)} failed; "
               f"{result['acked_evaluations']} evaluations acknowledged for {len(acked_evals)} new models, "
               f"missing afterwards: {len(missing)}")
@@ -275,53 +284,76 @@ def _connection(base: str, auth: dict, http_lib: str):
 
 
 def _client(k: int, base: str, auth: dict, texts: list[str], qids: list[str], stop: float, lock, killed,
-            results, http_lib: str = "plain") -> None:
+            results, http_lib: str = "plain", rate: float | None = None) -> None:
     """One client process: requests drawn from the issue's mix until `stop`; its latencies and what was
-    acknowledged go back through `results` at the end."""
+    acknowledged go back through `results` at the end.
+
+    Closed loop (no rate): one connection, each request sent as soon as the last one is answered. Open loop (rate:
+    this client's requests/s): requests are due at Poisson times and sent from a pool of OPEN_LOOP_CONNECTIONS
+    connections (as an application's concurrent users would: a slow registration does not hold back the next
+    route), and a latency counts from when the request was due, so a server that falls behind is charged for the
+    wait (no coordinated omission)."""
     lat: dict[str, list[float]] = {}
     failures: list[str] = []
     acked_evals: dict[str, set[str]] = {}
     acked_versions: dict[str, int] = {}
     routed: list[tuple[str, float]] = []
     rnd = random.Random(k)
-    with _connection(base, auth, http_lib) as c:
-        n = 0
-        while time.time() < stop and not killed.is_set():
-            n += 1
-            roll = rnd.random()
-            body: dict
-            if roll < 0.7:
-                kind, path, body = "route known", "/route", {"text": rnd.choice(texts)}
-            elif roll < 0.9:
-                kind, path, body = "route new", "/route", {"text": _short_text(rnd, f"{k}-{n}")}
+    local = threading.local()
+    opened: list = []
+
+    def send(kind: str, path: str, body: dict, t0: float) -> None:
+        if not hasattr(local, "c"):
+            local.c = _connection(base, auth, http_lib)
+            opened.append(local.c)
+        try:
+            status, text = local.c.post(path, body)
+            ok, detail = status == 200, ""
+        except (httpx.HTTPError, OSError, http.client.HTTPException) as exc:
+            ok, detail, text = False, repr(exc), ""
+        dt = time.perf_counter() - t0
+        if not ok and not detail:
+            detail = f"{status} {text[:200]}"
+        with lock:          # the kill is set under the same lock: no answer is counted after it
+            if not ok:
+                if not killed.is_set():        # after the kill, in-flight requests fail by design
+                    failures.append(f"{kind}: {detail}")
+                return
+            lat.setdefault(kind, []).append(dt)
+            if kind == "register":
+                acked_evals[body["name"]] = {e["question_id"] for e in body["evaluations"]}
+                version = json.loads(text)["version"]
+                if version is not None:
+                    acked_versions[body["name"]] = version
             else:
-                name = f"load-{k}-{n}"
-                picked = rnd.sample(qids, 64)
-                body = {"name": name, "params_b": 7,
-                        "evaluations": [{"question_id": q, "correct": rnd.random() < 0.5} for q in picked]}
-                kind, path = "register", "/models"
-            t0 = time.perf_counter()
-            try:
-                status, text = c.post(path, body)
-                ok, detail = status == 200, ""
-            except (httpx.HTTPError, OSError, http.client.HTTPException) as exc:
-                ok, detail, text = False, repr(exc), ""
-            dt = time.perf_counter() - t0
-            if not ok and not detail:
-                detail = f"{status} {text[:200]}"
-            with lock:          # the kill is set under the same lock: no answer is counted after it
-                if not ok:
-                    if not killed.is_set():        # after the kill, in-flight requests fail by design
-                        failures.append(f"{kind}: {detail}")
-                    continue
-                lat.setdefault(kind, []).append(dt)
-                if kind == "register":
-                    acked_evals[name] = set(picked)
-                    version = json.loads(text)["version"]
-                    if version is not None:
-                        acked_versions[name] = version
-                else:
-                    routed.append((body["text"], time.time()))
+                routed.append((body["text"], time.time()))
+
+    pool = ThreadPoolExecutor(OPEN_LOOP_CONNECTIONS) if rate else None
+    n = 0
+    due = time.perf_counter() + (rnd.expovariate(rate) if rate else 0.0)
+    while time.time() < stop and not killed.is_set():
+        n += 1
+        if rate:
+            time.sleep(max(0.0, due - time.perf_counter()))
+        roll = rnd.random()
+        body: dict
+        if roll < 0.7:
+            kind, path, body = "route known", "/route", {"text": rnd.choice(texts)}
+        elif roll < 0.9:
+            kind, path, body = "route new", "/route", {"text": _short_text(rnd, f"{k}-{n}")}
+        else:
+            body = {"name": f"load-{k}-{n}", "params_b": 7,
+                    "evaluations": [{"question_id": q, "correct": rnd.random() < 0.5} for q in rnd.sample(qids, 64)]}
+            kind, path = "register", "/models"
+        if rate:
+            pool.submit(send, kind, path, body, due)
+            due += rnd.expovariate(rate)
+        else:
+            send(kind, path, body, time.perf_counter())
+    if pool:
+        pool.shutdown(wait=True)
+    for c in opened:
+        c.__exit__(None, None, None)
     results.put((lat, failures, acked_evals, acked_versions, routed))
 
 

@@ -13,7 +13,7 @@ version: the lag from acknowledgement to being served there.
 Afterwards: 0 failed requests; for every model its versions are 1..n with no gap or duplicate; every acknowledged
 evaluation is in the database, every reported version exists; no onboarding job is left pending.
 
-    .venv/bin/python bench/replicas.py [--clients 8 --seconds 60] [--writer-nice 0]
+    .venv/bin/python bench/replicas.py [--clients 8 --seconds 60] [--writer-nice 10]
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--writer-nice", default=None,
-                    help="REGISTRY_WRITER_NICE for both servers (default: theirs, 10: reads first)")
+                    help="REGISTRY_WRITER_NICE for both servers (default: theirs, 0; 10: reads first)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     from registry import Registry

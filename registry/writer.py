@@ -53,7 +53,7 @@ class Writer:
     def __init__(self, reg, snapshots, flush_s: float = LOG_FLUSH_S, on_new_queries: Callable[[], Any] | None = None):
         self.reg, self.snapshots, self.flush_s = reg, snapshots, flush_s
         self.on_new_queries = on_new_queries      # called after a commit that added queries (their vectors)
-        self.nice = int(os.environ.get("REGISTRY_WRITER_NICE", "10"))   # 0: as important as reads
+        self.nice = int(os.environ.get("REGISTRY_WRITER_NICE", "0"))    # > 0: reads first when the CPU is full
         self._last_refit = 0.0
         self.refit_every_s = REFIT_S
         self._stale = threading.Event()
@@ -218,7 +218,7 @@ class Writer:
             self.book.sync(tx)
 
     def _set_nice(self) -> None:
-        if self.nice:      # reads first: under a full CPU the writer's work yields to routes and text batches
+        if self.nice:      # (> 0: under a full CPU the writer's work yields to routes and text batches)
             try:
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
             except (OSError, AttributeError):

@@ -116,18 +116,19 @@ class Registry:
             return probe_plans.plan(tx, model, n, seed, out)
 
     # --- onboarding and versions ------------------------------------------------------------------------------
-    def onboard(self, all_models: bool = False, stability: bool = True,
-                seconds: dict | None = None, sweep: bool = True) -> list[onboarding.JobOutcome]:
+    def onboard(self, all_models: bool = False, stability: bool = True, seconds: dict | None = None,
+                sweep: bool = True, prepared: dict | None = None) -> list[onboarding.JobOutcome]:
         """Run every pending onboarding job (`all_models`: re-embed every model) and write the new versions; then,
         unless `stability` is False, estimate the stability of every version still without one. `seconds`, if
         given, gets how long each step took ("onboarding": versions committed and indexed; "stability"). Without
         `sweep` (a server's writer, after every commit) that last pass runs only when a new version lacks its
         estimate: small onboardings estimate theirs with their versions, and older versions were swept when the
-        server started."""
+        server started. `prepared`: embeddings a server computed ahead (`onboarding.Prepared`, by model name)."""
         seconds = {} if seconds is None else seconds
         started = time.perf_counter()
         with self.store.tx() as tx:
-            outcomes = onboarding.run_pending(tx, self.min_evaluations, all_models=all_models, stability=stability)
+            outcomes = onboarding.run_pending(tx, self.min_evaluations, all_models=all_models, stability=stability,
+                                              prepared=prepared)
         seconds["onboarding"] = round(time.perf_counter() - started, 3)
         if stability and (sweep or any(o.version_id is not None and o.stability is None for o in outcomes)):
             # the new versions have theirs (run_pending); any older version still without one

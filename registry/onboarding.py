@@ -30,6 +30,49 @@ class JobOutcome:
     n_evaluations: int
     stability: float | None = None
     version_id: int | None = None
+    prepared: bool = False  # its vector was computed ahead (Prepared), not by this onboarding
+
+
+@dataclass
+class Prepared:
+    """A new model's embedding computed before its registration is written, from the rows the request brought (a
+    server computes it in the request's thread while the writer is busy with other work). `run_pending` takes it
+    only if the model's evaluation set, read after the commit, has this digest under this encoder; otherwise it
+    embeds the set as always."""
+    encoder_id: int
+    digest: str
+    z: np.ndarray                               # [D] the version's vector
+    halves: tuple[np.ndarray, np.ndarray]       # [D] each: the stability halves' embeddings
+
+
+def prepare(tx: Tx, external_ids: list[str], correct: list[bool],
+            min_evaluations: int = MIN_EVALUATIONS) -> Prepared | None:
+    """What onboarding would embed for a model whose only evaluations are these rows (embedding.evaluation_sets:
+    outside the test split, capped, in external id order), or None when that cannot be known from them alone (an
+    unknown query, a question twice, too few rows, no active encoder). Reads nothing a warm server has not cached."""
+    from .querycache import query_meta
+
+    encoder_id = encoders.active_id(tx)
+    meta = query_meta(tx)
+    rows = meta.rows_of_external(external_ids)
+    if encoder_id is None or rows is None or len(np.unique(rows)) != len(rows):
+        return None
+    model, info = encoders.load(tx, encoder_id)
+    y = np.asarray(correct, dtype=np.int64)
+    keep = ~meta.is_test[rows]
+    rows, y = rows[keep], y[keep]
+    if len(rows) < max(2, min_evaluations):
+        return None
+    max_set = info.get("embed_max_set")
+    if max_set and len(rows) > max_set:                       # the cap: lowest content hashes
+        cut = np.argsort(meta.hash_rank[rows], kind="stable")[:max_set]
+        rows, y = rows[cut], y[cut]
+    order = np.argsort(meta.ext_rank[rows], kind="stable")
+    rows, y = rows[order], y[order]
+    full = EvalSet(-1, meta.ids[rows], y.astype(np.float32), meta.digest(rows, y))
+    sets = [full] + [EvalSet(-1, full.query_ids[h], full.y[h], full.digest) for h in halves(full)]
+    z = compute(tx, model, sets)
+    return Prepared(encoder_id, full.digest, z[0], (z[1], z[2]))
 
 
 @dataclass
@@ -77,12 +120,13 @@ ONE_READ_MAX = 8            # models: up to this many (and fused), their evaluat
 
 
 def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool = False,
-                stability: bool = False) -> list[JobOutcome]:
+                stability: bool = False, prepared: dict[str, Prepared] | None = None) -> list[JobOutcome]:
     """Finish every pending job (and with `all_models`, re-embed every model) in one batched pass; with
     `stability`, and at most FUSE_STABILITY_MAX models to embed, each new version's stability estimate too, from
     the same read of its evaluations (its two halves ride along in the same forward passes; the same figure
     `estimate_stability` gives). A server's registrations take that path; a bulk import commits and indexes its
     versions first, and `estimate_stability` follows (the halves cost as much again as the versions).
+    `prepared` ({model name: Prepared}): embeddings computed ahead, used where their digest matches the set read.
 
     This is every onboarding's hot path, so it reads little: the jobs, the models' versions, their evaluations.
     Many models stream through in chunks of evaluations (`embedding.chunked_sets`), so memory does not grow with
@@ -115,6 +159,7 @@ def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool
     # live only as long as their chunk
     sets: dict[int, tuple[int, str, int]] = {}
     forward = _Forward(tx, model, inline=stability)
+    taken: set[int] = set()          # models whose prepared vectors were used
     try:
         # (a server's registrations, a few models: one read, without the count that plans chunks)
         chunks = ([evaluation_sets(tx, model_ids, 2 ** 62, meta.get("embed_max_set"))]
@@ -124,6 +169,14 @@ def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool
             mine = [m for m in found if found[m].n >= min_evaluations
                     and states[m].by_encoder.get(encoder_id, (0, None))[1] != found[m].digest]
             sets.update({m: (s.n, s.digest, s.through_batch) for m, s in found.items()})
+            ahead = {m: prepared[names[m]] for m in mine if names[m] in (prepared or {})
+                     and prepared[names[m]].encoder_id == encoder_id and prepared[names[m]].digest == found[m].digest}
+            taken.update(ahead)
+            for m, p in ahead.items():
+                forward.z[m] = p.z
+                if stability:
+                    forward.z[(m, 0)], forward.z[(m, 1)] = p.halves
+            mine = [m for m in mine if m not in ahead]
             halved = [m for m in mine if found[m].n >= 2] if stability else []
             forward.submit(mine + [(m, h) for m in halved for h in (0, 1)],
                            [found[m] for m in mine] + [EvalSet(m, found[m].query_ids[part], found[m].y[part],
@@ -139,7 +192,7 @@ def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool
         for m in model_ids:
             if m in version_of:
                 outcomes[m] = JobOutcome(names[m], "embedded", latest_version[m] + 1, sets[m][0],
-                                         version_id=version_of[m])
+                                         version_id=version_of[m], prepared=m in taken)
             else:
                 kind = "too few evaluations" if sets[m][0] < min_evaluations else "unchanged"
                 outcomes[m] = JobOutcome(names[m], kind, latest_version[m] or None, sets[m][0])

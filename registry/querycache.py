@@ -27,6 +27,7 @@ class QueryMeta:
     ext_rank: np.ndarray      # [n] position in external id order (DuckDB's string order): the digest's order
     is_test: np.ndarray       # [n] bool: held out, never embedded
     tokens: np.ndarray = field(init=False, repr=False)   # [2, n] object: "external_id:0", "external_id:1"
+    _row_of_external: dict | None = field(init=False, repr=False, default=None)   # built on first use
 
     def __post_init__(self):
         self.tokens = np.array([[f"{e}:{c}" for e in self.external_id] for c in (0, 1)], dtype=object).reshape(
@@ -34,6 +35,15 @@ class QueryMeta:
 
     def rows(self, query_ids: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.ids, query_ids)
+
+    def rows_of_external(self, external_ids: list[str]) -> np.ndarray | None:
+        """The rows of these external ids, or None when one of them is not a query of the registry."""
+        if self._row_of_external is None:
+            self._row_of_external = {e: i for i, e in enumerate(self.external_id.tolist())}
+        found = self._row_of_external
+        if not all(e in found for e in external_ids):
+            return None
+        return np.fromiter((found[e] for e in external_ids), dtype=np.intp, count=len(external_ids))
 
     def digest(self, rows: np.ndarray, correct: np.ndarray) -> str:
         """`embedding.digest` of the queries at these rows and their 0/1 results (in the order given), from the

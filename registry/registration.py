@@ -67,7 +67,7 @@ def stage_group(tx: Tx, jobs: list[tuple]) -> list[Staged]:
     group of several refuses the group with no line named: the writer then stages each registration alone, and
     alone a bad row is read again from its file, which names the line."""
     names = [j[0] for j in jobs]
-    rows = [_plain_rows(j[1]) if names.count(j[0]) == 1 else None for j in jobs]
+    rows = [plain_rows(j[1]) if names.count(j[0]) == 1 else None for j in jobs]
     together = [i for i, r in enumerate(rows) if r is not None]
     out: dict[int, Staged] = {i: stage(tx, *jobs[i]) for i in range(len(jobs)) if i not in together}
     if together:
@@ -105,8 +105,8 @@ _PLAIN_KEYS = {"question_id", "correct"}
 _PLAIN_MAX_BYTES = 1 << 20
 
 
-def _plain_rows(evals) -> list[dict] | None:
-    """The rows of a small JSONL file of question ids and results only, else None."""
+def plain_rows(evals) -> list[dict] | None:
+    """The rows of a small JSONL file of question ids and results only (what `POST /models` writes), else None."""
     import json
     import os
 

@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import generation, registration, routing, vectors
+from . import generation, onboarding, registration, routing, vectors
 from .answerbook import AnswerBook
 
 LOG_FLUSH_S = 0.1           # the longest an idle writer leaves routing-log rows in memory
@@ -47,6 +47,7 @@ class _Job:
     kind: str                              # "register" | "run"
     args: tuple
     future: Future = field(default_factory=Future)
+    prepared: Any = None                   # a registration's embedding computed ahead (onboarding.Prepared)
 
 
 class Writer:
@@ -69,6 +70,7 @@ class Writer:
                        "register_wait_ms": 0.0, "report_ms": 0.0,                 # and a registration's time
                        "refits": 0}
         self._stats["version_refreshes"] = 0    # snapshots that read only the new versions (add_versions)
+        self._stats["prepared"] = 0     # registrations whose embedding came computed by their request (Prepared)
         self._stats["follows"] = 0      # refreshes for writes of other processes (PostgreSQL)
         self._refresh_lock = threading.Lock()     # one snapshot refresh at a time (the writer's, the follower's)
         reg._finish_pending()        # a crash may have left onboarding jobs behind
@@ -89,7 +91,10 @@ class Writer:
         """`Registry.register` through the writer (`registration.RegisterResult`); blocks until durable."""
         name = registration.check(name, metadata)
         t0 = time.perf_counter()
-        staged, outcome = self._submit("register", (name, evals, metadata, update))
+        # a new model's embedding, from the rows it brought, in this thread while the writer works on others: the
+        # writer then only checks its digest (onboarding.Prepared)
+        prepared = self._prepare(evals) if not update and self.book.id_of(name) is None else None
+        staged, outcome = self._submit("register", (name, evals, metadata, update), prepared)
         t1 = time.perf_counter()
         out = registration.report_served(self.reg, self.snapshots.current, self.book, staged, outcome, k)
         self._stats["register_wait_ms"] += 1000 * (t1 - t0)
@@ -117,10 +122,22 @@ class Writer:
         self._jobs.put(None)
         self._thread.join(timeout=60)
 
-    def _submit(self, kind: str, args: tuple):
+    def _prepare(self, evals: str):
+        rows = registration.plain_rows(evals)
+        if rows is None:
+            return None
+        try:
+            with self.reg.store.tx() as tx:
+                return onboarding.prepare(tx, [r["question_id"] for r in rows], [bool(r["correct"]) for r in rows],
+                                          self.reg.min_evaluations)
+        except Exception:           # a bug of ours: the writer embeds the model as always
+            traceback.print_exc(file=sys.stderr)
+            return None
+
+    def _submit(self, kind: str, args: tuple, prepared=None):
         if self._stopping:
             raise RuntimeError("the server is stopping")
-        job = _Job(kind, args)
+        job = _Job(kind, args, prepared=prepared)
         self._jobs.put(job)
         return job.future.result()
 
@@ -248,7 +265,9 @@ class Writer:
         outcomes = {}
         if any(j.kind == "register" for j in done):
             try:
-                outcomes = {o.model: o for o in self.reg.onboard(sweep=False)}
+                prepared = {j.args[0]: j.prepared for j in done if j.kind == "register" and j.prepared is not None}
+                outcomes = {o.model: o for o in self.reg.onboard(sweep=False, prepared=prepared)}
+                self._stats["prepared"] += sum(1 for o in outcomes.values() if o.prepared)
             except Exception as exc:   # the rows are committed; pending jobs finish on the next onboarding
                 traceback.print_exc(file=sys.stderr)
                 for j in done:

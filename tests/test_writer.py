@@ -110,9 +110,9 @@ def test_a_bad_registration_in_a_group_is_refused_alone(any_db, tmp_path):
 def test_only_plain_small_jsonl_is_staged_together(tmp_path, content):
     path = tmp_path / "e.jsonl"
     path.write_text(content)
-    assert registration._plain_rows(str(path)) is None
+    assert registration.plain_rows(str(path)) is None
     path.write_text('{"question_id": "q", "correct": 1}\n')
-    assert registration._plain_rows(str(path)) == [{"question_id": "q", "correct": 1}]
+    assert registration.plain_rows(str(path)) == [{"question_id": "q", "correct": 1}]
 
 
 def test_interaction_is_carried_over_then_refitted_when_idle(db_copy, tmp_path):
@@ -278,3 +278,74 @@ def test_the_answer_book_follows_new_models_and_changed_results_and_old_views_st
             want[row[m], book.col[q]] = y
         assert np.array_equal(correct, want)
         assert np.array_equal(answered, (want >= 0).sum(axis=1))
+
+
+def test_an_embedding_computed_ahead_is_taken_only_for_the_set_it_was_computed_from(db_copy, tmp_path):
+    """onboarding.prepare computes, from a new model's rows alone, the vector and stability halves onboarding would;
+    run_pending takes a Prepared only when the digest of the set it reads matches (a marked vector shows which)."""
+    from registry import ingest, onboarding
+
+    with Registry(db_copy) as reg:
+        qids = _qids(reg)
+        names = ["ahead-a", "ahead-b", "ahead-c"]
+        paths = [_rows_file(tmp_path, n, qids[50 * i: 50 * i + 90], i) for i, n in enumerate(names)]
+        with reg.store.tx() as tx:
+            ready = {n: onboarding.prepare(tx, [r["question_id"] for r in registration.plain_rows(p)],
+                                           [bool(r["correct"]) for r in registration.plain_rows(p)])
+                     for n, p in zip(names, paths)}
+        assert all(ready.values())
+        # a: as computed; b: marked, with its true digest (taken: the marked vector is stored); c: marked, with a
+        # digest of other rows (refused: computed again)
+        mark = np.full_like(ready["ahead-b"].z, 0.5)
+        given = {"ahead-a": ready["ahead-a"],
+                 "ahead-b": onboarding.Prepared(ready["ahead-b"].encoder_id, ready["ahead-b"].digest, mark,
+                                                (mark, mark + 0.25)),
+                 "ahead-c": onboarding.Prepared(ready["ahead-c"].encoder_id, ready["ahead-a"].digest, mark,
+                                                (mark, mark))}
+        with reg.store.tx() as tx:
+            for n, p in zip(names, paths):
+                ingest.run_model_import(tx, n, p)
+        with reg.store.tx() as tx:
+            out = {o.model: o for o in onboarding.run_pending(tx, stability=True, prepared=given)}
+        with reg.store.tx() as tx:
+            stored = {n: (np.asarray(v, dtype=np.float32), vid) for n, v, vid in tx.sql(
+                """SELECT m.name, v.vector, v.id FROM embedding_versions v JOIN models m ON m.id = v.model_id
+                   WHERE m.name LIKE 'ahead-%'""")}
+        recomputed = {}
+        with reg.store.tx() as tx:
+            for n in names:
+                _, recomputed[n], same_digest = onboarding.recompute(tx, stored[n][1])
+                assert same_digest
+    assert [out[n].prepared for n in names] == [True, True, False]
+    assert np.abs(stored["ahead-a"][0] - recomputed["ahead-a"]).max() < 1e-5     # prepared = what onboarding computes
+    assert np.abs(stored["ahead-a"][0] - ready["ahead-a"].z).max() == 0
+    assert np.array_equal(stored["ahead-b"][0], mark)
+    assert out["ahead-b"].stability == pytest.approx(float(np.linalg.norm(np.full_like(mark, -0.25))), rel=1e-6)
+    assert np.abs(stored["ahead-c"][0] - recomputed["ahead-c"]).max() < 1e-5
+    with Registry(db_copy) as reg, reg.store.tx() as tx:      # unknown query, a question twice: nothing to prepare
+        assert onboarding.prepare(tx, qids[:40] + ["no-such-question"], [True] * 41) is None
+        assert onboarding.prepare(tx, qids[:40] + qids[:1], [True] * 41) is None
+
+
+def test_a_served_registration_of_a_new_model_is_embedded_by_its_request(db_copy, tmp_path):
+    """Through the writer, a new model's embedding is computed in the request's thread and taken by the writer
+    (stats), and the stored version is the one onboarding recomputes; an update is embedded by the writer."""
+    from registry import onboarding
+
+    with Registry(db_copy) as reg:
+        qids = _qids(reg)
+        serving = Serving(reg)
+        serving.writer.refit_every_s = 1e9
+        try:
+            fresh = serving.register("ahead-served", _rows_file(tmp_path, "served", qids[:120], 5), {})
+            more = serving.register("ahead-served", _rows_file(tmp_path, "more", qids[150:210], 6), {}, update=True)
+            stats = serving.writer.stats()
+        finally:
+            serving.close()
+        with reg.store.tx() as tx:
+            rows = tx.sql("""SELECT v.id, v.version FROM embedding_versions v JOIN models m ON m.id = v.model_id
+                             WHERE m.name = 'ahead-served' ORDER BY v.version""")
+            checks = [onboarding.recompute(tx, vid) for vid, _ in rows]
+    assert (fresh.version, more.version) == (1, 2)
+    assert stats["prepared"] == 1
+    assert all(same and np.abs(stored - again).max() < 1e-5 for stored, again, same in checks)

@@ -133,12 +133,22 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
     if reg.store.dialect == "duckdb":     # (PostgreSQL: a server of its own, shared with other processes)
         hold = reg.store.engine.connect()   # keep the file open (and locked against other processes) while we serve
         # DuckDB runs a query on the thread that asks (no worker threads): the writer's queries then run at the
-        # writer's lower priority, and reads' small queries do not hand work across threads
+        # writer's priority, and reads' small queries do not hand work across threads
         threads = int(os.environ.get("REGISTRY_DUCKDB_THREADS", "1"))
         hold.connection.driver_connection.execute(f"SET threads = {threads}")
     serving = Serving(reg)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        yield
+        serving.close()                 # the writer commits what it holds first
+        if hold is not None:
+            hold.close()
+        reg.close()
+
     # /docs from the package's own Swagger UI files (FastAPI's default fetches them from a CDN: blank offline)
-    app = FastAPI(title="LLM model registry", version="1", description=__doc__, docs_url=None, redoc_url=None)
+    app = FastAPI(title="LLM model registry", version="1", description=__doc__, docs_url=None, redoc_url=None,
+                  lifespan=lifespan)
     app.state.registry = reg
     app.state.serving = serving
 
@@ -146,13 +156,6 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
     _offline_docs(app)
     web.mount(app, reg, token)      # the pages at / (web.py)
     proxy.mount(app, serving)           # the OpenAI-compatible routing proxy at /v1 (proxy.py)
-
-    @app.on_event("shutdown")
-    def _close():
-        serving.close()                 # the writer commits what it holds first
-        if hold is not None:
-            hold.close()
-        reg.close()
 
     def writer(authorization: str | None = Header(None)) -> None:
         if token is None:

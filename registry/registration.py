@@ -59,15 +59,17 @@ def stage(tx: Tx, name: str, evals: str, metadata: dict, update: bool = False, p
     return Staged(name, changes, imported.evaluations_added, imported.queries_added, changed)
 
 
-def stage_group(tx: Tx, jobs: list[tuple]) -> list[Staged]:
+def stage_group(tx: Tx, jobs: list[tuple], parsed: list[list[dict] | None] | None = None) -> list[Staged]:
     """Many registrations (`stage`'s (name, evals, metadata, update) each) in `tx`, for the server's writer. Those
     whose files are small JSONL of query ids and results only (what `POST /models` writes), each for a different
     model, are imported together from memory (ingest.run_rows_import): one pass of the import's checks for the
     group instead of one per registration, and no file read again by DuckDB (a group of one too). A bad row in a
     group of several refuses the group with no line named: the writer then stages each registration alone, and
-    alone a bad row is read again from its file, which names the line."""
+    alone a bad row is read again from its file, which names the line. `parsed`: each file's `plain_rows`, where
+    the caller has read them already (the writer's request threads)."""
     names = [j[0] for j in jobs]
-    rows = [plain_rows(j[1]) if names.count(j[0]) == 1 else None for j in jobs]
+    parsed = parsed or [plain_rows(j[1]) for j in jobs]
+    rows = [r if names.count(j[0]) == 1 else None for j, r in zip(jobs, parsed)]
     together = [i for i, r in enumerate(rows) if r is not None]
     out: dict[int, Staged] = {i: stage(tx, *jobs[i]) for i in range(len(jobs)) if i not in together}
     if together:

@@ -47,7 +47,8 @@ class _Job:
     kind: str                              # "register" | "run"
     args: tuple
     future: Future = field(default_factory=Future)
-    prepared: Any = None                   # a registration's embedding computed ahead (onboarding.Prepared)
+    rows: list[dict] | None = None         # a registration's rows, read by its request (registration.plain_rows)
+    prepared: Any = None                   # its embedding computed ahead from them (onboarding.Prepared)
 
 
 class Writer:
@@ -93,8 +94,9 @@ class Writer:
         t0 = time.perf_counter()
         # a new model's embedding, from the rows it brought, in this thread while the writer works on others: the
         # writer then only checks its digest (onboarding.Prepared)
-        prepared = self._prepare(evals) if not update and self.book.id_of(name) is None else None
-        staged, outcome = self._submit("register", (name, evals, metadata, update), prepared)
+        rows = registration.plain_rows(evals)
+        prepared = self._prepare(rows) if rows and not update and self.book.id_of(name) is None else None
+        staged, outcome = self._submit("register", (name, evals, metadata, update), rows, prepared)
         t1 = time.perf_counter()
         out = registration.report_served(self.reg, self.snapshots.current, self.book, staged, outcome, k)
         self._stats["register_wait_ms"] += 1000 * (t1 - t0)
@@ -122,10 +124,7 @@ class Writer:
         self._jobs.put(None)
         self._thread.join(timeout=60)
 
-    def _prepare(self, evals: str):
-        rows = registration.plain_rows(evals)
-        if rows is None:
-            return None
+    def _prepare(self, rows: list[dict]):
         try:
             with self.reg.store.tx() as tx:
                 return onboarding.prepare(tx, [r["question_id"] for r in rows], [bool(r["correct"]) for r in rows],
@@ -134,10 +133,10 @@ class Writer:
             traceback.print_exc(file=sys.stderr)
             return None
 
-    def _submit(self, kind: str, args: tuple, prepared=None):
+    def _submit(self, kind: str, args: tuple, rows: list[dict] | None = None, prepared=None):
         if self._stopping:
             raise RuntimeError("the server is stopping")
-        job = _Job(kind, args, prepared=prepared)
+        job = _Job(kind, args, rows=rows, prepared=prepared)
         self._jobs.put(job)
         return job.future.result()
 
@@ -312,7 +311,8 @@ class Writer:
         replica at the same instant) is tried once more: it then finds the model that one committed."""
         try:
             with self.reg.store.tx() as tx:
-                out = dict(zip(map(id, regs), registration.stage_group(tx, [j.args for j in regs])))
+                staged = registration.stage_group(tx, [j.args for j in regs], [j.rows for j in regs])
+                out = dict(zip(map(id, regs), staged))
                 self._append_log(tx, rows, vecs)
             self._stats["log_rows"] += len(rows)
             return out

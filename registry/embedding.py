@@ -53,18 +53,24 @@ def evaluation_sets(tx: Tx, model_ids, through_batch: int, max_set: int | None =
     correct_col = np.asarray(res["correct"], dtype=np.int64)
     batch_col = np.asarray(res["batch_id"], dtype=np.int64)
     at = meta.rows(qid_col)
-    keep = ~meta.is_test[at]
     out = {}
     for m in model_ids:        # each model's rows are one run of the sorted columns: no pass over all rows per model
         lo, hi = np.searchsorted(model_col, [int(m), int(m) + 1])
-        sel = lo + np.flatnonzero(keep[lo:hi])
-        if max_set and len(sel) > max_set:                      # the cap: lowest content hashes
-            sel = sel[np.argsort(meta.hash_rank[at[sel]], kind="stable")[:max_set]]
-        sel = sel[np.argsort(meta.ext_rank[at[sel]], kind="stable")]
+        sel = lo + chosen(meta, at[lo:hi], max_set)
         out[int(m)] = EvalSet(int(m), qid_col[sel], correct_col[sel].astype(np.float32),
                               meta.digest(at[sel], correct_col[sel]),
                               int(batch_col[lo:hi].max()) if hi > lo else 0)
     return out
+
+
+def chosen(meta, rows: np.ndarray, max_set: int | None = None) -> np.ndarray:
+    """Which of one model's current evaluations (their queries' rows in `query_meta`) its embedding reads, in the
+    digest's order: positions into `rows` outside the test split, capped at `max_set` by lowest content hash, in
+    external id order."""
+    sel = np.flatnonzero(~meta.is_test[rows])
+    if max_set and len(sel) > max_set:
+        sel = sel[np.argsort(meta.hash_rank[rows[sel]], kind="stable")[:max_set]]
+    return sel[np.argsort(meta.ext_rank[rows[sel]], kind="stable")]
 
 
 def chunked_sets(tx: Tx, model_ids, through_batch: int, max_set: int | None = None,

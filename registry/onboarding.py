@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import encoders
-from .embedding import (MIN_EVALUATIONS, EvalSet, chunked_sets, compute, embed_sets, evaluation_sets, halves,
-                        projected_inputs)
+from .embedding import (MIN_EVALUATIONS, EvalSet, chosen, chunked_sets, compute, embed_sets, evaluation_sets,
+                        halves, projected_inputs)
 from .errors import NotFound
 from .outbox import enqueue, model_states, pending
 from .store import Tx
@@ -58,17 +58,10 @@ def prepare(tx: Tx, external_ids: list[str], correct: list[bool],
     if encoder_id is None or rows is None or len(np.unique(rows)) != len(rows):
         return None
     model, info = encoders.load(tx, encoder_id)
-    y = np.asarray(correct, dtype=np.int64)
-    keep = ~meta.is_test[rows]
-    rows, y = rows[keep], y[keep]
+    sel = chosen(meta, rows, info.get("embed_max_set"))
+    rows, y = rows[sel], np.asarray(correct, dtype=np.int64)[sel]
     if len(rows) < max(2, min_evaluations):
         return None
-    max_set = info.get("embed_max_set")
-    if max_set and len(rows) > max_set:                       # the cap: lowest content hashes
-        cut = np.argsort(meta.hash_rank[rows], kind="stable")[:max_set]
-        rows, y = rows[cut], y[cut]
-    order = np.argsort(meta.ext_rank[rows], kind="stable")
-    rows, y = rows[order], y[order]
     full = EvalSet(-1, meta.ids[rows], y.astype(np.float32), meta.digest(rows, y))
     sets = [full] + [EvalSet(-1, full.query_ids[h], full.y[h], full.digest) for h in halves(full)]
     z = compute(tx, model, sets)

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from . import querylabels
 from .baselines import hit_at_k, predictor_metrics
 from .encoder import EncoderConfig, LocusModel
 from .evaluations import disagreement_matrix
@@ -80,8 +81,11 @@ class TrainConfig:
                                      # registry embeds a model from all of its evaluations)
     category_features: bool = False  # issue 16: a last stage fits each query category's row of the predictor (a
                                      # logit offset per model and category, read from z: fit_category_rows)
-    category_field: str = "category"  # the query column whose values are the categories ("category" or "source")
+    category_field: str = "category"  # the query column whose values are the categories ("category" or "source"),
+                                      # or "category+source": source offsets fitted on top of the category's
     category_l2: float = 10.0     # prior pseudo-weight of each offset (interaction.L2; chosen on val)
+    category_l2_deep: tuple = (10.0, 30.0, 100.0, 300.0)   # with several columns, the later columns' per-model
+                                  # pseudo-weights training chooses from on val (fit_category_rows)
     category_fit: str = "train"   # the answers the rows are fitted to: "train", or "nontest" (train and val, with
                                   # every model embedded from them, as the registry embeds it and as the
                                   # per-category router and the interaction terms are refitted; val then measures
@@ -263,61 +267,117 @@ def _fit_teacher(model, dec_params, log_s, q_tr, y_tr, obs_tr, dis, q_all, corre
     return e, dict(info, scale=float(sd))
 
 
-def category_vocabulary(categories, train_idx) -> tuple[str, ...]:
-    """The category names of the train queries, sorted ("(none)", the registry's name for a missing one, left out)."""
+def category_vocabulary(categories, train_idx, field: str = "category") -> tuple[str, ...]:
+    """The category names of the train queries, sorted ("(none)", the registry's name for a missing one, left out).
+    With several columns (field "category+source", categories their joined labels): "column:value" names, column
+    by column, each column's values sorted."""
     from .errors import InputError
 
     if categories is None:
         raise InputError("category features need the queries' categories")
-    names = sorted({c for c in np.asarray(categories, dtype=object)[np.asarray(train_idx)].tolist()
-                    if isinstance(c, str) and c != "(none)"})
+    cols = querylabels.parse(field) or (field,)
+    labels = np.asarray(categories, dtype=object)[np.asarray(train_idx)].tolist()
+    if len(cols) == 1:
+        names = sorted({c for c in labels if isinstance(c, str) and c != querylabels.NONE})
+    else:
+        values = [querylabels.split(c, len(cols)) for c in labels]
+        names = [f"{col}:{v}" for k, col in enumerate(cols) for v in sorted({vs[k] for vs in values} - {None})]
     if not names:
         raise InputError("category features need categories, and no train query has one")
     return tuple(names)
 
 
+def _category_targets(model: LocusModel, qvecs, correct, fit_idx, ids, n_names: int, l2: float, deep_l2: float):
+    """Every model's offset on every category row, fitted to its answers on fit_idx, every model embedded from
+    them: (z [M,D] float64, offsets [M,C] of each model, shift [C] common to all models). ids [Nq, columns] (0:
+    none). The first column's offsets are the maximum-a-posteriori shift of the predictor's logits per model and
+    value (prior pseudo-weight l2: interaction.category_offsets). Each later column is fitted on top of the columns
+    before it, its value's offset shrunk towards theirs: a shift common to all models first (pseudo-weight l2,
+    pooled over the models: a value's difficulty, which moves AUC and never routing), then each model's own
+    deviation (pseudo-weight deep_l2, chosen on val: 91 sources have a tenth of a category's answers each)."""
+    from .interaction import category_offsets, logit
+
+    z = embed_models(model, qvecs, correct, fit_idx).astype(np.float64)   # [M,D], as the refit stage embeds
+    lg = logit(model.p_correct(z.astype(np.float32), qvecs[fit_idx]))    # [M,Nfit] the predictor's own
+    c = correct[:, fit_idx]
+    M = len(z)
+    offsets, shift = np.zeros((M, n_names)), np.zeros(n_names)
+    for k in range(ids.shape[1]):
+        col = ids[fit_idx, k]
+        has = col > 0
+        cat = col[has] - 1
+        if k > 0:
+            pooled = category_offsets(lg[:, has].reshape(1, -1), c[:, has].reshape(1, -1), np.tile(cat, M),
+                                      n_names, l2)[0]
+            shift += pooled
+            lg[:, has] += pooled[cat][None]
+        b = category_offsets(lg[:, has], c[:, has], cat, n_names, l2 if k == 0 else deep_l2)   # [M,C]
+        offsets += b
+        lg[:, has] += b[:, cat]
+    return z, offsets, shift
+
+
 @torch.no_grad()
 def fit_category_rows(model: LocusModel, qvecs, correct, train_idx, val_idx, categories, field: str = "category",
-                      l2: float = 10.0, fit: str = "train") -> tuple[LocusModel, EncoderConfig, dict]:
+                      l2: float = 10.0, fit: str = "train",
+                      deep_l2: tuple = (10.0, 30.0, 100.0, 300.0)) -> tuple[LocusModel, EncoderConfig, dict]:
     """The last stage of category features (issue 16): a copy of the trained (text-only) model with one row per
-    category of the train queries, so that logit += [z, 1] . row(category).
+    category of the train queries, so that logit += [z, 1] . row(category) (summed over the columns, for a field
+    of several: "category+source").
 
     Why this form and this fit (measured on MMLU-Pro's val split, BENCHMARKS.md): rows added to the query projection
     and trained by SGD with the rest did not move routing (the predictor learns base rates and difficulty, not which
     model is better on what), and neither did rows read against z trained by SGD on the frozen predictor. What the
     per-category router knows is a per-(model, category) offset. So each model's offset on each category is fitted
-    directly (the maximum-a-posteriori shift of the predictor's logits that fits the model's train answers in the
-    category, prior pseudo-weight l2: interaction.category_offsets), with every model embedded from its train
-    evaluations as in the refit stage; the rows are then the least-norm solution of [z_m, 1] . row_c = offset(m, c),
-    exact for the training models (fewer models than dimensions), and defined for any model embedded later.
-    fit="nontest" fits to the train and val answers, every model embedded from them (see TrainConfig.category_fit)."""
+    directly (_category_targets), with every model embedded from its train evaluations as in the refit stage; the
+    rows are then the least-norm solution of [z_m, 1] . row_c = offset(m, c), exact for the training models (fewer
+    models than dimensions), and defined for any model embedded later; a shift common to all models goes into the
+    rows' constant term alone, so every model gets it. With several columns, the later columns' pseudo-weight is
+    the one of deep_l2 with the best val hit@1 (ties: val AUC), each fitted to train. fit="nontest" fits to the
+    train and val answers, every model embedded from them (see TrainConfig.category_fit), with the pseudo-weight
+    chosen by the train fit on val."""
     from .errors import InputError
-    from .interaction import category_offsets, logit
 
     if fit not in ("train", "nontest"):
         raise InputError(f"category rows are fitted on 'train' or 'nontest', not {fit!r}")
     va = np.asarray(val_idx)
     tr = np.asarray(train_idx) if fit == "train" else np.sort(np.concatenate([train_idx, val_idx]))
-    names = category_vocabulary(categories, tr)
+    names = category_vocabulary(categories, tr, field)
     ecfg = replace(model.cfg, categories=names, category_field=field)
     out = LocusModel(ecfg)
     out.load_state_dict({**model.state_dict(), "q_cat.weight": torch.zeros(len(names) + 1, ecfg.d_model + 1)})
     out.eval()
-    ids = out.category_ids(categories)                                    # [Nq], 0 = none
-    z = embed_models(model, qvecs, correct, tr).astype(np.float64)       # [M,D], as the refit stage embeds
-    lg = logit(model.p_correct(z.astype(np.float32), qvecs[tr]))         # [M,Ntr] the predictor's own
-    has = ids[tr] > 0
-    b = category_offsets(lg[:, has], correct[:, tr][:, has], ids[tr][has] - 1, len(names), l2)   # [M,C]
-    Z = np.concatenate([z, np.ones((len(z), 1))], 1)                     # [M,D+1]
-    rows = np.linalg.pinv(Z) @ b                                         # [D+1,C]
+    ids = out.category_ids(categories)
+    ids = ids.reshape(len(ids), -1)                                       # [Nq, columns], 0 = none
+    cv, cats_va = correct[:, va], np.asarray(categories, dtype=object)[va]
+
+    def rows_of(z, offsets, shift):
+        Z = np.concatenate([z, np.ones((len(z), 1))], 1)                  # [M,D+1]
+        rows = np.linalg.pinv(Z) @ offsets                                # [D+1,C]
+        rows[-1] += shift
+        return Z, rows
+
+    def on_val(m, z32, cats=None):
+        p = m.p_correct(z32, qvecs[va], cats)
+        return {"hit@1": hit_at_k(p, cv, 1), "auc": predictor_metrics(p, cv)["auc"]}
+
+    choices, chosen = {}, deep_l2[0] if ids.shape[1] > 1 else None
+    if ids.shape[1] > 1:
+        for w in deep_l2:                   # each fitted to train, scored on val (the val answers never fitted)
+            z, o, sh = _category_targets(model, qvecs, correct, np.asarray(train_idx), ids, len(names), l2, w)
+            out.q_cat.weight[1:] = torch.from_numpy(rows_of(z, o, sh)[1].T.astype(np.float32))
+            choices[w] = on_val(out, z.astype(np.float32), cats_va)
+        chosen = max(deep_l2, key=lambda w: (round(choices[w]["hit@1"], 9), choices[w]["auc"]))
+    z, o, sh = _category_targets(model, qvecs, correct, tr, ids, len(names), l2, chosen)
+    Z, rows = rows_of(z, o, sh)
+    out.q_cat.weight[0] = 0.0
     out.q_cat.weight[1:] = torch.from_numpy(rows.T.astype(np.float32))
-    z32, cv = z.astype(np.float32), correct[:, va]
-    val = {}
-    for when, p in (("val_before", model.p_correct(z32, qvecs[va])),
-                    ("val_after", out.p_correct(z32, qvecs[va], np.asarray(categories, dtype=object)[va]))):
-        val[when] = {"hit@1": hit_at_k(p, cv, 1), "auc": predictor_metrics(p, cv)["auc"]}
-    info = {"field": field, "categories": len(names), "l2": l2, "fit": fit, "fit_max_error": float(np.abs(Z @ rows - b).max()),
-            **val}
+    z32 = z.astype(np.float32)
+    info = {"field": field, "categories": len(names), "l2": l2, "fit": fit,
+            "fit_max_error": float(np.abs(Z @ rows - o - sh[None]).max()),
+            "val_before": on_val(model, z32), "val_after": on_val(out, z32, cats_va)}
+    if choices:
+        info.update(deep_l2=chosen, deep_l2_val={str(w): v for w, v in choices.items()})
     return out, ecfg, info
 
 
@@ -575,7 +635,8 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
         category_info = {}
         if cfg.category_features:
             model, ecfg, category_info = fit_category_rows(model, qvecs, correct, tr, val_idx, categories,
-                                                           cfg.category_field, cfg.category_l2, cfg.category_fit)
+                                                           cfg.category_field, cfg.category_l2, cfg.category_fit,
+                                                           tuple(cfg.category_l2_deep))
         metrics = {"best_step": best_step, "steps": step, "teacher": teacher_info, "refit": refit_info,
                    "category": category_info,
                    "wall_s": time.time() - t0, "n_params": model.n_params(),

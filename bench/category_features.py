@@ -6,7 +6,9 @@ category features (`registry train --seed S --category-features [--category-fiel
 model and category read from the model's embedding; nothing before that stage reads the categories, so the bench
 applies that stage to the text-only checkpoint of the same seed instead of training it again (the same function
 `registry train` calls). Two fields: `category` (14 values on MMLU-Pro) and `source` (91: the question's origin,
-e.g. ori_mmlu-professional_law, stemez-Physics), the "other metadata the user names" of the issue.
+e.g. ori_mmlu-professional_law, stemez-Physics), the "other metadata the user names" of the issue, and both
+(`--category-field category+source`: each source's offsets fitted on top of its category's, the source level's
+pseudo-weight chosen on val by the training stage; `--fields category+source`).
 
 Each checkpoint is installed and activated in one copy of the registry (every model re-embedded from its non-test
 evaluations, as the registry embeds them), then `Registry.evaluate()` reports LOCUS's test hit@1 and AUC (the
@@ -71,8 +73,8 @@ def checkpoint(data, cache: Path, kind: str, seed: int, overrides: dict, t0: flo
         want = json.loads(json.dumps(asdict(replace(training.TrainConfig(seed=seed), **overrides)), default=str))
         have = dict(meta.get("train_config", {}))
         # a checkpoint from before the category fields has them at their defaults
-        have = {**{k: want[k] for k in ("category_features", "category_field", "category_l2", "category_fit")},
-                **have}
+        have = {**{k: want[k] for k in ("category_features", "category_field", "category_l2", "category_fit",
+                                        "category_l2_deep")}, **have}
         have["encoder"] = {"categories": [], "category_field": "category", **have.get("encoder", {})}
         differ = {k for k in want if have.get(k) != want[k]}
         if differ:
@@ -89,7 +91,8 @@ def checkpoint(data, cache: Path, kind: str, seed: int, overrides: dict, t0: flo
         cfg = replace(training.TrainConfig(seed=seed), **overrides)
         model, ecfg, info = training.fit_category_rows(model, data.qvecs, data.correct, data.splits["train"],
                                                        data.splits["val"], data.query_field(cfg.category_field),
-                                                       cfg.category_field, cfg.category_l2, cfg.category_fit)
+                                                       cfg.category_field, cfg.category_l2, cfg.category_fit,
+                                                       tuple(cfg.category_l2_deep))
         meta = dict(meta, name=f"bench-{kind}-seed{seed}", metrics=dict(meta["metrics"], category=info),
                     train_config=json.loads(json.dumps(asdict(cfg), default=str)))
         blob = save_checkpoint(model, ecfg, meta)
@@ -145,7 +148,7 @@ def main() -> None:
     ap.add_argument("--db", default="registry.duckdb")
     ap.add_argument("--cache", default="/work/cache-cat")
     ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
-    ap.add_argument("--fields", nargs="*", default=["category", "source"])
+    ap.add_argument("--fields", nargs="*", default=["category", "source", "category+source"])
     ap.add_argument("--fits", nargs="*", default=["train", "nontest"],
                     help="the answers the category rows are fitted to (TrainConfig.category_fit)")
     ap.add_argument("--train-only", action="store_true", help="train what is missing, evaluate nothing")
@@ -198,6 +201,12 @@ def main() -> None:
             if k != "text":
                 ok = r["locus"]["hit@1"] >= per_cat["hit@1"] and d >= BAR_AUC
                 verdicts.append((k, s, ok))
+    for (k, s), path in paths.items():
+        info = read_header(path.read_bytes())["meta"]["metrics"].get("category") or {}
+        if "deep_l2" in info:                   # several columns: the later ones' pseudo-weight, chosen on val
+            out["runs"][f"{k}-seed{s}"]["deep_l2"] = info["deep_l2"]
+            print(f"{k} seed {s}: source pseudo-weight {info['deep_l2']:g} chosen on val from "
+                  + ", ".join(f"{w}: {v['hit@1']:.4f} / {v['auc']:.4f}" for w, v in info["deep_l2_val"].items()))
     for k in [k for k in kinds if k != "text"]:
         oks = [ok for kk, s, ok in verdicts if kk == k]
         print(f"bar 3 ({k}): hit@1 >= per-category ({per_cat['hit@1']:.4f}) and AUC +{BAR_AUC} over text only, "

@@ -8,7 +8,7 @@ applies that stage to the text-only checkpoint of the same seed instead of train
 `registry train` calls). Two fields: `category` (14 values on MMLU-Pro) and `source` (91: the question's origin,
 e.g. ori_mmlu-professional_law, stemez-Physics), the "other metadata the user names" of the issue, and both
 (`--category-field category+source`: each source's offsets fitted on top of its category's, the source level's
-pseudo-weight chosen on val by the training stage; `--fields category+source`).
+pseudo-weight and a scale of the text logit chosen on val by the training stage; `--fields category+source`).
 
 Each checkpoint is installed and activated in one copy of the registry (every model re-embedded from its non-test
 evaluations, as the registry embeds them), then `Registry.evaluate()` reports LOCUS's test hit@1 and AUC (the
@@ -74,7 +74,7 @@ def checkpoint(data, cache: Path, kind: str, seed: int, overrides: dict, t0: flo
         have = dict(meta.get("train_config", {}))
         # a checkpoint from before the category fields has them at their defaults
         have = {**{k: want[k] for k in ("category_features", "category_field", "category_l2", "category_fit",
-                                        "category_l2_deep")}, **have}
+                                        "category_l2_deep", "category_text_scales")}, **have}
         have["encoder"] = {"categories": [], "category_field": "category", **have.get("encoder", {})}
         differ = {k for k in want if have.get(k) != want[k]}
         if differ:
@@ -92,7 +92,7 @@ def checkpoint(data, cache: Path, kind: str, seed: int, overrides: dict, t0: flo
         model, ecfg, info = training.fit_category_rows(model, data.qvecs, data.correct, data.splits["train"],
                                                        data.splits["val"], data.query_field(cfg.category_field),
                                                        cfg.category_field, cfg.category_l2, cfg.category_fit,
-                                                       tuple(cfg.category_l2_deep))
+                                                       tuple(cfg.category_l2_deep), tuple(cfg.category_text_scales))
         meta = dict(meta, name=f"bench-{kind}-seed{seed}", metrics=dict(meta["metrics"], category=info),
                     train_config=json.loads(json.dumps(asdict(cfg), default=str)))
         blob = save_checkpoint(model, ecfg, meta)
@@ -203,10 +203,13 @@ def main() -> None:
                 verdicts.append((k, s, ok))
     for (k, s), path in paths.items():
         info = read_header(path.read_bytes())["meta"]["metrics"].get("category") or {}
-        if "deep_l2" in info:                   # several columns: the later ones' pseudo-weight, chosen on val
-            out["runs"][f"{k}-seed{s}"]["deep_l2"] = info["deep_l2"]
-            print(f"{k} seed {s}: source pseudo-weight {info['deep_l2']:g} chosen on val from "
-                  + ", ".join(f"{w}: {v['hit@1']:.4f} / {v['auc']:.4f}" for w, v in info["deep_l2_val"].items()))
+        if "deep_l2" in info:           # several columns: the source pseudo-weight and the text scale, chosen on val
+            out["runs"][f"{k}-seed{s}"].update(deep_l2=info["deep_l2"], text_scale=info["text_scale"],
+                                               choices_val=info["choices_val"])
+            print(f"{k} seed {s}: text scale {info['text_scale']:g}, source pseudo-weight {info['deep_l2']:g}, "
+                  "chosen on val from (hit@1 / AUC / log loss) " + ", ".join(
+                      f"{c}: {v['hit@1']:.4f} / {v['auc']:.4f} / {v['log_loss']:.4f}"
+                      for c, v in info["choices_val"].items()))
     for k in [k for k in kinds if k != "text"]:
         oks = [ok for kk, s, ok in verdicts if kk == k]
         print(f"bar 3 ({k}): hit@1 >= per-category ({per_cat['hit@1']:.4f}) and AUC +{BAR_AUC} over text only, "

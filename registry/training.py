@@ -86,6 +86,8 @@ class TrainConfig:
     category_l2: float = 10.0     # prior pseudo-weight of each offset (interaction.L2; chosen on val)
     category_l2_deep: tuple = (10.0, 30.0, 100.0, 300.0)   # with several columns, the later columns' per-model
                                   # pseudo-weights training chooses from on val (fit_category_rows)
+    category_text_scales: tuple = (1.0, 0.75, 0.5, 0.25)   # with several columns, the scales of the text logit
+                                  # under the offsets training chooses from on val (fit_category_rows)
     category_fit: str = "train"   # the answers the rows are fitted to: "train", or "nontest" (train and val, with
                                   # every model embedded from them, as the registry embeds it and as the
                                   # per-category router and the interaction terms are refitted; val then measures
@@ -287,25 +289,22 @@ def category_vocabulary(categories, train_idx, field: str = "category") -> tuple
     return tuple(names)
 
 
-def _category_targets(model: LocusModel, qvecs, correct, fit_idx, ids, n_names: int, l2: float, deep_l2: float):
-    """Every model's offset on every category row, fitted to its answers on fit_idx, every model embedded from
-    them: (z [M,D] float64, offsets [M,C] of each model, shift [C] common to all models). ids [Nq, columns] (0:
-    none). The first column's offsets are the maximum-a-posteriori shift of the predictor's logits per model and
-    value (prior pseudo-weight l2: interaction.category_offsets). Each later column is fitted on top of the columns
-    before it, its value's offset shrunk towards theirs: a shift common to all models first (pseudo-weight l2,
-    pooled over the models: a value's difficulty, which moves AUC and never routing), then each model's own
-    deviation (pseudo-weight deep_l2, chosen on val: 91 sources have a tenth of a category's answers each)."""
-    from .interaction import category_offsets, logit
+def _category_targets(lg, c, ids, n_names: int, l2: float, deep_l2: float):
+    """Every model's offset on every category row, fitted to its answers c [M,N] on top of the predictor's logits
+    lg [M,N] (ids [N, columns], 0: none): (offsets [M,C] of each model, shift [C] common to all models). The first
+    column's offsets are the maximum-a-posteriori shift of the logits per model and value (prior pseudo-weight l2:
+    interaction.category_offsets). Each later column is fitted on top of the columns before it, its value's offset
+    shrunk towards theirs: a shift common to all models first (pseudo-weight l2, pooled over the models: a value's
+    difficulty, which moves AUC and never routing), then each model's own deviation (pseudo-weight deep_l2, chosen
+    on val: 91 sources have a tenth of a category's answers each)."""
+    from .interaction import category_offsets
 
-    z = embed_models(model, qvecs, correct, fit_idx).astype(np.float64)   # [M,D], as the refit stage embeds
-    lg = logit(model.p_correct(z.astype(np.float32), qvecs[fit_idx]))    # [M,Nfit] the predictor's own
-    c = correct[:, fit_idx]
-    M = len(z)
+    lg = np.array(lg, dtype=np.float64)
+    M = len(lg)
     offsets, shift = np.zeros((M, n_names)), np.zeros(n_names)
     for k in range(ids.shape[1]):
-        col = ids[fit_idx, k]
-        has = col > 0
-        cat = col[has] - 1
+        has = ids[:, k] > 0
+        cat = ids[has, k] - 1
         if k > 0:
             pooled = category_offsets(lg[:, has].reshape(1, -1), c[:, has].reshape(1, -1), np.tile(cat, M),
                                       n_names, l2)[0]
@@ -314,13 +313,22 @@ def _category_targets(model: LocusModel, qvecs, correct, fit_idx, ids, n_names: 
         b = category_offsets(lg[:, has], c[:, has], cat, n_names, l2 if k == 0 else deep_l2)   # [M,C]
         offsets += b
         lg[:, has] += b[:, cat]
-    return z, offsets, shift
+    return offsets, shift
+
+
+def _scale_text_logit(model: LocusModel, scale: float) -> None:
+    """Multiplies the predictor's text logit by scale, in place (its last layer: head, and q_bias if any)."""
+    model.head.weight.mul_(scale)
+    model.head.bias.mul_(scale)
+    if model.cfg.query_bias:
+        model.q_bias.weight.mul_(scale)
+        model.q_bias.bias.mul_(scale)
 
 
 @torch.no_grad()
 def fit_category_rows(model: LocusModel, qvecs, correct, train_idx, val_idx, categories, field: str = "category",
-                      l2: float = 10.0, fit: str = "train",
-                      deep_l2: tuple = (10.0, 30.0, 100.0, 300.0)) -> tuple[LocusModel, EncoderConfig, dict]:
+                      l2: float = 10.0, fit: str = "train", deep_l2: tuple = (10.0, 30.0, 100.0, 300.0),
+                      text_scales: tuple = (1.0, 0.75, 0.5, 0.25)) -> tuple[LocusModel, EncoderConfig, dict]:
     """The last stage of category features (issue 16): a copy of the trained (text-only) model with one row per
     category of the train queries, so that logit += [z, 1] . row(category) (summed over the columns, for a field
     of several: "category+source").
@@ -332,16 +340,22 @@ def fit_category_rows(model: LocusModel, qvecs, correct, train_idx, val_idx, cat
     directly (_category_targets), with every model embedded from its train evaluations as in the refit stage; the
     rows are then the least-norm solution of [z_m, 1] . row_c = offset(m, c), exact for the training models (fewer
     models than dimensions), and defined for any model embedded later; a shift common to all models goes into the
-    rows' constant term alone, so every model gets it. With several columns, the later columns' pseudo-weight is
-    the one of deep_l2 with the best val hit@1 (ties: val AUC), each fitted to train. fit="nontest" fits to the
-    train and val answers, every model embedded from them (see TrainConfig.category_fit), with the pseudo-weight
-    chosen by the train fit on val."""
+    rows' constant term alone, so every model gets it. fit="nontest" fits to the train and val answers, every
+    model embedded from them (see TrainConfig.category_fit).
+
+    With several columns two more choices are made on val, each candidate fitted to train (the val answers never
+    fitted): the later columns' per-model pseudo-weight (deep_l2: the best val hit@1, ties val AUC), and a scale
+    of the text logit under the offsets (text_scales: the lowest val log loss; the text-only predictor is
+    overconfident once the offsets carry what the category says, measured on val), written into the predictor's
+    last layer. A nontest fit uses the choices of the train fit. One column keeps the scale 1 and no choice, as
+    every checkpoint before the option was made."""
     from .errors import InputError
+    from .interaction import logit
 
     if fit not in ("train", "nontest"):
         raise InputError(f"category rows are fitted on 'train' or 'nontest', not {fit!r}")
-    va = np.asarray(val_idx)
-    tr = np.asarray(train_idx) if fit == "train" else np.sort(np.concatenate([train_idx, val_idx]))
+    va, trn = np.asarray(val_idx), np.asarray(train_idx)
+    tr = trn if fit == "train" else np.sort(np.concatenate([train_idx, val_idx]))
     names = category_vocabulary(categories, tr, field)
     ecfg = replace(model.cfg, categories=names, category_field=field)
     out = LocusModel(ecfg)
@@ -350,6 +364,11 @@ def fit_category_rows(model: LocusModel, qvecs, correct, train_idx, val_idx, cat
     ids = out.category_ids(categories)
     ids = ids.reshape(len(ids), -1)                                       # [Nq, columns], 0 = none
     cv, cats_va = correct[:, va], np.asarray(categories, dtype=object)[va]
+    several = ids.shape[1] > 1
+
+    def embedded(idx):             # every model embedded from its answers on idx, and the predictor's logits there
+        z = embed_models(model, qvecs, correct, idx).astype(np.float64)  # [M,D], as the refit stage embeds
+        return z, logit(model.p_correct(z.astype(np.float32), qvecs[idx]))
 
     def rows_of(z, offsets, shift):
         Z = np.concatenate([z, np.ones((len(z), 1))], 1)                  # [M,D+1]
@@ -357,27 +376,43 @@ def fit_category_rows(model: LocusModel, qvecs, correct, train_idx, val_idx, cat
         rows[-1] += shift
         return Z, rows
 
-    def on_val(m, z32, cats=None):
-        p = m.p_correct(z32, qvecs[va], cats)
-        return {"hit@1": hit_at_k(p, cv, 1), "auc": predictor_metrics(p, cv)["auc"]}
+    def on_val(m, z, cats=None):
+        p = m.p_correct(z.astype(np.float32), qvecs[va], cats)
+        obs = cv >= 0
+        pp = np.clip(p[obs].astype(np.float64), 1e-7, 1 - 1e-7)
+        y = cv[obs] == 1
+        return {"hit@1": hit_at_k(p, cv, 1), "auc": predictor_metrics(p, cv)["auc"],
+                "log_loss": float(-np.mean(np.where(y, np.log(pp), np.log(1 - pp))))}
 
-    choices, chosen = {}, deep_l2[0] if ids.shape[1] > 1 else None
-    if ids.shape[1] > 1:
-        for w in deep_l2:                   # each fitted to train, scored on val (the val answers never fitted)
-            z, o, sh = _category_targets(model, qvecs, correct, np.asarray(train_idx), ids, len(names), l2, w)
-            out.q_cat.weight[1:] = torch.from_numpy(rows_of(z, o, sh)[1].T.astype(np.float32))
-            choices[w] = on_val(out, z.astype(np.float32), cats_va)
-        chosen = max(deep_l2, key=lambda w: (round(choices[w]["hit@1"], 9), choices[w]["auc"]))
-    z, o, sh = _category_targets(model, qvecs, correct, tr, ids, len(names), l2, chosen)
-    Z, rows = rows_of(z, o, sh)
-    out.q_cat.weight[0] = 0.0
-    out.q_cat.weight[1:] = torch.from_numpy(rows.T.astype(np.float32))
-    z32 = z.astype(np.float32)
+    def fitted(z, lg, idx, scale, w):
+        """out with the text logit scaled and the rows fitted on top of it (in place); Z, rows, offsets, shift."""
+        out.load_state_dict({**model.state_dict(), "q_cat.weight": torch.zeros_like(out.q_cat.weight)})
+        _scale_text_logit(out, scale)
+        o, sh = _category_targets(scale * lg, correct[:, idx], ids[idx], len(names), l2, w)
+        Z, rows = rows_of(z, o, sh)
+        out.q_cat.weight[1:] = torch.from_numpy(rows.T.astype(np.float32))
+        return Z, rows, o, sh
+
+    choices, scale, chosen = {}, 1.0, None
+    if several:
+        z, lg = embedded(trn)
+        best = {}
+        for sc in text_scales:
+            for w in deep_l2:
+                fitted(z, lg, trn, sc, w)
+                choices[(sc, w)] = on_val(out, z, cats_va)
+            best[sc] = max(deep_l2, key=lambda w: (round(choices[(sc, w)]["hit@1"], 9), choices[(sc, w)]["auc"]))
+        scale = min(text_scales, key=lambda sc: choices[(sc, best[sc])]["log_loss"])
+        chosen = best[scale]
+    if not several or fit != "train":
+        z, lg = embedded(tr)
+    Z, rows, o, sh = fitted(z, lg, tr, scale, chosen)
     info = {"field": field, "categories": len(names), "l2": l2, "fit": fit,
             "fit_max_error": float(np.abs(Z @ rows - o - sh[None]).max()),
-            "val_before": on_val(model, z32), "val_after": on_val(out, z32, cats_va)}
-    if choices:
-        info.update(deep_l2=chosen, deep_l2_val={str(w): v for w, v in choices.items()})
+            "val_before": on_val(model, z), "val_after": on_val(out, z, cats_va)}
+    if several:
+        info.update(deep_l2=chosen, text_scale=scale,
+                    choices_val={f"scale {sc:g}, l2 {w:g}": v for (sc, w), v in choices.items()})
     return out, ecfg, info
 
 
@@ -636,7 +671,8 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
         if cfg.category_features:
             model, ecfg, category_info = fit_category_rows(model, qvecs, correct, tr, val_idx, categories,
                                                            cfg.category_field, cfg.category_l2, cfg.category_fit,
-                                                           tuple(cfg.category_l2_deep))
+                                                           tuple(cfg.category_l2_deep),
+                                                           tuple(cfg.category_text_scales))
         metrics = {"best_step": best_step, "steps": step, "teacher": teacher_info, "refit": refit_info,
                    "category": category_info,
                    "wall_s": time.time() - t0, "n_params": model.n_params(),

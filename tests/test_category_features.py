@@ -295,11 +295,15 @@ def test_fit_category_rows_with_two_columns():
     model = LocusModel(TOY).eval()
     labels = querylabels.join([cats, src])
     out, ecfg, info = fit_category_rows(model, q, correct, tr, va, labels, "category+source",
-                                        deep_l2=(1.0, 30.0))
+                                        deep_l2=(1.0, 30.0), text_scales=(1.0, 0.5))
     assert ecfg.category_field == "category+source"
     assert ecfg.categories == ("category:a", "category:b", "source:a1", "source:a2", "source:b1")
-    assert info["fit_max_error"] < 1e-6 and info["deep_l2"] in (1.0, 30.0)
-    assert set(info["deep_l2_val"]) == {"1.0", "30.0"}
+    assert info["fit_max_error"] < 1e-6 and info["deep_l2"] in (1.0, 30.0) and info["text_scale"] in (1.0, 0.5)
+    assert len(info["choices_val"]) == 4
+    # the text logit is scaled in the last layer only: every other weight is the text-only model's
+    state = out.state_dict()
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items() if not k.startswith("head"))
+    assert torch.equal(state["head.weight"], model.head.weight * info["text_scale"])
     z = embed_models(model, q, correct, tr)
     p = out.p_correct(z, q[va], labels[va])
     a1, a2, b1 = (src[va] == s for s in ("a1", "a2", "b1"))
@@ -309,7 +313,11 @@ def test_fit_category_rows_with_two_columns():
     # a category without its source: the category's offsets alone, the same for every a question's text
     cat_only = out.p_correct(z, q[va][a2], ["a"] * int(a2.sum()))
     assert (cat_only[0] > cat_only[[1, 2, 3]]).all()
-    np.testing.assert_allclose(out.p_correct(z, q[va], [None] * len(va)), model.p_correct(z, q[va]), atol=1e-6)
+    # no category: the text-only logit, times the chosen scale
+    lg = np.log(model.p_correct(z, q[va]).astype(np.float64))
+    lg = lg - np.log1p(-np.exp(lg))
+    np.testing.assert_allclose(out.p_correct(z, q[va], [None] * len(va)),
+                               1 / (1 + np.exp(-info["text_scale"] * lg)), atol=1e-5)
 
 
 def test_registry_routes_with_category_and_source(db_copy, tmp_path):

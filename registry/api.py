@@ -200,8 +200,9 @@ class Registry:
               category_fit: str = "train") -> int:
         """Train a LOCUS encoder on the registry's train split (val for model selection), store it as a checkpoint;
         returns its encoder id. `activate` makes it active (every model is re-embedded). `category_features`: the
-        predictor also reads each query's value of `category_field` ("category" or "source"; the vocabulary
-        is kept in the checkpoint), its rows fitted to the `category_fit` answers ("train" or "nontest")."""
+        predictor also reads each query's value of `category_field` ("category", "source", or "category+source":
+        source offsets fitted on top of the category's; the vocabulary is kept in the checkpoint), its rows fitted to
+        the `category_fit` answers ("train" or "nontest")."""
         from . import evaluation, training
 
         with self.store.tx() as tx:

@@ -84,8 +84,9 @@ def stage_bars(quiet: bool):
 @click.option("--name")
 @click.option("--category-features", is_flag=True,
               help="The predictor also reads each query's category: a logit offset per model and category, from z.")
-@click.option("--category-field", type=click.Choice(["category", "source"]), default="category", show_default=True,
-              help="The query column read as the category (with --category-features).")
+@click.option("--category-field", type=click.Choice(["category", "source", "category+source"]), default="category",
+              show_default=True, help="The query column read as the category (with --category-features); "
+              "category+source: both, each source's offsets fitted on top of its category's.")
 @click.option("--category-fit", type=click.Choice(["train", "nontest"]), default="train", show_default=True,
               help="Fit the category rows to the train answers, or to train and val (as the registry embeds models).")
 def train(ctx, seed, anchors, max_steps, epochs, activate, name, category_features, category_field, category_fit,

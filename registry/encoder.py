@@ -13,6 +13,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import querylabels
+
 
 _PREDICTOR = ("q_proj", "w_z", "w_u", "w_zu", "head", "q_bias", "q_cat")   # what scores a (model, query) pair
 
@@ -29,13 +31,23 @@ class EncoderConfig:
     query_bias: bool = False  # predictor adds a per-query logit bias from u alone (difficulty)
     categories: tuple = ()    # query-category vocabulary (issue 16): logit += [z, 1] . row(category), row 0 (zero) for
                               # a query without one or with one not listed; () = text only (every checkpoint made
-                              # before the field: it is written only when not empty)
-    category_field: str = "category"   # the query column the vocabulary names ("category" or "source")
+                              # before the field: it is written only when not empty). With several columns, each
+                              # name is "column:value" and a query's rows (one per column) add up
+    category_field: str = "category"   # the query column(s) the vocabulary names: "category", "source", or several
+                                       # joined by "+" ("category+source"; querylabels)
 
     def __post_init__(self):
         self.categories = tuple(str(c) for c in self.categories)   # JSON gives a list back
-        if self.category_field not in ("category", "source"):            # querycache.CATEGORY_FIELDS
-            raise ValueError(f"category_field must be 'category' or 'source', got {self.category_field!r}")
+        cols = querylabels.parse(self.category_field)
+        if cols is None:
+            raise ValueError(f"category_field must be 'category', 'source' or both joined by '+', "
+                             f"got {self.category_field!r}")
+        if len(cols) > 1 and any(c.split(":", 1)[0] not in cols or ":" not in c for c in self.categories):
+            raise ValueError(f"with category_field {self.category_field!r} every category is named 'column:value'")
+
+    @property
+    def category_columns(self) -> tuple[str, ...]:
+        return querylabels.parse(self.category_field)
 
 
 class MAB(nn.Module):
@@ -89,6 +101,13 @@ class PMA(nn.Module):
         return self.mab(self.seeds.expand(x.shape[0], -1, -1), x, mask)      # [B,S,D]
 
 
+def gather_offsets(offsets, ids):
+    """Offsets [M, C+1] (model x category row) and ids [N] or [N, columns] -> [M, N]: each query's offset, summed
+    over its columns' rows (torch or numpy)."""
+    o = offsets[:, ids]
+    return o if ids.ndim == 1 else o.sum(-1)
+
+
 class LocusModel(nn.Module):
     def __init__(self, cfg: EncoderConfig):
         super().__init__()
@@ -114,7 +133,11 @@ class LocusModel(nn.Module):
             # and at zero, so the other weights start as a text-only model's would
             self.q_cat = nn.Embedding(len(cfg.categories) + 1, d + 1)        # row 0: no or unknown category (zero)
             nn.init.zeros_(self.q_cat.weight)
-        self._cat_pos = {c: i + 1 for i, c in enumerate(cfg.categories)}
+        cols = cfg.category_columns
+        # one column: name -> row; several: (column's position, value) -> row
+        self._cat_pos = ({c: i + 1 for i, c in enumerate(cfg.categories)} if len(cols) == 1 else
+                         {(cols.index(c.split(":", 1)[0]), c.split(":", 1)[1]): i + 1
+                          for i, c in enumerate(cfg.categories)})
 
     def row_proj(self, q):
         """q [...,Dq] -> (P, S) [...,D]: the query parts of the input layer. A row [q, y, q*(2y-1)] enters as
@@ -144,11 +167,19 @@ class LocusModel(nn.Module):
 
     def category_ids(self, names) -> np.ndarray | None:
         """Category names [N] (None, "(none)" or a name outside the vocabulary: row 0) -> ids [N] int64, or None for
-        a text-only model or when no names are given."""
+        a text-only model or when no names are given. With several columns, names are labels (querylabels: the
+        values joined) -> ids [N, columns], each column's row 0 where its value is missing or unknown."""
         if names is None or not self.cfg.categories:
             return None
-        return np.fromiter((self._cat_pos.get(n, 0) if isinstance(n, str) else 0 for n in names), dtype=np.int64,
-                           count=len(names))
+        n_cols = len(self.cfg.category_columns)
+        if n_cols == 1:
+            return np.fromiter((self._cat_pos.get(n, 0) if isinstance(n, str) else 0 for n in names), dtype=np.int64,
+                               count=len(names))
+        out = np.zeros((len(names), n_cols), dtype=np.int64)
+        for i, label in enumerate(names):
+            for k, v in enumerate(querylabels.split(label, n_cols)):
+                out[i, k] = self._cat_pos.get((k, v), 0)
+        return out
 
     def query_proj(self, q):
         return self.q_proj(q)                                                # [N,Dq] -> u [N,D]
@@ -165,7 +196,7 @@ class LocusModel(nn.Module):
         u = self.query_proj(q)                                               # [N,D]
         out = self.logits_from_u(z, u, chunk_elems)
         if self.cfg.categories and cat is not None:
-            out = out + self.category_offsets(z)[:, cat]
+            out = out + gather_offsets(self.category_offsets(z), cat)
         return out
 
     def logits_from_u(self, z, u, chunk_elems: int = 1 << 24):
@@ -255,14 +286,29 @@ class LocusModel(nn.Module):
                 if qb is not None:
                     o = o + (u @ qb[0] + qb[1])[None]
                 if offsets is not None and ids is not None:
-                    o = o + offsets[:, ids[s:s + chunk]]
+                    o = o + gather_offsets(offsets, ids[s:s + chunk])
                 out[:, s:s + chunk] = 1.0 / (1.0 + np.exp(-o))
             return out
 
         if agrees is None:                          # checked once per state of the weights
             probe = np.random.default_rng(0).standard_normal((4, self.cfg.d_query)).astype(np.float32)
-            cats = [None, *self.cfg.categories[:3]][:4] if self.cfg.categories else None
-            cats = None if cats is None else cats + [None] * (4 - len(cats))
+            cats = self._probe_labels()
             agrees = bool(np.allclose(fast(probe, cats), exact(probe, cats), atol=1e-5))
             self._weights64 = (key, w, agrees)
         return fast if agrees else exact
+
+    def _probe_labels(self) -> list | None:
+        """Four labels for the scorer's self-check: none, and the vocabulary's first names (several columns: each
+        column's first values together, then the first column alone)."""
+        names, cols = self.cfg.categories, self.cfg.category_columns
+        if not names:
+            return None
+        if len(cols) == 1:
+            picks = [None, *names[:3]]
+        else:
+            first = {}
+            for c in names:
+                first.setdefault(c.split(":", 1)[0], c.split(":", 1)[1])
+            vals = [first.get(c, "") for c in cols]
+            picks = [None, querylabels.SEP.join(vals), vals[0]]
+        return picks[:4] + [None] * (4 - len(picks[:4]))

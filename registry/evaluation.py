@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import baselines as B
-from . import embedding, encoders, evaluations, evidence, index, interaction, querycache
+from . import embedding, encoders, evaluations, evidence, index, interaction, querycache, querylabels
 from .errors import RegistryError
 from .store import Tx
 
@@ -33,12 +33,13 @@ class Dataset:
     sources: np.ndarray | None = None   # [Nq] str: the queries' source column ("(none)" where missing)
 
     def query_field(self, field: str) -> np.ndarray:
-        """[Nq] the queries' values of a metadata column a predictor may read as categories (issue 16)."""
-        if field == "category":
-            return self.categories
-        if field == "source" and self.sources is not None:
-            return self.sources
-        raise RegistryError(f"category features read the query column 'category' or 'source', not {field!r}")
+        """[Nq] the queries' values of a metadata column a predictor may read as categories (issue 16), or their
+        labels under several columns ("category+source": querylabels)."""
+        cols = querylabels.parse(field)
+        if cols is None or ("source" in cols and self.sources is None):
+            raise RegistryError(f"category features read the query column 'category', 'source' or both "
+                                f"('category+source'), not {field!r}")
+        return querylabels.join([self.categories if c == "category" else self.sources for c in cols])
 
     def digest(self) -> str:
         h = hashlib.sha256()

@@ -48,6 +48,8 @@ class Predictor:
         bias = None if self.qb is None else u @ self.qb[0] + self.qb[1]
         ids = self.category_ids(categories) if self.E is not None else None
         rows = None if ids is None else self.E[ids]                          # [n,D+1]: logit += [z, 1] . row
+        if rows is not None and ids.ndim == 2:                               # several columns: their rows add up
+            rows = rows.sum(1)
         return Queries(u, u @ self.Wu.T, bias, rows)
 
     def logits(self, z: np.ndarray, q: "Queries") -> np.ndarray:

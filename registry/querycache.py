@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import dialect, textvec
+from . import dialect, querylabels, textvec
 from .errors import NotFound
 from .store import Tx
 
@@ -142,25 +142,24 @@ def projections(tx: Tx, model, query_ids: np.ndarray):
     return row_at, proj
 
 
-CATEGORY_FIELDS = ("category", "source")   # the query columns a predictor may read as categories (issue 16)
-
-
 def query_categories(tx: Tx, query_ids, model=None, field: str = "category") -> np.ndarray | None:
-    """The categories [n] of these registry query ids (None where a query has none): their values of `field`, or
-    of the model's category_field; None when `model` is given and reads none (a text-only encoder: nothing is read).
-    Not cached: a query's metadata can be corrected by a later import."""
+    """The categories [n] of these registry query ids (None where a query has none): their labels under `field`
+    (querylabels: one query column, or several joined), or under the model's category_field; None when `model` is
+    given and reads none (a text-only encoder: nothing is read). Not cached: a query's metadata can be corrected by
+    a later import."""
     import pyarrow as pa
 
     if model is not None:
         if not model.cfg.categories:
             return None
         field = model.cfg.category_field
-    if field not in CATEGORY_FIELDS:
+    if querylabels.parse(field) is None:
         raise NotFound(f"queries have no column {field!r} to read as categories")
     ids = np.asarray(query_ids, dtype=np.int64)
     tx.duck.register("_qcat", pa.table({"id": np.unique(ids)}))
     try:
-        found = dict(tx.duck.execute(f"SELECT q.id, q.{field} FROM _qcat i JOIN queries q ON q.id = i.id").fetchall())
+        found = dict(tx.duck.execute(f"SELECT q.id, {querylabels.sql(field, 'q')} FROM _qcat i "
+                                     "JOIN queries q ON q.id = i.id").fetchall())
     finally:
         tx.duck.unregister("_qcat")
     return np.array([found.get(int(q)) for q in ids.tolist()], dtype=object)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import availability, dialect, encoders, evidence, index, interaction, textvec
+from . import availability, dialect, encoders, evidence, index, interaction, querylabels, textvec
 from .errors import InputError, RegistryError, unknown_model
 from .store import Tx
 
@@ -140,9 +140,9 @@ def _build(tx: Tx, key: tuple, db_path: str, refit: bool = True) -> State:
     fit_key = (str(db_path), encoder_id, tuple(int(v) for v in vids), tuple(ev.probation.tolist()), key[-2])
     served, fitted = _interaction(tx, fit_key, model, vecs, np.asarray(mids, dtype=np.int64), np.asarray(vids), ev,
                                   refit)
-    category_of = None        # the field is one of querycache.CATEGORY_FIELDS (EncoderConfig checks it)
+    category_of = None        # the field is valid (EncoderConfig checks it with querylabels.parse)
     if model.cfg.categories:
-        category_of = dict(tx.sql(f"SELECT content_hash, {model.cfg.category_field} FROM queries"))
+        category_of = dict(tx.sql(f"SELECT content_hash, {querylabels.sql(model.cfg.category_field)} FROM queries"))
     return State(key, encoder_id, enc_name, model, list(names), np.asarray(mids, dtype=np.int64),
                  np.array([about[int(v)][0] for v in vids], dtype=np.int64), np.asarray(vids, dtype=np.int64),
                  vecs, np.array([_nan(meta[m][0]) for m in mids.tolist()], dtype=np.float64),

@@ -12,7 +12,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from registry import Registry, routing
+from registry import Registry, querylabels, routing
 from registry.checkpoint import load_checkpoint, read_header, save_checkpoint
 from registry.cli import cli
 from registry.encoder import EncoderConfig, LocusModel
@@ -216,3 +216,158 @@ def test_train_category_features_flag(db_copy, field):
     assert cfg["categories"] == sorted(set(data.query_field(field)[data.splits["train"]].tolist()) - {"(none)"})
     assert cfg.get("category_field", "category") == field
     assert info["metrics"]["category"]["field"] == field
+
+
+# ---------------------------------------------------------------- several columns: "category+source"
+
+def _two_columns(model: LocusModel, cats, sources, seed: int = 0) -> LocusModel:
+    """The model's weights in a model that reads category and source together, its rows random (row 0 zero)."""
+    names = [f"category:{c}" for c in cats] + [f"source:{s}" for s in sources]
+    cfg = replace(model.cfg, categories=tuple(names), category_field="category+source")
+    out = LocusModel(cfg)
+    rows = torch.randn(len(names) + 1, model.cfg.d_model + 1, generator=torch.Generator().manual_seed(seed)) / 4
+    rows[0] = 0
+    out.load_state_dict({**model.state_dict(), "q_cat.weight": rows})
+    return out.eval()
+
+
+def test_two_column_checkpoint_round_trips_and_adds_both_rows():
+    """A checkpoint reading category and source: the config keeps both columns, a query's two rows add up, a query
+    without either (or with a value the training never saw) takes row 0 for it, the numpy scorer, torch and the
+    probes agree."""
+    from registry import probes
+
+    base, _, meta = load_checkpoint(SHIPPED.read_bytes())
+    model = _two_columns(base, ["law", "math"], ["ori-law", "stemez-math", "theorem-math"])
+    blob = save_checkpoint(model, model.cfg, meta)
+    header = read_header(blob)["config"]
+    assert header["category_field"] == "category+source" and header["categories"][0] == "category:law"
+    loaded, cfg2, _ = load_checkpoint(blob)
+    assert cfg2 == model.cfg and cfg2.category_columns == ("category", "source")
+    assert save_checkpoint(loaded, cfg2, meta) == blob
+    sep = querylabels.SEP
+    labels = [f"math{sep}theorem-math", f"law{sep}ori-law", f"math{sep}", f"cooking{sep}stemez-math"]
+    assert loaded.category_ids(labels).tolist() == [[2, 5], [1, 3], [2, 0], [0, 4]]
+    # a label of the category alone reads as having no source
+    assert loaded.category_ids([None, "(none)", "math", f"(none){sep}(none)"]).tolist() == [[0, 0], [0, 0], [2, 0],
+                                                                                            [0, 0]]
+    z, q = _probe()
+    p = loaded.p_correct(z, q, labels)
+    # the offsets add: logit = text-only logit + [z, 1] . (row(category) + row(source))
+    E = loaded.q_cat.weight.detach().double().numpy()
+    ids = loaded.category_ids(labels)
+    Z1 = np.concatenate([z.astype(np.float64), np.ones((len(z), 1))], 1)
+    text = base.p_correct(z, q).astype(np.float64)
+    want = 1 / (1 + np.exp(-(np.log(text / (1 - text)) + Z1 @ (E[ids[:, 0]] + E[ids[:, 1]]).T)))
+    np.testing.assert_allclose(p, want, rtol=0, atol=2e-5)
+    with torch.no_grad():
+        exact = torch.sigmoid(loaded.predict_logits(torch.from_numpy(z), torch.from_numpy(q),
+                                                    cat=torch.from_numpy(ids))).numpy()
+    np.testing.assert_allclose(p, exact, rtol=0, atol=1e-5)
+    # no labels at all, or none of either column: the text-only prediction
+    np.testing.assert_allclose(loaded.p_correct(z, q), text, rtol=0, atol=1e-6)
+    assert np.array_equal(loaded.p_correct(z, q, [None, "(none)", f"{sep}", f"cooking{sep}baking"]),
+                          loaded.p_correct(z, q))
+    pred = probes.Predictor(loaded)
+    lg = pred.logits(z[1].astype(np.float64), pred.project(q, labels))
+    np.testing.assert_allclose(1 / (1 + np.exp(-lg)), p[1], atol=1e-6)
+    with pytest.raises(ValueError, match="column:value"):
+        replace(model.cfg, categories=("law",))
+
+
+def _toy_two_columns(seed: int = 0):
+    """_toy with sources inside the categories: a1 and a2 in a, b1 in b; model 2 answers exactly the a1
+    questions, model 3 at random: a1 routes to model 2 only if the source is read."""
+    q, cats, correct, tr, va = _toy(seed)
+    src = np.array(["a1", "b1", "(none)", "a2", "b1", "(none)"] * 50, dtype=object)
+    correct[2] = src == "a1"
+    return q, cats, src, correct, tr, va
+
+
+def test_fit_category_rows_with_two_columns():
+    """The last stage with category and source: every training model gets its fitted offsets exactly, the source
+    pseudo-weight is one of the choices (the best on val), a source read on top of its category moves routing
+    within the category, and a query with a category and no source still gets its category's offsets."""
+    from registry.training import fit_category_rows
+
+    q, cats, src, correct, tr, va = _toy_two_columns()
+    torch.manual_seed(0)
+    model = LocusModel(TOY).eval()
+    labels = querylabels.join([cats, src])
+    out, ecfg, info = fit_category_rows(model, q, correct, tr, va, labels, "category+source",
+                                        deep_l2=(1.0, 30.0), text_scales=(1.0, 0.5))
+    assert ecfg.category_field == "category+source"
+    assert ecfg.categories == ("category:a", "category:b", "source:a1", "source:a2", "source:b1")
+    assert info["fit_max_error"] < 1e-6 and info["deep_l2"] in (1.0, 30.0) and info["text_scale"] in (1.0, 0.5)
+    assert len(info["choices_val"]) == 4
+    # the text logit is scaled in the last layer only: every other weight is the text-only model's
+    state = out.state_dict()
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items() if not k.startswith("head"))
+    assert torch.equal(state["head.weight"], model.head.weight * info["text_scale"])
+    z = embed_models(model, q, correct, tr)
+    p = out.p_correct(z, q[va], labels[va])
+    a1, a2, b1 = (src[va] == s for s in ("a1", "a2", "b1"))
+    # model 2 answers the a1 questions and not the a2 ones: only the source tells them apart
+    assert p[2, a1].min() > 0.6 > 0.4 > p[2, a2].max()
+    assert (p[0, a2] > p[[1, 2, 3]][:, a2]).all() and (p[1, b1] > p[[0, 2, 3]][:, b1]).all()
+    # a category without its source: the category's offsets alone, the same for every a question's text
+    cat_only = out.p_correct(z, q[va][a2], ["a"] * int(a2.sum()))
+    assert (cat_only[0] > cat_only[[1, 2, 3]]).all()
+    # no category: the text-only logit, times the chosen scale
+    lg = np.log(model.p_correct(z, q[va]).astype(np.float64))
+    lg = lg - np.log1p(-np.exp(lg))
+    np.testing.assert_allclose(out.p_correct(z, q[va], [None] * len(va)),
+                               1 / (1 + np.exp(-info["text_scale"] * lg)), atol=1e-5)
+
+
+def test_registry_routes_with_category_and_source(db_copy, tmp_path):
+    """An installed encoder reading category and source: routing a registered text reads both of its values (the
+    label the routing state and querycache give is the two joined), evaluate runs with them; a text the registry
+    does not hold routes on its text alone."""
+    from registry import querycache
+    from registry.evaluation import current_embeddings
+
+    with Registry(db_copy) as reg:
+        with reg.store.tx() as tx:
+            data = dataset(tx)
+            texts = dict(tx.sql("SELECT id, text FROM queries"))
+        te = data.splits["test"]
+        j = int(te[0])
+        cat, src = data.categories[j], data.sources[j]
+        base, _, meta = load_checkpoint(SHIPPED.read_bytes())
+        model = _two_columns(base, sorted(set(data.categories.tolist())), sorted(set(data.sources.tolist())))
+        path = tmp_path / "two.safetensors"
+        path.write_bytes(save_checkpoint(model, model.cfg, dict(meta, name="category-and-source")))
+        reg.install_encoder(str(path), activate=True)
+        label = f"{cat}{querylabels.SEP}{src}"
+        with reg.store.tx() as tx:
+            assert querycache.query_categories(tx, [data.query_ids[j]], model).tolist() == [label]
+            z, _, _ = current_embeddings(tx, data)
+        assert data.query_field("category+source")[j] == label
+        dec = reg.route_batch([texts[int(data.query_ids[j])]], log=False)[0]
+        got = np.array([{c.model: c.raw_prob for c in dec.candidates}[n] for n in data.models])
+        np.testing.assert_allclose(got, model.p_correct(z, data.qvecs[[j]], [label])[:, 0], atol=2e-6)
+        for partial in (cat, f"{querylabels.SEP}{src}"):              # either column alone moves P differently
+            assert not np.allclose(got, model.p_correct(z, data.qvecs[[j]], [partial])[:, 0], atol=1e-4)
+        assert 0 < reg.evaluate(baselines=False).methods["locus"]["hit@1"] <= 1
+    with Registry(db_copy) as reg, reg.store.tx() as tx:
+        st = routing.state(tx, reg.path)
+        probs, raw = routing.probabilities(st, data.qvecs[:2], ["not-a-registered-hash", "neither"])
+        np.testing.assert_allclose(raw, model.scorer(st.z)(data.qvecs[:2]), atol=1e-6)
+
+
+@pytest.mark.slow     # trains or starts a process: seconds, the full suite runs it
+def test_train_category_and_source_flag(db_copy):
+    res = CliRunner().invoke(cli, ["--db", str(db_copy), "train", "--category-features", "--category-field",
+                                   "category+source", "--steps", "2", "--epochs", "1", "--json"])
+    assert res.exit_code == 0, res.output
+    info = json.loads(res.output)
+    with Registry(db_copy) as reg, reg.store.tx() as tx:
+        cfg = json.loads(tx.sql("SELECT config::VARCHAR FROM encoders WHERE id = ?", [info["id"]])[0][0])
+        data = dataset(tx)
+    tr = data.splits["train"]
+    assert cfg["category_field"] == "category+source"
+    assert cfg["categories"] == ([f"category:{c}" for c in sorted(set(data.categories[tr].tolist()) - {"(none)"})] +
+                                 [f"source:{s}" for s in sorted(set(data.sources[tr].tolist()) - {"(none)"})])
+    category = info["metrics"]["category"]
+    assert category["field"] == "category+source" and category["deep_l2"] in (10.0, 30.0, 100.0, 300.0)

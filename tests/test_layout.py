@@ -10,7 +10,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "registry"
 
 # Lowest first. A module may import modules of its own layer or of lower ones.
 LAYERS = [
-    ("foundation", {"errors", "textvec", "schema", "dialect", "store", "dbcopy"}),
+    ("foundation", {"errors", "textvec", "schema", "dialect", "store", "dbcopy", "querylabels"}),
     ("stored rules", {"evaluations", "outbox", "availability", "endpoints", "querycache", "generation"}),
     ("files in", {"ingest", "splits", "vectors", "route_files"}),
     ("the network", {"encoder", "checkpoint", "encoders"}),

@@ -42,13 +42,10 @@ def last_user_text(messages) -> str:
     raise InputError("messages: no user message with text to route on")
 
 
-def mount(app: FastAPI, serving, timeout: float = 60.0) -> None:
-    """serving: serving.Serving (routes and endpoints from its current snapshot, log rows through its writer)."""
+def mount(app: FastAPI, serving, timeout: float = 60.0) -> httpx.AsyncClient:
+    """serving: serving.Serving (routes and endpoints from its current snapshot, log rows through its writer).
+    -> the upstream client, for the app's lifespan to close."""
     client = httpx.AsyncClient(timeout=timeout)
-
-    @app.on_event("shutdown")
-    async def _close():
-        await client.aclose()
 
     @app.get("/v1/models")
     def v1_models():
@@ -108,6 +105,8 @@ def mount(app: FastAPI, serving, timeout: float = 60.0) -> None:
             return Response(content, status_code=resp.status_code, headers=out)
         return JSONResponse({"detail": f"every model in the chain failed ({', '.join(chain)}); last: {last}"},
                             status_code=502)
+
+    return client
 
 
 def _route(serving, text: str, options: dict):

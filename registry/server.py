@@ -141,6 +141,7 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
     @contextlib.asynccontextmanager
     async def lifespan(_app):
         yield
+        await upstream.aclose()         # the proxy's client
         serving.close()                 # the writer commits what it holds first
         if hold is not None:
             hold.close()
@@ -155,7 +156,7 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
     app.add_middleware(_SizeLimit)
     _offline_docs(app)
     web.mount(app, reg, token)      # the pages at / (web.py)
-    proxy.mount(app, serving)           # the OpenAI-compatible routing proxy at /v1 (proxy.py)
+    upstream = proxy.mount(app, serving)    # the OpenAI-compatible routing proxy at /v1 (proxy.py)
 
     def writer(authorization: str | None = Header(None)) -> None:
         if token is None:

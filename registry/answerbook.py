@@ -10,11 +10,24 @@ read again. It reads committed rows only, so it never holds a write that was rol
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 
 import numpy as np
 
 from . import evaluations, fingerprint
 from .store import Tx
+
+
+@dataclass
+class _Changes:
+    """What a sync read: the models whose answers changed, their current answers, the queries new to the book."""
+    changed: list[int]
+    rows: dict | None                 # evaluations.of_models of `changed`
+    new_q: np.ndarray | None          # query ids not yet columns
+    test: set[int]                    # those of them in the test split
+    named: dict[int, str]             # names of models new to the book
+    last: int                         # the newest import batch among the rows
+    batches: list[int]                # PostgreSQL: the batches read
 
 
 class AnswerBook:
@@ -36,23 +49,28 @@ class AnswerBook:
     # --- the writer's -------------------------------------------------------------------------------------------
     def sync(self, tx: Tx) -> int:
         """Read again the answers of every model with evaluations newer than the last sync -> how many models."""
+        return self.apply(self.read(tx))
+
+    def read(self, tx: Tx) -> "_Changes | None":
+        """`sync`'s reads, without changing the book: the writer reads in the transaction that wrote the rows and
+        applies what it read once that has committed (the book never holds a write that was rolled back)."""
         if tx.postgres:
             new_batches = self._new_batches(tx)
             if not new_batches:
-                return 0
+                return None
             last = max(new_batches)
             changed = [int(m) for (m,) in tx.sql("""SELECT DISTINCT model_id FROM evaluations
                                                      WHERE batch_id IN (SELECT unnest(?::INTEGER[]))""",
                                                   [new_batches])]
             if not changed:                           # batches of models, queries or splits only
-                self.batches_seen = self.batches_seen | set(new_batches)
-                return 0
+                return _Changes([], None, None, set(), {}, -1, new_batches)
         else:
+            new_batches = []
             # (batches only grow: the models of the newer ones, and the newest, in one read)
             newer = tx.sql("SELECT model_id, max(batch_id) FROM evaluations WHERE batch_id > ? GROUP BY model_id",
                            [self.last_batch])
             if not newer:
-                return 0
+                return None
             last = max(b for _, b in newer)
             changed = [int(m) for m, _ in newer]
         rows = evaluations.of_models(tx, changed)
@@ -62,6 +80,17 @@ class AnswerBook:
             if len(new_q) else set()
         named = dict(tx.sql("SELECT id, name FROM models WHERE id IN (SELECT unnest(?::INTEGER[]))",
                             [[m for m in changed if m not in self.names]]))
+        return _Changes(changed, rows, new_q, test, named, int(last), new_batches)
+
+    def apply(self, ch: "_Changes | None") -> int:
+        """What `read` found, into the book -> how many models changed. Only the writer changes the book, so
+        nothing moved between the read and this."""
+        if ch is None:
+            return 0
+        if not ch.changed:
+            self.batches_seen = self.batches_seen | set(ch.batches)
+            return 0
+        changed, rows, new_q, test, named = ch.changed, ch.rows, ch.new_q, ch.test, ch.named
         with self._lock:
             correct, row, col = self.correct, dict(self.row), dict(self.col)
             new_m = [m for m in changed if m not in row]
@@ -93,9 +122,8 @@ class AnswerBook:
             self.correct, self.row, self.col, self.model_ids, self.test, self.changes, self.answered, self._buf = \
                 correct, row, col, ids, test_col, changes, answered, buf
             self.names = {**self.names, **named}
-            self.last_batch = max(self.last_batch, int(last))
-            if tx.postgres:
-                self.batches_seen = self.batches_seen | set(new_batches)
+            self.last_batch = max(self.last_batch, ch.last)
+            self.batches_seen = self.batches_seen | set(ch.batches)       # (PostgreSQL's; none on DuckDB)
         return len(changed)
 
     def _new_batches(self, tx: Tx) -> list[int]:

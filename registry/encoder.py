@@ -250,7 +250,11 @@ class LocusModel(nn.Module):
             return exact
         # the predictor's weights in float64, converted once per state of the weights (a server builds a scorer with
         # every snapshot; training changes the weights in place, which bumps each tensor's _version)
-        params = {k: v for k, v in self.named_parameters() if k.split(".")[0] in _PREDICTOR}
+        # (the parameters themselves are found once: walking the modules costs more than the rest of a snapshot's
+        # scorer)
+        if getattr(self, "_predictor_params", None) is None:
+            self._predictor_params = {k: v for k, v in self.named_parameters() if k.split(".")[0] in _PREDICTOR}
+        params = self._predictor_params
         key = tuple(p._version for p in params.values())
         if getattr(self, "_weights64", (None,))[0] != key:
             self._weights64 = (key, {k: v.detach().cpu().double().numpy() for k, v in params.items()}, None)

@@ -39,7 +39,7 @@ def model_states(tx: Tx, model_ids) -> dict[int, ModelState]:
     when it commits, and a model created by an import starts with none (`new_models`); others are read once."""
     # (on PostgreSQL another process may have appended versions since any read: always read again, which
     # onboarding does only once it holds the models' locks)
-    known = tx.cache.get("model_states", {}) if not tx.postgres else {}
+    known = {**tx.cache.get("model_states", {}), **tx.local.get("new_model_states", {})} if not tx.postgres else {}
     missing = sorted({int(m) for m in model_ids} - known.keys())
     found: dict[int, ModelState] = {}
     if missing:
@@ -61,3 +61,5 @@ def new_models(tx: Tx, rows) -> None:
     if rows:
         tx.after_commit(lambda: tx.cache.setdefault("model_states", {}).update(
             {int(m): ModelState(name) for m, name in rows}))
+        # and known to this transaction already (a server's writer onboards them before it commits)
+        tx.local.setdefault("new_model_states", {}).update({int(m): ModelState(name) for m, name in rows})

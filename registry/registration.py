@@ -79,9 +79,12 @@ def stage_group(tx: Tx, jobs: list[tuple], parsed: list[list[dict] | None] | Non
 
 def _stage_together(tx: Tx, jobs: list[tuple], rows: list[list[dict]], at: list[int]) -> dict[int, Staged]:
     names = [j[0] for j in jobs]
-    # the group's models that exist (name -> id, whether they have results), in one read
-    found = tx.sql("""SELECT m.id, m.name, EXISTS (SELECT 1 FROM evaluations e WHERE e.model_id = m.id) FROM models m
-                      WHERE m.name IN (SELECT unnest(?::VARCHAR[]))""", [names])
+    # the group's models that exist (name -> id), then which of them have results (mostly none exist: new models)
+    found = tx.sql("SELECT id, name FROM models WHERE name IN (SELECT unnest(?::VARCHAR[]))", [names])
+    if found:
+        evaluated = {m for (m,) in tx.sql("""SELECT DISTINCT model_id FROM evaluations
+                                             WHERE model_id IN (SELECT unnest(?::INTEGER[]))""", [[i for i, _ in found]])}
+        found = [(i, name, i in evaluated) for i, name in found]
     known = {name for _, name, _ in found}
     had_results = {name for _, name, has in found if has}
     ids = {name: int(i) for i, name, _ in found}

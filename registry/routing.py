@@ -159,15 +159,14 @@ def with_new_versions(tx: Tx, st: State, db_path: str, registered: set[str] = fr
     made, else the last fit carried over, as `state(refit=False)` gives them. A full `state` read gives the same
     State (tests/test_writer.py); its key is st's, so it never enters the cache of `state`."""
     after = int(st.version_ids.max()) if len(st.version_ids) else 0
+    # (a few rows: the newest per model is kept below, in version order, cheaper than a window in the statement)
     new = tx.arrow("""
-        SELECT id, model_id, name, version, vector, n_evaluations, stability, cost, params_b FROM (
-            SELECT v.id, v.model_id, m.name, v.version, v.vector, v.n_evaluations, m.cost, m.params_b,
-                   coalesce(s.stability, v.stability) AS stability,
-                   row_number() OVER (PARTITION BY v.model_id ORDER BY v.version DESC) AS newest
-            FROM embedding_versions v JOIN models m ON m.id = v.model_id
-            LEFT JOIN version_stability s ON s.version_id = v.id
-            WHERE v.encoder_id = ? AND v.id > ?) x
-        WHERE newest = 1""", [st.encoder_id, after]).to_pydict()
+        SELECT v.id, v.model_id, m.name, v.version, v.vector, v.n_evaluations, m.cost, m.params_b,
+               coalesce(s.stability, v.stability) AS stability
+        FROM embedding_versions v JOIN models m ON m.id = v.model_id
+        LEFT JOIN version_stability s ON s.version_id = v.id
+        WHERE v.encoder_id = ? AND v.id > ?
+        ORDER BY v.model_id, v.version""", [st.encoder_id, after]).to_pydict()
     if not new["id"]:
         return dataclasses.replace(st, known=st.known | frozenset(registered))
     names, mids, vers, vids = list(st.names), st.model_ids.tolist(), st.versions.tolist(), st.version_ids.tolist()

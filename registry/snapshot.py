@@ -71,14 +71,21 @@ class Snapshots:
         """After commits that only appended embedding versions (the writer's registrations): the next snapshot
         from this one and those versions, one read (routing.with_new_versions) instead of the whole state;
         `registered`: the names those commits registered; `tx`: a read transaction to use (else one of its own)."""
-        cur = self.current
         if tx is None:
             with self._reg.store.tx() as tx:
-                st = routing.with_new_versions(tx, cur.routing, self._reg.path, registered)
-        else:
-            st = routing.with_new_versions(tx, cur.routing, self._reg.path, registered)
-        self.current = _assemble(cur.generation + 1, st, cur.endpoints)
-        return self.current
+                return self.publish(self.with_versions(registered, tx))
+        return self.publish(self.with_versions(registered, tx))
+
+    def with_versions(self, registered: set[str], tx) -> Snapshot:
+        """`add_versions`' next snapshot, not yet swapped in: the writer builds it in the transaction that wrote the
+        versions and swaps it in (`publish`) once that has committed."""
+        cur = self.current
+        return _assemble(cur.generation + 1, routing.with_new_versions(tx, cur.routing, self._reg.path, registered),
+                         cur.endpoints)
+
+    def publish(self, snap: Snapshot) -> Snapshot:
+        self.current = snap           # one reference assignment: atomic
+        return snap
 
 
 class QueryVectors:

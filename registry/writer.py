@@ -35,11 +35,13 @@ import numpy as np
 
 from . import generation, onboarding, registration, routing, vectors
 from .answerbook import AnswerBook
+from .errors import RegistryError
 
 LOG_FLUSH_S = 0.1           # the longest an idle writer leaves routing-log rows in memory
 MAX_GROUP = 64              # jobs staged in one transaction
 REFIT_S = 30.0              # at most one fit of routing's interaction terms per this many seconds
 VECTORS_HELD = 256          # routed texts' vectors held back from registrations' cycles, at most
+WRITER_NICE = 0             # the writer's priority (BENCHMARKS.md: a boost, -5, measured no better under the closed loop)
 
 
 @dataclass
@@ -55,7 +57,9 @@ class Writer:
     def __init__(self, reg, snapshots, flush_s: float = LOG_FLUSH_S, on_new_queries: Callable[[], Any] | None = None):
         self.reg, self.snapshots, self.flush_s = reg, snapshots, flush_s
         self.on_new_queries = on_new_queries      # called after a commit that added queries (their vectors)
-        self.nice = int(os.environ.get("REGISTRY_WRITER_NICE", "0"))    # > 0: reads first when the CPU is full
+        # the writer thread's priority (nice) when the CPU is full: < 0 (a boost; needs CAP_SYS_NICE, e.g. root, else
+        # it stays at 0) lets a registration's cycle go before routes; > 0 lets routes go first
+        self.nice = int(os.environ.get("REGISTRY_WRITER_NICE", str(WRITER_NICE)))
         self._last_refit = 0.0
         self.refit_every_s = REFIT_S
         self._stale = threading.Event()
@@ -73,6 +77,7 @@ class Writer:
         self._stats["version_refreshes"] = 0    # snapshots that read only the new versions (add_versions)
         self._stats["prepared"] = 0     # registrations whose embedding came computed by their request (Prepared)
         self._stats["follows"] = 0      # refreshes for writes of other processes (PostgreSQL)
+        self._stats["writer_nice"] = None   # the priority the writer thread got (set once it runs)
         self._refresh_lock = threading.Lock()     # one snapshot refresh at a time (the writer's, the follower's)
         reg._finish_pending()        # a crash may have left onboarding jobs behind
         self.book = AnswerBook()     # every model's current answers: what a registration's report compares
@@ -142,7 +147,7 @@ class Writer:
 
     # --- the writer thread ----------------------------------------------------------------------------------------
     def _loop(self) -> None:
-        self._set_nice()
+        self._stats["writer_nice"] = self._set_nice(self.nice)
         while True:
             try:
                 first = self._jobs.get(timeout=self.flush_s)
@@ -180,8 +185,8 @@ class Writer:
 
     def _refitter(self) -> None:
         """After a commit leaves the terms carried over (a new model routes on the predictor alone), refit them, at
-        most once every REFIT_S and at the writer's low priority: the writer never waits for a fit."""
-        self._set_nice()
+        most once every REFIT_S and never above the readers' priority: the writer never waits for a fit."""
+        self._set_nice(max(self.nice, 0))
         while not self._stopping:
             if not self._stale.wait(timeout=1.0):
                 continue
@@ -233,12 +238,20 @@ class Writer:
         with self.reg.store.tx() as tx:
             self.book.sync(tx)
 
-    def _set_nice(self) -> None:
-        if self.nice:      # (> 0: under a full CPU the writer's work yields to routes and text batches)
+    @staticmethod
+    def _set_nice(nice: int) -> int:
+        """This thread's nice value set to `nice` (Linux: per thread) -> the one it has: a boost (< 0) that the OS
+        refuses (no CAP_SYS_NICE) leaves it where it was."""
+        tid = threading.get_native_id()
+        try:
+            if nice:
+                os.setpriority(os.PRIO_PROCESS, tid, nice)
+            return os.getpriority(os.PRIO_PROCESS, tid)
+        except (OSError, AttributeError):
             try:
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
+                return os.getpriority(os.PRIO_PROCESS, tid)
             except (OSError, AttributeError):
-                pass
+                return 0
 
     def _cycle(self, jobs: list[_Job]) -> None:
         regs = [j for j in jobs if j.kind == "register"]
@@ -249,8 +262,13 @@ class Writer:
             vecs = {}
             if not regs or len(self._log_vectors) >= VECTORS_HELD:
                 vecs, self._log_vectors = self._log_vectors, {}
+        one = bool(regs) and len(regs) == len(jobs) and self.reg.store.dialect == "duckdb"
+        if one and self._in_one_transaction(regs, rows, vecs):
+            return
+        # (else, or when that transaction was refused: nothing of it was written, and the group is staged below one
+        # registration at a time, so a bad one is answered with its error and the others go through)
         t0, c0 = time.perf_counter(), time.thread_time()
-        staged = self._stage(regs, rows, vecs) if (regs or rows or vecs) else {}
+        staged = self._stage(regs, rows, vecs, together=not one) if (regs or rows or vecs) else {}
         t1, c1 = time.perf_counter(), time.thread_time()
         for j in jobs:
             if j.kind == "run":
@@ -287,6 +305,11 @@ class Writer:
                     self.on_new_queries()
                 self.snapshots.refresh(endpoints_changed=any(j.kind == "run" for j in done) or bool(now))
             self.seen = now
+        self._done(done, staged, outcomes, (t0, t1, t2), (c0, c1, c2))
+
+    def _done(self, done: list[_Job], staged: dict, outcomes: dict, walls: tuple, cpus: tuple) -> None:
+        """A cycle's figures into the stats, then its jobs answered."""
+        (t0, t1, t2), (c0, c1, c2) = walls, cpus
         t3, c3 = time.perf_counter(), time.thread_time()
         for key, dt in (("stage_ms", t1 - t0), ("onboard_ms", t2 - t1), ("refresh_ms", t3 - t2),
                         ("stage_cpu_ms", c1 - c0), ("onboard_cpu_ms", c2 - c1), ("refresh_cpu_ms", c3 - c2)):
@@ -297,6 +320,49 @@ class Writer:
             value = staged[id(j)]
             j.future.set_result((value, outcomes.get(value.name)) if j.kind == "register" else value)
 
+    def _in_one_transaction(self, regs: list[_Job], rows: list[tuple], vecs: dict) -> bool:
+        """Registrations on DuckDB (this process is the only writer): their rows, the log rows, their onboarding and
+        the reads that the next snapshot and the answer book need, all in one transaction, and those swapped in once
+        it has committed (they never show a write that was rolled back). One transaction instead of three: a
+        cycle's fixed cost is mostly per transaction and per statement, not per registration. -> False when the
+        transaction failed (a refused registration, or a bug of ours): nothing of it was written."""
+        t0, c0 = time.perf_counter(), time.thread_time()
+        try:
+            with self.reg.store.tx() as tx:
+                staged = registration.stage_group(tx, [j.args for j in regs], [j.rows for j in regs])
+                self._append_log(tx, rows, vecs)
+                t1, c1 = time.perf_counter(), time.thread_time()
+                outcomes = onboarding.run_pending(tx, self.reg.min_evaluations, stability=True, prepared={
+                    j.args[0]: j.prepared for j in regs if j.prepared is not None})
+                t2, c2 = time.perf_counter(), time.thread_time()
+                # only new versions (and models): the snapshot and the book from this transaction's reads
+                plain = all(not st.changes and not st.queries_added for st in staged)
+                if plain:
+                    book = self.book.read(tx)
+                    snap = self.snapshots.with_versions({st.name for st in staged}, tx)
+        except Exception as exc:
+            if not isinstance(exc, RegistryError):      # a bug of ours: its trace to the server's log
+                traceback.print_exc(file=sys.stderr)
+            return False
+        self._stats["log_rows"] += len(rows)
+        if any(o.version_id is not None and o.stability is None for o in outcomes):    # as Registry.onboard
+            estimates = self.reg.estimate_stability()
+            for o in outcomes:
+                o.stability = estimates.get(o.version_id, o.stability)
+        self._stats["prepared"] += sum(1 for o in outcomes if o.prepared)
+        with self._refresh_lock:
+            if plain:
+                self.book.apply(book)
+                self.snapshots.publish(snap)
+                self._stats["version_refreshes"] += 1
+            else:
+                self._sync_book()
+                if self.on_new_queries and any(st.queries_added for st in staged):
+                    self.on_new_queries()
+                self.snapshots.refresh(endpoints_changed=False)
+        self._done(regs, dict(zip(map(id, regs), staged)), {o.model: o for o in outcomes}, (t0, t1, t2), (c0, c1, c2))
+        return True
+
     def _only_new_versions(self, done: list[_Job], staged: dict) -> bool:
         """Whether what these jobs committed changes routing only by new versions (and new models): registrations
         that changed no stored metadata and added no queries, on DuckDB (on PostgreSQL other processes write too).
@@ -304,11 +370,15 @@ class Writer:
         return self.reg.store.dialect == "duckdb" and all(
             j.kind == "register" and not staged[id(j)].changes and not staged[id(j)].queries_added for j in done)
 
-    def _stage(self, regs: list[_Job], rows: list[tuple], vecs: dict, retry: bool = True) -> dict:
-        """Stage every registration and the log rows in one transaction; when that fails, each alone. -> {id(job):
-        registration.Staged} for the jobs that committed (the others' futures carry their error). Alone, a
-        conflict with another process's commit (PostgreSQL: the same new model name registered through another
-        replica at the same instant) is tried once more: it then finds the model that one committed."""
+    def _stage(self, regs: list[_Job], rows: list[tuple], vecs: dict, retry: bool = True,
+               together: bool = True) -> dict:
+        """Stage every registration and the log rows in one transaction; when that fails (or not `together`), each
+        alone. -> {id(job): registration.Staged} for the jobs that committed (the others' futures carry their
+        error). Alone, a conflict with another process's commit (PostgreSQL: the same new model name registered
+        through another replica at the same instant) is tried once more: it then finds the model that one
+        committed."""
+        if not together and len(regs) + bool(rows) > 1:
+            return self._stage_each(regs, rows, vecs)
         try:
             with self.reg.store.tx() as tx:
                 staged = registration.stage_group(tx, [j.args for j in regs], [j.rows for j in regs])
@@ -325,6 +395,9 @@ class Writer:
                 if rows:
                     print(f"registry-writer: {len(rows)} routing-log rows not written: {exc}", file=sys.stderr)
                 return {}
+        return self._stage_each(regs, rows, vecs)
+
+    def _stage_each(self, regs: list[_Job], rows: list[tuple], vecs: dict) -> dict:
         out = {}
         for j in regs:
             out.update(self._stage([j], [], {}))

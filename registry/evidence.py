@@ -49,7 +49,8 @@ class Evidence:
 def assess(z: np.ndarray, n, stability, minimum: int | None = None) -> Evidence:
     """z [M,D] current embeddings, n [M] evaluations behind them, stability [M] (None/nan: unknown)."""
     n = np.asarray(n, dtype=np.float64)
-    stab = np.array([np.nan if s is None else float(s) for s in stability], dtype=np.float64)
+    stab = (stability.astype(np.float64) if isinstance(stability, np.ndarray)
+            else np.array([np.nan if s is None else float(s) for s in stability], dtype=np.float64))
     minimum = probation_min(minimum)
     probation = n < minimum
     ref = ~probation if (~probation).sum() >= 2 else np.ones(len(n), dtype=bool)

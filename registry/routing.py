@@ -169,31 +169,56 @@ def with_new_versions(tx: Tx, st: State, db_path: str, registered: set[str] = fr
         ORDER BY v.model_id, v.version""", [st.encoder_id, after]).to_pydict()
     if not new["id"]:
         return dataclasses.replace(st, known=st.known | frozenset(registered))
-    names, mids, vers, vids = list(st.names), st.model_ids.tolist(), st.versions.tolist(), st.version_ids.tolist()
-    z, cost, params = list(st.z), st.cost.tolist(), st.params_b.tolist()
-    n, stab = st.evidence.n.tolist(), st.evidence.stability.tolist()
-    at = {m: i for i, m in enumerate(mids)}
-    for j, m in enumerate(new["model_id"]):
-        i = at.get(m)
-        if i is None:
-            i = at[m] = len(mids)
-            for col in (names, mids, vers, vids, z, cost, params, n, stab):
-                col.append(None)
-        names[i], mids[i], vers[i], vids[i] = new["name"][j], m, new["version"][j], new["id"][j]
-        z[i] = np.asarray(new["vector"][j], dtype=np.float32)
-        cost[i], params[i] = _nan(new["cost"][j]), _nan(new["params_b"][j])
-        n[i], stab[i] = new["n_evaluations"][j], _nan(new["stability"][j])
-    order = np.argsort(np.asarray(mids, dtype=np.int64), kind="stable")      # as `_build` reads them: by model id
-    take = order.tolist()
-    mids_a, vids_a = np.asarray(mids, dtype=np.int64)[order], np.asarray(vids, dtype=np.int64)[order]
-    z_a = np.stack([z[i] for i in take]).astype(np.float32)
-    ev = evidence.assess(z_a, [n[i] for i in take], [stab[i] for i in take], st.key[-1])
-    fit_key = (str(db_path), st.encoder_id, tuple(int(v) for v in vids_a), tuple(ev.probation.tolist()), st.key[-2])
-    served, fitted = _interaction(tx, fit_key, st.model, z_a, mids_a, vids_a, ev, refit=False)
-    return State(st.key, st.encoder_id, st.encoder_name, st.model, [names[i] for i in take], mids_a,
-                 np.asarray(vers, dtype=np.int64)[order], vids_a, z_a, np.asarray(cost, dtype=np.float64)[order],
-                 np.asarray(params, dtype=np.float64)[order], ev, st.down, st.model.scorer(z_a),
-                 st.known | frozenset(new["name"]) | frozenset(registered), served, fitted, st.category_of)
+    # the newest row of each model (rows come by model, then version), then in numpy: a snapshot is rebuilt after
+    # every group of registrations, so nothing here loops over the registry's models in Python
+    nm = np.asarray(new["model_id"], dtype=np.int64)
+    last = np.flatnonzero(np.r_[nm[1:] != nm[:-1], True])
+    nm = nm[last]
+
+    def col(key, dtype):
+        return np.array([_nan(new[key][j]) if dtype == np.float64 else new[key][j] for j in last.tolist()],
+                        dtype=dtype)
+
+    new_z = np.asarray([new["vector"][j] for j in last.tolist()], dtype=np.float32).reshape(len(last), -1)
+    new_names = [new["name"][j] for j in last.tolist()]
+    M = len(st.model_ids)
+    pos = np.searchsorted(st.model_ids, nm)                  # st's arrays are ordered by model id (`_build`)
+    have = pos < M
+    have[have] = st.model_ids[pos[have]] == nm[have]
+    up, add = np.flatnonzero(have), np.flatnonzero(~have)
+    at = pos[up]
+    mids, vers, vids = st.model_ids.copy(), st.versions.copy(), st.version_ids.copy()
+    z, cost, params = st.z.copy(), st.cost.copy(), st.params_b.copy()
+    n, stab = st.evidence.n.astype(np.float64), st.evidence.stability.copy()
+    names = list(st.names)
+    fresh = {"version": col("version", np.int64), "id": col("id", np.int64), "cost": col("cost", np.float64),
+             "params_b": col("params_b", np.float64), "n_evaluations": col("n_evaluations", np.float64),
+             "stability": col("stability", np.float64)}
+    for arr, key in ((vers, "version"), (vids, "id"), (cost, "cost"), (params, "params_b"), (n, "n_evaluations"),
+                     (stab, "stability")):
+        arr[at] = fresh[key][up]
+    z[at] = new_z[up]
+    for i, j in zip(at.tolist(), up.tolist()):
+        names[i] = new_names[j]
+    if len(add):                   # new models: appended, then all put in model id order again
+        mids, vers, vids = (np.concatenate([a, b]) for a, b in ((mids, nm[add]), (vers, fresh["version"][add]),
+                                                                 (vids, fresh["id"][add])))
+        cost, params, n, stab = (np.concatenate([a, fresh[k][add]]) for a, k in (
+            (cost, "cost"), (params, "params_b"), (n, "n_evaluations"), (stab, "stability")))
+        z = np.concatenate([z.reshape(M, new_z.shape[1]), new_z[add]])
+        names += [new_names[j] for j in add.tolist()]
+        order = np.argsort(mids, kind="stable")
+        if (order != np.arange(len(order))).any():
+            mids, vers, vids, z, cost, params, n, stab = (a[order] for a in (mids, vers, vids, z, cost, params, n,
+                                                                               stab))
+            names = [names[i] for i in order.tolist()]
+    z = np.ascontiguousarray(z, dtype=np.float32)
+    ev = evidence.assess(z, n, stab, st.key[-1])
+    fit_key = (str(db_path), st.encoder_id, tuple(vids.tolist()), tuple(ev.probation.tolist()), st.key[-2])
+    served, fitted = _interaction(tx, fit_key, st.model, z, mids, vids, ev, refit=False)
+    return State(st.key, st.encoder_id, st.encoder_name, st.model, names, mids, vers, vids, z, cost, params, ev,
+                 st.down, st.model.scorer(z), st.known | frozenset(new["name"]) | frozenset(registered), served,
+                 fitted, st.category_of)
 
 
 _served: dict[tuple, interaction.Served | None] = {}
@@ -221,10 +246,13 @@ def _carried(served: interaction.Served, fitted_ids: np.ndarray, model_ids: np.n
     import dataclasses
 
     f = served.fitted
-    src = {int(fitted_ids[r]): j for j, r in enumerate(f.rows.tolist())}   # model id -> its row in the fit's terms
-    keep = [(i, src[int(m)]) for i, m in enumerate(model_ids.tolist()) if int(m) in src]
-    at = np.array([i for i, _ in keep], dtype=np.int64)
-    take = np.array([j for _, j in keep], dtype=np.int64)
+    # (in numpy: the registry's models are many, the fit's contenders few)
+    fitted = np.asarray(fitted_ids, dtype=np.int64)[f.rows]          # the model id of each row of the fit's terms
+    by_id = np.argsort(fitted, kind="stable")
+    model_ids = np.asarray(model_ids, dtype=np.int64)
+    where = np.searchsorted(fitted[by_id], model_ids).clip(max=max(len(fitted) - 1, 0))
+    at = np.flatnonzero(fitted[by_id][where] == model_ids) if len(fitted) else np.zeros(0, dtype=np.int64)
+    take = by_id[where[at]].astype(np.int64)
     # the same reference queries: the texts' nearest ones found so far stay good (the dict is shared)
     return interaction.Served(dataclasses.replace(f, rows=at, offsets=f.offsets[take], resid=f.resid[take],
                                                   seen=f.seen[take]), served.category_of, served._nn)

@@ -104,6 +104,10 @@ def test_a_bad_registration_in_a_group_is_refused_alone(any_db, tmp_path):
             assert not tx.sql("SELECT 1 FROM models WHERE name = 'writer-bad'")
         snap = serving.snapshots.current.routing
         assert all(n in snap.names for n in results)      # answered only once readers see the model
+        # the group's transaction that held the bad one rolled back: neither the snapshot nor the answer book (read
+        # in that transaction, applied only after a commit) ever took any of its rows
+        book = set(serving.writer.book.names.values())
+        assert set(results) <= book and "writer-bad" not in book and "writer-bad" not in snap.names
 
 
 @pytest.mark.parametrize("content", ['{"question_id": "q", "correct": 1, "text": "why?"}\n', "not json\n", ""])

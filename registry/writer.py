@@ -345,21 +345,27 @@ class Writer:
                 traceback.print_exc(file=sys.stderr)
             return False
         self._stats["log_rows"] += len(rows)
-        if any(o.version_id is not None and o.stability is None for o in outcomes):    # as Registry.onboard
-            estimates = self.reg.estimate_stability()
-            for o in outcomes:
-                o.stability = estimates.get(o.version_id, o.stability)
         self._stats["prepared"] += sum(1 for o in outcomes if o.prepared)
-        with self._refresh_lock:
-            if plain:
-                self.book.apply(book)
-                self.snapshots.publish(snap)
-                self._stats["version_refreshes"] += 1
-            else:
-                self._sync_book()
-                if self.on_new_queries and any(st.queries_added for st in staged):
-                    self.on_new_queries()
-                self.snapshots.refresh(endpoints_changed=False)
+        try:
+            if any(o.version_id is not None and o.stability is None for o in outcomes):    # as Registry.onboard
+                estimates = self.reg.estimate_stability()
+                for o in outcomes:
+                    o.stability = estimates.get(o.version_id, o.stability)
+            with self._refresh_lock:
+                if plain:
+                    self.book.apply(book)
+                    self.snapshots.publish(snap)
+                    self._stats["version_refreshes"] += 1
+                else:
+                    self._sync_book()
+                    if self.on_new_queries and any(st.queries_added for st in staged):
+                        self.on_new_queries()
+                    self.snapshots.refresh(endpoints_changed=False)
+        except Exception as exc:     # a bug of ours after the commit: the rows are durable, the requests get the error
+            traceback.print_exc(file=sys.stderr)
+            for j in regs:
+                j.future.set_exception(exc)
+            return True
         self._done(regs, dict(zip(map(id, regs), staged)), {o.model: o for o in outcomes}, (t0, t1, t2), (c0, c1, c2))
         return True
 

@@ -130,14 +130,21 @@ class Registry:
             outcomes = onboarding.run_pending(tx, self.min_evaluations, all_models=all_models, stability=stability,
                                               prepared=prepared)
         seconds["onboarding"] = round(time.perf_counter() - started, 3)
-        if stability and (sweep or any(o.version_id is not None and o.stability is None for o in outcomes)):
-            # the new versions have theirs (run_pending); any older version still without one
+        if stability:
             started = time.perf_counter()
-            estimates = self.estimate_stability()
-            for o in outcomes:
-                o.stability = estimates.get(o.version_id, o.stability)
-            seconds["stability"] = round(time.perf_counter() - started, 3)
+            if self._stabilities(outcomes, sweep):
+                seconds["stability"] = round(time.perf_counter() - started, 3)
         return outcomes
+
+    def _stabilities(self, outcomes: list[onboarding.JobOutcome], sweep: bool = True) -> bool:
+        """After an onboarding: the new versions have their stability (run_pending's); estimate any older version's
+        still without one, with `sweep` always, else only when a new version lacks its own. -> whether it ran."""
+        if not (sweep or any(o.version_id is not None and o.stability is None for o in outcomes)):
+            return False
+        estimates = self.estimate_stability()
+        for o in outcomes:
+            o.stability = estimates.get(o.version_id, o.stability)
+        return True
 
     def estimate_stability(self) -> dict[int, float]:
         """Stability estimates for the versions without one: the distance between the embeddings of two random

@@ -234,6 +234,14 @@ class Writer:
                 if not self._stopping:
                     traceback.print_exc(file=sys.stderr)
 
+    def _refresh(self, queries_added: bool, endpoints_changed: bool) -> None:
+        """After a commit that changed more than versions: the answer book, the stored text vectors if queries were
+        added, and a snapshot from a full read (under `_refresh_lock`)."""
+        self._sync_book()
+        if self.on_new_queries and queries_added:
+            self.on_new_queries()
+        self.snapshots.refresh(endpoints_changed=endpoints_changed)
+
     def _sync_book(self) -> None:
         with self.reg.store.tx() as tx:
             self.book.sync(tx)
@@ -299,11 +307,9 @@ class Writer:
                     self.snapshots.add_versions({staged[id(j)].name for j in done}, tx)
                 self._stats["version_refreshes"] += 1
             else:
-                self._sync_book()
-                if self.on_new_queries and (any(j.kind == "register" and staged[id(j)].queries_added for j in done)
-                                            or (now and generation.queries_changed(self.seen, now))):
-                    self.on_new_queries()
-                self.snapshots.refresh(endpoints_changed=any(j.kind == "run" for j in done) or bool(now))
+                self._refresh(any(j.kind == "register" and staged[id(j)].queries_added for j in done)
+                              or bool(now and generation.queries_changed(self.seen, now)),
+                              endpoints_changed=any(j.kind == "run" for j in done) or bool(now))
             self.seen = now
         self._done(done, staged, outcomes, (t0, t1, t2), (c0, c1, c2))
 
@@ -347,20 +353,14 @@ class Writer:
         self._stats["log_rows"] += len(rows)
         self._stats["prepared"] += sum(1 for o in outcomes if o.prepared)
         try:
-            if any(o.version_id is not None and o.stability is None for o in outcomes):    # as Registry.onboard
-                estimates = self.reg.estimate_stability()
-                for o in outcomes:
-                    o.stability = estimates.get(o.version_id, o.stability)
+            self.reg._stabilities(outcomes, sweep=False)
             with self._refresh_lock:
                 if plain:
                     self.book.apply(book)
                     self.snapshots.publish(snap)
                     self._stats["version_refreshes"] += 1
                 else:
-                    self._sync_book()
-                    if self.on_new_queries and any(st.queries_added for st in staged):
-                        self.on_new_queries()
-                    self.snapshots.refresh(endpoints_changed=False)
+                    self._refresh(any(st.queries_added for st in staged), endpoints_changed=False)
         except Exception as exc:     # a bug of ours after the commit: the rows are durable, the requests get the error
             traceback.print_exc(file=sys.stderr)
             for j in regs:

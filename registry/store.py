@@ -69,6 +69,8 @@ class Tx:
     def cached(self, key, build):
         """The cached value under `key`, or build() read in this transaction; a value read here joins the cache
         when this transaction commits, unless a transaction that changed it (`invalidate`) committed since."""
+        if key in self.local.get("invalidated", ()):
+            return build()           # this transaction changed what it caches: its own read, kept nowhere
         if key in self.cache:
             return self.cache[key]
         generation = self.cache.get(("generation", key), 0)
@@ -81,7 +83,10 @@ class Tx:
         return value
 
     def invalidate(self, key) -> None:
-        """This transaction changes what `key` caches: drop it once the change commits."""
+        """This transaction changes what `key` caches: drop it once the change commits (and read it afresh in this
+        transaction meanwhile: `cached`)."""
+        self.local.setdefault("invalidated", set()).add(key)
+
         def drop():
             self.cache.pop(key, None)
             self.cache[("generation", key)] = self.cache.get(("generation", key), 0) + 1
@@ -314,8 +319,16 @@ class Store:
                 raise
             finally:
                 tx.close_stage()
+            # (committed: every hook runs, so one that fails, a bug of ours, leaves no other cache behind; then it
+            # is raised)
+            failed = None
             for fn in tx._after_commit:
-                fn()
+                try:
+                    fn()
+                except Exception as exc:
+                    failed = failed or exc
+            if failed is not None:
+                raise failed
 
     def close(self) -> None:
         self.engine.dispose()

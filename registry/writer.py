@@ -78,6 +78,7 @@ class Writer:
         self._stats["prepared"] = 0     # registrations whose embedding came computed by their request (Prepared)
         self._stats["follows"] = 0      # refreshes for writes of other processes (PostgreSQL)
         self._stats["writer_nice"] = None   # the priority the writer thread got (set once it runs)
+        self._stats["one_transaction_refused"] = 0   # cycles of registrations staged again one by one (a refusal)
         self._refresh_lock = threading.Lock()     # one snapshot refresh at a time (the writer's, the follower's)
         reg._finish_pending()        # a crash may have left onboarding jobs behind
         self.book = AnswerBook()     # every model's current answers: what a registration's report compares
@@ -163,8 +164,11 @@ class Writer:
             t0 = time.perf_counter()
             try:
                 self._cycle([j for j in jobs if j])
-            except Exception:          # a bug of ours: the trace to the server's log, the writer lives on
-                traceback.print_exc(file=sys.stderr)
+            except Exception as exc:   # a bug of ours: the trace to the server's log, the writer lives on, and no
+                traceback.print_exc(file=sys.stderr)      # request waits for an answer that will not come
+                for j in jobs:
+                    if j and not j.future.done():
+                        j.future.set_exception(exc)
             if jobs:
                 self._stats["longest_cycle_ms"] = max(self._stats["longest_cycle_ms"],
                                                       round(1000 * (time.perf_counter() - t0), 1))
@@ -333,8 +337,10 @@ class Writer:
         cycle's fixed cost is mostly per transaction and per statement, not per registration. -> False when the
         transaction failed (a refused registration, or a bug of ours): nothing of it was written."""
         t0, c0 = time.perf_counter(), time.thread_time()
+        committed: list[bool] = []
         try:
             with self.reg.store.tx() as tx:
+                tx.after_commit(lambda: committed.append(True))       # (the first hook: it runs before any other)
                 staged = registration.stage_group(tx, [j.args for j in regs], [j.rows for j in regs])
                 self._append_log(tx, rows, vecs)
                 t1, c1 = time.perf_counter(), time.thread_time()
@@ -349,24 +355,44 @@ class Writer:
         except Exception as exc:
             if not isinstance(exc, RegistryError):      # a bug of ours: its trace to the server's log
                 traceback.print_exc(file=sys.stderr)
-            return False
+            if not committed:
+                self._stats["one_transaction_refused"] += 1
+                return False
+            return self._failed_after_commit(regs, exc)     # (an after-commit hook failed: never staged again)
         self._stats["log_rows"] += len(rows)
         self._stats["prepared"] += sum(1 for o in outcomes if o.prepared)
         try:
-            self.reg._stabilities(outcomes, sweep=False)
+            # a version whose stability the onboarding left to the sweep (more than FUSE_STABILITY_MAX models):
+            # the snapshot read in the transaction lacks it, so it is read again after the sweep
+            unswept = self.reg._stabilities(outcomes, sweep=False)
             with self._refresh_lock:
-                if plain:
+                if plain and not unswept:
                     self.book.apply(book)
                     self.snapshots.publish(snap)
+                    self._stats["version_refreshes"] += 1
+                elif plain:
+                    self.book.apply(book)
+                    self.snapshots.add_versions({st.name for st in staged})
                     self._stats["version_refreshes"] += 1
                 else:
                     self._refresh(any(st.queries_added for st in staged), endpoints_changed=False)
         except Exception as exc:     # a bug of ours after the commit: the rows are durable, the requests get the error
             traceback.print_exc(file=sys.stderr)
-            for j in regs:
-                j.future.set_exception(exc)
-            return True
+            return self._failed_after_commit(regs, exc)
         self._done(regs, dict(zip(map(id, regs), staged)), {o.model: o for o in outcomes}, (t0, t1, t2), (c0, c1, c2))
+        return True
+
+    def _failed_after_commit(self, regs: list[_Job], exc: BaseException) -> bool:
+        """The cycle committed but what follows failed (a bug of ours): its requests get the error, and the book and
+        the snapshot are read again whole, as far as that goes. -> True (the cycle is over)."""
+        for j in regs:
+            if not j.future.done():
+                j.future.set_exception(exc)
+        try:
+            with self._refresh_lock:
+                self._refresh(True, endpoints_changed=False)
+        except Exception:
+            traceback.print_exc(file=sys.stderr)
         return True
 
     def _only_new_versions(self, done: list[_Job], staged: dict) -> bool:
@@ -407,7 +433,7 @@ class Writer:
         out = {}
         for j in regs:
             out.update(self._stage([j], [], {}))
-        if rows:
+        if rows or vecs:
             self._stage([], rows, vecs)
         return out
 

@@ -353,3 +353,45 @@ def test_a_served_registration_of_a_new_model_is_embedded_by_its_request(db_copy
     assert (fresh.version, more.version) == (1, 2)
     assert stats["prepared"] == 1
     assert all(same and np.abs(stored - again).max() < 1e-5 for stored, again, same in checks)
+
+
+@pytest.mark.slow       # (MiniLM embeds the new question)
+def test_a_served_registration_that_brings_new_questions_commits_in_its_one_transaction(db_copy, tmp_path):
+    """Rows with a question text the registry lacks add a query in the cycle's transaction; the onboarding in that
+    same transaction must see it (the query metadata it caches is read afresh there), not fall back to staging the
+    group again."""
+    with Registry(db_copy) as reg:
+        qids = _qids(reg)
+        serving = Serving(reg)
+        serving.writer.refit_every_s = 1e9
+        serving.register("warm-writer", _rows_file(tmp_path, "warm", qids[:60], 1))    # the metadata cached
+        path = tmp_path / "with-question.jsonl"
+        rows = [{"question_id": q, "correct": i % 2} for i, q in enumerate(qids[100:159])]
+        rows.append({"question_id": "brand-new-q", "correct": 1, "question": "What is a brand new question?"})
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        out = serving.register("asks-new-question", str(path))
+        stats = serving.stats()["writer"]
+        serving.close()
+        assert out.queries_added == 1 and out.version is not None and out.evaluations_added == 60
+        assert stats["one_transaction_refused"] == 0
+        with reg.store.tx() as tx:
+            assert tx.sql("SELECT count(*) FROM queries WHERE external_id = 'brand-new-q'")[0][0] == 1
+
+
+def test_a_transaction_reads_afresh_what_it_invalidated_and_every_after_commit_hook_runs(tmp_path):
+    with Registry(tmp_path / "r.duckdb") as reg:
+        store = reg.store
+        with store.tx() as tx:
+            assert tx.cached("answer", lambda: 1) == 1
+        with store.tx() as tx:
+            assert tx.cached("answer", lambda: 2) == 1          # kept from the committed read
+            tx.invalidate("answer")
+            assert tx.cached("answer", lambda: 3) == 3          # this transaction changed it: read afresh
+        with store.tx() as tx:
+            assert tx.cached("answer", lambda: 4) == 4          # dropped when that committed
+        ran = []
+        with pytest.raises(ZeroDivisionError):
+            with store.tx() as tx:
+                tx.after_commit(lambda: 1 / 0)
+                tx.after_commit(lambda: ran.append("second"))
+        assert ran == ["second"]

@@ -254,16 +254,15 @@ class Writer:
     def _set_nice(nice: int) -> int:
         """This thread's nice value set to `nice` (Linux: per thread) -> the one it has: a boost (< 0) that the OS
         refuses (no CAP_SYS_NICE) leaves it where it was."""
+        if not hasattr(os, "setpriority"):          # (not on every OS)
+            return 0
         tid = threading.get_native_id()
         try:
             if nice:
                 os.setpriority(os.PRIO_PROCESS, tid, nice)
-            return os.getpriority(os.PRIO_PROCESS, tid)
-        except (OSError, AttributeError):
-            try:
-                return os.getpriority(os.PRIO_PROCESS, tid)
-            except (OSError, AttributeError):
-                return 0
+        except OSError:
+            pass
+        return os.getpriority(os.PRIO_PROCESS, tid)
 
     def _cycle(self, jobs: list[_Job]) -> None:
         regs = [j for j in jobs if j.kind == "register"]

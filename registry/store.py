@@ -70,7 +70,12 @@ class Tx:
         """The cached value under `key`, or build() read in this transaction; a value read here joins the cache
         when this transaction commits, unless a transaction that changed it (`invalidate`) committed since."""
         if key in self.local.get("invalidated", ()):
-            return build()           # this transaction changed what it caches: its own read, kept nowhere
+            # this transaction changed what it caches: its own read, kept for this transaction only (until it
+            # changes it again)
+            own = self.local.setdefault("own_reads", {})
+            if key not in own:
+                own[key] = build()
+            return own[key]
         if key in self.cache:
             return self.cache[key]
         generation = self.cache.get(("generation", key), 0)
@@ -86,6 +91,7 @@ class Tx:
         """This transaction changes what `key` caches: drop it once the change commits (and read it afresh in this
         transaction meanwhile: `cached`)."""
         self.local.setdefault("invalidated", set()).add(key)
+        self.local.get("own_reads", {}).pop(key, None)
 
         def drop():
             self.cache.pop(key, None)

@@ -387,8 +387,11 @@ def test_a_transaction_reads_afresh_what_it_invalidated_and_every_after_commit_h
             assert tx.cached("answer", lambda: 2) == 1          # kept from the committed read
             tx.invalidate("answer")
             assert tx.cached("answer", lambda: 3) == 3          # this transaction changed it: read afresh
+            assert tx.cached("answer", lambda: 5) == 3          # once, until it changes it again
+            tx.invalidate("answer")
+            assert tx.cached("answer", lambda: 6) == 6
         with store.tx() as tx:
-            assert tx.cached("answer", lambda: 4) == 4          # dropped when that committed
+            assert tx.cached("answer", lambda: 4) == 4          # dropped when that committed (its own read too)
         ran = []
         with pytest.raises(ZeroDivisionError):
             with store.tx() as tx:

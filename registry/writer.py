@@ -293,8 +293,7 @@ class Writer:
         outcomes = {}
         if any(j.kind == "register" for j in done):
             try:
-                prepared = {j.args[0]: j.prepared for j in done if j.kind == "register" and j.prepared is not None}
-                outcomes = {o.model: o for o in self.reg.onboard(sweep=False, prepared=prepared)}
+                outcomes = {o.model: o for o in self.reg.onboard(sweep=False, prepared=_prepared(done))}
                 self._stats["prepared"] += sum(1 for o in outcomes.values() if o.prepared)
             except Exception as exc:   # the rows are committed; pending jobs finish on the next onboarding
                 traceback.print_exc(file=sys.stderr)
@@ -343,14 +342,15 @@ class Writer:
                 staged = registration.stage_group(tx, [j.args for j in regs], [j.rows for j in regs])
                 self._append_log(tx, rows, vecs)
                 t1, c1 = time.perf_counter(), time.thread_time()
-                outcomes = onboarding.run_pending(tx, self.reg.min_evaluations, stability=True, prepared={
-                    j.args[0]: j.prepared for j in regs if j.prepared is not None})
+                outcomes = onboarding.run_pending(tx, self.reg.min_evaluations, stability=True,
+                                                  prepared=_prepared(regs))
                 t2, c2 = time.perf_counter(), time.thread_time()
                 # only new versions (and models): the snapshot and the book from this transaction's reads
-                plain = all(not st.changes and not st.queries_added for st in staged)
+                staged = dict(zip(map(id, regs), staged))
+                plain = self._only_new_versions(regs, staged)
                 if plain:
                     book = self.book.read(tx)
-                    snap = self.snapshots.with_versions({st.name for st in staged}, tx)
+                    snap = self.snapshots.with_versions({st.name for st in staged.values()}, tx)
         except Exception as exc:
             if not isinstance(exc, RegistryError):      # a bug of ours: its trace to the server's log
                 traceback.print_exc(file=sys.stderr)
@@ -365,20 +365,19 @@ class Writer:
             # the snapshot read in the transaction lacks it, so it is read again after the sweep
             unswept = self.reg._stabilities(outcomes, sweep=False)
             with self._refresh_lock:
-                if plain and not unswept:
+                if plain:
                     self.book.apply(book)
-                    self.snapshots.publish(snap)
-                    self._stats["version_refreshes"] += 1
-                elif plain:
-                    self.book.apply(book)
-                    self.snapshots.add_versions({st.name for st in staged})
+                    if unswept:
+                        self.snapshots.add_versions({st.name for st in staged.values()})
+                    else:
+                        self.snapshots.publish(snap)
                     self._stats["version_refreshes"] += 1
                 else:
-                    self._refresh(any(st.queries_added for st in staged), endpoints_changed=False)
+                    self._refresh(any(st.queries_added for st in staged.values()), endpoints_changed=False)
         except Exception as exc:     # a bug of ours after the commit: the rows are durable, the requests get the error
             traceback.print_exc(file=sys.stderr)
             return self._failed_after_commit(regs, exc)
-        self._done(regs, dict(zip(map(id, regs), staged)), {o.model: o for o in outcomes}, (t0, t1, t2), (c0, c1, c2))
+        self._done(regs, staged, {o.model: o for o in outcomes}, (t0, t1, t2), (c0, c1, c2))
         return True
 
     def _failed_after_commit(self, regs: list[_Job], exc: BaseException) -> bool:
@@ -441,6 +440,11 @@ class Writer:
         routing.append_log(tx, rows)
         if vecs:
             vectors.insert(tx, list(vecs), np.stack(list(vecs.values())), count=False)
+
+
+def _prepared(jobs: list[_Job]) -> dict:
+    """{model name: onboarding.Prepared} of the registrations among these jobs that came with one."""
+    return {j.args[0]: j.prepared for j in jobs if j.kind == "register" and j.prepared is not None}
 
 
 def _conflict(exc: BaseException) -> bool:

@@ -74,12 +74,17 @@ class AnswerBook:
             last = max(b for _, b in newer)
             changed = [int(m) for m, _ in newer]
         rows = evaluations.of_models(tx, changed)
-        new_q = np.setdiff1d(np.unique(rows["query_id"]), np.fromiter(self.col, dtype=np.int64, count=len(self.col)))
+        col = self.col        # (a set lookup per distinct query: not an array of every column, sorted, per sync)
+        new_q = np.array([q for q in np.unique(rows["query_id"]).tolist() if q not in col], dtype=np.int64)
         test = {int(q) for (q,) in tx.sql("""SELECT query_id FROM query_splits WHERE split = 'test'
                                                AND query_id IN (SELECT unnest(?::INTEGER[]))""", [new_q.tolist()])} \
             if len(new_q) else set()
-        named = dict(tx.sql("SELECT id, name FROM models WHERE id IN (SELECT unnest(?::INTEGER[]))",
-                            [[m for m in changed if m not in self.names]]))
+        # names of models new to the book: those this transaction created are known to it (outbox.new_models)
+        created = tx.local.get("new_model_states", {})
+        named = {m: created[m].name for m in changed if m not in self.names and m in created}
+        unnamed = [m for m in changed if m not in self.names and m not in created]
+        if unnamed:
+            named.update(tx.sql("SELECT id, name FROM models WHERE id IN (SELECT unnest(?::INTEGER[]))", [unnamed]))
         return _Changes(changed, rows, new_q, test, named, int(last), new_batches)
 
     def apply(self, ch: "_Changes | None") -> int:

@@ -27,6 +27,7 @@ import pyarrow as pa
 
 from . import evaluations, outbox, splits, textvec, vectors
 from .errors import InputError
+from .querycache import query_meta
 from .store import Tx
 
 # Accepted column names, first one canonical.
@@ -500,6 +501,7 @@ class HeldRows:
     query_ids: list[str]            # distinct
     names: dict[int, str]           # model id -> name, of every model of the rows
     evaluated: list[int]            # the ids of those models with evaluations already
+    queries_known: bool = False     # every query id is one of the registry's (looked up in memory: no read)
 
 
 def append_evaluations(tx: Tx, cols: Columns, batch_id: int, result: ImportResult,
@@ -535,8 +537,9 @@ def append_evaluations(tx: Tx, cols: Columns, batch_id: int, result: ImportResul
             or (model is not None and any(m != model for m, *_ in per_model))):
         return False
     _mirror(tx, "queries")
-    if _q(tx, "SELECT 1 FROM (SELECT unnest(?) AS qid) WHERE qid NOT IN (SELECT external_id FROM queries) LIMIT 1",
-          [qids]):
+    if not (held is not None and held.queries_known) and _q(
+            tx, "SELECT 1 FROM (SELECT unnest(?) AS qid) WHERE qid NOT IN (SELECT external_id FROM queries) LIMIT 1",
+            [qids]):
         return False
     names = [m for m, *_ in per_model]
     if held is None:
@@ -930,8 +933,10 @@ def run_rows_import(tx: Tx, model: list[str], qid: list[str], correct: list[bool
             c = counts.setdefault(m, [m, 0, 0, 0])
             c[1] += 1
             c[3] += not q
-        held = HeldRows([tuple(c) for c in counts.values()], sorted(set(qid)), {i: n for n, i in ids.items()},
-                        evaluated)
+        distinct = sorted(set(qid))
+        # (queries are never deleted: the ids the registry's query metadata knows are in `queries`)
+        held = HeldRows([tuple(c) for c in counts.values()], distinct, {i: n for n, i in ids.items()}, evaluated,
+                        queries_known=query_meta(tx).rows_of_external(distinct) is not None)
         if not append_evaluations(tx, cols, batch_id, result, held=held):
             return None
     finally:

@@ -80,7 +80,8 @@ def stage_group(tx: Tx, jobs: list[tuple], parsed: list[list[dict] | None] | Non
 def _stage_together(tx: Tx, jobs: list[tuple], rows: list[list[dict]], at: list[int]) -> dict[int, Staged]:
     names = [j[0] for j in jobs]
     # the group's models that exist (name -> id), then which of them have results (mostly none exist: new models)
-    found = tx.sql("SELECT id, name FROM models WHERE name IN (SELECT unnest(?::VARCHAR[]))", [names])
+    # (a list of constants: DuckDB looks them up in the name index; a list parameter unnested is a join)
+    found = tx.sql(f"SELECT id, name FROM models WHERE name IN ({', '.join('?' * len(names))})", names)
     if found:
         evaluated = {m for (m,) in tx.sql("""SELECT DISTINCT model_id FROM evaluations
                                              WHERE model_id IN (SELECT unnest(?::INTEGER[]))""", [[i for i, _ in found]])}

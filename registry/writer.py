@@ -40,6 +40,7 @@ from .errors import RegistryError
 LOG_FLUSH_S = 0.1           # the longest an idle writer leaves routing-log rows in memory
 MAX_GROUP = 64              # jobs staged in one transaction
 REFIT_S = 30.0              # at most one fit of routing's interaction terms per this many seconds
+PREPARED_WAIT_S = 5.0       # the longest the writer waits for a registration's embedding computed by its request
 VECTORS_HELD = 256          # routed texts' vectors held back from registrations' cycles, at most
 WRITER_NICE = 0             # the writer's priority (BENCHMARKS.md: a boost, -5, measured no better under the closed loop)
 
@@ -50,7 +51,8 @@ class _Job:
     args: tuple
     future: Future = field(default_factory=Future)
     rows: list[dict] | None = None         # a registration's rows, read by its request (registration.plain_rows)
-    prepared: Any = None                   # its embedding computed ahead from them (onboarding.Prepared)
+    prepared: Future | None = None         # its embedding computed ahead from them by its request (a Future of
+    #                                        onboarding.Prepared or None), while the job waits in the queue
 
 
 class Writer:
@@ -73,6 +75,7 @@ class Writer:
                        #   (refresh: the answer book's sync and the new snapshot)
                        "stage_cpu_ms": 0.0, "onboard_cpu_ms": 0.0, "refresh_cpu_ms": 0.0,  # (this thread's CPU)
                        "register_wait_ms": 0.0, "report_ms": 0.0,                 # and a registration's time
+                       "prepare_ms": 0.0,           # (of which its rows read and its embedding computed ahead)
                        "refits": 0}
         self._stats["version_refreshes"] = 0    # snapshots that read only the new versions (add_versions)
         self._stats["prepared"] = 0     # registrations whose embedding came computed by their request (Prepared)
@@ -98,11 +101,15 @@ class Writer:
         """`Registry.register` through the writer (`registration.RegisterResult`); blocks until durable."""
         name = registration.check(name, metadata)
         t0 = time.perf_counter()
-        # a new model's embedding, from the rows it brought, in this thread while the writer works on others: the
-        # writer then only checks its digest (onboarding.Prepared)
         rows = registration.plain_rows(evals)
-        prepared = self._prepare(rows) if rows and not update and self.book.id_of(name) is None else None
-        staged, outcome = self._submit("register", (name, evals, metadata, update), rows, prepared)
+        ahead = bool(rows) and not update and self.book.id_of(name) is None
+        job = self._put("register", (name, evals, metadata, update), rows, Future() if ahead else None)
+        if ahead:
+            # a new model's embedding, from the rows it brought, in this thread while its job waits for the writer
+            # (behind the cycle running): the writer then only checks its digest (onboarding.Prepared)
+            job.prepared.set_result(self._prepare(rows))
+            self._stats["prepare_ms"] += 1000 * (time.perf_counter() - t0)
+        staged, outcome = job.future.result()
         t1 = time.perf_counter()
         out = registration.report_served(self.reg, self.snapshots.current, self.book, staged, outcome, k)
         self._stats["register_wait_ms"] += 1000 * (t1 - t0)
@@ -139,12 +146,15 @@ class Writer:
             traceback.print_exc(file=sys.stderr)
             return None
 
-    def _submit(self, kind: str, args: tuple, rows: list[dict] | None = None, prepared=None):
+    def _submit(self, kind: str, args: tuple):
+        return self._put(kind, args).future.result()
+
+    def _put(self, kind: str, args: tuple, rows: list[dict] | None = None, prepared: Future | None = None) -> _Job:
         if self._stopping:
             raise RuntimeError("the server is stopping")
         job = _Job(kind, args, rows=rows, prepared=prepared)
         self._jobs.put(job)
-        return job.future.result()
+        return job
 
     # --- the writer thread ----------------------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -443,8 +453,21 @@ class Writer:
 
 
 def _prepared(jobs: list[_Job]) -> dict:
-    """{model name: onboarding.Prepared} of the registrations among these jobs that came with one."""
-    return {j.args[0]: j.prepared for j in jobs if j.kind == "register" and j.prepared is not None}
+    """{model name: onboarding.Prepared} of the registrations among these jobs whose request computed one. A
+    request computes it while its job waits in the queue, so it is nearly always done when the writer onboards; if
+    not, the writer waits for it (the embedding is being computed anyway: computing it again here would cost the
+    same time and a core), at most PREPARED_WAIT_S, then embeds the model itself."""
+    out = {}
+    for j in jobs:
+        if j.kind != "register" or j.prepared is None:
+            continue
+        try:
+            p = j.prepared.result(timeout=PREPARED_WAIT_S)
+        except TimeoutError:
+            p = None
+        if p is not None:
+            out[j.args[0]] = p
+    return out
 
 
 def _conflict(exc: BaseException) -> bool:

@@ -355,6 +355,26 @@ def test_a_served_registration_of_a_new_model_is_embedded_by_its_request(db_copy
     assert all(same and np.abs(stored - again).max() < 1e-5 for stored, again, same in checks)
 
 
+def test_the_writer_waits_for_an_embedding_its_request_is_still_computing(monkeypatch):
+    """A request queues its job first and computes the embedding while the job waits: a writer that reaches the
+    job sooner takes the embedding once it is done, and one that never comes (at most PREPARED_WAIT_S) is left to
+    the writer's own onboarding."""
+    from concurrent.futures import Future
+
+    from registry import writer
+
+    late, never = Future(), Future()
+    jobs = [writer._Job("register", ("late", "x.jsonl", {}, False), prepared=late),
+            writer._Job("register", ("never", "y.jsonl", {}, False), prepared=never),
+            writer._Job("register", ("update", "z.jsonl", {}, True))]
+    threading.Timer(0.2, late.set_result, ["the embedding"]).start()
+    monkeypatch.setattr(writer, "PREPARED_WAIT_S", 0.5)
+    assert writer._prepared(jobs) == {"late": "the embedding"}
+    none_computed = Future()
+    none_computed.set_result(None)          # (an unknown query: nothing could be prepared)
+    assert writer._prepared([writer._Job("register", ("n", "n.jsonl", {}, False), prepared=none_computed)]) == {}
+
+
 @pytest.mark.slow       # (MiniLM embeds the new question)
 def test_a_served_registration_that_brings_new_questions_commits_in_its_one_transaction(db_copy, tmp_path):
     """Rows with a question text the registry lacks add a query in the cycle's transaction; the onboarding in that

@@ -749,27 +749,29 @@ def insert_new_models(tx: Tx, models: dict[str, dict]) -> dict[str, int]:
     if not models:
         return {}
     meta = list(models.values())
+    cost = [None if m.get("cost") is None else float(m["cost"]) for m in meta]
+    params = [None if m.get("params_b") is None else float(m["params_b"]) for m in meta]
     if len(models) <= 16:        # a few rows (a server's registrations): VALUES cost less than an Arrow table
         created = tx.sql(
             "INSERT INTO models (name, tags, family, provider, params_b, cost, open_weights) VALUES "
             + ", ".join(["(?, ?::JSON, ?, ?, ?::FLOAT8, ?::FLOAT8, ?::BOOLEAN)"] * len(models)) + " RETURNING id, name",
-            [x for name, m in zip(models, meta) for x in (
-                name, json.dumps(m.get("tags") or {}), m.get("family"), m.get("provider"),
-                None if m.get("params_b") is None else float(m["params_b"]),
-                None if m.get("cost") is None else float(m["cost"]), m.get("open_weights"))])
-        outbox.new_models(tx, created)
-        return {name: int(i) for i, name in created}
-    with tx.table("_new_models", pa.table({
-        "name": list(models), "tags": [json.dumps(m.get("tags") or {}) for m in meta],
-        "family": pa.array([m.get("family") for m in meta], pa.string()),
-        "provider": pa.array([m.get("provider") for m in meta], pa.string()),
-        "params_b": pa.array([m.get("params_b") for m in meta], pa.float64()),
-        "cost": pa.array([m.get("cost") for m in meta], pa.float64()),
-        "open_weights": pa.array([m.get("open_weights") for m in meta], pa.bool_())})):
-        created = tx.sql("""INSERT INTO models (name, tags, family, provider, params_b, cost, open_weights)
-                            SELECT name, tags::JSON, family, provider, params_b, cost, open_weights
-                            FROM _new_models RETURNING id, name""")
+            [x for name, m, c, p in zip(models, meta, cost, params) for x in (
+                name, json.dumps(m.get("tags") or {}), m.get("family"), m.get("provider"), p, c, m.get("open_weights"))])
+    else:
+        with tx.table("_new_models", pa.table({
+            "name": list(models), "tags": [json.dumps(m.get("tags") or {}) for m in meta],
+            "family": pa.array([m.get("family") for m in meta], pa.string()),
+            "provider": pa.array([m.get("provider") for m in meta], pa.string()),
+            "params_b": pa.array(params, pa.float64()), "cost": pa.array(cost, pa.float64()),
+            "open_weights": pa.array([m.get("open_weights") for m in meta], pa.bool_())})):
+            created = tx.sql("""INSERT INTO models (name, tags, family, provider, params_b, cost, open_weights)
+                                SELECT name, tags::JSON, family, provider, params_b, cost, open_weights
+                                FROM _new_models RETURNING id, name""")
     outbox.new_models(tx, created)
+    # their cost and size as the table holds them, for what this transaction builds from memory
+    # (routing.with_new_versions)
+    at = {name: i for i, name in enumerate(models)}
+    tx.local.setdefault("new_model_meta", {}).update({int(i): (cost[at[name]], params[at[name]]) for i, name in created})
     return {name: int(i) for i, name in created}
 
 

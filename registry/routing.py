@@ -160,7 +160,7 @@ def with_new_versions(tx: Tx, st: State, db_path: str, registered: set[str] = fr
     State (tests/test_writer.py); its key is st's, so it never enters the cache of `state`."""
     after = int(st.version_ids.max()) if len(st.version_ids) else 0
     # (a few rows: the newest per model is kept below, in version order, cheaper than a window in the statement)
-    new = tx.arrow("""
+    new = _versions_written(tx, st, after) or tx.arrow("""
         SELECT v.id, v.model_id, m.name, v.version, v.vector, v.n_evaluations, m.cost, m.params_b,
                coalesce(s.stability, v.stability) AS stability
         FROM embedding_versions v JOIN models m ON m.id = v.model_id
@@ -219,6 +219,31 @@ def with_new_versions(tx: Tx, st: State, db_path: str, registered: set[str] = fr
     return State(st.key, st.encoder_id, st.encoder_name, st.model, names, mids, vers, vids, z, cost, params, ev,
                  st.down, st.model.scorer(z), st.known | frozenset(new["name"]) | frozenset(registered), served,
                  fitted, st.category_of)
+
+
+def _versions_written(tx: Tx, st: State, after: int) -> dict | None:
+    """`with_new_versions`' read, from what this transaction wrote (onboarding.run_pending and
+    ingest.insert_new_models record it): the server's writer builds the next snapshot in the transaction that
+    wrote the versions. None (read them) unless they are exactly the versions that read would give: all under st's
+    encoder and past st's newest, as many as the file holds there (one count), and each model's cost and size known
+    (st's, or its registration's)."""
+    written = tx.local.get("versions_written")
+    if not written or any(enc != st.encoder_id or vid <= after for vid, *_, enc in written):
+        return None
+    created = tx.local.get("new_model_meta", {})
+    at = {m: i for i, m in enumerate(st.model_ids.tolist())}
+    if any(mid not in at and mid not in created for _, mid, *_ in written):
+        return None
+    if tx.sql("SELECT count(*) FROM embedding_versions WHERE encoder_id = ? AND id > ?",
+              [st.encoder_id, after])[0][0] != len(written):
+        return None
+    out: dict[str, list] = {k: [] for k in ("id", "model_id", "name", "version", "vector", "n_evaluations", "cost",
+                                             "params_b", "stability")}
+    for vid, mid, name, version, vec, n, stab, _ in sorted(written, key=lambda w: (w[1], w[3])):
+        cost, params = (st.cost[at[mid]], st.params_b[at[mid]]) if mid in at else created[mid]
+        for k, v in zip(out, (vid, mid, name, version, vec, n, cost, params, stab)):
+            out[k].append(v)
+    return out
 
 
 _served: dict[tuple, interaction.Served | None] = {}

@@ -278,6 +278,8 @@ def _carried(served: interaction.Served, fitted_ids: np.ndarray, model_ids: np.n
     where = np.searchsorted(fitted[by_id], model_ids).clip(max=max(len(fitted) - 1, 0))
     at = np.flatnonzero(fitted[by_id][where] == model_ids) if len(fitted) else np.zeros(0, dtype=np.int64)
     take = by_id[where[at]].astype(np.int64)
+    if np.array_equal(at, f.rows) and np.array_equal(take, np.arange(len(f.rows))):
+        return served         # (the usual case: models were only added, after the fit's, so none moved)
     # the same reference queries: the texts' nearest ones found so far stay good (the dict is shared)
     return interaction.Served(dataclasses.replace(f, rows=at, offsets=f.offsets[take], resid=f.resid[take],
                                                   seen=f.seen[take]), served.category_of, served._nn)

@@ -65,6 +65,7 @@ class Tx:
     dialect: str = "duckdb"                     # "duckdb" | "postgresql"
     _stage: object = None                       # PostgreSQL only: the in-process DuckDB for files (see `stage`)
     _stage_db: object = None                    # PostgreSQL only: -> the Store's in-memory DuckDB
+    _raw: object = None                         # the driver connection, once asked for (see `raw`)
 
     def cached(self, key, build):
         """The cached value under `key`, or build() read in this transaction; a value read here joins the cache
@@ -109,8 +110,12 @@ class Tx:
 
     @property
     def raw(self):
-        """The driver's connection inside this transaction (duckdb, or psycopg on PostgreSQL)."""
-        return self.session.connection().connection.driver_connection
+        """The driver's connection inside this transaction (duckdb, or psycopg on PostgreSQL). Looked up once: the
+        session keeps one connection for the whole transaction, and asking it again per statement cost more than a
+        small statement."""
+        if self._raw is None:
+            self._raw = self.session.connection().connection.driver_connection
+        return self._raw
 
     @property
     def duck(self):
@@ -325,6 +330,7 @@ class Store:
                 raise
             finally:
                 tx.close_stage()
+                tx._raw = None        # (the connection went back to the pool with the transaction)
             # (committed: every hook runs, so one that fails, a bug of ours, leaves no other cache behind; then it
             # is raised)
             failed = None

@@ -502,7 +502,7 @@ def choose(st: State, probs: np.ndarray, pol: Policy) -> list[tuple[int | None, 
     """For each query column of probs [M,N]: (chosen model row or None, fallback). The policy ranks the eligible
     models; the top-ranked one is taken unless unavailable, then the best-ranked available one (a fallback)."""
     M, N = probs.shape
-    avail = pol.eligible & np.array([n not in pol.down for n in st.names])
+    avail = pol.eligible & _up(st, pol)
     if not avail.any():
         return [(None, True)] * N
     if pol.min_prob is None:
@@ -524,19 +524,20 @@ def choose(st: State, probs: np.ndarray, pol: Policy) -> list[tuple[int | None, 
     return out
 
 
+def _up(st: State, pol: Policy) -> np.ndarray:
+    """[M] bool: not down (marked unavailable or named by the caller); without any down, no look at the names."""
+    if not pol.down:
+        return np.ones(len(st.names), dtype=bool)
+    return np.array([n not in pol.down for n in st.names], dtype=bool)
+
+
 def decisions(st: State, probs: np.ndarray, raw: np.ndarray, picks, pol: Policy, hashes: list[str],
               truncated: list[bool], top: int | None = None) -> list[Decision]:
     """`top`: list that many candidates, most likely first, and the chosen one wherever it ranks (None or 0:
     every model); the versions are those of the listed models."""
-    versions = dict(zip(st.names, st.versions.tolist()))
     listed = len(st.names) if not top or top >= len(st.names) else int(top)
     ev = st.evidence
-    # per-model fields as Python values once per call, not once per (model, query): with hundreds of models the
-    # candidates of every answer are most of a route's time
-    n_ev, prob_flag = ev.n.astype(np.int64).tolist(), ev.probation.tolist()
-    cost = [None if c != c else c for c in st.cost.tolist()]
-    params = [None if p != p else p for p in st.params_b.tolist()]
-    avail = [n not in pol.down for n in st.names]
+    up = _up(st, pol)
     skipped = int((ev.probation & ~pol.eligible).sum())
     out = []
     for j, (row, fallback) in enumerate(picks):
@@ -544,10 +545,14 @@ def decisions(st: State, probs: np.ndarray, raw: np.ndarray, picks, pol: Policy,
         if listed < len(order):
             head = order[:listed]
             order = head if row is None or row in head else np.append(head, row)
+        # the listed models' fields as Python values, in numpy first: with hundreds of models, a route must not
+        # touch every model in Python
         p = np.round(probs[order, j].astype(np.float64), 6).tolist()
         r = np.round(raw[order, j].astype(np.float64), 6).tolist()
-        cands = [Candidate(st.names[i], p[k], r[k], n_ev[i], prob_flag[i], cost[i], params[i], avail[i])
-                 for k, i in enumerate(order.tolist())]
+        cands = [Candidate(st.names[i], pk, rk, n, flag, None if c != c else c, None if b != b else b, a)
+                 for i, pk, rk, n, flag, c, b, a in zip(
+                     order.tolist(), p, r, ev.n[order].astype(np.int64).tolist(), ev.probation[order].tolist(),
+                     st.cost[order].tolist(), st.params_b[order].tolist(), up[order].tolist())]
         notes = [pol.note] if pol.note else []
         if row is None:
             notes.append(f"no model available: all {int(pol.eligible.sum())} candidates are unavailable")
@@ -555,7 +560,8 @@ def decisions(st: State, probs: np.ndarray, raw: np.ndarray, picks, pol: Policy,
             notes.append(f"query longer than {MAX_CHARS} characters: routed on its first {MAX_CHARS}")
         if skipped:
             notes.append(f"{skipped} model(s) on probation (under {ev.minimum} evaluations) not considered")
-        used = versions if listed == len(st.names) else {c.model: versions[c.model] for c in cands}
+        # (the versions of the listed models: every model's when all are listed)
+        used = dict(zip([c.model for c in cands], st.versions[order].tolist()))
         out.append(Decision(None if row is None else st.names[row], fallback, cands, st.encoder_name, used,
                             hashes[j], "; ".join(notes) or None, pol.cost_basis))
     return out

@@ -770,8 +770,8 @@ def insert_new_models(tx: Tx, models: dict[str, dict]) -> dict[str, int]:
     outbox.new_models(tx, created)
     # their cost and size as the table holds them, for what this transaction builds from memory
     # (routing.with_new_versions)
-    at = {name: i for i, name in enumerate(models)}
-    tx.local.setdefault("new_model_meta", {}).update({int(i): (cost[at[name]], params[at[name]]) for i, name in created})
+    by_name = dict(zip(models, zip(cost, params)))
+    tx.local.setdefault("new_model_meta", {}).update({int(i): by_name[name] for i, name in created})
     return {name: int(i) for i, name in created}
 
 

@@ -936,9 +936,10 @@ def run_rows_import(tx: Tx, model: list[str], qid: list[str], correct: list[bool
             c[1] += 1
             c[3] += not q
         distinct = sorted(set(qid))
-        # (queries are never deleted: the ids the registry's query metadata knows are in `queries`)
+        # (queries are never deleted: the ids the registry's query metadata knows are in `queries`; on DuckDB the
+        # metadata is in memory, on PostgreSQL it costs a read of its own, no cheaper than the check)
         held = HeldRows([tuple(c) for c in counts.values()], distinct, {i: n for n, i in ids.items()}, evaluated,
-                        queries_known=query_meta(tx).rows_of_external(distinct) is not None)
+                        queries_known=not tx.postgres and query_meta(tx).rows_of_external(distinct) is not None)
         if not append_evaluations(tx, cols, batch_id, result, held=held):
             return None
     finally:

@@ -456,13 +456,14 @@ def _prepared(jobs: list[_Job]) -> dict:
     """{model name: onboarding.Prepared} of the registrations among these jobs whose request computed one. A
     request computes it while its job waits in the queue, so it is nearly always done when the writer onboards; if
     not, the writer waits for it (the embedding is being computed anyway: computing it again here would cost the
-    same time and a core), at most PREPARED_WAIT_S, then embeds the model itself."""
+    same time and a core), at most PREPARED_WAIT_S for all of them, then embeds the rest itself."""
     out = {}
+    deadline = time.monotonic() + PREPARED_WAIT_S
     for j in jobs:
         if j.kind != "register" or j.prepared is None:
             continue
         try:
-            p = j.prepared.result(timeout=PREPARED_WAIT_S)
+            p = j.prepared.result(timeout=max(0.0, deadline - time.monotonic()))
         except TimeoutError:
             p = None
         if p is not None:

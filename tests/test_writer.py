@@ -6,6 +6,7 @@ import json
 import random
 import shutil
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -369,7 +370,10 @@ def test_the_writer_waits_for_an_embedding_its_request_is_still_computing(monkey
             writer._Job("register", ("update", "z.jsonl", {}, True))]
     threading.Timer(0.2, late.set_result, ["the embedding"]).start()
     monkeypatch.setattr(writer, "PREPARED_WAIT_S", 0.5)
-    assert writer._prepared(jobs) == {"late": "the embedding"}
+    never_again = writer._Job("register", ("never-2", "w.jsonl", {}, False), prepared=Future())
+    t0 = time.monotonic()
+    assert writer._prepared(jobs + [never_again]) == {"late": "the embedding"}
+    assert time.monotonic() - t0 < 0.9         # one deadline for the cycle, not one per job
     none_computed = Future()
     none_computed.set_result(None)          # (an unknown query: nothing could be prepared)
     assert writer._prepared([writer._Job("register", ("n", "n.jsonl", {}, False), prepared=none_computed)]) == {}

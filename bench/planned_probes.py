@@ -47,6 +47,9 @@ def main():
     ap.add_argument("--batch", type=int, default=probes.BATCH, help="probes.BATCH (settings search)")
     ap.add_argument("--seed-size", type=int, default=probes.SEED_SIZE, help="probes.SEED_SIZE (settings search)")
     ap.add_argument("--prior-scale", type=float, default=probes.PRIOR_SCALE, help="probes.PRIOR_SCALE (search)")
+    ap.add_argument("--oracle", action="store_true",
+                    help="plan as if each model's embedding from all its evaluations were known (probes.plan_rows' "
+                         "truth): what the planner could do if its reading of the answers so far were exact")
     args = ap.parse_args()
     probes.FLOOR, probes.BATCH, probes.SEED_SIZE = args.floor, args.batch, args.seed_size
     probes.PRIOR_SCALE = args.prior_scale
@@ -62,7 +65,8 @@ def main():
     nontest = np.concatenate([tr, va])
     z_all = embed_subsets(model, data, [nontest[c[m, nontest] >= 0] for m in range(len(c))])
     settings = (f"{args.pool}-seed{probes.SEED_SIZE}-batch{probes.BATCH}-floor{probes.FLOOR}"
-                + (f"-prior{probes.PRIOR_SCALE}" if probes.PRIOR_SCALE != 1.0 else "") + f"-to{max(args.sizes)}")
+                + (f"-prior{probes.PRIOR_SCALE}" if probes.PRIOR_SCALE != 1.0 else "") + f"-to{max(args.sizes)}"
+                + ("-oracle" if args.oracle else ""))
     os.makedirs(args.cache, exist_ok=True)
     plans = {}
     for s in range(args.draws):
@@ -72,7 +76,7 @@ def main():
     cached = set(plans)
     out = probes.compare(pred, pred.project(data.qvecs), c, pool_rows, z_all.astype(np.float64),
                          data.splits[args.split], args.sizes, args.draws, lambda rows: embed_subsets(model, data, rows),
-                         lambda n, s: subset_rows(c, pool_rows, n, s), plans)
+                         lambda n, s: subset_rows(c, pool_rows, n, s), plans, oracle=args.oracle)
     for s in set(plans) - cached:
         (Path(args.cache) / f"planned-{settings}-draw{s}.pkl").write_bytes(pickle.dumps(plans[s]))
     print(f"encoder {meta.get('name', '?')}; {len(c)} models; {args.split} {len(data.splits[args.split])} questions; "

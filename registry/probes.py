@@ -194,11 +194,14 @@ def choose(pred: Predictor, z: np.ndarray, precision: np.ndarray, cand: Queries,
 
 def plan_rows(pred: Predictor, q: Queries, answers: np.ndarray, pool: list[np.ndarray], seed_rows: list[np.ndarray],
               sizes, priors: list[Prior], others: list[np.ndarray], ref: np.ndarray, seed: int = 0,
-              batch: int | None = None, candidates: int | None = None) -> dict[int, list[np.ndarray]]:
+              batch: int | None = None, candidates: int | None = None,
+              truth: np.ndarray | None = None) -> dict[int, list[np.ndarray]]:
     """The simulated protocol for benches and `evaluate --planned`: every model m starts from seed_rows[m] and is
     asked batch after batch, each batch chosen from its pool[m] (rows of q it has an answer for) on what the answers
     so far say, its answer revealed from answers [M, rows] (1/0). -> {n: [rows asked of each model, in order]}.
-    others[m]: the best other model's logit on each reference row (ref: rows of q)."""
+    others[m]: the best other model's logit on each reference row (ref: rows of q). truth [M,D] (benches only): plan
+    as if each model's embedding were known to be truth[m] (the posterior linearised there): what planning could do
+    if its reading of the answers so far were exact."""
     batch, candidates = batch or BATCH, CANDIDATES if candidates is None else candidates
     rng = np.random.default_rng([seed, 1])
     R = q.take(ref)
@@ -208,7 +211,11 @@ def plan_rows(pred: Predictor, q: Queries, answers: np.ndarray, pool: list[np.nd
         for m in range(len(sets)):
             while len(sets[m]) < n:
                 asked = np.asarray(sets[m])
-                z, prec = read(pred, q.take(asked), answers[m, asked], priors[m])
+                if truth is None:
+                    z, prec = read(pred, q.take(asked), answers[m, asked], priors[m])
+                else:
+                    z = truth[m]
+                    prec = expect_answers(pred, z, priors[m].precision, q.take(asked))
                 left = np.setdiff1d(pool[m], asked)
                 if not len(left):
                     break
@@ -221,14 +228,16 @@ def plan_rows(pred: Predictor, q: Queries, answers: np.ndarray, pool: list[np.nd
 
 
 def compare(pred: Predictor, q: Queries, correct: np.ndarray, pool_rows: np.ndarray, z_all: np.ndarray,
-            eval_rows: np.ndarray, sizes, seeds: int, encode, draw, plans: dict | None = None) -> dict:
+            eval_rows: np.ndarray, sizes, seeds: int, encode, draw, plans: dict | None = None,
+            oracle: bool = False) -> dict:
     """Planned against random at each n, every model known from n evaluations of pool_rows (`evaluate
     --sample-efficiency --planned` and bench/planned_probes.py). correct [M, rows of q] (1/0/-1); z_all [M,D]: each
     model's embedding from all its evaluations, which gives the *other* models' prior and routing relevance when a
     model is planned (every model in turn is the new one); encode(rows per model) -> z [M,D]: the set encoder.
     draw(n, seed) -> n random rows per model (evaluation.subset_rows: the sample-efficiency curve's draws); a planned
     draw starts from draw(SEED_SIZE, seed). Each set is read by the encoder and by likelihood; scored by hit@1 and
-    AUC on eval_rows. plans: {seed: planned rows}, reused when given, filled in otherwise.
+    AUC on eval_rows. plans: {seed: planned rows}, reused when given, filled in otherwise; oracle: plan with each
+    model's embedding taken as z_all (plan_rows' truth), an upper reference for the planner, not a design.
     -> {str(n): {design: {reading: {"hit@1", "hit@1_std", "auc", "auc_std"}}}, "draws"}"""
     from . import baselines as B
 
@@ -253,7 +262,7 @@ def compare(pred: Predictor, q: Queries, correct: np.ndarray, pool_rows: np.ndar
     for s in range(seeds):
         if s not in plans:
             plans[s] = plan_rows(pred, q, answers, pool, draw(SEED_SIZE, s), sizes,
-                                 priors, others, ref, seed=s)
+                                 priors, others, ref, seed=s, truth=z_all if oracle else None)
         for n in sizes:
             for design, rows in (("random", draw(n, s)), ("planned", plans[s][n])):
                 got.setdefault((n, design, "encoder"), []).append(score(np.asarray(encode(rows), np.float64)))

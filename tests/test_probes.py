@@ -213,6 +213,37 @@ def test_likelihood_reading_fits_the_answers(small):
     assert np.allclose(z0, prior.mean)
 
 
+def test_oracle_plans_ignore_the_answers_and_real_plans_read_them(small):
+    """plan_rows' truth (the benches' upper reference for the planner, bench/planned_probes.py --oracle) linearises
+    the posterior at the given embeddings, so what a model answered cannot move its plan; the real planner reads the
+    answers, so flipping them moves it."""
+    _, data, model = small
+    torch.set_num_threads(1)
+    pred = probes.Predictor(model)
+    q = pred.project(data.qvecs)
+    nontest = np.concatenate([data.splits["train"], data.splits["val"]])
+    M = len(data.models)
+    z_all = embed_subsets(model, data, [nontest[data.correct[k, nontest] >= 0] for k in range(M)]).astype(float)
+    pool_rows = nontest[:400]
+    pool = [pool_rows[data.correct[k, pool_rows] >= 0] for k in range(M)]
+    seed = [np.random.default_rng(k).choice(pool[k], 16, replace=False) for k in range(M)]
+    priors = [probes.gaussian_prior(np.delete(z_all, k, 0)) for k in range(M)]
+    ref = pool_rows[::4]
+    L = np.stack([pred.logits(z, q.take(ref)) for z in z_all])
+    others = [np.delete(L, k, 0).max(0) for k in range(M)]
+    answers = (data.correct == 1).astype(float)
+
+    def plan(y, truth):
+        return probes.plan_rows(pred, q, y, pool, seed, [40], priors, others, ref, batch=8, truth=truth)[40]
+
+    flipped = 1.0 - answers
+    oracle, oracle_flipped = plan(answers, z_all), plan(flipped, z_all)
+    real, real_flipped = plan(answers, None), plan(flipped, None)
+    assert all(len(r) == 40 and len(set(r)) == 40 and set(r) <= set(pool[k]) for k, r in enumerate(oracle))
+    assert all(np.array_equal(a, b) for a, b in zip(oracle, oracle_flipped))
+    assert not all(np.array_equal(a, b) for a, b in zip(real, real_flipped))
+
+
 @pytest.mark.slow   # plans every model's probes for five sizes: half a minute
 def test_evaluate_planned_compares_designs_on_the_same_draws(db_copy):
     """With every answer asked (n above the pool), planned and random sets hold the same rows: the same figures."""

@@ -18,7 +18,7 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from registry import Registry, ingest, textvec
+from registry import Registry, ingest, staging, textvec
 
 
 def timed(fn):
@@ -34,7 +34,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     data = Path(args.data)
-    files = ingest.files_in_dir(data)
+    files = staging.files_in_dir(data)
     tmp = Path(tempfile.mkdtemp())
 
     ours, floor, first_total = [], [], []

@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from registry import Registry, ingest  # noqa: E402
+from registry import Registry, ingest, staging  # noqa: E402
 from tests.pg import Server  # noqa: E402
 
 
@@ -66,7 +66,7 @@ def main() -> None:
     ap.add_argument("--data", default=str(ROOT.parent / "shared/data/mmlu-pro"))
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
-    files = ingest.files_in_dir(Path(args.data))
+    files = staging.files_in_dir(Path(args.data))
     server = Server(durable=True)
     results = []
     try:

@@ -8,7 +8,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from . import (availability, catalog, embedding, encoders, endpoints, evidence, fallback, fingerprint, geometry,
-               index, ingest, maps, neighbours, onboarding, outbox, portfolio, routing, splits, vectors, versions)
+               index, ingest, maps, neighbours, onboarding, outbox, portfolio, routing, splits, staging, vectors,
+               versions)
 from .errors import InputError, NotFound
 from .neighbours import Neighbour
 from .store import Store, Tx
@@ -44,7 +45,7 @@ class Registry:
         """Import any of models (CSV), queries (CSV/JSONL/Parquet), evaluations (long format), splits and query
         text vectors (vectors.py), or a folder laid out like ../shared/data/mmlu-pro (its `text_vectors.parquet`
         too). All or nothing: a bad file changes nothing."""
-        files = ingest.files_in_dir(directory) if directory else {}
+        files = staging.files_in_dir(directory) if directory else {}
         for kind, path in (("models", models), ("queries", queries), ("evaluations", evaluations),
                            ("splits", splits), ("vectors", vectors)):
             if path:

@@ -1,17 +1,13 @@
 """Bulk import of models, queries, evaluations and splits, validated, in one transaction.
 
-Files are read by DuckDB itself (`read_csv`, `read_json`, `read_parquet`, gzip included) into temporary stage tables,
-checked with a few set-based queries, and written with `INSERT ... SELECT`: no row goes through the ORM. Any problem
+Files are read by DuckDB itself into temporary stage tables (staging.py), checked here with a few set-based queries, and written with `INSERT ... SELECT`: no row goes through the ORM. Any problem
 raises `InputError` naming the file, the line and the problem, and the transaction rolls back, so a failed import
 leaves the database exactly as it was.
 
 Files are read in `tx.stage`, the in-process DuckDB: on a DuckDB registry its own connection, so the checks join the
 registry's tables directly and rows go in with `INSERT ... SELECT`; on PostgreSQL a private DuckDB into which the
-registry rows the checks need are mirrored (`_mirror`), and the rows to append are computed there and copied into
+registry rows the checks need are mirrored (`staging.mirror`), and the rows to append are computed there and copied into
 PostgreSQL with COPY (`_append_evaluations`), in the import's one transaction.
-
-Line numbers: for CSV, line = record number + 1 (the header is line 1); for JSONL, the record number; for Parquet,
-the row number.
 """
 from __future__ import annotations
 
@@ -28,24 +24,10 @@ import pyarrow as pa
 from . import evaluations, outbox, splits, textvec, vectors
 from .errors import InputError
 from .querycache import query_meta
+from .staging import (COLUMNS, Columns, Staged, check_path, csv_header, duck_error, fetch, file_columns, file_format,
+                      first_bad, ident, mirror, source_sql, sql_str, stage)
 from .store import Tx
 
-# Accepted column names, first one canonical.
-COLUMNS = {
-    "models": {"name": ("model", "name"), "family": ("family",), "provider": ("provider",),
-               "params_b": ("params_b", "params", "parameters_b"), "cost": ("cost", "price"),
-               "open_weights": ("open_weights", "open"), "tags": ("tags",)},
-    "queries": {"id": ("question_id", "query_id", "id"), "text": ("question", "text", "query"),
-                "category": ("category",), "source": ("source", "benchmark"), "options": ("options", "choices")},
-    "evaluations": {"model": ("model", "model_name"), "qid": ("question_id", "query_id", "query", "id"),
-                    "correct": ("correct", "score", "label")},
-    "splits": {"qid": ("question_id", "query_id", "query", "id"), "split": ("split",)},
-}
-REQUIRED = {"models": ("name",), "queries": ("id", "text"), "evaluations": ("model", "qid", "correct"),
-            "splits": ("qid", "split")}
-DIR_FILES = {"models": ("models",), "queries": ("questions", "queries"), "evaluations": ("evaluations",),
-             "splits": ("splits",)}
-SUFFIXES = (".csv", ".csv.gz", ".jsonl", ".jsonl.gz", ".ndjson", ".json", ".parquet")
 SPLIT_NAMES = {"train": "train", "val": "val", "valid": "val", "validation": "val", "dev": "val", "test": "test"}
 TRUE_FALSE = "CASE lower(trim({c})) WHEN '1' THEN true WHEN 'true' THEN true WHEN '0' THEN false " \
              "WHEN 'false' THEN false ELSE NULL END"
@@ -70,239 +52,6 @@ class ImportResult:
     onboarding: list[dict] = field(default_factory=list)  # what the onboarding jobs did right after the import
     seconds: dict[str, float] = field(default_factory=dict)  # wall time per step: import (its transaction, commit
     # included), onboarding (versions committed and indexed), stability
-
-
-@dataclass
-class Staged:
-    """A file read into a temporary table `table` with canonical column names and a `line` column."""
-    kind: str
-    path: str
-    table: str
-    rows: int
-    ignored: list[str]
-    line_sql: str = "line"  # SQL giving a row's line number in `table`
-
-
-# --- locating and reading files ----------------------------------------------------------------------------------
-
-def files_in_dir(directory: str | Path) -> dict[str, str]:
-    """A folder laid out like ../shared/data/mmlu-pro: models.csv, questions.csv.gz, evaluations.csv.gz, splits.csv."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise InputError("not a directory", file=str(directory))
-    found: dict[str, str] = {}
-    for kind, stems in DIR_FILES.items():
-        for stem in stems:
-            for suffix in SUFFIXES:
-                candidate = directory / f"{stem}{suffix}"
-                if candidate.is_file() and kind not in found:
-                    found[kind] = str(candidate)
-    if not found:
-        raise InputError("no models, questions, evaluations or splits file found", file=str(directory))
-    if (directory / vectors.DIR_FILE).is_file():
-        found["vectors"] = str(directory / vectors.DIR_FILE)
-    return found
-
-
-def _file_format(path: str) -> str:
-    name = path.lower().removesuffix(".gz")
-    if name.endswith(".parquet"):
-        return "parquet"
-    if name.endswith((".jsonl", ".ndjson", ".json")):
-        return "jsonl"
-    return "csv"
-
-
-def _check_path(path: str) -> None:
-    p = Path(path)
-    if not p.exists():
-        raise InputError("no such file", file=path)
-    if p.is_dir():
-        raise InputError("is a directory, not a file", file=path)
-    if p.stat().st_size == 0:
-        raise InputError("file is empty", file=path)
-
-
-def _duck_error(path: str, exc: Exception) -> InputError:
-    """DuckDB's reader errors are many lines long; keep the line number and the first sentence of the problem."""
-    import re
-
-    text = str(exc)
-    line = re.search(r"[Ll]ine:? (\d+)", text)
-    first = text.splitlines()[0]
-    for prefix in ("Invalid Input Error: ", "IO Error: ", "Conversion Error: ", "Binder Error: "):
-        first = first.removeprefix(prefix)
-    if "unicode" in text.lower() or "utf-8" in text.lower() or "utf8" in text.lower():
-        first = "invalid UTF-8 (the file must be UTF-8 encoded)"
-    elif "gzip" in text.lower():
-        first = "truncated or corrupt gzip file"
-    if line and "CSV Error on Line" in first:
-        first = "malformed CSV row"
-    return InputError(first.strip().rstrip("."), file=path, line=int(line.group(1)) if line else None)
-
-
-def _q(tx: Tx, statement: str, params=None):
-    """Run SQL in the stage (the in-process DuckDB that reads the files) and fetch all rows."""
-    return tx.stage.execute(statement, params or []).fetchall()
-
-
-def _mirror(tx: Tx, *tables: str) -> None:
-    """PostgreSQL: copy the registry rows that the stage's checks join into the stage, as they are now in this
-    transaction (DuckDB: the stage is the registry's own connection; nothing to do)."""
-    for t in tables:
-        tx.mirror(t, MIRRORS[t])
-
-
-MIRRORS = {"queries": "SELECT id, external_id, content_hash FROM queries",
-           "models": "SELECT id, name FROM models",
-           "query_splits": "SELECT query_id, split FROM query_splits"}
-
-
-def _sql_str(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
-
-
-def _csv_header(path: str) -> tuple[list[str], str]:
-    """The header's column names and the delimiter, read by us: cheaper than DuckDB's sniffer on a big gzip file."""
-    import csv
-    import gzip
-
-    opener = gzip.open if path.lower().endswith(".gz") else open
-    try:
-        with opener(path, "rb") as fh:
-            raw = fh.readline()
-    except (OSError, EOFError):
-        raise InputError("truncated or corrupt gzip file", file=path) from None
-    try:
-        header = raw.decode("utf-8-sig").rstrip("\r\n")
-    except UnicodeDecodeError:
-        raise InputError("invalid UTF-8 (the file must be UTF-8 encoded)", file=path, line=1) from None
-    delim = max((",", "\t", ";", "|"), key=header.count) if header else ","
-    names = next(csv.reader([header], delimiter=delim), [])
-    return names, delim
-
-
-def _source(path: str, fmt: str, names: list[str] | None = None, delim: str = ",") -> str:
-    if fmt == "csv":
-        cols = ", ".join(f"{_sql_str(n)}: 'VARCHAR'" for n in names or [])
-        return (f"read_csv({_sql_str(path)}, header=true, auto_detect=false, delim={_sql_str(delim)}, "
-                f"quote='\"', escape='\"', columns={{{cols}}})")
-    if fmt == "jsonl":
-        return f"read_json({_sql_str(path)}, format='newline_delimited')"
-    return f"read_parquet({_sql_str(path)})"
-
-
-@dataclass
-class Columns:
-    """A file's source expression and how its columns map to the canonical ones (read from its header only)."""
-    path: str
-    fmt: str
-    src: str                                # read_csv(...) / read_json(...) / read_parquet(...)
-    types: dict[str, tuple[str, str]]       # lower-case name -> (name as given, DuckDB type)
-    chosen: dict[str, str]                  # canonical -> lower-case name
-    exprs: dict[str, str]                   # canonical -> SQL giving it as VARCHAR (or a constant)
-
-    @property
-    def ignored(self) -> list[str]:
-        return [self.types[c][0] for c in self.types if c not in self.chosen.values()]
-
-
-def file_columns(tx: Tx, kind: str, path: str, constants: dict[str, str] | None = None) -> Columns:
-    """Which columns of the file are which (aliases in COLUMNS); a missing required column, an empty header or a
-    Parquet column of the wrong type is an InputError naming the file."""
-    _check_path(path)
-    fmt = _file_format(path)
-    if fmt == "csv":
-        names, delim = _csv_header(path)
-        if not [n for n in names if n.strip()]:
-            raise InputError("no header line", file=path, line=1)
-        src = _source(path, fmt, names, delim)
-        types = {n.strip().lower(): (n, "VARCHAR") for n in names}
-    else:
-        src = _source(path, fmt)
-        try:
-            described = _q(tx, f"DESCRIBE SELECT * FROM {src}")
-        except Exception as exc:
-            raise _duck_error(path, exc) from None
-        types = {row[0].strip().lower(): (row[0], row[1]) for row in described}
-    chosen: dict[str, str] = {}
-    for canon, aliases in COLUMNS[kind].items():
-        for alias in aliases:
-            if alias in types:
-                chosen[canon] = alias
-                break
-    missing = [c for c in REQUIRED[kind] if c not in chosen and c not in (constants or {})]
-    if missing:
-        wanted = " or ".join(repr(a) for a in COLUMNS[kind][missing[0]])
-        raise InputError(f"missing column {wanted} (found: {', '.join(types) or 'none'})", file=path, line=1)
-    if fmt == "parquet":
-        _check_parquet_types(kind, path, chosen, types)
-    exprs = {}
-    for canon, alias in chosen.items():
-        original, dtype = types[alias]
-        exprs[canon] = f"to_json({_ident(original)})::VARCHAR" if dtype.endswith("]") or \
-            dtype.startswith(("STRUCT", "MAP")) else (_ident(original) if dtype == "VARCHAR"
-                                                      else f"CAST({_ident(original)} AS VARCHAR)")
-    for canon, value in (constants or {}).items():
-        exprs.setdefault(canon, _sql_str(value))
-    return Columns(path, fmt, src, types, chosen, exprs)
-
-
-def _ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def stage(tx: Tx, kind: str, path: str, table: str, project: Callable[[dict[str, str]], str] | None = None,
-          with_lines: bool = True, constants: dict[str, str] | None = None) -> Staged:
-    """Read one file into a temporary table with canonical columns (VARCHAR).
-
-    `project` may turn the canonical columns into the stage's select list (to normalise in the same pass);
-    `with_lines` adds a `line` column (cheap for small files; big ones compute lines only when reporting an error).
-    """
-    cols = file_columns(tx, kind, path, constants)
-    fmt, src, types, chosen, exprs = cols.fmt, cols.src, cols.types, cols.chosen, cols.exprs
-    first_line = {"csv": 2, "jsonl": 1, "parquet": 1}[fmt]
-    ignored = cols.ignored
-    selects = project(exprs) if project else ", ".join(f"{e} AS {c}" for c, e in exprs.items())
-    if kind == "models":  # kept, as tags
-        selects += "".join(', CAST("{0}" AS VARCHAR) AS "x:{0}"'.format(c.replace('"', '""')) for c in ignored)
-        ignored = []
-    try:
-        tx.stage.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT {selects} FROM {src}")
-        # rowids follow the file's order (insertion order is preserved) from an arbitrary start
-        rows, start = _q(tx, f"SELECT count(*), min(rowid) FROM {table}")[0]
-        if with_lines and rows:
-            tx.stage.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS "
-                            f"SELECT rowid - {start} + {first_line} AS line, * FROM {table}")
-    except Exception as exc:
-        raise _duck_error(path, exc) from None
-    if rows == 0:
-        raise InputError("no rows (only a header)", file=path)
-    return Staged(kind, path, table, rows, ignored, line_sql=f"(rowid - {start} + {first_line})")
-
-
-def _check_parquet_types(kind: str, path: str, chosen: dict[str, str], types: dict[str, tuple[str, str]]) -> None:
-    numeric = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT", "HUGEINT")
-    expected = {("evaluations", "correct"): ("BOOLEAN",) + numeric,
-                ("evaluations", "model"): ("VARCHAR",),
-                ("evaluations", "qid"): ("VARCHAR",) + numeric,
-                ("queries", "id"): ("VARCHAR",) + numeric,
-                ("queries", "text"): ("VARCHAR",),
-                ("splits", "split"): ("VARCHAR",)}
-    for canon, alias in chosen.items():
-        allowed = expected.get((kind, canon))
-        dtype = types[alias][1]
-        if allowed and dtype not in allowed:
-            raise InputError(f"column {types[alias][0]!r} has type {dtype}, expected {' or '.join(allowed)}",
-                             file=path)
-
-
-def _first_bad(tx: Tx, staged: Staged, condition: str, message: str, value_col: str | None = None) -> None:
-    value = f", {value_col}" if value_col else ""
-    row = _q(tx, f"SELECT {staged.line_sql} AS l{value} FROM {staged.table} WHERE {condition} ORDER BY l LIMIT 1")
-    if row:
-        shown = repr(row[0][1]) if value_col else ""
-        raise InputError(message.format(value=shown), file=staged.path, line=int(row[0][0]))
 
 
 # --- per kind -----------------------------------------------------------------------------------------------------
@@ -353,7 +102,7 @@ def _parse_tags(raw: str | None, path: str, line: int) -> dict:
 def import_models(tx: Tx, staged: Staged, result: ImportResult) -> None:
     """Models are metadata-sized: validated in Python, written with two bulk statements."""
     names = [d[0] for d in tx.stage.execute(f"SELECT * FROM {staged.table} LIMIT 0").description]
-    rows = _q(tx, f"SELECT * FROM {staged.table} ORDER BY line")
+    rows = fetch(tx, f"SELECT * FROM {staged.table} ORDER BY line")
     parsed, seen = [], {}
     for row in rows:
         rec = dict(zip(names, row))
@@ -412,9 +161,9 @@ def import_queries(tx: Tx, staged: Staged, result: ImportResult) -> None:
     """Queries: the text embedded is the question plus its lettered options; its sha256 is the content hash."""
     has = {d[0] for d in tx.stage.execute(f"SELECT * FROM {staged.table} LIMIT 0").description}
     pick = ", ".join(c if c in has else f"NULL AS {c}" for c in ("id", "text", "category", "source", "options"))
-    _first_bad(tx, staged, "id IS NULL OR trim(id) = ''", "empty query id")
-    _first_bad(tx, staged, "text IS NULL OR trim(text) = ''", "empty query text")
-    rows = _q(tx, f"SELECT line, {pick} FROM {staged.table} ORDER BY line")
+    first_bad(tx, staged, "id IS NULL OR trim(id) = ''", "empty query id")
+    first_bad(tx, staged, "text IS NULL OR trim(text) = ''", "empty query text")
+    rows = fetch(tx, f"SELECT line, {pick} FROM {staged.table} ORDER BY line")
     out, seen = [], {}
     for line, qid, question, category, source, options in rows:
         qid = qid.strip()
@@ -459,7 +208,7 @@ def import_evaluations(tx: Tx, staged: Staged, batch_id: int, result: ImportResu
     """
     t = staged.table
     check_evaluations(tx, staged, unknown_hint)
-    names = [r[0] for r in _q(tx, f"SELECT DISTINCT model FROM {t} ORDER BY model")]
+    names = [r[0] for r in fetch(tx, f"SELECT DISTINCT model FROM {t} ORDER BY model")]
     new_models = tx.sql("""INSERT INTO models (name, tags)
                            SELECT name, '{}'::JSON FROM (SELECT unnest(?::VARCHAR[]) AS name) n
                            WHERE name NOT IN (SELECT name FROM models) ORDER BY name RETURNING id, name""", [names])
@@ -470,7 +219,7 @@ def import_evaluations(tx: Tx, staged: Staged, batch_id: int, result: ImportResu
     evaluated = [r[0] for r in tx.sql("""SELECT DISTINCT e.model_id FROM evaluations e
                                          JOIN models m ON m.id = e.model_id
                                          WHERE m.name IN (SELECT unnest(?::VARCHAR[]))""", [names])] if names else []
-    _mirror(tx, "models", "queries")
+    mirror(tx, "models", "queries")
     _mirror_evaluations(tx, evaluated)
     changed = f"""LEFT JOIN {evaluations.current(model_ids=evaluated)} cur ON cur.model_id = m.id
                   AND cur.query_id = q.id WHERE cur.correct IS DISTINCT FROM e.c""" if evaluated else ""
@@ -517,7 +266,7 @@ def append_evaluations(tx: Tx, cols: Columns, batch_id: int, result: ImportResul
     fewer."""
     e = cols.exprs
     dtype = cols.types[cols.chosen["correct"]][1] if "correct" in cols.chosen else "VARCHAR"
-    raw = _ident(cols.types[cols.chosen["correct"]][0]) if "correct" in cols.chosen else e["correct"]
+    raw = ident(cols.types[cols.chosen["correct"]][0]) if "correct" in cols.chosen else e["correct"]
     c = raw if dtype == "BOOLEAN" else (f"CASE {raw} WHEN 1 THEN true WHEN 0 THEN false END" if dtype in INTEGER_TYPES
                                         else TRUE_FALSE.format(c=e["correct"]))
     rows = f"(SELECT trim({e['model']}) AS model, trim({e['qid']}) AS qid, {c} AS c FROM {cols.src})"
@@ -528,16 +277,16 @@ def append_evaluations(tx: Tx, cols: Columns, batch_id: int, result: ImportResul
         if held is not None:
             per_model, qids = held.per_model, held.query_ids
         else:
-            per_model = _q(tx, f"""SELECT model, count(*), count(*) FILTER (WHERE c IS NULL),
+            per_model = fetch(tx, f"""SELECT model, count(*), count(*) FILTER (WHERE c IS NULL),
                 count(*) FILTER (WHERE qid IS NULL OR qid = '') FROM {rows} GROUP BY model""")
-            qids = _q(tx, f"SELECT list(DISTINCT qid) FROM {rows}")[0][0] or []
+            qids = fetch(tx, f"SELECT list(DISTINCT qid) FROM {rows}")[0][0] or []
     except Exception as exc:   # a row DuckDB cannot read: its reader names the line, as when staging
-        raise _duck_error(cols.path, exc) from None
+        raise duck_error(cols.path, exc) from None
     if (not per_model or any(m is None or m == "" or bad_c or bad_q for m, _, bad_c, bad_q in per_model)
             or (model is not None and any(m != model for m, *_ in per_model))):
         return False
-    _mirror(tx, "queries")
-    if not (held is not None and held.queries_known) and _q(
+    mirror(tx, "queries")
+    if not (held is not None and held.queries_known) and fetch(
             tx, "SELECT 1 FROM (SELECT unnest(?) AS qid) WHERE qid NOT IN (SELECT external_id FROM queries) LIMIT 1",
             [qids]):
         return False
@@ -555,7 +304,7 @@ def append_evaluations(tx: Tx, cols: Columns, batch_id: int, result: ImportResul
            WHERE m.name IN (SELECT unnest(?::VARCHAR[]))""", [names])]
     changed = f"""LEFT JOIN {evaluations.current(model_ids=known)} cur ON cur.model_id = m.id AND cur.query_id = q.id
                   WHERE cur.correct IS DISTINCT FROM f.c""" if known else ""
-    _mirror(tx, "models")
+    mirror(tx, "models")
     _mirror_evaluations(tx, known)
     select = f"""SELECT @distinct m.id AS model_id, q.id AS query_id, f.c AS correct, {int(batch_id)} AS batch_id
                  FROM {rows} f JOIN models m ON m.name = f.model JOIN queries q ON q.external_id = f.qid {changed}"""
@@ -602,11 +351,11 @@ def _append_evaluations(tx: Tx, select: str, select_distinct: str, batch_id: int
         return added
     rows = tx.stage.sql(select).to_arrow_table()
     tx.stage.register("_appended", rows)
-    added = _q(tx, count.format(table="_appended", where=""))
+    added = fetch(tx, count.format(table="_appended", where=""))
     if any(n != d for _, n, d in added):
         rows = tx.stage.sql(select_distinct).to_arrow_table()
         tx.stage.register("_appended", rows)
-        added = _q(tx, count.format(table="_appended", where=""))
+        added = fetch(tx, count.format(table="_appended", where=""))
     tx.stage.unregister("_appended")
     if not any(n != d for _, n, d in added):
         tx.append("evaluations", rows, ["model_id", "query_id", "correct", "batch_id"])
@@ -615,8 +364,8 @@ def _append_evaluations(tx: Tx, select: str, select_distinct: str, batch_id: int
 
 def _raise_conflict(tx: Tx, staged: Staged, model_id: int) -> None:
     t = staged.table
-    _mirror(tx, "models")
-    dup = _q(tx, f"""SELECT model, qid, min({staged.line_sql}), max({staged.line_sql}) FROM {t}
+    mirror(tx, "models")
+    dup = fetch(tx, f"""SELECT model, qid, min({staged.line_sql}), max({staged.line_sql}) FROM {t}
                      WHERE model = (SELECT name FROM models WHERE id = {int(model_id)})
                      GROUP BY model, qid HAVING count(DISTINCT c) > 1 ORDER BY 3 LIMIT 1""")
     m, q, first, last = dup[0]
@@ -644,21 +393,21 @@ def check_evaluations(tx: Tx, staged: Staged, unknown_hint: str | None = UNKNOWN
     that is not 0/1/true/false, a query id the registry lacks (unless `unknown_hint` is None: the caller brings
     those queries' texts)."""
     t = staged.table
-    bad_model, bad_qid, bad_c = _q(tx, f"""SELECT count(*) FILTER (WHERE model IS NULL OR model = ''),
+    bad_model, bad_qid, bad_c = fetch(tx, f"""SELECT count(*) FILTER (WHERE model IS NULL OR model = ''),
         count(*) FILTER (WHERE qid IS NULL OR qid = ''), count(*) FILTER (WHERE c IS NULL) FROM {t}""")[0]
     if bad_model:
-        _first_bad(tx, staged, "model IS NULL OR model = ''", "empty model name")
+        first_bad(tx, staged, "model IS NULL OR model = ''", "empty model name")
     if bad_qid:
-        _first_bad(tx, staged, "qid IS NULL OR qid = ''", "empty query id")
+        first_bad(tx, staged, "qid IS NULL OR qid = ''", "empty query id")
     if bad_c:
-        _first_bad(tx, staged, "c IS NULL", "correct must be 0, 1, true or false, got {value}", "raw")
+        first_bad(tx, staged, "c IS NULL", "correct must be 0, 1, true or false, got {value}", "raw")
     if unknown_hint is None:
         return
-    _mirror(tx, "queries")
-    unknown = _q(tx, f"""SELECT qid FROM (SELECT DISTINCT qid FROM {t})
+    mirror(tx, "queries")
+    unknown = fetch(tx, f"""SELECT qid FROM (SELECT DISTINCT qid FROM {t})
                          WHERE qid NOT IN (SELECT external_id FROM queries) LIMIT 1""")
     if unknown:
-        _first_bad(tx, staged, f"qid = {_sql_str(unknown[0][0])}",
+        first_bad(tx, staged, f"qid = {sql_str(unknown[0][0])}",
                    "unknown query id {value} (" + unknown_hint.replace("{", "{{").replace("}", "}}") + ")", "qid")
 
 
@@ -675,22 +424,22 @@ class Answers:
 def read_answers(tx: Tx, path: str) -> Answers:
     """A results file of one unregistered model (`similar --evals`, `fingerprint --evals`), as `register` would read
     it, but into temporary tables only: nothing of it is written to the registry."""
-    _check_path(path)
+    check_path(path)
     staged = stage_evaluations(tx, path, "_answers", model="(file)")
-    fmt = _file_format(path)
-    columns = {c.strip().lower() for c in (_csv_header(path)[0] if fmt == "csv" else
-                                           [r[0] for r in _q(tx, f"DESCRIBE SELECT * FROM {_source(path, fmt)}")])}
+    fmt = file_format(path)
+    columns = {c.strip().lower() for c in (csv_header(path)[0] if fmt == "csv" else
+                                           [r[0] for r in fetch(tx, f"DESCRIBE SELECT * FROM {source_sql(path, fmt)}")])}
     with_text = any(a in columns for a in COLUMNS["queries"]["text"])
     check_evaluations(tx, staged, None if with_text else "only results on queries the registry has can be "
                                                           "compared; give the texts in a `question` column")
-    models = _q(tx, "SELECT DISTINCT model FROM _answers WHERE model <> '(file)' LIMIT 2")
+    models = fetch(tx, "SELECT DISTINCT model FROM _answers WHERE model <> '(file)' LIMIT 2")
     if len(models) > 1:
         raise InputError(f"the file holds results of several models ({models[0][0]!r}, {models[1][0]!r}, ...)",
                          file=path)
-    dup = _q(tx, "SELECT qid FROM _answers GROUP BY qid HAVING count(DISTINCT c) > 1 LIMIT 1")
+    dup = fetch(tx, "SELECT qid FROM _answers GROUP BY qid HAVING count(DISTINCT c) > 1 LIMIT 1")
     if dup:
         raise InputError(f"query {dup[0][0]!r} appears twice with different results", file=path)
-    _mirror(tx, "queries", "query_splits")
+    mirror(tx, "queries", "query_splits")
     known = tx.stage.execute("""SELECT q.id AS qid, bool_or(a.c)::INT AS c, coalesce(any_value(s.split) = 'test', false)
                                       AS test
                                FROM _answers a JOIN queries q ON q.external_id = a.qid
@@ -698,8 +447,8 @@ def read_answers(tx: Tx, path: str) -> Answers:
     texts, new_c = [], []
     if with_text:
         queries = stage(tx, "queries", path, "_answer_queries")
-        has_options = "options" in {r[0] for r in _q(tx, f"DESCRIBE {queries.table}")}
-        rows = _q(tx, f"""SELECT any_value(n.text), {'any_value(n.options)' if has_options else 'NULL'},
+        has_options = "options" in {r[0] for r in fetch(tx, f"DESCRIBE {queries.table}")}
+        rows = fetch(tx, f"""SELECT any_value(n.text), {'any_value(n.options)' if has_options else 'NULL'},
                                  bool_or(a.c)::INT FROM _answers a
                           JOIN {queries.table} n ON n.id = a.qid WHERE a.qid NOT IN (SELECT external_id FROM queries)
                           GROUP BY a.qid ORDER BY a.qid""")
@@ -805,10 +554,10 @@ def import_splits(tx: Tx, staged: Staged, batch_id: int, result: ImportResult) -
     tx.stage.execute(f"""CREATE OR REPLACE TEMP TABLE {t}_n AS
         SELECT line, trim(qid) AS qid, split AS raw, CASE lower(trim(split)) {cases} ELSE NULL END AS split FROM {t}""")
     normalised = Staged(staged.kind, staged.path, f"{t}_n", staged.rows, [])
-    _first_bad(tx, normalised, "split IS NULL", "split must be train, val or test, got {value}", "raw")
-    _mirror(tx, "queries")
-    _first_bad(tx, normalised, "qid NOT IN (SELECT external_id FROM queries)", "unknown query id {value}", "qid")
-    dup = _q(tx, f"SELECT qid, max(line) FROM {t}_n GROUP BY qid HAVING count(DISTINCT split) > 1 LIMIT 1")
+    first_bad(tx, normalised, "split IS NULL", "split must be train, val or test, got {value}", "raw")
+    mirror(tx, "queries")
+    first_bad(tx, normalised, "qid NOT IN (SELECT external_id FROM queries)", "unknown query id {value}", "qid")
+    dup = fetch(tx, f"SELECT qid, max(line) FROM {t}_n GROUP BY qid HAVING count(DISTINCT split) > 1 LIMIT 1")
     if dup:
         raise InputError(f"query {dup[0][0]!r} is given two different splits", file=staged.path, line=int(dup[0][1]))
     if not tx.postgres:
@@ -859,7 +608,7 @@ def files_digest(files: dict[str, str]) -> str:
 def run_import(tx: Tx, files: dict[str, str], progress: bool = False, embed_texts: bool = True) -> ImportResult:
     """Import the given files (keys: models, queries, evaluations, splits) inside the caller's transaction."""
     for path in files.values():
-        _check_path(path)
+        check_path(path)
     digest = files_digest(files)
     done = tx.sql("SELECT id FROM import_batches WHERE digest = ? LIMIT 1", [digest])
     if done:  # the very same files were imported before: nothing to add, nothing to re-embed
@@ -951,24 +700,24 @@ def run_rows_import(tx: Tx, model: list[str], qid: list[str], correct: list[bool
 def run_model_import(tx: Tx, model: str, path: str, progress: bool = False) -> ImportResult:
     """One model's results (`registry register`): query id and correct per row, the model column optional; query
     texts may come along (a text/question column) for queries the registry does not have yet."""
-    _check_path(path)
+    check_path(path)
     batch_id = int(tx.sql("SELECT nextval('import_batches_id_seq')")[0][0])
     result = ImportResult(batch_id=batch_id)
-    fmt = _file_format(path)
-    columns = set(_csv_header(path)[0]) if fmt == "csv" else {
-        r[0] for r in _q(tx, f"DESCRIBE SELECT * FROM {_source(path, fmt)}")}
+    fmt = file_format(path)
+    columns = set(csv_header(path)[0]) if fmt == "csv" else {
+        r[0] for r in fetch(tx, f"DESCRIBE SELECT * FROM {source_sql(path, fmt)}")}
     columns = {c.strip().lower() for c in columns}
     if any(a in columns for a in COLUMNS["queries"]["text"]):
         queries = stage(tx, "queries", path, "_stage_queries")
-        _mirror(tx, "queries")
+        mirror(tx, "queries")
         tx.stage.execute("DELETE FROM _stage_queries WHERE id IN (SELECT external_id FROM queries)")
-        if _q(tx, "SELECT count(*) FROM _stage_queries")[0][0]:
+        if fetch(tx, "SELECT count(*) FROM _stage_queries")[0][0]:
             import_queries(tx, queries, result)
             result.texts_embedded = embed_missing_texts(tx, progress=progress, result=result)
     if not append_evaluations(tx, file_columns(tx, "evaluations", path, constants={"model": model}), batch_id, result,
                               model=model):
         staged = stage_evaluations(tx, path, "_stage_evaluations", model=model)   # names the first bad row
-        other = _q(tx, f"SELECT model FROM _stage_evaluations WHERE model IS DISTINCT FROM {_sql_str(model)} LIMIT 1")
+        other = fetch(tx, f"SELECT model FROM _stage_evaluations WHERE model IS DISTINCT FROM {sql_str(model)} LIMIT 1")
         if other:
             raise InputError(f"the file holds results of model {other[0][0]!r}, not {model!r}", file=path)
         import_evaluations(tx, staged, batch_id, result, unknown_hint=(

@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "registry"
 LAYERS = [
     ("foundation", {"errors", "textvec", "schema", "dialect", "store", "dbcopy", "querylabels"}),
     ("stored rules", {"evaluations", "outbox", "availability", "endpoints", "querycache", "generation"}),
-    ("files in", {"ingest", "splits", "vectors", "route_files"}),
+    ("files in", {"staging", "ingest", "splits", "vectors", "route_files"}),
     ("the network", {"encoder", "checkpoint", "encoders"}),
     ("embedding", {"embedding", "index", "evidence"}),
     ("versions", {"onboarding"}),

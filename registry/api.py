@@ -313,23 +313,28 @@ class Registry:
 
     def portfolio(self, k: int | None = None, method: str | None = None, max_params: float | None = None,
                   max_cost: float | None = None, require=(), exclude=(), target: float | None = None,
-                  seed: int = 0, as_of: str | None = None):
+                  seed: int = 0, as_of: str | None = None, include_probation: bool = False):
         """A few models covering the embedding space (`portfolio.Portfolio`); with `target`, the smallest k whose
-        routing accuracy on the test split reaches that share of the whole pool's."""
+        routing accuracy on the test split reaches that share of the whole pool's. Models on probation are members
+        only when required or with `include_probation`."""
         with self.store.tx() as tx:
-            return portfolio.answer(tx, self._pool(tx, as_of), k, method, max_params, max_cost, require, exclude,
-                                    target, seed)
+            p = self._pool(tx, as_of)
+            weak = set() if include_probation else p.on_probation(self.probation_min)
+            return portfolio.answer(tx, p, k, method, max_params, max_cost, require, exclude, target, seed, weak)
 
-    def fallback(self, model: str, unavailable=(), k: int = 5, as_of: str | None = None):
-        """Substitutes for a model that is down, nearest first, skipping the models marked unavailable and those
-        named in `unavailable` (`fallback.Chain`)."""
+    def fallback(self, model: str, unavailable=(), k: int = 5, as_of: str | None = None,
+                 include_probation: bool = False):
+        """Substitutes for a model that is down, nearest first, skipping the models marked unavailable, those
+        named in `unavailable` and those on probation unless `include_probation` (`fallback.Chain`)."""
         with self.store.tx() as tx:
-            return fallback.for_model(tx, self.path, self._pool(tx, as_of), model, unavailable, k, as_of)
+            return fallback.for_model(tx, self.path, self._pool(tx, as_of), model, unavailable, k, as_of,
+                                      self.probation_min, include_probation)
 
-    def fallback_all(self, unavailable=(), k: int = 5, as_of: str | None = None):
+    def fallback_all(self, unavailable=(), k: int = 5, as_of: str | None = None, include_probation: bool = False):
         """Every model's fallback chain, in one batched search (`fallback.Chains`): what a gateway loads."""
         with self.store.tx() as tx:
-            return fallback.for_all(tx, self.path, self._pool(tx, as_of), unavailable, k, as_of)
+            return fallback.for_all(tx, self.path, self._pool(tx, as_of), unavailable, k, as_of,
+                                    self.probation_min, include_probation)
 
     def map(self, out: str = "map.png", seed: int = 0, as_of: str | None = None):
         """Draw the embeddings in 2-D (t-SNE; PCA for tiny registries), coloured by family (`maps.MapResult`)."""

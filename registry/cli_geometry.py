@@ -105,10 +105,13 @@ def fingerprint(ctx, evals, show_calibration, plan, n, candidates, out, seed, as
 @click.option("--exclude", multiple=True, help="A model that must not be (repeatable).")
 @click.option("--target", type=float, help="Find the smallest k reaching this share of the pool's routing accuracy.")
 @click.option("--seed", default=0, show_default=True)
+@click.option("--include-probation", is_flag=True, help="Let models on probation (too few evaluations) be members.")
 @AS_OF
-def portfolio(ctx, k, method, max_params, max_cost, require, exclude, target, seed, as_of, as_json):
+def portfolio(ctx, k, method, max_params, max_cost, require, exclude, target, seed, include_probation, as_of,
+              as_json):
     """A few models that cover the embedding space, each with its cluster, and the coverage radius."""
-    p = open_registry(ctx).portfolio(k, method, max_params, max_cost, require, exclude, target, seed, as_of)
+    p = open_registry(ctx).portfolio(k, method, max_params, max_cost, require, exclude, target, seed, as_of,
+                                     include_probation)
     if as_json:
         d = asdict(p)
         if target is None:  # share_of_pool and the accuracies only mean something with a target
@@ -130,33 +133,39 @@ def portfolio(ctx, k, method, max_params, max_cost, require, exclude, target, se
 @click.option("--all", "all_models", is_flag=True, help="Every model's chain (a JSON a gateway can load).")
 @click.option("--unavailable", multiple=True, help="A model that is down too (repeatable).")
 @click.option("-k", default=5, show_default=True, help="Substitutes per chain.")
+@click.option("--include-probation", is_flag=True, help="Let models on probation (too few evaluations) substitute.")
 @AS_OF
-def fallback(ctx, model, all_models, unavailable, k, as_of, as_json):
-    """Substitutes for MODEL when it is down, nearest first, skipping models marked unavailable (and --unavailable)."""
+def fallback(ctx, model, all_models, unavailable, k, include_probation, as_of, as_json):
+    """Substitutes for MODEL when it is down, nearest first, skipping models marked unavailable (and --unavailable)
+    and models on probation."""
     if bool(model) == all_models:
         raise InputError("give a MODEL or --all (one of them)")
     reg = open_registry(ctx)
     if all_models:
-        c = reg.fallback_all(unavailable, k, as_of)
+        c = reg.fallback_all(unavailable, k, as_of, include_probation)
         if as_json:
             emit_json({"chains": {m: [asdict(link) for link in links] for m, links in c.chains.items()},
-                       "unavailable": c.unavailable})
+                       "unavailable": c.unavailable, "probation": c.probation})
             return
         for m, links in c.chains.items():
             click.echo(f"{m}: " + " -> ".join(link.model for link in links))
-        _skipped(c.unavailable)
+        _skipped(c.unavailable, c.probation)
         return
-    c = reg.fallback(model, unavailable, k, as_of)
+    c = reg.fallback(model, unavailable, k, as_of, include_probation)
     if as_json:
-        emit_json({"model": c.model, "chain": [asdict(link) for link in c.chain], "unavailable": c.unavailable})
+        emit_json({"model": c.model, "chain": [asdict(link) for link in c.chain], "unavailable": c.unavailable,
+                   "probation": c.probation})
         return
     table([[i + 1, link.model, f"{link.distance:.4f}"] for i, link in enumerate(c.chain)], ["#", "model", "distance"])
-    _skipped(c.unavailable)
+    _skipped(c.unavailable, c.probation)
 
 
-def _skipped(down: list[str]) -> None:
+def _skipped(down: list[str], probation: list[str] = ()) -> None:
     if down:
         click.echo(f"skipped as unavailable: {', '.join(down)}")
+    if probation:
+        click.echo(f"skipped as on probation (too few evaluations; --include-probation to allow): "
+                   f"{', '.join(probation)}")
 
 
 @command("map")

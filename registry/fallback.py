@@ -24,12 +24,14 @@ class Chain:
     model: str
     chain: list[Link] = field(default_factory=list)
     unavailable: list[str] = field(default_factory=list)   # skipped: marked unavailable, or named by the caller
+    probation: list[str] = field(default_factory=list)     # skipped: embedded from too few evaluations (evidence.py)
 
 
 @dataclass
 class Chains:
     chains: dict[str, list[Link]]
     unavailable: list[str]
+    probation: list[str] = field(default_factory=list)
 
 
 def check_names(p: Pool, names, label: str) -> None:
@@ -58,18 +60,25 @@ def chains(vi, p: Pool, k: int, unavailable=(), only: list[int] | None = None) -
     return out
 
 
-def for_model(tx, db_path: str, p: Pool, model: str, unavailable=(), k: int = 5, as_of: str | None = None) -> Chain:
-    """A model's chain, skipping the models marked unavailable and those named in `unavailable`."""
+def for_model(tx, db_path: str, p: Pool, model: str, unavailable=(), k: int = 5, as_of: str | None = None,
+              probation_min: int = 0, include_probation: bool = False) -> Chain:
+    """A model's chain, skipping the models marked unavailable, those named in `unavailable` and, unless
+    `include_probation`, those embedded from fewer than `probation_min` evaluations (routing does not trust them
+    either)."""
     check_names(p, [model], "")
     check_names(p, unavailable, "--unavailable")
     down = set(unavailable) | set(availability.unavailable_models(tx))
-    links = chains(index.get(tx, db_path, p.encoder_id, as_of), p, k, down, only=[p.names.index(model)])[model]
+    weak = set() if include_probation else p.on_probation(probation_min) - down - {model}
+    links = chains(index.get(tx, db_path, p.encoder_id, as_of), p, k, down | weak, only=[p.names.index(model)])[model]
     if not links:
-        raise InputError(f"no available substitute for {model!r}: every other model is unavailable")
-    return Chain(model, links, sorted(down))
+        raise InputError(f"no available substitute for {model!r}: every other model is unavailable"
+                         + (" or on probation (--include-probation to allow those)" if weak else ""))
+    return Chain(model, links, sorted(down), sorted(weak))
 
 
-def for_all(tx, db_path: str, p: Pool, unavailable=(), k: int = 5, as_of: str | None = None) -> Chains:
+def for_all(tx, db_path: str, p: Pool, unavailable=(), k: int = 5, as_of: str | None = None,
+            probation_min: int = 0, include_probation: bool = False) -> Chains:
     check_names(p, unavailable, "--unavailable")
     down = set(unavailable) | set(availability.unavailable_models(tx))
-    return Chains(chains(index.get(tx, db_path, p.encoder_id, as_of), p, k, down), sorted(down))
+    weak = set() if include_probation else p.on_probation(probation_min) - down
+    return Chains(chains(index.get(tx, db_path, p.encoder_id, as_of), p, k, down | weak), sorted(down), sorted(weak))

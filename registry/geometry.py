@@ -22,6 +22,14 @@ class Pool:
     model_ids: np.ndarray        # [M] int64
     names: list[str]             # [M]
     vectors: np.ndarray          # [M,128] float32
+    n_evaluations: np.ndarray | None = None   # [M] evaluations behind each embedding (None: not known here)
+
+    def on_probation(self, minimum: int) -> set[str]:
+        """The models whose embedding stands on fewer than `minimum` evaluations (evidence.py): never chosen as a
+        substitute or a portfolio member unless asked, as routing never chooses them."""
+        if self.n_evaluations is None:
+            return set()
+        return {n for n, k in zip(self.names, self.n_evaluations.tolist()) if k < minimum}
 
 
 @dataclass
@@ -40,7 +48,11 @@ def pool(tx: Tx, db_path: str, encoder_id: int, as_of: str | None = None) -> Poo
     ids, vecs = vi.vectors()
     order = sorted(range(len(ids)), key=lambda i: vi.names[int(ids[i])])
     ids = ids[order]
-    return Pool(encoder_id, ids, [vi.names[int(i)] for i in ids], np.ascontiguousarray(vecs[order]))
+    when = "AND created <= ?::TIMESTAMP" if as_of else ""
+    n = dict(tx.sql(f"""SELECT model_id, arg_max(n_evaluations, version) FROM embedding_versions
+                        WHERE encoder_id = ? {when} GROUP BY model_id""", [encoder_id] + ([as_of] if as_of else [])))
+    return Pool(encoder_id, ids, [vi.names[int(i)] for i in ids], np.ascontiguousarray(vecs[order]),
+                np.array([int(n.get(int(i), 0)) for i in ids], dtype=np.int64))
 
 
 def pairwise(vectors: np.ndarray) -> np.ndarray:

@@ -24,8 +24,8 @@ import pyarrow as pa
 from . import evaluations, outbox, splits, textvec, vectors
 from .errors import InputError
 from .querycache import query_meta
-from .staging import (COLUMNS, Columns, Staged, check_path, csv_header, duck_error, fetch, file_columns, file_format,
-                      first_bad, ident, mirror, source_sql, sql_str, stage)
+from .staging import (COLUMNS, Columns, Staged, check_path, column_names, duck_error, fetch, file_columns, first_bad,
+                      ident, mirror, sql_str, stage)
 from .store import Tx
 
 SPLIT_NAMES = {"train": "train", "val": "val", "valid": "val", "validation": "val", "dev": "val", "test": "test"}
@@ -305,6 +305,12 @@ def append_evaluations(tx: Tx, cols: Columns, batch_id: int, result: ImportResul
     changed = f"""LEFT JOIN {evaluations.current(model_ids=known)} cur ON cur.model_id = m.id AND cur.query_id = q.id
                   WHERE cur.correct IS DISTINCT FROM f.c""" if known else ""
     mirror(tx, "models")
+    if known:   # a file that contradicts itself on a model with results: the filter below could hide one side
+        ids = ", ".join(str(int(m)) for m in known)
+        clash = fetch(tx, f"""SELECT m.id FROM {rows} f JOIN models m ON m.name = f.model WHERE m.id IN ({ids})
+                              GROUP BY m.id, f.qid HAVING count(DISTINCT f.c) > 1 LIMIT 1""")
+        if clash:
+            _raise_conflict(tx, stage_evaluations(tx, cols.path, "_stage_repeats", model=model), clash[0][0])
     _mirror_evaluations(tx, known)
     select = f"""SELECT @distinct m.id AS model_id, q.id AS query_id, f.c AS correct, {int(batch_id)} AS batch_id
                  FROM {rows} f JOIN models m ON m.name = f.model JOIN queries q ON q.external_id = f.qid {changed}"""
@@ -426,9 +432,7 @@ def read_answers(tx: Tx, path: str) -> Answers:
     it, but into temporary tables only: nothing of it is written to the registry."""
     check_path(path)
     staged = stage_evaluations(tx, path, "_answers", model="(file)")
-    fmt = file_format(path)
-    columns = {c.strip().lower() for c in (csv_header(path)[0] if fmt == "csv" else
-                                           [r[0] for r in fetch(tx, f"DESCRIBE SELECT * FROM {source_sql(path, fmt)}")])}
+    columns = {c.strip().lower() for c in column_names(tx, path)}
     with_text = any(a in columns for a in COLUMNS["queries"]["text"])
     check_evaluations(tx, staged, None if with_text else "only results on queries the registry has can be "
                                                           "compared; give the texts in a `question` column")
@@ -703,10 +707,7 @@ def run_model_import(tx: Tx, model: str, path: str, progress: bool = False) -> I
     check_path(path)
     batch_id = int(tx.sql("SELECT nextval('import_batches_id_seq')")[0][0])
     result = ImportResult(batch_id=batch_id)
-    fmt = file_format(path)
-    columns = set(csv_header(path)[0]) if fmt == "csv" else {
-        r[0] for r in fetch(tx, f"DESCRIBE SELECT * FROM {source_sql(path, fmt)}")}
-    columns = {c.strip().lower() for c in columns}
+    columns = {c.strip().lower() for c in column_names(tx, path)}
     if any(a in columns for a in COLUMNS["queries"]["text"]):
         queries = stage(tx, "queries", path, "_stage_queries")
         mirror(tx, "queries")

@@ -242,9 +242,11 @@ def smallest_reaching(p: Pool, method: str, eligible, required, probs, correct, 
 
 
 def answer(tx, p: Pool, k: int | None = None, method: str | None = None, max_params: float | None = None,
-           max_cost: float | None = None, require=(), exclude=(), target: float | None = None, seed: int = 0):
+           max_cost: float | None = None, require=(), exclude=(), target: float | None = None, seed: int = 0,
+           probation=frozenset()):
     """`Registry.portfolio`: k members by `method`, or with `target` the smallest k whose predicted routing on the
-    test split keeps that share of the pool's accuracy."""
+    test split keeps that share of the pool's accuracy. `probation`: models never chosen as members unless required
+    (embedded from too few evaluations); they are still covered."""
     from . import geometry
 
     if k is None and target is None:
@@ -252,6 +254,11 @@ def answer(tx, p: Pool, k: int | None = None, method: str | None = None, max_par
     method = method or ("routing" if target is not None else "kmedoids")   # --target keeps the routing
     meta = {n: (pb, c) for n, pb, c in tx.sql("SELECT name, params_b, cost FROM models")}
     ok, req = eligibility(p, meta, exclude, require, max_params, max_cost)
+    left_out = sorted(set(probation) - set(require))
+    ok[[p.names.index(n) for n in left_out]] = False
+    if not ok.any():
+        raise InputError("every model is excluded or on probation (too few evaluations; --include-probation to "
+                         "allow those)")
     value = None
     if method == "routing":   # chosen on the validation queries' predictions; test answers only score it
         val = np.array([r[0] for r in tx.sql("SELECT query_id FROM query_splits WHERE split = 'val' ORDER BY 1")],
@@ -262,10 +269,16 @@ def answer(tx, p: Pool, k: int | None = None, method: str | None = None, max_par
         value = geometry.predicted(tx, p.encoder_id, p.vectors, val)
     if target is None:
         members, note = select(p, k, method, ok, req, seed, value)
-        return describe(p, members, method, note)
-    qids, correct = geometry.test_outcomes(tx, p.model_ids)
-    probs = geometry.predicted(tx, p.encoder_id, p.vectors, qids)
-    return smallest_reaching(p, method, ok, req, probs, correct, target, seed, value)
+        out = describe(p, members, method, note)
+    else:
+        qids, correct = geometry.test_outcomes(tx, p.model_ids)
+        probs = geometry.predicted(tx, p.encoder_id, p.vectors, qids)
+        out = smallest_reaching(p, method, ok, req, probs, correct, target, seed, value)
+    if left_out:
+        said = (f"{len(left_out)} model(s) on probation (too few evaluations) not chosen as members: "
+                f"{', '.join(left_out[:5])}{', ...' if len(left_out) > 5 else ''}")
+        out.note = f"{out.note}; {said}" if out.note else said
+    return out
 
 
 def with_share(tx, p: Pool, k: int, method: str = "routing", seed: int = 0) -> Portfolio:

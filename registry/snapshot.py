@@ -51,7 +51,7 @@ def _assemble(generation: int, st: routing.State, eps: dict) -> Snapshot:
         vi.index.add_with_ids(np.ascontiguousarray(st.z, dtype=np.float32), st.model_ids)
     order = sorted(range(len(st.names)), key=st.names.__getitem__)
     pool = Pool(st.encoder_id, st.model_ids[order], [st.names[i] for i in order],
-                np.ascontiguousarray(st.z[order], dtype=np.float32))
+                np.ascontiguousarray(st.z[order], dtype=np.float32), st.evidence.n[order])
     return Snapshot(generation, st, vi, pool, eps)
 
 

@@ -103,7 +103,11 @@ def duck_error(path: str, exc: Exception) -> InputError:
         first = "truncated or corrupt gzip file"
     if line and "CSV Error on Line" in first:
         first = "malformed CSV row"
-    return InputError(first.strip().rstrip("."), file=path, line=int(line.group(1)) if line else None)
+    at = int(line.group(1)) if line else None
+    bad_json = re.search(r"Malformed JSON in file .*?: (.*)", first)
+    if bad_json:        # DuckDB counts a JSONL record's line one past its own
+        first, at = f"not valid JSON ({bad_json.group(1).strip().rstrip('.')})", (at - 1 if at else None)
+    return InputError(first.strip().rstrip("."), file=path, line=at)
 
 
 def fetch(tx: Tx, statement: str, params=None):
@@ -170,6 +174,18 @@ class Columns:
     @property
     def ignored(self) -> list[str]:
         return [self.types[c][0] for c in self.types if c not in self.chosen.values()]
+
+
+def column_names(tx: Tx, path: str) -> list[str]:
+    """The file's column names as given (CSV: its header; JSONL and Parquet: what DuckDB reads), a reader error as
+    one line naming the file."""
+    fmt = file_format(path)
+    if fmt == "csv":
+        return csv_header(path)[0]
+    try:
+        return [row[0] for row in fetch(tx, f"DESCRIBE SELECT * FROM {source_sql(path, fmt)}")]
+    except Exception as exc:
+        raise duck_error(path, exc) from None
 
 
 def file_columns(tx: Tx, kind: str, path: str, constants: dict[str, str] | None = None) -> Columns:

@@ -116,7 +116,7 @@ def bad_inputs(tmp_path, qids):
         "non-existent path": ("evaluations", tmp_path / "nope.csv", "nope.csv: no such file"),
         "directory": ("evaluations", tmp_path, f"{tmp_path.name}: is a directory, not a file"),
         "bad JSONL line": ("queries", _write(tmp_path, "m.jsonl", '{"id": "z1", "text": "hi"}\nnot json\n'),
-                           "m.jsonl: line "),
+                           "m.jsonl: line 2: not valid JSON"),
     }
     cases["unknown split name"] = ("splits", _write(tmp_path, "o.csv", f"question_id,split\n{q0},train\n{q1},holdout\n"),
                                    "o.csv: line 3: split must be train, val or test, got 'holdout'")

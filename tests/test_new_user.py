@@ -387,3 +387,53 @@ def test_serve_refuses_an_open_network_bind_and_bounds_bodies(db_copy):
         assert bad.status_code == 400 and bad.json()["detail"].startswith("bad JSON")
         typed = c.post("/route", json={"text": ["a list"]})
         assert typed.status_code == 422 and "text" in typed.json()["detail"]
+
+
+# --- a second walk through (2026-12-02): bad files, contradictions, probation beyond routing ----------------------
+def test_a_broken_jsonl_file_is_one_line_naming_its_line_everywhere(db_copy, tmp_path):
+    f = tmp_path / "broken.jsonl"
+    f.write_text('{"question_id": "70", "correct": 1}\n{"question_id": "71", "correct": 0\n')
+    before = snapshot(db_copy)
+    for args in (["register", "m", "--evals", str(f)], ["import", "--evaluations", str(f)],
+                 ["similar", "--evals", str(f)]):
+        out = run(db_copy, *args)
+        assert out.exit_code == 1, out.output
+        assert "Traceback" not in out.output and len(out.output.strip().splitlines()) == 1, out.output
+        assert "broken.jsonl: line 2: not valid JSON" in out.output, out.output
+    assert snapshot(db_copy) == before
+
+
+def test_a_file_that_contradicts_itself_is_refused_even_where_one_side_matches(db_copy, small_data, tmp_path):
+    model = "gpt-4o-2024-05-13"
+    qid, stored = results_of(small_data, model)[0]
+    f = write_rows(tmp_path / "c.csv", [(model, qid, stored), (model, qid, 1 - stored)],
+                   header="model,question_id,correct")
+    before = snapshot(db_copy)
+    out = run(db_copy, "import", "--evaluations", str(f))
+    assert out.exit_code == 1 and "appears twice with different results (lines 2 and 3)" in out.output, out.output
+    g = write_rows(tmp_path / "g.csv", [(qid, 1 - stored), (qid, stored)])
+    out = run(db_copy, "register", model, "--evals", str(g), "--update")
+    assert out.exit_code == 1 and "appears twice with different results" in out.output, out.output
+    assert snapshot(db_copy) == before
+
+
+def test_models_on_probation_are_neither_substitutes_nor_portfolio_members(db_copy, small_data, tmp_path):
+    """Routing never chooses a model known from 60 answers; a fallback chain or a portfolio should not either,
+    unless asked (--include-probation)."""
+    few = write_rows(tmp_path / "few.csv", results_of(small_data, "gpt-4o-2024-05-13")[:60])
+    assert run(db_copy, "register", "g-few", "--evals", str(few)).exit_code == 0
+    out = json.loads(run(db_copy, "fallback", "--all", "-k", "5", "--json").output)
+    assert out["probation"] == ["g-few"] and "g-few" in out["chains"]          # it has substitutes of its own
+    assert not any(link["model"] == "g-few" for links in out["chains"].values() for link in links)
+    allowed = json.loads(run(db_copy, "fallback", "--all", "-k", "5", "--include-probation", "--json").output)
+    assert allowed["probation"] == [] and any(link["model"] == "g-few" for links in allowed["chains"].values()
+                                              for link in links)
+    one = run(db_copy, "fallback", "gpt-4o-2024-05-13", "-k", "30")
+    assert one.exit_code == 0 and "g-few" not in one.output.split("skipped")[0] and "on probation" in one.output
+    with Registry(db_copy) as reg:
+        n = len(reg.models())
+        p = reg.portfolio(k=n - 1)                                              # every established model
+        assert "g-few" not in p.models and "probation" in p.note
+        assert any("g-few" in cl for cl in p.clusters.values())                 # still covered
+        assert "g-few" in reg.portfolio(k=n, include_probation=True).models
+        assert "g-few" in reg.portfolio(k=3, require=["g-few"]).models          # required wins

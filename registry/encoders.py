@@ -87,6 +87,12 @@ def active_id(tx: Tx, as_of: str | None = None) -> int | None:
     are written only by `activate` and `ensure_default`, which update the cached value when they commit."""
     if not as_of and "active_encoder" in tx.cache:
         return tx.cache["active_encoder"]
+    if as_of:
+        try:
+            tx.sql("SELECT ?::TIMESTAMP", [as_of])
+        except Exception:
+            raise InputError(f"--as-of: not a timestamp: {as_of!r} (use e.g. 2026-01-31 or '2026-01-31 12:00')") \
+                from None
     where = "WHERE created <= ?::TIMESTAMP" if as_of else ""
     row = tx.sql(f"SELECT encoder_id FROM encoder_activations {where} ORDER BY id DESC LIMIT 1",
                  [as_of] if as_of else [])

@@ -483,8 +483,8 @@ def policy(st: State, cost_weight: float | None = None, min_prob: float | None =
         missing = [n for n, e, c in zip(st.names, eligible, st.cost) if e and np.isnan(c)]
         if missing:
             raise InputError(f"cost-aware routing needs a price for every candidate, and {len(missing)} of "
-                             f"{int(eligible.sum())} have none (e.g. {missing[0]}): set `cost` (`registry register "
-                             f"NAME --update --cost P` or a models file), or rank by size with --cost-by params")
+                             f"{int(eligible.sum())} have none (e.g. {missing[0]}): set `cost` (a `cost` column in a models "
+                             f"file, `registry import --models FILE`), or rank by size with --cost-by params")
         cost, basis = st.cost, "cost"
     else:
         sized = ~np.isnan(st.params_b)

@@ -437,3 +437,18 @@ def test_models_on_probation_are_neither_substitutes_nor_portfolio_members(db_co
         assert any("g-few" in cl for cl in p.clusters.values())                 # still covered
         assert "g-few" in reg.portfolio(k=n, include_probation=True).models
         assert "g-few" in reg.portfolio(k=3, require=["g-few"]).models          # required wins
+
+
+def test_a_bad_as_of_is_one_line_and_the_cost_advice_works(db_copy, tmp_path):
+    out = run(db_copy, "similar", "gpt-4o-2024-05-13", "--as-of", "yesterday")
+    assert out.exit_code == 1 and out.output.strip() == ("Error: --as-of: not a timestamp: 'yesterday' (use e.g. "
+                                                         "2026-01-31 or '2026-01-31 12:00')"), out.output
+    with Registry(db_copy) as reg, reg.store.tx() as tx:
+        names = [m.name for m in reg.models()]
+        stored = tx.sql("SELECT text FROM queries ORDER BY id LIMIT 1")[0][0]     # routed without MiniLM
+    out = run(db_copy, "route", stored, "--cost-weight", "0.1", "--no-log")
+    assert out.exit_code == 1 and "registry import --models FILE" in out.output, out.output
+    models = write_rows(tmp_path / "models.csv", [(n, 1.0 + i) for i, n in enumerate(names)], header="model,cost")
+    assert run(db_copy, "import", "--models", str(models)).exit_code == 0
+    out = run(db_copy, "route", stored, "--cost-weight", "0.1", "--no-log", "--json")   # did what it says
+    assert out.exit_code == 0 and json.loads(out.output)["cost_basis"] == "cost", out.output

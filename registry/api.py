@@ -274,16 +274,26 @@ class Registry:
     def similar(self, model: str | None = None, k: int = 5, evals: str | None = None,
                 as_of: str | None = None) -> list[Neighbour]:
         """Nearest registered models to a registered model, or to results of an unregistered one (`evals`, read,
-        never written), with how often each disagrees with it on the queries both answered. A k larger than the
-        pool returns the whole pool."""
+        never written), with how often each disagrees with it on the queries both answered and the evaluations
+        behind each one's embedding. A k larger than the pool returns the whole pool."""
         if (model is None) == (evals is None):
             raise InputError("give a model name or an evaluations file (not both)")
         with self.store.tx() as tx:
             encoder_id = encoders.require_active(tx, as_of)
             if model is not None:
-                return neighbours.of_model(tx, self.path, model, k, encoder_id, as_of)
-            z, a = embedding.embed_file(tx, evals, encoders.load(tx, encoder_id)[0], self.min_evaluations)
-            return neighbours.by_vector(tx, self.path, z, k, encoder_id, as_of, answers=(a.query_ids, a.correct))
+                out = neighbours.of_model(tx, self.path, model, k, encoder_id, as_of)
+            else:
+                z, a = embedding.embed_file(tx, evals, encoders.load(tx, encoder_id)[0], self.min_evaluations)
+                out = neighbours.by_vector(tx, self.path, z, k, encoder_id, as_of, answers=(a.query_ids, a.correct))
+            n = neighbours.embedded_from(tx, [x.model for x in out], encoder_id, as_of)
+            for x in out:
+                x.embedded_from = n.get(x.model)
+            return out
+
+    def embedded_from(self, names: list[str], as_of: str | None = None) -> dict[str, int]:
+        """The evaluations behind each named model's current embedding (absent: not embedded)."""
+        with self.store.tx() as tx:
+            return neighbours.embedded_from(tx, names, encoders.require_active(tx, as_of), as_of)
 
     def fingerprint(self, evals: str, as_of: str | None = None):
         """Is the endpoint behind these results one of the registered models? "same" only when at most 1% of
@@ -295,13 +305,13 @@ class Registry:
             return fingerprint.identify(tx, self.path, evals, encoder_id, self.min_evaluations, as_of)
 
     def fingerprint_plan(self, n: int = 64, candidates=(), seed: int = 0, out: str | None = None):
-        """The n queries whose answers best tell the candidate models apart (default: every model with results),
-        written to `out` (CSV or JSONL, an empty `correct` column to fill in) for `fingerprint --evals`
-        (`probe_plans.FingerprintPlan`). Nothing is written to the registry."""
+        """The n queries whose answers best tell the candidate models apart (default: every model with at least
+        the probation minimum of results), written to `out` (CSV or JSONL, an empty `correct` column to fill in) for
+        `fingerprint --evals` (`probe_plans.FingerprintPlan`). Nothing is written to the registry."""
         from . import probe_plans
 
         with self.store.tx() as tx:
-            return probe_plans.fingerprint_plan(tx, n, list(candidates), seed, out)
+            return probe_plans.fingerprint_plan(tx, n, list(candidates), seed, out, self.probation_min)
 
     def calibration(self, sample: int = 128, draws: int = 3):
         """How the fingerprint tests decide "same" (`fingerprint.CalibrationReport`)."""

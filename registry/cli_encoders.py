@@ -17,8 +17,12 @@ def encoders(ctx, as_json):
     if as_json:
         emit_json(rows)
         return
+    def hit1(e) -> str:    # the test figure where training recorded one, else the validation one, and say which
+        test, val = e.metrics.get("test", {}).get("hit@1"), e.metrics.get("val_hit@1")
+        return f"{test:.4f} (test)" if test is not None else (f"{val:.4f} (val)" if val is not None else "")
+
     table([[e.id, "*" if e.active else "", e.name, e.text_encoder, e.created[:19], f"{e.n_bytes / 1e6:.1f} MB",
-            e.metrics.get("test", {}).get("hit@1", e.metrics.get("val_hit@1", ""))] for e in rows],
+            hit1(e)] for e in rows],
           ["id", "active", "name", "text encoder", "created", "size", "hit@1"])
 
 

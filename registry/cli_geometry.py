@@ -22,14 +22,25 @@ AS_OF = click.option("--as-of", help="Answer as the registry stood at this time 
 @AS_OF
 def similar(ctx, model, evals, k, as_of, as_json):
     """The nearest registered models to MODEL (or to --evals FILE), with how often they really disagree."""
-    out = open_registry(ctx).similar(model, k=k, evals=evals, as_of=as_of)
-    note = f"k={k}, but the pool has {len(out)} other embedded models: all of them shown" if len(out) < k else None
+    reg = open_registry(ctx)
+    out = reg.similar(model, k=k, evals=evals, as_of=as_of)
+    notes = [f"k={k}, but the pool has {len(out)} other embedded models: all of them shown"] if len(out) < k else []
+    own = reg.embedded_from([model], as_of).get(model) if model else None
+    if own is not None and own < reg.probation_min:
+        notes.append(f"{model} is embedded from {own} evaluations (on probation below {reg.probation_min}): where it "
+                     f"sits, and so its nearest models, is uncertain at this size")
+    weak = [x.model for x in out if x.embedded_from is not None and x.embedded_from < reg.probation_min]
+    if weak:
+        notes.append(f"on probation (embedded from fewer than {reg.probation_min} evaluations, placed less surely): "
+                     + ", ".join(weak))
+    note = "; ".join(notes) or None
     if as_json:
         emit_json({"neighbours": out, "note": note})
         return
-    table(neighbour_rows(out), ["model", "distance", "disagreement", "shared queries"])
-    if note:
-        click.echo(f"note: {note}")
+    table([row + [x.embedded_from or ""] for row, x in zip(neighbour_rows(out), out)],
+          ["model", "distance", "disagreement", "shared queries", "embedded from"])
+    for line in notes:
+        click.echo(f"note: {line}")
 
 
 @command()
@@ -38,7 +49,7 @@ def similar(ctx, model, evals, k, as_of, as_json):
 @click.option("--plan", "plan", is_flag=True, help="List the queries that best tell the candidates apart.")
 @click.option("-n", "n", default=64, show_default=True, help="How many queries to plan (--plan).")
 @click.option("--candidates", multiple=True, help="A candidate model (repeatable, or comma-separated; --plan; "
-                                                  "default: every model with results).")
+                                                  "default: every model with the probation minimum of results).")
 @click.option("--out", type=click.Path(), help="Write the plan here (.csv or .jsonl; fill in `correct`, then "
                                               "`registry fingerprint --evals FILE`).")
 @click.option("--seed", default=0, show_default=True, help="Seed of the plan's tie-breaks (--plan).")
@@ -60,6 +71,9 @@ def fingerprint(ctx, evals, show_calibration, plan, n, candidates, out, seed, as
                    f"two or more); the least separated pair, {' and '.join(p.closest_pair)}, differs on "
                    f"{p.separated} of them (on as many random queries the least separated pair differs on "
                    f"{p.random_separated:g}, mean of 100 draws)")
+        if p.left_out:
+            click.echo(f"not candidates (fewer than {reg.probation_min} answers; name them with --candidates): "
+                       + ", ".join(p.left_out))
         table([[r.question_id, r.category or "", r.text[:60].replace("\n", " ")] for r in p.probes],
               ["question_id", "category", "question"])
         if p.file:

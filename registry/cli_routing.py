@@ -61,8 +61,9 @@ def route(ctx, text, file_, out, cost_weight, min_prob, cost_by, include_probati
               ["", "candidate", "P(correct)", "own P", "evaluations", "cost", "params_b", "status"])
         click.echo(f"encoder {d.encoder}; versions: " + ", ".join(f"{c.model} v{d.versions[c.model]}"
                                                                   for c in shown))
-        click.echo("P(correct) is the model's own prediction (own P) shrunk toward the pool's by how uncertain its "
-                   "embedding is")
+        click.echo("P(correct) is the model's own prediction (own P) with what the registry's answers add for queries "
+                   "like this one (category offsets, nearest answered queries), shrunk toward the pool's by how "
+                   "uncertain its embedding is")
         if d.note:
             click.echo(f"note: {d.note}")
         return

@@ -484,7 +484,7 @@ def upsert_model_metadata(tx: Tx, name: str, **fields) -> dict[str, list]:
     old_tags = json.loads(row[0][5] or "{}") if row else {}
     sets = {k: v for k, v in fields.items() if v is not None}
     changes = {k: [old.get(k), v] for k, v in sets.items() if row and old.get(k) != v}
-    changes.update({f"tags.{k}": [old_tags[k], v] for k, v in tags.items() if k in old_tags and old_tags[k] != v})
+    changes.update({f"tags.{k}": [old_tags.get(k), v] for k, v in tags.items() if row and old_tags.get(k) != v})
     if sets:
         assignments = ", ".join(f"{k} = ?" for k in sets)
         tx.sql(f"UPDATE models SET {assignments} WHERE name = ? RETURNING id", list(sets.values()) + [name])

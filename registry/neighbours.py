@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import catalog, evaluations, index
+from .embedding import MIN_EVALUATIONS
 from .errors import InputError, NotFound, unknown_model
 from .store import Tx
 
@@ -17,6 +18,19 @@ class Neighbour:
     distance: float
     disagreement: float | None = None   # share of shared evaluated queries where the two differ
     shared_queries: int | None = None
+    embedded_from: int | None = None    # evaluations behind its embedding (`similar` fills it in)
+
+
+def embedded_from(tx: Tx, names: list[str], encoder_id: int, as_of: str | None = None) -> dict[str, int]:
+    """The evaluations behind each named model's newest embedding under an encoder (as it stood at `as_of`): how
+    well placed it is (evidence.py: below the probation minimum its place, and so its neighbours, are uncertain)."""
+    if not names:
+        return {}
+    when = "AND v.created <= ?::TIMESTAMP" if as_of else ""
+    return {n: int(k) for n, k in tx.sql(f"""
+        SELECT m.name, arg_max(v.n_evaluations, v.version) FROM embedding_versions v JOIN models m ON m.id = v.model_id
+        WHERE v.encoder_id = ? {when} AND m.name IN (SELECT unnest(?::VARCHAR[])) GROUP BY m.name""",
+        [encoder_id] + ([as_of] if as_of else []) + [list(names)])}
 
 
 def by_vector(tx: Tx, db_path: str, vector, k: int, encoder_id: int, as_of: str | None = None,
@@ -60,10 +74,18 @@ def vector_of(tx: Tx, name: str, encoder_id: int, as_of: str | None = None):
                      WHERE m.name = ? AND v.encoder_id = ? {when} ORDER BY v.version DESC LIMIT 1""",
                  [name, encoder_id] + ([as_of] if as_of else []))
     if not row:
-        if not tx.sql("SELECT 1 FROM models WHERE name = ?", [name]):
+        found = tx.sql("SELECT id FROM models WHERE name = ?", [name])
+        if not found:
             raise unknown_model(name, catalog.names(tx))
-        raise NotFound(f"model {name!r} has no embedding under the active encoder"
-                       + (f" as of {as_of}" if as_of else "") + " (too few evaluations? run `registry onboard`)")
+        if as_of:
+            raise NotFound(f"model {name!r} had no embedding under the active encoder as of {as_of}")
+        n = tx.sql(f"""SELECT count(*) FROM {evaluations.current(model_ids=[found[0][0]])} e
+                       LEFT JOIN query_splits s ON s.query_id = e.query_id
+                       WHERE s.split IS DISTINCT FROM 'test'""")[0][0]
+        if n < MIN_EVALUATIONS:
+            raise NotFound(f"model {name!r} has no embedding: {n} evaluations outside the test split, and at least "
+                           f"{MIN_EVALUATIONS} are needed (`registry register {name} --evals FILE` adds more)")
+        raise NotFound(f"model {name!r} has no embedding under the active encoder yet: run `registry onboard`")
     return np.asarray(row[0][0], dtype=np.float32), row[0][1]
 
 

@@ -55,6 +55,7 @@ class FingerprintPlan:
     separated: int              # on how many of the planned queries that pair's answers differ
     random_separated: float     # the same least separation on as many random queries of the pool (mean of 100)
     file: str | None = None
+    left_out: list[str] = field(default_factory=list)   # not candidates by default: too few answers (probation)
 
 
 def _check_out(out: str | None) -> None:
@@ -144,14 +145,23 @@ def plan(tx: Tx, name: str, n: int, seed: int = 0, out: str | None = None) -> Pr
     return result
 
 
-def fingerprint_plan(tx: Tx, n: int, candidates=(), seed: int = 0, out: str | None = None) -> FingerprintPlan:
-    """The n queries that best separate the candidate models (default: every model with results) by their answers."""
+def fingerprint_plan(tx: Tx, n: int, candidates=(), seed: int = 0, out: str | None = None,
+                     min_answers: int = 0) -> FingerprintPlan:
+    """The n queries that best separate the candidate models by their answers (default: every model with at least
+    `min_answers` results; a model known from a handful of answers can be told from no one, and would make every
+    plan chase its unknown answers)."""
     if n < 1:
         raise InputError(f"-n must be at least 1, got {n}")
     _check_out(out)
     names = dict(tx.sql("SELECT name, id FROM models"))
-    chosen = list(dict.fromkeys(candidates)) if candidates else sorted(
-        r[0] for r in tx.sql("SELECT DISTINCT m.name FROM models m JOIN evaluations e ON e.model_id = m.id"))
+    left_out: list[str] = []
+    if candidates:
+        chosen = list(dict.fromkeys(candidates))
+    else:
+        counts = dict(tx.sql(f"""SELECT m.name, count(*) FROM models m JOIN {evaluations.CURRENT} e
+                                 ON e.model_id = m.id GROUP BY m.name"""))
+        chosen = sorted(m for m, c in counts.items() if c >= min_answers)
+        left_out = sorted(m for m, c in counts.items() if c < min_answers)
     for c in chosen:
         if c not in names:
             raise unknown_model(c, names, " among the candidates")
@@ -176,7 +186,7 @@ def fingerprint_plan(tx: Tx, n: int, candidates=(), seed: int = 0, out: str | No
                  for c in (rng.choice(len(qids), len(picks), replace=False) for _ in range(100))]
     result = FingerprintPlan(chosen, len(qids), _probes(tx, qids[picks].tolist(), ["planned"] * len(picks)),
                              sorted([chosen[i], chosen[j]]), int(sep[i, j]), round(float(np.mean(at_random)), 2),
-                             out)
+                             out, left_out)
     if out:
         write_file(out, result.probes)
     return result

@@ -437,6 +437,18 @@ def test_models_on_probation_are_neither_substitutes_nor_portfolio_members(db_co
         assert any("g-few" in cl for cl in p.clusters.values())                 # still covered
         assert "g-few" in reg.portfolio(k=n, include_probation=True).models
         assert "g-few" in reg.portfolio(k=3, require=["g-few"]).models          # required wins
+    plan = json.loads(run(db_copy, "fingerprint", "--plan", "-n", "8", "--json").output)
+    assert plan["left_out"] == ["g-few"] and "g-few" not in plan["candidates"]
+    named = json.loads(run(db_copy, "fingerprint", "--plan", "-n", "8", "--candidates", "g-few,gpt-4o-2024-05-13",
+                           "--json").output)
+    assert named["candidates"] == ["g-few", "gpt-4o-2024-05-13"] and named["left_out"] == []
+    # similar answers for it, and of it, but says how surely it is placed
+    own = run(db_copy, "similar", "g-few")
+    assert own.exit_code == 0 and "evaluations (on probation below 64)" in own.output, own.output
+    out = json.loads(run(db_copy, "similar", "gpt-4o-2024-05-13", "-k", "40", "--json").output)
+    few = [x for x in out["neighbours"] if x["model"] == "g-few"]
+    assert few and few[0]["embedded_from"] < 60 and "on probation" in out["note"] and "g-few" in out["note"]
+    assert all(x["embedded_from"] >= 64 for x in out["neighbours"] if x["model"] != "g-few")
 
 
 def test_a_bad_as_of_is_one_line_and_the_cost_advice_works(db_copy, tmp_path):
@@ -452,3 +464,22 @@ def test_a_bad_as_of_is_one_line_and_the_cost_advice_works(db_copy, tmp_path):
     assert run(db_copy, "import", "--models", str(models)).exit_code == 0
     out = run(db_copy, "route", stored, "--cost-weight", "0.1", "--no-log", "--json")   # did what it says
     assert out.exit_code == 0 and json.loads(out.output)["cost_basis"] == "cost", out.output
+
+
+def test_a_new_tag_on_a_registered_model_is_a_change_like_any_other(db_copy, small_data, tmp_path):
+    model = "gpt-4o-2024-05-13"
+    f = write_rows(tmp_path / "same.csv", results_of(small_data, model)[:40])     # results it already has
+    out = run(db_copy, "register", model, "--evals", str(f), "--tag", "team=eval")
+    assert out.exit_code == 1 and "tags.team=None" in out.output and "--update" in out.output, out.output
+    out = run(db_copy, "register", model, "--evals", str(f), "--tag", "team=eval", "--update", "--json")
+    assert out.exit_code == 0 and json.loads(out.output)["updated"] == {"tags.team": [None, "eval"]}, out.output
+    with Registry(db_copy) as reg:
+        assert reg.show(model).tags["team"] == "eval"
+
+
+def test_an_unembedded_model_is_told_what_would_embed_it(db_copy, small_data, tmp_path):
+    f = write_rows(tmp_path / "three.csv", results_of(small_data, "gpt-4o-2024-05-13")[:3])
+    assert run(db_copy, "register", "three", "--evals", str(f)).exit_code == 0
+    out = run(db_copy, "similar", "three")
+    assert out.exit_code == 1 and "evaluations outside the test split, and at least 32 are needed" in out.output
+    assert "registry onboard" not in out.output, out.output

@@ -11,11 +11,37 @@ class InputError(RegistryError):
     """Bad user input: names the file, the line (or row) and the problem."""
 
     def __init__(self, problem: str, file: str | None = None, line: int | None = None):
+        if file is not None and line is not None and line > 2:
+            line = editor_line(file, line)
         self.file, self.line, self.problem = file, line, problem
         where = ""
         if file is not None:
             where = f"{file}: " if line is None else f"{file}: line {line}: "
         super().__init__(f"{where}{problem}")
+
+
+def editor_line(path: str, line: int) -> int:
+    """A CSV file's line as an editor counts it, for the line counted in records (the header is line 1, as DuckDB's
+    reader and our checks count): the two differ after a quoted field that holds line breaks (a probe file's
+    question texts). Other files, and a file that cannot be read here, keep the line given."""
+    import csv
+    import gzip
+
+    name = str(path).lower()
+    if line <= 2 or not name.removesuffix(".gz").endswith((".csv", ".tsv")):
+        return line
+    try:
+        with (gzip.open if name.endswith(".gz") else open)(path, "rt", encoding="utf-8-sig", newline="") as fh:
+            header = fh.readline()
+            delim = max((",", "\t", ";", "|"), key=header.count)
+            reader = csv.reader(fh, delimiter=delim)
+            before = 1                                   # physical lines before the record sought
+            for _ in range(line - 2):                    # the records between the header and it
+                next(reader)
+                before = 1 + reader.line_num
+            return before + 1
+    except (OSError, UnicodeDecodeError, StopIteration, csv.Error):
+        return line
 
 
 class NotFound(RegistryError):

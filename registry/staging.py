@@ -6,8 +6,9 @@ is staged here.
 `tx.stage` is the in-process DuckDB that reads the files: on a DuckDB registry its own connection, on PostgreSQL a
 private one into which the registry rows the checks join are mirrored (`mirror`).
 
-Line numbers: for CSV, line = record number + 1 (the header is line 1); for JSONL, the record number; for Parquet,
-the row number.
+Line numbers: for CSV, line = record number + 1 (the header is line 1) here and in DuckDB's errors, turned into
+the line an editor shows where a quoted field spans lines (errors.editor_line, when the error is raised); for JSONL,
+the record number; for Parquet, the row number.
 """
 from __future__ import annotations
 

@@ -69,6 +69,30 @@ def test_probe_new_model_round_trip_through_register(db_copy, tmp_path):
     assert not set(r.question_id for r in again.probes) & set(ids)
 
 
+def test_a_bad_answer_in_a_plan_file_is_named_at_the_line_an_editor_shows(db_copy, tmp_path):
+    """Plan files carry the question texts, many of several lines: an error names the line the row starts on in the
+    file, not its record number."""
+    out = tmp_path / "probes.csv"
+    with Registry(db_copy) as reg:
+        reg.probe("newcomer", n=40, out=str(out))
+    fill_csv(out, answers_of(db_copy, DONOR))
+    with open(out, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert sum(r["question"].count("\n") for r in rows[:30]) > 0          # the texts before row 30 span lines
+    rows[30]["correct"] = "2"
+    with open(out, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    starts = [i + 1 for i, text in enumerate(out.read_text(encoding="utf-8").splitlines())
+              if text.startswith(f"{rows[30]['question_id']},2,")]
+    assert len(starts) == 1 and starts[0] > 32
+    before = snapshot(db_copy)
+    res = CliRunner().invoke(cli, ["--db", str(db_copy), "register", "newcomer", "--evals", str(out)])
+    assert res.exit_code == 1 and f"probes.csv: line {starts[0]}: " in res.output, res.output
+    assert snapshot(db_copy) == before
+
+
 def test_unfilled_plan_file_is_refused_in_one_line(db_copy, tmp_path):
     out = tmp_path / "probes.csv"
     res = CliRunner().invoke(cli, ["--db", str(db_copy), "probe", "newcomer", "-n", "4", "--out", str(out)])

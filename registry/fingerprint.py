@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import embedding, encoders, evaluations
+from .errors import InputError
 from .store import Tx
 
 _calibrations: dict[tuple, "Calibration"] = {}
@@ -273,6 +274,10 @@ def identify(tx: Tx, db_path: str, path: str, encoder_id: int, min_evaluations: 
     found = by_answers(tx, a.query_ids, a.correct)
     if found is not None:
         return found
-    z, _ = embedding.embed_file(tx, path, encoders.load(tx, encoder_id)[0], min_evaluations)
     n = int((~a.is_test).sum()) + len(a.new_texts)
+    if n < min_evaluations:   # neither test can speak: say what each needs, not only the embedding's minimum
+        raise InputError(f"{len(a.query_ids) + len(a.new_texts)} answers: the answers test needs {MIN_SHARED} on "
+                         f"queries a registered model answered, the embedding {min_evaluations} outside the test "
+                         f"split (`registry fingerprint --plan -n 64` lists queries to ask)", file=str(path))
+    z, _ = embedding.embed_file(tx, path, encoders.load(tx, encoder_id)[0], min_evaluations)
     return by_embedding(tx, neighbours.by_vector(tx, db_path, z, 2, encoder_id, as_of), n)

@@ -483,3 +483,10 @@ def test_an_unembedded_model_is_told_what_would_embed_it(db_copy, small_data, tm
     out = run(db_copy, "similar", "three")
     assert out.exit_code == 1 and "evaluations outside the test split, and at least 32 are needed" in out.output
     assert "registry onboard" not in out.output, out.output
+
+
+def test_too_few_answers_to_fingerprint_says_what_each_test_needs(db_copy, small_data, tmp_path):
+    f = write_rows(tmp_path / "few.csv", results_of(small_data, "gpt-4o-2024-05-13")[:24])
+    out = run(db_copy, "fingerprint", "--evals", str(f))
+    assert out.exit_code == 1 and "24 answers: the answers test needs 32" in out.output, out.output
+    assert "fingerprint --plan" in out.output and len(out.output.strip().splitlines()) == 1

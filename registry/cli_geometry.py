@@ -49,7 +49,7 @@ def similar(ctx, model, evals, k, as_of, as_json):
 @click.option("--plan", "plan", is_flag=True, help="List the queries that best tell the candidates apart.")
 @click.option("-n", "n", default=64, show_default=True, help="How many queries to plan (--plan).")
 @click.option("--candidates", multiple=True, help="A candidate model (repeatable, or comma-separated; --plan; "
-                                                  "default: every model with the probation minimum of results).")
+                                                  "default: every model with the probation minimum of answers).")
 @click.option("--out", type=click.Path(), help="Write the plan here (.csv or .jsonl; fill in `correct`, then "
                                               "`registry fingerprint --evals FILE`).")
 @click.option("--seed", default=0, show_default=True, help="Seed of the plan's tie-breaks (--plan).")

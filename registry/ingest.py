@@ -1,8 +1,9 @@
 """Bulk import of models, queries, evaluations and splits, validated, in one transaction.
 
-Files are read by DuckDB itself into temporary stage tables (staging.py), checked here with a few set-based queries, and written with `INSERT ... SELECT`: no row goes through the ORM. Any problem
-raises `InputError` naming the file, the line and the problem, and the transaction rolls back, so a failed import
-leaves the database exactly as it was.
+Files are read by DuckDB itself into temporary stage tables (staging.py), checked here with a few set-based
+queries, and written with `INSERT ... SELECT`: no row goes through the ORM. Any problem raises `InputError` naming
+the file, the line and the problem, and the transaction rolls back, so a failed import leaves the database exactly
+as it was.
 
 Files are read in `tx.stage`, the in-process DuckDB: on a DuckDB registry its own connection, so the checks join the
 registry's tables directly and rows go in with `INSERT ... SELECT`; on PostgreSQL a private DuckDB into which the
@@ -22,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from . import evaluations, outbox, splits, textvec, vectors
-from .errors import InputError
+from .errors import InputError, editor_line
 from .querycache import query_meta
 from .staging import (COLUMNS, Columns, Staged, check_path, column_names, duck_error, fetch, file_columns, first_bad,
                       ident, mirror, sql_str, stage)
@@ -274,11 +275,13 @@ def append_evaluations(tx: Tx, cols: Columns, batch_id: int, result: ImportResul
         if tx.postgres:   # the stage is private and in memory: read the file once, then check and join the table
             tx.stage.execute(f"CREATE OR REPLACE TEMP TABLE _file_rows AS SELECT * FROM {rows}")
             rows = "_file_rows"
-        if held is not None:
-            per_model, qids = held.per_model, held.query_ids
+        if held is not None:       # (run_rows_import has refused differing repeats already)
+            per_model, qids, repeats = held.per_model, held.query_ids, set()
         else:
             per_model = fetch(tx, f"""SELECT model, count(*), count(*) FILTER (WHERE c IS NULL),
-                count(*) FILTER (WHERE qid IS NULL OR qid = '') FROM {rows} GROUP BY model""")
+                count(*) FILTER (WHERE qid IS NULL OR qid = ''), count(DISTINCT qid) FROM {rows} GROUP BY model""")
+            repeats = {m for m, n, _, _, d in per_model if d != n}
+            per_model = [r[:4] for r in per_model]
             qids = fetch(tx, f"SELECT list(DISTINCT qid) FROM {rows}")[0][0] or []
     except Exception as exc:   # a row DuckDB cannot read: its reader names the line, as when staging
         raise duck_error(cols.path, exc) from None
@@ -305,7 +308,7 @@ def append_evaluations(tx: Tx, cols: Columns, batch_id: int, result: ImportResul
     changed = f"""LEFT JOIN {evaluations.current(model_ids=known)} cur ON cur.model_id = m.id AND cur.query_id = q.id
                   WHERE cur.correct IS DISTINCT FROM f.c""" if known else ""
     mirror(tx, "models")
-    if known:   # a file that contradicts itself on a model with results: the filter below could hide one side
+    if known and repeats:   # a file contradicting itself on a model with results: the filter below could hide a side
         ids = ", ".join(str(int(m)) for m in known)
         clash = fetch(tx, f"""SELECT m.id FROM {rows} f JOIN models m ON m.name = f.model WHERE m.id IN ({ids})
                               GROUP BY m.id, f.qid HAVING count(DISTINCT f.c) > 1 LIMIT 1""")
@@ -375,8 +378,9 @@ def _raise_conflict(tx: Tx, staged: Staged, model_id: int) -> None:
                      WHERE model = (SELECT name FROM models WHERE id = {int(model_id)})
                      GROUP BY model, qid HAVING count(DISTINCT c) > 1 ORDER BY 3 LIMIT 1""")
     m, q, first, last = dup[0]
-    raise InputError(f"model {m!r}, query {q!r} appears twice with different results (lines {first} and {last})",
-                     file=staged.path, line=int(last))
+    shown = (editor_line(staged.path, int(first)), editor_line(staged.path, int(last)))   # InputError turns `line`
+    raise InputError(f"model {m!r}, query {q!r} appears twice with different results (lines {shown[0]} and "
+                     f"{shown[1]})", file=staged.path, line=int(last))
 
 
 def _added(tx: Tx, added, batch_id: int, result: ImportResult, names: dict | None = None) -> None:
@@ -684,10 +688,13 @@ def run_rows_import(tx: Tx, model: list[str], qid: list[str], correct: list[bool
     tx.stage.register("_rows_in", rows)      # (the stage reads it: the registry's own connection on DuckDB)
     try:
         counts: dict[str, list] = {}
-        for m, q in zip(model, qid):
+        seen: dict[tuple, bool] = {}
+        for m, q, y in zip(model, qid, correct):
             c = counts.setdefault(m, [m, 0, 0, 0])
             c[1] += 1
             c[3] += not q
+            if seen.setdefault((m, q), y) != y:   # differing repeats: the caller's file names their lines
+                return None
         distinct = sorted(set(qid))
         # (queries are never deleted: the ids the registry's query metadata knows are in `queries`; on DuckDB the
         # metadata is in memory, on PostgreSQL it costs a read of its own, no cheaper than the check)

@@ -256,9 +256,9 @@ def answer(tx, p: Pool, k: int | None = None, method: str | None = None, max_par
     ok, req = eligibility(p, meta, exclude, require, max_params, max_cost)
     left_out = sorted(set(probation) - set(require))
     ok[[p.names.index(n) for n in left_out]] = False
-    if not ok.any():
-        raise InputError("every model is excluded or on probation (too few evaluations; --include-probation to "
-                         "allow those)")
+    if left_out and (not ok.any() or (k is not None and k > ok.sum())):
+        raise InputError(f"k={k} is larger than the {int(ok.sum())} eligible models: {len(left_out)} on probation "
+                         f"(too few evaluations) are left out; --include-probation to allow them")
     value = None
     if method == "routing":   # chosen on the validation queries' predictions; test answers only score it
         val = np.array([r[0] for r in tx.sql("SELECT query_id FROM query_splits WHERE split = 'val' ORDER BY 1")],
@@ -281,11 +281,12 @@ def answer(tx, p: Pool, k: int | None = None, method: str | None = None, max_par
     return out
 
 
-def with_share(tx, p: Pool, k: int, method: str = "routing", seed: int = 0) -> Portfolio:
-    """k members by `method` (no constraints) with the share of the pool's test routing accuracy they keep."""
+def with_share(tx, p: Pool, k: int, method: str = "routing", seed: int = 0, probation=frozenset()) -> Portfolio:
+    """k members by `method` (no constraints but `probation`: never members, as in `answer`) with the share of the
+    pool's test routing accuracy they keep."""
     from . import geometry
 
-    ok, req = np.ones(len(p.names), dtype=bool), np.array([], dtype=int)
+    ok, req = np.array([n not in probation for n in p.names], dtype=bool), np.array([], dtype=int)
     value = None
     if method == "routing":
         val = np.array([r[0] for r in tx.sql("SELECT query_id FROM query_splits WHERE split = 'val' ORDER BY 1")],
@@ -293,7 +294,7 @@ def with_share(tx, p: Pool, k: int, method: str = "routing", seed: int = 0) -> P
         if not len(val):
             raise InputError("the routing method chooses on the validation split: the registry has none")
         value = geometry.predicted(tx, p.encoder_id, p.vectors, val)
-    members, note = select(p, min(k, len(p.names)), method, ok, req, seed, value)
+    members, note = select(p, min(k, int(ok.sum())), method, ok, req, seed, value)
     out = describe(p, members, method, note)
     qids, correct = geometry.test_outcomes(tx, p.model_ids)
     if correct.shape[1]:

@@ -166,7 +166,9 @@ def fingerprint_plan(tx: Tx, n: int, candidates=(), seed: int = 0, out: str | No
         if c not in names:
             raise unknown_model(c, names, " among the candidates")
     if len(chosen) < 2:
-        raise InputError(f"at least 2 candidates are needed to separate, got {len(chosen)}")
+        raise InputError(f"at least 2 candidates are needed to separate, got {len(chosen)}"
+                         + (f" ({len(left_out)} with fewer than {min_answers} answers left out: name them with "
+                            f"--candidates)" if left_out else ""))
     rows = evaluations.of_models(tx, [names[c] for c in chosen])
     qids = np.unique(rows["query_id"])
     pos = {names[c]: i for i, c in enumerate(chosen)}

@@ -227,16 +227,20 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
         return _out(reg.similar(name, k=k))
 
     @app.get("/models/{name}/fallback")
-    def fallback(name: str, k: int = Query(5, ge=1, le=1000)):
+    def fallback(name: str, k: int = Query(5, ge=1, le=1000), include_probation: bool = False):
         fn = _optional(reg, "fallback")
-        return _out(fn(name, k=k) if _takes(fn, "k") else fn(name))
+        given = {"k": k, "include_probation": include_probation}
+        return _out(fn(name, **{a: v for a, v in given.items() if _takes(fn, a)}))
 
     @app.get("/portfolio")
     def portfolio(k: int | None = Query(None, ge=1, le=1000), target: float | None = Query(None, gt=0, le=1),
-                  method: str | None = None, max_params: float | None = None, max_cost: float | None = None):
-        """A few models covering the embedding space (give k, or a target share of the pool's accuracy)."""
+                  method: str | None = None, max_params: float | None = None, max_cost: float | None = None,
+                  include_probation: bool | None = None):
+        """A few models covering the embedding space (give k, or a target share of the pool's accuracy); models on
+        probation are members only with include_probation=true."""
         fn = _optional(reg, "portfolio")
-        given = {"k": k, "target": target, "method": method, "max_params": max_params, "max_cost": max_cost}
+        given = {"k": k, "target": target, "method": method, "max_params": max_params, "max_cost": max_cost,
+                 "include_probation": include_probation}
         return _out(fn(**{a: v for a, v in given.items() if v is not None and _takes(fn, a)}))
 
     @app.get("/log")

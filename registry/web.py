@@ -154,7 +154,8 @@ def mount(app: FastAPI, reg, token: str | None) -> None:
         result, error = None, None
         try:
             with reg.store.tx() as tx:
-                result = portfolio.with_share(tx, reg._pool(tx), k, method)
+                pool = reg._pool(tx)
+                result = portfolio.with_share(tx, pool, k, method, probation=pool.on_probation(reg.probation_min))
         except RegistryError as exc:
             error = str(exc)
         return page(request, "portfolio.html", p=result, k=k, method=method, methods=portfolio.METHODS, error=error)

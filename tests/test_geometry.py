@@ -155,7 +155,7 @@ def test_map_draws_every_model(db_copy, tmp_path):
     (["portfolio", "-k", 2, "--require", "no-such-model"], "unknown model 'no-such-model'"),
     (["portfolio", "-k", 40], "k=40 is larger than the pool"),
     (["portfolio", "-k", 2, "--max-params", 0.5], "no model fits --max-params 0.5"),
-    (["fingerprint", "--evals", "FEW"], "at least 32 are needed"),
+    (["fingerprint", "--evals", "FEW"], "the answers test needs 32"),
 ])
 def test_bad_input_is_one_clear_line(db_copy, small_data, tmp_path, args, message):
     args = [evals_file(small_data, tmp_path, GPT, limit=5) if a == "FEW" else a for a in args]

@@ -490,3 +490,33 @@ def test_too_few_answers_to_fingerprint_says_what_each_test_needs(db_copy, small
     out = run(db_copy, "fingerprint", "--evals", str(f))
     assert out.exit_code == 1 and "24 answers: the answers test needs 32" in out.output, out.output
     assert "fingerprint --plan" in out.output and len(out.output.strip().splitlines()) == 1
+
+
+def test_a_server_registration_contradicting_itself_names_its_lines(db_copy, small_data, tmp_path):
+    """POST /models' rows (registration.stage_group, the writer's path) refuse differing repeats the way a file does,
+    naming the lines, for a model with results and for a new one (it said "no such file" before)."""
+    from registry import registration
+
+    model = "gpt-4o-2024-05-13"
+    qid, stored = results_of(small_data, model)[0]
+    f = tmp_path / "rows.jsonl"
+    f.write_text(json.dumps({"question_id": qid, "correct": 1 - stored}) + "\n"
+                 + json.dumps({"question_id": qid, "correct": stored}) + "\n")
+    assert registration.plain_rows(f) is not None                      # the in-memory path, not the file one
+    before = snapshot(db_copy)
+    for name in (model, "brand-new"):
+        with pytest.raises(InputError, match=r"rows\.jsonl: line 2: .*appears twice with different results "
+                                             r"\(lines 1 and 2\)"):
+            with Registry(db_copy) as reg, reg.store.tx() as tx:
+                registration.stage_group(tx, [(name, str(f), {}, True)])
+    assert snapshot(db_copy) == before
+
+
+def test_probation_left_out_of_a_portfolio_is_said_when_k_is_too_large(db_copy, small_data, tmp_path):
+    few = write_rows(tmp_path / "few.csv", results_of(small_data, "gpt-4o-2024-05-13")[:60])
+    assert run(db_copy, "register", "g-few", "--evals", str(few)).exit_code == 0
+    with Registry(db_copy) as reg:
+        n = len(reg.models())
+    out = run(db_copy, "portfolio", "-k", str(n))
+    assert out.exit_code == 1 and "1 on probation" in out.output and "--include-probation" in out.output, out.output
+    assert run(db_copy, "portfolio", "-k", str(n), "--include-probation").exit_code == 0

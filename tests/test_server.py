@@ -100,6 +100,22 @@ def test_writes_need_the_token(server, small_data):
     assert fp.status_code in (200, 501), fp.text
 
 
+def test_probation_over_http_is_asked_for(server, small_data):
+    """A model registered from 50 rows is on probation (tests: 64): no substitute, no portfolio member unless the
+    request says include_probation, as the CLI."""
+    c, _, _ = server
+    r = c.post("/models", json={"name": "few-api", "evaluations": rows_of(small_data, "gpt-4o-2024-05-13", 50)},
+               headers=AUTH)
+    assert r.status_code == 200 and r.json()["status"] == "probation", r.text
+    names = {x["model"] for x in c.get("/models/gpt-4o-2024-05-13/fallback", params={"k": 40}).json()["chain"]}
+    assert "few-api" not in names and len(names) > 20
+    both = c.get("/models/gpt-4o-2024-05-13/fallback", params={"k": 40, "include_probation": True}).json()
+    assert "few-api" in {x["model"] for x in both["chain"]}
+    n = len(c.get("/models").json())
+    assert c.get("/portfolio", params={"k": n}).status_code == 400
+    assert "few-api" in c.get("/portfolio", params={"k": n, "include_probation": True}).json()["models"]
+
+
 def test_errors_are_clear_4xx(server):
     c, _, _ = server
     r = c.post("/route", content=b'{"text": "unterminated', headers={"Content-Type": "application/json"})

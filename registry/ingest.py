@@ -30,6 +30,7 @@ from .staging import (COLUMNS, Columns, Staged, check_path, column_names, duck_e
 from .store import Tx
 
 SPLIT_NAMES = {"train": "train", "val": "val", "valid": "val", "validation": "val", "dev": "val", "test": "test"}
+TEXT_IN_FILE = "a `question` column (and `options`, if any) of this file"   # where `register` finds a new text
 TRUE_FALSE = "CASE lower(trim({c})) WHEN '1' THEN true WHEN 'true' THEN true WHEN '0' THEN false " \
              "WHEN 'false' THEN false ELSE NULL END"
 
@@ -729,7 +730,7 @@ def run_model_import(tx: Tx, model: str, path: str, progress: bool = False) -> I
         if other:
             raise InputError(f"the file holds results of model {other[0][0]!r}, not {model!r}", file=path)
         import_evaluations(tx, staged, batch_id, result, unknown_hint=(
-            "give its text in a `question` column (and `options`, if any) of this file, or import it first with "
+            f"give its text in {TEXT_IN_FILE}, or import it first with "
             "`registry import --queries FILE`"))
     tx.stage.execute("DROP TABLE IF EXISTS _stage_evaluations; DROP TABLE IF EXISTS _stage_queries")
     _record_batch(tx, batch_id, {"evaluations": path}, files_digest({"evaluations": path}), result)

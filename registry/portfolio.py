@@ -33,7 +33,8 @@ class Portfolio:
     radius: float                                     # largest distance from any model to its nearest member
     clusters: dict[str, list[str]] = field(default_factory=dict)   # member -> models it covers (itself first)
     share_of_pool: float | None = None                # with a target: portfolio routing accuracy / the pool's
-    accuracy: float | None = None                     # hit@1 on test, routing among the members
+    accuracy: float | None = None                     # hit@1 on test, routing among the members (predicted where
+                                                      #   the chosen model has no answer: portfolio.hit1)
     pool_accuracy: float | None = None
     note: str | None = None
 
@@ -214,10 +215,14 @@ def describe(p: Pool, members: list[int], method: str, note: str | None = None) 
 
 
 def hit1(probs: np.ndarray, correct: np.ndarray, members) -> float:
-    """Routing accuracy among `members`: each query goes to the member with the highest P(correct)."""
+    """Routing accuracy among `members`: each query goes to the member with the highest P(correct), and scores its
+    answer; where that model has no answer to the query (a partly evaluated model), its predicted P(correct) stands
+    in (counting it wrong would make a pool with such a model look worse than any of its parts)."""
     members = np.asarray(members)
     chosen = members[np.argmax(probs[members], axis=0)]
-    return float((correct[chosen, np.arange(correct.shape[1])] == 1).mean())
+    cols = np.arange(correct.shape[1])
+    got = correct[chosen, cols]
+    return float(np.where(got >= 0, got == 1, probs[chosen, cols]).mean())
 
 
 def smallest_reaching(p: Pool, method: str, eligible, required, probs, correct, target: float,
@@ -294,7 +299,7 @@ def with_share(tx, p: Pool, k: int, method: str = "routing", seed: int = 0, prob
         if not len(val):
             raise InputError("the routing method chooses on the validation split: the registry has none")
         value = geometry.predicted(tx, p.encoder_id, p.vectors, val)
-    members, note = select(p, min(k, int(ok.sum())), method, ok, req, seed, value)
+    members, note = select(p, k, method, ok, req, seed, value)
     out = describe(p, members, method, note)
     qids, correct = geometry.test_outcomes(tx, p.model_ids)
     if correct.shape[1]:

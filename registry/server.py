@@ -33,7 +33,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
-from . import proxy, web
+from . import ingest, proxy, web
 from .api import Registry
 from .errors import DatabaseLocked, InputError, NotFound, RegistryError
 from .serving import Serving
@@ -214,23 +214,25 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
     def models():
         return _out(reg.models())
 
-    @app.get("/models/{name}")
-    def show(name: str):
-        return _out(reg.show(name))
-
-    @app.get("/models/{name}/history")
+    # {name:path}: a name may hold "/" (Hugging Face's org/model), so the routes with a suffix come before the bare
+    # one, which would otherwise take "org/model/history" as a name
+    @app.get("/models/{name:path}/history")
     def history(name: str):
         return _out(reg.history(name))
 
-    @app.get("/models/{name}/similar")
+    @app.get("/models/{name:path}/similar")
     def similar(name: str, k: int = Query(5, ge=1, le=1000)):
         return _out(reg.similar(name, k=k))
 
-    @app.get("/models/{name}/fallback")
+    @app.get("/models/{name:path}/fallback")
     def fallback(name: str, k: int = Query(5, ge=1, le=1000), include_probation: bool = False):
         fn = _optional(reg, "fallback")
         given = {"k": k, "include_probation": include_probation}
         return _out(fn(name, **{a: v for a, v in given.items() if _takes(fn, a)}))
+
+    @app.get("/models/{name:path}")
+    def show(name: str):
+        return _out(reg.show(name))
 
     @app.get("/portfolio")
     def portfolio(k: int | None = Query(None, ge=1, le=1000), target: float | None = Query(None, gt=0, le=1),
@@ -293,7 +295,7 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
         finally:
             os.unlink(path)
 
-    @app.post("/models/{name}/evaluations", dependencies=[Depends(writer)])
+    @app.post("/models/{name:path}/evaluations", dependencies=[Depends(writer)])
     async def upload(name: str, request: Request):
         """Upload an evaluations file as the request body (CSV, JSONL or Parquet: say which in Content-Type)."""
         kind = (request.headers.get("content-type") or "").split(";")[0].strip().lower()
@@ -394,6 +396,8 @@ def _rows_named(what: str, path: str, rows: bool = True):
         if exc.file != path and path not in str(exc):
             raise
         problem = exc.problem.replace(path, what)
+        if rows:        # the client sent JSON rows: a new query's text goes in the row
+            problem = problem.replace(ingest.TEXT_IN_FILE, "the row's `text` field (and `options`, if any)")
         if exc.line is None:
             raise InputError(problem, file=what) from None
         if rows:

@@ -113,7 +113,15 @@ def mount(app: FastAPI, reg, token: str | None) -> None:
         the_map = _cached(reg, "map", lambda: _map(reg))
         return page(request, "home.html", models=models_, map=the_map, path=reg.path)
 
-    @app.get("/ui/models/{name}", response_class=HTMLResponse, include_in_schema=False)
+    @app.get("/ui/models/{name:path}/diff", response_class=HTMLResponse, include_in_schema=False)
+    def diff_page(request: Request, name: str, v1: int | None = None, v2: int | None = None):
+        try:
+            d = reg.diff(name, v1, v2)
+        except RegistryError as exc:
+            return error_page(request, str(exc), 400)
+        return page(request, "diff.html", d=d)
+
+    @app.get("/ui/models/{name:path}", response_class=HTMLResponse, include_in_schema=False)
     def model_page(request: Request, name: str):
         try:
             detail = reg.show(name)
@@ -128,14 +136,6 @@ def mount(app: FastAPI, reg, token: str | None) -> None:
             except RegistryError as exc:
                 note = str(exc)
         return page(request, "model.html", m=detail, history=history, near=near, chain=chain, note=note)
-
-    @app.get("/ui/models/{name}/diff", response_class=HTMLResponse, include_in_schema=False)
-    def diff_page(request: Request, name: str, v1: int | None = None, v2: int | None = None):
-        try:
-            d = reg.diff(name, v1, v2)
-        except RegistryError as exc:
-            return error_page(request, str(exc), 400)
-        return page(request, "diff.html", d=d)
 
     @app.get("/ui/route", response_class=HTMLResponse, include_in_schema=False)
     def route_page(request: Request, q: str | None = None):

@@ -50,7 +50,8 @@ def _routes(app) -> list[tuple[str, str]]:
     for route in app.routes:
         if not isinstance(route, APIRoute) or route.path in NOT_API or route.path.startswith("/static"):
             continue
-        out += [(method, route.path) for method in sorted(route.methods) if method != "HEAD"]
+        path = route.path.replace(":path}", "}")          # a name may hold "/": documented as {name}
+        out += [(method, path) for method in sorted(route.methods) if method != "HEAD"]
     return out
 
 

@@ -520,3 +520,14 @@ def test_probation_left_out_of_a_portfolio_is_said_when_k_is_too_large(db_copy, 
     out = run(db_copy, "portfolio", "-k", str(n))
     assert out.exit_code == 1 and "1 on probation" in out.output and "--include-probation" in out.output, out.output
     assert run(db_copy, "portfolio", "-k", str(n), "--include-probation").exit_code == 0
+
+
+def test_a_portfolio_scores_a_partly_evaluated_model_by_its_prediction_where_it_has_no_answer():
+    """Routing among a pool with a model that answered few test queries: where it is chosen without an answer, its
+    predicted P(correct) stands in (it counted as wrong, so a pool scored below its best member: share 1.46)."""
+    from registry import portfolio
+
+    correct = np.array([[1, 0, 1, 1], [-1, -1, 1, -1]], dtype=np.int8)      # model 1 answered one query of four
+    probs = np.array([[0.6, 0.6, 0.6, 0.6], [0.9, 0.9, 0.9, 0.9]])
+    assert portfolio.hit1(probs, correct, [0]) == 0.75
+    assert portfolio.hit1(probs, correct, [0, 1]) == pytest.approx((0.9 + 0.9 + 1 + 0.9) / 4)

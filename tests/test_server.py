@@ -131,7 +131,7 @@ def test_errors_are_clear_4xx(server):
     r = c.post("/route", json={"text": "  "})
     assert r.status_code == 400 and r.json()["detail"] == "empty query"
     r = c.post("/models", json={"name": "tiny", "evaluations": [{"question_id": "nope", "correct": 1}]}, headers=AUTH)
-    assert 400 <= r.status_code < 500 and r.json()["detail"]
+    assert 400 <= r.status_code < 500 and "the row's `text` field" in r.json()["detail"], r.text
     r = c.post("/models/x/evaluations", content=b"a,b", headers={"Content-Type": "image/png", **AUTH})
     assert r.status_code == 400 and "Content-Type" in r.json()["detail"]
 
@@ -189,3 +189,19 @@ def test_a_stopped_server_commits_its_pending_log_rows(base_db, tmp_path):
         logged = Counter(t for (t,) in tx.sql("SELECT text FROM routing_log ORDER BY id OFFSET ?", [before]))
     assert len(answered) > 20
     assert not Counter(answered) - logged, "routes answered before the stop without their log row"
+
+
+def test_a_name_with_a_slash_is_reachable(server, small_data):
+    """Hugging Face names (org/model) register and are then found at /models/org%2Fmodel (and its sub-pages)."""
+    c, _, _ = server
+    r = c.post("/models", json={"name": "org/model-x", "evaluations": rows_of(small_data, "gemma-7b", 100)},
+               headers=AUTH)
+    assert r.status_code == 200, r.text
+    assert c.get("/models/org%2Fmodel-x").json()["name"] == "org/model-x"
+    assert c.get("/models/org/model-x").json()["name"] == "org/model-x"
+    assert c.get("/models/org%2Fmodel-x/history").json()["versions"][0]["version"] == 1
+    assert len(c.get("/models/org%2Fmodel-x/similar", params={"k": 2}).json()) == 2
+    assert c.get("/models/org%2Fmodel-x/fallback").status_code == 200
+    page = c.get("/ui/models/org%2Fmodel-x")
+    assert page.status_code == 200 and "org/model-x" in page.text
+    assert c.get("/models/no/such/model").status_code == 404

@@ -175,7 +175,7 @@ def _availability(rows, as_json):
 
 @command(json=False)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Loopback unless told otherwise.")
-@click.option("--port", default=8000, show_default=True)
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--token", envvar="REGISTRY_TOKEN", help="Bearer token required by writing endpoints.")
 def serve(ctx, host, port, token):
     """Serve the registry over HTTP (FastAPI); the server owns the database file while it runs. A non-loopback

@@ -254,8 +254,8 @@ def answer(tx, p: Pool, k: int | None = None, method: str | None = None, max_par
     (embedded from too few evaluations); they are still covered."""
     from . import geometry
 
-    if k is None and target is None:
-        raise InputError("give k or a target share (e.g. --target 0.99)")
+    if (k is None) == (target is None):
+        raise InputError("give k or a target share (e.g. --target 0.99), not both")
     method = method or ("routing" if target is not None else "kmedoids")   # --target keeps the routing
     meta = {n: (pb, c) for n, pb, c in tx.sql("SELECT name, params_b, cost FROM models")}
     ok, req = eligibility(p, meta, exclude, require, max_params, max_cost)

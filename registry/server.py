@@ -325,6 +325,8 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
     def fingerprint(evaluations: list[EvalRow] = Body(..., embed=True)):
         """Which registered model (if any) an unknown endpoint's results look like (if this registry has it)."""
         fn = _optional(reg, "fingerprint")
+        if not evaluations:
+            raise InputError("evaluations: give at least one row")
         path = _temp_file([r.model_dump(exclude_none=True) for r in evaluations])
         try:
             with _rows_named("evaluations", path):

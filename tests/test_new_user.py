@@ -531,3 +531,8 @@ def test_a_portfolio_scores_a_partly_evaluated_model_by_its_prediction_where_it_
     probs = np.array([[0.6, 0.6, 0.6, 0.6], [0.9, 0.9, 0.9, 0.9]])
     assert portfolio.hit1(probs, correct, [0]) == 0.75
     assert portfolio.hit1(probs, correct, [0, 1]) == pytest.approx((0.9 + 0.9 + 1 + 0.9) / 4)
+
+
+def test_serve_refuses_a_port_that_cannot_exist(db_copy):
+    out = run(db_copy, "serve", "--port", "99999")
+    assert out.exit_code == 2 and "99999 is not in the range 1<=x<=65535" in out.output, out.output

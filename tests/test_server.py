@@ -132,6 +132,8 @@ def test_errors_are_clear_4xx(server):
     assert r.status_code == 400 and r.json()["detail"] == "empty query"
     r = c.post("/models", json={"name": "tiny", "evaluations": [{"question_id": "nope", "correct": 1}]}, headers=AUTH)
     assert 400 <= r.status_code < 500 and "the row's `text` field" in r.json()["detail"], r.text
+    r = c.post("/fingerprint", json={"evaluations": []})
+    assert r.status_code == 400 and r.json()["detail"] == "evaluations: give at least one row", r.text
     r = c.post("/models/x/evaluations", content=b"a,b", headers={"Content-Type": "image/png", **AUTH})
     assert r.status_code == 400 and "Content-Type" in r.json()["detail"]
 

@@ -193,15 +193,17 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
                             status_code=500)
 
     @app.exception_handler(RequestValidationError)
-    async def _ve(_, exc):
+    async def _ve(request, exc):
         errs = exc.errors()
         first = errs[0] if errs else {}
         if first.get("type") == "json_invalid":
             return JSONResponse({"detail": f"bad JSON: {first.get('ctx', {}).get('error', 'cannot parse')}"},
                                 status_code=400)
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path"))
         msg = (f"missing field {where!r}" if first.get("type") == "missing"
                else f"field {where!r}: {first.get('msg', 'invalid')}")
+        if request.url.path.startswith("/ui/") and hasattr(app.state, "error_page"):   # a page: a page that says so
+            return app.state.error_page(request, msg.replace("field ", "parameter ", 1), 422)
         return JSONResponse({"detail": msg, "errors": [{"loc": e.get("loc"), "msg": e.get("msg")} for e in errs]},
                             status_code=422)
 

@@ -16,9 +16,11 @@ import threading
 from pathlib import Path
 
 from fastapi import FastAPI, Query, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import dialect
 from .errors import RegistryError
@@ -92,6 +94,14 @@ def mount(app: FastAPI, reg, token: str | None) -> None:
     def error_page(request: Request, message: str, status: int = 404) -> HTMLResponse:
         return templates.TemplateResponse(request, "error.html", {"message": message, "needs_token": token is not None},
                                           status_code=status)
+
+    app.state.error_page = error_page          # the server's handlers answer a page's bad parameters with a page
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        if request.url.path.startswith("/ui/"):
+            return error_page(request, "no such page" if exc.status_code == 404 else str(exc.detail), exc.status_code)
+        return await http_exception_handler(request, exc)
 
     stats = {"batch": -1, "by_model": {}}      # per-model evaluation counts, re-read only for models with new rows
     stats_lock = threading.Lock()

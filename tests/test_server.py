@@ -3,6 +3,7 @@ the bearer token, the errors as 4xx with one clear line, and the CLI's one-line 
 file."""
 from __future__ import annotations
 
+import html
 import shutil
 import subprocess
 import sys
@@ -207,3 +208,15 @@ def test_a_name_with_a_slash_is_reachable(server, small_data):
     page = c.get("/ui/models/org%2Fmodel-x")
     assert page.status_code == 200 and "org/model-x" in page.text
     assert c.get("/models/no/such/model").status_code == 404
+
+
+def test_a_page_with_a_bad_parameter_answers_with_a_page(server):
+    c, _, _ = server
+    for path, status, words in (("/ui/portfolio?k=", 422, "parameter 'k'"), ("/ui/portfolio?k=1.5", 422, "parameter"),
+                                ("/ui/nope", 404, "no such page")):
+        r = c.get(path)
+        assert r.status_code == status and r.headers["content-type"].startswith("text/html"), (path, r.text[:200])
+        assert words in html.unescape(r.text), (path, r.text[:400])
+    assert c.get("/no-such-api").headers["content-type"].startswith("application/json")   # the API stays JSON
+    r = c.get("/portfolio", params={"k": "x"})
+    assert r.status_code == 422 and r.json()["detail"].startswith("field 'k'")

@@ -285,15 +285,16 @@ class Registry:
             else:
                 z, a = embedding.embed_file(tx, evals, encoders.load(tx, encoder_id)[0], self.min_evaluations)
                 out = neighbours.by_vector(tx, self.path, z, k, encoder_id, as_of, answers=(a.query_ids, a.correct))
-            n = neighbours.embedded_from(tx, [x.model for x in out], encoder_id, as_of)
+            n = catalog.current_versions(tx, encoder_id, as_of, [x.model for x in out])
             for x in out:
-                x.embedded_from = n.get(x.model)
+                x.embedded_from = n[x.model][1] if x.model in n else None
             return out
 
     def embedded_from(self, names: list[str], as_of: str | None = None) -> dict[str, int]:
         """The evaluations behind each named model's current embedding (absent: not embedded)."""
         with self.store.tx() as tx:
-            return neighbours.embedded_from(tx, names, encoders.require_active(tx, as_of), as_of)
+            return {m: n for m, (_, n) in catalog.current_versions(tx, encoders.require_active(tx, as_of), as_of,
+                                                                   names).items()}
 
     def fingerprint(self, evals: str, as_of: str | None = None):
         """Is the endpoint behind these results one of the registered models? "same" only when at most 1% of

@@ -108,13 +108,22 @@ def stats(tx: Tx, path: str) -> Stats:
     return Stats(models_, queries, current, rows, vectors, batches, splits, path, queries - sum(splits.values()))
 
 
+def current_versions(tx: Tx, encoder_id: int, as_of: str | None = None,
+                     names: list[str] | None = None) -> dict[str, tuple[int, int]]:
+    """{model name: (its newest version under the encoder, the evaluations behind it)}, as the registry stood at
+    `as_of`; only the `names` given, if any. How well placed a model is (evidence.py: probation) is read here."""
+    when = "AND v.created <= ?::TIMESTAMP" if as_of else ""
+    only = "AND m.name IN (SELECT unnest(?::VARCHAR[]))" if names is not None else ""
+    return {r[0]: (int(r[1]), int(r[2])) for r in tx.sql(f"""
+        SELECT m.name, max(v.version), arg_max(v.n_evaluations, v.version)
+        FROM embedding_versions v JOIN models m ON m.id = v.model_id WHERE v.encoder_id = ? {when} {only}
+        GROUP BY m.name""", [encoder_id] + ([as_of] if as_of else []) + ([list(names)] if names is not None else []))}
+
+
 def _state(tx: Tx):
     """({name: (current version, evaluations behind it)} under the active encoder, names marked unavailable)."""
     encoder_id = encoders.active_id(tx)
-    current = {} if encoder_id is None else {r[0]: r[1:] for r in tx.sql("""
-        SELECT m.name, arg_max(v.version, v.version), arg_max(v.n_evaluations, v.version)
-        FROM embedding_versions v JOIN models m ON m.id = v.model_id WHERE v.encoder_id = ?
-        GROUP BY m.name""", [encoder_id])}
+    current = {} if encoder_id is None else current_versions(tx, encoder_id)
     return current, set(availability.unavailable_models(tx))
 
 

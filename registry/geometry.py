@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import evaluations, index, querycache
+from . import catalog, evaluations, index, querycache
 from .errors import InputError
 from .store import Tx
 
@@ -48,11 +48,10 @@ def pool(tx: Tx, db_path: str, encoder_id: int, as_of: str | None = None) -> Poo
     ids, vecs = vi.vectors()
     order = sorted(range(len(ids)), key=lambda i: vi.names[int(ids[i])])
     ids = ids[order]
-    when = "AND created <= ?::TIMESTAMP" if as_of else ""
-    n = dict(tx.sql(f"""SELECT model_id, arg_max(n_evaluations, version) FROM embedding_versions
-                        WHERE encoder_id = ? {when} GROUP BY model_id""", [encoder_id] + ([as_of] if as_of else [])))
-    return Pool(encoder_id, ids, [vi.names[int(i)] for i in ids], np.ascontiguousarray(vecs[order]),
-                np.array([int(n.get(int(i), 0)) for i in ids], dtype=np.int64))
+    names = [vi.names[int(i)] for i in ids]
+    n = catalog.current_versions(tx, encoder_id, as_of)
+    return Pool(encoder_id, ids, names, np.ascontiguousarray(vecs[order]),
+                np.array([n.get(name, (0, 0))[1] for name in names], dtype=np.int64))
 
 
 def pairwise(vectors: np.ndarray) -> np.ndarray:

@@ -21,18 +21,6 @@ class Neighbour:
     embedded_from: int | None = None    # evaluations behind its embedding (`similar` fills it in)
 
 
-def embedded_from(tx: Tx, names: list[str], encoder_id: int, as_of: str | None = None) -> dict[str, int]:
-    """The evaluations behind each named model's newest embedding under an encoder (as it stood at `as_of`): how
-    well placed it is (evidence.py: below the probation minimum its place, and so its neighbours, are uncertain)."""
-    if not names:
-        return {}
-    when = "AND v.created <= ?::TIMESTAMP" if as_of else ""
-    return {n: int(k) for n, k in tx.sql(f"""
-        SELECT m.name, arg_max(v.n_evaluations, v.version) FROM embedding_versions v JOIN models m ON m.id = v.model_id
-        WHERE v.encoder_id = ? {when} AND m.name IN (SELECT unnest(?::VARCHAR[])) GROUP BY m.name""",
-        [encoder_id] + ([as_of] if as_of else []) + [list(names)])}
-
-
 def by_vector(tx: Tx, db_path: str, vector, k: int, encoder_id: int, as_of: str | None = None,
               exclude: set[str] | None = None, answers: tuple | None = None,
               vi: index.VectorIndex | None = None, rates: dict | None = None) -> list[Neighbour]:

@@ -262,8 +262,9 @@ def answer(tx, p: Pool, k: int | None = None, method: str | None = None, max_par
     left_out = sorted(set(probation) - set(require))
     ok[[p.names.index(n) for n in left_out]] = False
     if left_out and (not ok.any() or (k is not None and k > ok.sum())):
-        raise InputError(f"k={k} is larger than the {int(ok.sum())} eligible models: {len(left_out)} on probation "
-                         f"(too few evaluations) are left out; --include-probation to allow them")
+        raise InputError(("no model is eligible" if k is None else f"k={k} is larger than the {int(ok.sum())} "
+                          f"eligible models") + f": {len(left_out)} on probation (too few evaluations) are left out; "
+                         f"--include-probation to allow them")
     value = None
     if method == "routing":   # chosen on the validation queries' predictions; test answers only score it
         val = np.array([r[0] for r in tx.sql("SELECT query_id FROM query_splits WHERE split = 'val' ORDER BY 1")],

@@ -226,13 +226,15 @@ def hit1(probs: np.ndarray, correct: np.ndarray, members) -> float:
 
 
 def smallest_reaching(p: Pool, method: str, eligible, required, probs, correct, target: float,
-                      seed: int = 0, value: np.ndarray | None = None) -> Portfolio:
-    """The smallest k whose routing accuracy reaches `target` times the whole pool's."""
+                      seed: int = 0, value: np.ndarray | None = None, routable=None) -> Portfolio:
+    """The smallest k whose routing accuracy reaches `target` times the whole pool's (`routable` [M] bool: the
+    models routing may choose, as the pool; default all)."""
     if not 0 < target <= 1:
         raise InputError(f"--target must be a share in (0, 1], got {target}")
     if correct.shape[1] == 0:
         raise InputError("no test queries with evaluations: --target needs a test split (query_splits)")
-    full = hit1(probs, correct, np.arange(len(p.names)))
+    full = hit1(probs, correct, np.flatnonzero(routable) if routable is not None and np.any(routable)
+                else np.arange(len(p.names)))
     for k in range(max(1, len(required)), int(eligible.sum()) + 1):
         members, note = select(p, k, method, eligible, required, seed, value)
         acc = hit1(probs, correct, members)
@@ -279,7 +281,8 @@ def answer(tx, p: Pool, k: int | None = None, method: str | None = None, max_par
     else:
         qids, correct = geometry.test_outcomes(tx, p.model_ids)
         probs = geometry.predicted(tx, p.encoder_id, p.vectors, qids)
-        out = smallest_reaching(p, method, ok, req, probs, correct, target, seed, value)
+        routable = np.array([n not in probation for n in p.names], dtype=bool)   # routing never picks the others
+        out = smallest_reaching(p, method, ok, req, probs, correct, target, seed, value, routable)
     if left_out:
         said = (f"{len(left_out)} model(s) on probation (too few evaluations) not chosen as members: "
                 f"{', '.join(left_out[:5])}{', ...' if len(left_out) > 5 else ''}")
@@ -305,7 +308,8 @@ def with_share(tx, p: Pool, k: int, method: str = "routing", seed: int = 0, prob
     qids, correct = geometry.test_outcomes(tx, p.model_ids)
     if correct.shape[1]:
         probs = geometry.predicted(tx, p.encoder_id, p.vectors, qids)
-        acc, full = hit1(probs, correct, members), hit1(probs, correct, np.arange(len(p.names)))
+        pool = np.flatnonzero(ok) if ok.any() else np.arange(len(p.names))      # the models routing may choose
+        acc, full = hit1(probs, correct, members), hit1(probs, correct, pool)
         out.accuracy, out.pool_accuracy = round(acc, 4), round(full, 4)
         out.share_of_pool = round(acc / full, 4) if full else None
     return out

@@ -420,8 +420,12 @@ def test_a_file_that_contradicts_itself_is_refused_even_where_one_side_matches(d
 def test_models_on_probation_are_neither_substitutes_nor_portfolio_members(db_copy, small_data, tmp_path):
     """Routing never chooses a model known from 60 answers; a fallback chain or a portfolio should not either,
     unless asked (--include-probation)."""
+    with Registry(db_copy) as reg:
+        pool_before = reg.portfolio(target=0.99).pool_accuracy
     few = write_rows(tmp_path / "few.csv", results_of(small_data, "gpt-4o-2024-05-13")[:60])
     assert run(db_copy, "register", "g-few", "--evals", str(few)).exit_code == 0
+    with Registry(db_copy) as reg:                      # the pool routing is scored on is what routing may choose
+        assert reg.portfolio(target=0.99).pool_accuracy == pool_before
     out = json.loads(run(db_copy, "fallback", "--all", "-k", "5", "--json").output)
     assert out["probation"] == ["g-few"] and "g-few" in out["chains"]          # it has substitutes of its own
     assert not any(link["model"] == "g-few" for links in out["chains"].values() for link in links)

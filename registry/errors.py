@@ -11,7 +11,7 @@ class InputError(RegistryError):
     """Bad user input: names the file, the line (or row) and the problem."""
 
     def __init__(self, problem: str, file: str | None = None, line: int | None = None):
-        if file is not None and line is not None and line > 2:
+        if file is not None and line is not None:
             line = editor_line(file, line)
         self.file, self.line, self.problem = file, line, problem
         where = ""
@@ -21,14 +21,27 @@ class InputError(RegistryError):
 
 
 def editor_line(path: str, line: int) -> int:
-    """A CSV file's line as an editor counts it, for the line counted in records (the header is line 1, as DuckDB's
-    reader and our checks count): the two differ after a quoted field that holds line breaks (a probe file's
-    question texts). Other files, and a file that cannot be read here, keep the line given."""
+    """A file's line as an editor counts it, for the line counted in records, as DuckDB's readers and our checks
+    count: in CSV the header is line 1 and the two differ after a quoted field that holds line breaks (a probe
+    file's question texts); in JSONL, after blank lines (no record). Other files, and a file that cannot be read
+    here, keep the line given."""
     import csv
     import gzip
 
     name = str(path).lower()
-    if line <= 2 or not name.removesuffix(".gz").endswith((".csv", ".tsv")):
+    bare = name.removesuffix(".gz")
+    if bare.endswith((".jsonl", ".ndjson")):
+        try:
+            with (gzip.open if name.endswith(".gz") else open)(path, "rt", encoding="utf-8", errors="replace") as fh:
+                records = 0
+                for at, text in enumerate(fh, 1):
+                    records += bool(text.strip())
+                    if records == line:
+                        return at
+        except (OSError, EOFError):
+            pass
+        return line
+    if line <= 2 or not bare.endswith((".csv", ".tsv")):
         return line
     try:
         with (gzip.open if name.endswith(".gz") else open)(path, "rt", encoding="utf-8-sig", newline="") as fh:

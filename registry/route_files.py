@@ -52,9 +52,11 @@ def _text_of(rec, path: str, line: int) -> str:
 
 def _read_jsonl(content: str, path: str):
     ids, texts = [], []
-    for n, line in enumerate(content.splitlines(), 1):
+    n = 0                          # records, as every reader of ours counts lines (InputError shows the file's line)
+    for line in content.splitlines():
         if not line.strip():
             continue
+        n += 1
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as exc:

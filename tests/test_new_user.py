@@ -401,6 +401,14 @@ def test_a_broken_jsonl_file_is_one_line_naming_its_line_everywhere(db_copy, tmp
         assert "Traceback" not in out.output and len(out.output.strip().splitlines()) == 1, out.output
         assert "broken.jsonl: line 2: not valid JSON" in out.output, out.output
     assert snapshot(db_copy) == before
+    spaced = tmp_path / "spaced.jsonl"                     # blank lines hold no record: the line is still the file's
+    spaced.write_text('{"question_id": "70", "correct": 1}\n\n\n{"question_id": "71", "correct": 2}\n')
+    out = run(db_copy, "register", "m", "--evals", str(spaced))
+    assert out.exit_code == 1 and "spaced.jsonl: line 4: " in out.output, out.output
+    spaced.write_text('{"question_id": "70", "correct": 1}\n\n{"question_id": "71", "correct": 0\n')
+    out = run(db_copy, "register", "m", "--evals", str(spaced))
+    assert out.exit_code == 1 and "spaced.jsonl: line 3: not valid JSON" in out.output, out.output
+    assert snapshot(db_copy) == before
 
 
 def test_a_file_that_contradicts_itself_is_refused_even_where_one_side_matches(db_copy, small_data, tmp_path):

@@ -132,7 +132,7 @@ def _with_state(info, state, probation_min: int):
     info.available = info.name not in down
     if info.name in current:
         info.version, info.embedded_from = current[info.name]
-        info.status = "probation" if info.embedded_from < evidence.probation_min(probation_min) else "established"
+        info.status = "probation" if evidence.on_probation(info.embedded_from, probation_min) else "established"
     return info
 
 

@@ -11,6 +11,7 @@ import click
 
 from .cli_common import command, emit_json, neighbour_rows, open_registry, table
 from .errors import InputError
+from .evidence import on_probation
 
 AS_OF = click.option("--as-of", help="Answer as the registry stood at this time (ISO timestamp).")
 
@@ -26,10 +27,10 @@ def similar(ctx, model, evals, k, as_of, as_json):
     out = reg.similar(model, k=k, evals=evals, as_of=as_of)
     notes = [f"k={k}, but the pool has {len(out)} other embedded models: all of them shown"] if len(out) < k else []
     own = reg.embedded_from([model], as_of).get(model) if model else None
-    if own is not None and own < reg.probation_min:
+    if own is not None and on_probation(own, reg.probation_min):
         notes.append(f"{model} is embedded from {own} evaluations (on probation below {reg.probation_min}): where it "
                      f"sits, and so its nearest models, is uncertain at this size")
-    weak = [x.model for x in out if x.embedded_from is not None and x.embedded_from < reg.probation_min]
+    weak = [x.model for x in out if x.embedded_from is not None and on_probation(x.embedded_from, reg.probation_min)]
     if weak:
         notes.append(f"on probation (embedded from fewer than {reg.probation_min} evaluations, placed less surely): "
                      + ", ".join(weak))

@@ -34,6 +34,12 @@ def probation_min(value: int | None = None) -> int:
     return max(0, int(value))
 
 
+def on_probation(n, minimum: int | None = None):
+    """The probation rule, its one home: an embedding from fewer than the minimum evaluations (n: a count or an
+    array of counts) -> bool (or [M] bool)."""
+    return np.asarray(n) < probation_min(minimum) if isinstance(n, np.ndarray) else int(n) < probation_min(minimum)
+
+
 @dataclass
 class Evidence:
     n: np.ndarray           # [M] evaluations behind each current embedding
@@ -52,7 +58,7 @@ def assess(z: np.ndarray, n, stability, minimum: int | None = None) -> Evidence:
     stab = (stability.astype(np.float64) if isinstance(stability, np.ndarray)
             else np.array([np.nan if s is None else float(s) for s in stability], dtype=np.float64))
     minimum = probation_min(minimum)
-    probation = n < minimum
+    probation = on_probation(n, minimum)
     ref = ~probation if (~probation).sum() >= 2 else np.ones(len(n), dtype=bool)
     z = np.asarray(z, dtype=np.float64)
     tau2 = float(((z[ref] - z[ref].mean(axis=0)) ** 2).sum(axis=1).mean()) if len(z) else 0.0

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import catalog, evaluations, index, querycache
+from .evidence import on_probation
 from .errors import InputError
 from .store import Tx
 
@@ -29,7 +30,7 @@ class Pool:
         substitute or a portfolio member unless asked, as routing never chooses them."""
         if self.n_evaluations is None:
             return set()
-        return {n for n, k in zip(self.names, self.n_evaluations.tolist()) if k < minimum}
+        return {n for n, weak in zip(self.names, on_probation(self.n_evaluations, minimum).tolist()) if weak}
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import catalog, encoders, evaluations, fingerprint, ingest, neighbours, onboarding
+from . import catalog, encoders, evaluations, evidence, fingerprint, ingest, neighbours, onboarding
 from .errors import InputError
 from .neighbours import Neighbour
 from .store import Tx
@@ -166,7 +166,7 @@ def report(reg, staged: Staged, o: onboarding.JobOutcome | None, k: int = 5) -> 
         near, notes, status = [], [], "not embedded"
         if o.version is not None:
             near = neighbours.of_model(tx, reg.path, name, k, encoders.require_active(tx), rates=rates)
-            status = "probation" if o.n_evaluations < reg.probation_min else "established"
+            status = "probation" if evidence.on_probation(o.n_evaluations, reg.probation_min) else "established"
             notes = [] if status == "established" else [_probation_note(o, reg.probation_min)]
         notes += [w for w in [fingerprint.duplicate_warning(tx, name, model_id, rates)] if w]   # from its answers
     return _result(staged, o, near, notes, held_out, status)
@@ -185,7 +185,7 @@ def report_served(reg, snap, book, staged: Staged, o: onboarding.JobOutcome | No
     if vector is not None:
         near = neighbours.by_vector(None, reg.path, vector, k, snap.index.encoder_id, exclude={staged.name},
                                     vi=snap.index, rates=rates)
-        status = "probation" if o.n_evaluations < reg.probation_min else "established"
+        status = "probation" if evidence.on_probation(o.n_evaluations, reg.probation_min) else "established"
         notes = [] if status == "established" else [_probation_note(o, reg.probation_min)]
     notes += [w for w in [fingerprint.duplicate_warning(None, staged.name, model_id, rates, book.names,
                                                         book.calibration({model_id}))] if w]

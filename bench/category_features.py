@@ -40,10 +40,11 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from registry import Registry, training  # noqa: E402
-from registry import baselines as B  # noqa: E402
-from registry.checkpoint import load_checkpoint, read_header, save_checkpoint  # noqa: E402
-from registry.evaluation import current_embeddings, dataset, locus_probs, query_labels  # noqa: E402
+from registry import Registry
+from registry.locus import training  # noqa: E402
+from registry.locus import baselines as B  # noqa: E402
+from registry.locus.checkpoint import load_checkpoint, read_header, save_checkpoint  # noqa: E402
+from registry.evaluate.harness import current_embeddings, dataset, locus_probs, query_labels  # noqa: E402
 
 BAR_AUC = 0.005
 

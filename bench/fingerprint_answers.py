@@ -27,7 +27,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from registry import Registry, evaluations, fingerprint  # noqa: E402
+from registry import Registry
+from registry.data import evaluation_rows
+from registry.answers import fingerprint  # noqa: E402
 
 NS = (32, 64, 128, 256, 512, 1024)
 
@@ -35,7 +37,7 @@ NS = (32, 64, 128, 256, 512, 1024)
 def matrix(db: str):
     with Registry(db) as reg, reg.store.tx() as tx:
         res = tx.duck.execute(f"""SELECT m.name, e.model_id, e.query_id, e.correct::TINYINT AS c
-                                  FROM {evaluations.CURRENT} e JOIN models m ON m.id = e.model_id""").fetchnumpy()
+                                  FROM {evaluation_rows.CURRENT} e JOIN models m ON m.id = e.model_id""").fetchnumpy()
         splits = dict(tx.sql("SELECT query_id, split FROM query_splits"))
         external = dict(tx.sql("SELECT id, external_id FROM queries"))
     mids, qids = np.unique(res["model_id"]), np.unique(res["query_id"])
@@ -75,7 +77,7 @@ def main() -> None:
     t0 = time.time()
     names, mids, qids, correct, is_test, external = matrix(args.db)
     M = len(names)
-    rate, _ = evaluations.disagreement_matrix(correct, fingerprint.MIN_PAIR_SHARED)
+    rate, _ = evaluation_rows.disagreement_matrix(correct, fingerprint.MIN_PAIR_SHARED)
     np.fill_diagonal(rate, np.nan)
     rng = np.random.default_rng(0)
     print(f"{M} models, {len(qids)} queries; closest distinct pair: "

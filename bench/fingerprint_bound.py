@@ -24,8 +24,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from registry import baselines as B  # noqa: E402
-from registry.training import _model_rows, embed_models, predict_proba  # noqa: E402
+from registry.locus import baselines as B  # noqa: E402
+from registry.locus.training import _model_rows, embed_models, predict_proba  # noqa: E402
 from train_locus import DATA, load_data  # noqa: E402
 
 
@@ -129,7 +129,7 @@ def main():
         for n in (256, 512):
             mle, match, th = bound(P, correct, rows_nt, n=n)
             print(f"  n={n}: MLE {mle:.3f} match {match:.3f} threshold {th[0]:.3f}/{th[1]:.3f}")
-    from registry.checkpoint import load_checkpoint
+    from registry.locus.checkpoint import load_checkpoint
     model, _, _ = load_checkpoint(Path(args.ckpt).read_bytes())
     z = embed_models(model, qvecs, correct, nontest, max_set=1024)
     P = predict_proba(model, z, qvecs)

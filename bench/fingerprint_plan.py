@@ -31,8 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fingerprint_answers import matrix, verdicts  # noqa: E402
 
-from registry import evaluations, fingerprint  # noqa: E402
-from registry.probe_plans import separating  # noqa: E402
+from registry.data import evaluation_rows
+from registry.answers import fingerprint  # noqa: E402
+from registry.answers.probe_plans import separating  # noqa: E402
 
 
 def main() -> None:
@@ -44,7 +45,7 @@ def main() -> None:
     t0 = time.time()
     names, _, qids, correct, _, _ = matrix(args.db)
     M = len(names)
-    rate, _ = evaluations.disagreement_matrix(correct, fingerprint.MIN_PAIR_SHARED)
+    rate, _ = evaluation_rows.disagreement_matrix(correct, fingerprint.MIN_PAIR_SHARED)
     np.fill_diagonal(rate, np.nan)
     seen = correct >= 0
     rng = np.random.default_rng(0)

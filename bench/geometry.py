@@ -23,7 +23,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from registry import Registry  # noqa: E402
-from registry import encoders, fingerprint, geometry, embedding, index, portfolio  # noqa: E402
+from registry.embedding import encoders, embed, index
+from registry.answers import fingerprint, geometry, portfolio  # noqa: E402
 
 ROWS: list[tuple[str, str, str]] = []
 
@@ -41,7 +42,7 @@ def bench_fingerprint(reg: Registry, seeds: int = 5, sample: int = 128) -> None:
         ids = [r[0] for r in tx.sql("SELECT DISTINCT model_id FROM embedding_versions WHERE encoder_id = ?",
                                     [cal.encoder_id])]
         through = int(tx.sql("SELECT coalesce(max(id), 0) FROM import_batches")[0][0])
-        sets = [s for s in embedding.evaluation_sets(tx, ids, through).values() if s.n >= 2 * sample]
+        sets = [s for s in embed.evaluation_sets(tx, ids, through).values() if s.n >= 2 * sample]
         matched, same_ok, diff_ok = [], [], []
         for seed in range(1, seeds + 1):                        # seeds 1..5: draws the calibration never saw
             za, zb = fingerprint.disjoint_pairs(tx, model, sets, sample, 1, seed=seed)

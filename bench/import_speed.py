@@ -18,7 +18,9 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from registry import Registry, ingest, staging, textvec
+from registry import Registry
+from registry.data import ingest, staging
+from registry.locus import text_encoder
 
 
 def timed(fn):
@@ -74,19 +76,19 @@ def main() -> None:
     con = duckdb.connect()
     rows = con.execute(f"SELECT question, options FROM read_csv('{files['queries']}') "
                        f"USING SAMPLE reservoir({args.texts} ROWS) REPEATABLE (1)").fetchall()
-    texts = [textvec.query_text(q, textvec.parse_options(o)) for q, o in rows]
-    model = textvec.load_model()
+    texts = [text_encoder.query_text(q, text_encoder.parse_options(o)) for q, o in rows]
+    model = text_encoder.load_model()
     model.encode(texts[:8])  # warm up
     bare, ours_text = [], []
     for i in range(2):  # alternate, keep the best of each: the machine is noisy
         bare.append(timed(lambda: model.encode(texts, batch_size=64, normalize_embeddings=True))[0])
         reg = Registry(tmp / f"texts{i}.duckdb")
         with reg.store.tx() as tx:
-            tx.duck.register("qin", pa.table({"text": texts, "h": [textvec.content_hash(t) for t in texts]}))
+            tx.duck.register("qin", pa.table({"text": texts, "h": [text_encoder.content_hash(t) for t in texts]}))
             tx.duck.execute("INSERT INTO queries (external_id, text, content_hash) SELECT h, text, h FROM qin")
             # encode= given: MiniLM embeds every text (the shipped data/ vectors, which hold these MMLU-Pro texts,
             # are only looked up on the default path and would leave nothing to embed)
-            t, n = timed(lambda: ingest.embed_missing_texts(tx, encode=textvec.encode))
+            t, n = timed(lambda: ingest.embed_missing_texts(tx, encode=text_encoder.encode))
             assert n == len(texts)
             ours_text.append(t)
         reg.close()

@@ -57,7 +57,9 @@ def main() -> None:
     ap.add_argument("--http", choices=["plain", "httpx"], default="plain",
                     help="the clients' HTTP library: the standard library's keep-alive connection (lighter) or httpx")
     args = ap.parse_args()
-    from registry import Registry, outbox, textvec
+    from registry import Registry
+    from registry.data import outbox
+    from registry.locus import text_encoder as textvec
 
     work = Path(tempfile.mkdtemp(prefix="bench-load-"))
     db = work / "registry.duckdb"

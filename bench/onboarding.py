@@ -22,7 +22,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from registry import Registry, embedding, encoders, index, querycache
+from registry import Registry
+from registry.embedding import embed, encoders, index
+from registry.data import query_cache
 
 
 def main() -> None:
@@ -62,8 +64,8 @@ def main() -> None:
         with reg.store.tx() as tx:
             model, _ = encoders.load(tx, encoders.active_id(tx))
             mid = tx.sql("SELECT id FROM models WHERE name = ?", [f"bench-{i}"])[0][0]
-            s = embedding.evaluation_sets(tx, [mid], 10 ** 9)[mid]
-            row_of, qmat = querycache.query_vectors(tx, s.query_ids)
+            s = embed.evaluation_sets(tx, [mid], 10 ** 9)[mid]
+            row_of, qmat = query_cache.query_vectors(tx, s.query_ids)
         q = torch.from_numpy(qmat[[row_of[int(x)] for x in s.query_ids]])[None]
         y, mask = torch.from_numpy(s.y)[None], torch.ones(1, s.n, dtype=torch.bool)
         with torch.no_grad():
@@ -86,7 +88,7 @@ def main() -> None:
     with reg.store.tx() as tx:
         current = encoders.active_id(tx)
         blob = bytes(tx.sql("SELECT weights FROM encoders WHERE id = ?", [current])[0][0])
-    from registry.checkpoint import load_checkpoint, save_checkpoint
+    from registry.locus.checkpoint import load_checkpoint, save_checkpoint
 
     model, config, meta = load_checkpoint(blob)
     with torch.no_grad():

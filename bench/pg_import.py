@@ -24,7 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from registry import Registry, ingest, staging  # noqa: E402
+from registry import Registry
+from registry.data import ingest, staging  # noqa: E402
 from tests.pg import Server  # noqa: E402
 
 
@@ -51,7 +52,7 @@ def copy_file_rows(url: str, path: str) -> int:
 def copy_stored_rows(url: str, rows) -> None:
     import psycopg
 
-    from registry.dialect import pg_copy
+    from registry.core.dialect import pg_copy
 
     with psycopg.connect(url) as conn:
         conn.execute("""CREATE TABLE stored_rows (model_id integer NOT NULL, query_id integer NOT NULL,

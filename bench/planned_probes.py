@@ -31,8 +31,10 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from registry import Registry, encoders, probes  # noqa: E402
-from registry.evaluation import dataset, embed_subsets, subset_rows  # noqa: E402
+from registry import Registry
+from registry.embedding import encoders
+from registry.locus import probe_design  # noqa: E402
+from registry.evaluate.harness import dataset, embed_subsets, subset_rows  # noqa: E402
 
 
 def main():
@@ -43,16 +45,16 @@ def main():
     ap.add_argument("--pool", choices=["nontest", "train"], default="nontest")
     ap.add_argument("--split", choices=["test", "val"], default="test")
     ap.add_argument("--cache", default="out/planned_probes")
-    ap.add_argument("--floor", type=float, default=probes.FLOOR, help="probes.FLOOR (settings search)")
-    ap.add_argument("--batch", type=int, default=probes.BATCH, help="probes.BATCH (settings search)")
-    ap.add_argument("--seed-size", type=int, default=probes.SEED_SIZE, help="probes.SEED_SIZE (settings search)")
-    ap.add_argument("--prior-scale", type=float, default=probes.PRIOR_SCALE, help="probes.PRIOR_SCALE (search)")
+    ap.add_argument("--floor", type=float, default=probe_design.FLOOR, help="probes.FLOOR (settings search)")
+    ap.add_argument("--batch", type=int, default=probe_design.BATCH, help="probes.BATCH (settings search)")
+    ap.add_argument("--seed-size", type=int, default=probe_design.SEED_SIZE, help="probes.SEED_SIZE (settings search)")
+    ap.add_argument("--prior-scale", type=float, default=probe_design.PRIOR_SCALE, help="probes.PRIOR_SCALE (search)")
     ap.add_argument("--oracle", action="store_true",
                     help="plan as if each model's embedding from all its evaluations were known (probes.plan_rows' "
                          "truth): what the planner could do if its reading of the answers so far were exact")
     args = ap.parse_args()
-    probes.FLOOR, probes.BATCH, probes.SEED_SIZE = args.floor, args.batch, args.seed_size
-    probes.PRIOR_SCALE = args.prior_scale
+    probe_design.FLOOR, probe_design.BATCH, probe_design.SEED_SIZE = args.floor, args.batch, args.seed_size
+    probe_design.PRIOR_SCALE = args.prior_scale
     torch.set_num_threads(1)
     t0 = time.time()
     with Registry(args.db) as reg, reg.store.tx() as tx:
@@ -61,11 +63,11 @@ def main():
     tr, va = data.splits["train"], data.splits["val"]
     pool_rows = np.concatenate([tr, va]) if args.pool == "nontest" else tr
     c = data.correct
-    pred = probes.Predictor(model)
+    pred = probe_design.Predictor(model)
     nontest = np.concatenate([tr, va])
     z_all = embed_subsets(model, data, [nontest[c[m, nontest] >= 0] for m in range(len(c))])
-    settings = (f"{args.pool}-seed{probes.SEED_SIZE}-batch{probes.BATCH}-floor{probes.FLOOR}"
-                + (f"-prior{probes.PRIOR_SCALE}" if probes.PRIOR_SCALE != 1.0 else "") + f"-to{max(args.sizes)}"
+    settings = (f"{args.pool}-seed{probe_design.SEED_SIZE}-batch{probe_design.BATCH}-floor{probe_design.FLOOR}"
+                + (f"-prior{probe_design.PRIOR_SCALE}" if probe_design.PRIOR_SCALE != 1.0 else "") + f"-to{max(args.sizes)}"
                 + ("-oracle" if args.oracle else ""))
     os.makedirs(args.cache, exist_ok=True)
     plans = {}
@@ -74,7 +76,7 @@ def main():
         if path.exists():
             plans[s] = pickle.loads(path.read_bytes())
     cached = set(plans)
-    out = probes.compare(pred, pred.project(data.qvecs), c, pool_rows, z_all.astype(np.float64),
+    out = probe_design.compare(pred, pred.project(data.qvecs), c, pool_rows, z_all.astype(np.float64),
                          data.splits[args.split], args.sizes, args.draws, lambda rows: embed_subsets(model, data, rows),
                          lambda n, s: subset_rows(c, pool_rows, n, s), plans, oracle=args.oracle)
     for s in set(plans) - cached:

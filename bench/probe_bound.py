@@ -33,8 +33,10 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from registry import Registry, encoders, probes  # noqa: E402
-from registry.evaluation import dataset, embed_subsets, subset_rows  # noqa: E402
+from registry import Registry
+from registry.embedding import encoders
+from registry.locus import probe_design  # noqa: E402
+from registry.evaluate.harness import dataset, embed_subsets, subset_rows  # noqa: E402
 
 
 def criterion(B, prior_prec, G, w):
@@ -45,7 +47,7 @@ def criterion(B, prior_prec, G, w):
 def greedy(B, prior_prec, G, w, n):
     """n rows chosen one at a time, each the largest drop of tr(B Sigma) (probes._greedy: rank-one updates).
     -> (rows, criterion)."""
-    picked = probes._greedy(G, w, np.linalg.inv(prior_prec), B, n)
+    picked = probe_design._greedy(G, w, np.linalg.inv(prior_prec), B, n)
     return picked, criterion(B, prior_prec, G[picked], w[picked])
 
 
@@ -98,12 +100,12 @@ def main():
     ap.add_argument("--draws", type=int, default=20)
     ap.add_argument("--planned", type=int, default=128)
     ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--prior-scale", type=float, default=probes.PRIOR_SCALE, help="probes.PRIOR_SCALE")
+    ap.add_argument("--prior-scale", type=float, default=probe_design.PRIOR_SCALE, help="probes.PRIOR_SCALE")
     ap.add_argument("--contested", action="store_true",
                     help="only the test questions where the named models are the top predicted (with every "
                          "model's embedding from all its evaluations)")
     args = ap.parse_args()
-    probes.PRIOR_SCALE = args.prior_scale
+    probe_design.PRIOR_SCALE = args.prior_scale
     torch.set_num_threads(1)
     t0 = time.time()
     with Registry(args.db) as reg, reg.store.tx() as tx:
@@ -112,7 +114,7 @@ def main():
     tr, va, te = data.splits["train"], data.splits["val"], data.splits["test"]
     nontest = np.concatenate([tr, va])
     cor = data.correct
-    pred = probes.Predictor(model)
+    pred = probe_design.Predictor(model)
     q = pred.project(data.qvecs)
     z_all = embed_subsets(model, data, [nontest[cor[m, nontest] >= 0] for m in range(len(cor))]).astype(np.float64)
     names = data.models if args.models == ["all"] else args.models
@@ -125,7 +127,7 @@ def main():
     what = ("its mean P(correct) over" if args.quantity == "level"
             else "the mean variance of its P(correct) on each of")
     print(f"encoder {meta.get('name', '?')}; {len(cor)} models; pool: {len(nontest)} non-test questions; prior scale "
-          f"{probes.PRIOR_SCALE}; posterior sd of {what} {len(te)} test questions"
+          f"{probe_design.PRIOR_SCALE}; posterior sd of {what} {len(te)} test questions"
           + (" (where the named models are the top predicted)" if args.contested else "") + "\n")
     print("| model | " + " | ".join(f"random {n}" for n in args.sizes)
           + f" | best {args.planned}, greedy | best {args.planned}, certified lower bound | random n it equals |")
@@ -133,9 +135,9 @@ def main():
     rows = {}
     for name, m in zip(names, ids):
         z = z_all[m]
-        prior = probes.gaussian_prior(np.delete(z_all, m, 0))
+        prior = probe_design.gaussian_prior(np.delete(z_all, m, 0))
         lt, gt = pred.logits_grad(z, qt)
-        pt = probes._sigmoid(lt)
+        pt = probe_design._sigmoid(lt)
         dp = (pt * (1 - pt))[:, None] * gt               # d P(correct) / dz on each test question
         if args.quantity == "level":
             c = dp.mean(0)
@@ -144,7 +146,7 @@ def main():
             B = dp.T @ dp / len(dp)
         pool = nontest[cor[m, nontest] >= 0]
         lp, G = pred.logits_grad(z, q.take(pool))
-        pp = probes._sigmoid(lp)
+        pp = probe_design._sigmoid(lp)
         w = pp * (1 - pp)
         pos = {int(r): i for i, r in enumerate(pool)}
         rand = {}

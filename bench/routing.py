@@ -27,7 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from registry import Registry, textvec  # noqa: E402
+from registry import Registry
+from registry.locus import text_encoder  # noqa: E402
 
 
 def main() -> None:
@@ -97,13 +98,13 @@ def main() -> None:
 
         # 3. latency: interleaved pairs, fresh texts so that neither side finds a cached vector
         texts = [t for _, t in test]
-        textvec.encode(["warm up"])
+        text_encoder.encode(["warm up"])
         reg.route("warm up", log=False)
         enc, rt = [], []
         for i in range(args.single):
             q = f"[{i}] " + texts[i % len(texts)]
             t0 = time.perf_counter()
-            textvec.encode([q])
+            text_encoder.encode([q])
             enc.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             reg.route_batch([q + " "], reuse_vectors=False)   # a different string: encoded again, logged
@@ -123,7 +124,7 @@ def main() -> None:
         if not args.skip_batch:
             batch = [f"[b] {t}" for t in texts]
             t0 = time.perf_counter()
-            textvec.encode(batch)
+            text_encoder.encode(batch)
             be = time.perf_counter() - t0
             t0 = time.perf_counter()
             reg.route_batch([t + " " for t in batch], reuse_vectors=False)
@@ -145,7 +146,7 @@ def _category_router(reg, models: list[str], budget: float):
     category-level knowledge allows on this data (LOCUS does not see categories)."""
     import numpy as np
 
-    from registry.evaluation import dataset
+    from registry.evaluate.harness import dataset
 
     with reg.store.tx() as tx:
         d = dataset(tx)

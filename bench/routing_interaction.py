@@ -35,9 +35,12 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from registry import Registry, heldout, routing, training  # noqa: E402
-from registry.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
-from registry.evaluation import dataset  # noqa: E402
+from registry import Registry
+from registry.evaluate import heldout
+from registry.routing import policy
+from registry.locus import training  # noqa: E402
+from registry.locus.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from registry.evaluate.harness import dataset  # noqa: E402
 
 ROWS = [("locus", "LOCUS"), ("locus_interaction", "LOCUS+interaction"), ("knn", "KNN"), ("mf", "MF"),
         ("irt", "IRT"), ("per_category", "per-category"), ("best_single", "best single")]
@@ -82,11 +85,11 @@ def served_vs_report(db: Path, report: dict) -> dict:
         texts = [r[0] for r in tx.sql("""SELECT q.text FROM queries q JOIN query_splits s ON s.query_id = q.id
                                          WHERE s.split = 'test' ORDER BY q.id""")]
         t = time.perf_counter()
-        routing._states.clear()
-        routing._served.clear()
-        st = routing.state(tx, reg.path)
+        policy._states.clear()
+        policy._served.clear()
+        st = policy.state(tx, reg.path)
         build_s = time.perf_counter() - t
-        decs = routing.route(tx, reg.path, texts, log_decisions=False)
+        decs = policy.route(tx, reg.path, texts, log_decisions=False)
         counts = {}
         for d in decs:
             counts[d.model] = counts.get(d.model, 0) + 1
@@ -96,7 +99,7 @@ def served_vs_report(db: Path, report: dict) -> dict:
             times = []
             for text in texts[:200]:
                 t = time.perf_counter()
-                routing.route(tx, reg.path, [text], log_decisions=False)
+                policy.route(tx, reg.path, [text], log_decisions=False)
                 times.append(time.perf_counter() - t)
             lat[label] = round(1000 * float(np.median(times)), 2)
         st.interaction = kept
@@ -108,7 +111,7 @@ def paired_vs_per_category(db: Path, draws: int = 1000) -> dict:
     """The served router's choices on the test questions (`Registry.route_batch`) against the per-category
     router's, question by question: on how many questions they choose differently with a different outcome, and a
     paired bootstrap over the questions of the hit@1 difference."""
-    from registry import baselines as B
+    from registry.locus import baselines as B
 
     with Registry(db) as reg:
         with reg.store.tx() as tx:

@@ -19,13 +19,13 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from registry import baselines as B  # noqa: E402
-from registry.evaluation import subset_rows  # noqa: E402
+from registry.locus import baselines as B  # noqa: E402
+from registry.evaluate.harness import subset_rows  # noqa: E402
 
 
 def load(db: str):
     from registry import Registry
-    from registry.evaluation import dataset
+    from registry.evaluate.harness import dataset
 
     with Registry(db) as reg, reg.store.tx() as tx:
         d = dataset(tx)

@@ -142,7 +142,7 @@ def bare_forward(model, qvec: np.ndarray, y: np.ndarray, batch: int, halves_of=N
 
 def floor_child(path: Path, batch: int) -> None:
     """--floor: time the bare forward pass on the saved inputs (full sets, then halves), after a warm-up pass."""
-    from registry.checkpoint import load_checkpoint
+    from registry.locus.checkpoint import load_checkpoint
 
     data = np.load(path)
     qvec, y = data["qvec"], data["y"]
@@ -171,7 +171,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from registry.checkpoint import load_checkpoint
+    from registry.locus.checkpoint import load_checkpoint
 
     threads = os.cpu_count()          # torch and DuckDB take every core by default, in the registry as here
     torch.set_num_threads(threads)

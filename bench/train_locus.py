@@ -20,10 +20,10 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from registry import baselines as B  # noqa: E402
-from registry.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
-from registry.encoder import EncoderConfig  # noqa: E402
-from registry.training import TrainConfig, embed_models, predict_proba, train  # noqa: E402
+from registry.locus import baselines as B  # noqa: E402
+from registry.locus.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from registry.locus.network import EncoderConfig  # noqa: E402
+from registry.locus.training import TrainConfig, embed_models, predict_proba, train  # noqa: E402
 
 DATA = Path("/work/shared/data/mmlu-pro")
 
@@ -31,7 +31,7 @@ DATA = Path("/work/shared/data/mmlu-pro")
 def load_registry_data(db: str):
     """The same arrays from a registry built from the data (`bin/build-default`): its stored MiniLM vectors."""
     from registry import Registry
-    from registry.evaluation import dataset
+    from registry.evaluate.harness import dataset
 
     with Registry(db) as reg, reg.store.tx() as tx:
         d = dataset(tx)
@@ -86,7 +86,7 @@ def fingerprint(model, qvecs, correct, n=128, seeds=range(5)):
 
 
 def _embed_sets(model, qvecs, correct, rows):
-    from registry.training import _embed_rows
+    from registry.locus.training import _embed_rows
     with torch.no_grad():
         model.eval()
         return _embed_rows(model, torch.from_numpy(qvecs), correct, rows).numpy()
@@ -94,7 +94,7 @@ def _embed_sets(model, qvecs, correct, rows):
 
 def geometry(z, correct, idx):
     from scipy.stats import pearsonr, spearmanr
-    from registry.evaluations import disagreement_matrix
+    from registry.data.evaluation_rows import disagreement_matrix
     M = z.shape[0]
     iu = np.triu_indices(M, 1)
     dist = np.linalg.norm(z[:, None] - z[None], axis=-1)[iu]

@@ -24,8 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from registry import Registry, encoders, index  # noqa: E402
-from registry.server import create_app  # noqa: E402
+from registry import Registry
+from registry.embedding import encoders, index  # noqa: E402
+from registry.serve.app import create_app  # noqa: E402
 
 
 def grow(db: Path, n_new: int) -> None:

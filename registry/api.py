@@ -7,12 +7,13 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from . import (availability, catalog, embedding, encoders, endpoints, evidence, fallback, fingerprint, geometry,
-               index, ingest, maps, neighbours, onboarding, outbox, portfolio, routing, splits, staging, vectors,
-               versions)
-from .errors import InputError, NotFound
-from .neighbours import Neighbour
-from .store import Store, Tx
+from registry.data import availability, endpoints, ingest, outbox, splits, staging, vector_files
+from registry.answers import catalog, fallback, fingerprint, geometry, maps, neighbours, portfolio, versions
+from registry.embedding import embed, encoders, evidence, index, onboarding
+from registry.routing import policy
+from registry.core.errors import InputError, NotFound
+from registry.answers.neighbours import Neighbour
+from registry.core.store import Store, Tx
 
 
 class Registry:
@@ -21,7 +22,7 @@ class Registry:
     instead."""
 
     def __init__(self, path: str | Path | None = None, migrate: bool = True,
-                 min_evaluations: int = embedding.MIN_EVALUATIONS, create: bool = True,
+                 min_evaluations: int = embed.MIN_EVALUATIONS, create: bool = True,
                  probation_min: int | None = None):
         self.store = Store(path, migrate=migrate, create=create)
         self.path = self.store.path
@@ -64,14 +65,14 @@ class Registry:
         return result
 
     def export_vectors(self, path: str, source: str | None = None, dtype: str = "float32"):
-        """Write the query text vectors to a Parquet file other registries import (`vectors.VectorsResult`)."""
+        """Write the query text vectors to a Parquet file other registries import (`vector_files.VectorsResult`)."""
         with self.store.tx() as tx:
-            return vectors.export(tx, path, source, dtype)
+            return vector_files.export(tx, path, source, dtype)
 
     def import_vectors(self, path: str):
-        """Add a vector file's vectors, checked whole first: a bad file changes nothing (`vectors.VectorsResult`)."""
+        """Add a vector file's vectors, checked whole first: a bad file changes nothing (`vector_files.VectorsResult`)."""
         with self.store.tx() as tx:
-            return vectors.load(tx, path)
+            return vector_files.load(tx, path)
 
     def draw_splits(self, val: float = 0.1, test: float | None = None, seed: int = 0, by: str = "random",
                     test_categories: list[str] | None = None) -> splits.DrawResult:
@@ -100,7 +101,7 @@ class Registry:
         """Register a model with its 0/1 results and embed it, in one call (`registration.RegisterResult`). Adding
         results to a registered model is fine; changing its metadata, or results it already has, needs
         `update=True` (the old results are kept as older evaluations), and the result says what changed."""
-        from . import registration
+        from registry.answers import registration
 
         return registration.register(self, name, evals, dict(family=family, provider=provider, params_b=params_b,
                                                              cost=cost, open_weights=open_weights, tags=tags),
@@ -110,7 +111,7 @@ class Registry:
         """The next n queries to ask a new or partly evaluated model so that its embedding and its routing settle
         fastest (`probe_plans.ProbePlan`), written to `out` (CSV or JSONL, an empty `correct` column to fill in)
         for `register`. Nothing is written to the registry."""
-        from . import probe_plans
+        from registry.answers import probe_plans
 
         self._finish_pending()
         with self.store.tx() as tx:
@@ -211,10 +212,11 @@ class Registry:
         predictor also reads each query's value of `category_field` ("category", "source", or "category+source":
         source offsets fitted on top of the category's; the vocabulary is kept in the checkpoint), its rows fitted to
         the `category_fit` answers ("train" or "nontest")."""
-        from . import evaluation, training
+        from registry.evaluate import harness
+        from registry.locus import training
 
         with self.store.tx() as tx:
-            data = evaluation.dataset(tx)
+            data = harness.dataset(tx)
         blob, meta = training.checkpoint_from(data, seed, anchors, max_steps, epochs, name, progress,
                                               category_features, category_field, category_fit)
         with self.store.tx() as tx:
@@ -230,14 +232,14 @@ class Registry:
         models with an up-to-date embedding (pending onboarding is finished first; the others are reported).
         `held_out=K`: per seed (default 3), K models known only from n evaluations (heldout.py; nothing written).
         `planned` (with sample_efficiency or held_out): planned probes against random ones (probes.py)."""
-        from . import evaluation, heldout
+        from registry.evaluate import harness, heldout
 
         if held_out is not None:
             if split != "test" or sample_efficiency or not baselines:
                 raise InputError("--held-out scores every method on the test split: it takes no --split, "
                                  "--sample-efficiency or --no-baselines")
             with self.store.tx() as tx:
-                data = evaluation.dataset(tx)
+                data = harness.dataset(tx)
             return heldout.run(data, held_out, n, 3 if seeds is None else seeds, max_steps, epochs, progress,
                                planned=planned)
         if planned and not sample_efficiency:
@@ -245,7 +247,7 @@ class Registry:
                              "--sample-efficiency")
         self._finish_pending()
         with self.store.tx() as tx:
-            return evaluation.evaluate(tx, split, baselines=baselines, sample_efficiency=sample_efficiency,
+            return harness.evaluate(tx, split, baselines=baselines, sample_efficiency=sample_efficiency,
                                        seeds=5 if seeds is None else seeds, probation_min=self.probation_min,
                                        planned=planned)
 
@@ -253,7 +255,7 @@ class Registry:
     def db_copy(self, dest: str, progress=None):
         """Copy this registry, every table, to `dest` (a new DuckDB file or an empty PostgreSQL database, given by
         URL), losslessly and all or nothing (`dbcopy.CopyResult`); `progress(table, rows)` hears of each table."""
-        from . import dbcopy
+        from registry.core import dbcopy
 
         return dbcopy.copy(self.store, dest, progress)
 
@@ -283,7 +285,7 @@ class Registry:
             if model is not None:
                 out = neighbours.of_model(tx, self.path, model, k, encoder_id, as_of)
             else:
-                z, a = embedding.embed_file(tx, evals, encoders.load(tx, encoder_id)[0], self.min_evaluations)
+                z, a = embed.embed_file(tx, evals, encoders.load(tx, encoder_id)[0], self.min_evaluations)
                 out = neighbours.by_vector(tx, self.path, z, k, encoder_id, as_of, answers=(a.query_ids, a.correct))
             n = catalog.current_versions(tx, encoder_id, as_of, [x.model for x in out])
             for x in out:
@@ -309,7 +311,7 @@ class Registry:
         """The n queries whose answers best tell the candidate models apart (default: every model with at least
         the probation minimum of results), written to `out` (CSV or JSONL, an empty `correct` column to fill in) for
         `fingerprint --evals` (`probe_plans.FingerprintPlan`). Nothing is written to the registry."""
-        from . import probe_plans
+        from registry.answers import probe_plans
 
         with self.store.tx() as tx:
             return probe_plans.fingerprint_plan(tx, n, list(candidates), seed, out, self.probation_min)
@@ -360,7 +362,7 @@ class Registry:
     # --- routing ------------------------------------------------------------------------------------------------
     def route(self, query: str, cost_weight: float | None = None, min_prob: float | None = None,
               unavailable: list[str] | None = None, log: bool = True, log_text: bool = True,
-              cost_by: str = "cost", include_probation: bool = False, top: int | None = None) -> routing.Decision:
+              cost_by: str = "cost", include_probation: bool = False, top: int | None = None) -> policy.Decision:
         """Route one query text: the model most likely to answer it (or the cost-aware choice: by `cost`, or by
         `params_b` with cost_by="params"), every candidate's P(correct) and evidence, the versions used. Models on
         probation are chosen only with `include_probation`. Logged unless `log=False`. `top`: list only the that many
@@ -374,19 +376,19 @@ class Registry:
                     unavailable: list[str] | None = None, log: bool = True, log_text: bool = True,
                     reuse_vectors: bool = True, batch_size: int = 64, progress: bool = False,
                     cost_by: str = "cost", include_probation: bool = False,
-                    top: int | None = None) -> list[routing.Decision]:
+                    top: int | None = None) -> list[policy.Decision]:
         """Route many texts (vectors cached or stored where known, the rest MiniLM-encoded in batches) with one bulk
         log insert. `reuse_vectors=False` encodes every text (what benchmarks compare with bare MiniLM)."""
         with self.store.tx() as tx:
-            return routing.route(tx, self.path, texts, cost_weight, min_prob, unavailable, log, log_text,
+            return policy.route(tx, self.path, texts, cost_weight, min_prob, unavailable, log, log_text,
                                  reuse_vectors, batch_size, progress, cost_by, include_probation, self.probation_min,
                                  top)
 
     def prepare_queries(self, texts: list[str]) -> None:
         """Compute and cache the texts' vectors now (the server does this outside its write lock)."""
-        cut, hashes = routing.clean_texts(texts)
+        cut, hashes = policy.clean_texts(texts)
         with self.store.tx() as tx:
-            routing.query_vectors(tx, cut, hashes)
+            policy.query_vectors(tx, cut, hashes)
 
     def mark_unavailable(self, models: list[str], reason: str | None = None) -> list[availability.Availability]:
         with self.store.tx() as tx:
@@ -417,15 +419,15 @@ class Registry:
             endpoints.remove(tx, model)
 
     def routing_log(self, since: str | None = None, limit: int | None = None,
-                    oldest: bool = False) -> list[routing.LogEntry]:
+                    oldest: bool = False) -> list[policy.LogEntry]:
         """Routing log entries, newest first (`oldest`: oldest first); `limit` keeps the first that many."""
         with self.store.tx() as tx:
-            return routing.read_log(tx, since, limit, oldest)
+            return policy.read_log(tx, since, limit, oldest)
 
     def frontier(self, split: str = "test", cost_by: str = "params", weights: list[float] | None = None):
         """Accuracy vs mean cost (params_b, or cost with cost_by="cost") over a sweep of cost weights, beside every
         single model, with their Pareto frontier and each point's coverage (frontier.py)."""
-        from . import frontier
+        from registry.routing import frontier
 
         with self.store.tx() as tx:
-            return frontier.compute(tx, routing.state(tx, self.path, self.probation_min), split, cost_by, weights)
+            return frontier.compute(tx, policy.state(tx, self.path, self.probation_min), split, cost_by, weights)

@@ -24,18 +24,19 @@ N_QUESTIONS = 160
 def _fast_tier_stays_fast(request, monkeypatch):
     """A test outside the slow tier must not run MiniLM (the tier's budget is a minute): it fails here, naming the
     fix. Every text encoding in this process goes through textvec.encode, which is watched."""
-    from registry import routing, textvec
+    from registry.routing import policy
+    from registry.locus import text_encoder
 
-    routing._vectors.clear()          # each test starts without other tests' cached query vectors
+    policy._vectors.clear()          # each test starts without other tests' cached query vectors
     encoded = []
-    original = textvec.encode
+    original = text_encoder.encode
 
     def watched(texts, *args, **kwargs):
         if len(texts):
             encoded.append(len(texts))
         return original(texts, *args, **kwargs)
 
-    monkeypatch.setattr(textvec, "encode", watched)
+    monkeypatch.setattr(text_encoder, "encode", watched)
     yield
     if encoded and request.node.get_closest_marker("slow") is None:
         pytest.fail(f"this test ran MiniLM on {sum(encoded)} texts: mark it @pytest.mark.slow, or use texts the "

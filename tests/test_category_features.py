@@ -12,14 +12,16 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from registry import Registry, querylabels, routing
-from registry.checkpoint import load_checkpoint, read_header, save_checkpoint
+from registry import Registry
+from registry.locus import label_columns
+from registry.routing import policy
+from registry.locus.checkpoint import load_checkpoint, read_header, save_checkpoint
 from registry.cli import cli
-from registry.encoder import EncoderConfig, LocusModel
-from registry.encoders import SHIPPED
-from registry.errors import InputError
-from registry.evaluation import dataset
-from registry.training import TrainConfig, category_vocabulary, embed_models, train
+from registry.locus.network import EncoderConfig, LocusModel
+from registry.embedding.encoders import SHIPPED
+from registry.core.errors import InputError
+from registry.evaluate.harness import dataset
+from registry.locus.training import TrainConfig, category_vocabulary, embed_models, train
 
 torch.set_num_threads(1)
 
@@ -136,13 +138,13 @@ def test_training_fits_category_rows_on_top_of_the_text_only_model():
 
 def test_probes_read_category_rows():
     """The likelihood reading (probes.py) scores and differentiates the category term as the model does."""
-    from registry import probes
+    from registry.locus import probe_design
 
     base, _, _ = load_checkpoint(SHIPPED.read_bytes())
     model = _with_categories(base, ["law", "math"])
     z, q = _probe()
     cats = ["law", "math", None, "cooking"]
-    pred = probes.Predictor(model)
+    pred = probe_design.Predictor(model)
     qs = pred.project(q, cats)
     lg = pred.logits(z[0].astype(np.float64), qs)
     np.testing.assert_allclose(1 / (1 + np.exp(-lg)), model.p_correct(z[:1], q, cats)[0], atol=1e-6)
@@ -183,7 +185,7 @@ def test_registry_routes_with_categories_and_without(db_copy, tmp_path):
             dec = reg.route_batch([texts[int(data.query_ids[j])]], log=False)[0]
             raw = {c.model: c.raw_prob for c in dec.candidates}
             with reg.store.tx() as tx:
-                from registry.evaluation import current_embeddings
+                from registry.evaluate.harness import current_embeddings
                 z, _, _ = current_embeddings(tx, data)
             expect = model.p_correct(z, data.qvecs[[j]], [want])[:, 0]
             as_none = model.p_correct(z, data.qvecs[[j]], [None])[:, 0]
@@ -197,9 +199,9 @@ def test_registry_routes_with_categories_and_without(db_copy, tmp_path):
         np.testing.assert_allclose(unseen_p, unseen_none, atol=2e-6)   # an unseen one reads as none
     # a text the routing state knows no category of (not a registered query): row 0
     with Registry(db_copy) as reg, reg.store.tx() as tx:
-        st = routing.state(tx, reg.path)
+        st = policy.state(tx, reg.path)
         q = data.qvecs[:2]
-        probs, raw = routing.probabilities(st, q, ["not-a-registered-hash", "neither"])
+        probs, raw = policy.probabilities(st, q, ["not-a-registered-hash", "neither"])
         np.testing.assert_allclose(raw, model.scorer(st.z)(q), atol=1e-6)
 
 
@@ -235,7 +237,7 @@ def test_two_column_checkpoint_round_trips_and_adds_both_rows():
     """A checkpoint reading category and source: the config keeps both columns, a query's two rows add up, a query
     without either (or with a value the training never saw) takes row 0 for it, the numpy scorer, torch and the
     probes agree."""
-    from registry import probes
+    from registry.locus import probe_design
 
     base, _, meta = load_checkpoint(SHIPPED.read_bytes())
     model = _two_columns(base, ["law", "math"], ["ori-law", "stemez-math", "theorem-math"])
@@ -245,7 +247,7 @@ def test_two_column_checkpoint_round_trips_and_adds_both_rows():
     loaded, cfg2, _ = load_checkpoint(blob)
     assert cfg2 == model.cfg and cfg2.category_columns == ("category", "source")
     assert save_checkpoint(loaded, cfg2, meta) == blob
-    sep = querylabels.SEP
+    sep = label_columns.SEP
     labels = [f"math{sep}theorem-math", f"law{sep}ori-law", f"math{sep}", f"cooking{sep}stemez-math"]
     assert loaded.category_ids(labels).tolist() == [[2, 5], [1, 3], [2, 0], [0, 4]]
     # a label of the category alone reads as having no source
@@ -268,7 +270,7 @@ def test_two_column_checkpoint_round_trips_and_adds_both_rows():
     np.testing.assert_allclose(loaded.p_correct(z, q), text, rtol=0, atol=1e-6)
     assert np.array_equal(loaded.p_correct(z, q, [None, "(none)", f"{sep}", f"cooking{sep}baking"]),
                           loaded.p_correct(z, q))
-    pred = probes.Predictor(loaded)
+    pred = probe_design.Predictor(loaded)
     lg = pred.logits(z[1].astype(np.float64), pred.project(q, labels))
     np.testing.assert_allclose(1 / (1 + np.exp(-lg)), p[1], atol=1e-6)
     with pytest.raises(ValueError, match="column:value"):
@@ -288,12 +290,12 @@ def test_fit_category_rows_with_two_columns():
     """The last stage with category and source: every training model gets its fitted offsets exactly, the source
     pseudo-weight is one of the choices (the best on val), a source read on top of its category moves routing
     within the category, and a query with a category and no source still gets its category's offsets."""
-    from registry.training import fit_category_rows
+    from registry.locus.training import fit_category_rows
 
     q, cats, src, correct, tr, va = _toy_two_columns()
     torch.manual_seed(0)
     model = LocusModel(TOY).eval()
-    labels = querylabels.join([cats, src])
+    labels = label_columns.join([cats, src])
     out, ecfg, info = fit_category_rows(model, q, correct, tr, va, labels, "category+source",
                                         deep_l2=(1.0, 30.0), text_scales=(1.0, 0.5))
     assert ecfg.category_field == "category+source"
@@ -324,8 +326,8 @@ def test_registry_routes_with_category_and_source(db_copy, tmp_path):
     """An installed encoder reading category and source: routing a registered text reads both of its values (the
     label the routing state and querycache give is the two joined), evaluate runs with them; a text the registry
     does not hold routes on its text alone."""
-    from registry import querycache
-    from registry.evaluation import current_embeddings
+    from registry.data import query_cache
+    from registry.evaluate.harness import current_embeddings
 
     with Registry(db_copy) as reg:
         with reg.store.tx() as tx:
@@ -339,20 +341,20 @@ def test_registry_routes_with_category_and_source(db_copy, tmp_path):
         path = tmp_path / "two.safetensors"
         path.write_bytes(save_checkpoint(model, model.cfg, dict(meta, name="category-and-source")))
         reg.install_encoder(str(path), activate=True)
-        label = f"{cat}{querylabels.SEP}{src}"
+        label = f"{cat}{label_columns.SEP}{src}"
         with reg.store.tx() as tx:
-            assert querycache.query_categories(tx, [data.query_ids[j]], model).tolist() == [label]
+            assert query_cache.query_categories(tx, [data.query_ids[j]], model).tolist() == [label]
             z, _, _ = current_embeddings(tx, data)
         assert data.query_field("category+source")[j] == label
         dec = reg.route_batch([texts[int(data.query_ids[j])]], log=False)[0]
         got = np.array([{c.model: c.raw_prob for c in dec.candidates}[n] for n in data.models])
         np.testing.assert_allclose(got, model.p_correct(z, data.qvecs[[j]], [label])[:, 0], atol=2e-6)
-        for partial in (cat, f"{querylabels.SEP}{src}"):              # either column alone moves P differently
+        for partial in (cat, f"{label_columns.SEP}{src}"):              # either column alone moves P differently
             assert not np.allclose(got, model.p_correct(z, data.qvecs[[j]], [partial])[:, 0], atol=1e-4)
         assert 0 < reg.evaluate(baselines=False).methods["locus"]["hit@1"] <= 1
     with Registry(db_copy) as reg, reg.store.tx() as tx:
-        st = routing.state(tx, reg.path)
-        probs, raw = routing.probabilities(st, data.qvecs[:2], ["not-a-registered-hash", "neither"])
+        st = policy.state(tx, reg.path)
+        probs, raw = policy.probabilities(st, data.qvecs[:2], ["not-a-registered-hash", "neither"])
         np.testing.assert_allclose(raw, model.scorer(st.z)(data.qvecs[:2]), atol=1e-6)
 
 

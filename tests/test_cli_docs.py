@@ -58,7 +58,7 @@ def _routes(app) -> list[tuple[str, str]]:
 def test_every_http_endpoint_is_in_the_readme(db_copy):
     from fastapi.testclient import TestClient
 
-    from registry.server import create_app
+    from registry.serve.app import create_app
 
     app = create_app(str(db_copy))
     with TestClient(app):   # runs the app's start-up and shut-down (which closes the registry)

@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from registry import Registry, dbcopy
+from registry import Registry
+from registry.core import dbcopy
 from registry.cli import cli
-from registry.errors import InputError, RegistryError
-from registry.schema import Base
-from registry.store import Store
+from registry.core.errors import InputError, RegistryError
+from registry.core.schema import Base
+from registry.core.store import Store
 
 from .conftest import any_snapshot, snapshot
 

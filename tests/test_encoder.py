@@ -12,12 +12,12 @@ import torch
 
 from click.testing import CliRunner
 
-from registry.checkpoint import load_checkpoint, read_header, save_checkpoint
+from registry.locus.checkpoint import load_checkpoint, read_header, save_checkpoint
 from registry.cli import cli
-from registry.encoder import EncoderConfig, LocusModel
-from registry.encoders import SHIPPED
-from registry.textvec import TEXT_ENCODER
-from registry.training import TrainConfig, embed_models, predict_proba, set_statistic, train
+from registry.locus.network import EncoderConfig, LocusModel
+from registry.embedding.encoders import SHIPPED
+from registry.locus.text_encoder import TEXT_ENCODER
+from registry.locus.training import TrainConfig, embed_models, predict_proba, set_statistic, train
 
 from .conftest import snapshot
 
@@ -122,7 +122,7 @@ def test_read_header_without_torch():
     h = read_header(blob)
     assert h["format"] == "locus-checkpoint/1" and h["meta"]["name"] == "x" and h["config"]["d_model"] == 32
     root = Path(__file__).resolve().parents[1]
-    code = ("import sys; from registry.checkpoint import read_header; "
+    code = ("import sys; from registry.locus.checkpoint import read_header; "
             "h = read_header(sys.stdin.buffer.read()); assert 'torch' not in sys.modules, 'torch imported'; "
             "print(h['meta']['name'])")
     out = subprocess.run([sys.executable, "-c", code], input=blob, capture_output=True, cwd=root, timeout=60)

@@ -13,7 +13,7 @@ import torch
 from click.testing import CliRunner
 
 from registry import Registry
-from registry.checkpoint import load_checkpoint
+from registry.locus.checkpoint import load_checkpoint
 from registry.cli import cli
 
 

@@ -178,7 +178,7 @@ def test_index_sidecar_of_a_rebuilt_database_is_not_reused(base_db, tmp_path):
     """A registry deleted and rebuilt at the same path must not answer from the old file's index."""
     import shutil
 
-    from registry import index as index_mod
+    from registry.embedding import index as index_mod
 
     path = tmp_path / "r.duckdb"
     shutil.copy(base_db, path)
@@ -202,7 +202,7 @@ def test_index_sidecar_of_a_rebuilt_database_is_not_reused(base_db, tmp_path):
 def test_portfolio_by_routing_value_keeps_the_routing(db_copy):
     """--target defaults to the greedy routing-value method: chosen on validation predictions, scored on test, and
     never larger than the covering methods' portfolio for the same share; the greedy step recomputes by hand."""
-    from registry import geometry, portfolio
+    from registry.answers import geometry, portfolio
 
     by_routing = run_json(db_copy, "portfolio", "--target", 0.99)
     by_cover = run_json(db_copy, "portfolio", "--target", 0.99, "--method", "kmedoids")

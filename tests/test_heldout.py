@@ -15,11 +15,11 @@ from click.testing import CliRunner
 from sklearn.metrics import roc_auc_score
 
 from registry import Registry
-from registry import baselines as B
-from registry import heldout
+from registry.locus import baselines as B
+from registry.evaluate import heldout
 from registry.cli import cli
-from registry.errors import InputError
-from registry.evaluation import dataset
+from registry.core.errors import InputError
+from registry.evaluate.harness import dataset
 
 from .conftest import snapshot
 
@@ -188,11 +188,11 @@ def test_irt_places_a_new_model_with_the_query_side_frozen(small):
 def test_held_out_planned_gives_every_method_the_planned_rows(small):
     """--planned: each held-out model asked SEED_SIZE of its drawn rows, then planned train rows up to n (none
     twice); every method scored again on those rows, the encoder not retrained; the CLI shows both tables."""
-    from registry import probes
+    from registry.locus import probe_design
 
     _, data = small
     cfg = heldout.train_config(max_steps=2, epochs=1)
-    n = probes.SEED_SIZE + 12
+    n = probe_design.SEED_SIZE + 12
     out, _, held, rows = heldout.run_seed(data, 3, n, 1, cfg, planned=True)
     assert set(out.planned) == set(heldout.METHODS) and out.planned != out.methods
     trained = heldout._train(heldout.visible(data, held, rows), held, replace(cfg, seed=1), None)[0]
@@ -200,6 +200,6 @@ def test_held_out_planned_gives_every_method_the_planned_rows(small):
     tr = set(data.splits["train"].tolist())
     for m, r in planned.items():
         assert len(r) == len(set(r.tolist())) == n and set(r.tolist()) <= tr
-        assert len(set(r.tolist()) & set(rows[m].tolist())) >= probes.SEED_SIZE     # the seed is of the draw
+        assert len(set(r.tolist()) & set(rows[m].tolist())) >= probe_design.SEED_SIZE     # the seed is of the draw
         assert (data.correct[m, r] >= 0).all()
     assert set(planned) == set(np.flatnonzero(held).tolist())

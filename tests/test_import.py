@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from registry import InputError, Registry
 from registry.cli import cli
-from registry.splits import quotas
+from registry.data.splits import quotas
 
 from .conftest import N_QUESTIONS, any_snapshot, snapshot
 
@@ -321,7 +321,7 @@ def test_bulk_path_appends_exactly_what_the_careful_path_does(db_copy, small_dat
     """The bulk path (one INSERT ... SELECT from the file) against the careful one (stage, check, insert): the same
     rows, models, counts and jobs, for a file with new models, a changed result of a known model, a result it
     already has, and an identical repeat."""
-    from registry import ingest
+    from registry.data import ingest
 
     q = some_query_ids(small_data, 3)
     have = duckdb.sql(f"""SELECT correct FROM read_csv('{small_data}/evaluations.csv.gz')

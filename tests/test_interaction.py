@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from registry import Registry
-from registry import baselines as B
-from registry import interaction as I
+from registry.locus import baselines as B
+from registry.locus import interaction as I
 from registry.cli import cli
 
 

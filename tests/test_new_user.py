@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from registry import Registry
 from registry.cli import cli
-from registry.errors import InputError, NotFound
+from registry.core.errors import InputError, NotFound
 
 from .conftest import snapshot
 
@@ -197,12 +197,13 @@ def test_register_and_history_name_what_the_counts_are(db_copy, small_data, tmp_
 def test_calibration_draws_of_a_model_do_not_depend_on_the_others(db_copy):
     """The threshold moved with every registration because each model's random halves came from one generator
     shared in the (unordered) order the models were read: another model's arrival reshuffled everyone's draws."""
-    from registry import embedding, encoders, fingerprint
+    from registry.embedding import embed, encoders
+    from registry.answers import fingerprint
 
     with Registry(db_copy) as reg, reg.store.tx() as tx:
         model, meta = encoders.load(tx, encoders.active_id(tx))
         ids = [r[0] for r in tx.sql("SELECT id FROM models ORDER BY id")]
-        sets = list(embedding.evaluation_sets(tx, ids, 10 ** 9, meta.get("embed_max_set")).values())
+        sets = list(embed.evaluation_sets(tx, ids, 10 ** 9, meta.get("embed_max_set")).values())
         za, zb = fingerprint.disjoint_pairs(tx, model, sets, 32, 2)
         za2, zb2 = fingerprint.disjoint_pairs(tx, model, sets[::-1][:-3], 32, 2)
     # the same model, with three others gone and the rest reversed: the very same two embeddings per draw
@@ -253,7 +254,7 @@ def test_register_unknown_query_hint_names_what_register_takes(db_copy, tmp_path
 def test_http_errors_and_offline_docs(db_copy):
     from fastapi.testclient import TestClient
 
-    from registry.server import create_app
+    from registry.serve.app import create_app
 
     with TestClient(create_app(str(db_copy), token="s3cret")) as c:
         auth = {"Authorization": "Bearer s3cret"}
@@ -318,7 +319,7 @@ def test_diff_similar_stats_and_map_papercuts(db_copy, small_data, tmp_path):
         yi = next((n for n in reg.similar(evals=str(f), k=31) if n.model == "Yi-6B"))
         assert yi.disagreement == 0.0
     assert "the pool has 30 other embedded models" in run(db_copy, "similar", "Yi-6B", "-k", "100").output
-    from registry.maps import family_colours
+    from registry.answers.maps import family_colours
 
     a = family_colours(["llama-2", "gpt-4o", "gemini"])
     b = family_colours(["llama-2", "gpt-4o", "gemini", "mistral", "qwen"])
@@ -372,15 +373,15 @@ def test_register_warns_of_a_duplicate_only_on_the_answers_test(db_copy, small_d
 def test_serve_refuses_an_open_network_bind_and_bounds_bodies(db_copy):
     from fastapi.testclient import TestClient
 
-    from registry import server
+    from registry.serve import app
 
     out = run(db_copy, "serve", "--host", "0.0.0.0", env={"REGISTRY_TOKEN": ""})
     assert out.exit_code == 2 and "refusing to serve 0.0.0.0 without a token" in out.output
     assert len(out.output.strip().splitlines()) == 1
-    assert server.is_loopback("127.0.0.1") and server.is_loopback("::1") and server.is_loopback("localhost")
-    assert not server.is_loopback("0.0.0.0") and not server.is_loopback("10.1.2.3")
-    with TestClient(server.create_app(str(db_copy), token="t")) as c:
-        big = c.post("/models/x/evaluations", content=b"q" * (server.MAX_BODY + 1),
+    assert app.is_loopback("127.0.0.1") and app.is_loopback("::1") and app.is_loopback("localhost")
+    assert not app.is_loopback("0.0.0.0") and not app.is_loopback("10.1.2.3")
+    with TestClient(app.create_app(str(db_copy), token="t")) as c:
+        big = c.post("/models/x/evaluations", content=b"q" * (app.MAX_BODY + 1),
                      headers={"Authorization": "Bearer t", "Content-Type": "text/csv"})
         assert big.status_code == 413 and "request body over" in big.json()["detail"]
         bad = c.post("/route", content=b"{not json", headers={"Content-Type": "application/json"})
@@ -507,7 +508,7 @@ def test_too_few_answers_to_fingerprint_says_what_each_test_needs(db_copy, small
 def test_a_server_registration_contradicting_itself_names_its_lines(db_copy, small_data, tmp_path):
     """POST /models' rows (registration.stage_group, the writer's path) refuse differing repeats the way a file does,
     naming the lines, for a model with results and for a new one (it said "no such file" before)."""
-    from registry import registration
+    from registry.answers import registration
 
     model = "gpt-4o-2024-05-13"
     qid, stored = results_of(small_data, model)[0]
@@ -537,7 +538,7 @@ def test_probation_left_out_of_a_portfolio_is_said_when_k_is_too_large(db_copy, 
 def test_a_portfolio_scores_a_partly_evaluated_model_by_its_prediction_where_it_has_no_answer():
     """Routing among a pool with a model that answered few test queries: where it is chosen without an answer, its
     predicted P(correct) stands in (it counted as wrong, so a pool scored below its best member: share 1.46)."""
-    from registry import portfolio
+    from registry.answers import portfolio
 
     correct = np.array([[1, 0, 1, 1], [-1, -1, 1, -1]], dtype=np.int8)      # model 1 answered one query of four
     probs = np.array([[0.6, 0.6, 0.6, 0.6], [0.9, 0.9, 0.9, 0.9]])

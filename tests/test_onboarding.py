@@ -20,7 +20,7 @@ from .conftest import snapshot
 
 
 def versions(path) -> dict[str, int]:
-    from registry.store import Store
+    from registry.core.store import Store
 
     store = Store(path)
     try:
@@ -83,7 +83,7 @@ def test_every_version_is_reproducible_from_its_digest(any_db):
 def test_stability_follows_the_version_and_a_missing_one_is_made_later(any_db, small_data, tmp_path):
     """onboard(stability=False) stands for a crash between the version and its estimate: the version is there and
     indexed; the estimate is made by the next run, once, and equals the distance between the two halves."""
-    from registry import embedding, encoders
+    from registry.embedding import embed, encoders
 
     rows = model_results(small_data, "gemma-7b")
     with Registry(any_db) as reg:
@@ -101,9 +101,9 @@ def test_stability_follows_the_version_and_a_missing_one_is_made_later(any_db, s
         with reg.store.tx() as tx:                                 # the same number from the halves by hand
             model, meta = encoders.load(tx, encoders.active_id(tx))
             mid = tx.sql("SELECT id FROM models WHERE name = 'newcomer'")[0][0]
-            s = embedding.evaluation_sets(tx, [mid], 10 ** 9, meta.get("embed_max_set"))[mid]
-            za, zb = (embedding.compute(tx, model, [embedding.EvalSet(mid, s.query_ids[h], s.y[h], "")])[0]
-                      for h in embedding.halves(s))
+            s = embed.evaluation_sets(tx, [mid], 10 ** 9, meta.get("embed_max_set"))[mid]
+            za, zb = (embed.compute(tx, model, [embed.EvalSet(mid, s.query_ids[h], s.y[h], "")])[0]
+                      for h in embed.halves(s))
         assert abs(float(np.linalg.norm(za - zb)) - estimates[o.version_id]) < 1e-5
 
 
@@ -236,7 +236,7 @@ def test_streamed_onboarding_matches_the_per_model_forward_pass(small_data, tmp_
 
     import torch
 
-    from registry import embedding, encoders, onboarding
+    from registry.embedding import embed, encoders, onboarding
 
     chunks = []
     streamed = onboarding.chunked_sets
@@ -245,7 +245,7 @@ def test_streamed_onboarding_matches_the_per_model_forward_pass(small_data, tmp_
         for found in streamed(*args, **kwargs):
             chunks.append(len(found))
             yield found
-    monkeypatch.setattr(embedding, "CHUNK_ROWS", 400)          # about 3 of the slice's models per chunk
+    monkeypatch.setattr(embed, "CHUNK_ROWS", 400)          # about 3 of the slice's models per chunk
     monkeypatch.setattr(onboarding, "chunked_sets", spy)
     monkeypatch.setattr(onboarding, "FUSE_STABILITY_MAX", fuse_max)
     db = tmp_path / "streamed.duckdb"
@@ -294,16 +294,17 @@ def test_long_sets_embed_unpadded_and_as_alone(base_db):
     as row numbers into a shared table: each z still equals that set's plain forward pass alone."""
     import torch
 
-    from registry import embedding, encoders, querycache
+    from registry.embedding import embed, encoders
+    from registry.data import query_cache
 
     with Registry(base_db) as reg, reg.store.tx() as tx:
         model, _ = encoders.load(tx, encoders.active_id(tx))
         ids = tx.duck.execute("SELECT id FROM queries ORDER BY id").fetchnumpy()["id"]
-        row_of, qmat = querycache.query_vectors(tx, ids)
+        row_of, qmat = query_cache.query_vectors(tx, ids)
     rng = np.random.default_rng(3)
-    lengths = [embedding.LONG_SET + 40, embedding.LONG_SET + 40, embedding.LONG_SET + 200, 300, 90]
+    lengths = [embed.LONG_SET + 40, embed.LONG_SET + 40, embed.LONG_SET + 200, 300, 90]
     sets = [(rng.integers(0, len(qmat), n), (rng.random(n) < 0.6).astype(np.float32)) for n in lengths]
-    z = embedding.embed_sets(model, sets, table=qmat)
+    z = embed.embed_sets(model, sets, table=qmat)
     for (rows, y), got in zip(sets, z):
         with torch.no_grad():
             want = model.embed(torch.from_numpy(qmat[rows])[None], torch.from_numpy(y)[None],

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from registry import Registry
 from registry.cli import cli
-from registry.store import Store, head_revision
+from registry.core.store import Store, head_revision
 
 from .conftest import start_server
 
@@ -85,7 +85,7 @@ def test_postgres_refuses_a_vector_of_the_wrong_length(pg_url):
 
 
 def test_unreachable_database_is_one_line(pg_server):
-    from registry.errors import RegistryError
+    from registry.core.errors import RegistryError
 
     with pytest.raises(RegistryError) as err:
         Registry(pg_server.url("no_such_database"))
@@ -119,7 +119,7 @@ def test_serve_on_postgres_answers_as_the_registry_does(pair, pg_server, pg_base
 def test_placeholders_and_urls_as_psycopg_and_people_read_them():
     import numpy as np
 
-    from registry import dialect
+    from registry.core import dialect
 
     sql, params = dialect.pg_statement("SELECT '?' || ?, 'a%b' LIKE ?, \"we?ird\" FROM t WHERE x = ?",
                                        ["x", "a%", np.int64(3)])

@@ -11,10 +11,13 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from registry import Registry, encoders, evaluations, probes
+from registry import Registry
+from registry.embedding import encoders
+from registry.data import evaluation_rows
+from registry.locus import probe_design
 from registry.cli import cli
-from registry.errors import InputError, NotFound
-from registry.evaluation import dataset, embed_subsets
+from registry.core.errors import InputError, NotFound
+from registry.evaluate.harness import dataset, embed_subsets
 
 from .conftest import snapshot
 
@@ -25,7 +28,7 @@ def answers_of(db, model: str) -> dict[str, int]:
     """A registered model's current answers: {question external id: 0/1}."""
     with Registry(db) as reg, reg.store.tx() as tx:
         mid = tx.sql("SELECT id FROM models WHERE name = ?", [model])[0][0]
-        rows = evaluations.of_models(tx, [mid])
+        rows = evaluation_rows.of_models(tx, [mid])
         ext = dict(tx.sql("SELECT id, external_id FROM queries"))
         return {ext[int(q)]: int(c) for q, c in zip(rows["query_id"], rows["correct"])}
 
@@ -50,8 +53,8 @@ def test_probe_new_model_round_trip_through_register(db_copy, tmp_path):
             split = dict(tx.sql("SELECT q.external_id, s.split FROM queries q "
                                 "JOIN query_splits s ON s.query_id = q.id"))
     assert not p.registered and p.answered == 0
-    assert (p.seed, p.planned, len(p.probes)) == (probes.SEED_SIZE, 40 - probes.SEED_SIZE, 40)
-    assert [r.kind for r in p.probes] == ["seed"] * probes.SEED_SIZE + ["planned"] * (40 - probes.SEED_SIZE)
+    assert (p.seed, p.planned, len(p.probes)) == (probe_design.SEED_SIZE, 40 - probe_design.SEED_SIZE, 40)
+    assert [r.kind for r in p.probes] == ["seed"] * probe_design.SEED_SIZE + ["planned"] * (40 - probe_design.SEED_SIZE)
     ids = [r.question_id for r in p.probes]
     assert len(set(ids)) == 40 and all(split[i] != "test" for i in ids)
     assert any("not registered" in n for n in p.notes)
@@ -163,7 +166,7 @@ def test_fingerprint_plan_separates_and_round_trips(db_copy, tmp_path):
 
 def test_fingerprint_plan_beats_random_queries_at_separating():
     """The greedy rule against random columns on a synthetic answer matrix where most columns separate nothing."""
-    from registry.probe_plans import separating
+    from registry.answers.probe_plans import separating
 
     rng = np.random.default_rng(0)
     K, N = 6, 400
@@ -195,7 +198,7 @@ def test_greedy_updates_equal_plain_recomputation():
     G, w = rng.standard_normal((200, 12)), rng.random(200) * 0.25
     X, R = rng.standard_normal((12, 12)), rng.standard_normal((50, 12))
     cov, B = X @ X.T / 12 + np.eye(12), R.T @ R
-    assert probes._greedy(G, w, cov, B, 10) == plain(G, w, cov, B, 10)
+    assert probe_design._greedy(G, w, cov, B, 10) == plain(G, w, cov, B, 10)
 
 
 @pytest.fixture(scope="module")
@@ -214,15 +217,15 @@ def test_likelihood_reading_fits_the_answers(small):
     the reading is deterministic; with no answers it is the prior."""
     _, data, model = small
     torch.set_num_threads(1)
-    pred = probes.Predictor(model)
+    pred = probe_design.Predictor(model)
     q = pred.project(data.qvecs)
     nontest = np.concatenate([data.splits["train"], data.splits["val"]])
     m = data.models.index(DONOR)
     Z = embed_subsets(model, data, [nontest[data.correct[k, nontest] >= 0] for k in range(len(data.models)) if k != m])
-    prior = probes.gaussian_prior(Z)                          # the other models, as the registry reads a new one
+    prior = probe_design.gaussian_prior(Z)                          # the other models, as the registry reads a new one
     rows = nontest[data.correct[m, nontest] >= 0]
     y = (data.correct[m, rows] == 1).astype(float)
-    z, precision = probes.read(pred, q.take(rows), y, prior)
+    z, precision = probe_design.read(pred, q.take(rows), y, prior)
 
     def nll(zz):
         lg = pred.logits(zz, q.take(rows))
@@ -231,9 +234,9 @@ def test_likelihood_reading_fits_the_answers(small):
     assert nll(z) < nll(prior.mean) - 1.0
     p = 1 / (1 + np.exp(-pred.logits(z, q.take(rows))))
     assert abs(p.mean() - y.mean()) < 0.1
-    assert np.array_equal(z, probes.read(pred, q.take(rows), y, prior)[0])
+    assert np.array_equal(z, probe_design.read(pred, q.take(rows), y, prior)[0])
     assert np.all(np.linalg.eigvalsh(precision - prior.precision) > -1e-6)      # answers only add information
-    z0, _ = probes.read(pred, q.take(rows[:0]), y[:0], prior)
+    z0, _ = probe_design.read(pred, q.take(rows[:0]), y[:0], prior)
     assert np.allclose(z0, prior.mean)
 
 
@@ -243,7 +246,7 @@ def test_oracle_plans_ignore_the_answers_and_real_plans_read_them(small):
     answers, so flipping them moves it."""
     _, data, model = small
     torch.set_num_threads(1)
-    pred = probes.Predictor(model)
+    pred = probe_design.Predictor(model)
     q = pred.project(data.qvecs)
     nontest = np.concatenate([data.splits["train"], data.splits["val"]])
     M = len(data.models)
@@ -251,14 +254,14 @@ def test_oracle_plans_ignore_the_answers_and_real_plans_read_them(small):
     pool_rows = nontest[:400]
     pool = [pool_rows[data.correct[k, pool_rows] >= 0] for k in range(M)]
     seed = [np.random.default_rng(k).choice(pool[k], 16, replace=False) for k in range(M)]
-    priors = [probes.gaussian_prior(np.delete(z_all, k, 0)) for k in range(M)]
+    priors = [probe_design.gaussian_prior(np.delete(z_all, k, 0)) for k in range(M)]
     ref = pool_rows[::4]
     L = np.stack([pred.logits(z, q.take(ref)) for z in z_all])
     others = [np.delete(L, k, 0).max(0) for k in range(M)]
     answers = (data.correct == 1).astype(float)
 
     def plan(y, truth):
-        return probes.plan_rows(pred, q, y, pool, seed, [40], priors, others, ref, batch=8, truth=truth)[40]
+        return probe_design.plan_rows(pred, q, y, pool, seed, [40], priors, others, ref, batch=8, truth=truth)[40]
 
     flipped = 1.0 - answers
     oracle, oracle_flipped = plan(answers, z_all), plan(flipped, z_all)

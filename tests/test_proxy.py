@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 
 from registry import Registry
 from registry.cli import cli
-from registry.server import create_app
+from registry.serve.app import create_app
 
 
 def free_port() -> int:

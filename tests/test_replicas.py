@@ -14,7 +14,7 @@ import time
 import pytest
 
 from registry import Registry
-from registry.serving import Serving
+from registry.serve.serving import Serving
 
 from .conftest import _pg_names
 
@@ -144,7 +144,8 @@ def test_an_onboarding_waits_for_the_other_process_and_does_not_redo_its_job(pg_
     """Deterministic: replica A's onboarding transaction is held open after it numbered the version; B's onboarding
     of the same pending job waits for A's lock, then finds the job done and reports A's version (without the lock B
     would number the same version and fail on the unique constraint, or write the job's result twice)."""
-    from registry import onboarding, registration
+    from registry.embedding import onboarding
+    from registry.answers import registration
 
     url = pg_server.create_db(f"t{next(_pg_names)}", template=pg_base)
     with Registry(url) as a, Registry(url) as b:
@@ -182,7 +183,7 @@ def test_the_same_new_model_registered_through_both_replicas_at_once(pg_server, 
     """Deterministic: another process's transaction creates model 'newcomer' and is held open while this replica's
     writer stages a registration of the same new name; that waits on the unique name, meets a unique violation
     when the other commits, and is staged once more, as an addition: both acknowledged, versions 1 and 2."""
-    from registry import registration
+    from registry.answers import registration
 
     regs, servings = _two(pg_server, pg_base)
     try:

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from registry import Registry
 from registry.cli import cli
-from registry.errors import InputError, NotFound
+from registry.core.errors import InputError, NotFound
 
 Q = "What is the derivative of x^2 with respect to x?"
 

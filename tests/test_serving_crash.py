@@ -14,8 +14,9 @@ from collections import Counter
 import httpx
 import pytest
 
-from registry import Registry, outbox
-from registry.writer import LOG_FLUSH_S
+from registry import Registry
+from registry.data import outbox
+from registry.serve.writer import LOG_FLUSH_S
 
 from .conftest import start_server
 

@@ -11,9 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from registry import Registry, textvec
+from registry import Registry
+from registry.locus import text_encoder
 from registry.cli import cli
-from registry.errors import InputError
+from registry.core.errors import InputError
 
 from .conftest import snapshot
 
@@ -21,7 +22,7 @@ from .conftest import snapshot
 def vectors_of(path) -> dict[str, np.ndarray]:
     with Registry(path) as reg, reg.store.tx() as tx:
         return {h: np.asarray(v, dtype=np.float32) for h, v in tx.sql(
-            "SELECT content_hash, vector FROM text_vectors WHERE text_encoder = ?", [textvec.TEXT_ENCODER])}
+            "SELECT content_hash, vector FROM text_vectors WHERE text_encoder = ?", [text_encoder.TEXT_ENCODER])}
 
 
 def test_export_import_round_trip(db_copy, tmp_path):
@@ -29,7 +30,7 @@ def test_export_import_round_trip(db_copy, tmp_path):
     r = CliRunner().invoke(cli, ["--db", str(db_copy), "vectors", "export", str(out), "--source", "test"])
     assert r.exit_code == 0, r.output
     meta = pq.read_schema(out).metadata
-    assert meta[b"registry.text_encoder"].decode() == textvec.TEXT_ENCODER and meta[b"registry.source"] == b"test"
+    assert meta[b"registry.text_encoder"].decode() == text_encoder.TEXT_ENCODER and meta[b"registry.source"] == b"test"
     fresh = tmp_path / "fresh.duckdb"
     r = CliRunner().invoke(cli, ["--db", str(fresh), "vectors", "import", str(out), "--json"])
     assert r.exit_code == 0, r.output
@@ -42,10 +43,10 @@ def test_export_import_round_trip(db_copy, tmp_path):
         assert reg.export_vectors(str(half), dtype="float16").rows == len(want)
     h = vectors_of(db_copy)
     back = pq.read_table(half).column("vector").combine_chunks().flatten().to_numpy().astype(np.float32)
-    assert back.reshape(len(h), -1).shape[1] == textvec.TEXT_DIM
+    assert back.reshape(len(h), -1).shape[1] == text_encoder.TEXT_DIM
 
 
-def _write(path, hashes, mat, encoder=textvec.TEXT_ENCODER, list_type=None):
+def _write(path, hashes, mat, encoder=text_encoder.TEXT_ENCODER, list_type=None):
     vec = pa.array([list(map(float, v)) for v in mat], type=list_type or pa.list_(pa.float32()))
     pq.write_table(pa.table({"content_hash": hashes, "text_encoder": [encoder] * len(hashes), "vector": vec}), path)
     return path
@@ -116,6 +117,6 @@ def test_a_changed_text_is_embedded_afresh(db_copy, small_data, tmp_path):
             stored = np.asarray(tx.sql("SELECT vector FROM text_vectors WHERE content_hash = ?", [h])[0][0],
                                 dtype=np.float32)
     assert text.startswith(rows[0]["question"])
-    assert np.allclose(stored, textvec.encode([text])[0], atol=1e-5)
+    assert np.allclose(stored, text_encoder.encode([text])[0], atol=1e-5)
     old = vectors_of(db_copy)
     assert h not in old and not any(np.allclose(stored, v, atol=1e-3) for v in old.values())

@@ -11,9 +11,10 @@ import time
 import numpy as np
 import pytest
 
-from registry import Registry, registration
-from registry.errors import InputError
-from registry.serving import Serving
+from registry import Registry
+from registry.answers import registration
+from registry.core.errors import InputError
+from registry.serve.serving import Serving
 
 
 def _rows_file(tmp_path, name: str, qids: list[str], seed: int, extra: dict | None = None) -> str:
@@ -121,7 +122,7 @@ def test_only_plain_small_jsonl_is_staged_together(tmp_path, content):
 
 
 def test_interaction_is_carried_over_then_refitted_when_idle(db_copy, tmp_path):
-    from registry import routing
+    from registry.routing import policy
 
     with Registry(db_copy) as reg:
         qids = _qids(reg)
@@ -148,7 +149,7 @@ def test_interaction_is_carried_over_then_refitted_when_idle(db_copy, tmp_path):
         fitted = serving.snapshots.current.routing
         assert fitted.interaction_fitted and fitted.interaction is not None
         with reg.store.tx() as tx:       # the same terms a library call fits for these versions
-            lib = routing.state(tx, reg.path, reg.probation_min)
+            lib = policy.state(tx, reg.path, reg.probation_min)
         assert (lib.interaction.fitted.resid == fitted.interaction.fitted.resid).all()
         serving.close()
 
@@ -157,7 +158,7 @@ def test_the_served_report_says_what_the_plain_one_does(db_copy, tmp_path):
     """A served registration's report comes from memory (the snapshot and the answer book): the same neighbours,
     disagreements, held-out count and warnings as the report read from the file, for a copy of a registered model
     (the duplicate warning) and for a new one."""
-    from registry.onboarding import JobOutcome
+    from registry.embedding.onboarding import JobOutcome
 
     with Registry(db_copy) as reg:
         qids = _qids(reg)
@@ -191,7 +192,7 @@ def test_a_snapshot_from_new_versions_is_the_one_a_full_read_gives(db_copy, tmp_
     """After registrations that only add versions (new models, an existing model's changed results, one too small to
     embed), the writer's snapshot takes just the new versions (Snapshots.add_versions): the same routing state a
     full read of the file builds."""
-    from registry import snapshot
+    from registry.serve import snapshot
 
     def same(a, b):
         assert a.names == b.names and a.known == b.known and a.down == b.down
@@ -246,8 +247,8 @@ def test_a_snapshot_from_new_versions_is_the_one_a_full_read_gives(db_copy, tmp_
 def test_the_answer_book_follows_new_models_and_changed_results_and_old_views_stay(db_copy, tmp_path):
     """The answer book after new models (written into spare rows) and after a changed result of an existing model
     (a new buffer): every row equals the model's current answers in the file, and a view taken before is unchanged."""
-    from registry import evaluations
-    from registry.answerbook import AnswerBook
+    from registry.data import evaluation_rows
+    from registry.serve.answerbook import AnswerBook
 
     with Registry(db_copy) as reg:
         qids = _qids(reg)
@@ -275,7 +276,7 @@ def test_the_answer_book_follows_new_models_and_changed_results_and_old_views_st
         with reg.store.tx() as tx:
             book.sync(tx)
             ids = [int(m) for (m,) in tx.sql("SELECT id FROM models")]
-            rows = evaluations.of_models(tx, ids)
+            rows = evaluation_rows.of_models(tx, ids)
         assert np.array_equal(view, kept)                        # a changed row: a new buffer, the old view stays
         correct, row, _, _, _, answered = book.view()
         want = np.full(correct.shape, -1, dtype=np.int8)
@@ -288,7 +289,8 @@ def test_the_answer_book_follows_new_models_and_changed_results_and_old_views_st
 def test_an_embedding_computed_ahead_is_taken_only_for_the_set_it_was_computed_from(db_copy, tmp_path):
     """onboarding.prepare computes, from a new model's rows alone, the vector and stability halves onboarding would;
     run_pending takes a Prepared only when the digest of the set it reads matches (a marked vector shows which)."""
-    from registry import ingest, onboarding
+    from registry.data import ingest
+    from registry.embedding import onboarding
 
     with Registry(db_copy) as reg:
         qids = _qids(reg)
@@ -335,7 +337,7 @@ def test_an_embedding_computed_ahead_is_taken_only_for_the_set_it_was_computed_f
 def test_a_served_registration_of_a_new_model_is_embedded_by_its_request(db_copy, tmp_path):
     """Through the writer, a new model's embedding is computed in the request's thread and taken by the writer
     (stats), and the stored version is the one onboarding recomputes; an update is embedded by the writer."""
-    from registry import onboarding
+    from registry.embedding import onboarding
 
     with Registry(db_copy) as reg:
         qids = _qids(reg)
@@ -362,7 +364,7 @@ def test_the_writer_waits_for_an_embedding_its_request_is_still_computing(monkey
     the writer's own onboarding."""
     from concurrent.futures import Future
 
-    from registry import writer
+    from registry.serve import writer
 
     late, never = Future(), Future()
     jobs = [writer._Job("register", ("late", "x.jsonl", {}, False), prepared=late),

@@ -1,0 +1,151 @@
+"""What the registry holds, model by model: metadata, evaluations and accuracy, availability, the current embedding
+version and its evidence status (`registry models`, `show`, `stats`)."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from registry.data import availability
+from registry.embedding import encoders, evidence
+from registry.core.errors import unknown_model
+from registry.data.evaluation_rows import CURRENT, current
+from registry.core.store import Tx
+
+
+@dataclass
+class ModelInfo:
+    name: str
+    evaluations: int
+    accuracy: float | None
+    family: str | None = None
+    provider: str | None = None
+    params_b: float | None = None
+    cost: float | None = None
+    open_weights: bool | None = None
+    tags: dict = field(default_factory=dict)
+    created: str | None = None
+    available: bool = True              # False once marked unavailable (routing and fallback skip it)
+    status: str = "not embedded"        # established | probation (too few evaluations to be routed to) | not embedded
+    version: int | None = None          # current embedding version under the active encoder
+    embedded_from: int | None = None    # evaluations behind that version (test answers are never used)
+
+
+@dataclass
+class ModelDetail(ModelInfo):
+    per_category: dict[str, dict] = field(default_factory=dict)  # category -> {"evaluations", "accuracy"}
+    batches: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Stats:
+    models: int
+    queries: int
+    evaluations: int          # current evaluations: the newest per (model, query)
+    evaluation_rows: int      # every stored row, superseded ones included
+    text_vectors: int
+    import_batches: int
+    splits: dict[str, int]
+    path: str
+    unsplit_queries: int = 0  # queries without a train/val/test split (`registry draw-splits` gives them one)
+
+
+def names(tx: Tx) -> list[str]:
+    return [r[0] for r in tx.sql("SELECT name FROM models")]
+
+
+def models(tx: Tx, probation_min: int, stats: dict | None = None) -> list[ModelInfo]:
+    """Every model; `stats` ({model id: (evaluations, accuracy)}, from `evaluation_stats`) saves reading them."""
+    stats = evaluation_stats(tx) if stats is None else stats
+    state = _state(tx)
+    out = []
+    for mid, *meta in tx.sql("""SELECT id, name, family, provider, params_b, cost, open_weights, tags::VARCHAR,
+                                       created::VARCHAR FROM models ORDER BY name"""):
+        n, acc = stats.get(mid, (0, None))
+        out.append(_with_state(_info(ModelInfo, [meta[0], n, acc, *meta[1:]]), state, probation_min))
+    return out
+
+
+def evaluation_stats(tx: Tx, model_ids=None) -> dict[int, tuple[int, float | None]]:
+    """{model id: (current evaluations, accuracy)} for every model, or only `model_ids`."""
+    return {m: (int(n), a) for m, n, a in tx.sql(
+        f"SELECT model_id, count(*), avg(correct::INT) FROM {current(model_ids=model_ids)} e GROUP BY model_id")}
+
+
+def newest_batch(tx: Tx) -> int:
+    return int(tx.sql("SELECT coalesce(max(batch_id), 0) FROM evaluations")[0][0])
+
+
+def models_since(tx: Tx, batch: int) -> list[int]:
+    """The models with evaluations from batches after `batch` (what a cache of `evaluation_stats` must re-read)."""
+    return [r[0] for r in tx.sql("SELECT DISTINCT model_id FROM evaluations WHERE batch_id > ?", [batch])]
+
+
+def show(tx: Tx, name: str, probation_min: int) -> ModelDetail:
+    mid = tx.sql("SELECT id FROM models WHERE name = ?", [name])
+    if not mid:
+        raise unknown_model(name, names(tx))
+    mine = current(model_ids=[mid[0][0]])
+    rows = tx.sql(f"""SELECT m.name, count(e.query_id), avg(e.correct::INT), m.family, m.provider, m.params_b, m.cost,
+                             m.open_weights, m.tags::VARCHAR, m.created::VARCHAR
+                      FROM models m LEFT JOIN {mine} e ON e.model_id = m.id WHERE m.name = ?
+                      GROUP BY m.name, m.family, m.provider, m.params_b, m.cost, m.open_weights, m.tags::VARCHAR,
+                               m.created::VARCHAR""", [name])
+    detail = _with_state(_info(ModelDetail, rows[0]), _state(tx), probation_min)
+    cats = tx.sql(f"""SELECT coalesce(q.category, '(none)'), count(*), avg(e.correct::INT)
+                      FROM {mine} e JOIN queries q ON q.id = e.query_id GROUP BY 1 ORDER BY 1""")
+    detail.per_category = {c: {"evaluations": n, "accuracy": round(a, 4)} for c, n, a in cats}
+    detail.batches = [r[0] for r in tx.sql("""SELECT DISTINCT e.batch_id FROM evaluations e
+                                              JOIN models m ON m.id = e.model_id WHERE m.name = ? ORDER BY 1""",
+                                           [name])]
+    return detail
+
+
+def stats(tx: Tx, path: str) -> Stats:
+    models_, queries, rows, vectors, batches = tx.sql("""
+        SELECT (SELECT count(*) FROM models), (SELECT count(*) FROM queries), (SELECT count(*) FROM evaluations),
+               (SELECT count(*) FROM text_vectors), (SELECT count(*) FROM import_batches)""")[0]
+    current = tx.sql(f"SELECT count(*) FROM {CURRENT} e")[0][0]
+    splits = dict(tx.sql("SELECT split, count(*) FROM query_splits GROUP BY split ORDER BY split"))
+    return Stats(models_, queries, current, rows, vectors, batches, splits, path, queries - sum(splits.values()))
+
+
+def current_versions(tx: Tx, encoder_id: int, as_of: str | None = None,
+                     names: list[str] | None = None) -> dict[str, tuple[int, int]]:
+    """{model name: (its newest version under the encoder, the evaluations behind it)}, as the registry stood at
+    `as_of`; only the `names` given, if any. How well placed a model is (evidence.py: probation) is read here."""
+    when = "AND v.created <= ?::TIMESTAMP" if as_of else ""
+    only = "AND m.name IN (SELECT unnest(?::VARCHAR[]))" if names is not None else ""
+    return {r[0]: (int(r[1]), int(r[2])) for r in tx.sql(f"""
+        SELECT m.name, max(v.version), arg_max(v.n_evaluations, v.version)
+        FROM embedding_versions v JOIN models m ON m.id = v.model_id WHERE v.encoder_id = ? {when} {only}
+        GROUP BY m.name""", [encoder_id] + ([as_of] if as_of else []) + ([list(names)] if names is not None else []))}
+
+
+def _state(tx: Tx):
+    """({name: (current version, evaluations behind it)} under the active encoder, names marked unavailable)."""
+    encoder_id = encoders.active_id(tx)
+    current = {} if encoder_id is None else current_versions(tx, encoder_id)
+    return current, set(availability.unavailable_models(tx))
+
+
+def _with_state(info, state, probation_min: int):
+    current, down = state
+    info.available = info.name not in down
+    if info.name in current:
+        info.version, info.embedded_from = current[info.name]
+        info.status = "probation" if evidence.on_probation(info.embedded_from, probation_min) else "established"
+    return info
+
+
+def _info(cls, row):
+    name, n, acc, family, provider, params_b, cost, open_weights, tags, created = row
+    return cls(name=name, evaluations=int(n), accuracy=None if acc is None else round(float(acc), 4),
+               family=family, provider=provider, params_b=params_b, cost=cost, open_weights=open_weights,
+               tags=json.loads(tags) if tags else {}, created=created)
+
+
+def held_out(tx: Tx, name: str) -> int:
+    """A model's current evaluations on test queries: kept, never embedded."""
+    mid = tx.sql("SELECT id FROM models WHERE name = ?", [name])[0][0]
+    return int(tx.sql(f"""SELECT count(*) FROM {current(model_ids=[mid])} e
+                          JOIN query_splits s ON s.query_id = e.query_id WHERE s.split = 'test'""")[0][0])

@@ -1,0 +1,145 @@
+"""A 2-D map of the model embeddings (`registry map`): t-SNE, or PCA for registries too small for t-SNE's
+neighbourhoods; one colour per family with a legend; every point labelled, labels nudged apart so they stay legible.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from registry.core.errors import InputError
+from registry.answers.geometry import Pool
+
+TSNE_MIN = 8          # below this, t-SNE's perplexity has no room: PCA
+LABEL_MAX = 300       # past this many models, labels would be a solid block: points only
+
+
+@dataclass
+class MapResult:
+    out: str
+    method: str
+    models: int
+    families: int
+
+
+def project(vectors: np.ndarray, seed: int = 0) -> tuple[np.ndarray, str]:
+    if len(vectors) < 2:
+        return np.zeros((len(vectors), 2)), "single point"
+    if len(vectors) < TSNE_MIN:
+        from sklearn.decomposition import PCA
+
+        return PCA(n_components=2, random_state=seed).fit_transform(vectors), "pca"
+    from sklearn.manifold import TSNE
+
+    perplexity = float(min(30, max(2, (len(vectors) - 1) // 3)))
+    # exact gradients for registry-sized inputs: Barnes-Hut's OpenMP threads are far slower on a few dozen points
+    exact = "exact" if len(vectors) <= 300 else "barnes_hut"      # exact t-SNE of 1,000 points: ~40 s
+    xy = TSNE(n_components=2, perplexity=perplexity, init="pca", method=exact,
+              random_state=seed).fit_transform(vectors)
+    return xy, "t-sne"
+
+
+def _spread_labels(ax, texts, points, steps: int = 150) -> None:
+    """Push overlapping label boxes apart (and off the points), in display space; a few hundred cheap steps."""
+    fig = ax.figure
+    fig.canvas.draw()
+    inv = ax.transData.inverted()
+    pts = ax.transData.transform(points)
+    pos = np.array([ax.transData.transform(t.get_position()) for t in texts])
+    size = np.array([[b.width, b.height] for b in (t.get_window_extent() for t in texts)])
+    for _ in range(steps):
+        moved = False
+        for i in range(len(texts)):
+            d = pos[i] - pos                                  # label-label overlaps
+            over = (np.abs(d[:, 0]) < (size[i, 0] + size[:, 0]) / 2 + 2) & (np.abs(d[:, 1]) < (size[i, 1] + size[:, 1]) / 2 + 1)
+            over[i] = False
+            dp = pos[i] - pts                                 # labels sitting on someone else's point
+            hit = (np.abs(dp[:, 0]) < size[i, 0] / 2 + 3) & (np.abs(dp[:, 1]) < size[i, 1] / 2 + 3)
+            hit[i] = False
+            push = np.zeros(2)
+            if over.any():
+                push += np.sign(d[over] + 1e-3).sum(0) * np.array([0.5, 1.5])
+            if hit.any():
+                push += np.sign(dp[hit] + 1e-3).sum(0) * np.array([0.5, 1.0])
+            if push.any():
+                pos[i] += push
+                moved = True
+        if not moved:
+            break
+    for t, p, pt in zip(texts, pos, pts):
+        x, y = inv.transform(p)
+        t.set_position((x, y))
+        if np.hypot(*(p - pt)) > 14:                         # a label pushed away gets a thin leader line
+            px, py = inv.transform(pt)
+            ax.plot([px, x], [py, y], color="0.6", lw=0.5, zorder=1)
+
+
+# 14 of Kelly's 22 colours of maximum contrast (K. L. Kelly, "Twenty-two colors of maximum contrast", 1965): white and
+# black left out, and of each pair of near hues (two purples, three oranges, two yellows, two pinks) one kept.
+PALETTE = ["#F3C300", "#875692", "#F38400", "#A1CAF1", "#BE0032", "#C2B280", "#848482", "#008856", "#E68FAC",
+           "#0067A5", "#882D17", "#8DB600", "#2B3D26", "#654522"]
+
+
+def family_colours(families) -> dict[str, str]:
+    """A colour per family that does not change as other families come and go: each family's slot in PALETTE comes
+    from a hash of its name; a family whose slot is taken takes the next free one (families claim slots in hash
+    order, so only families that collide can move). Past 14 families, colours repeat."""
+    import hashlib
+
+    def key(f: str) -> int:
+        return int(hashlib.sha256(f.encode("utf-8")).hexdigest()[:12], 16)
+
+    out, taken = {}, set()
+    for f in sorted(set(families), key=lambda f: (key(f), f)):
+        slot = key(f) % len(PALETTE)
+        if len(taken) < len(PALETTE):
+            while slot in taken:
+                slot = (slot + 1) % len(PALETTE)
+        taken.add(slot)
+        out[f] = PALETTE[slot]
+    return out
+
+
+def render(p: Pool, families: dict[str, str | None], out: str | Path, seed: int = 0,
+           title: str | None = None) -> MapResult:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not len(p.names):
+        raise InputError("the registry has no embedded models to map")
+    out = Path(out)
+    if out.suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise InputError(f"--out must end in .png, .svg or .pdf, got {out.name!r}")
+    xy, method = project(p.vectors, seed)
+    fam = [families.get(n) or "(unknown)" for n in p.names]
+    kinds = sorted(set(fam))
+    colour = family_colours(kinds)
+    fig, ax = plt.subplots(figsize=(12, 9), dpi=130)
+    for f in kinds:
+        sel = [i for i, x in enumerate(fam) if x == f]
+        ax.scatter(xy[sel, 0], xy[sel, 1], s=70, color=colour[f], edgecolor="white", linewidth=0.8, label=f, zorder=3)
+    pad = 0.08 * (np.ptp(xy, axis=0) + 1e-9)
+    ax.set_xlim(xy[:, 0].min() - pad[0], xy[:, 0].max() + pad[0])
+    ax.set_ylim(xy[:, 1].min() - pad[1], xy[:, 1].max() + pad[1])
+    if len(p.names) <= LABEL_MAX:
+        offset = 0.018 * np.ptp(xy[:, 1]) if np.ptp(xy[:, 1]) else 0.1
+        texts = [ax.text(x, y + offset, n, fontsize=8, ha="center", va="bottom", zorder=4,
+                         bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.75))
+                 for (x, y), n in zip(xy, p.names)]
+        _spread_labels(ax, texts, xy)
+    ax.legend(title="family", loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False, fontsize=9)
+    shown = {"t-sne": "t-SNE", "pca": "PCA"}.get(method, method)
+    ax.set_title(title or f"Model embeddings ({shown}, {len(p.names)} models)", fontsize=12)
+    ax.set_xticks([]), ax.set_yticks([])
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    ax.text(0.0, -0.03, "Nearby models answer the same questions right and wrong; axes have no units.",
+            transform=ax.transAxes, fontsize=8, color="0.4")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, bbox_inches="tight")
+    plt.close(fig)
+    return MapResult(str(out), method, len(p.names), len(kinds))

@@ -1,0 +1,315 @@
+"""Portfolios: a few models that cover the embedding space (`Registry.portfolio`).
+
+Two methods: k-center (farthest-first: each new member is the eligible model farthest from every member so far;
+minimises the coverage radius) and k-medoids (FasterPAM from the `kmedoids` package; minimises the summed distance).
+k-center keeps one distance per model, O(n*k) time and O(n) memory, so it runs on 100,000 models without a distance
+matrix. k-medoids needs an n*n matrix; past `KMEDOIDS_SAMPLE` models it works CLARA-style: FasterPAM on
+`CLARA_DRAWS` random samples of that size (required members always in), each result scored on every model, the best
+kept.
+
+Constraints: `exclude`, `max_params` and `max_cost` remove models from the *eligible* members (a model whose
+params or cost is unknown is not eligible under that budget: it cannot be shown to fit); `require` forces members in.
+Every model still counts as a point to cover: clusters and radius are over the whole pool.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from registry.core.errors import InputError, unknown_model
+from registry.answers.geometry import Pool, pairwise
+
+KMEDOIDS_SAMPLE = 5000
+CLARA_DRAWS = 3
+REFINE_MAX = 1000      # constrained swap refinement runs on pools (or samples) up to this size
+
+
+@dataclass
+class Portfolio:
+    models: list[str]
+    k: int
+    method: str
+    radius: float                                     # largest distance from any model to its nearest member
+    clusters: dict[str, list[str]] = field(default_factory=dict)   # member -> models it covers (itself first)
+    share_of_pool: float | None = None                # with a target: portfolio routing accuracy / the pool's
+    accuracy: float | None = None                     # hit@1 on test, routing among the members (predicted where
+                                                      #   the chosen model has no answer: portfolio.hit1)
+    pool_accuracy: float | None = None
+    note: str | None = None
+
+
+def eligibility(p: Pool, meta: dict[str, tuple], exclude=(), require=(), max_params=None, max_cost=None):
+    """(eligible mask [M], required indices) after checking every name; raises on names or budgets that cannot work."""
+    row = {n: i for i, n in enumerate(p.names)}
+    for label, names in (("--require", require), ("--exclude", exclude)):
+        for n in names:
+            if n not in row:
+                raise unknown_model(n, p.names, f" (in {label}; or it has no embedding yet)")
+    clash = set(require) & set(exclude)
+    if clash:
+        raise InputError(f"{sorted(clash)[0]!r} is both required and excluded")
+    ok = np.ones(len(p.names), dtype=bool)
+    ok[[row[n] for n in exclude]] = False
+    for label, col, budget in (("--max-params", 0, max_params), ("--max-cost", 1, max_cost)):
+        if budget is None:
+            continue
+        vals = np.array([np.nan if meta.get(n, (None, None))[col] is None else meta[n][col] for n in p.names])
+        fits = vals <= budget                                               # NaN (unknown) never fits
+        if not (fits & ok).any() and not require:
+            known = vals[~np.isnan(vals)]
+            smallest = f"the smallest known is {known.min():g}" if len(known) else "no model has that field set"
+            raise InputError(f"no model fits {label} {budget:g} ({smallest})")
+        ok &= fits
+    req = np.array([row[n] for n in require], dtype=np.int64)
+    ok[req] = True
+    return ok, req
+
+
+def _dist_to(vectors: np.ndarray, sq: np.ndarray, i: int) -> np.ndarray:
+    """Distances [n] from every vector to vector i, without an [n,128] temporary."""
+    return np.sqrt(np.maximum(sq + sq[i] - 2.0 * (vectors @ vectors[i]), 0.0))
+
+
+def cover(vectors: np.ndarray, members) -> tuple[np.ndarray, np.ndarray]:
+    """(index of the nearest member [n], distance to it [n]), one member at a time: O(n) memory."""
+    sq = (vectors.astype(np.float64) ** 2).sum(1)
+    best = np.full(len(vectors), np.inf)
+    label = np.zeros(len(vectors), dtype=np.int64)
+    for j, m in enumerate(members):
+        d = _dist_to(vectors, sq, int(m))
+        closer = d < best
+        best[closer], label[closer] = d[closer], j
+    return label, best
+
+
+def kcenter(vectors: np.ndarray, k: int, eligible: np.ndarray, required: np.ndarray) -> list[int]:
+    vectors = vectors.astype(np.float64)
+    sq = (vectors ** 2).sum(1)
+    members = [int(r) for r in required]
+    if not members:  # start from the eligible model nearest the centre of the pool: deterministic and central
+        centre = vectors.mean(0)
+        members = [int(np.argmin(np.where(eligible, ((vectors - centre) ** 2).sum(1), np.inf)))]
+    mind = np.full(len(vectors), np.inf)
+    for m in members:
+        mind = np.minimum(mind, _dist_to(vectors, sq, m))
+    while len(members) < k:
+        nxt = int(np.argmax(np.where(eligible, mind, -1.0)))                # members have mind 0, never re-picked
+        members.append(nxt)
+        mind = np.minimum(mind, _dist_to(vectors, sq, nxt))
+    return members[:k]
+
+
+def _refine(D: np.ndarray, members: list[int], fixed: set[int], eligible: np.ndarray) -> list[int]:
+    """Best-improvement swaps of the non-fixed members with eligible models (PAM's swap step, with constraints)."""
+    members = list(members)
+    cands = np.flatnonzero(eligible)
+    while True:
+        current = D[:, members].min(1).sum()
+        best_gain, best_swap = 1e-9, None
+        for pos, m in enumerate(members):
+            if m in fixed:
+                continue
+            others = members[:pos] + members[pos + 1:]
+            base = D[:, others].min(1) if others else np.full(len(D), np.inf)
+            loss = np.minimum(base[:, None], D[:, cands]).sum(0)            # [n_cands]
+            loss[np.isin(cands, members)] = np.inf
+            j = int(np.argmin(loss))
+            if current - loss[j] > best_gain:
+                best_gain, best_swap = current - loss[j], (pos, int(cands[j]))
+        if best_swap is None:
+            return members
+        members[best_swap[0]] = best_swap[1]
+
+
+RESTARTS = 8  # random FasterPAM starts beside BUILD (small pools only)
+
+
+def _kmedoids_small(vectors: np.ndarray, k: int, eligible: np.ndarray, required: np.ndarray, seed: int) -> list[int]:
+    import kmedoids
+
+    D = pairwise(vectors)
+    cands = np.flatnonzero(eligible)
+    sub = np.ascontiguousarray(D[np.ix_(cands, cands)])
+    assert sub.shape[0] == sub.shape[1] and sub.shape[0] >= k   # FasterPAM panics (uncatchable) on a bad shape
+    # FasterPAM is a local search: BUILD plus a few random starts, keeping the lowest loss, for a small price
+    runs = [kmedoids.fasterpam(sub, k, init="build", random_state=seed, n_cpu=1)]
+    runs += [kmedoids.fasterpam(sub, k, init="random", random_state=seed + 1 + r, n_cpu=1) for r in range(RESTARTS)]
+    members = [int(cands[m]) for m in min(runs, key=lambda r: r.loss).medoids]
+    fixed = {int(r) for r in required}
+    for r in fixed - set(members):   # force each required model in, in place of the free member nearest to it
+        free = [m for m in members if m not in fixed]
+        members[members.index(min(free, key=lambda m: D[r, m]))] = r
+    if (fixed or not eligible.all()) and len(vectors) <= REFINE_MAX:
+        members = _refine(D, members, fixed, eligible)      # FasterPAM saw neither the fixed members nor all points
+    return members
+
+
+def kmedoids_members(vectors: np.ndarray, k: int, eligible: np.ndarray, required: np.ndarray,
+                     seed: int = 0) -> tuple[list[int], str | None]:
+    n = len(vectors)
+    if n <= KMEDOIDS_SAMPLE:
+        return _kmedoids_small(vectors, k, eligible, required, seed), None
+    rng = np.random.default_rng(seed)
+    pool_idx = np.setdiff1d(np.flatnonzero(eligible), required)
+    best, best_cost = None, np.inf
+    for draw in range(CLARA_DRAWS):
+        take = rng.choice(pool_idx, KMEDOIDS_SAMPLE - len(required), replace=False)
+        idx = np.concatenate([required, np.sort(take)]).astype(np.int64)
+        local = _kmedoids_small(vectors[idx], k, np.ones(len(idx), bool), np.arange(len(required)), seed + draw)
+        members = [int(idx[m]) for m in local]
+        cost = cover(vectors, members)[1].sum()
+        if cost < best_cost:
+            best, best_cost = members, cost
+    return best, (f"k-medoids on {n} models: CLARA, FasterPAM on {CLARA_DRAWS} random samples of "
+                  f"{KMEDOIDS_SAMPLE}, best total distance over all models kept")
+
+
+METHODS = ("kmedoids", "kcenter", "routing")
+
+
+def routing_members(value: np.ndarray, k: int, eligible: np.ndarray, required: np.ndarray) -> list[int]:
+    """Greedy by routing value: start from the required models, then add the eligible model that raises the pool's
+    predicted routing accuracy most, mean over queries of max P(correct) among the members (value [M,N]: predicted
+    P(correct) on the selection queries; no answers are used). Covering methods put two close but complementary
+    models (gpt-4o and gemini-1.5-pro) in one cluster; this keeps both when the router needs both."""
+    members = [int(r) for r in required]
+    best = value[members].max(axis=0) if members else np.zeros(value.shape[1])
+    while len(members) < k:
+        gains = np.where(eligible, np.maximum(value, best[None]).mean(axis=1), -np.inf)
+        gains[members] = -np.inf
+        m = int(np.argmax(gains))
+        members.append(m)
+        best = np.maximum(best, value[m])
+    return members
+
+
+def select(p: Pool, k: int, method: str, eligible: np.ndarray, required: np.ndarray,
+           seed: int = 0, value: np.ndarray | None = None) -> tuple[list[int], str | None]:
+    if method not in METHODS:
+        raise InputError(f"unknown method {method!r}: use {', '.join(METHODS)}")
+    n_ok = int(eligible.sum())
+    if k < 1:
+        raise InputError(f"k must be at least 1, got {k}")
+    if k > n_ok:
+        raise InputError(f"k={k} is larger than the pool: {n_ok} eligible models"
+                         + (f" (of {len(p.names)})" if n_ok < len(p.names) else ""))
+    if k < len(required):
+        raise InputError(f"k={k} is smaller than the {len(required)} required models")
+    if method == "kcenter":
+        return kcenter(p.vectors, k, eligible, required), None
+    if method == "routing":
+        return routing_members(value, k, eligible, required), ("greedy by predicted routing accuracy on the "
+                                                               "validation queries")
+    return kmedoids_members(p.vectors, k, eligible, required, seed)
+
+
+def describe(p: Pool, members: list[int], method: str, note: str | None = None) -> Portfolio:
+    label, dist = cover(p.vectors, members)
+    clusters = {p.names[m]: [p.names[m]] for m in members}
+    for i in np.argsort(dist, kind="stable"):           # nearest first within each cluster
+        if int(i) not in members:
+            clusters[p.names[members[label[i]]]].append(p.names[i])
+    return Portfolio([p.names[m] for m in members], len(members), method, round(float(dist.max()), 4), clusters,
+                     note=note)
+
+
+def hit1(probs: np.ndarray, correct: np.ndarray, members) -> float:
+    """Routing accuracy among `members`: each query goes to the member with the highest P(correct), and scores its
+    answer; where that model has no answer to the query (a partly evaluated model), its predicted P(correct) stands
+    in (counting it wrong would make a pool with such a model look worse than any of its parts)."""
+    members = np.asarray(members)
+    chosen = members[np.argmax(probs[members], axis=0)]
+    cols = np.arange(correct.shape[1])
+    got = correct[chosen, cols]
+    return float(np.where(got >= 0, got == 1, probs[chosen, cols]).mean())
+
+
+def smallest_reaching(p: Pool, method: str, eligible, required, probs, correct, target: float,
+                      seed: int = 0, value: np.ndarray | None = None, routable=None) -> Portfolio:
+    """The smallest k whose routing accuracy reaches `target` times the whole pool's (`routable` [M] bool: the
+    models routing may choose, as the pool; default all)."""
+    if not 0 < target <= 1:
+        raise InputError(f"--target must be a share in (0, 1], got {target}")
+    if correct.shape[1] == 0:
+        raise InputError("no test queries with evaluations: --target needs a test split (query_splits)")
+    full = hit1(probs, correct, np.flatnonzero(routable) if routable is not None and np.any(routable)
+                else np.arange(len(p.names)))
+    for k in range(max(1, len(required)), int(eligible.sum()) + 1):
+        members, note = select(p, k, method, eligible, required, seed, value)
+        acc = hit1(probs, correct, members)
+        if acc >= target * full - 1e-12:
+            break
+    else:
+        note = f"no portfolio of eligible models reaches {target:g} of the pool; the largest is shown"
+    out = describe(p, members, method, note)
+    out.accuracy, out.pool_accuracy = round(acc, 4), round(full, 4)
+    out.share_of_pool = round(acc / full, 4) if full else None
+    return out
+
+
+def answer(tx, p: Pool, k: int | None = None, method: str | None = None, max_params: float | None = None,
+           max_cost: float | None = None, require=(), exclude=(), target: float | None = None, seed: int = 0,
+           probation=frozenset()):
+    """`Registry.portfolio`: k members by `method`, or with `target` the smallest k whose predicted routing on the
+    test split keeps that share of the pool's accuracy. `probation`: models never chosen as members unless required
+    (embedded from too few evaluations); they are still covered."""
+    from registry.answers import geometry
+
+    if (k is None) == (target is None):
+        raise InputError("give k or a target share (e.g. --target 0.99), not both")
+    method = method or ("routing" if target is not None else "kmedoids")   # --target keeps the routing
+    meta = {n: (pb, c) for n, pb, c in tx.sql("SELECT name, params_b, cost FROM models")}
+    ok, req = eligibility(p, meta, exclude, require, max_params, max_cost)
+    left_out = sorted(set(probation) - set(require))
+    ok[[p.names.index(n) for n in left_out]] = False
+    if left_out and (not ok.any() or (k is not None and k > ok.sum())):
+        raise InputError(("no model is eligible" if k is None else f"k={k} is larger than the {int(ok.sum())} "
+                          f"eligible models") + f": {len(left_out)} on probation (too few evaluations) are left out; "
+                         f"--include-probation to allow them")
+    value = None
+    if method == "routing":   # chosen on the validation queries' predictions; test answers only score it
+        val = np.array([r[0] for r in tx.sql("SELECT query_id FROM query_splits WHERE split = 'val' ORDER BY 1")],
+                       dtype=np.int64)
+        if not len(val):
+            raise InputError("--method routing chooses on the validation split: the registry has none "
+                             "(`registry draw-splits`)")
+        value = geometry.predicted(tx, p.encoder_id, p.vectors, val)
+    if target is None:
+        members, note = select(p, k, method, ok, req, seed, value)
+        out = describe(p, members, method, note)
+    else:
+        qids, correct = geometry.test_outcomes(tx, p.model_ids)
+        probs = geometry.predicted(tx, p.encoder_id, p.vectors, qids)
+        routable = np.array([n not in probation for n in p.names], dtype=bool)   # routing never picks the others
+        out = smallest_reaching(p, method, ok, req, probs, correct, target, seed, value, routable)
+    if left_out:
+        said = (f"{len(left_out)} model(s) on probation (too few evaluations) not chosen as members: "
+                f"{', '.join(left_out[:5])}{', ...' if len(left_out) > 5 else ''}")
+        out.note = f"{out.note}; {said}" if out.note else said
+    return out
+
+
+def with_share(tx, p: Pool, k: int, method: str = "routing", seed: int = 0, probation=frozenset()) -> Portfolio:
+    """k members by `method` (no constraints but `probation`: never members, as in `answer`) with the share of the
+    pool's test routing accuracy they keep."""
+    from registry.answers import geometry
+
+    ok, req = np.array([n not in probation for n in p.names], dtype=bool), np.array([], dtype=int)
+    value = None
+    if method == "routing":
+        val = np.array([r[0] for r in tx.sql("SELECT query_id FROM query_splits WHERE split = 'val' ORDER BY 1")],
+                       dtype=np.int64)
+        if not len(val):
+            raise InputError("the routing method chooses on the validation split: the registry has none")
+        value = geometry.predicted(tx, p.encoder_id, p.vectors, val)
+    members, note = select(p, k, method, ok, req, seed, value)
+    out = describe(p, members, method, note)
+    qids, correct = geometry.test_outcomes(tx, p.model_ids)
+    if correct.shape[1]:
+        probs = geometry.predicted(tx, p.encoder_id, p.vectors, qids)
+        pool = np.flatnonzero(ok) if ok.any() else np.arange(len(p.names))      # the models routing may choose
+        acc, full = hit1(probs, correct, members), hit1(probs, correct, pool)
+        out.accuracy, out.pool_accuracy = round(acc, 4), round(full, 4)
+        out.share_of_pool = round(acc / full, 4) if full else None
+    return out

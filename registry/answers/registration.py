@@ -1,0 +1,217 @@
+"""Registering a model (`registry register`): its metadata and results in, one transaction, refused whole when it
+would silently change a model that exists; then onboarding; then what the registry now says of it: version,
+evidence status, nearest models, and a warning where one is due."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from registry.answers import catalog, fingerprint, neighbours
+from registry.embedding import encoders, evidence, onboarding
+from registry.data import evaluation_rows, ingest
+from registry.core.errors import InputError
+from registry.answers.neighbours import Neighbour
+from registry.core.store import Tx
+
+
+@dataclass
+class RegisterResult:
+    model: str
+    version: int | None
+    outcome: str                        # embedded | unchanged | too few evaluations
+    n_evaluations: int                  # used for the embedding: current evaluations outside the test split
+    stability: float | None
+    neighbours: list[Neighbour]
+    warning: str | None
+    evaluations_added: int
+    queries_added: int
+    held_out: int = 0                   # current evaluations on test queries: kept, never embedded
+    status: str = "not embedded"        # established | probation | not embedded (evidence.py)
+    updated: dict = field(default_factory=dict)   # metadata field -> [old, new] (with update=True)
+    results_changed: int = 0            # results that superseded different stored ones (with update=True)
+
+
+
+@dataclass
+class Staged:
+    """A registration's rows, written in a transaction (not yet onboarded)."""
+    name: str
+    changes: dict                       # metadata field -> [old, new]
+    evaluations_added: int
+    queries_added: int
+    results_changed: int
+
+
+def check(name: str, metadata: dict) -> str:
+    """The name to register under, once the metadata is sound (before any transaction)."""
+    name = (name or "").strip()
+    if not name:
+        raise InputError("empty model name")
+    for label, value in (("params_b", metadata.get("params_b")), ("cost", metadata.get("cost"))):
+        if value is not None and not (value >= 0 and value != float("inf")):
+            raise InputError(f"{label} must be a non-negative number, got {value}")
+    return name
+
+
+def stage(tx: Tx, name: str, evals: str, metadata: dict, update: bool = False, progress: bool = False) -> Staged:
+    """The model's metadata and results into `tx`, refused whole (InputError) when it would silently change a model
+    that exists. The server's writer stages many registrations in one transaction."""
+    changes = _metadata(tx, name, metadata, update)
+    imported = ingest.run_model_import(tx, name, str(evals), progress=progress)
+    changed = _changed_results(tx, name, imported.batch_id, update, evals)
+    return Staged(name, changes, imported.evaluations_added, imported.queries_added, changed)
+
+
+def stage_group(tx: Tx, jobs: list[tuple], parsed: list[list[dict] | None] | None = None) -> list[Staged]:
+    """Many registrations (`stage`'s (name, evals, metadata, update) each) in `tx`, for the server's writer. Those
+    whose files are small JSONL of query ids and results only (what `POST /models` writes), each for a different
+    model, are imported together from memory (ingest.run_rows_import): one pass of the import's checks for the
+    group instead of one per registration, and no file read again by DuckDB (a group of one too). A bad row in a
+    group of several refuses the group with no line named: the writer then stages each registration alone, and
+    alone a bad row is read again from its file, which names the line. `parsed`: each file's `plain_rows`, where
+    the caller has read them already (the writer's request threads)."""
+    names = [j[0] for j in jobs]
+    parsed = parsed or [plain_rows(j[1]) for j in jobs]
+    rows = [r if names.count(j[0]) == 1 else None for j, r in zip(jobs, parsed)]
+    together = [i for i, r in enumerate(rows) if r is not None]
+    out: dict[int, Staged] = {i: stage(tx, *jobs[i]) for i in range(len(jobs)) if i not in together}
+    if together:
+        out.update(_stage_together(tx, [jobs[i] for i in together], [rows[i] for i in together], together))
+    return [out[i] for i in range(len(jobs))]
+
+
+def _stage_together(tx: Tx, jobs: list[tuple], rows: list[list[dict]], at: list[int]) -> dict[int, Staged]:
+    names = [j[0] for j in jobs]
+    # the group's models that exist (name -> id), then which of them have results (mostly none exist: new models)
+    # (a list of constants: DuckDB looks them up in the name index; a list parameter unnested is a join)
+    found = tx.sql(f"SELECT id, name FROM models WHERE name IN ({', '.join('?' * len(names))})", names)
+    if found:
+        evaluated = {m for (m,) in tx.sql("""SELECT DISTINCT model_id FROM evaluations
+                                             WHERE model_id IN (SELECT unnest(?::INTEGER[]))""", [[i for i, _ in found]])}
+        found = [(i, name, i in evaluated) for i, name in found]
+    known = {name for _, name, _ in found}
+    had_results = {name for _, name, has in found if has}
+    ids = {name: int(i) for i, name, _ in found}
+    ids.update(ingest.insert_new_models(tx, {name: metadata for name, _, metadata, _ in jobs if name not in known}))
+    changes = [_metadata(tx, name, metadata, update) if name in known else {}
+               for name, _, metadata, update in jobs]
+    imported = ingest.run_rows_import(
+        tx, [name for name, model_rows in zip(names, rows) for _ in model_rows],
+        [r["question_id"] for model_rows in rows for r in model_rows],
+        [bool(r["correct"]) for model_rows in rows for r in model_rows], f"{len(jobs)} registrations",
+        evaluated=[int(i) for i, _, has in found if has], ids=ids)
+    if imported is None:      # a row with a problem: the writer stages each registration alone, naming its line
+        if len(jobs) == 1:
+            return {at[0]: stage(tx, *jobs[0])}          # the file path names the bad row (and refuses)
+        raise InputError("a registration of the group has a bad row")
+    added = {} if imported.already_imported or imported.batch_id is None else imported.added_by_model
+    return {i: Staged(name, ch, added.get(name, 0), 0,
+                      _changed_results(tx, name, imported.batch_id, update, evals) if name in had_results else 0)
+            for i, (name, evals, _, update), ch in zip(at, jobs, changes)}
+
+
+_PLAIN_KEYS = {"question_id", "correct"}
+_PLAIN_MAX_BYTES = 1 << 20
+
+
+def plain_rows(evals) -> list[dict] | None:
+    """The rows of a small JSONL file of question ids and results only (what `POST /models` writes), else None."""
+    import json
+    import os
+
+    path = str(evals)
+    if not path.endswith(".jsonl") or not os.path.isfile(path) or os.path.getsize(path) > _PLAIN_MAX_BYTES:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError):
+        return None
+    ok = rows and all(isinstance(r, dict) and r.keys() == _PLAIN_KEYS and isinstance(r["question_id"], str)
+                      and r["correct"] in (0, 1) for r in rows)
+    return rows if ok else None
+
+
+def _metadata(tx: Tx, name: str, metadata: dict, update: bool) -> dict:
+    changes = ingest.upsert_model_metadata(tx, name, **metadata)
+    if changes and not update:
+        field_, (old, new) = next(iter(changes.items()))
+        raise InputError(f"{name!r} is already registered with {field_}={old!r} (given {new!r}"
+                         + (f", and {len(changes) - 1} more field(s)" if len(changes) > 1 else "")
+                         + "): pass --update (update=True) to change its metadata")
+    return changes
+
+
+def _changed_results(tx: Tx, name: str, batch_id: int | None, update: bool, evals) -> int:
+    changed = ingest.changed_results(tx, name, batch_id)
+    if changed and not update:
+        qid, old, new = changed[1]
+        raise InputError(f"{changed[0]} of these results differ from the ones {name!r} already has (e.g. "
+                         f"query {qid}: stored {old}, given {new}): pass --update (update=True) to record them "
+                         f"as newer evaluations (the old ones are kept)", file=str(evals))
+    return changed[0] if changed else 0
+
+
+def report(reg, staged: Staged, o: onboarding.JobOutcome | None, k: int = 5) -> RegisterResult:
+    """What the registry now says of a staged and onboarded model (a read): version, evidence status, nearest
+    models, warnings. `o`: its onboarding outcome (None: nothing new to embed)."""
+    name = staged.name
+    with reg.store.tx() as tx:
+        if o is None:  # nothing new to embed: its current version
+            info = catalog.show(tx, name, reg.probation_min)
+            o = onboarding.JobOutcome(name, "unchanged", info.version, info.embedded_from or 0)
+        held_out = catalog.held_out(tx, name)
+        model_id = tx.sql("SELECT id FROM models WHERE name = ?", [name])[0][0]
+        # its answers against every other model's, once: the neighbours' disagreement and the duplicate test use it
+        own = evaluation_rows.of_models(tx, [model_id])
+        rates = evaluation_rows.disagreement(tx, own["query_id"], own["correct"], [
+            m for (m,) in tx.sql("SELECT id FROM models WHERE id <> ?", [model_id])])
+        near, notes, status = [], [], "not embedded"
+        if o.version is not None:
+            near = neighbours.of_model(tx, reg.path, name, k, encoders.require_active(tx), rates=rates)
+            status = "probation" if evidence.on_probation(o.n_evaluations, reg.probation_min) else "established"
+            notes = [] if status == "established" else [_probation_note(o, reg.probation_min)]
+        notes += [w for w in [fingerprint.duplicate_warning(tx, name, model_id, rates)] if w]   # from its answers
+    return _result(staged, o, near, notes, held_out, status)
+
+
+def report_served(reg, snap, book, staged: Staged, o: onboarding.JobOutcome | None, k: int = 5) -> RegisterResult:
+    """`report` from a running server's memory, with no read: its snapshot (snapshot.py: the index of current
+    versions) and its answer book (answerbook.py), both up to date with the write being reported. What `report`
+    says, the same way (tests/test_writer.py compares them)."""
+    model_id = book.id_of(staged.name)
+    if o is None or model_id is None:                 # nothing new was embedded, or no answers: the plain report
+        return report(reg, staged, o, k)
+    rates = book.disagreement(model_id)
+    near, notes, status = [], [], "not embedded"
+    vector = snap.index.vector_of(staged.name) if o.version is not None else None
+    if vector is not None:
+        near = neighbours.by_vector(None, reg.path, vector, k, snap.index.encoder_id, exclude={staged.name},
+                                    vi=snap.index, rates=rates)
+        status = "probation" if evidence.on_probation(o.n_evaluations, reg.probation_min) else "established"
+        notes = [] if status == "established" else [_probation_note(o, reg.probation_min)]
+    notes += [w for w in [fingerprint.duplicate_warning(None, staged.name, model_id, rates, book.names,
+                                                        book.calibration({model_id}))] if w]
+    return _result(staged, o, near, notes, book.held_out(model_id), status)
+
+
+def _probation_note(o: onboarding.JobOutcome, minimum: int) -> str:
+    return (f"on probation: embedded from {o.n_evaluations} evaluations, routing needs {minimum} to choose it "
+            f"unasked; its nearest models are uncertain at this size")
+
+
+def _result(staged: Staged, o: onboarding.JobOutcome, near: list[Neighbour], notes: list[str], held_out: int,
+            status: str) -> RegisterResult:
+    return RegisterResult(staged.name, o.version, o.outcome, o.n_evaluations, o.stability, near,
+                          "; ".join(notes) or None, staged.evaluations_added, staged.queries_added, held_out, status,
+                          staged.changes, staged.results_changed)
+
+
+def register(reg, name: str, evals: str, metadata: dict, k: int = 5, progress: bool = False,
+             update: bool = False) -> RegisterResult:
+    """`Registry.register`, over the facade `reg`: the import and its checks in one transaction (a refusal changes
+    nothing), onboarding, then the report in a read."""
+    name = check(name, metadata)
+    reg._finish_pending()
+    with reg.store.tx() as tx:
+        staged = stage(tx, name, evals, metadata, update, progress)
+    return report(reg, staged, {o.model: o for o in reg.onboard()}.get(name), k)

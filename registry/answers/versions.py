@@ -1,0 +1,112 @@
+"""A model's embedding versions: its history (when, why, from how many evaluations, how stable) and the difference
+between two versions (how far it moved, how its neighbours and predicted accuracy per category changed)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from registry.answers import catalog, neighbours
+from registry.embedding import encoders
+from registry.data import query_cache
+from registry.core.errors import InputError, NotFound, unknown_model
+from registry.answers.neighbours import Neighbour
+from registry.core.store import Tx
+
+
+@dataclass
+class VersionInfo:
+    version: int
+    encoder: str
+    encoder_id: int
+    n_evaluations: int                  # used for the embedding: the evaluations outside the test split
+    created: str
+    reason: str
+    batch_id: int | None
+    stability: float | None
+    digest: str
+    distance_moved: float | None        # from the previous version under the same encoder
+
+
+@dataclass
+class History:
+    model: str
+    versions: list[VersionInfo]
+
+
+@dataclass
+class Diff:
+    model: str
+    v1: int
+    v2: int
+    distance: float
+    neighbours_v1: list[Neighbour]
+    neighbours_v2: list[Neighbour]
+    predicted_accuracy: dict[str, dict]  # category -> {"v1", "v2", "change"}
+
+
+def history(tx: Tx, name: str) -> History:
+    if not tx.sql("SELECT 1 FROM models WHERE name = ?", [name]):
+        raise unknown_model(name, catalog.names(tx))
+    rows = tx.sql("""
+        SELECT v.version, e.name, v.encoder_id, v.n_evaluations, v.created::VARCHAR, v.reason, v.batch_id,
+               coalesce(s.stability, v.stability), v.digest, v.vector
+        FROM embedding_versions v JOIN models m ON m.id = v.model_id JOIN encoders e ON e.id = v.encoder_id
+        LEFT JOIN version_stability s ON s.version_id = v.id
+        WHERE m.name = ? ORDER BY v.version""", [name])
+    out, last = [], {}
+    for version, enc, enc_id, n, created, reason, batch, stab, digest, vec in rows:
+        vec = np.asarray(vec, dtype=np.float32)
+        moved = None if enc_id not in last else round(float(np.linalg.norm(vec - last[enc_id])), 4)
+        last[enc_id] = vec
+        out.append(VersionInfo(version, enc, enc_id, n, created, reason, batch,
+                               None if stab is None else round(stab, 4), digest, moved))
+    return History(name, out)
+
+
+def diff(tx: Tx, db_path: str, name: str, v1: int | None = None, v2: int | None = None, k: int = 5) -> Diff:
+    rows = {r[0]: r[1:] for r in tx.sql("""
+        SELECT v.version, v.encoder_id, v.vector, v.created::VARCHAR FROM embedding_versions v
+        JOIN models m ON m.id = v.model_id WHERE m.name = ? ORDER BY v.version""", [name])}
+    if not rows:
+        if not tx.sql("SELECT 1 FROM models WHERE name = ?", [name]):
+            raise unknown_model(name, catalog.names(tx))
+        raise NotFound(f"model {name!r} has no embedding versions")
+    newest = sorted(rows)
+    if len(newest) == 1 and v1 is None and v2 is None:
+        raise InputError(f"{name!r} has one embedding version (v{newest[0]}): nothing to compare yet "
+                         f"(a new version comes with new evaluations or another encoder)")
+    v2 = v2 if v2 is not None else newest[-1]
+    v1 = v1 if v1 is not None else (newest[-2] if len(newest) > 1 else newest[-1])
+    for v in (v1, v2):
+        if v not in rows:
+            raise NotFound(f"model {name!r} has no version {v} (versions: {newest})")
+    (e1, z1, t1), (e2, z2, t2) = rows[v1], rows[v2]
+    z1, z2 = np.asarray(z1, np.float32), np.asarray(z2, np.float32)
+    distance = float(np.linalg.norm(z1 - z2)) if e1 == e2 else float("nan")
+    n1 = neighbours.of_vector_as_model(tx, db_path, name, z1, k, e1, t1)
+    n2 = neighbours.of_vector_as_model(tx, db_path, name, z2, k, e2, t2)
+    acc: dict[str, dict] = {}
+    for version, enc, z in ((v1, e1, z1), (v2, e2, z2)):
+        for cat, p in predicted_category_accuracy(tx, enc, z).items():
+            acc.setdefault(cat, {})["v1" if version == v1 else "v2"] = round(p, 4)
+    for d in acc.values():
+        d.setdefault("v2", d.get("v1"))
+        d["change"] = round(d["v2"] - d["v1"], 4)
+    return Diff(name, v1, v2, round(distance, 4), n1, n2, acc)
+
+
+def predicted_category_accuracy(tx: Tx, encoder_id: int, z) -> dict[str, float]:
+    """Mean predicted P(correct) per query category, over every query the registry has a vector for."""
+    model, _ = encoders.load(tx, encoder_id)
+    qids = np.array([r[0] for r in tx.sql("SELECT id FROM queries ORDER BY id")], dtype=np.int64)
+    if not len(qids):
+        return {}
+    row_of, qmat = query_cache.query_vectors(tx, qids)
+    cats = dict(tx.sql("SELECT id, coalesce(category, '(none)') FROM queries"))
+    p = model.p_correct(np.asarray(z, np.float32)[None, :], qmat[[row_of[int(i)] for i in qids]],
+                        query_cache.query_categories(tx, qids, model))[0]
+    out: dict[str, list] = {}
+    for qid, pq in zip(qids.tolist(), p):
+        out.setdefault(cats[qid], []).append(pq)
+    return {c: float(np.mean(v)) for c, v in sorted(out.items())}

@@ -1,0 +1,45 @@
+"""The command line: each command is a thin call of the `Registry` method of the same name.
+
+This module defines the root group only (--db, --probation-min) and attaches the commands of each command module,
+explicitly, from its COMMANDS list. Every command module follows one pattern (see cli_common): it defines its commands
+with cli_common's `command` decorator (options, --json, context, one-line errors) and never imports this module.
+Only the CLI raises click.ClickException; start-up imports neither torch, sentence-transformers nor faiss.
+"""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from registry.cli import data, db, encoders, geometry, models, routing
+from registry.cli.common import emit_json, handles_errors, open_registry, table
+
+__all__ = ["cli", "main", "emit_json", "handles_errors", "open_registry", "table"]
+
+COMMAND_MODULES = (db, data, models, encoders, geometry, routing)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--db", envvar="REGISTRY_DB", default="registry.duckdb", show_default=True,
+              help="The registry's DuckDB file, or a PostgreSQL URL postgresql://user@host:port/dbname "
+                   "(or set REGISTRY_DB).")
+@click.option("--probation-min", type=click.IntRange(min=0), envvar="REGISTRY_PROBATION_MIN", default=None,
+              help="Fewest evaluations behind a model's embedding for routing to choose it unasked (default 500; "
+                   "or set REGISTRY_PROBATION_MIN).")
+@click.pass_context
+def cli(ctx: click.Context, db: str, probation_min: int | None) -> None:
+    """A model registry for LLMs: import benchmark results, embed models with LOCUS, compare and route."""
+    ctx.obj = {"db": db, "registry": None, "probation_min": probation_min}
+
+
+for _module in COMMAND_MODULES:
+    for _command in _module.COMMANDS:
+        cli.add_command(_command)
+
+
+def main() -> None:
+    cli(prog_name="registry")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

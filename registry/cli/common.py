@@ -1,0 +1,99 @@
+"""What every command module shares: the `command` and `group` decorators, JSON output, tables, opening the registry.
+
+Every command file (cli_db, cli_data, cli_models, cli_encoders, cli_geometry, cli_routing) follows one pattern: it
+imports this module only (never cli.py), defines its commands with `@command(...)` and lists its top-level ones in
+`COMMANDS`; cli.py attaches them to the root group. A command defined with `@command(...)` gets, always in this order:
+its options, `--json` (parameter `as_json`, unless `json=False`), the click context as its first argument, and our
+errors (RegistryError) turned into one-line click errors (exit 1). Only the CLI raises click.ClickException.
+
+Start-up stays light: nothing here imports torch, sentence-transformers or faiss (the registry is opened lazily).
+"""
+from __future__ import annotations
+
+import functools
+import json as json_
+import math
+from dataclasses import asdict, is_dataclass
+
+import click
+
+from registry.core.errors import RegistryError
+
+
+def command(name: str | None = None, *, json: bool = True, group: click.Group | None = None,
+            cls: type[click.Command] = click.Command, **attrs):
+    """The one decorator of every command: click.command(name, **attrs), a `--json` flag (as `as_json`, after the
+    command's own options) when `json`, click.pass_context, and `handles_errors`. `group`: attach the command to this
+    group (a subcommand such as `db upgrade`); top-level commands are attached by cli.py from the module's COMMANDS."""
+    def decorate(fn) -> click.Command:
+        cmd = click.command(name, cls=cls, **attrs)(click.pass_context(handles_errors(fn)))
+        if json:
+            cmd.params.append(click.Option(["--json", "as_json"], is_flag=True))
+        if group is not None:
+            group.add_command(cmd)
+        return cmd
+    return decorate
+
+
+def group(name: str | None = None, *, json: bool = False, **attrs):
+    """`command` for a group of subcommands (db, encoders, vectors): the same stack, no `--json` unless asked."""
+    return command(name, json=json, cls=click.Group, **attrs)
+
+
+def _jsonable(obj):
+    """Plain JSON values; a NaN or infinite float (an AUC over one class, say) becomes null, as JSON has no NaN."""
+    if is_dataclass(obj):
+        return _jsonable(asdict(obj))
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(o) for o in obj]
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def emit_json(obj) -> None:
+    click.echo(json_.dumps(_jsonable(obj), indent=2, default=str, allow_nan=False))
+
+
+def table(rows: list[list], headers: list[str]) -> None:
+    cells = [[("" if c is None else str(c)) for c in r] for r in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    click.echo("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
+    click.echo("  ".join("-" * w for w in widths))
+    for r in cells:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+
+
+def num(x) -> str:
+    """A number for a table or a line: '' (not 'None') when unknown, no trailing zeros."""
+    return "" if x is None else f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def neighbour_rows(neighbours) -> list[list]:
+    """Table rows for nearest models (`similar`, `register`): model, distance, disagreement, shared queries."""
+    return [[n.model, f"{n.distance:.4f}", "" if n.disagreement is None else f"{n.disagreement:.3f}",
+             n.shared_queries or ""] for n in neighbours]
+
+
+def handles_errors(fn):
+    """Our own errors become one-line click errors (exit 1), never a stack trace."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except RegistryError as exc:
+            raise click.ClickException(str(exc)) from None
+    return wrapper
+
+
+def open_registry(ctx: click.Context, create: bool = False):
+    """The registry named by --db; only commands that bring data in (`create`) may make a new file."""
+    from registry.api import Registry
+
+    obj = ctx.find_root().obj
+    if obj.get("registry") is None:
+        obj["registry"] = Registry(obj["db"], create=create, probation_min=obj.get("probation_min"))
+        ctx.call_on_close(obj["registry"].close)
+    return obj["registry"]

@@ -1,0 +1,89 @@
+"""Bringing data in: `registry import`, `registry draw-splits`, `registry vectors export|import`."""
+from __future__ import annotations
+
+import click
+
+from registry.cli.common import command, emit_json, group, open_registry
+
+
+@command("import")
+@click.argument("directory", required=False, type=click.Path())
+@click.option("--models", type=click.Path(), help="Models CSV (model, family, provider, params_b, cost, ...).")
+@click.option("--queries", type=click.Path(), help="Queries: CSV, JSONL or Parquet (id, text, category, options...).")
+@click.option("--evaluations", type=click.Path(), help="Evaluations, long format (model, query id, correct).")
+@click.option("--splits", type=click.Path(), help="Query splits (query id, train|val|test).")
+@click.option("--vectors", type=click.Path(), help="Query text vectors (Parquet, from `registry vectors export`).")
+def import_(ctx, directory, models, queries, evaluations, splits, vectors, as_json):
+    """Import benchmark results: a folder laid out like ../shared/data/mmlu-pro, or single files."""
+    reg = open_registry(ctx, create=True)
+    result = reg.import_files(models=models, queries=queries, evaluations=evaluations, splits=splits,
+                              directory=directory, progress=not as_json, vectors=vectors)
+    if as_json:
+        emit_json(result)
+        return
+    if result.already_imported:
+        click.echo(f"already imported (batch {result.batch_id}): nothing added")
+        return
+    click.echo(f"batch {result.batch_id}: {result.models_added} models added ({result.models_updated} updated), "
+               f"{result.queries_added} queries, {result.evaluations_added} evaluations "
+               f"(of {result.evaluations_read} read), {result.splits_set} splits, "
+               f"{result.texts_embedded} texts embedded by MiniLM, {result.texts_from_files} text vectors from "
+               f"vector files" + (f", {result.vectors_loaded} vectors loaded" if result.vectors_loaded else ""))
+    for name, cols in result.ignored_columns.items():
+        click.echo(f"note: {name}: columns not stored: {', '.join(cols)}")
+
+
+@group()
+def vectors(ctx) -> None:
+    """Query text vectors as a Parquet file: export them, or import them into another registry."""
+
+
+@command("export", group=vectors)
+@click.argument("file", type=click.Path())
+@click.option("--source", help="Where the vectors come from (kept in the file's metadata).")
+@click.option("--dtype", type=click.Choice(["float32", "float16"]), default="float32", show_default=True)
+def vectors_export(ctx, file, source, dtype, as_json):
+    """Write the registry's query text vectors (content hash, text encoder, vector) to FILE."""
+    r = open_registry(ctx).export_vectors(file, source=source, dtype=dtype)
+    if as_json:
+        return emit_json(r)
+    click.echo(f"{r.rows} vectors ({r.text_encoder}, {r.dtype}) written to {r.path}")
+
+
+@command("import", group=vectors)
+@click.argument("file", type=click.Path())
+def vectors_import(ctx, file, as_json):
+    """Add the vectors of FILE (checked whole first; texts are matched by content hash only)."""
+    r = open_registry(ctx, create=True).import_vectors(file)
+    if as_json:
+        return emit_json(r)
+    click.echo(f"{r.path}: {r.rows} vectors read, {r.added} new")
+
+
+@command("draw-splits")
+@click.option("--val", default=0.1, show_default=True, help="Share of each category's new queries for validation.")
+@click.option("--test", type=float, help="Share of each category's new queries for test (--by random; default 0.1).")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--by", type=click.Choice(["random", "category"]), default="random", show_default=True,
+              help="random: new queries drawn within each category; category: whole categories held out as test "
+                   "(every query's split is set anew).")
+@click.option("--test-categories", help="With --by category: the categories held out as test, comma-separated.")
+def draw_splits(ctx, val, test, seed, by, test_categories, as_json):
+    """Give every query without a split a train/val/test split, drawn with a seed (when no splits file exists); or
+    hold whole categories out as test (--by category)."""
+    cats = [c for c in (test_categories or "").split(",") if c.strip()]
+    result = open_registry(ctx).draw_splits(val=val, test=test, seed=seed, by=by, test_categories=cats or None)
+    if as_json:
+        emit_json(result)
+        return
+    embedded = sum(o["outcome"] == "embedded" for o in result.onboarding)
+    if by == "category":
+        click.echo(f"seed {seed}: test = {', '.join(result.test_categories)}; " + ", ".join(
+            f"{n} {s}" for s, n in result.drawn.items()) + f"; {result.changed} queries changed split; "
+            f"{embedded} models re-embedded")
+        return
+    click.echo(f"seed {seed}: " + ", ".join(f"{n} {s}" for s, n in result.drawn.items())
+               + f" drawn; {result.kept} queries kept their split; {embedded} models re-embedded")
+
+
+COMMANDS = [import_, vectors, draw_splits]

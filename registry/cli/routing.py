@@ -1,0 +1,229 @@
+"""CLI commands for routing (route, log, mark-unavailable, mark-available, serve): thin calls of the Registry's
+routing methods, defined with cli_common's `command` decorator; cli.py attaches COMMANDS to the root group. Nothing
+heavy is imported at start-up."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from registry.cli.common import command, emit_json, group, num, open_registry, table
+
+CHUNK = 256  # texts per batch call: the progress bar moves per chunk; each chunk is one transaction and one log insert
+
+
+def _names(values) -> list[str]:
+    """--unavailable A --unavailable B, or A,B."""
+    return [n.strip() for v in values for n in v.split(",") if n.strip()]
+
+
+@command()
+@click.argument("text", required=False)
+@click.option("--file", "file_", type=click.Path(), help="Queries to route: JSONL or CSV (text, or question+options).")
+@click.option("--out", type=click.Path(), help="Decisions out: .jsonl or .csv (with --frontier: the PNG).")
+@click.option("--cost-weight", type=float, help="Maximise P(correct) - L x cost.")
+@click.option("--min-prob", type=float, help="The cheapest model whose P(correct) reaches P (else the most likely).")
+@click.option("--cost-by", type=click.Choice(["cost", "params"]), default=None,
+              help="What cost means: the models' price (`cost`, route default; every candidate needs one) or their "
+                   "size (`params`: params_b, models without it left out; --frontier default).")
+@click.option("--include-probation", is_flag=True,
+              help="Let models on probation (too few evaluations behind their embedding) be chosen.")
+@click.option("--unavailable", multiple=True, help="A model never to choose (repeat, or comma-separated).")
+@click.option("--no-log-text", is_flag=True, help="Log the query's hash but not its text.")
+@click.option("--no-log", is_flag=True, help="Do not write the routing log.")
+@click.option("--frontier", is_flag=True, help="Accuracy vs mean cost over a sweep of cost weights.")
+@click.option("--split", default="test", show_default=True, help="Split for --frontier.")
+@click.option("--top", default=5, show_default=True, help="Candidates shown (--json: all).")
+def route(ctx, text, file_, out, cost_weight, min_prob, cost_by, include_probation, unavailable, no_log_text, no_log,
+          frontier, split, top, as_json):
+    """Route a query (or a file of queries) to the model most likely to answer it."""
+    if sum(x is not None and x is not False for x in (text, file_, frontier or None)) != 1:
+        raise click.UsageError("give a query TEXT, --file, or --frontier (one of them)")
+    reg = open_registry(ctx)
+    if frontier:
+        return _frontier(reg, split, cost_by or "params", out or "frontier.png", as_json)
+    kw = dict(cost_weight=cost_weight, min_prob=min_prob, unavailable=_names(unavailable) or None,
+              log=not no_log, log_text=not no_log_text, cost_by=cost_by or "cost",
+              include_probation=include_probation)
+    if text is not None:
+        d = reg.route(text, **kw)
+        if as_json:
+            return emit_json(d)
+        if d.model is None:
+            raise click.ClickException(d.note)
+        click.echo(f"{d.model}{'  (fallback: the top choice is unavailable)' if d.fallback else ''}"
+                   + (f"  (cost-aware, cost = {d.cost_basis})" if d.cost_basis else ""))
+        shown = d.candidates[:top]
+        if d.model not in {c.model for c in shown}:   # the choice is always in the table, even ranked lower
+            shown = shown + [c for c in d.candidates if c.model == d.model]
+        table([["*" if c.model == d.model else "", c.model, f"{c.prob:.3f}", f"{c.raw_prob:.3f}", c.evaluations,
+                num(c.cost), num(c.params_b), _status(c)] for c in shown],
+              ["", "candidate", "P(correct)", "own P", "evaluations", "cost", "params_b", "status"])
+        click.echo(f"encoder {d.encoder}; versions: " + ", ".join(f"{c.model} v{d.versions[c.model]}"
+                                                                  for c in shown))
+        click.echo("P(correct) is the model's own prediction (own P) with what the registry's answers add for queries "
+                   "like this one (category offsets, nearest answered queries), shrunk toward the pool's by how "
+                   "uncertain its embedding is")
+        if d.note:
+            click.echo(f"note: {d.note}")
+        return
+    from registry.data import route_files
+
+    ids, texts = route_files.read_queries(file_)
+    decisions = []
+    with click.progressbar(length=len(texts), label="routing", file=sys.stderr) as bar:
+        for s in range(0, len(texts), CHUNK):
+            decisions += reg.route_batch(texts[s:s + CHUNK], **kw)
+            bar.update(len(texts[s:s + CHUNK]))
+    if out:
+        route_files.write_decisions(out, ids, decisions)
+    chosen = {}
+    for d in decisions:
+        chosen[d.model] = chosen.get(d.model, 0) + 1
+    summary = {"queries": len(decisions), "fallbacks": sum(d.fallback for d in decisions), "chosen": chosen,
+               "out": out}
+    if as_json:
+        return emit_json(summary if out else [{"id": i, **_asdict(d)} for i, d in zip(ids, decisions)])
+    click.echo(f"{len(decisions)} queries routed, {summary['fallbacks']} fallbacks" + (f"; written to {out}" if out
+                                                                                       else ""))
+    table([[m, n] for m, n in sorted(chosen.items(), key=lambda kv: -kv[1])], ["model", "queries"])
+
+
+def _asdict(d):
+    from dataclasses import asdict
+
+    return asdict(d)
+
+
+def _status(c) -> str:
+    return ", ".join(s for s, on in (("probation", c.probation), ("unavailable", not c.available)) if on)
+
+
+def _frontier(reg, split, cost_by, png, as_json):
+    from registry.routing import frontier as fr
+
+    f = reg.frontier(split=split, cost_by=cost_by)
+    fr.plot(f, png)
+    if as_json:
+        return emit_json(f)
+    click.echo(f"{f.queries} {split} queries, {len(f.models)} models; cost = {f.cost_basis}")
+    seen, rows = set(), []
+    for p in sorted(f.router, key=lambda p: p.cost_weight):
+        key = (round(p.accuracy, 4), round(p.mean_cost, 2))
+        if key not in seen:
+            seen.add(key)
+            rows.append([p.label, f"{p.accuracy:.4f}", f"{p.mean_cost:.2f}", p.models_used, f"{p.coverage:.3f}"])
+    table(rows, ["router", "accuracy", "mean cost", "models used", "coverage"])
+    click.echo("")
+    table([[p.label, f"{p.accuracy:.4f}", "" if p.scored_accuracy is None else f"{p.scored_accuracy:.4f}",
+            p.scored, f"{p.mean_cost:g}"] for p in sorted(f.single, key=lambda p: p.mean_cost)],
+          ["single model", "accuracy", "on scored", "scored", "cost"])
+    unscored = [p for p in f.single if p.coverage < 1]
+    if unscored:
+        click.echo(f"'accuracy' counts a query without a result as wrong; 'on scored' leaves those out "
+                   f"({len(unscored)} models lack results for some queries)")
+    click.echo("")
+    table([[p.label, f"{p.accuracy:.4f}", f"{p.mean_cost:.2f}"] for p in f.pareto],
+          ["Pareto frontier", "accuracy", "mean cost"])
+    b, c = f.best_single, f.cheapest_matching
+    click.echo("")
+    if c:
+        click.echo(f"best single model {b.label}: accuracy {b.accuracy:.4f} at cost {b.mean_cost:g}; the router "
+                   f"reaches {c.accuracy:.4f} at mean cost {c.mean_cost:.2f} ({c.label}): {100 * f.cost_ratio:.0f}%"
+                   f" of it")
+    for n in f.notes:
+        click.echo(f"note: {n}")
+    click.echo(f"plot: {png}")
+
+
+@command("log")
+@click.option("--since", help="Only entries at or after this time (e.g. 2026-01-31 or '2026-01-31 12:00').")
+@click.option("--limit", type=int, help="At most this many entries (the newest; with --oldest, the oldest).")
+@click.option("--oldest", is_flag=True, help="Oldest first (default: newest first).")
+def log_(ctx, since, limit, oldest, as_json):
+    """The routing log, newest first: when, query hash (and text), chosen model, top candidates, versions used."""
+    rows = open_registry(ctx).routing_log(since=since, limit=limit, oldest=oldest)
+    if as_json:
+        return emit_json(rows)
+    table([[e.created[:19], e.query_hash[:12], (e.text or "")[:40].replace("\n", " "), e.model or "(none)",
+            "yes" if e.fallback else "", ", ".join(f"{c['model']} {c['prob']:.2f}" for c in e.candidates[:3])]
+           for e in rows], ["when", "query", "text", "model", "fallback", "top candidates"])
+
+
+@command("mark-unavailable")
+@click.argument("models", nargs=-1, required=True)
+@click.option("--reason")
+def mark_unavailable(ctx, models, reason, as_json):
+    """Never route to these models until marked available again."""
+    _availability(open_registry(ctx).mark_unavailable(list(models), reason), as_json)
+
+
+@command("mark-available")
+@click.argument("models", nargs=-1, required=True)
+@click.option("--reason")
+def mark_available(ctx, models, reason, as_json):
+    """Let routing choose these models again."""
+    _availability(open_registry(ctx).mark_available(list(models), reason), as_json)
+
+
+def _availability(rows, as_json):
+    if as_json:
+        return emit_json(rows)
+    down = [a.model for a in rows if not a.available]
+    click.echo(f"unavailable: {', '.join(down) if down else '(none)'}")
+
+
+@command(json=False)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Loopback unless told otherwise.")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--token", envvar="REGISTRY_TOKEN", help="Bearer token required by writing endpoints.")
+def serve(ctx, host, port, token):
+    """Serve the registry over HTTP (FastAPI); the server owns the database file while it runs. A non-loopback
+    address needs --token (or REGISTRY_TOKEN): open writes are never served to a network."""
+    from registry.serve.app import is_loopback, serve as run
+
+    if not token and not is_loopback(host):
+        click.echo(f"Error: refusing to serve {host} without a token: writes would be open to the network; "
+                   f"give --token (or REGISTRY_TOKEN), or bind 127.0.0.1", err=True)
+        ctx.exit(2)
+    obj = ctx.find_root().obj
+    run(obj["db"], host=host, port=port, token=token, probation_min=obj.get("probation_min"))
+
+
+@group(json=True, invoke_without_command=True)
+def endpoints(ctx, as_json):
+    """Where the routing proxy (/v1/chat/completions) forwards each model's requests (subcommands: set, remove)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    rows = open_registry(ctx).endpoints()
+    if as_json:
+        return emit_json(rows)
+    table([[e.model, e.base_url, e.upstream_model, e.api_key_env or ""] for e in rows],
+          ["model", "base URL", "upstream model", "API key from"])
+
+
+@command("set", group=endpoints)
+@click.argument("model")
+@click.option("--base-url", required=True, help="OpenAI-compatible base URL, e.g. https://api.example.com/v1")
+@click.option("--upstream-model", help="The model id the upstream knows (default: the registry's name).")
+@click.option("--api-key-env", help="The NAME of the environment variable holding the API key (read per request).")
+def endpoints_set(ctx, model, base_url, upstream_model, api_key_env, as_json):
+    """Set MODEL's endpoint (the API key itself is never stored: only the variable's name)."""
+    e = open_registry(ctx).set_endpoint(model, base_url, upstream_model, api_key_env)
+    if as_json:
+        return emit_json(e)
+    click.echo(f"{e.model} -> {e.base_url} as {e.upstream_model}" + (f" (key from ${e.api_key_env})" if e.api_key_env
+                                                                       else ""))
+
+
+@command("remove", group=endpoints)
+@click.argument("model")
+def endpoints_remove(ctx, model, as_json):
+    """Remove MODEL's endpoint: the proxy no longer sends it requests."""
+    open_registry(ctx).remove_endpoint(model)
+    if as_json:
+        return emit_json({"removed": model})
+    click.echo(f"{model}: endpoint removed")
+
+
+COMMANDS = [route, log_, mark_unavailable, mark_available, serve, endpoints]

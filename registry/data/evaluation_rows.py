@@ -1,0 +1,81 @@
+"""The evaluations as they count: the newest evaluation of each (model, query) pair. Older rows are kept, never
+overwritten; every reader asks here (SQL: `CURRENT`; numpy, for rows already fetched: `newest_per_query`), and
+disagreement between answers is computed here too.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from registry.core.store import Tx
+
+
+
+def current(before_batch: int | None = None, model_ids=None, queries_in: str | None = None) -> str:
+    """The newest evaluation of each (model, query) pair, as a subquery (`FROM {current()} e`); with `before_batch`,
+    as it stood before that import batch; with `model_ids`, of those models only, and with `queries_in` (a table or
+    view with a query_id column), of those queries only (both far cheaper than filtering after)."""
+    conds = ([f"batch_id < {int(before_batch)}"] if before_batch is not None else []) + (
+        [f"model_id IN ({', '.join(str(int(m)) for m in model_ids) or 'NULL'})"] if model_ids is not None else []) + (
+        [f"query_id IN (SELECT query_id FROM {queries_in})"] if queries_in else [])
+    where = ("WHERE " + " AND ".join(conds)) if conds else ""
+    return f"""(SELECT model_id, query_id, arg_max(correct, batch_id) AS correct, max(batch_id) AS batch_id
+               FROM evaluations {where} GROUP BY model_id, query_id)"""
+
+
+CURRENT = current()   # the rule as it stands now
+
+
+def newest_per_query(res: dict) -> dict:
+    """Keep each (model, query)'s row from its newest batch, sorted by model, then query (numpy: cheaper than a
+    GROUP BY for one model)."""
+    model, query, batch = (np.asarray(res[c], dtype=np.int64) for c in ("model_id", "query_id", "batch_id"))
+    key = (model << 32) | query                           # ids are 32-bit
+    order = np.argsort(key, kind="stable")
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = np.diff(key[order]) != 0
+    if not first.all():                                   # a pair answered again: its newest batch first
+        order = np.lexsort((-batch, query, model))
+        first[1:] = np.diff(key[order]) != 0
+    keep = order[first]
+    return {c: np.asarray(res[c])[keep] for c in ("model_id", "query_id", "correct", "batch_id")}
+
+
+def of_models(tx: Tx, model_ids) -> dict:
+    """Current evaluations of some models as numpy columns (model_id, query_id, correct, batch_id)."""
+    ids = ", ".join(str(int(m)) for m in model_ids) or "NULL"
+    return newest_per_query(tx.numpy(f"""SELECT model_id, query_id, correct::INT AS correct, batch_id
+                                               FROM evaluations WHERE model_id IN ({ids})"""))
+
+
+def disagreement(tx: Tx, qids, y, others) -> dict[int, tuple[int, float]]:
+    """How often each of `others` (model ids) disagrees with the answers y [n] on query ids qids [n], over the queries
+    both answered (their current evaluations): {other id: (shared queries, disagreement rate)}."""
+    import pyarrow as pa
+
+    qids, y = np.asarray(qids, dtype=np.int64), np.asarray(y, dtype=np.int64)
+    evaluated = tx.cached("evaluated_models", lambda: {r[0] for r in tx.sql(
+        "SELECT DISTINCT model_id FROM evaluations")})              # imports of evaluations invalidate it
+    others = [int(m) for m in others if m is not None and m in evaluated]
+    if not len(qids) or not others:
+        return {}
+    last = len(qids) - 1 - np.unique(qids[::-1], return_index=True)[1]     # a repeated query: its last answer
+    # only the others' rows on these queries: a join on the given ids, not every evaluation of every other model
+    with tx.table("_answers", pa.table({"query_id": qids[last], "y": y[last]})):
+        res = tx.sql(f"""
+            SELECT e.model_id, count(*) AS shared, avg((e.correct::INT <> a.y)::INT) AS rate
+            FROM {current(model_ids=others, queries_in="_answers")} e JOIN _answers a ON a.query_id = e.query_id
+            GROUP BY e.model_id""")
+    return {int(m): (int(n), float(r)) for m, n, r in res}
+
+
+def disagreement_matrix(correct: np.ndarray, min_shared: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """correct [M,N] (1/0, -1 = not evaluated) -> pairwise disagreement rate on queries both models answered
+    (rate [M,M], nan under `min_shared` shared queries; shared count [M,M])."""
+    obs = (correct >= 0).astype(np.float64)
+    yes = (correct == 1).astype(np.float64)
+    no = (correct == 0).astype(np.float64)
+    shared = obs @ obs.T
+    differ = yes @ no.T + no @ yes.T
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rate = np.where(shared >= min_shared, differ / shared, np.nan)
+    return rate, shared

@@ -1,0 +1,88 @@
+"""LOCUS checkpoints as safetensors bytes: tensors, plus config and meta as JSON in the header. Never unpickles.
+
+The header metadata holds one key (safetensors keeps metadata in a hash map, so with several keys their order in the
+file could vary between processes); its JSON is written with sorted keys, so saving the same model twice, or saving a
+loaded checkpoint again, gives the same bytes. Reading the header (read_header) never imports torch.
+"""
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import asdict, fields
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:                                   # torch is imported only by the functions that need it
+    from registry.locus.network import EncoderConfig, LocusModel
+
+FORMAT = "locus-checkpoint/1"
+_KEY = "locus"
+_LATER_FIELDS = {"categories": (), "category_field": "category"}   # EncoderConfig fields added after format 1 -> the default a missing one takes
+
+
+def save_checkpoint(model: "LocusModel", config: "EncoderConfig", meta: dict) -> bytes:
+    from safetensors.torch import save as st_save
+
+    cfg = asdict(config)
+    for name in _LATER_FIELDS:                      # at their default, left out: an old checkpoint re-saves as it was
+        if cfg.get(name) == _LATER_FIELDS[name]:
+            del cfg[name]
+    header = {"format": FORMAT, "config": cfg, "meta": meta}
+    text = json.dumps(header, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
+    return st_save(tensors, metadata={_KEY: text})
+
+
+def read_header(blob: bytes) -> dict:
+    """{"format", "config", "meta"} from the safetensors JSON header, checked by hand before any tensor is parsed;
+    anything else raises ValueError. Needs neither torch nor safetensors."""
+    if not isinstance(blob, (bytes, bytearray, memoryview)):
+        raise ValueError("checkpoint must be bytes")
+    blob = bytes(blob)
+    (n,) = struct.unpack("<Q", blob[:8]) if len(blob) >= 8 else (0,)
+    if n == 0 or 8 + n > len(blob) or blob[8:9] != b"{":
+        # the structure is checked first: a safetensors header length can itself start with 0x80 or "PK"
+        if blob[:1] == b"\x80" or blob[:2] == b"PK":
+            raise ValueError("checkpoint is a pickle / torch.save file, not safetensors; refusing to load it")
+        raise ValueError("not a safetensors checkpoint (too short)" if len(blob) < 8 else
+                         "not a safetensors checkpoint (bad header)")
+    try:
+        header = json.loads(blob[8:8 + n].decode("utf-8"))
+        text = header["__metadata__"][_KEY]
+        info = json.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ValueError(f"not a LOCUS safetensors checkpoint: {e}") from None
+    if not isinstance(info, dict) or info.get("format") != FORMAT:
+        raise ValueError(f"unknown checkpoint format {info.get('format') if isinstance(info, dict) else info!r}")
+    if not isinstance(info.get("config"), dict) or not isinstance(info.get("meta"), dict):
+        raise ValueError("checkpoint header lacks its config or meta object")
+    return info
+
+
+def load_checkpoint(blob: bytes) -> tuple["LocusModel", "EncoderConfig", dict]:
+    from safetensors.torch import load as st_load
+
+    from registry.locus.network import EncoderConfig, LocusModel
+
+    info = read_header(blob)
+    known = {f.name for f in fields(EncoderConfig)}
+    unknown = set(info["config"]) - known
+    if unknown:
+        raise ValueError(f"checkpoint config has unknown fields {sorted(unknown)}")
+    config = EncoderConfig(**info["config"])
+    model = LocusModel(config)
+    try:
+        tensors = st_load(bytes(blob))
+    except Exception as exc:  # safetensors' own error type: a truncated or corrupt file
+        raise ValueError(f"checkpoint tensors cannot be read: {str(exc).splitlines()[0]}") from None
+    missing, extra = set(model.state_dict()) - set(tensors), set(tensors) - set(model.state_dict())
+    if missing or extra:
+        raise ValueError(f"checkpoint tensors do not match the model: missing {sorted(missing)}, extra {sorted(extra)}")
+    wrong = [k for k, v in model.state_dict().items() if tuple(tensors[k].shape) != tuple(v.shape)]
+    if wrong:
+        raise ValueError(f"checkpoint tensors do not match its config: {wrong[0]} is {tuple(tensors[wrong[0]].shape)}, "
+                         f"the config makes it {tuple(model.state_dict()[wrong[0]].shape)}"
+                         + (f" ({len(wrong) - 1} more)" if len(wrong) > 1 else ""))
+    model.load_state_dict(tensors, strict=True)
+    model.eval()
+    return model, config, info["meta"]

@@ -1,0 +1,318 @@
+"""LOCUS networks: a set encoder (evaluations of one model -> embedding z) and a correctness predictor (z, q -> logit).
+
+Shapes: B = models in a batch, N = rows (evaluations) per set, Dq = query-vector width, D = d_model, H = heads,
+K = inducing points. Masks are bool with True = real row; padded rows never reach z (every attention over the set
+masks them, and they are zeroed on entry). Blocks follow the Set Transformer paper (Lee et al. 2019): MAB, ISAB, PMA.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from registry.locus import label_columns
+
+
+_PREDICTOR = ("q_proj", "w_z", "w_u", "w_zu", "head", "q_bias", "q_cat")   # what scores a (model, query) pair
+
+
+@dataclass
+class EncoderConfig:
+    d_query: int = 384     # query-vector width (MiniLM)
+    d_model: int = 128     # encoder width, and the width of z and u
+    n_inducing: int = 64   # ISAB inducing points
+    n_heads: int = 4
+    n_isab: int = 2
+    d_hidden: int = 64     # predictor MLP hidden width
+    dropout: float = 0.1
+    query_bias: bool = False  # predictor adds a per-query logit bias from u alone (difficulty)
+    categories: tuple = ()    # query-category vocabulary (issue 16): logit += [z, 1] . row(category), row 0 (zero) for
+                              # a query without one or with one not listed; () = text only (every checkpoint made
+                              # before the field: it is written only when not empty). With several columns, each
+                              # name is "column:value" and a query's rows (one per column) add up
+    category_field: str = "category"   # the query column(s) the vocabulary names: "category", "source", or several
+                                       # joined by "+" ("category+source"; querylabels)
+
+    def __post_init__(self):
+        self.categories = tuple(str(c) for c in self.categories)   # JSON gives a list back
+        cols = label_columns.parse(self.category_field)
+        if cols is None:
+            raise ValueError(f"category_field must be 'category', 'source' or both joined by '+', "
+                             f"got {self.category_field!r}")
+        if len(cols) > 1 and any(c.split(":", 1)[0] not in cols or ":" not in c for c in self.categories):
+            raise ValueError(f"with category_field {self.category_field!r} every category is named 'column:value'")
+
+    @property
+    def category_columns(self) -> tuple[str, ...]:
+        return label_columns.parse(self.category_field)
+
+
+class MAB(nn.Module):
+    """Multihead attention block: MAB(X, Y) = LN(H + rFF(H)), H = LN(X + Attn(X, Y, Y))."""
+
+    def __init__(self, d: int, n_heads: int, dropout: float):
+        super().__init__()
+        self.n_heads = n_heads
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.ff = nn.Sequential(nn.Linear(d, d), nn.ReLU(), nn.Linear(d, d))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x, y, y_mask=None):
+        # x [B,Nx,D] queries; y [B,Ny,D] keys/values; y_mask [B,Ny] bool or None (all real)
+        B, Nx, D = x.shape
+        Ny, H = y.shape[1], self.n_heads
+        split = lambda t, n: t.view(B, n, H, D // H).transpose(1, 2)           # [B,H,n,D/H]
+        q, k, v = split(self.q(x), Nx), split(self.k(y), Ny), split(self.v(y), Ny)
+        attn_mask = None if y_mask is None else y_mask[:, None, None, :]      # [B,1,1,Ny] True = attend
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)     # [B,H,Nx,D/H]
+        a = a.transpose(1, 2).reshape(B, Nx, D)                              # [B,Nx,D]
+        h = self.ln1(x + self.drop(self.o(a)))
+        return self.ln2(h + self.drop(self.ff(h)))                           # [B,Nx,D]
+
+
+class ISAB(nn.Module):
+    """Induced set attention: K learned points read the (masked) set, then the set reads them back: O(N*K)."""
+
+    def __init__(self, d: int, n_heads: int, n_inducing: int, dropout: float):
+        super().__init__()
+        self.inducing = nn.Parameter(torch.randn(1, n_inducing, d) / d ** 0.5)  # [1,K,D]
+        self.mab_in = MAB(d, n_heads, dropout)
+        self.mab_out = MAB(d, n_heads, dropout)
+
+    def forward(self, x, mask):
+        # x [B,N,D], mask [B,N]
+        h = self.mab_in(self.inducing.expand(x.shape[0], -1, -1), x, mask)   # [B,K,D], padded rows masked out
+        return self.mab_out(x, h)                                            # [B,N,D]; padded rows: junk, never read
+
+
+class PMA(nn.Module):
+    """Pooling by multihead attention with learned seeds: [B,N,D] -> [B,S,D]."""
+
+    def __init__(self, d: int, n_heads: int, n_seeds: int, dropout: float):
+        super().__init__()
+        self.seeds = nn.Parameter(torch.randn(1, n_seeds, d) / d ** 0.5)     # [1,S,D]
+        self.mab = MAB(d, n_heads, dropout)
+
+    def forward(self, x, mask):
+        return self.mab(self.seeds.expand(x.shape[0], -1, -1), x, mask)      # [B,S,D]
+
+
+def gather_offsets(offsets, ids):
+    """Offsets [M, C+1] (model x category row) and ids [N] or [N, columns] -> [M, N]: each query's offset, summed
+    over its columns' rows (torch or numpy)."""
+    o = offsets[:, ids]
+    return o if ids.ndim == 1 else o.sum(-1)
+
+
+class LocusModel(nn.Module):
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__()
+        self.cfg = cfg
+        d, dq = cfg.d_model, cfg.d_query
+        # encoder
+        self.inp = nn.Linear(2 * dq + 1, d)                                  # row [q, y, q*(2y-1)] -> D
+        self.isabs = nn.ModuleList(ISAB(d, cfg.n_heads, cfg.n_inducing, cfg.dropout) for _ in range(cfg.n_isab))
+        self.pma = PMA(d, cfg.n_heads, 1, cfg.dropout)
+        self.out = nn.Linear(d, d)
+        # predictor ("decoder"): first layer split into the z, u and z*u parts so M x N scoring never builds [M,N,3D]
+        self.q_proj = nn.Linear(dq, d)                                       # u = Linear(q)
+        self.w_z = nn.Linear(d, cfg.d_hidden)                                # carries the hidden bias
+        self.w_u = nn.Linear(d, cfg.d_hidden, bias=False)
+        self.w_zu = nn.Linear(d, cfg.d_hidden, bias=False)
+        self.head = nn.Linear(cfg.d_hidden, 1)
+        self.drop = nn.Dropout(cfg.dropout)
+        if cfg.query_bias:
+            self.q_bias = nn.Linear(d, 1)                                    # difficulty: logit += q_bias(u)
+        if cfg.categories:
+            # each category's row, read against the model embedding: a per-(model, category) logit offset that
+            # depends on z only, so a model embedded later gets its own (training.fit_category_rows); created last
+            # and at zero, so the other weights start as a text-only model's would
+            self.q_cat = nn.Embedding(len(cfg.categories) + 1, d + 1)        # row 0: no or unknown category (zero)
+            nn.init.zeros_(self.q_cat.weight)
+        cols = cfg.category_columns
+        # one column: name -> row; several: (column's position, value) -> row
+        self._cat_pos = ({c: i + 1 for i, c in enumerate(cfg.categories)} if len(cols) == 1 else
+                         {(cols.index(c.split(":", 1)[0]), c.split(":", 1)[1]): i + 1
+                          for i, c in enumerate(cfg.categories)})
+
+    def row_proj(self, q):
+        """q [...,Dq] -> (P, S) [...,D]: the query parts of the input layer. A row [q, y, q*(2y-1)] enters as
+        P + (2y-1) * S + y * w_y + b, so P and S can be computed once per query and shared by every model's set."""
+        dq = self.cfg.d_query
+        w = self.inp.weight                                                  # [D, 2Dq+1]
+        return F.linear(q, w[:, :dq]), F.linear(q, w[:, dq + 1:])
+
+    def embed_proj(self, P, S, y, mask):
+        # P, S [B,N,D] (row_proj of the rows' query vectors), y [B,N] 0/1, mask [B,N] bool or None -> z [B,D]
+        y = y.to(P.dtype)[..., None]                                         # [B,N,1]
+        h = P + (2 * y - 1) * S + y * self.inp.weight[:, self.cfg.d_query] + self.inp.bias   # = inp([q, y, q*(2y-1)])
+        if mask is not None:
+            if bool(mask.all()):
+                mask = None                                                  # no padding: unmasked attention
+            else:
+                h = h.masked_fill(~mask[..., None], 0.0)                     # padded values never enter, even NaN
+        for isab in self.isabs:
+            h = isab(h, mask)                                                # [B,N,D]
+        return self.out(self.pma(h, mask)[:, 0])                             # [B,D]
+
+    def embed(self, q, y, mask):
+        # q [B,N,Dq] float, y [B,N] float 0/1, mask [B,N] bool -> z [B,D]
+        q = q.masked_fill(~mask[..., None], 0.0)                             # padded values never enter, even NaN
+        P, S = self.row_proj(q)
+        return self.embed_proj(P, S, y, mask)
+
+    def category_ids(self, names) -> np.ndarray | None:
+        """Category names [N] (None, "(none)" or a name outside the vocabulary: row 0) -> ids [N] int64, or None for
+        a text-only model or when no names are given. With several columns, names are labels (querylabels: the
+        values joined) -> ids [N, columns], each column's row 0 where its value is missing or unknown."""
+        if names is None or not self.cfg.categories:
+            return None
+        n_cols = len(self.cfg.category_columns)
+        if n_cols == 1:
+            return np.fromiter((self._cat_pos.get(n, 0) if isinstance(n, str) else 0 for n in names), dtype=np.int64,
+                               count=len(names))
+        out = np.zeros((len(names), n_cols), dtype=np.int64)
+        for i, label in enumerate(names):
+            for k, v in enumerate(label_columns.split(label, n_cols)):
+                out[i, k] = self._cat_pos.get((k, v), 0)
+        return out
+
+    def query_proj(self, q):
+        return self.q_proj(q)                                                # [N,Dq] -> u [N,D]
+
+    def category_offsets(self, z):
+        """z [M,D] -> [M,C+1]: each model's logit offset on each category (column 0, none: 0). In float64: the rows
+        are a least-norm fit over close embeddings, large enough that float32 would lose 1e-4 of a logit."""
+        w = self.q_cat.weight.double()                                       # [C+1,D+1]
+        return (z.double() @ w[:, :-1].T + w[:, -1]).to(z.dtype)
+
+    def predict_logits(self, z, q, chunk_elems: int = 1 << 24, cat=None):
+        # z [M,D], q [N,Dq], cat [N] int64 category ids or None (none) -> logits [M,N]; u is computed once per
+        # query, the z*u term as M*Hd rows x N matmul
+        u = self.query_proj(q)                                               # [N,D]
+        out = self.logits_from_u(z, u, chunk_elems)
+        if self.cfg.categories and cat is not None:
+            out = out + gather_offsets(self.category_offsets(z), cat)
+        return out
+
+    def logits_from_u(self, z, u, chunk_elems: int = 1 << 24):
+        M, D = z.shape
+        Hd = self.cfg.d_hidden
+        a = self.w_z(z)                                                      # [M,Hd] (with bias)
+        zw = (z[:, None, :] * self.w_zu.weight[None]).reshape(M * Hd, D)     # [M*Hd,D]: row (m,h) = z_m * W_zu[h]
+        step = max(1, chunk_elems // max(1, M * Hd))                         # queries per chunk, bounds memory
+        out = []
+        for s in range(0, u.shape[0], step):
+            uc = u[s:s + step]                                               # [n,D]
+            pre = (zw @ uc.T).view(M, Hd, -1)                                # [M,Hd,n] = W_zu (z*u)
+            pre = pre + a[:, :, None] + self.w_u(uc).T[None]                 # + W_z z + b + W_u u
+            h = self.drop(F.relu(pre))                                       # [M,Hd,n]
+            o = torch.einsum("mhn,h->mn", h, self.head.weight[0]) + self.head.bias         # [M,n]
+            if self.cfg.query_bias:
+                o = o + self.q_bias(uc)[:, 0][None]
+            out.append(o)
+        return torch.cat(out, dim=1)                                         # [M,N]
+
+    def pair_logits(self, z, u):
+        # z [P,D], u [P,D] (one model embedding and one query projection per pair) -> logits [P]
+        h = self.drop(F.relu(self.w_z(z) + self.w_u(u) + self.w_zu(z * u)))        # [P,Hd]
+        o = self.head(h)[:, 0]                                               # [P]
+        return o + self.q_bias(u)[:, 0] if self.cfg.query_bias else o
+
+    def n_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    # --- P(correct): the one scorer every reader uses (routing, evaluate, diff, portfolio, frontier) -------------
+    def p_correct(self, z, q, categories=None):
+        # z [M,D], q [N,Dq] numpy float32, categories [N] names or None -> P(correct) [M,N] numpy float32 (eval
+        # mode, no grad)
+        return self.scorer(z)(q, categories)
+
+    def scorer(self, z):
+        """(q [N,Dq], categories [N] names or None) -> P(correct) [M,N] for fixed embeddings z [M,D], in numpy with
+        z's half of the predictor precomputed: for a few queries torch's per-op overhead costs more than the
+        arithmetic (31 models x 64 hidden units). Checked against `predict_logits` once; any mismatch falls back
+        to torch. A text-only model ignores the categories."""
+        zt = torch.as_tensor(np.ascontiguousarray(z, dtype=np.float32))
+
+        def exact(q, categories=None):
+            ids = self.category_ids(categories)
+            with torch.inference_mode():
+                return torch.sigmoid(self.predict_logits(zt, torch.as_tensor(
+                    np.ascontiguousarray(q, dtype=np.float32)), cat=None if ids is None else torch.from_numpy(ids)
+                )).numpy()
+
+        if len(zt) == 0:
+            return exact
+        # the predictor's weights in float64, converted once per state of the weights (a server builds a scorer with
+        # every snapshot; training changes the weights in place, which bumps each tensor's _version)
+        # (the parameters themselves are found once: walking the modules costs more than the rest of a snapshot's
+        # scorer)
+        if getattr(self, "_predictor_params", None) is None:
+            self._predictor_params = {k: v for k, v in self.named_parameters() if k.split(".")[0] in _PREDICTOR}
+        params = self._predictor_params
+        key = tuple(p._version for p in params.values())
+        if getattr(self, "_weights64", (None,))[0] != key:
+            self._weights64 = (key, {k: v.detach().cpu().double().numpy() for k, v in params.items()}, None)
+        key, w, agrees = self._weights64
+        zd = zt.double().numpy()
+        a = zd @ w["w_z.weight"].T + w["w_z.bias"]                                # [M,Hd]
+        M, Hd = a.shape
+        Wzu = w["w_zu.weight"]                                                    # [Hd,D]
+        zw = []        # z's side of w_zu(z * u) [M*Hd,D]: built on the first batch of more queries than models
+        Wq, bq, Wu = w["q_proj.weight"], w["q_proj.bias"], w["w_u.weight"]
+        head, hb = w["head.weight"][0], float(w["head.bias"][0])
+        qb = (w["q_bias.weight"][0], float(w["q_bias.bias"][0])) if self.cfg.query_bias else None
+        E = w.get("q_cat.weight")                                                 # [C+1,D+1] or None (text only)
+        offsets = None if E is None else zd @ E[:, :-1].T + E[:, -1]             # [M,C+1]
+
+        def fast(q, categories=None, chunk: int = 2048):
+            out = np.empty((M, len(q)), dtype=np.float32)
+            ids = self.category_ids(categories)
+            for s in range(0, len(q), chunk):
+                u = np.asarray(q[s:s + chunk], dtype=np.float64) @ Wq.T + bq     # [n,D]
+                n = len(u)
+                # w_zu(z * u)[m,h,n] = sum_d z[m,d] Wzu[h,d] u[n,d]: the same sum grouped on the smaller side, so a
+                # server's scorer (hundreds of models, a few queries per route, one scorer per snapshot) never
+                # builds the [M*Hd,D] block, and an evaluation's (thousands of queries) builds it once
+                if zw or n > M:
+                    if not zw:
+                        zw.append((zd[:, None, :] * Wzu[None]).reshape(M * Hd, -1))
+                    zu = (zw[0] @ u.T).reshape(M, Hd, n)                          # [M,Hd,n]
+                else:
+                    zu = (zd @ (u[:, None, :] * Wzu[None]).reshape(n * Hd, -1).T).reshape(M, n, Hd).transpose(0, 2, 1)
+                pre = zu + a[:, :, None] + (u @ Wu.T).T[None]
+                o = np.einsum("mhn,h->mn", np.maximum(pre, 0.0), head) + hb
+                if qb is not None:
+                    o = o + (u @ qb[0] + qb[1])[None]
+                if offsets is not None and ids is not None:
+                    o = o + gather_offsets(offsets, ids[s:s + chunk])
+                out[:, s:s + chunk] = 1.0 / (1.0 + np.exp(-o))
+            return out
+
+        if agrees is None:                          # checked once per state of the weights
+            probe = np.random.default_rng(0).standard_normal((4, self.cfg.d_query)).astype(np.float32)
+            cats = self._probe_labels()
+            agrees = bool(np.allclose(fast(probe, cats), exact(probe, cats), atol=1e-5))
+            self._weights64 = (key, w, agrees)
+        return fast if agrees else exact
+
+    def _probe_labels(self) -> list | None:
+        """Four labels for the scorer's self-check: none, and the vocabulary's first names (several columns: each
+        column's first values together, then the first column alone)."""
+        names, cols = self.cfg.categories, self.cfg.category_columns
+        if not names:
+            return None
+        if len(cols) == 1:
+            picks = [None, *names[:3]]
+        else:
+            first = {}
+            for c in names:
+                first.setdefault(c.split(":", 1)[0], c.split(":", 1)[1])
+            vals = [first.get(c, "") for c in cols]
+            picks = [None, label_columns.SEP.join(vals), vals[0]]
+        return picks[:4] + [None] * (4 - len(picks[:4]))

@@ -1,0 +1,172 @@
+"""Accuracy against mean cost: the router over a sweep of cost weights, beside each single model, on queries of one
+split with known results (their stored vectors: nothing is encoded), and the Pareto frontier of all those points.
+
+Cost is one basis, said in the result: `params_b` (default; the models with a parameter count) or `cost` (the models
+with a price). A model chosen for a query it has no result for cannot be scored: each point reports its coverage
+(the share of its choices that have a result) and its accuracy on the scored queries; `accuracy` alone counts an
+unscored choice as wrong, as the routing figures of `registry evaluate` do beside their coverage.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from registry.data import evaluation_rows, query_cache
+from registry.embedding import evidence
+from registry.routing import policy
+from registry.core.errors import InputError
+from registry.core.store import Tx
+
+DEFAULT_WEIGHTS = [0.0] + np.geomspace(1e-5, 1.0, 41).tolist()
+
+
+@dataclass
+class Point:
+    label: str              # "router L=..." or a model name
+    cost_weight: float | None
+    accuracy: float         # right answers over every query (a choice without a result counts as wrong)
+    mean_cost: float
+    models_used: int
+    scored: int = 0         # queries whose chosen model has a result
+    coverage: float = 1.0   # scored / queries
+    scored_accuracy: float | None = None   # right answers over the scored queries
+
+
+@dataclass
+class Frontier:
+    split: str
+    queries: int
+    models: list[str]
+    cost_basis: str         # what "cost" means here
+    router: list[Point]
+    single: list[Point]
+    pareto: list[Point] = field(default_factory=list)   # no other point is cheaper and at least as accurate
+    best_single: Point | None = None
+    cheapest_matching: Point | None = None   # the cheapest router point reaching best_single's accuracy
+    cost_ratio: float | None = None          # cheapest_matching.mean_cost / best_single.mean_cost
+    notes: list[str] = field(default_factory=list)
+
+
+def compute(tx: Tx, st: policy.State, split: str = "test", cost_by: str = "params",
+            weights: list[float] | None = None) -> Frontier:
+    if cost_by not in policy.COST_BASES:
+        raise InputError(f"cost basis must be one of {', '.join(policy.COST_BASES)}, got {cost_by!r}")
+    qids = np.array([r[0] for r in tx.sql("SELECT query_id FROM query_splits WHERE split = ? ORDER BY 1", [split])],
+                    dtype=np.int64)
+    if not len(qids):
+        raise InputError(f"no queries in split {split!r}")
+    value = st.params_b if cost_by == "params" else st.cost
+    basis = "params_b" if cost_by == "params" else "cost"
+    ok = ~np.isnan(value) & evidence.candidates(st.evidence)
+    rows = np.flatnonzero(ok)
+    if not len(rows):
+        raise InputError(f"no established model has {basis}: nothing to compare"
+                         + (" (set prices, or compare by size with --cost-by params)" if basis == "cost" else ""))
+    notes = []
+    if (~ok).any():
+        notes.append(f"{int((~ok).sum())} models without {basis} (or on probation) left out")
+    names = [st.names[i] for i in rows]
+    cost = value[rows]
+    row_of, qmat = query_cache.query_vectors(tx, qids)
+    qmat = qmat[[row_of[int(q)] for q in qids]]
+    correct = _correct_matrix(tx, names, qids)                       # [m,N] 1/0/-1
+    hashes = [r[0] for r in tx.sql("""SELECT content_hash FROM queries WHERE id IN (SELECT unnest(?::INTEGER[]))
+                                      ORDER BY id""",
+                                    [qids.tolist()])]
+    probs = policy.probabilities(st, qmat, hashes)[0][rows]
+    sub = policy.Policy(set(), np.ones(len(rows), dtype=bool), cost, basis)
+    router = []
+    for w in (weights if weights is not None else DEFAULT_WEIGHTS):
+        sub.cost_weight = w
+        picks = np.array([r for r, _ in policy.choose(_Rows(names), probs, sub)])
+        router.append(_point(f"router L={w:.3g}", w, correct, picks, cost))
+    single = [_point(n, None, correct, np.full(len(qids), i), cost) for i, n in enumerate(names)]
+    for p in single:
+        if p.coverage < 1:
+            notes.append(f"{p.label} has results for {p.scored} of {len(qids)} queries: {p.scored_accuracy:.4f} on "
+                         f"those ({p.accuracy:.4f} counting the others as wrong)")
+    best = max(single, key=lambda p: (p.accuracy, -p.mean_cost))
+    reaching = [p for p in router if p.accuracy >= best.accuracy]
+    cheapest = min(reaching, key=lambda p: p.mean_cost) if reaching else None
+    if cheapest is None:
+        notes.append(f"no cost weight reaches {best.label}'s accuracy {best.accuracy:.4f}; the router's best is "
+                     f"{max(p.accuracy for p in router):.4f}")
+    ratio = None if cheapest is None or not best.mean_cost else cheapest.mean_cost / best.mean_cost
+    return Frontier(split, int(len(qids)), names, basis, router, single, pareto(router + single), best, cheapest,
+                    ratio, notes)
+
+
+@dataclass
+class _Rows:
+    """The part of a routing state `routing.choose` reads: the models' names."""
+    names: list[str]
+
+
+def pareto(points: list[Point]) -> list[Point]:
+    """The points no other point beats: cheaper-or-equal and more accurate. Cheapest first, accuracy rising."""
+    out: list[Point] = []
+    for p in sorted(points, key=lambda p: (p.mean_cost, -p.accuracy)):
+        if not out or p.accuracy > out[-1].accuracy:
+            out.append(p)
+    return out
+
+
+def _point(label: str, w: float | None, correct: np.ndarray, picks: np.ndarray, cost: np.ndarray) -> Point:
+    got = correct[picks, np.arange(len(picks))]
+    scored = int((got >= 0).sum())
+    return Point(label, w, float((got == 1).mean()), float(cost[picks].mean()), int(len(np.unique(picks))), scored,
+                 round(scored / len(picks), 4), float((got == 1).sum() / scored) if scored else None)
+
+
+def _correct_matrix(tx: Tx, names: list[str], qids: np.ndarray) -> np.ndarray:
+    import pyarrow as pa
+
+    out = np.full((len(names), len(qids)), -1, dtype=np.int8)
+    col = {q: j for j, q in enumerate(qids.tolist())}
+    rowm = {n: i for i, n in enumerate(names)}
+    with tx.table("_front_q", pa.table({"id": qids})):
+        res = tx.sql(f"""SELECT m.name, e.query_id, e.correct::INT AS c
+                                  FROM {evaluation_rows.CURRENT} e JOIN models m ON m.id = e.model_id
+                                  WHERE e.query_id IN (SELECT id FROM _front_q)""")
+    for n, q, c in res:
+        if n in rowm:
+            out[rowm[n], col[q]] = c
+    return out
+
+
+def plot(f: Frontier, path: str) -> None:
+    """The Pareto frontier as a step line, the cost-weight sweep as its own labelled line, the single models as
+    dots (labelled where they sit on the frontier), the legend outside the data."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    costs = [p.mean_cost for p in f.router + f.single]
+    log = min(costs) > 0 and max(costs) / min(costs) > 20
+    sweep = sorted(f.router, key=lambda p: p.mean_cost)
+    ax.plot([p.mean_cost for p in sweep], [p.accuracy for p in sweep], ".-", ms=4, lw=0.8, color="tab:blue",
+            alpha=0.6, label="router, cost-weight sweep (weight rises to the left)")
+    ax.scatter([p.mean_cost for p in f.single], [p.accuracy for p in f.single], c="tab:red", s=18, zorder=3,
+               label="single models")
+    front = f.pareto
+    ax.step([p.mean_cost for p in front], [p.accuracy for p in front], where="post", color="black", lw=1.4,
+            label="Pareto frontier (nothing cheaper is as accurate)")
+    on_front = {p.label for p in front}
+    for i, p in enumerate(sorted((p for p in f.single if p.label in on_front), key=lambda p: p.mean_cost)):
+        ax.annotate(p.label, (p.mean_cost, p.accuracy), xytext=(4, -10 if i % 2 else 6), textcoords="offset points",
+                    fontsize=7)
+    if f.best_single is not None:
+        ax.axhline(f.best_single.accuracy, color="grey", lw=0.6, ls="--",
+                   label=f"best single model ({f.best_single.label})")
+    if log:
+        ax.set_xscale("log")
+    ax.set_xlabel(f"mean {f.cost_basis} per query" + (" (log scale)" if log else ""))
+    ax.set_ylabel(f"accuracy on {f.split} ({f.queries} queries)")
+    ax.set_title("Accuracy against cost: router sweep, single models and their Pareto frontier")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)

@@ -1,0 +1,178 @@
+"""Every model's current answers, in memory, for a running server: what a registration's report compares the new
+model's answers with (its disagreement with every other model, the duplicate test, its held-out count) without a
+read of the evaluations table per registration.
+
+A dense [models, queries] int8 matrix (1/0, -1 = not evaluated): 1,000 models x 12,000 queries is 12 MB. `sync`
+brings it up to date after a commit: evaluations are only ever appended, in import batches with growing ids, so the
+models whose answers changed are those with rows in a batch newer than the last one seen, and only their rows are
+read again. It reads committed rows only, so it never holds a write that was rolled back.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from registry.data import evaluation_rows
+from registry.answers import fingerprint
+from registry.core.store import Tx
+
+
+@dataclass
+class _Changes:
+    """What a sync read: the models whose answers changed, their current answers, the queries new to the book."""
+    changed: list[int]
+    rows: dict | None                 # evaluations.of_models of `changed`
+    new_q: np.ndarray | None          # query ids not yet columns
+    test: set[int]                    # those of them in the test split
+    named: dict[int, str]             # names of models new to the book
+    last: int                         # the newest import batch among the rows
+    batches: list[int]                # PostgreSQL: the batches read
+
+
+class AnswerBook:
+    def __init__(self):
+        self.correct = np.full((0, 0), -1, dtype=np.int8)     # [M, Q] current answers: the first M rows of _buf
+        self._buf = self.correct                               # [capacity, Q]: rows past M are all -1, unread
+        self.answered = np.zeros(0, dtype=np.int64)            # [M] how many queries each row answered
+        self.row: dict[int, int] = {}                          # model id -> row
+        self.col: dict[int, int] = {}                          # query id -> column
+        self.model_ids = np.zeros(0, dtype=np.int64)           # [M] row -> model id
+        self.test = np.zeros(0, dtype=bool)                    # [Q] test split: kept, never embedded
+        self.changes = np.zeros(0, dtype=np.int64)             # [M] how often each row was read again
+        self.names: dict[int, str] = {}                        # model id -> name (models with answers)
+        self.last_batch = -1
+        self.batches_seen: set[int] = set()                    # PostgreSQL: every import batch read (see sync)
+        self._cal: dict[tuple, fingerprint.AnswerCalibration] = {}
+        self._lock = threading.Lock()                          # sync (the writer) against readers' views
+
+    # --- the writer's -------------------------------------------------------------------------------------------
+    def sync(self, tx: Tx) -> int:
+        """Read again the answers of every model with evaluations newer than the last sync -> how many models."""
+        return self.apply(self.read(tx))
+
+    def read(self, tx: Tx) -> "_Changes | None":
+        """`sync`'s reads, without changing the book: the writer reads in the transaction that wrote the rows and
+        applies what it read once that has committed (the book never holds a write that was rolled back)."""
+        if tx.postgres:
+            new_batches = self._new_batches(tx)
+            if not new_batches:
+                return None
+            last = max(new_batches)
+            changed = [int(m) for (m,) in tx.sql("""SELECT DISTINCT model_id FROM evaluations
+                                                     WHERE batch_id IN (SELECT unnest(?::INTEGER[]))""",
+                                                  [new_batches])]
+            if not changed:                           # batches of models, queries or splits only
+                return _Changes([], None, None, set(), {}, -1, new_batches)
+        else:
+            new_batches = []
+            # (batches only grow: the models of the newer ones, and the newest, in one read)
+            newer = tx.sql("SELECT model_id, max(batch_id) FROM evaluations WHERE batch_id > ? GROUP BY model_id",
+                           [self.last_batch])
+            if not newer:
+                return None
+            last = max(b for _, b in newer)
+            changed = [int(m) for m, _ in newer]
+        rows = evaluation_rows.of_models(tx, changed)
+        col = self.col        # (a set lookup per distinct query: not an array of every column, sorted, per sync)
+        new_q = np.array([q for q in np.unique(rows["query_id"]).tolist() if q not in col], dtype=np.int64)
+        test = {int(q) for (q,) in tx.sql("""SELECT query_id FROM query_splits WHERE split = 'test'
+                                               AND query_id IN (SELECT unnest(?::INTEGER[]))""", [new_q.tolist()])} \
+            if len(new_q) else set()
+        # names of models new to the book: those this transaction created are known to it (outbox.new_models)
+        created = tx.local.get("new_model_states", {})
+        named = {m: created[m].name for m in changed if m not in self.names and m in created}
+        unnamed = [m for m in changed if m not in self.names and m not in created]
+        if unnamed:
+            named.update(tx.sql("SELECT id, name FROM models WHERE id IN (SELECT unnest(?::INTEGER[]))", [unnamed]))
+        return _Changes(changed, rows, new_q, test, named, int(last), new_batches)
+
+    def apply(self, ch: "_Changes | None") -> int:
+        """What `read` found, into the book -> how many models changed. Only the writer changes the book, so
+        nothing moved between the read and this."""
+        if ch is None:
+            return 0
+        if not ch.changed:
+            self.batches_seen = self.batches_seen | set(ch.batches)
+            return 0
+        changed, rows, new_q, test, named = ch.changed, ch.rows, ch.new_q, ch.test, ch.named
+        with self._lock:
+            correct, row, col = self.correct, dict(self.row), dict(self.col)
+            new_m = [m for m in changed if m not in row]
+            for m in new_m:
+                row[m] = len(row)
+            for q in new_q.tolist():
+                col[q] = len(col)
+            r = np.array([row[m] for m in changed], dtype=np.int64)
+            buf = self._buf
+            if len(new_m) == len(changed) and not len(new_q) and len(row) <= len(buf):
+                # new models only: their rows are written into the buffer's spare rows, which no reader's view
+                # reaches (a reader keeps the first M rows it took); no copy of the others
+                correct = buf[:len(row)]
+            else:                     # a new buffer (readers keep the one they took), with room for new models
+                buf = np.full((max(len(row), int(1.5 * len(row)) + 64), len(col)), -1, dtype=np.int8)
+                buf[:correct.shape[0], :correct.shape[1]] = correct
+                correct = buf[:len(row)]
+                correct[r] = -1
+            correct[np.fromiter((row[m] for m in rows["model_id"].tolist()), dtype=np.int64, count=len(rows["model_id"])),
+                    np.fromiter((col[q] for q in rows["query_id"].tolist()), dtype=np.int64, count=len(rows["query_id"]))] = \
+                rows["correct"]
+            ids = np.zeros(len(row), dtype=np.int64)
+            ids[list(row.values())] = list(row.keys())
+            test_col = np.concatenate([self.test, np.array([int(q) in test for q in new_q.tolist()], dtype=bool)])
+            changes = np.concatenate([self.changes, np.zeros(len(new_m), dtype=np.int64)])
+            changes[r] += 1
+            answered = np.concatenate([self.answered, np.zeros(len(new_m), dtype=np.int64)])
+            answered[r] = (correct[r] >= 0).sum(axis=1)
+            self.correct, self.row, self.col, self.model_ids, self.test, self.changes, self.answered, self._buf = \
+                correct, row, col, ids, test_col, changes, answered, buf
+            self.names = {**self.names, **named}
+            self.last_batch = max(self.last_batch, ch.last)
+            self.batches_seen = self.batches_seen | set(ch.batches)       # (PostgreSQL's; none on DuckDB)
+        return len(changed)
+
+    def _new_batches(self, tx: Tx) -> list[int]:
+        """PostgreSQL: the committed import batches not read yet. Other processes write to the same database and
+        batch ids come from a sequence, so a batch with a smaller id than the newest seen can commit later: the
+        ids seen are kept (one per import or registration), not just the newest."""
+        return sorted({int(b) for (b,) in tx.sql("SELECT id FROM import_batches")} - self.batches_seen)
+
+    # --- what the report reads --------------------------------------------------------------------------------------
+    def view(self):
+        with self._lock:
+            return self.correct, self.row, self.model_ids, self.test, self.changes, self.answered
+
+    def held_out(self, model_id: int) -> int:
+        """The model's current evaluations on test queries."""
+        correct, row, _, test, _, _ = self.view()
+        return int(((correct[row[model_id]] >= 0) & test).sum()) if model_id in row else 0
+
+    def disagreement(self, model_id: int) -> dict[int, tuple[int, float]]:
+        """How often each other model disagrees with this one's current answers on the queries both answered:
+        {other id: (shared queries, rate)} (evaluations.disagreement's answer, from memory)."""
+        correct, row, ids, _, _, _ = self.view()
+        if model_id not in row:
+            return {}
+        own = correct[row[model_id]]
+        cols = np.flatnonzero(own >= 0)
+        others = correct[:, cols]                                   # [M, n]
+        shared = (others >= 0).sum(axis=1)
+        differ = ((others >= 0) & (others != own[cols][None, :])).sum(axis=1)
+        keep = np.flatnonzero(shared > 0)
+        return {int(ids[i]): (int(shared[i]), float(differ[i] / shared[i])) for i in keep.tolist()
+                if ids[i] != model_id}
+
+    def id_of(self, name: str) -> int | None:
+        return next((m for m, n in self.names.items() if n == name), None)
+
+    def calibration(self, exclude: set[int] = frozenset()) -> fingerprint.AnswerCalibration:
+        """fingerprint.answer_calibration from memory: the closest pair of distinct models among those with
+        MIN_PAIR_SHARED evaluations (kept until one of them changes)."""
+        correct, _, ids, _, changes, answered = self.view()
+        big = np.flatnonzero(answered >= fingerprint.MIN_PAIR_SHARED)
+        big = big[~np.isin(ids[big], list(exclude))]
+        key = tuple(zip(ids[big].tolist(), changes[big].tolist()))
+        if key not in self._cal:
+            self._cal = {key: fingerprint.calibration_of(correct[big], [self.names[int(m)] for m in ids[big]])}
+        return self._cal[key]

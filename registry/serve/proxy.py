@@ -1,0 +1,126 @@
+"""An OpenAI-compatible routing proxy on `registry serve`, as RouteLLM and LiteLLM users expect:
+
+- `GET /v1/models`: "auto" and every model with an endpoint (`registry endpoints set`).
+- `POST /v1/chat/completions`: with `"model": "auto"`, the last user message is routed among the models that have an
+  endpoint (route options as extra fields or query parameters: `cost_weight`, `min_prob`, `cost_by`), and the
+  request goes to the chosen model's upstream with its upstream model id; on a connection error, a timeout or a 5xx,
+  the model's fallback chain is walked. A named model is forwarded as is, with no fallback. The response is the
+  upstream's (streaming passes through), with headers `x-registry-model` and `x-registry-fallback: true|false`.
+- API keys are read from the environment variable each endpoint names, at request time: never stored, never logged.
+  The routing log keeps the decision and the prompt's hash, not its text.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from registry.routing import policy
+from registry.core.errors import InputError, RegistryError
+
+ROUTE_OPTIONS = ("cost_weight", "min_prob", "cost_by")
+HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "content-encoding", "keep-alive"}
+
+
+def last_user_text(messages) -> str:
+    """The text of the last user message (a string, or the text parts of a list of content parts)."""
+    if not isinstance(messages, list) or not messages:
+        raise InputError("messages: give a non-empty list of chat messages")
+    for m in reversed(messages):
+        if isinstance(m, dict) and m.get("role") == "user":
+            c = m.get("content")
+            if isinstance(c, str) and c.strip():
+                return c
+            if isinstance(c, list):
+                text = "\n".join(p.get("text", "") for p in c if isinstance(p, dict) and p.get("type") == "text")
+                if text.strip():
+                    return text
+    raise InputError("messages: no user message with text to route on")
+
+
+def mount(app: FastAPI, serving, timeout: float = 60.0) -> httpx.AsyncClient:
+    """serving: serving.Serving (routes and endpoints from its current snapshot, log rows through its writer).
+    -> the upstream client, for the app's lifespan to close."""
+    client = httpx.AsyncClient(timeout=timeout)
+
+    @app.get("/v1/models")
+    def v1_models():
+        """OpenAI-style model list: "auto" (routed) and every model with an endpoint."""
+        return {"object": "list", "data": [{"id": "auto", "object": "model", "owned_by": "registry"}] + [
+            {"id": m, "object": "model", "owned_by": "registry"} for m in serving.snapshots.current.endpoints]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        """Route (model "auto") or forward (a named model) an OpenAI chat completion; see the module docstring."""
+        try:
+            body = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise InputError(f"bad JSON: {exc}") from None
+        if not isinstance(body, dict) or not isinstance(body.get("model"), str):
+            raise InputError("the body must be a JSON object with a string field 'model'")
+        eps = serving.snapshots.current.endpoints
+        if not eps:
+            return JSONResponse({"detail": "no model has an endpoint: `registry endpoints set MODEL --base-url URL`"},
+                                status_code=503)
+        options = {k: body.pop(k, None) for k in ROUTE_OPTIONS}
+        for k in ROUTE_OPTIONS:
+            if options[k] is None and k in request.query_params:
+                options[k] = request.query_params[k] if k == "cost_by" else float(request.query_params[k])
+        if body["model"] == "auto":
+            chain, fallback = await run_in_threadpool(_route, serving, last_user_text(body.get("messages")), options)
+        elif body["model"] in eps:
+            chain, fallback = [body["model"]], False
+        else:
+            return JSONResponse({"detail": f"model {body['model']!r} has no endpoint (or give 'auto')"},
+                                status_code=404)
+        last = None
+        for i, name in enumerate(chain):
+            ep = eps[name]
+            headers = {"Content-Type": "application/json"}
+            key = os.environ.get(ep.api_key_env) if ep.api_key_env else None
+            if key:
+                headers["Authorization"] = f"Bearer {key}"
+            req = client.build_request("POST", f"{ep.base_url}/chat/completions", headers=headers,
+                                       content=json.dumps({**body, "model": ep.upstream_model}))
+            try:
+                resp = await client.send(req, stream=True)
+            except httpx.HTTPError as exc:
+                last = f"{name}: {type(exc).__name__}"
+                continue
+            if resp.status_code >= 500:
+                last = f"{name}: upstream answered {resp.status_code}"
+                await resp.aclose()
+                continue
+            out = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_HEADERS}
+            out.update({"x-registry-model": name, "x-registry-fallback": "true" if (fallback or i > 0) else "false"})
+            if body.get("stream"):
+                return StreamingResponse(resp.aiter_raw(), status_code=resp.status_code, headers=out,
+                                         background=_closer(resp))
+            content = await resp.aread()
+            await resp.aclose()
+            return Response(content, status_code=resp.status_code, headers=out)
+        return JSONResponse({"detail": f"every model in the chain failed ({', '.join(chain)}); last: {last}"},
+                            status_code=502)
+
+    return client
+
+
+def _route(serving, text: str, options: dict):
+    """(models to try in order: the choice, then its fallback chain among models with endpoints; fallback?)"""
+    snap = serving.snapshots.current
+    without = [m for m in snap.routing.known if m not in snap.endpoints]     # only models with an endpoint
+    d = serving.route([text], options["cost_weight"], options["min_prob"], without or None, log_text=False,
+                      cost_by=options["cost_by"] or "cost", top=policy.LOG_TOP)[0]     # (only the choice is used)
+    if d.model is None:
+        raise RegistryError(d.note or "no model available")
+    return [d.model] + snap.chain(d.model, set(snap.endpoints), snap.routing.down), d.fallback
+
+
+def _closer(resp):
+    from starlette.background import BackgroundTask
+
+    return BackgroundTask(resp.aclose)

@@ -1,0 +1,62 @@
+"""A registry being served (`registry serve`, the proxy): reads answer from the current in-memory snapshot
+(snapshot.py), every write goes through the one writer (writer.py), and new query texts are encoded in shared
+batches. What the HTTP layer calls; it holds no lock a read could wait on.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from registry.routing import policy
+from registry.serve.snapshot import QueryVectors, Snapshots
+from registry.serve.writer import Writer
+
+
+TIMES_KEPT = 10_000     # the newest request times kept per kind (GET /health: inside the server, p50 and p99)
+
+
+class Serving:
+    def __init__(self, reg):
+        self.reg = reg
+        self.snapshots = Snapshots(reg)
+        self.vectors = QueryVectors(reg)
+        self.writer = Writer(reg, self.snapshots, on_new_queries=self.vectors.reload)
+        self._times: dict[str, deque] = {}
+
+    def route(self, texts: list[str], cost_weight: float | None = None, min_prob: float | None = None,
+              unavailable: list[str] | None = None, log: bool = True, log_text: bool = True,
+              cost_by: str = "cost", include_probation: bool = False, top: int | None = None) -> list[policy.Decision]:
+        """`Registry.route_batch` from the current snapshot; the log rows go to the writer (not waited for)."""
+        r = policy.route_texts(self.snapshots.current.routing, texts, self.vectors, cost_weight, min_prob,
+                                unavailable, log_text, cost_by, include_probation, top)
+        if log:
+            self.writer.log(r.log_rows, r.new_hashes, r.new_vectors)
+        return r.decisions
+
+    def register(self, name: str, evals: str, metadata: dict | None = None, update: bool = False, k: int = 5):
+        """`Registry.register` through the writer (group commit); answered once durable and visible to reads."""
+        return self.writer.register(name, evals, metadata or {}, update, k)
+
+    def write(self, fn):
+        """Any other write (`fn()`, over the Registry's own transactions), run by the writer in turn."""
+        return self.writer.run(fn)
+
+    def flush(self) -> None:
+        """Wait until every routing-log row handed over so far is committed (what reading the log needs)."""
+        self.writer.run(lambda: None)
+
+    def timed(self, kind: str, seconds: float) -> None:
+        """A request's time inside the server (from its handler's start to its answer), kept for `stats`."""
+        self._times.setdefault(kind, deque(maxlen=TIMES_KEPT)).append(seconds)
+
+    def stats(self) -> dict:
+        inside = {k: {"n": len(v), "p50_ms": round(1000 * float(np.percentile(v, 50)), 2),
+                      "p99_ms": round(1000 * float(np.percentile(v, 99)), 2)} for k, v in list(self._times.items()) if v}
+        return {"snapshot": self.snapshots.current.generation, "writer": self.writer.stats(), "inside": inside,
+                "text_batches": self.vectors.batcher.batches, "texts_encoded": self.vectors.batcher.texts,
+                "text_encode_ms": round(1000 * self.vectors.batcher.encode_s, 1),
+                "text_wait_ms": round(1000 * self.vectors.batcher.wait_s_total, 1)}
+
+    def close(self) -> None:
+        self.writer.close()

@@ -1,0 +1,128 @@
+"""What a running server answers routes from: an immutable snapshot of the registry, swapped whole when a write
+commits. A request takes `Snapshots.current` once and answers from it with no database and no lock, so routes never
+wait for the writer or for each other; the writer (writer.py) builds the next snapshot after each commit, and a
+request that started earlier finishes on the one it took.
+
+A snapshot holds the routing state (the active encoder's predictor, every model's current version, evidence, cost,
+availability and name: routing.State), a vector index and pool of the same versions (fallback chains), and the
+models' upstream endpoints (the proxy). Query text vectors are not part of it: they never change once known, so one
+shared cache serves every snapshot (`QueryVectors`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from registry.data import endpoints
+from registry.answers import fallback
+from registry.embedding import index
+from registry.routing import policy as routing
+from registry.locus import text_encoder
+from registry.answers.geometry import Pool
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    generation: int                          # one more with every swap
+    routing: routing.State
+    index: index.VectorIndex                 # the same versions as `routing`, never changed after the swap
+    pool: Pool                               # the same, ordered by name
+    endpoints: dict[str, endpoints.Endpoint]
+
+    def chain(self, model: str, among: set[str], down: set[str]) -> list[str]:
+        """`model`'s fallback chain: the other models in `among`, not in `down`, nearest first (fallback.chains)."""
+        if model not in self.pool.names or len(self.pool.names) < 2:
+            return []
+        links = fallback.chains(self.index, self.pool, len(self.pool.names), down,
+                                only=[self.pool.names.index(model)])[model]
+        return [link.model for link in links if link.model in among]
+
+
+def build(reg, generation: int, previous: Snapshot | None = None, refit: bool = True) -> Snapshot:
+    """Read the registry once (a read transaction) into a new snapshot; with `previous`, its endpoints are kept (the
+    write changed models, not endpoints); without `refit`, routing's interaction terms are carried over from the
+    last fit (routing.state)."""
+    with reg.store.tx() as tx:
+        st = routing.state(tx, reg.path, reg.probation_min, refit=refit)
+        eps = previous.endpoints if previous is not None else endpoints.current(tx)
+    return _assemble(generation, st, eps)
+
+
+def _assemble(generation: int, st: routing.State, eps: dict) -> Snapshot:
+    vi = index.VectorIndex(st.encoder_id, index.new_index(), dict(zip(st.model_ids.tolist(), st.names)), -1)
+    if len(st.names):
+        vi.index.add_with_ids(np.ascontiguousarray(st.z, dtype=np.float32), st.model_ids)
+    order = sorted(range(len(st.names)), key=st.names.__getitem__)
+    pool = Pool(st.encoder_id, st.model_ids[order], [st.names[i] for i in order],
+                np.ascontiguousarray(st.z[order], dtype=np.float32), st.evidence.n[order])
+    return Snapshot(generation, st, vi, pool, eps)
+
+
+class Snapshots:
+    """The current snapshot; `refresh` (the writer's, after each commit) builds the next and swaps it in."""
+
+    def __init__(self, reg):
+        self._reg = reg
+        self.current = build(reg, 0)
+
+    def refresh(self, endpoints_changed: bool = True, refit: bool = False) -> Snapshot:
+        self.current = build(self._reg, self.current.generation + 1,      # one reference assignment: atomic
+                             None if endpoints_changed else self.current, refit)
+        return self.current
+
+    def add_versions(self, registered: set[str] = frozenset(), tx=None) -> Snapshot:
+        """After commits that only appended embedding versions (the writer's registrations): the next snapshot
+        from this one and those versions, one read (routing.with_new_versions) instead of the whole state;
+        `registered`: the names those commits registered; `tx`: a read transaction to use (else one of its own)."""
+        if tx is None:
+            with self._reg.store.tx() as tx:
+                return self.publish(self.with_versions(registered, tx))
+        return self.publish(self.with_versions(registered, tx))
+
+    def with_versions(self, registered: set[str], tx) -> Snapshot:
+        """`add_versions`' next snapshot, not yet swapped in: the writer builds it in the transaction that wrote the
+        versions and swaps it in (`publish`) once that has committed."""
+        cur = self.current
+        return _assemble(cur.generation + 1, routing.with_new_versions(tx, cur.routing, self._reg.path, registered),
+                         cur.endpoints)
+
+    def publish(self, snap: Snapshot) -> Snapshot:
+        self.current = snap           # one reference assignment: atomic
+        return snap
+
+
+class QueryVectors:
+    """Query text -> vector for a server: the routing LRU, then the registry's stored vectors (held in memory, up to
+    KEEP of them, so that a known text routes without a read), then MiniLM through a dynamic batcher, so that new
+    texts arriving together share one pass."""
+
+    KEEP = 500_000            # 384 float32 each: 0.8 GB at most; a larger registry reads the rest when asked
+
+    def __init__(self, reg, batcher: text_encoder.Batcher | None = None):
+        self._reg = reg
+        self.batcher = batcher or text_encoder.Batcher(separate_process=True)
+        self.reload()
+
+    def __call__(self, texts: list[str], hashes: list[str], fresh: list | None = None) -> np.ndarray:
+        return routing.query_vectors(None, texts, hashes, fresh=fresh, stored=self._stored,
+                                     encode=self.batcher.encode)
+
+    def known(self, texts: list[str]) -> bool:
+        """Whether every text's vector is at hand (held in memory or recently routed): routing them waits for nothing."""
+        hashes = [text_encoder.content_hash(t) for t in texts if isinstance(t, str)]
+        return len(hashes) == len(texts) and all(h in self._known or routing.has_vector(h) for h in hashes)
+
+    def reload(self) -> None:
+        """Read the stored vectors again (the writer's, after a write that added queries)."""
+        with self._reg.store.tx() as tx:
+            self._known, self._complete = routing.every_stored_vector(tx, self.KEEP)
+
+    def _stored(self, hashes: list[str]) -> dict:
+        known = self._known
+        found = {h: known[h] for h in hashes if h in known}
+        rest = [h for h in hashes if h not in found]
+        if rest and not self._complete:
+            with self._reg.store.tx() as tx:
+                found.update(routing.stored_vectors(tx, rest))
+        return found

@@ -1,0 +1,175 @@
+"""The registry's web pages, served by `registry serve` at `/`: server-rendered (Jinja2 templates in
+registry/templates), with one small script and one stylesheet from registry/static. Nothing is fetched from another
+host: users run this offline and behind firewalls.
+
+Pages: `/` (models, sortable and filterable; the embedding map as SVG), `/ui/models/NAME` (per category, versions with
+a diff between any two, nearest models, fallback chain, availability), `/ui/route` (the route box), `/ui/portfolio`,
+`/ui/fingerprint` (upload a results file). Writes from a page go to the HTTP API with the token typed into the page.
+
+What the home page needs is kept per registry state (`_cached`): at a thousand models the page must render in at
+most 200 ms, and a t-SNE of the map alone takes seconds, so it is computed once per set of versions.
+"""
+from __future__ import annotations
+
+import re
+import threading
+from pathlib import Path
+
+from fastapi import FastAPI, Query, Request
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from registry.core import dialect
+from registry.core.errors import RegistryError
+
+HERE = Path(__file__).resolve().parent
+templates = Jinja2Templates(directory=str(HERE / "templates"))
+MAP_TSNE_MAX = 300     # models; above it the page's map is a PCA (`registry map` still draws t-SNE)
+_cache: dict = {}
+_cache_lock = threading.Lock()
+
+
+_KEYS = {   # what each cached value depends on
+    "models": """SELECT (SELECT coalesce(max(id), 0) FROM embedding_versions),
+        (SELECT coalesce(max(batch_id), 0) FROM evaluations), (SELECT coalesce(max(id), 0) FROM model_availability),
+        (SELECT {h:id, name, family, provider, params_b, cost, open_weights, tags::VARCHAR}
+         FROM models), (SELECT coalesce(max(id), 0) FROM encoder_activations)""",
+    "map": """SELECT (SELECT coalesce(max(id), 0) FROM embedding_versions),
+        (SELECT {h:id, family} FROM models),
+        (SELECT coalesce(max(id), 0) FROM encoder_activations)""",
+}
+
+
+def _cached(reg, what: str, build):
+    """A value derived from the registry, kept until what it depends on changes (_KEYS)."""
+    with reg.store.tx() as tx:
+        sql = re.sub(r"\{h:([^}]*)\}", lambda m: dialect.xor_hash(tx.dialect, m.group(1)), _KEYS[what])
+        if tx.postgres:   # other processes commit too, not in id order: the counts as well as the newest ids
+            sql += (", (SELECT count(*) FROM embedding_versions), (SELECT count(*) FROM import_batches),"
+                    " (SELECT count(*) FROM model_availability)")
+        key = (reg.path, what) + tuple(tx.sql(sql)[0])
+    with _cache_lock:
+        if key in _cache:
+            return _cache[key]
+    value = build()
+    with _cache_lock:
+        _cache[key] = value
+    return value
+
+
+def _map(reg) -> dict:
+    """The embedding map as SVG-ready points: {name, x, y, colour, family} in a 0..1000 x 0..600 box."""
+    from registry.answers import maps
+
+    with reg.store.tx() as tx:
+        try:
+            p = reg._pool(tx)
+        except RegistryError:
+            return {"points": [], "families": [], "method": None}
+        families = dict(tx.sql("SELECT name, family FROM models"))
+    if len(p.names) > MAP_TSNE_MAX:    # t-SNE of 1,000 points takes half a minute: a page cannot wait for it
+        from sklearn.decomposition import PCA
+
+        xy, method = PCA(n_components=2, random_state=0).fit_transform(p.vectors), "pca"
+    else:
+        xy, method = maps.project(p.vectors, 0)
+    lo, hi = xy.min(axis=0), xy.max(axis=0)
+    span = (hi - lo) + 1e-9
+    fam = [families.get(n) or "(unknown)" for n in p.names]
+    colours = maps.family_colours(fam)
+    pts = [{"name": n, "x": round(20 + 960 * (x - lo[0]) / span[0], 1), "y": round(20 + 560 * (y - lo[1]) / span[1], 1),
+            "colour": colours[f], "family": f} for n, (x, y), f in zip(p.names, xy, fam)]
+    return {"points": pts, "families": sorted(colours.items()), "method": method}
+
+
+def mount(app: FastAPI, reg, token: str | None) -> None:
+    app.mount("/static/web", StaticFiles(directory=str(HERE / "static")), name="web")
+
+    def page(request: Request, name: str, **context) -> HTMLResponse:
+        return templates.TemplateResponse(request, name, {"needs_token": token is not None, **context})
+
+    def error_page(request: Request, message: str, status: int = 404) -> HTMLResponse:
+        return templates.TemplateResponse(request, "error.html", {"message": message, "needs_token": token is not None},
+                                          status_code=status)
+
+    app.state.error_page = error_page          # the server's handlers answer a page's bad parameters with a page
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        if request.url.path.startswith("/ui/"):
+            return error_page(request, "no such page" if exc.status_code == 404 else str(exc.detail), exc.status_code)
+        return await http_exception_handler(request, exc)
+
+    stats = {"batch": -1, "by_model": {}}      # per-model evaluation counts, re-read only for models with new rows
+    stats_lock = threading.Lock()
+
+    def models():
+        from registry.answers import catalog
+
+        with stats_lock, reg.store.tx() as tx:
+            newest = catalog.newest_batch(tx)
+            if newest != stats["batch"]:
+                changed = None if stats["batch"] < 0 else catalog.models_since(tx, stats["batch"])
+                stats["by_model"].update(catalog.evaluation_stats(tx, changed))
+                stats["batch"] = newest
+            return catalog.models(tx, reg.probation_min, stats["by_model"])
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def home(request: Request):
+        models_ = _cached(reg, "models", models)
+        the_map = _cached(reg, "map", lambda: _map(reg))
+        return page(request, "home.html", models=models_, map=the_map, path=reg.path)
+
+    @app.get("/ui/models/{name:path}/diff", response_class=HTMLResponse, include_in_schema=False)
+    def diff_page(request: Request, name: str, v1: int | None = None, v2: int | None = None):
+        try:
+            d = reg.diff(name, v1, v2)
+        except RegistryError as exc:
+            return error_page(request, str(exc), 400)
+        return page(request, "diff.html", d=d)
+
+    @app.get("/ui/models/{name:path}", response_class=HTMLResponse, include_in_schema=False)
+    def model_page(request: Request, name: str):
+        try:
+            detail = reg.show(name)
+            history = reg.history(name)
+        except RegistryError as exc:
+            return error_page(request, str(exc))
+        near, chain, note = [], [], None
+        if detail.version is not None:
+            try:
+                near = reg.similar(name, k=8)
+                chain = reg.fallback(name, k=5).chain
+            except RegistryError as exc:
+                note = str(exc)
+        return page(request, "model.html", m=detail, history=history, near=near, chain=chain, note=note)
+
+    @app.get("/ui/route", response_class=HTMLResponse, include_in_schema=False)
+    def route_page(request: Request, q: str | None = None):
+        decision, error = None, None
+        if q:
+            try:
+                decision = reg.route(q, log=False)
+            except RegistryError as exc:
+                error = str(exc)
+        return page(request, "route.html", q=q or "", d=decision, error=error)
+
+    @app.get("/ui/portfolio", response_class=HTMLResponse, include_in_schema=False)
+    def portfolio_page(request: Request, k: int = Query(3, ge=1, le=1000), method: str = "routing"):
+        from registry.answers import portfolio
+
+        result, error = None, None
+        try:
+            with reg.store.tx() as tx:
+                pool = reg._pool(tx)
+                result = portfolio.with_share(tx, pool, k, method, probation=pool.on_probation(reg.probation_min))
+        except RegistryError as exc:
+            error = str(exc)
+        return page(request, "portfolio.html", p=result, k=k, method=method, methods=portfolio.METHODS, error=error)
+
+    @app.get("/ui/fingerprint", response_class=HTMLResponse, include_in_schema=False)
+    def fingerprint_page(request: Request):
+        return page(request, "fingerprint.html")

@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from registry import Registry
 from registry.data import evaluation_rows
+from registry.locus import disagreement
 from registry.answers import fingerprint  # noqa: E402
 
 NS = (32, 64, 128, 256, 512, 1024)
@@ -77,7 +78,7 @@ def main() -> None:
     t0 = time.time()
     names, mids, qids, correct, is_test, external = matrix(args.db)
     M = len(names)
-    rate, _ = evaluation_rows.disagreement_matrix(correct, fingerprint.MIN_PAIR_SHARED)
+    rate, _ = disagreement.disagreement_matrix(correct, fingerprint.MIN_PAIR_SHARED)
     np.fill_diagonal(rate, np.nan)
     rng = np.random.default_rng(0)
     print(f"{M} models, {len(qids)} queries; closest distinct pair: "

@@ -31,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fingerprint_answers import matrix, verdicts  # noqa: E402
 
-from registry.data import evaluation_rows
+
+from registry.locus import disagreement
 from registry.answers import fingerprint  # noqa: E402
 from registry.answers.probe_plans import separating  # noqa: E402
 
@@ -45,7 +46,7 @@ def main() -> None:
     t0 = time.time()
     names, _, qids, correct, _, _ = matrix(args.db)
     M = len(names)
-    rate, _ = evaluation_rows.disagreement_matrix(correct, fingerprint.MIN_PAIR_SHARED)
+    rate, _ = disagreement.disagreement_matrix(correct, fingerprint.MIN_PAIR_SHARED)
     np.fill_diagonal(rate, np.nan)
     seen = correct >= 0
     rng = np.random.default_rng(0)

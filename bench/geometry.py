@@ -119,7 +119,7 @@ def synthetic_registry(path: Path, n: int, seed: int = 0) -> Registry:
                             SELECT m.id, 1, {enc}, s.vector::FLOAT[128], 1024, 'synthetic', 0, 'synthetic'
                             FROM _syn s JOIN models m USING (name)""").fetchall()
         tx.duck.unregister("_syn")
-        index.versions_written(tx)            # a writer of versions outside onboarding says so (see index.py)
+        index.versions_written(tx)            # a writer of versions outside onboarding says so (see embedding/index.py)
     row(f"scale: bulk insert of {n} models and embedding versions (DuckDB native)", f"{time.perf_counter() - t:.2f}s")
     return reg
 

@@ -146,7 +146,7 @@ def _category_router(reg, models: list[str], budget: float):
     category-level knowledge allows on this data (LOCUS does not see categories)."""
     import numpy as np
 
-    from registry.evaluate.harness import dataset
+    from registry.embedding.dataset import dataset
 
     with reg.store.tx() as tx:
         d = dataset(tx)

@@ -1,5 +1,5 @@
 """Routing that never loses to the simple routers (issue 20): LOCUS alone, LOCUS + interaction (what `registry route`
-serves, interaction.py), KNN, MF, IRT, the per-category router and the best single model, side by side, in three
+serves, locus/interaction.py), KNN, MF, IRT, the per-category router and the best single model, side by side, in three
 situations:
 
 1. All models, training seeds 0, 1, 2: per seed an encoder trained as `registry train --seed S` does (one thread),
@@ -40,7 +40,7 @@ from registry.evaluate import heldout
 from registry.routing import policy
 from registry.locus import training  # noqa: E402
 from registry.locus.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
-from registry.evaluate.harness import dataset  # noqa: E402
+from registry.embedding.dataset import dataset  # noqa: E402
 
 ROWS = [("locus", "LOCUS"), ("locus_interaction", "LOCUS+interaction"), ("knn", "KNN"), ("mf", "MF"),
         ("irt", "IRT"), ("per_category", "per-category"), ("best_single", "best single")]

@@ -25,7 +25,7 @@ from registry.evaluate.harness import subset_rows  # noqa: E402
 
 def load(db: str):
     from registry import Registry
-    from registry.evaluate.harness import dataset
+    from registry.embedding.dataset import dataset
 
     with Registry(db) as reg, reg.store.tx() as tx:
         d = dataset(tx)

@@ -31,7 +31,7 @@ DATA = Path("/work/shared/data/mmlu-pro")
 def load_registry_data(db: str):
     """The same arrays from a registry built from the data (`bin/build-default`): its stored MiniLM vectors."""
     from registry import Registry
-    from registry.evaluate.harness import dataset
+    from registry.embedding.dataset import dataset
 
     with Registry(db) as reg, reg.store.tx() as tx:
         d = dataset(tx)
@@ -94,7 +94,7 @@ def _embed_sets(model, qvecs, correct, rows):
 
 def geometry(z, correct, idx):
     from scipy.stats import pearsonr, spearmanr
-    from registry.data.evaluation_rows import disagreement_matrix
+    from registry.locus.disagreement import disagreement_matrix
     M = z.shape[0]
     iu = np.triu_indices(M, 1)
     dist = np.linalg.norm(z[:, None] - z[None], axis=-1)[iu]

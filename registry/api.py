@@ -44,7 +44,7 @@ class Registry:
                      splits: str | None = None, directory: str | None = None,
                      progress: bool = False, onboard: bool = True, vectors: str | None = None) -> ingest.ImportResult:
         """Import any of models (CSV), queries (CSV/JSONL/Parquet), evaluations (long format), splits and query
-        text vectors (vectors.py), or a folder laid out like ../shared/data/mmlu-pro (its `text_vectors.parquet`
+        text vectors (data/vector_files.py), or a folder laid out like ../shared/data/mmlu-pro (its `text_vectors.parquet`
         too). All or nothing: a bad file changes nothing."""
         files = staging.files_in_dir(directory) if directory else {}
         for kind, path in (("models", models), ("queries", queries), ("evaluations", evaluations),
@@ -212,11 +212,11 @@ class Registry:
         predictor also reads each query's value of `category_field` ("category", "source", or "category+source":
         source offsets fitted on top of the category's; the vocabulary is kept in the checkpoint), its rows fitted to
         the `category_fit` answers ("train" or "nontest")."""
-        from registry.evaluate import harness
+        from registry.embedding import dataset
         from registry.locus import training
 
         with self.store.tx() as tx:
-            data = harness.dataset(tx)
+            data = dataset.dataset(tx)
         blob, meta = training.checkpoint_from(data, seed, anchors, max_steps, epochs, name, progress,
                                               category_features, category_field, category_fit)
         with self.store.tx() as tx:
@@ -230,8 +230,9 @@ class Registry:
                  max_steps: int | None = None, epochs: int | None = None, progress=None, planned: bool = False):
         """Routing accuracy and predictor quality of LOCUS on a split, beside the baselines, over the established
         models with an up-to-date embedding (pending onboarding is finished first; the others are reported).
-        `held_out=K`: per seed (default 3), K models known only from n evaluations (heldout.py; nothing written).
-        `planned` (with sample_efficiency or held_out): planned probes against random ones (probes.py)."""
+        `held_out=K`: per seed (default 3), K models known only from n evaluations (evaluate/heldout.py; nothing written).
+        `planned` (with sample_efficiency or held_out): planned probes against random ones (locus/probe_design.py)."""
+        from registry.embedding import dataset
         from registry.evaluate import harness, heldout
 
         if held_out is not None:
@@ -239,7 +240,7 @@ class Registry:
                 raise InputError("--held-out scores every method on the test split: it takes no --split, "
                                  "--sample-efficiency or --no-baselines")
             with self.store.tx() as tx:
-                data = harness.dataset(tx)
+                data = dataset.dataset(tx)
             return heldout.run(data, held_out, n, 3 if seeds is None else seeds, max_steps, epochs, progress,
                                planned=planned)
         if planned and not sample_efficiency:
@@ -410,7 +411,7 @@ class Registry:
 
     def set_endpoint(self, model: str, base_url: str, upstream_model: str | None = None,
                      api_key_env: str | None = None) -> endpoints.Endpoint:
-        """Where the routing proxy forwards MODEL's requests; the API key stays in the environment (proxy.py)."""
+        """Where the routing proxy forwards MODEL's requests; the API key stays in the environment (serve/proxy.py)."""
         with self.store.tx() as tx:
             return endpoints.set_endpoint(tx, model, base_url, upstream_model, api_key_env)
 
@@ -426,7 +427,7 @@ class Registry:
 
     def frontier(self, split: str = "test", cost_by: str = "params", weights: list[float] | None = None):
         """Accuracy vs mean cost (params_b, or cost with cost_by="cost") over a sweep of cost weights, beside every
-        single model, with their Pareto frontier and each point's coverage (frontier.py)."""
+        single model, with their Pareto frontier and each point's coverage (routing/frontier.py)."""
         from registry.routing import frontier
 
         with self.store.tx() as tx:

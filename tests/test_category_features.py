@@ -20,7 +20,7 @@ from registry.cli import cli
 from registry.locus.network import EncoderConfig, LocusModel
 from registry.embedding.encoders import SHIPPED
 from registry.core.errors import InputError
-from registry.evaluate.harness import dataset
+from registry.embedding.dataset import dataset
 from registry.locus.training import TrainConfig, category_vocabulary, embed_models, train
 
 torch.set_num_threads(1)
@@ -137,7 +137,7 @@ def test_training_fits_category_rows_on_top_of_the_text_only_model():
 
 
 def test_probes_read_category_rows():
-    """The likelihood reading (probes.py) scores and differentiates the category term as the model does."""
+    """The likelihood reading (locus/probe_design.py) scores and differentiates the category term as the model does."""
     from registry.locus import probe_design
 
     base, _, _ = load_checkpoint(SHIPPED.read_bytes())
@@ -185,7 +185,7 @@ def test_registry_routes_with_categories_and_without(db_copy, tmp_path):
             dec = reg.route_batch([texts[int(data.query_ids[j])]], log=False)[0]
             raw = {c.model: c.raw_prob for c in dec.candidates}
             with reg.store.tx() as tx:
-                from registry.evaluate.harness import current_embeddings
+                from registry.embedding.dataset import current_embeddings
                 z, _, _ = current_embeddings(tx, data)
             expect = model.p_correct(z, data.qvecs[[j]], [want])[:, 0]
             as_none = model.p_correct(z, data.qvecs[[j]], [None])[:, 0]
@@ -327,7 +327,7 @@ def test_registry_routes_with_category_and_source(db_copy, tmp_path):
     label the routing state and querycache give is the two joined), evaluate runs with them; a text the registry
     does not hold routes on its text alone."""
     from registry.data import query_cache
-    from registry.evaluate.harness import current_embeddings
+    from registry.embedding.dataset import current_embeddings
 
     with Registry(db_copy) as reg:
         with reg.store.tx() as tx:

@@ -19,7 +19,7 @@ from registry.locus import baselines as B
 from registry.evaluate import heldout
 from registry.cli import cli
 from registry.core.errors import InputError
-from registry.evaluate.harness import dataset
+from registry.embedding.dataset import dataset
 
 from .conftest import snapshot
 

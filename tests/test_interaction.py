@@ -1,4 +1,4 @@
-"""Issue 20: routing that uses the model-by-question interaction (interaction.py), on tiny synthetic data where the
+"""Issue 20: routing that uses the model-by-question interaction (locus/interaction.py), on tiny synthetic data where the
 truth is planted, then on the session's real registry: what `registry evaluate` measures is what `registry route`
 serves, the report says what routing used, and `registry draw-splits --by category` holds whole categories out."""
 from __future__ import annotations

@@ -17,7 +17,9 @@ from registry.data import evaluation_rows
 from registry.locus import probe_design
 from registry.cli import cli
 from registry.core.errors import InputError, NotFound
-from registry.evaluate.harness import dataset, embed_subsets
+from registry.embedding.dataset import dataset
+
+from registry.evaluate.harness import embed_subsets
 
 from .conftest import snapshot
 

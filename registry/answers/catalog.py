@@ -112,7 +112,7 @@ def stats(tx: Tx, path: str) -> Stats:
 def current_versions(tx: Tx, encoder_id: int, as_of: str | None = None,
                      names: list[str] | None = None) -> dict[str, tuple[int, int]]:
     """{model name: (its newest version under the encoder, the evaluations behind it)}, as the registry stood at
-    `as_of`; only the `names` given, if any. How well placed a model is (evidence.py: probation) is read here."""
+    `as_of`; only the `names` given, if any. How well placed a model is (embedding/evidence.py: probation) is read here."""
     when = "AND v.created <= ?::TIMESTAMP" if as_of else ""
     only = "AND m.name IN (SELECT unnest(?::VARCHAR[]))" if names is not None else ""
     return {r[0]: (int(r[1]), int(r[2])) for r in tx.sql(f"""

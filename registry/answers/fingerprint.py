@@ -23,6 +23,7 @@ import numpy as np
 
 from registry.embedding import embed, encoders
 from registry.data import evaluation_rows
+from registry.locus import disagreement
 from registry.core.errors import InputError
 from registry.core.store import Tx
 
@@ -162,7 +163,7 @@ def answer_calibration(tx: Tx, exclude: set[int] | None = None) -> AnswerCalibra
 def calibration_of(correct: np.ndarray, names: list[str]) -> AnswerCalibration:
     """The answers test's calibration from the current answers [M,N] (1/0, -1 none) of the models that may
     calibrate (those with MIN_PAIR_SHARED evaluations), named `names`."""
-    rate, _ = evaluation_rows.disagreement_matrix(correct, MIN_PAIR_SHARED)
+    rate, _ = disagreement.disagreement_matrix(correct, MIN_PAIR_SHARED)
     np.fill_diagonal(rate, np.nan)
     if not np.isfinite(rate).any():
         return AnswerCalibration(None)

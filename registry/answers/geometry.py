@@ -13,6 +13,7 @@ import numpy as np
 
 from registry.answers import catalog
 from registry.data import evaluation_rows, query_cache
+from registry.locus import disagreement
 from registry.embedding import index
 from registry.embedding.evidence import on_probation
 from registry.core.errors import InputError
@@ -28,7 +29,7 @@ class Pool:
     n_evaluations: np.ndarray | None = None   # [M] evaluations behind each embedding (None: not known here)
 
     def on_probation(self, minimum: int) -> set[str]:
-        """The models whose embedding stands on fewer than `minimum` evaluations (evidence.py): never chosen as a
+        """The models whose embedding stands on fewer than `minimum` evaluations (embedding/evidence.py): never chosen as a
         substitute or a portfolio member unless asked, as routing never chooses them."""
         if self.n_evaluations is None:
             return set()
@@ -98,7 +99,7 @@ def correlation(tx: Tx, p: Pool, min_shared: int = 10) -> Geometry:
     if len(p.names) < 3:
         raise InputError(f"geometry needs at least 3 embedded models, the registry has {len(p.names)}")
     qids, correct = test_outcomes(tx, p.model_ids)
-    rate, _ = evaluation_rows.disagreement_matrix(correct, min_shared)
+    rate, _ = disagreement.disagreement_matrix(correct, min_shared)
     dist = pairwise(p.vectors)
     iu = np.triu_indices(len(p.names), 1)
     x, y = dist[iu], rate[iu]

@@ -2,7 +2,7 @@
 with an empty `correct` column that `register` and `fingerprint --evals` take back once it is filled in.
 
 - probe: for one model (registered or new), its answers so far are read by likelihood against the other models
-  (probes.py), and the next queries are those that most settle its logits where routing decides. A model with
+  (locus/probe_design.py), and the next queries are those that most settle its logits where routing decides. A model with
   fewer than SEED_SIZE answers is first given random queries up to that many. Queries it has answered, and test
   queries (never embedded), are never proposed. Asking in rounds (probe, evaluate, register, probe again) lets each
   round use the answers of the last; one round of n plans the rest from what is known now.

@@ -25,7 +25,7 @@ class RegisterResult:
     evaluations_added: int
     queries_added: int
     held_out: int = 0                   # current evaluations on test queries: kept, never embedded
-    status: str = "not embedded"        # established | probation | not embedded (evidence.py)
+    status: str = "not embedded"        # established | probation | not embedded (embedding/evidence.py)
     updated: dict = field(default_factory=dict)   # metadata field -> [old, new] (with update=True)
     results_changed: int = 0            # results that superseded different stored ones (with update=True)
 
@@ -175,8 +175,8 @@ def report(reg, staged: Staged, o: onboarding.JobOutcome | None, k: int = 5) -> 
 
 
 def report_served(reg, snap, book, staged: Staged, o: onboarding.JobOutcome | None, k: int = 5) -> RegisterResult:
-    """`report` from a running server's memory, with no read: its snapshot (snapshot.py: the index of current
-    versions) and its answer book (answerbook.py), both up to date with the write being reported. What `report`
+    """`report` from a running server's memory, with no read: its snapshot (serve/snapshot.py: the index of current
+    versions) and its answer book (serve/answerbook.py), both up to date with the write being reported. What `report`
     says, the same way (tests/test_writer.py compares them)."""
     model_id = book.id_of(staged.name)
     if o is None or model_id is None:                 # nothing new was embedded, or no answers: the plain report

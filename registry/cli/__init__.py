@@ -1,10 +1,7 @@
-"""The command line: each command is a thin call of the `Registry` method of the same name.
-
-This module defines the root group only (--db, --probation-min) and attaches the commands of each command module,
-explicitly, from its COMMANDS list. Every command module follows one pattern (see cli_common): it defines its commands
-with cli_common's `command` decorator (options, --json, context, one-line errors) and never imports this module.
-Only the CLI raises click.ClickException; start-up imports neither torch, sentence-transformers nor faiss.
-"""
+"""The command line, a mirror of the library: each command is a thin call of the `Registry` method of the same name,
+one module per command group (each attached from its COMMANDS list, each built with common's `command`)."""
+# This module defines the root group only (--db, --probation-min). Only the CLI raises click.ClickException;
+# start-up imports neither torch, sentence-transformers nor faiss.
 from __future__ import annotations
 
 import sys

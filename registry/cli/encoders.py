@@ -1,4 +1,4 @@
-"""Encoders: `registry encoders [activate|install]`, `registry train`, `registry evaluate` (issue 3)."""
+"""Encoders: `registry encoders [activate|install]`, `registry train`, `registry evaluate`."""
 from __future__ import annotations
 
 import json

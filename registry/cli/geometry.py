@@ -1,7 +1,7 @@
-"""CLI mirror of the embedding-space questions (issue 5): similar, fingerprint, portfolio, fallback, map, geometry.
+"""CLI mirror of the embedding-space questions: similar, fingerprint, portfolio, fallback, map, geometry.
 
-Each command is a thin call of its `Registry` method, defined with cli_common's `command` decorator (library errors
-become one-line click errors); cli.py attaches COMMANDS to the root group.
+Each command is a thin call of its `Registry` method, defined with cli.common's `command` decorator (library errors
+become one-line click errors); cli/__init__.py attaches COMMANDS to the root group.
 """
 from __future__ import annotations
 

@@ -63,7 +63,7 @@ def stats(ctx, as_json):
                                           + ([f"no split {s.unsplit_queries}"] if s.unsplit_queries else [])))
 
 
-# --- onboarding and embedding history (issue 4) -----------------------------------------------------------------
+# --- onboarding and embedding history -----------------------------------------------------------------
 def _parse_tags(tags: tuple[str, ...]) -> dict:
     out = {}
     for t in tags:

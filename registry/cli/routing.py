@@ -1,5 +1,5 @@
 """CLI commands for routing (route, log, mark-unavailable, mark-available, serve): thin calls of the Registry's
-routing methods, defined with cli_common's `command` decorator; cli.py attaches COMMANDS to the root group. Nothing
+routing methods, defined with cli.common's `command` decorator; cli/__init__.py attaches COMMANDS to the root group. Nothing
 heavy is imported at start-up."""
 from __future__ import annotations
 

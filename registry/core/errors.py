@@ -1,4 +1,4 @@
-"""The registry's own error types. The library raises these; only the CLI (cli_common.handles_errors) turns them
+"""The registry's own error types. The library raises these; only the CLI (cli.common.handles_errors) turns them
 into click errors, and the HTTP server into status codes."""
 from __future__ import annotations
 

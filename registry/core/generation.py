@@ -1,6 +1,5 @@
-"""What a server replica polls to learn that another process wrote to the same PostgreSQL database (issue 14,
-bar 3): a generation, one cheap read (a few counts and maxima over primary keys, and a digest of the models
-table), that changes whenever a write that reads depend on commits anywhere: a version, an import batch (every
+"""What a server replica polls to learn that another process wrote to the same PostgreSQL database: a
+generation, one cheap read (a few counts and maxima over primary keys, and a digest of the models table), that changes whenever a write that reads depend on commits anywhere: a version, an import batch (every
 registration and upload makes one), availability, endpoints, an encoder activation, a stability estimate, new
 queries, model metadata. Counts as well as maxima: ids come from sequences, so a transaction that drew a smaller
 id may commit after one that drew a larger.

@@ -1,7 +1,7 @@
 """The database behind the registry: engine, migrations, and one managed transaction per public operation.
 
 The default is one DuckDB file; `--db postgresql://user@host:port/dbname` puts the same schema on PostgreSQL
-(psycopg 3). Modules write their SQL once, in the subset both databases read (see dialect.py for what differs), and
+(psycopg 3). Modules write their SQL once, in the subset both databases read (see core/dialect.py for what differs), and
 run it through `Tx`: `sql`, `arrow`, `numpy`, `table` (a Python table visible to SQL), `append` (bulk rows). Files
 are always read by DuckDB in-process (`Tx.stage`): on DuckDB that is the registry's own connection, on PostgreSQL a
 private in-memory one whose results are copied in with COPY. Bulk rows and ORM rows share one transaction either

@@ -66,16 +66,3 @@ def disagreement(tx: Tx, qids, y, others) -> dict[int, tuple[int, float]]:
             FROM {current(model_ids=others, queries_in="_answers")} e JOIN _answers a ON a.query_id = e.query_id
             GROUP BY e.model_id""")
     return {int(m): (int(n), float(r)) for m, n, r in res}
-
-
-def disagreement_matrix(correct: np.ndarray, min_shared: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    """correct [M,N] (1/0, -1 = not evaluated) -> pairwise disagreement rate on queries both models answered
-    (rate [M,M], nan under `min_shared` shared queries; shared count [M,M])."""
-    obs = (correct >= 0).astype(np.float64)
-    yes = (correct == 1).astype(np.float64)
-    no = (correct == 0).astype(np.float64)
-    shared = obs @ obs.T
-    differ = yes @ no.T + no @ yes.T
-    with np.errstate(invalid="ignore", divide="ignore"):
-        rate = np.where(shared >= min_shared, differ / shared, np.nan)
-    return rate, shared

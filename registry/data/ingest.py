@@ -1,6 +1,6 @@
 """Bulk import of models, queries, evaluations and splits, validated, in one transaction.
 
-Files are read by DuckDB itself into temporary stage tables (staging.py), checked here with a few set-based
+Files are read by DuckDB itself into temporary stage tables (data/staging.py), checked here with a few set-based
 queries, and written with `INSERT ... SELECT`: no row goes through the ORM. Any problem raises `InputError` naming
 the file, the line and the problem, and the transaction rolls back, so a failed import leaves the database exactly
 as it was.
@@ -46,7 +46,7 @@ class ImportResult:
     evaluations_added: int = 0
     splits_set: int = 0
     texts_embedded: int = 0           # by MiniLM, here
-    texts_from_files: int = 0         # vectors taken from vector files (vectors.py) instead
+    texts_from_files: int = 0         # vectors taken from vector files (data/vector_files.py) instead
     vectors_loaded: int = 0           # from the folder's text_vectors.parquet (or --vectors)
     affected_models: list[str] = field(default_factory=list)
     added_by_model: dict[str, int] = field(default_factory=dict)   # evaluations appended per model
@@ -557,7 +557,7 @@ def stage_evaluations(tx: Tx, path: str, table: str, model: str | None = None) -
 
 
 def import_splits(tx: Tx, staged: Staged, batch_id: int, result: ImportResult) -> None:
-    """Set the file's splits (see splits.py: the models whose test queries change are enqueued)."""
+    """Set the file's splits (see data/splits.py: the models whose test queries change are enqueued)."""
     t = staged.table
     cases = " ".join(f"WHEN '{k}' THEN '{v}'" for k, v in SPLIT_NAMES.items())
     tx.stage.execute(f"""CREATE OR REPLACE TEMP TABLE {t}_n AS

@@ -1,7 +1,7 @@
 """Which queries are train, validation and test: set from a file (`ingest`) or drawn here with a seed.
 
 Every figure `registry evaluate` prints is on the test split, and held-out queries never reach the encoder (see
-embedding.py). So a query that enters or leaves the test split changes what every model that has it is embedded
+embedding/embed.py). So a query that enters or leaves the test split changes what every model that has it is embedded
 from, and those models are enqueued for a new version in the same transaction.
 """
 from __future__ import annotations

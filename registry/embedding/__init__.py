@@ -1,1 +1,2 @@
-"""TODO"""
+"""From evaluations to model embeddings: installed encoders, the masked forward pass over evaluation sets, the
+dataset matrix, versions written by onboarding, the FAISS index, and the evidence behind each embedding."""

@@ -1,5 +1,5 @@
 """Embedding, pure: which evaluations a model's embedding is computed from, their digest, and the batched, masked
-forward pass over many sets at once. Nothing here writes: onboarding.py turns its output into versions, and
+forward pass over many sets at once. Nothing here writes: embedding/onboarding.py turns its output into versions, and
 evaluation, fingerprinting and training use it directly.
 
 What an embedding is computed from, exactly: the model's current (newest) evaluations from batches up to

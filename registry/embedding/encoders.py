@@ -1,6 +1,6 @@
 """Encoder checkpoints kept in the registry: install, list, activate, load.
 
-A checkpoint is safetensors bytes with its config and meta in the header (checkpoint.py); the registry stores the
+A checkpoint is safetensors bytes with its config and meta in the header (locus/checkpoint.py); the registry stores the
 bytes as they are, and the active encoder is the newest row of `encoder_activations`. Activating another encoder
 enqueues a re-embedding of every model; old versions stay.
 """

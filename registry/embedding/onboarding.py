@@ -1,5 +1,5 @@
-"""Onboarding: works off the outbox (outbox.py): embeds each model with a pending job from all of its current
-evaluations (embedding.py says which, and digests them) and appends an embedding version. Any version can be
+"""Onboarding: works off the outbox (data/outbox.py): embeds each model with a pending job from all of its current
+evaluations (embedding/embed.py says which, and digests them) and appends an embedding version. Any version can be
 recomputed and checked (`recompute`). An import that moves queries into or out of the test split re-embeds the
 models that have them; splits keep no history, so a version made before such an import no longer recomputes.
 

@@ -1,78 +1,24 @@
 """`registry evaluate` and `registry train`: the registry's own data as arrays, LOCUS against the baselines.
 
 LOCUS is scored with the models' stored current embeddings (computed from every evaluation outside the test split,
-see embedding.py). Two LOCUS rows: `locus`, the predictor alone, and `locus_interaction`, what routing serves (the
-predictor's logit plus the interaction terms of interaction.py, fitted on train and val exactly as routing fits
+see embedding/embed.py). Two LOCUS rows: `locus`, the predictor alone, and `locus_interaction`, what routing serves (the
+predictor's logit plus the interaction terms of locus/interaction.py, fitted on train and val exactly as routing fits
 them), so the report describes exactly what routing will do. Every method sees the same queries.
-`registry evaluate --held-out K` (models the encoder never saw, known from a few evaluations) is heldout.py.
+`registry evaluate --held-out K` (models the encoder never saw, known from a few evaluations) is evaluate/heldout.py.
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from registry.locus import baselines as B
-from registry.embedding import embed, encoders, evidence, index
-from registry.data import evaluation_rows, query_cache
-from registry.locus import interaction, label_columns
+from registry.embedding import embed, encoders, evidence
+from registry.locus import interaction
 from registry.core.errors import RegistryError
 from registry.core.store import Tx
+from registry.embedding.dataset import SPLITS, Dataset, current_embeddings, dataset, query_labels
 
-SPLITS = ("train", "val", "test")
-
-
-@dataclass
-class Dataset:
-    models: list[str]
-    model_ids: np.ndarray        # [M]
-    query_ids: np.ndarray        # [Nq] registry query ids
-    qvecs: np.ndarray            # [Nq, Dq]
-    correct: np.ndarray          # [M, Nq] int8, 1/0, -1 = missing
-    splits: dict[str, np.ndarray]  # split -> indices into query_ids
-    categories: np.ndarray       # [Nq] str
-    sources: np.ndarray | None = None   # [Nq] str: the queries' source column ("(none)" where missing)
-
-    def query_field(self, field: str) -> np.ndarray:
-        """[Nq] the queries' values of a metadata column a predictor may read as categories (issue 16), or their
-        labels under several columns ("category+source": querylabels)."""
-        cols = label_columns.parse(field)
-        if cols is None or ("source" in cols and self.sources is None):
-            raise RegistryError(f"category features read the query column 'category', 'source' or both "
-                                f"('category+source'), not {field!r}")
-        return label_columns.join([self.categories if c == "category" else self.sources for c in cols])
-
-    def digest(self) -> str:
-        h = hashlib.sha256()
-        for a in (self.query_ids, self.correct, *[self.splits[s] for s in SPLITS]):
-            h.update(np.ascontiguousarray(a).tobytes())
-        h.update("\n".join(self.models).encode())
-        return h.hexdigest()
-
-
-def dataset(tx: Tx) -> Dataset:
-    """Current evaluations of every model on every query with a split, as a dense matrix."""
-    q = tx.numpy("""SELECT q.id, s.split, coalesce(q.category, '(none)') AS category,
-                           coalesce(q.source, '(none)') AS source FROM queries q
-                    JOIN query_splits s ON s.query_id = q.id ORDER BY q.id""")
-    if len(q["id"]) == 0:
-        raise RegistryError("no queries with a train/val/test split: import a splits file or run "
-                            "`registry draw-splits`")
-    m = tx.sql("SELECT id, name FROM models ORDER BY name")
-    model_ids = np.array([r[0] for r in m], dtype=np.int64)
-    ev = tx.numpy(f"SELECT model_id, query_id, correct::INT AS c FROM {evaluation_rows.CURRENT} e")
-    qpos = {int(x): i for i, x in enumerate(q["id"])}
-    mpos = {int(x): i for i, x in enumerate(model_ids)}
-    correct = np.full((len(model_ids), len(q["id"])), -1, dtype=np.int8)
-    keep = np.array([int(x) in qpos for x in ev["query_id"]], dtype=bool)
-    correct[[mpos[int(x)] for x in ev["model_id"][keep]], [qpos[int(x)] for x in ev["query_id"][keep]]] = ev["c"][keep]
-    row_of, qmat = query_cache.query_vectors(tx, np.asarray(q["id"], dtype=np.int64))
-    qvecs = qmat[[row_of[int(x)] for x in q["id"]]]
-    split = np.asarray(q["split"])
-    return Dataset([r[1] for r in m], model_ids, np.asarray(q["id"], dtype=np.int64), qvecs, correct,
-                   {s: np.flatnonzero(split == s) for s in SPLITS}, np.asarray(q["category"]),
-                   np.asarray(q["source"]))
 
 
 @dataclass
@@ -87,52 +33,12 @@ class EvaluationReport:
     sample_efficiency: dict | None = None
     choices: dict[str, int] = field(default_factory=dict)     # how often routing (locus_interaction) chooses each model
     excluded: dict[str, str] = field(default_factory=dict)    # models left out of every method, and why
-    probation: dict[str, int] = field(default_factory=dict)   # on probation (evidence.py): not routed to by any
+    probation: dict[str, int] = field(default_factory=dict)   # on probation (embedding/evidence.py): not routed to by any
                                                               #   method; -> evaluations behind the embedding
     held_out: bool = True     # False off the test split: embeddings hold its answers, KNN and MF are tuned on val
     disagree: int = 0         # queries where the models' answers differ (hit@1_disagree is on these)
     interaction: dict = field(default_factory=dict)           # a, k, w chosen on val and what val measured
     planned_efficiency: dict | None = None   # --planned: planned against random probes at each n (probes.compare)
-
-
-def current_embeddings(tx: Tx, data: Dataset, with_evidence: bool = False):
-    """The active encoder's current embedding of every model that has an up-to-date one -> (z [M,D] in data's model
-    order, NaN rows for the others; {model: why it has none}; encoder id). A version is up to date when its digest is
-    that of the model's current non-test evaluations: one made before queries moved into the test split, for a model
-    left with too few evaluations to re-embed, would carry test answers, so it is not used. `with_evidence` adds
-    the evaluations behind each embedding and its stability ([M] each, in data's model order)."""
-    encoder_id = encoders.require_active(tx)
-    _, meta = encoders.load(tx, encoder_id)
-    vids, mids, _, vecs = index.current_versions(tx, encoder_id)
-    about = {r[0]: r[1:] for r in tx.sql(f"""
-        SELECT v.model_id, v.digest, v.n_evaluations, coalesce(s.stability, v.stability) FROM embedding_versions v
-        LEFT JOIN version_stability s ON s.version_id = v.id
-        WHERE v.id IN ({', '.join(str(int(v)) for v in vids) or 'NULL'})""")}
-    digest_of = {m: a[0] for m, a in about.items()}
-    sets = embed.evaluation_sets(tx, [int(m) for m in mids], 2 ** 62, meta.get("embed_max_set"))
-    pos = {int(m): i for i, m in enumerate(mids)}
-    z = np.full((len(data.models), vecs.shape[1]), np.nan, dtype=np.float32)
-    excluded = {}
-    for i, (name, m) in enumerate(zip(data.models, data.model_ids)):
-        m = int(m)
-        if m not in pos:
-            excluded[name] = "no embedding (fewer evaluations outside the test split than onboarding needs)"
-        elif sets[m].digest != digest_of[m]:
-            excluded[name] = (f"its embedding predates its current evaluations outside the test split ({sets[m].n}; "
-                              f"too few to re-embed, or onboarding pending)")
-        else:
-            z[i] = vecs[pos[m]]
-    if with_evidence:
-        n = np.array([about.get(int(m), (None, 0, None))[1] for m in data.model_ids], dtype=np.int64)
-        stab = [about.get(int(m), (None, 0, None))[2] for m in data.model_ids]
-        return z, excluded, encoder_id, n, stab
-    return z, excluded, encoder_id
-
-
-def query_labels(data: Dataset, model) -> np.ndarray | None:
-    """[Nq] what the encoder's predictor reads as the queries' categories (its category_field), or None for a
-    text-only encoder."""
-    return data.query_field(model.cfg.category_field) if model.cfg.categories else None
 
 
 def _at(labels, idx):
@@ -144,13 +50,6 @@ def locus_probs(tx: Tx, encoder_id: int, z: np.ndarray, qvecs: np.ndarray, categ
     encoder's category field, `query_labels`, read by an encoder with category features) under an encoder."""
     model, _ = encoders.load(tx, encoder_id)
     return model.p_correct(z, qvecs, categories)
-
-
-def without(data: Dataset, drop: np.ndarray) -> Dataset:
-    """The same dataset without the models where `drop` is True."""
-    keep = ~drop
-    return Dataset([n for n, k in zip(data.models, keep) if k], data.model_ids[keep], data.query_ids, data.qvecs,
-                   data.correct[keep], data.splits, data.categories, data.sources)
 
 
 def evaluate(tx: Tx, split: str = "test", baselines: bool = True, sample_efficiency: bool = False,
@@ -167,7 +66,7 @@ def evaluate(tx: Tx, split: str = "test", baselines: bool = True, sample_efficie
     left_out |= ev.probation
     keep = ~left_out
     ev = evidence.Evidence(ev.n[keep], ev.stability[keep], ev.probation[keep], ev.weight[keep], ev.minimum)
-    data, z = without(data, left_out), z[keep]
+    data, z = data.without(left_out), z[keep]
     if len(data.models) < 2:
         raise RegistryError(f"{len(data.models)} model(s) with an up-to-date embedding: nothing to route between"
                             + (f" ({len(excluded)} left out, e.g. {next(iter(excluded))}: "

@@ -1,4 +1,4 @@
-"""`registry evaluate --held-out K`: new models, honestly (issue 15).
+"""`registry evaluate --held-out K`: new models, honestly.
 
 The standard report scores every model with an encoder that was trained on that very model's answers. Here, per
 seed, K models are held out: the encoder is trained on the others only, and each held-out model is then known to
@@ -25,7 +25,10 @@ from sklearn.metrics import roc_auc_score
 from registry.locus import baselines as B
 from registry.locus import interaction, probe_design, training
 from registry.core.errors import InputError
-from registry.evaluate.harness import Dataset, embed_subsets, query_labels
+from registry.embedding.dataset import Dataset, query_labels
+
+# Shorter than `registry train`'s default (30 teacher epochs, 240 encoder steps, 10 refit epochs, about 10 min on
+from registry.evaluate.harness import embed_subsets
 
 # Shorter than `registry train`'s default (30 teacher epochs, 240 encoder steps, 10 refit epochs, about 10 min on
 # 2 cores) so that a seed trains in a few minutes; the report names it.
@@ -50,7 +53,7 @@ NOTES = [
     "irt: fitted on the other models (dimension chosen on val); a held-out model's theta by MAP from its n, the "
     "query side a(q), b(q) frozen",
     "knn: each model's k nearest among the train queries it has a result for (k chosen on val)",
-    "locus_interaction: routing as served (interaction.py): LOCUS's logit plus each model's category offset and "
+    "locus_interaction: routing as served (locus/interaction.py): LOCUS's logit plus each model's category offset and "
     "nearest-query residual from the visible train and val answers (a held-out model's: its n), weights chosen on val",
     "per_category: each category's best model by its visible answers in the category (prior chosen on val)",
     "best_single: each model's accuracy on its visible train results, as its P(correct) on every query",

@@ -1,4 +1,4 @@
-"""The routing interaction (issue 20): what differs between models on a given question, read from actual answers.
+"""The routing interaction: what differs between models on a given question, read from actual answers.
 
 The predictor ranks (model, question) pairs well but routes as if one model were always best: it learns each model's
 strength and each question's difficulty, and little of the model-by-question interaction, which is all routing uses.

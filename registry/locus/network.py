@@ -29,7 +29,7 @@ class EncoderConfig:
     d_hidden: int = 64     # predictor MLP hidden width
     dropout: float = 0.1
     query_bias: bool = False  # predictor adds a per-query logit bias from u alone (difficulty)
-    categories: tuple = ()    # query-category vocabulary (issue 16): logit += [z, 1] . row(category), row 0 (zero) for
+    categories: tuple = ()    # query-category vocabulary: logit += [z, 1] . row(category), row 0 (zero) for
                               # a query without one or with one not listed; () = text only (every checkpoint made
                               # before the field: it is written only when not empty). With several columns, each
                               # name is "column:value" and a query's rows (one per column) add up

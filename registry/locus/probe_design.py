@@ -1,5 +1,5 @@
-"""Planned probes (issue 16, item 1): which queries to ask a new or partly evaluated model next, so that what the
-registry knows of it settles fastest; pure numerics here, the registry side is in probe_plans.py.
+"""Planned probes: which queries to ask a new or partly evaluated model next, so that what the
+registry knows of it settles fastest; pure numerics here, the registry side is in answers/probe_plans.py.
 
 The model is known through the predictor: P(correct | z, q). Given the answers so far, its embedding z is read by
 likelihood (`read`): the z that maximises the predictor's likelihood of those answers under a Gaussian prior

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from registry.locus import label_columns
 from registry.locus.baselines import hit_at_k, predictor_metrics
 from registry.locus.network import EncoderConfig, LocusModel
-from registry.data.evaluation_rows import disagreement_matrix
+from registry.locus.disagreement import disagreement_matrix
 
 
 @dataclass
@@ -79,7 +79,7 @@ class TrainConfig:
     ema: float = 0.0              # validation and the result use an exponential moving average of the weights (0: off)
     eval_max_set: int | None = None  # cap per model when embedding for validation (seeded draw; None = all, as the
                                      # registry embeds a model from all of its evaluations)
-    category_features: bool = False  # issue 16: a last stage fits each query category's row of the predictor (a
+    category_features: bool = False  # a last stage fits each query category's row of the predictor (a
                                      # logit offset per model and category, read from z: fit_category_rows)
     category_field: str = "category"  # the query column whose values are the categories ("category" or "source"),
                                       # or "category+source": source offsets fitted on top of the category's
@@ -329,7 +329,7 @@ def _scale_text_logit(model: LocusModel, scale: float) -> None:
 def fit_category_rows(model: LocusModel, qvecs, correct, train_idx, val_idx, categories, field: str = "category",
                       l2: float = 10.0, fit: str = "train", deep_l2: tuple = (10.0, 30.0, 100.0, 300.0),
                       text_scales: tuple = (1.0, 0.75, 0.5, 0.25)) -> tuple[LocusModel, EncoderConfig, dict]:
-    """The last stage of category features (issue 16): a copy of the trained (text-only) model with one row per
+    """The last stage of category features: a copy of the trained (text-only) model with one row per
     category of the train queries, so that logit += [z, 1] . row(category) (summed over the columns, for a field
     of several: "category+source").
 
@@ -690,13 +690,12 @@ def checkpoint_from(data, seed: int = 0, anchors: int | None = None, max_steps: 
                     category_fit: str = "train") -> tuple[bytes, dict]:
     """Train on a registry's dataset (evaluation.Dataset: train split to fit, val to select) and return the
     checkpoint (safetensors bytes) and its meta. Models without train evaluations are left out. With
-    category_features the predictor also reads each query's value of category_field (issue 16)."""
+    category_features the predictor also reads each query's value of category_field."""
     import json
 
     from registry.locus import text_encoder
     from registry.locus.checkpoint import save_checkpoint
     from registry.core.errors import InputError, RegistryError
-    from registry.evaluate.harness import without
 
     for flag, value in (("--anchors", anchors), ("--steps", max_steps), ("--epochs", epochs)):
         if value is not None and value < 1:
@@ -713,7 +712,7 @@ def checkpoint_from(data, seed: int = 0, anchors: int | None = None, max_steps: 
         if len(data.splits[split]) == 0:
             raise RegistryError(f"no queries in the {split} split: training fits on train and selects on val")
     # a model with no train evaluations has nothing to learn from (say, listed in models.csv only)
-    data = without(data, ~(data.correct[:, data.splits["train"]] >= 0).any(axis=1))
+    data = data.without(~(data.correct[:, data.splits["train"]] >= 0).any(axis=1))
     if len(data.models) < 2:
         raise RegistryError(f"{len(data.models)} model(s) with train evaluations: training needs at least 2")
     model, config, metrics = train(data.qvecs, data.correct, data.splits["train"], data.splits["val"], cfg,

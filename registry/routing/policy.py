@@ -1,5 +1,5 @@
 """Routing: query text -> MiniLM vector -> P(correct) for every model with a current embedding under the active
-encoder, with the interaction terms (interaction.py: category offsets and nearest-query residuals from the registry's
+encoder, with the interaction terms (locus/interaction.py: category offsets and nearest-query residuals from the registry's
 answers) added to its logit -> a choice (most likely, cost-aware, or cheapest above a threshold), never an
 unavailable model.
 
@@ -9,7 +9,7 @@ availability rows, and a hash over the models' cost columns) tells whether the c
 rebuilds it. Text vectors are cached per content hash (an LRU), and a text the registry already holds reuses its
 stored vector, so routing a registered query gives exactly the probabilities `evaluate` computes.
 
-Evidence (evidence.py): each model's P(correct) is shrunk toward the established models' mean prediction by how
+Evidence (embedding/evidence.py): each model's P(correct) is shrunk toward the established models' mean prediction by how
 uncertain its embedding is, and a model on probation (too few evaluations) is not chosen unless the caller asks.
 
 Costs: price and size are kept apart. Cost-aware routing (a cost weight or a minimum probability) ranks by `cost`
@@ -45,7 +45,7 @@ _VEC_CACHE_SIZE = 4096
 class Candidate:
     model: str
     prob: float                       # P(correct) as routing uses it: shrunk by the model's evidence, with the
-                                      #   interaction terms added to its logit (interaction.py)
+                                      #   interaction terms added to its logit (locus/interaction.py)
     raw_prob: float                   # the predictor's own P(correct) from the model's embedding
     evaluations: int                  # behind the embedding used
     probation: bool = False           # too few evaluations: chosen only when asked (include_probation)
@@ -83,7 +83,7 @@ class State:
     down: set[str] = field(default_factory=set)   # marked unavailable in the registry
     score: object = None                          # q [N,Dq] -> P(correct) [M,N] (LocusModel.scorer)
     known: frozenset = frozenset()                # every registered model's name (embedded or not)
-    interaction: interaction.Served | None = None  # the routing terms beside the predictor (interaction.py)
+    interaction: interaction.Served | None = None  # the routing terms beside the predictor (locus/interaction.py)
     interaction_fitted: bool = True               # False: the last fit, carried over to new models (see `state`)
     category_of: dict | None = None               # content hash -> category, for an encoder whose predictor reads
                                                   #   categories (None: text only); other texts route as "none"
@@ -295,7 +295,7 @@ def _fit(tx: Tx, key: tuple, model, z: np.ndarray, model_ids: np.ndarray, versio
     the `interaction.contenders`); None without a train and a val split. Kept per `key` (encoder, versions,
     probation, splits), so a change of availability or cost does not refit; each version's predictions are kept
     too, so a registration scores only its new version."""
-    from registry.evaluate.harness import dataset, query_labels
+    from registry.embedding.dataset import dataset, query_labels
 
     try:
         data = dataset(tx)

@@ -2,13 +2,13 @@
 
 - The server owns the DuckDB file while it runs (DuckDB lets one process write); a CLI command started meanwhile
   says so in one line (store.DatabaseLocked).
-- Reads never wait for writes (serving.py): routes answer from an in-memory snapshot swapped whole when a write
+- Reads never wait for writes (serve/serving.py): routes answer from an in-memory snapshot swapped whole when a write
   commits; the other reads (models, history, similar, fallback, portfolio, fingerprint) run on their own
   connections, which DuckDB serves from the last commit while a write is in progress. Every write (register,
   evaluations, availability, routing-log rows) goes through one writer thread that commits what is waiting in one
   transaction; a write is answered once durable. New query texts are encoded in shared batches.
 - A crash loses no acknowledged write; routing-log rows are written by the writer's next cycle, so a crash loses at
-  most the rows of routes answered in the last cycle and the 0.1 s before it (writer.py; /health reports the
+  most the rows of routes answered in the last cycle and the 0.1 s before it (serve/writer.py; /health reports the
   longest cycle).
 - Writing endpoints require `Authorization: Bearer <token>` when a token is configured; routing and fingerprinting
   do not (the one only appends to the routing log, the other writes nothing).
@@ -156,8 +156,8 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
 
     app.add_middleware(_SizeLimit)
     _offline_docs(app)
-    web.mount(app, reg, token)      # the pages at / (web.py)
-    upstream = proxy.mount(app, serving)    # the OpenAI-compatible routing proxy at /v1 (proxy.py)
+    web.mount(app, reg, token)      # the pages at / (serve/web.py)
+    upstream = proxy.mount(app, serving)    # the OpenAI-compatible routing proxy at /v1 (serve/proxy.py)
 
     def writer(authorization: str | None = Header(None)) -> None:
         if token is None:

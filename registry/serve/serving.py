@@ -1,5 +1,5 @@
 """A registry being served (`registry serve`, the proxy): reads answer from the current in-memory snapshot
-(snapshot.py), every write goes through the one writer (writer.py), and new query texts are encoded in shared
+(serve/snapshot.py), every write goes through the one writer (serve/writer.py), and new query texts are encoded in shared
 batches. What the HTTP layer calls; it holds no lock a read could wait on.
 """
 from __future__ import annotations

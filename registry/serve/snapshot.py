@@ -1,6 +1,6 @@
 """What a running server answers routes from: an immutable snapshot of the registry, swapped whole when a write
 commits. A request takes `Snapshots.current` once and answers from it with no database and no lock, so routes never
-wait for the writer or for each other; the writer (writer.py) builds the next snapshot after each commit, and a
+wait for the writer or for each other; the writer (serve/writer.py) builds the next snapshot after each commit, and a
 request that started earlier finishes on the one it took.
 
 A snapshot holds the routing state (the active encoder's predictor, every model's current version, evidence, cost,

@@ -1,5 +1,5 @@
 """The server's one writer: every write of a running server goes through one thread, which commits what is waiting
-in one transaction (group commit), onboards, then swaps in a new snapshot (snapshot.py) for the readers.
+in one transaction (group commit), onboards, then swaps in a new snapshot (serve/snapshot.py) for the readers.
 
 - Registrations and uploads queue as jobs. A cycle stages every waiting job's rows in one transaction; when one of
   them is refused (bad input), the group is rolled back and each job staged alone, so one bad request never fails
@@ -14,7 +14,7 @@ in one transaction (group commit), onboards, then swaps in a new snapshot (snaps
   acknowledged writes are never lost.
 - Other writes (availability, endpoints) run whole, in turn (`run`).
 - On PostgreSQL other processes (another replica, a CLI import) write to the same database: a follower thread reads
-  the database's generation (generation.py) every POLL_S, and when it moved past what this server last read, it
+  the database's generation (core/generation.py) every POLL_S, and when it moved past what this server last read, it
   syncs the answer book, reloads the stored text vectors if queries were added, and swaps in a new snapshot itself
   (reads only; the writer's refresh takes the same lock). The writer notes the generation it read before each
   refresh of its own, so its own writes cost no second refresh.

@@ -19,12 +19,10 @@ from typing import Iterator
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session
 
-from registry.core import dialect
+from registry.core import dialect, resources
 from registry.core.errors import DatabaseLocked, NotFound, RegistryError, SchemaOutdated
 
 DEFAULT_DB = "registry.duckdb"
-ROOT = Path(__file__).resolve().parents[2]
-ALEMBIC_DIR = ROOT / "alembic"
 
 
 def default_db_path() -> str:
@@ -41,8 +39,8 @@ def _locked_message(path: str, exc: Exception) -> str:
 def _alembic_config(connection=None):
     from alembic.config import Config
 
-    cfg = Config(str(ROOT / "alembic.ini"))
-    cfg.set_main_option("script_location", str(ALEMBIC_DIR))
+    cfg = Config(str(resources.alembic_ini()))
+    cfg.set_main_option("script_location", str(resources.alembic_dir()))
     if connection is not None:
         cfg.attributes["connection"] = connection
     return cfg

@@ -20,10 +20,11 @@ from pathlib import Path
 import numpy as np
 
 from registry.locus import text_encoder
+from registry.core import resources
 from registry.core.errors import InputError
 from registry.core.store import Tx
 
-DATA = Path(__file__).resolve().parents[2] / "data"
+DATA = resources.data_dir()
 SUFFIX = ".vectors.parquet"          # shipped files: data/<name>.vectors.parquet
 DIR_FILE = "text_vectors.parquet"    # a data folder's own file, read by `registry import DIR`
 DTYPES = ("float32", "float16")

@@ -9,13 +9,13 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from pathlib import Path
 
 from registry.locus import text_encoder
+from registry.core import resources
 from registry.core.errors import InputError, NotFound, RegistryError
 from registry.core.store import Tx
 
-SHIPPED = Path(__file__).resolve().parents[2] / "data" / "locus-mmlu-pro.safetensors"
+SHIPPED = resources.data_dir() / "locus-mmlu-pro.safetensors"
 _models: dict = {}  # weights sha256 (or ("float64", sha256)) -> LocusModel, loaded once per process
 
 

@@ -1,5 +1,6 @@
-"""The README documents every CLI command and every HTTP endpoint (like sqlite-utils' test_docs), every command file
-follows the one pattern of registry/cli/common.py (the layers and circles: test_layout.py)."""
+"""The README documents every CLI command and the serving pages of docs/ every HTTP endpoint (like sqlite-utils'
+test_docs), every command file follows the one pattern of registry/cli/common.py (the layers and circles:
+test_layout.py)."""
 from __future__ import annotations
 
 import re
@@ -14,6 +15,9 @@ from registry.cli import cli
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "registry"
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+# the HTTP API's page and the web pages' page: every endpoint of the app is documented on one of them
+HTTP_PAGES = [ROOT / "docs" / "serving.md", ROOT / "docs" / "web.md"]
+HTTP_DOCS = "\n".join(p.read_text(encoding="utf-8") for p in HTTP_PAGES)
 
 # FastAPI's own pages, not the registry's API
 NOT_API = ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
@@ -54,7 +58,7 @@ def _routes(app) -> list[tuple[str, str]]:
     return out
 
 
-def test_every_http_endpoint_is_in_the_readme(db_copy):
+def test_every_http_endpoint_is_in_the_docs(db_copy):
     from fastapi.testclient import TestClient
 
     from registry.serve.app import create_app
@@ -63,8 +67,8 @@ def test_every_http_endpoint_is_in_the_readme(db_copy):
     with TestClient(app):   # runs the app's start-up and shut-down (which closes the registry)
         routes = _routes(app)
     assert ("GET", "/models/{name}") in routes and ("POST", "/route") in routes
-    missing = [f"{m} {p}" for m, p in routes if not re.search(re.escape(f"{m} {p}") + r"(?![\w/{}-])", README)]
-    assert not missing, f"README.md does not document: {', '.join(missing)}"
+    missing = [f"{m} {p}" for m, p in routes if not re.search(re.escape(f"{m} {p}") + r"(?![\w/{}-])", HTTP_DOCS)]
+    assert not missing, f"docs/serving.md and docs/web.md do not document: {', '.join(missing)}"
 
 
 # --- one pattern for every command file ---------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from registry.data import availability, endpoints, ingest, outbox, splits, staging, vector_files
+from registry.data import availability, endpoints, import_steps, ingest, outbox, splits, staging, vector_files
 from registry.answers import catalog, fallback, fingerprint, geometry, maps, neighbours, portfolio, versions
 from registry.embedding import embed, encoders, evidence, index, onboarding
 from registry.routing import policy
@@ -41,8 +41,8 @@ class Registry:
 
     # --- bringing data in -------------------------------------------------------------------------------------
     def import_files(self, models: str | None = None, queries: str | None = None, evaluations: str | None = None,
-                     splits: str | None = None, directory: str | None = None,
-                     progress: bool = False, onboard: bool = True, vectors: str | None = None) -> ingest.ImportResult:
+                     splits: str | None = None, *, directory: str | None = None, progress: bool = False,
+                     onboard: bool = True, vectors: str | None = None) -> import_steps.ImportResult:
         """Import any of models (CSV), queries (CSV/JSONL/Parquet), evaluations (long format), splits and query
         text vectors (data/vector_files.py), or a folder laid out like ../shared/data/mmlu-pro (its `text_vectors.parquet`
         too). All or nothing: a bad file changes nothing."""

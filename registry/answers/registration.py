@@ -206,7 +206,7 @@ def _result(staged: Staged, o: onboarding.JobOutcome, near: list[Neighbour], not
                           staged.changes, staged.results_changed)
 
 
-def register(reg, name: str, evals: str, metadata: dict, k: int = 5, progress: bool = False,
+def register(reg, name: str, evals: str, metadata: dict, *, k: int = 5, progress: bool = False,
              update: bool = False) -> RegisterResult:
     """`Registry.register`, over the facade `reg`: the import and its checks in one transaction (a refusal changes
     nothing), onboarding, then the report in a read."""

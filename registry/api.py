@@ -7,7 +7,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from registry.data import availability, endpoints, ingest, outbox, splits, staging, vector_files
+from registry.data import availability, endpoints, import_steps, ingest, outbox, splits, staging, vector_files
 from registry.answers import catalog, fallback, fingerprint, geometry, maps, neighbours, portfolio, versions
 from registry.embedding import embed, encoders, evidence, index, onboarding
 from registry.routing import policy
@@ -41,8 +41,8 @@ class Registry:
 
     # --- bringing data in -------------------------------------------------------------------------------------
     def import_files(self, models: str | None = None, queries: str | None = None, evaluations: str | None = None,
-                     splits: str | None = None, directory: str | None = None,
-                     progress: bool = False, onboard: bool = True, vectors: str | None = None) -> ingest.ImportResult:
+                     splits: str | None = None, *, directory: str | None = None, progress: bool = False,
+                     onboard: bool = True, vectors: str | None = None) -> import_steps.ImportResult:
         """Import any of models (CSV), queries (CSV/JSONL/Parquet), evaluations (long format), splits and query
         text vectors (data/vector_files.py), or a folder laid out like ../shared/data/mmlu-pro (its `text_vectors.parquet`
         too). All or nothing: a bad file changes nothing."""
@@ -95,7 +95,7 @@ class Registry:
         result.onboarding = [asdict(o) for o in self.onboard()]
         return result
 
-    def register(self, name: str, evals: str, family: str | None = None, provider: str | None = None,
+    def register(self, name: str, evals: str, *, family: str | None = None, provider: str | None = None,
                  params_b: float | None = None, cost: float | None = None, open_weights: bool | None = None,
                  tags: dict | None = None, k: int = 5, progress: bool = False, update: bool = False):
         """Register a model with its 0/1 results and embed it, in one call (`registration.RegisterResult`). Adding
@@ -105,7 +105,7 @@ class Registry:
 
         return registration.register(self, name, evals, dict(family=family, provider=provider, params_b=params_b,
                                                              cost=cost, open_weights=open_weights, tags=tags),
-                                     k, progress, update)
+                                     k=k, progress=progress, update=update)
 
     def probe(self, model: str, n: int = 16, seed: int = 0, out: str | None = None):
         """The next n queries to ask a new or partly evaluated model so that its embedding and its routing settle
@@ -274,7 +274,7 @@ class Registry:
         with self.store.tx() as tx:
             return catalog.stats(tx, self.path)
 
-    def similar(self, model: str | None = None, k: int = 5, evals: str | None = None,
+    def similar(self, model: str | None = None, k: int = 5, *, evals: str | None = None,
                 as_of: str | None = None) -> list[Neighbour]:
         """Nearest registered models to a registered model, or to results of an unregistered one (`evals`, read,
         never written), with how often each disagrees with it on the queries both answered and the evaluations
@@ -284,10 +284,11 @@ class Registry:
         with self.store.tx() as tx:
             encoder_id = encoders.require_active(tx, as_of)
             if model is not None:
-                out = neighbours.of_model(tx, self.path, model, k, encoder_id, as_of)
+                out = neighbours.of_model(tx, self.path, model, k, encoder_id, as_of=as_of)
             else:
                 z, a = embed.embed_file(tx, evals, encoders.load(tx, encoder_id)[0], self.min_evaluations)
-                out = neighbours.by_vector(tx, self.path, z, k, encoder_id, as_of, answers=(a.query_ids, a.correct))
+                out = neighbours.by_vector(tx, self.path, z, k, encoder_id, as_of=as_of,
+                                           answers=(a.query_ids, a.correct))
             n = catalog.current_versions(tx, encoder_id, as_of, [x.model for x in out])
             for x in out:
                 x.embedded_from = n[x.model][1] if x.model in n else None
@@ -325,7 +326,7 @@ class Registry:
     def _pool(self, tx: Tx, as_of: str | None = None):
         return geometry.pool(tx, self.path, encoders.require_active(tx, as_of), as_of)
 
-    def portfolio(self, k: int | None = None, method: str | None = None, max_params: float | None = None,
+    def portfolio(self, k: int | None = None, method: str | None = None, *, max_params: float | None = None,
                   max_cost: float | None = None, require=(), exclude=(), target: float | None = None,
                   seed: int = 0, as_of: str | None = None, include_probation: bool = False):
         """A few models covering the embedding space (`portfolio.Portfolio`); with `target`, the smallest k whose
@@ -334,21 +335,23 @@ class Registry:
         with self.store.tx() as tx:
             p = self._pool(tx, as_of)
             weak = set() if include_probation else p.on_probation(self.probation_min)
-            return portfolio.answer(tx, p, k, method, max_params, max_cost, require, exclude, target, seed, weak)
+            return portfolio.answer(tx, p, k, method=method, max_params=max_params, max_cost=max_cost, require=require,
+                                    exclude=exclude, target=target, seed=seed, probation=weak)
 
     def fallback(self, model: str, unavailable=(), k: int = 5, as_of: str | None = None,
                  include_probation: bool = False):
         """Substitutes for a model that is down, nearest first, skipping the models marked unavailable, those
         named in `unavailable` and those on probation unless `include_probation` (`fallback.Chain`)."""
         with self.store.tx() as tx:
-            return fallback.for_model(tx, self.path, self._pool(tx, as_of), model, unavailable, k, as_of,
-                                      self.probation_min, include_probation)
+            return fallback.for_model(tx, self.path, self._pool(tx, as_of), model, unavailable=unavailable, k=k,
+                                      as_of=as_of, probation_min=self.probation_min,
+                                      include_probation=include_probation)
 
     def fallback_all(self, unavailable=(), k: int = 5, as_of: str | None = None, include_probation: bool = False):
         """Every model's fallback chain, in one batched search (`fallback.Chains`): what a gateway loads."""
         with self.store.tx() as tx:
-            return fallback.for_all(tx, self.path, self._pool(tx, as_of), unavailable, k, as_of,
-                                    self.probation_min, include_probation)
+            return fallback.for_all(tx, self.path, self._pool(tx, as_of), unavailable=unavailable, k=k, as_of=as_of,
+                                    probation_min=self.probation_min, include_probation=include_probation)
 
     def map(self, out: str = "map.png", seed: int = 0, as_of: str | None = None):
         """Draw the embeddings in 2-D (t-SNE; PCA for tiny registries), coloured by family (`maps.MapResult`)."""

@@ -61,7 +61,7 @@ def chains(vi, p: Pool, k: int, unavailable=(), only: list[int] | None = None) -
     return out
 
 
-def for_model(tx, db_path: str, p: Pool, model: str, unavailable=(), k: int = 5, as_of: str | None = None,
+def for_model(tx, db_path: str, p: Pool, model: str, *, unavailable=(), k: int = 5, as_of: str | None = None,
               probation_min: int = 0, include_probation: bool = False) -> Chain:
     """A model's chain, skipping the models marked unavailable, those named in `unavailable` and, unless
     `include_probation`, those embedded from fewer than `probation_min` evaluations (routing does not trust them
@@ -77,7 +77,7 @@ def for_model(tx, db_path: str, p: Pool, model: str, unavailable=(), k: int = 5,
     return Chain(model, links, sorted(down), sorted(weak))
 
 
-def for_all(tx, db_path: str, p: Pool, unavailable=(), k: int = 5, as_of: str | None = None,
+def for_all(tx, db_path: str, p: Pool, *, unavailable=(), k: int = 5, as_of: str | None = None,
             probation_min: int = 0, include_probation: bool = False) -> Chains:
     check_names(p, unavailable, "--unavailable")
     down = set(unavailable) | set(availability.unavailable_models(tx))

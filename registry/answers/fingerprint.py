@@ -196,7 +196,7 @@ class Fingerprint:
         return f"{head} ({what}; {bar}, at most {self.alpha:.0%} of distinct models pass)"
 
 
-def by_answers(tx: Tx | None, qids, y, exclude: set[int] | None = None, rates: dict | None = None,
+def by_answers(tx: Tx | None, qids, y, *, exclude: set[int] | None = None, rates: dict | None = None,
                names: dict[int, str] | None = None, cal: AnswerCalibration | None = None) -> Fingerprint | None:
     """The answers test against every registered model (but `exclude`); None when no model shares MIN_SHARED
     queries with the answers. `rates`: evaluations.disagreement of these answers, when the caller has it; with
@@ -283,4 +283,4 @@ def identify(tx: Tx, db_path: str, path: str, encoder_id: int, min_evaluations: 
                          f"queries a registered model answered, the embedding {min_evaluations} outside the test "
                          f"split (`registry fingerprint --plan -n 64` lists queries to ask)", file=str(path))
     z, _ = embed.embed_file(tx, path, encoders.load(tx, encoder_id)[0], min_evaluations)
-    return by_embedding(tx, neighbours.by_vector(tx, db_path, z, 2, encoder_id, as_of), n)
+    return by_embedding(tx, neighbours.by_vector(tx, db_path, z, 2, encoder_id, as_of=as_of), n)

@@ -23,7 +23,7 @@ class Neighbour:
     embedded_from: int | None = None    # evaluations behind its embedding (`similar` fills it in)
 
 
-def by_vector(tx: Tx, db_path: str, vector, k: int, encoder_id: int, as_of: str | None = None,
+def by_vector(tx: Tx, db_path: str, vector, k: int, encoder_id: int, *, as_of: str | None = None,
               exclude: set[str] | None = None, answers: tuple | None = None,
               vi: index.VectorIndex | None = None, rates: dict | None = None) -> list[Neighbour]:
     """The k nearest current embeddings to one vector (all of them if the pool is smaller), leaving out `exclude`;
@@ -47,14 +47,15 @@ def by_vector(tx: Tx, db_path: str, vector, k: int, encoder_id: int, as_of: str 
     return out
 
 
-def of_model(tx: Tx, db_path: str, name: str, k: int, encoder_id: int, as_of: str | None = None,
+def of_model(tx: Tx, db_path: str, name: str, k: int, encoder_id: int, *, as_of: str | None = None,
              exclude: set[str] | None = None, rates: dict | None = None) -> list[Neighbour]:
     """The k nearest other models to a registered one, with their disagreement with its current evaluations."""
     vi = index.get(tx, db_path, encoder_id, as_of)
     vector = vi.vector_of(name)                                  # no SQL when indexed
     if vector is None:
         vector, _ = vector_of(tx, name, encoder_id, as_of)
-    return of_vector_as_model(tx, db_path, name, vector, k, encoder_id, as_of, exclude, vi, rates)
+    return of_vector_as_model(tx, db_path, name, vector, k, encoder_id, as_of=as_of, exclude=exclude, vi=vi,
+                              rates=rates)
 
 
 def vector_of(tx: Tx, name: str, encoder_id: int, as_of: str | None = None):
@@ -79,7 +80,7 @@ def vector_of(tx: Tx, name: str, encoder_id: int, as_of: str | None = None):
     return np.asarray(row[0][0], dtype=np.float32), row[0][1]
 
 
-def of_vector_as_model(tx: Tx, db_path: str, name: str, vector, k: int, encoder_id: int,
+def of_vector_as_model(tx: Tx, db_path: str, name: str, vector, k: int, encoder_id: int, *,
                        as_of: str | None = None, exclude: set[str] | None = None,
                        vi: index.VectorIndex | None = None, rates: dict | None = None) -> list[Neighbour]:
     """The k nearest other models to one of a model's own vectors (an older version, say), as the registry stood
@@ -90,4 +91,5 @@ def of_vector_as_model(tx: Tx, db_path: str, name: str, vector, k: int, encoder_
     if own is not None and rates is None:
         rows = evaluation_rows.of_models(tx, [own])
         answers = (rows["query_id"], rows["correct"])
-    return by_vector(tx, db_path, vector, k, encoder_id, as_of, (exclude or set()) | {name}, answers, vi, rates)
+    return by_vector(tx, db_path, vector, k, encoder_id, as_of=as_of, exclude=(exclude or set()) | {name},
+                     answers=answers, vi=vi, rates=rates)

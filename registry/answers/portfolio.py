@@ -184,7 +184,7 @@ def routing_members(value: np.ndarray, k: int, eligible: np.ndarray, required: n
     return members
 
 
-def select(p: Pool, k: int, method: str, eligible: np.ndarray, required: np.ndarray,
+def select(p: Pool, k: int, method: str, eligible: np.ndarray, required: np.ndarray, *,
            seed: int = 0, value: np.ndarray | None = None) -> tuple[list[int], str | None]:
     if method not in METHODS:
         raise InputError(f"unknown method {method!r}: use {', '.join(METHODS)}")
@@ -225,7 +225,7 @@ def hit1(probs: np.ndarray, correct: np.ndarray, members) -> float:
     return float(np.where(got >= 0, got == 1, probs[chosen, cols]).mean())
 
 
-def smallest_reaching(p: Pool, method: str, eligible, required, probs, correct, target: float,
+def smallest_reaching(p: Pool, method: str, eligible, required, probs, correct, *, target: float,
                       seed: int = 0, value: np.ndarray | None = None, routable=None) -> Portfolio:
     """The smallest k whose routing accuracy reaches `target` times the whole pool's (`routable` [M] bool: the
     models routing may choose, as the pool; default all)."""
@@ -236,7 +236,7 @@ def smallest_reaching(p: Pool, method: str, eligible, required, probs, correct, 
     full = hit1(probs, correct, np.flatnonzero(routable) if routable is not None and np.any(routable)
                 else np.arange(len(p.names)))
     for k in range(max(1, len(required)), int(eligible.sum()) + 1):
-        members, note = select(p, k, method, eligible, required, seed, value)
+        members, note = select(p, k, method, eligible, required, seed=seed, value=value)
         acc = hit1(probs, correct, members)
         if acc >= target * full - 1e-12:
             break
@@ -248,7 +248,7 @@ def smallest_reaching(p: Pool, method: str, eligible, required, probs, correct, 
     return out
 
 
-def answer(tx, p: Pool, k: int | None = None, method: str | None = None, max_params: float | None = None,
+def answer(tx, p: Pool, k: int | None = None, *, method: str | None = None, max_params: float | None = None,
            max_cost: float | None = None, require=(), exclude=(), target: float | None = None, seed: int = 0,
            probation=frozenset()):
     """`Registry.portfolio`: k members by `method`, or with `target` the smallest k whose predicted routing on the
@@ -276,13 +276,14 @@ def answer(tx, p: Pool, k: int | None = None, method: str | None = None, max_par
                              "(`registry draw-splits`)")
         value = geometry.predicted(tx, p.encoder_id, p.vectors, val)
     if target is None:
-        members, note = select(p, k, method, ok, req, seed, value)
+        members, note = select(p, k, method, ok, req, seed=seed, value=value)
         out = describe(p, members, method, note)
     else:
         qids, correct = geometry.test_outcomes(tx, p.model_ids)
         probs = geometry.predicted(tx, p.encoder_id, p.vectors, qids)
         routable = np.array([n not in probation for n in p.names], dtype=bool)   # routing never picks the others
-        out = smallest_reaching(p, method, ok, req, probs, correct, target, seed, value, routable)
+        out = smallest_reaching(p, method, ok, req, probs, correct, target=target, seed=seed, value=value,
+                                routable=routable)
     if left_out:
         said = (f"{len(left_out)} model(s) on probation (too few evaluations) not chosen as members: "
                 f"{', '.join(left_out[:5])}{', ...' if len(left_out) > 5 else ''}")
@@ -303,7 +304,7 @@ def with_share(tx, p: Pool, k: int, method: str = "routing", seed: int = 0, prob
         if not len(val):
             raise InputError("the routing method chooses on the validation split: the registry has none")
         value = geometry.predicted(tx, p.encoder_id, p.vectors, val)
-    members, note = select(p, k, method, ok, req, seed, value)
+    members, note = select(p, k, method, ok, req, seed=seed, value=value)
     out = describe(p, members, method, note)
     qids, correct = geometry.test_outcomes(tx, p.model_ids)
     if correct.shape[1]:

@@ -97,7 +97,7 @@ def _stage_together(tx: Tx, jobs: list[tuple], rows: list[list[dict]], at: list[
     imported = ingest.run_rows_import(
         tx, [name for name, model_rows in zip(names, rows) for _ in model_rows],
         [r["question_id"] for model_rows in rows for r in model_rows],
-        [bool(r["correct"]) for model_rows in rows for r in model_rows], f"{len(jobs)} registrations",
+        [bool(r["correct"]) for model_rows in rows for r in model_rows], label=f"{len(jobs)} registrations",
         evaluated=[int(i) for i, _, has in found if has], ids=ids)
     if imported is None:      # a row with a problem: the writer stages each registration alone, naming its line
         if len(jobs) == 1:
@@ -206,7 +206,7 @@ def _result(staged: Staged, o: onboarding.JobOutcome, near: list[Neighbour], not
                           staged.changes, staged.results_changed)
 
 
-def register(reg, name: str, evals: str, metadata: dict, k: int = 5, progress: bool = False,
+def register(reg, name: str, evals: str, metadata: dict, *, k: int = 5, progress: bool = False,
              update: bool = False) -> RegisterResult:
     """`Registry.register`, over the facade `reg`: the import and its checks in one transaction (a refusal changes
     nothing), onboarding, then the report in a read."""

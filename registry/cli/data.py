@@ -13,7 +13,7 @@ from registry.cli.common import command, emit_json, group, open_registry
 @click.option("--evaluations", type=click.Path(), help="Evaluations, long format (model, query id, correct).")
 @click.option("--splits", type=click.Path(), help="Query splits (query id, train|val|test).")
 @click.option("--vectors", type=click.Path(), help="Query text vectors (Parquet, from `registry vectors export`).")
-def import_(ctx, directory, models, queries, evaluations, splits, vectors, as_json):
+def import_(ctx, directory, *, models, queries, evaluations, splits, vectors, as_json):
     """Import benchmark results: a folder laid out like ../shared/data/mmlu-pro, or single files."""
     reg = open_registry(ctx, create=True)
     result = reg.import_files(models=models, queries=queries, evaluations=evaluations, splits=splits,
@@ -68,7 +68,7 @@ def vectors_import(ctx, file, as_json):
               help="random: new queries drawn within each category; category: whole categories held out as test "
                    "(every query's split is set anew).")
 @click.option("--test-categories", help="With --by category: the categories held out as test, comma-separated.")
-def draw_splits(ctx, val, test, seed, by, test_categories, as_json):
+def draw_splits(ctx, *, val, test, seed, by, test_categories, as_json):
     """Give every query without a split a train/val/test split, drawn with a seed (when no splits file exists); or
     hold whole categories out as test (--by category)."""
     cats = [c for c in (test_categories or "").split(",") if c.strip()]

@@ -54,7 +54,7 @@ def similar(ctx, model, evals, k, as_of, as_json):
 @click.option("--out", type=click.Path(), help="Write the plan here (.csv or .jsonl; fill in `correct`, then "
                                               "`registry fingerprint --evals FILE`).")
 @click.option("--seed", default=0, show_default=True, help="Seed of the plan's tie-breaks (--plan).")
-def fingerprint(ctx, evals, show_calibration, plan, n, candidates, out, seed, as_json):
+def fingerprint(ctx, *, evals, show_calibration, plan, n, candidates, out, seed, as_json):
     """Is an unknown endpoint one of the registered models? (or, with --calibration, how the verdict is calibrated;
     with --plan, which queries to ask it)"""
     if (bool(evals) + show_calibration + plan) != 1:
@@ -122,11 +122,12 @@ def fingerprint(ctx, evals, show_calibration, plan, n, candidates, out, seed, as
 @click.option("--seed", default=0, show_default=True)
 @click.option("--include-probation", is_flag=True, help="Let models on probation (too few evaluations) be members.")
 @AS_OF
-def portfolio(ctx, k, method, max_params, max_cost, require, exclude, target, seed, include_probation, as_of,
+def portfolio(ctx, *, k, method, max_params, max_cost, require, exclude, target, seed, include_probation, as_of,
               as_json):
     """A few models that cover the embedding space, each with its cluster, and the coverage radius."""
-    p = open_registry(ctx).portfolio(k, method, max_params, max_cost, require, exclude, target, seed, as_of,
-                                     include_probation)
+    p = open_registry(ctx).portfolio(k, method, max_params=max_params, max_cost=max_cost, require=require,
+                                     exclude=exclude, target=target, seed=seed, as_of=as_of,
+                                     include_probation=include_probation)
     if as_json:
         d = asdict(p)
         if target is None:  # share_of_pool and the accuracies only mean something with a target
@@ -150,7 +151,7 @@ def portfolio(ctx, k, method, max_params, max_cost, require, exclude, target, se
 @click.option("-k", default=5, show_default=True, help="Substitutes per chain.")
 @click.option("--include-probation", is_flag=True, help="Let models on probation (too few evaluations) substitute.")
 @AS_OF
-def fallback(ctx, model, all_models, unavailable, k, include_probation, as_of, as_json):
+def fallback(ctx, model, *, all_models, unavailable, k, include_probation, as_of, as_json):
     """Substitutes for MODEL when it is down, nearest first, skipping models marked unavailable (and --unavailable)
     and models on probation."""
     if bool(model) == all_models:

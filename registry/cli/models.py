@@ -87,7 +87,8 @@ def _parse_tags(tags: tuple[str, ...]) -> dict:
 @click.option("-k", default=5, show_default=True, help="Nearest models to show.")
 @click.option("--min-evals", default=32, show_default=True, help="Fewest evaluations to embed a model.")
 @click.option("--update", is_flag=True, help="Allow changing a registered model's metadata or stored results.")
-def register(ctx, name, evals, family, provider, params_b, cost, open_weights, tags, k, min_evals, update, as_json):
+def register(ctx, name, *, evals, family, provider, params_b, cost, open_weights, tags, k, min_evals, update,
+             as_json):
     """Register a model with its 0/1 results and embed it with the active encoder."""
     reg = open_registry(ctx, create=True)
     reg.min_evaluations = min_evals

@@ -234,7 +234,7 @@ def ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def stage(tx: Tx, kind: str, path: str, table: str, project: Callable[[dict[str, str]], str] | None = None,
+def stage(tx: Tx, kind: str, path: str, table: str, *, project: Callable[[dict[str, str]], str] | None = None,
           with_lines: bool = True, constants: dict[str, str] | None = None) -> Staged:
     """Read one file into a temporary table with canonical columns (VARCHAR).
 

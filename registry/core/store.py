@@ -152,7 +152,7 @@ class Tx:
             self.raw.executemany(statement, rows)
             return
         with self.raw.cursor() as cur:
-            cur.executemany(dialect.pg_statement(statement, [0])[0], [dialect._py(list(r)) for r in rows])
+            cur.executemany(dialect.pg_statement(statement, [0])[0], [dialect.plain_value(list(r)) for r in rows])
 
     def arrow(self, statement: str, params=None):
         """Run SQL and fetch the result as a pyarrow Table (the bulk path: no Python objects per row on DuckDB)."""

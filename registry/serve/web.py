@@ -66,7 +66,7 @@ def _map(reg) -> dict:
 
     with reg.store.tx() as tx:
         try:
-            p = reg._pool(tx)
+            p = reg.pool(tx)
         except RegistryError:
             return {"points": [], "families": [], "method": None}
         families = dict(tx.sql("SELECT name, family FROM models"))
@@ -164,7 +164,7 @@ def mount(app: FastAPI, reg, token: str | None) -> None:
         result, error = None, None
         try:
             with reg.store.tx() as tx:
-                pool = reg._pool(tx)
+                pool = reg.pool(tx)
                 result = portfolio.with_share(tx, pool, k, method, probation=pool.on_probation(reg.probation_min))
         except RegistryError as exc:
             error = str(exc)

@@ -87,10 +87,10 @@ class Writer:
         self._stats["writer_nice"] = None   # the priority the writer thread got (set once it runs)
         self._stats["one_transaction_refused"] = 0   # cycles of registrations staged again one by one (a refusal)
         self._refresh_lock = threading.Lock()     # one snapshot refresh at a time (the writer's, the follower's)
-        reg._finish_pending()        # a crash may have left onboarding jobs behind
+        reg.finish_pending()        # a crash may have left onboarding jobs behind
         self.book = AnswerBook()     # every model's current answers: what a registration's report compares
         # the database's generation that the snapshot and the book reflect (PostgreSQL: none yet, so the follower's
-        # first look refreshes once: the snapshot was read before `_finish_pending` above)
+        # first look refreshes once: the snapshot was read before `finish_pending` above)
         self.seen: tuple = ()
         self._sync_book()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="registry-writer")
@@ -377,7 +377,7 @@ class Writer:
         try:
             # a version whose stability the onboarding left to the sweep (more than FUSE_STABILITY_MAX models):
             # the snapshot read in the transaction lacks it, so it is read again after the sweep
-            unswept = self.reg._stabilities(outcomes, sweep=False)
+            unswept = self.reg.finish_stabilities(outcomes, sweep=False)
             with self._refresh_lock:
                 if plain:
                     self.book.apply(book)

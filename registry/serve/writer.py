@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from registry.core import generation
+from registry.core import generation, settings
 from registry.embedding import onboarding
 from registry.answers import registration
 from registry.routing import policy
@@ -46,7 +46,6 @@ MAX_GROUP = 64              # jobs staged in one transaction
 REFIT_S = 30.0              # at most one fit of routing's interaction terms per this many seconds
 PREPARED_WAIT_S = 5.0       # the longest the writer waits for a registration's embedding computed by its request
 VECTORS_HELD = 256          # routed texts' vectors held back from registrations' cycles, at most
-WRITER_NICE = 0             # the writer's priority (BENCHMARKS.md: a boost, -5, measured no better under the closed loop)
 
 
 @dataclass
@@ -65,7 +64,8 @@ class Writer:
         self.on_new_queries = on_new_queries      # called after a commit that added queries (their vectors)
         # the writer thread's priority (nice) when the CPU is full: < 0 (a boost; needs CAP_SYS_NICE, e.g. root, else
         # it stays at 0) lets a registration's cycle go before routes; > 0 lets routes go first
-        self.nice = int(os.environ.get("REGISTRY_WRITER_NICE", str(WRITER_NICE)))
+        # (REGISTRY_WRITER_NICE, default 0: a boost, -5, measured no better under the closed loop, BENCHMARKS.md)
+        self.nice = settings.current().writer_nice
         self._last_refit = 0.0
         self.refit_every_s = REFIT_S
         self._stale = threading.Event()

@@ -26,7 +26,7 @@ def fallback(name: str, k: int = Query(5, ge=1, le=1000), include_probation: boo
 
 
 @reads_router.get("/portfolio")
-def portfolio(k: int | None = Query(None, ge=1, le=1000), target: float | None = Query(None, gt=0, le=1),
+def portfolio(*, k: int | None = Query(None, ge=1, le=1000), target: float | None = Query(None, gt=0, le=1),
               method: str | None = None, max_params: float | None = None, max_cost: float | None = None,
               include_probation: bool | None = None, s: ServerState = Depends(server)):
     """A few models covering the embedding space (give k, or a target share of the pool's accuracy); models on

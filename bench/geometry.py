@@ -74,7 +74,7 @@ def bench_portfolio(reg: Registry) -> None:
 
 def bench_fallback(reg: Registry, seed: int = 0) -> None:
     with reg.store.tx() as tx:
-        p = reg._pool(tx)
+        p = reg.pool(tx)
         qids, correct = geometry.test_outcomes(tx, p.model_ids)
         probs = geometry.predicted(tx, p.encoder_id, p.vectors, qids)
     right = correct == 1

@@ -79,7 +79,7 @@ def main() -> None:
         cold = timed(c, "/")
         warm = statistics.median(timed(c, "/") for _ in range(20))
         after = []
-        reg = c.app.state.registry
+        reg = c.app.state.server.registry
         for i in range(5):
             with reg.store.tx() as tx:   # a write that changes evaluations (as an upload would)
                 b = tx.sql("SELECT nextval('import_batches_id_seq')")[0][0]

@@ -55,7 +55,7 @@ class Registry:
             raise InputError("nothing to import: give a folder or at least one of --models, --queries, "
                              "--evaluations, --splits")
         if onboard:  # a crash may have left jobs behind: any writing command finishes them
-            self._finish_pending()
+            self.finish_pending()
         started = time.perf_counter()
         with self.store.tx() as tx:
             result = ingest.run_import(tx, files, progress=progress)
@@ -88,7 +88,7 @@ class Registry:
             raise InputError("--test-categories goes with --by category")
         if by == "random":
             splits.check_shares(val, 0.1 if test is None else test)
-        self._finish_pending()
+        self.finish_pending()
         with self.store.tx() as tx:
             result = (splits.draw(tx, val, 0.1 if test is None else test, seed) if by == "random"
                       else splits.draw_by_category(tx, list(test_categories or []), val, seed))
@@ -113,7 +113,7 @@ class Registry:
         for `register`. Nothing is written to the registry."""
         from registry.answers import probe_plans
 
-        self._finish_pending()
+        self.finish_pending()
         with self.store.tx() as tx:
             return probe_plans.plan(tx, model, n, seed, out)
 
@@ -134,11 +134,11 @@ class Registry:
         seconds["onboarding"] = round(time.perf_counter() - started, 3)
         if stability:
             started = time.perf_counter()
-            if self._stabilities(outcomes, sweep):
+            if self.finish_stabilities(outcomes, sweep):
                 seconds["stability"] = round(time.perf_counter() - started, 3)
         return outcomes
 
-    def _stabilities(self, outcomes: list[onboarding.JobOutcome], sweep: bool = True) -> bool:
+    def finish_stabilities(self, outcomes: list[onboarding.JobOutcome], sweep: bool = True) -> bool:
         """After an onboarding: the new versions have their stability (run_pending's); estimate any older version's
         still without one, with `sweep` always, else only when a new version lacks its own. -> whether it ran."""
         if not (sweep or any(o.version_id is not None and o.stability is None for o in outcomes)):
@@ -154,7 +154,8 @@ class Registry:
         with self.store.tx() as tx:
             return onboarding.estimate_stability(tx)
 
-    def _finish_pending(self) -> None:
+    def finish_pending(self) -> None:
+        """Run the onboarding jobs a crash may have left behind (what every writing command does first)."""
         with self.store.tx() as tx:
             has = bool(outbox.pending(tx))
         if has:
@@ -246,7 +247,7 @@ class Registry:
         if planned and not sample_efficiency:
             raise InputError("--planned compares planned and random probes on the sample-efficiency curve: add "
                              "--sample-efficiency")
-        self._finish_pending()
+        self.finish_pending()
         with self.store.tx() as tx:
             return harness.evaluate(tx, split, baselines=baselines, sample_efficiency=sample_efficiency,
                                        seeds=5 if seeds is None else seeds, probation_min=self.probation_min,
@@ -323,7 +324,8 @@ class Registry:
         with self.store.tx() as tx:
             return fingerprint.calibration(tx, sample, draws)
 
-    def _pool(self, tx: Tx, as_of: str | None = None):
+    def pool(self, tx: Tx, as_of: str | None = None):
+        """The current embeddings under the active encoder (as of `as_of`), read in the caller's transaction."""
         return geometry.pool(tx, self.path, encoders.require_active(tx, as_of), as_of)
 
     def portfolio(self, k: int | None = None, method: str | None = None, *, max_params: float | None = None,
@@ -333,7 +335,7 @@ class Registry:
         routing accuracy on the test split reaches that share of the whole pool's. Models on probation are members
         only when required or with `include_probation`."""
         with self.store.tx() as tx:
-            p = self._pool(tx, as_of)
+            p = self.pool(tx, as_of)
             weak = set() if include_probation else p.on_probation(self.probation_min)
             return portfolio.answer(tx, p, k, method=method, max_params=max_params, max_cost=max_cost, require=require,
                                     exclude=exclude, target=target, seed=seed, probation=weak)
@@ -343,25 +345,25 @@ class Registry:
         """Substitutes for a model that is down, nearest first, skipping the models marked unavailable, those
         named in `unavailable` and those on probation unless `include_probation` (`fallback.Chain`)."""
         with self.store.tx() as tx:
-            return fallback.for_model(tx, self.path, self._pool(tx, as_of), model, unavailable=unavailable, k=k,
+            return fallback.for_model(tx, self.path, self.pool(tx, as_of), model, unavailable=unavailable, k=k,
                                       as_of=as_of, probation_min=self.probation_min,
                                       include_probation=include_probation)
 
     def fallback_all(self, unavailable=(), k: int = 5, as_of: str | None = None, include_probation: bool = False):
         """Every model's fallback chain, in one batched search (`fallback.Chains`): what a gateway loads."""
         with self.store.tx() as tx:
-            return fallback.for_all(tx, self.path, self._pool(tx, as_of), unavailable=unavailable, k=k, as_of=as_of,
+            return fallback.for_all(tx, self.path, self.pool(tx, as_of), unavailable=unavailable, k=k, as_of=as_of,
                                     probation_min=self.probation_min, include_probation=include_probation)
 
     def map(self, out: str = "map.png", seed: int = 0, as_of: str | None = None):
         """Draw the embeddings in 2-D (t-SNE; PCA for tiny registries), coloured by family (`maps.MapResult`)."""
         with self.store.tx() as tx:
-            return maps.render(self._pool(tx, as_of), dict(tx.sql("SELECT name, family FROM models")), out, seed)
+            return maps.render(self.pool(tx, as_of), dict(tx.sql("SELECT name, family FROM models")), out, seed)
 
     def geometry(self, min_shared: int = 10, as_of: str | None = None):
         """Pearson and Spearman correlation of embedding distance with disagreement on test queries."""
         with self.store.tx() as tx:
-            return geometry.correlation(tx, self._pool(tx, as_of), min_shared)
+            return geometry.correlation(tx, self.pool(tx, as_of), min_shared)
 
     # --- routing ------------------------------------------------------------------------------------------------
     def route(self, query: str, cost_weight: float | None = None, min_prob: float | None = None,

@@ -209,7 +209,7 @@ def test_portfolio_by_routing_value_keeps_the_routing(db_copy):
     assert by_routing["method"] == "routing" and by_routing["share_of_pool"] >= 0.99
     assert by_routing["k"] <= by_cover["k"]
     with Registry(db_copy) as reg, reg.store.tx() as tx:
-        p = reg._pool(tx)
+        p = reg.pool(tx)
         val = np.array([r[0] for r in tx.sql("SELECT query_id FROM query_splits WHERE split = 'val' ORDER BY 1")])
         value = geometry.predicted(tx, p.encoder_id, p.vectors, val)
     first = int(np.argmax(value.mean(axis=1)))                   # one model: the best mean predicted P(correct)

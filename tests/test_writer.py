@@ -364,21 +364,22 @@ def test_the_writer_waits_for_an_embedding_its_request_is_still_computing(monkey
     the writer's own onboarding."""
     from concurrent.futures import Future
 
-    from registry.serve import writer
+    from registry.serve import group_commit
 
     late, never = Future(), Future()
-    jobs = [writer._Job("register", ("late", "x.jsonl", {}, False), prepared=late),
-            writer._Job("register", ("never", "y.jsonl", {}, False), prepared=never),
-            writer._Job("register", ("update", "z.jsonl", {}, True))]
+    jobs = [group_commit.Job("register", ("late", "x.jsonl", {}, False), prepared=late),
+            group_commit.Job("register", ("never", "y.jsonl", {}, False), prepared=never),
+            group_commit.Job("register", ("update", "z.jsonl", {}, True))]
     threading.Timer(0.2, late.set_result, ["the embedding"]).start()
-    monkeypatch.setattr(writer, "PREPARED_WAIT_S", 0.5)
-    never_again = writer._Job("register", ("never-2", "w.jsonl", {}, False), prepared=Future())
+    monkeypatch.setattr(group_commit, "PREPARED_WAIT_S", 0.5)
+    never_again = group_commit.Job("register", ("never-2", "w.jsonl", {}, False), prepared=Future())
     t0 = time.monotonic()
-    assert writer._prepared(jobs + [never_again]) == {"late": "the embedding"}
+    assert group_commit._prepared(jobs + [never_again]) == {"late": "the embedding"}
     assert time.monotonic() - t0 < 0.9         # one deadline for the cycle, not one per job
     none_computed = Future()
     none_computed.set_result(None)          # (an unknown query: nothing could be prepared)
-    assert writer._prepared([writer._Job("register", ("n", "n.jsonl", {}, False), prepared=none_computed)]) == {}
+    assert group_commit._prepared([group_commit.Job("register", ("n", "n.jsonl", {}, False),
+                                                    prepared=none_computed)]) == {}
 
 
 @pytest.mark.slow       # (MiniLM embeds the new question)

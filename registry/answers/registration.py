@@ -211,7 +211,7 @@ def register(reg, name: str, evals: str, metadata: dict, *, k: int = 5, progress
     """`Registry.register`, over the facade `reg`: the import and its checks in one transaction (a refusal changes
     nothing), onboarding, then the report in a read."""
     name = check(name, metadata)
-    reg._finish_pending()
+    reg.finish_pending()
     with reg.store.tx() as tx:
         staged = stage(tx, name, evals, metadata, update, progress)
     return report(reg, staged, {o.model: o for o in reg.onboard()}.get(name), k)

@@ -49,14 +49,15 @@ def pg_statement(statement: str, params=None) -> tuple[str, list | None]:
     def sub(m):   # psycopg reads % everywhere, quotes included; ? is a placeholder only outside quotes
         tok = m.group(0)
         return "%s" if tok == "?" else tok.replace("%", "%%")
-    return _TOKEN.sub(sub, statement), [_py(p) for p in params]
+    return _TOKEN.sub(sub, statement), [plain_value(p) for p in params]
 
 
-def _py(value):
+def plain_value(value):
+    """A parameter as psycopg takes it: numpy scalars and arrays as Python values, tuples as lists."""
     if hasattr(value, "tolist") and not isinstance(value, (bytes, bytearray, memoryview)):
         return value.tolist()          # numpy scalar or array
     if isinstance(value, (list, tuple)):
-        return [_py(v) for v in value]
+        return [plain_value(v) for v in value]
     return value
 
 

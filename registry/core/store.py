@@ -19,14 +19,12 @@ from typing import Iterator
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session
 
-from registry.core import dialect, resources
+from registry.core import dialect, resources, settings
 from registry.core.errors import DatabaseLocked, NotFound, RegistryError, SchemaOutdated
-
-DEFAULT_DB = "registry.duckdb"
 
 
 def default_db_path() -> str:
-    return os.environ.get("REGISTRY_DB", DEFAULT_DB)
+    return settings.current().db
 
 
 def _locked_message(path: str, exc: Exception) -> str:
@@ -150,7 +148,7 @@ class Tx:
             self.raw.executemany(statement, rows)
             return
         with self.raw.cursor() as cur:
-            cur.executemany(dialect.pg_statement(statement, [0])[0], [dialect._py(list(r)) for r in rows])
+            cur.executemany(dialect.pg_statement(statement, [0])[0], [dialect.plain_value(list(r)) for r in rows])
 
     def arrow(self, statement: str, params=None):
         """Run SQL and fetch the result as a pyarrow Table (the bulk path: no Python objects per row on DuckDB)."""
@@ -217,6 +215,7 @@ class Tx:
 class Store:
     def __init__(self, path: str | os.PathLike | None = None, migrate: bool = True, create: bool = True):
         self.path = str(path or default_db_path())
+        self.duckdb_threads: int | None = None      # (limit_duckdb_threads)
         self.dialect = "postgresql" if dialect.is_url(self.path) else "duckdb"
         if self.dialect == "postgresql":
             self._open_postgres()
@@ -238,7 +237,8 @@ class Store:
         try:
             # every transaction ends in an explicit commit or rollback (Store.tx), so the pool's extra rollback on
             # returning a connection only costs time
-            self.engine = create_engine(f"duckdb:///{self.path}", pool_reset_on_return=None)
+            self.engine = create_engine(f"duckdb:///{self.path}", pool_reset_on_return=None,
+                                        connect_args={"config": self._duckdb_config()})
             # rows that never change once written (encoder checkpoints, query text vectors), kept per open database:
             # while the engine is open this process holds DuckDB's file lock, so no other process writes behind it
             self.cache: dict = {}
@@ -255,9 +255,22 @@ class Store:
             if self._stage_con is None:
                 import duckdb
 
-                threads = {"threads": 1} if os.environ.get("REGISTRY_DUCKDB_THREADS") == "1" else {}
-                self._stage_con = duckdb.connect(config=threads)
+                self._stage_con = duckdb.connect(config=self._duckdb_config())
             return self._stage_con
+
+    def _duckdb_config(self) -> dict:
+        """What every DuckDB database of this store is opened with: the threads given to `limit_duckdb_threads`,
+        else REGISTRY_DUCKDB_THREADS when set, else DuckDB's default."""
+        threads = self.duckdb_threads or settings.current().duckdb_threads
+        return {} if threads is None else {"threads": threads}
+
+    def limit_duckdb_threads(self, threads: int) -> None:
+        """Run DuckDB's queries on `threads` threads from now on (the file's database, and the in-memory one that
+        reads files for a PostgreSQL registry, when it opens): `registry serve` asks for one."""
+        self.duckdb_threads = threads
+        if self.dialect == "duckdb":        # (a database-wide setting: any of the engine's connections sets it)
+            with self.engine.connect() as conn:
+                conn.exec_driver_sql(f"SET threads = {int(threads)}")
 
     def _open_postgres(self) -> None:
         """The database must exist (PostgreSQL creates databases, we create the schema in it). Other processes

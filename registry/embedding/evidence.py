@@ -17,20 +17,20 @@ distance). Two rules follow:
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
 
+from registry.core import settings
+
 PROBATION_MIN = 500
-PROBATION_ENV = "REGISTRY_PROBATION_MIN"
 
 
 def probation_min(value: int | None = None) -> int:
     """The fewest evaluations behind an embedding for a model to be routed to without being asked for."""
     if value is None:
-        raw = os.environ.get(PROBATION_ENV)
-        value = int(raw) if raw not in (None, "") else PROBATION_MIN
+        value = settings.current().probation_min
+        value = PROBATION_MIN if value is None else value
     return max(0, int(value))
 
 

@@ -15,7 +15,7 @@ import re
 import threading
 from pathlib import Path
 
-from fastapi import FastAPI, Query, Request
+from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
@@ -66,7 +66,7 @@ def _map(reg) -> dict:
 
     with reg.store.tx() as tx:
         try:
-            p = reg._pool(tx)
+            p = reg.pool(tx)
         except RegistryError:
             return {"points": [], "families": [], "method": None}
         families = dict(tx.sql("SELECT name, family FROM models"))
@@ -85,17 +85,47 @@ def _map(reg) -> dict:
     return {"points": pts, "families": sorted(colours.items()), "method": method}
 
 
-def mount(app: FastAPI, reg, token: str | None) -> None:
+def page(request: Request, name: str, **context) -> HTMLResponse:
+    return templates.TemplateResponse(request, name, {"needs_token": _needs_token(request), **context})
+
+
+def error_page(request: Request, message: str, status: int = 404) -> HTMLResponse:
+    """A page that says what went wrong (the server's handlers answer a page's bad parameters with one too)."""
+    return templates.TemplateResponse(request, "error.html", {"message": message,
+                                                              "needs_token": _needs_token(request)},
+                                      status_code=status)
+
+
+def _needs_token(request: Request) -> bool:
+    return request.app.state.server.token is not None
+
+
+class _EvaluationCounts:
+    """Per-model evaluation counts for the home page, re-read only for models with new rows (one per app)."""
+
+    def __init__(self):
+        self.batch, self.by_model = -1, {}
+        self.lock = threading.Lock()
+
+    def models(self, reg):
+        from registry.answers import catalog
+
+        with self.lock, reg.store.tx() as tx:
+            newest = catalog.newest_batch(tx)
+            if newest != self.batch:
+                changed = None if self.batch < 0 else catalog.models_since(tx, self.batch)
+                self.by_model.update(catalog.evaluation_stats(tx, changed))
+                self.batch = newest
+            return catalog.models(tx, reg.probation_min, self.by_model)
+
+
+pages = APIRouter(include_in_schema=False)
+
+
+def mount(app: FastAPI) -> None:
+    """The pages' static files, and HTTP errors under /ui/ answered as pages (the app adds the `pages` themselves)."""
     app.mount("/static/web", StaticFiles(directory=str(HERE / "static")), name="web")
-
-    def page(request: Request, name: str, **context) -> HTMLResponse:
-        return templates.TemplateResponse(request, name, {"needs_token": token is not None, **context})
-
-    def error_page(request: Request, message: str, status: int = 404) -> HTMLResponse:
-        return templates.TemplateResponse(request, "error.html", {"message": message, "needs_token": token is not None},
-                                          status_code=status)
-
-    app.state.error_page = error_page          # the server's handlers answer a page's bad parameters with a page
+    app.state.evaluation_counts = _EvaluationCounts()
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
@@ -103,73 +133,73 @@ def mount(app: FastAPI, reg, token: str | None) -> None:
             return error_page(request, "no such page" if exc.status_code == 404 else str(exc.detail), exc.status_code)
         return await http_exception_handler(request, exc)
 
-    stats = {"batch": -1, "by_model": {}}      # per-model evaluation counts, re-read only for models with new rows
-    stats_lock = threading.Lock()
 
-    def models():
-        from registry.answers import catalog
 
-        with stats_lock, reg.store.tx() as tx:
-            newest = catalog.newest_batch(tx)
-            if newest != stats["batch"]:
-                changed = None if stats["batch"] < 0 else catalog.models_since(tx, stats["batch"])
-                stats["by_model"].update(catalog.evaluation_stats(tx, changed))
-                stats["batch"] = newest
-            return catalog.models(tx, reg.probation_min, stats["by_model"])
+def _registry(request: Request):
+    return request.app.state.server.registry
 
-    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
-    def home(request: Request):
-        models_ = _cached(reg, "models", models)
-        the_map = _cached(reg, "map", lambda: _map(reg))
-        return page(request, "home.html", models=models_, map=the_map, path=reg.path)
 
-    @app.get("/ui/models/{name:path}/diff", response_class=HTMLResponse, include_in_schema=False)
-    def diff_page(request: Request, name: str, v1: int | None = None, v2: int | None = None):
+@pages.get("/", response_class=HTMLResponse)
+def home(request: Request):
+    reg = _registry(request)
+    models_ = _cached(reg, "models", lambda: request.app.state.evaluation_counts.models(reg))
+    the_map = _cached(reg, "map", lambda: _map(reg))
+    return page(request, "home.html", models=models_, map=the_map, path=reg.path)
+
+
+@pages.get("/ui/models/{name:path}/diff", response_class=HTMLResponse)
+def diff_page(request: Request, name: str, v1: int | None = None, v2: int | None = None):
+    try:
+        d = _registry(request).diff(name, v1, v2)
+    except RegistryError as exc:
+        return error_page(request, str(exc), 400)
+    return page(request, "diff.html", d=d)
+
+
+@pages.get("/ui/models/{name:path}", response_class=HTMLResponse)
+def model_page(request: Request, name: str):
+    reg = _registry(request)
+    try:
+        detail = reg.show(name)
+        history = reg.history(name)
+    except RegistryError as exc:
+        return error_page(request, str(exc))
+    near, chain, note = [], [], None
+    if detail.version is not None:
         try:
-            d = reg.diff(name, v1, v2)
+            near = reg.similar(name, k=8)
+            chain = reg.fallback(name, k=5).chain
         except RegistryError as exc:
-            return error_page(request, str(exc), 400)
-        return page(request, "diff.html", d=d)
+            note = str(exc)
+    return page(request, "model.html", m=detail, history=history, near=near, chain=chain, note=note)
 
-    @app.get("/ui/models/{name:path}", response_class=HTMLResponse, include_in_schema=False)
-    def model_page(request: Request, name: str):
+
+@pages.get("/ui/route", response_class=HTMLResponse)
+def route_page(request: Request, q: str | None = None):
+    decision, error = None, None
+    if q:
         try:
-            detail = reg.show(name)
-            history = reg.history(name)
-        except RegistryError as exc:
-            return error_page(request, str(exc))
-        near, chain, note = [], [], None
-        if detail.version is not None:
-            try:
-                near = reg.similar(name, k=8)
-                chain = reg.fallback(name, k=5).chain
-            except RegistryError as exc:
-                note = str(exc)
-        return page(request, "model.html", m=detail, history=history, near=near, chain=chain, note=note)
-
-    @app.get("/ui/route", response_class=HTMLResponse, include_in_schema=False)
-    def route_page(request: Request, q: str | None = None):
-        decision, error = None, None
-        if q:
-            try:
-                decision = reg.route(q, log=False)
-            except RegistryError as exc:
-                error = str(exc)
-        return page(request, "route.html", q=q or "", d=decision, error=error)
-
-    @app.get("/ui/portfolio", response_class=HTMLResponse, include_in_schema=False)
-    def portfolio_page(request: Request, k: int = Query(3, ge=1, le=1000), method: str = "routing"):
-        from registry.answers import portfolio
-
-        result, error = None, None
-        try:
-            with reg.store.tx() as tx:
-                pool = reg._pool(tx)
-                result = portfolio.with_share(tx, pool, k, method, probation=pool.on_probation(reg.probation_min))
+            decision = _registry(request).route(q, log=False)
         except RegistryError as exc:
             error = str(exc)
-        return page(request, "portfolio.html", p=result, k=k, method=method, methods=portfolio.METHODS, error=error)
+    return page(request, "route.html", q=q or "", d=decision, error=error)
 
-    @app.get("/ui/fingerprint", response_class=HTMLResponse, include_in_schema=False)
-    def fingerprint_page(request: Request):
-        return page(request, "fingerprint.html")
+
+@pages.get("/ui/portfolio", response_class=HTMLResponse)
+def portfolio_page(request: Request, k: int = Query(3, ge=1, le=1000), method: str = "routing"):
+    from registry.answers import portfolio
+
+    reg = _registry(request)
+    result, error = None, None
+    try:
+        with reg.store.tx() as tx:
+            pool = reg.pool(tx)
+            result = portfolio.with_share(tx, pool, k, method, probation=pool.on_probation(reg.probation_min))
+    except RegistryError as exc:
+        error = str(exc)
+    return page(request, "portfolio.html", p=result, k=k, method=method, methods=portfolio.METHODS, error=error)
+
+
+@pages.get("/ui/fingerprint", response_class=HTMLResponse)
+def fingerprint_page(request: Request):
+    return page(request, "fingerprint.html")

@@ -1,0 +1,60 @@
+"""The registry's settings from the environment, read in one place: every REGISTRY_* variable the library and the
+server look at is a field of `Settings`, and `current()` reads them all afresh (a test, or a caller that changed
+the environment, sees its change on the next call). docs/configuration.md lists them beside the CLI's flags.
+
+An unset or empty variable takes its default; a value that does not parse is refused naming the variable.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from registry.core.errors import InputError
+
+DEFAULT_DB = "registry.duckdb"
+
+
+@dataclass(frozen=True)
+class Settings:
+    # REGISTRY_DB: the registry a command or `Registry()` opens when none is given: a DuckDB file's path, or a
+    # PostgreSQL URL postgresql://user@host:port/dbname (the CLI's --db reads the same variable)
+    db: str = DEFAULT_DB
+    # REGISTRY_PROBATION_MIN: the fewest evaluations behind a model's embedding for routing to choose it unasked;
+    # None: the library's own default (embedding/evidence.py, 500). The CLI's --probation-min wins over it.
+    probation_min: int | None = None
+    # REGISTRY_DUCKDB_THREADS: the worker threads DuckDB runs each query on, in every DuckDB database the registry
+    # opens (its file, and the in-memory one that reads files for a PostgreSQL registry); None: DuckDB's own
+    # default (one per core) for the CLI and the library, 1 for `registry serve` (serve/app.py)
+    duckdb_threads: int | None = None
+    # REGISTRY_THREADS: `registry serve` only: threads per numeric call (torch, faiss, numpy's BLAS)
+    threads: int = 1
+    # REGISTRY_SWITCH_INTERVAL: `registry serve` only: seconds between Python's thread switches (CPython's default
+    # is 0.005; a route must not wait out the writer's time slice)
+    switch_interval: float = 0.001
+    # REGISTRY_WRITER_NICE: `registry serve` only: the writer thread's nice value when the CPU is full; < 0 (a
+    # boost, needs CAP_SYS_NICE, else it stays 0) lets registrations go before routes, > 0 lets routes go first
+    writer_nice: int = 0
+
+
+def current() -> Settings:
+    """The settings as the environment holds them now."""
+    env = os.environ
+    return Settings(db=env.get("REGISTRY_DB") or DEFAULT_DB,
+                    probation_min=_number("REGISTRY_PROBATION_MIN", int, None),
+                    duckdb_threads=_number("REGISTRY_DUCKDB_THREADS", int, None, least=1),
+                    threads=_number("REGISTRY_THREADS", int, Settings.threads, least=1),
+                    switch_interval=_number("REGISTRY_SWITCH_INTERVAL", float, Settings.switch_interval),
+                    writer_nice=_number("REGISTRY_WRITER_NICE", int, Settings.writer_nice))
+
+
+def _number(name: str, kind: type, default, least: int | None = None):
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise InputError(f"{name} must be {'a whole number' if kind is int else 'a number'}, got {raw!r}") from None
+    if least is not None and value < least:
+        raise InputError(f"{name} must be at least {least}, got {raw!r}")
+    return value

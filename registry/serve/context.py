@@ -1,0 +1,106 @@
+"""What every router of the HTTP server shares: the server's state (`ServerState`, kept on `app.state.server` and
+handed to a handler by `Depends(server)`), the bearer-token check of writing endpoints, answers serialised by
+orjson, and a client's JSON rows handed to the library as a file whose errors name what the client sent."""
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from fastapi import Header, HTTPException, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, Field
+
+from registry.api import Registry
+from registry.core.errors import InputError
+from registry.data import ingest
+from registry.serve.serving import Serving
+
+
+@dataclass(frozen=True)
+class ServerState:
+    registry: Registry       # the facade, for reads on their own connections
+    serving: Serving         # routes from the snapshot, every write through the one writer
+    token: str | None        # writing endpoints need `Authorization: Bearer <token>`; None: writes are open
+    max_body: int            # bytes: the largest request body the server reads
+
+
+async def server(request: Request) -> ServerState:
+    """The app's state, for `Depends` (async: a handler on the event loop gets it without a thread hop)."""
+    return request.app.state.server
+
+
+async def require_token(request: Request, authorization: str | None = Header(None)) -> None:
+    """A writing endpoint's check: the configured bearer token, compared in constant time."""
+    token = request.app.state.server.token
+    if token is None:
+        return
+    if not authorization:
+        raise HTTPException(401, "this endpoint writes: send Authorization: Bearer <token>",
+                            headers={"WWW-Authenticate": "Bearer"})
+    if not authorization.startswith("Bearer "):
+        raise HTTPException(401, "Authorization must be 'Bearer <token>'",
+                            headers={"WWW-Authenticate": "Bearer"})
+    given = authorization.removeprefix("Bearer ").strip()
+    if not hmac.compare_digest(given.encode(), token.encode()):
+        raise HTTPException(401, "wrong token", headers={"WWW-Authenticate": 'Bearer error="invalid_token"'})
+
+
+class EvalRow(BaseModel):
+    question_id: str = Field(description="the query's id (external id, as in the registry's queries)")
+    correct: int | bool
+    text: str | None = Field(None, description="the query's text, for a query the registry does not have yet")
+    options: list[str] | None = None
+
+
+def json_response(obj: Any) -> Response:
+    """A result as JSON (dataclasses as objects), serialised by orjson in C: FastAPI's own encoder walks every value
+    in Python and cost more than answering the route (a route's answer lists every model)."""
+    return Response(orjson.dumps(obj, default=_json_default,
+                                 option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS),
+                    media_type="application/json")
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "item"):                      # numpy scalars orjson does not take (e.g. float16)
+        return obj.item()
+    if isinstance(obj, (set, frozenset)):
+        return sorted(obj)
+    return str(obj)                               # Path and the like
+
+
+@contextlib.contextmanager
+def rows_named(what: str, path: str, rows: bool = True):
+    """Errors about the server's temporary file name what the client sent instead: `evaluations[0]` for line 1 of
+    a file of JSON rows, `the uploaded file: line 3` for an upload. The temp path never reaches the client."""
+    try:
+        yield
+    except InputError as exc:
+        if exc.file != path and path not in str(exc):
+            raise
+        problem = exc.problem.replace(path, what)
+        if rows:        # the client sent JSON rows: a new query's text goes in the row
+            problem = problem.replace(ingest.TEXT_IN_FILE, "the row's `text` field (and `options`, if any)")
+        if exc.line is None:
+            raise InputError(problem, file=what) from None
+        if rows:
+            raise InputError(f"{what}[{exc.line - 1}]: {problem}") from None
+        raise InputError(problem, file=what, line=exc.line) from None
+
+
+def rows_file(rows: list[EvalRow]) -> str:
+    """The client's evaluation rows as a temporary JSONL file (the caller removes it)."""
+    fd, path = tempfile.mkstemp(suffix=".jsonl")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        for row in rows:
+            r = row.model_dump(exclude_none=True)
+            r["correct"] = int(r["correct"])
+            if "options" in r:
+                r["options"] = json.dumps(r["options"])
+            f.write(json.dumps(r) + "\n")
+    return path

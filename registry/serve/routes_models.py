@@ -1,0 +1,111 @@
+"""The HTTP routes of the models themselves: the list, one model and its history, registering one (JSON rows or an
+uploaded results file, through the writer); and the availability marks (`availability`)."""
+from __future__ import annotations
+
+import os
+import tempfile
+
+import anyio
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from registry.core.errors import InputError
+from registry.serve.context import EvalRow, ServerState, json_response, require_token, rows_file, rows_named, server
+
+UPLOAD_TYPES = {"text/csv": ".csv", "application/x-ndjson": ".jsonl", "application/jsonl": ".jsonl",
+                "application/vnd.apache.parquet": ".parquet", "application/octet-stream": ".csv"}
+
+models_router = APIRouter()
+availability_router = APIRouter()
+
+
+class RegisterBody(BaseModel):
+    name: str
+    evaluations: list[EvalRow]
+    family: str | None = None
+    provider: str | None = None
+    params_b: float | None = None
+    cost: float | None = None
+    open_weights: bool | None = None
+    tags: dict | None = None
+    update: bool = False
+
+
+class AvailabilityBody(BaseModel):
+    models: list[str]
+    reason: str | None = None
+
+
+# {name:path}: a name may hold "/" (Hugging Face's org/model), so the routes with a suffix come before the bare
+# one, which would otherwise take "org/model/history" as a name (the app includes the other suffixes' router first)
+@models_router.get("/models")
+def models(s: ServerState = Depends(server)):
+    return json_response(s.registry.models())
+
+
+@models_router.get("/models/{name:path}/history")
+def history(name: str, s: ServerState = Depends(server)):
+    return json_response(s.registry.history(name))
+
+
+@models_router.get("/models/{name:path}")
+def show(name: str, s: ServerState = Depends(server)):
+    return json_response(s.registry.show(name))
+
+
+@models_router.post("/models", dependencies=[Depends(require_token)])
+def register(body: RegisterBody, s: ServerState = Depends(server)):
+    """Register (or update) a model with its evaluations as JSON rows; it is embedded at once."""
+    if not body.evaluations:
+        raise InputError("evaluations: give at least one row")
+    path = rows_file(body.evaluations)
+    try:
+        with rows_named("evaluations", path):
+            return json_response(s.serving.register(body.name, path, dict(
+                family=body.family, provider=body.provider, params_b=body.params_b, cost=body.cost,
+                open_weights=body.open_weights, tags=body.tags), update=body.update))
+    finally:
+        os.unlink(path)
+
+
+@models_router.post("/models/{name:path}/evaluations", dependencies=[Depends(require_token)])
+async def upload(name: str, request: Request, s: ServerState = Depends(server)):
+    """Upload an evaluations file as the request body (CSV, JSONL or Parquet: say which in Content-Type)."""
+    kind = (request.headers.get("content-type") or "").split(";")[0].strip().lower()
+    if kind not in UPLOAD_TYPES:
+        raise InputError(f"Content-Type {kind or '(none)'} not accepted; use one of {sorted(UPLOAD_TYPES)}")
+    chunks, size = [], 0
+    async for chunk in request.stream():     # a body without Content-Length is capped here too
+        size += len(chunk)
+        if size > s.max_body:
+            return JSONResponse({"detail": f"request body over {s.max_body // (1 << 20)} MiB"}, status_code=413)
+        chunks.append(chunk)
+    data = b"".join(chunks)
+    if not data:
+        raise InputError("empty upload")
+    fd, path = tempfile.mkstemp(suffix=UPLOAD_TYPES[kind])
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    try:
+        def run():
+            with rows_named("the uploaded file", path, rows=False):
+                return json_response(s.serving.register(name, path))
+        return await anyio.to_thread.run_sync(run)
+    finally:
+        os.unlink(path)
+
+
+@availability_router.get("/availability")
+def availability(s: ServerState = Depends(server)):
+    return json_response(s.registry.availability())
+
+
+@availability_router.post("/availability/unavailable", dependencies=[Depends(require_token)])
+def mark_unavailable(body: AvailabilityBody, s: ServerState = Depends(server)):
+    return json_response(s.serving.write(lambda: s.registry.mark_unavailable(body.models, body.reason)))
+
+
+@availability_router.post("/availability/available", dependencies=[Depends(require_token)])
+def mark_available(body: AvailabilityBody, s: ServerState = Depends(server)):
+    return json_response(s.serving.write(lambda: s.registry.mark_available(body.models, body.reason)))

@@ -1,0 +1,61 @@
+"""The HTTP routes that read the embedding space (`reads`: similar models, a fallback chain, a portfolio, a
+fingerprint of an unknown endpoint's results; nothing is written) and the server's own state (`status`: its health
+and figures, the routing log)."""
+from __future__ import annotations
+
+import os
+
+from fastapi import APIRouter, Body, Depends, Query
+
+from registry.core.errors import InputError
+from registry.serve.context import EvalRow, ServerState, json_response, rows_file, rows_named, server
+
+reads_router = APIRouter()
+status_router = APIRouter()
+
+
+@reads_router.get("/models/{name:path}/similar")
+def similar(name: str, k: int = Query(5, ge=1, le=1000), s: ServerState = Depends(server)):
+    return json_response(s.registry.similar(name, k=k))
+
+
+@reads_router.get("/models/{name:path}/fallback")
+def fallback(name: str, k: int = Query(5, ge=1, le=1000), include_probation: bool = False,
+             s: ServerState = Depends(server)):
+    return json_response(s.registry.fallback(name, k=k, include_probation=include_probation))
+
+
+@reads_router.get("/portfolio")
+def portfolio(*, k: int | None = Query(None, ge=1, le=1000), target: float | None = Query(None, gt=0, le=1),
+              method: str | None = None, max_params: float | None = None, max_cost: float | None = None,
+              include_probation: bool | None = None, s: ServerState = Depends(server)):
+    """A few models covering the embedding space (give k, or a target share of the pool's accuracy); models on
+    probation are members only with include_probation=true."""
+    return json_response(s.registry.portfolio(k=k, target=target, method=method, max_params=max_params,
+                                              max_cost=max_cost, include_probation=bool(include_probation)))
+
+
+@reads_router.post("/fingerprint")
+def fingerprint(evaluations: list[EvalRow] = Body(..., embed=True), s: ServerState = Depends(server)):
+    """Which registered model (if any) an unknown endpoint's results look like (if this registry has it)."""
+    if not evaluations:
+        raise InputError("evaluations: give at least one row")
+    path = rows_file(evaluations)
+    try:
+        with rows_named("evaluations", path):
+            return json_response(s.registry.fingerprint(path))
+    finally:
+        os.unlink(path)
+
+
+@status_router.get("/health")
+def health(s: ServerState = Depends(server)):
+    return {"ok": True, "db": s.registry.path, **s.serving.stats()}
+
+
+@status_router.get("/log")
+def routing_log(since: str | None = None, limit: int | None = Query(None, ge=1), oldest: bool = False,
+                s: ServerState = Depends(server)):
+    """Routing log entries, newest first (oldest=true: oldest first), up to the last route answered."""
+    s.serving.flush()
+    return json_response(s.registry.routing_log(since=since, limit=limit, oldest=oldest))

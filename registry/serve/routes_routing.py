@@ -1,0 +1,85 @@
+"""The HTTP routes that route query texts (`POST /route`, `/route/batch`): answered from the serving snapshot, on
+the event loop when every text's vector is known, else on a worker thread while MiniLM encodes; the log rows go to
+the writer without waiting. `route_options` and `decisions` are what the routing proxy (serve/proxy.py) routes by
+too."""
+from __future__ import annotations
+
+import time
+
+import anyio
+from fastapi import APIRouter, Depends
+from pydantic import BaseModel
+
+from registry.core.errors import InputError
+from registry.routing.options import RouteOptions
+from registry.routing.policy import Decision
+from registry.serve.context import ServerState, json_response, server
+from registry.serve.serving import Serving
+
+# the candidates a route answer lists unless asked (`top`; 0: every model): the most likely first, and the chosen
+# one wherever it ranks. In a registry of hundreds of models the whole list was most of an answer's bytes and time.
+ROUTE_TOP = 50
+
+routing_router = APIRouter()
+
+
+class RouteBody(BaseModel):
+    text: str
+    cost_weight: float | None = None
+    min_prob: float | None = None
+    unavailable: list[str] | None = None
+    log_text: bool = True
+    cost_by: str = "cost"
+    include_probation: bool = False
+    top: int = ROUTE_TOP
+
+
+class RouteBatchBody(BaseModel):
+    texts: list[str]
+    cost_weight: float | None = None
+    min_prob: float | None = None
+    unavailable: list[str] | None = None
+    log_text: bool = True
+    cost_by: str = "cost"
+    include_probation: bool = False
+    top: int = ROUTE_TOP
+
+
+def route_options(body: RouteBody | RouteBatchBody) -> RouteOptions:
+    """What a route body asks for, checked where it is made (a bad value: InputError, 400)."""
+    return RouteOptions(cost_weight=body.cost_weight, min_prob=body.min_prob, unavailable=body.unavailable,
+                        cost_by=body.cost_by, include_probation=body.include_probation, top=body.top,
+                        log_text=body.log_text)
+
+
+def decisions(serving: Serving, texts: list[str], options: RouteOptions) -> list[Decision]:
+    """The server's one call of `Serving.route`: every HTTP route and the proxy route through it."""
+    return serving.route(texts, options.cost_weight, options.min_prob, list(options.unavailable) or None,
+                         log=options.log, log_text=options.log_text, cost_by=options.cost_by,
+                         include_probation=options.include_probation, top=options.top)
+
+
+async def _routed(s: ServerState, texts: list[str], options: RouteOptions, one: bool):
+    def answer():
+        out = decisions(s.serving, texts, options)
+        return json_response(out[0] if one else out)
+    t0 = time.perf_counter()
+    if s.serving.vectors.known(texts):    # under a millisecond, waits for nothing: answered on the event loop
+        out = answer()
+        s.serving.timed("route_known", time.perf_counter() - t0)
+        return out
+    out = await anyio.to_thread.run_sync(answer)     # MiniLM runs: off the loop
+    s.serving.timed("route_new", time.perf_counter() - t0)
+    return out
+
+
+@routing_router.post("/route")
+async def route(body: RouteBody, s: ServerState = Depends(server)):
+    return await _routed(s, [body.text], route_options(body), one=True)
+
+
+@routing_router.post("/route/batch")
+async def route_batch(body: RouteBatchBody, s: ServerState = Depends(server)):
+    if not body.texts:
+        raise InputError("texts: give at least one query")
+    return await _routed(s, body.texts, route_options(body), one=False)

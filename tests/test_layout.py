@@ -201,7 +201,8 @@ def own_private_names(tree: ast.Module) -> set[str]:
 
 
 # Python's and libraries' own underscore API, not another module of ours
-FOREIGN_PRIVATE_OK = {"_asdict", "_replace", "_fields", "_exit", "_getframe", "_current_frames"}
+FOREIGN_PRIVATE_OK = {"_asdict", "_replace", "_fields", "_exit", "_getframe", "_current_frames",
+                      "_version"}      # torch: a tensor's in-place change counter
 
 
 def reach_ins(module: str, source: str) -> list[str]:

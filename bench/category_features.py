@@ -2,7 +2,7 @@
 
 Per training seed (0, 1, 2): the text-only encoder (`registry train --seed S`, one thread), and the same encoder with
 category features (`registry train --seed S --category-features [--category-field source]`): training's last stage
-(training.fit_category_rows) gives the predictor one row per category of the train queries, a logit offset per
+(category_rows.fit_category_rows) gives the predictor one row per category of the train queries, a logit offset per
 model and category read from the model's embedding; nothing before that stage reads the categories, so the bench
 applies that stage to the text-only checkpoint of the same seed instead of training it again (the same function
 `registry train` calls). Two fields: `category` (14 values on MMLU-Pro) and `source` (91: the question's origin,
@@ -41,7 +41,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from registry import Registry
-from registry.locus import training  # noqa: E402
+from registry.locus import category_rows, scoring, training  # noqa: E402
 from registry.locus import baselines as B  # noqa: E402
 from registry.locus.checkpoint import load_checkpoint, read_header, save_checkpoint  # noqa: E402
 from registry.embedding.dataset import current_embeddings, dataset, locus_probs, query_labels  # noqa: E402
@@ -90,10 +90,10 @@ def checkpoint(data, cache: Path, kind: str, seed: int, overrides: dict, t0: flo
         text = checkpoint(data, cache, "text", seed, {}, t0)
         model, _, meta = load_checkpoint(text.read_bytes())
         cfg = replace(training.TrainConfig(seed=seed), **overrides)
-        model, ecfg, info = training.fit_category_rows(model, data.qvecs, data.correct, data.splits["train"],
-                                                       data.splits["val"], data.query_field(cfg.category_field),
-                                                       cfg.category_field, cfg.category_l2, cfg.category_fit,
-                                                       tuple(cfg.category_l2_deep), tuple(cfg.category_text_scales))
+        model, ecfg, info = category_rows.fit_category_rows(
+            model, data.qvecs, data.correct, data.splits["train"], data.splits["val"],
+            data.query_field(cfg.category_field), field=cfg.category_field, l2=cfg.category_l2,
+            fit=cfg.category_fit, deep_l2=tuple(cfg.category_l2_deep), text_scales=tuple(cfg.category_text_scales))
         meta = dict(meta, name=f"bench-{kind}-seed{seed}", metrics=dict(meta["metrics"], category=info),
                     train_config=json.loads(json.dumps(asdict(cfg), default=str)))
         blob = save_checkpoint(model, ecfg, meta)
@@ -124,7 +124,7 @@ def scored(reg: Registry, path: Path, per_cat_hits: np.ndarray, draws: int = 100
                       for i in (rng.integers(0, len(te), len(te)) for _ in range(draws))])
     # val as training selects: every model embedded from its train evaluations, scored on the val questions
     va = data.splits["val"]
-    z_tr = training.embed_models(model, data.qvecs, data.correct, data.splits["train"])
+    z_tr = scoring.embed_models(model, data.qvecs, data.correct, data.splits["train"])
     pv = model.p_correct(z_tr, data.qvecs[va], None if labels is None else labels[va])
     val = {"hit@1": B.hit_at_k(pv, data.correct[:, va], 1), "auc": B.predictor_metrics(pv, data.correct[:, va])["auc"]}
     drift = None

@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from registry.locus import baselines as B  # noqa: E402
-from registry.locus.training import _model_rows, embed_models, predict_proba  # noqa: E402
+from registry.locus.scoring import embed_models, model_rows, predict_proba  # noqa: E402
 from train_locus import DATA, load_data  # noqa: E402
 
 
@@ -113,8 +113,8 @@ def main():
     qc = duckdb.sql(f"select question_id, category from read_csv('{DATA}/questions.csv.gz')").fetchnumpy()
     cmap = dict(zip(qc["question_id"].tolist(), qc["category"].tolist()))
     cat = np.array([cmap[int(q)] for q in ids])
-    rows_nt = _model_rows(correct, nontest, 1024, None)          # the registry's fixed seeded cap
-    rows_ho = _model_rows(correct, heldout, 1024, None)
+    rows_nt = model_rows(correct, nontest, 1024, None)          # the registry's fixed seeded cap
+    rows_ho = model_rows(correct, heldout, 1024, None)
 
     print("model accuracy spread (non-test):", np.round(np.sort(B.model_accuracy(correct[:, nontest])), 3).tolist())
     for dim in (64,):

@@ -71,7 +71,7 @@ def main() -> None:
     per_seed, extra = [], []
     for s in range(args.seeds):
         print(f"[{time.time() - t0:6.0f} s] seed {s}", flush=True)
-        res, probs, held, _ = heldout.run_seed(data, args.held_out, args.n, s, cfg)
+        res, probs, held, _ = heldout.run_seed(data, args.held_out, args.n, seed=s, cfg=cfg)
         per_seed.append(res)
         auc = {m: res.methods[m]["held_out_auc"] for m in res.methods}
         best_b = max(BASELINES, key=lambda b: auc[b])

@@ -77,9 +77,10 @@ def main():
         if path.exists():
             plans[s] = pickle.loads(path.read_bytes())
     cached = set(plans)
-    out = probe_design.compare(pred, pred.project(data.qvecs), c, pool_rows, z_all.astype(np.float64),
-                         data.splits[args.split], args.sizes, args.draws, lambda rows: embed_subsets(model, data, rows),
-                         lambda n, s: subset_rows(c, pool_rows, n, s), plans, oracle=args.oracle)
+    out = probe_design.compare(pred, pred.project(data.qvecs), c, pool_rows=pool_rows, z_all=z_all.astype(np.float64),
+                               eval_rows=data.splits[args.split], sizes=args.sizes, seeds=args.draws,
+                               encode=lambda rows: embed_subsets(model, data, rows),
+                               draw=lambda n, s: subset_rows(c, pool_rows, n, s), plans=plans, oracle=args.oracle)
     for s in set(plans) - cached:
         (Path(args.cache) / f"planned-{settings}-draw{s}.pkl").write_bytes(pickle.dumps(plans[s]))
     print(f"encoder {meta.get('name', '?')}; {len(c)} models; {args.split} {len(data.splits[args.split])} questions; "

@@ -207,7 +207,7 @@ def main() -> None:
     cfg = heldout.train_config()
     for s in args.held_out_seeds:
         log(t0, f"held out, seed {s}")
-        res, _, _, _ = heldout.run_seed(data, 6, 128, s, cfg, train=CachedTrain(cache, t0))
+        res, _, _, _ = heldout.run_seed(data, 6, 128, seed=s, cfg=cfg, train=CachedTrain(cache, t0))
         out["held_out"][s] = asdict(res)
 
     # 3. whole categories held out

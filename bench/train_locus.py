@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from registry.locus import baselines as B  # noqa: E402
 from registry.locus.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from registry.locus.network import EncoderConfig  # noqa: E402
-from registry.locus.training import TrainConfig, embed_models, predict_proba, train  # noqa: E402
+from registry.locus.scoring import embed_models, embed_rows, predict_proba  # noqa: E402
+from registry.locus.training import TrainConfig, train  # noqa: E402
 
 DATA = Path("/work/shared/data/mmlu-pro")
 
@@ -86,10 +87,9 @@ def fingerprint(model, qvecs, correct, n=128, seeds=range(5)):
 
 
 def _embed_sets(model, qvecs, correct, rows):
-    from registry.locus.training import _embed_rows
     with torch.no_grad():
         model.eval()
-        return _embed_rows(model, torch.from_numpy(qvecs), correct, rows).numpy()
+        return embed_rows(model, torch.from_numpy(qvecs), correct, rows).numpy()
 
 
 def geometry(z, correct, idx):
@@ -120,7 +120,7 @@ def main():
     ap.add_argument("--mf-seeds", type=int, default=3)
     ap.add_argument("--skip-baselines", action="store_true")
     ap.add_argument("--set", nargs="*", default=[],
-                    help="TrainConfig overrides, e.g. geo_weight=0.1; encoder fields as enc.d_hidden=128")
+                    help="TrainConfig overrides, e.g. teacher_noise=0.05; encoder fields as enc.d_hidden=128")
     ap.add_argument("--embed-max-set", type=int, default=None, help="cap per model for routing embeddings")
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args()

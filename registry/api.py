@@ -204,7 +204,7 @@ class Registry:
             self.activate_encoder(encoder_id)
         return encoder_id
 
-    def train(self, seed: int = 0, anchors: int | None = None, max_steps: int | None = None,
+    def train(self, *, seed: int = 0, anchors: int | None = None, max_steps: int | None = None,
               epochs: int | None = None, activate: bool = False, name: str | None = None, progress=None,
               category_features: bool = False, category_field: str = "category",
               category_fit: str = "train") -> int:
@@ -218,15 +218,16 @@ class Registry:
 
         with self.store.tx() as tx:
             data = dataset.dataset(tx)
-        blob, meta = training.checkpoint_from(data, seed, anchors, max_steps, epochs, name, progress,
-                                              category_features, category_field, category_fit)
+        blob, meta = training.checkpoint_from(data, seed=seed, anchors=anchors, max_steps=max_steps, epochs=epochs,
+                                              name=name, progress=progress, category_features=category_features,
+                                              category_field=category_field, category_fit=category_fit)
         with self.store.tx() as tx:
             encoder_id = encoders.install(tx, blob, name=meta["name"])
         if activate:
             self.activate_encoder(encoder_id)
         return encoder_id
 
-    def evaluate(self, split: str = "test", baselines: bool = True, sample_efficiency: bool = False,
+    def evaluate(self, split: str = "test", *, baselines: bool = True, sample_efficiency: bool = False,
                  seeds: int | None = None, held_out: int | None = None, n: int = 128,
                  max_steps: int | None = None, epochs: int | None = None, progress=None, planned: bool = False):
         """Routing accuracy and predictor quality of LOCUS on a split, beside the baselines, over the established
@@ -242,8 +243,8 @@ class Registry:
                                  "--sample-efficiency or --no-baselines")
             with self.store.tx() as tx:
                 data = dataset.dataset(tx)
-            return heldout.run(data, held_out, n, 3 if seeds is None else seeds, max_steps, epochs, progress,
-                               planned=planned)
+            return heldout.run(data, held_out, n=n, seeds=3 if seeds is None else seeds, max_steps=max_steps,
+                               epochs=epochs, progress=progress, planned=planned)
         if planned and not sample_efficiency:
             raise InputError("--planned compares planned and random probes on the sample-efficiency curve: add "
                              "--sample-efficiency")

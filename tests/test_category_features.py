@@ -21,7 +21,9 @@ from registry.locus.network import EncoderConfig, LocusModel
 from registry.embedding.encoders import SHIPPED
 from registry.core.errors import InputError
 from registry.embedding.dataset import dataset
-from registry.locus.training import TrainConfig, category_vocabulary, embed_models, train
+from registry.locus.category_rows import category_vocabulary
+from registry.locus.scoring import embed_models
+from registry.locus.training import TrainConfig, train
 
 torch.set_num_threads(1)
 
@@ -290,13 +292,13 @@ def test_fit_category_rows_with_two_columns():
     """The last stage with category and source: every training model gets its fitted offsets exactly, the source
     pseudo-weight is one of the choices (the best on val), a source read on top of its category moves routing
     within the category, and a query with a category and no source still gets its category's offsets."""
-    from registry.locus.training import fit_category_rows
+    from registry.locus.category_rows import fit_category_rows
 
     q, cats, src, correct, tr, va = _toy_two_columns()
     torch.manual_seed(0)
     model = LocusModel(TOY).eval()
     labels = label_columns.join([cats, src])
-    out, ecfg, info = fit_category_rows(model, q, correct, tr, va, labels, "category+source",
+    out, ecfg, info = fit_category_rows(model, q, correct, tr, va, labels, field="category+source",
                                         deep_l2=(1.0, 30.0), text_scales=(1.0, 0.5))
     assert ecfg.category_field == "category+source"
     assert ecfg.categories == ("category:a", "category:b", "source:a1", "source:a2", "source:b1")

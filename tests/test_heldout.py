@@ -40,7 +40,7 @@ def seed_run(small):
     """One held-out seed on the small data: (data, report of the seed, probs, held, drawn rows)."""
     _, data = small
     cfg = heldout.train_config(max_steps=2, epochs=1)
-    return (data, *heldout.run_seed(data, 3, 31, 1, cfg))
+    return (data, *heldout.run_seed(data, 3, 31, seed=1, cfg=cfg))
 
 
 @pytest.mark.slow   # trains an encoder / draws a t-SNE map: seconds, not the inner loop
@@ -102,7 +102,7 @@ def test_hidden_answers_never_reach_a_method_and_every_method_reads_the_drawn_ro
         hidden[m, rows[m]] = False
     flipped = data.correct.copy()
     flipped[hidden & (flipped >= 0)] = 1 - flipped[hidden & (flipped >= 0)]
-    rep2, probs2, held2, rows2 = heldout.run_seed(replace(data, correct=flipped), 3, 31, 1, cfg)
+    rep2, probs2, held2, rows2 = heldout.run_seed(replace(data, correct=flipped), 3, 31, seed=1, cfg=cfg)
     assert (held2 == held).all() and all((rows2[m] == rows[m]).all() for m in rows)
     assert rep2.visible_digest == report.visible_digest
     for m in heldout.METHODS:
@@ -112,7 +112,7 @@ def test_hidden_answers_never_reach_a_method_and_every_method_reads_the_drawn_ro
     drawn = data.correct.copy()
     for m in rows:
         drawn[m, rows[m]] = 1 - drawn[m, rows[m]]
-    _, probs3, _, _ = heldout.run_seed(replace(data, correct=drawn), 3, 31, 1, cfg)
+    _, probs3, _, _ = heldout.run_seed(replace(data, correct=drawn), 3, 31, seed=1, cfg=cfg)
     for m in heldout.METHODS:
         assert not np.allclose(probs3[m][held], probs[m][held]), m
 
@@ -193,7 +193,7 @@ def test_held_out_planned_gives_every_method_the_planned_rows(small):
     _, data = small
     cfg = heldout.train_config(max_steps=2, epochs=1)
     n = probe_design.SEED_SIZE + 12
-    out, _, held, rows = heldout.run_seed(data, 3, n, 1, cfg, planned=True)
+    out, _, held, rows = heldout.run_seed(data, 3, n, seed=1, cfg=cfg, planned=True)
     assert set(out.planned) == set(heldout.METHODS) and out.planned != out.methods
     trained = heldout._train(heldout.visible(data, held, rows), held, replace(cfg, seed=1), None)[0]
     planned = heldout.planned_rows(data, held, rows, trained, 1)

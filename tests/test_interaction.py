@@ -208,7 +208,7 @@ def test_only_the_strongest_eligible_models_get_the_terms(monkeypatch):
     ref = np.concatenate([sp["train"], sp["val"]])
     acc = (correct[:, ref] == 1).mean(1)
     assert list(rows) == sorted(np.argsort(-np.where(eligible, acc, -1))[:3].tolist())
-    fitted = I.fit(pred[rows], correct, q, list(names), sp["train"], sp["val"], rows)
+    fitted = I.fit(pred[rows], correct, q, list(names), sp["train"], sp["val"], rows=rows)
     te = sp["test"]
     routed = fitted.scores(pred[:, te], q[te], fitted.category_index(names[te]))
     others = np.setdiff1d(np.arange(6), rows)
@@ -218,7 +218,7 @@ def test_only_the_strongest_eligible_models_get_the_terms(monkeypatch):
 
 def test_with_no_model_to_route_to_the_terms_are_empty():
     pred, correct, q, names, cat, _, sp = world()
-    fitted = I.fit(pred[:0], correct, q, list(names), sp["train"], sp["val"], np.array([], dtype=np.int64))
+    fitted = I.fit(pred[:0], correct, q, list(names), sp["train"], sp["val"], rows=np.array([], dtype=np.int64))
     te = sp["test"]
     assert len(fitted.rows) == 0 and fitted.selection["models"] == 0
     assert np.array_equal(fitted.scores(pred[:, te], q[te], fitted.category_index(names[te])), pred[:, te])

@@ -263,7 +263,8 @@ def test_oracle_plans_ignore_the_answers_and_real_plans_read_them(small):
     answers = (data.correct == 1).astype(float)
 
     def plan(y, truth):
-        return probe_design.plan_rows(pred, q, y, pool, seed, [40], priors, others, ref, batch=8, truth=truth)[40]
+        return probe_design.plan_rows(pred, q, y, pool=pool, seed_rows=seed, sizes=[40], priors=priors, others=others,
+                                      ref=ref, batch=8, truth=truth)[40]
 
     flipped = 1.0 - answers
     oracle, oracle_flipped = plan(answers, z_all), plan(flipped, z_all)

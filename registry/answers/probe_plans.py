@@ -20,7 +20,7 @@ import numpy as np
 
 from registry.embedding import encoders, index
 from registry.data import evaluation_rows, query_cache
-from registry.locus import probe_design as probes
+from registry.locus import probe_design
 from registry.core.errors import InputError, unknown_model
 from registry.core.store import Tx
 
@@ -114,31 +114,33 @@ def plan(tx: Tx, name: str, n: int, seed: int = 0, out: str | None = None) -> Pr
         raise InputError("no other model is embedded yet: probes are planned against the registered models")
     rng = np.random.default_rng(seed)
     n = min(n, len(pool))
-    n_seed = min(n, max(0, probes.SEED_SIZE - len(answered_q)))
+    n_seed = min(n, max(0, probe_design.SEED_SIZE - len(answered_q)))
     seed_q = np.sort(rng.choice(pool, n_seed, replace=False)) if n_seed else np.zeros(0, np.int64)
     planned_q = np.zeros(0, np.int64)
     if n > n_seed:
-        pred = probes.Predictor(model)
+        pred = probe_design.Predictor(model)
         nontest = meta.ids[~meta.is_test]               # where routing decides: any query, asked or not
-        ref_q = np.sort(rng.choice(nontest, min(probes.REFERENCES, len(nontest)), replace=False))
+        ref_q = np.sort(rng.choice(nontest, min(probe_design.REFERENCES, len(nontest)), replace=False))
         cand_q = np.setdiff1d(pool, seed_q)
         row_of, qmat = query_cache.query_vectors(tx, np.concatenate([answered_q, cand_q, ref_q, seed_q]))
         proj = lambda qs: pred.project(qmat[[row_of[int(x)] for x in qs]],   # noqa: E731
                                        query_cache.query_categories(tx, qs, model))
-        prior = probes.gaussian_prior(others)
-        z, precision = (probes.read(pred, proj(answered_q), answered_y, prior) if len(answered_q)
+        prior = probe_design.gaussian_prior(others)
+        z, precision = (probe_design.read(pred, proj(answered_q), answered_y, prior) if len(answered_q)
                         else (prior.mean, prior.precision))
-        precision = probes.expect_answers(pred, z, precision, proj(seed_q))   # the seed will be answered too
+        precision = probe_design.expect_answers(pred, z, precision, proj(seed_q))   # the seed will be answered too
         ref = proj(ref_q)
         best_other = np.max([pred.logits(o, ref) for o in others], axis=0)
-        planned_q = cand_q[probes.choose(pred, z, precision, proj(cand_q), ref, best_other, n - n_seed)]
+        planned_q = cand_q[probe_design.choose(pred, z, precision, proj(cand_q), ref, best_other=best_other,
+                                               k=n - n_seed)]
     notes = ["register embeds with the set encoder, which reads planned answers as if they were random: they pay "
              "when read by likelihood (BENCHMARKS.md, planned probes)"]
     if model_id is None:
         notes.append(f"{name} is not registered: planned as a new model")
     if n_seed and n > n_seed:
-        notes.append(f"the first {n_seed} are random (a model is first asked {probes.SEED_SIZE} random queries); the "
-                     f"rest are planned without their answers: asking them first and planning again settles faster")
+        notes.append(f"the first {n_seed} are random (a model is first asked {probe_design.SEED_SIZE} random "
+                     f"queries); the rest are planned without their answers: asking them first and planning again "
+                     f"settles faster")
     result = ProbePlan(name, model_id is not None, len(answered_q), len(pool), n_seed, len(planned_q),
                        _probes(tx, seed_q.tolist() + planned_q.tolist(),
                                ["seed"] * n_seed + ["planned"] * len(planned_q)), out, notes)

@@ -93,7 +93,7 @@ def stage_bars(quiet: bool):
               "category+source: both, each source's offsets fitted on top of its category's.")
 @click.option("--category-fit", type=click.Choice(["train", "nontest"]), default="train", show_default=True,
               help="Fit the category rows to the train answers, or to train and val (as the registry embeds models).")
-def train(ctx, seed, anchors, max_steps, epochs, activate, name, category_features, category_field, category_fit,
+def train(ctx, *, seed, anchors, max_steps, epochs, activate, name, category_features, category_field, category_fit,
           as_json):
     """Train the LOCUS encoder and predictor on this registry's train split; store the checkpoint."""
     progress, close = stage_bars(as_json)
@@ -123,7 +123,8 @@ def train(ctx, seed, anchors, max_steps, epochs, activate, name, category_featur
 @click.option("--epochs", type=int, help="Teacher epochs of the held-out run's training.")
 @click.option("--planned", is_flag=True, help="With --sample-efficiency or --held-out: planned probes (registry "
                                               "probe) against random ones at each n (takes minutes).")
-def evaluate(ctx, split, sample_efficiency, seeds, no_baselines, held_out, n, max_steps, epochs, planned, as_json):
+def evaluate(ctx, *, split, sample_efficiency, seeds, no_baselines, held_out, n, max_steps, epochs, planned,
+             as_json):
     """Routing accuracy (hit@1/3/5) and predictor quality of LOCUS beside the baselines, on one split; with
     --held-out K, on models the encoder never saw."""
     if held_out is None and (max_steps is not None or epochs is not None):

@@ -52,7 +52,7 @@ def locus_probs(tx: Tx, encoder_id: int, z: np.ndarray, qvecs: np.ndarray, categ
     return model.p_correct(z, qvecs, categories)
 
 
-def evaluate(tx: Tx, split: str = "test", baselines: bool = True, sample_efficiency: bool = False,
+def evaluate(tx: Tx, split: str = "test", *, baselines: bool = True, sample_efficiency: bool = False,
              seeds: int = 5, sizes=(32, 64, 128, 256, 512), mf_seed: int = 0,
              probation_min: int | None = None, planned: bool = False) -> EvaluationReport:
     if split not in SPLITS:
@@ -88,7 +88,7 @@ def evaluate(tx: Tx, split: str = "test", baselines: bool = True, sample_efficie
     if len(tr) and len(va):         # as routing: without a val split to choose the weights, the predictor alone
         rows = interaction.contenders(data.correct, tr, va)      # (every model here is eligible)
         raw = locus_probs(tx, encoder_id, z[rows], data.qvecs, labels)   # the predictor's own, as routing fits on
-        fitted = interaction.fit(interaction.logit(raw), data.correct, data.qvecs, data.categories, tr, va, rows)
+        fitted = interaction.fit(interaction.logit(raw), data.correct, data.qvecs, data.categories, tr, va, rows=rows)
         routed = interaction.sigmoid(fitted.scores(interaction.logit(p), data.qvecs[idx],
                                                     fitted.category_index(data.categories[idx])))
         selection = fitted.selection
@@ -179,6 +179,7 @@ def planned_curve(tx: Tx, data: Dataset, z: np.ndarray, idx: np.ndarray, seeds: 
     model, _ = encoders.load(tx, encoders.ensure_default(tx))
     pred = probe_design.Predictor(model)
     nontest = np.concatenate([data.splits["train"], data.splits["val"]])
-    return probe_design.compare(pred, pred.project(data.qvecs, query_labels(data, model)), data.correct, nontest, z.astype(np.float64),
-                          idx, sizes, seeds, lambda rows: embed_subsets(model, data, rows),
-                          lambda n, s: subset_rows(data.correct, nontest, n, s))
+    return probe_design.compare(pred, pred.project(data.qvecs, query_labels(data, model)), data.correct,
+                                pool_rows=nontest, z_all=z.astype(np.float64), eval_rows=idx, sizes=sizes,
+                                seeds=seeds, encode=lambda rows: embed_subsets(model, data, rows),
+                                draw=lambda n, s: subset_rows(data.correct, nontest, n, s))

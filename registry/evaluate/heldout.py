@@ -26,8 +26,6 @@ from registry.locus import baselines as B
 from registry.locus import interaction, probe_design, training
 from registry.core.errors import InputError
 from registry.embedding.dataset import Dataset, query_labels
-
-# Shorter than `registry train`'s default (30 teacher epochs, 240 encoder steps, 10 refit epochs, about 10 min on
 from registry.evaluate.harness import embed_subsets
 
 # Shorter than `registry train`'s default (30 teacher epochs, 240 encoder steps, 10 refit epochs, about 10 min on
@@ -133,7 +131,7 @@ def _locus(vis: Dataset, held, te, model):
     lg = interaction.logit(model.p_correct(z, vis.qvecs, labels))
     tr, va = vis.splits["train"], vis.splits["val"]
     rows = interaction.contenders(vis.correct, tr, va)
-    fitted = interaction.fit(lg[rows], vis.correct, vis.qvecs, vis.categories, tr, va, rows)
+    fitted = interaction.fit(lg[rows], vis.correct, vis.qvecs, vis.categories, tr, va, rows=rows)
     routed = interaction.sigmoid(fitted.scores(lg[:, te], vis.qvecs[te], fitted.category_index(vis.categories[te])))
     pred = probe_design.Predictor(model)
     q = pred.project(vis.qvecs, labels)
@@ -161,9 +159,10 @@ def planned_rows(data: Dataset, held: np.ndarray, rows: dict[int, np.ndarray], m
     n = len(rows[int(new[0])])
     rng = np.random.default_rng([seed, 2])
     answers = (data.correct[new] == 1).astype(np.float64)
-    planned = probe_design.plan_rows(pred, q, answers, [tr[data.correct[m, tr] >= 0] for m in new],
-                               [rng.choice(rows[int(m)], min(probe_design.SEED_SIZE, n), replace=False) for m in new], [n],
-                               [probe_design.gaussian_prior(z)] * len(new), [best_other] * len(new), ref, seed=seed)[n]
+    planned = probe_design.plan_rows(
+        pred, q, answers, pool=[tr[data.correct[m, tr] >= 0] for m in new],
+        seed_rows=[rng.choice(rows[int(m)], min(probe_design.SEED_SIZE, n), replace=False) for m in new], sizes=[n],
+        priors=[probe_design.gaussian_prior(z)] * len(new), others=[best_other] * len(new), ref=ref, seed=seed)[n]
     return {int(m): np.sort(r) for m, r in zip(new, planned)}
 
 
@@ -179,7 +178,7 @@ def _irt(vis: Dataset, held, te, seed: int):
     return p, {"dim": info["dim"]}
 
 
-def predictions(vis: Dataset, held: np.ndarray, cfg: training.TrainConfig, seed: int,
+def predictions(vis: Dataset, held: np.ndarray, cfg: training.TrainConfig, *, seed: int,
                 progress=None, train=None, trained=None) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
     """Every method's P(correct) [M, test queries] from the visible rows alone -> (probs, settings). `train`:
     training.train's stand-in (a bench keeps trained encoders on disk with it); `trained`: (encoder, its info)
@@ -223,14 +222,14 @@ def metrics(p: np.ndarray, truth: np.ndarray, held: np.ndarray, strongest: int) 
             "routed_to_held_out": float(held[top].mean())}
 
 
-def run_seed(data: Dataset, k: int, n: int, seed: int, cfg: training.TrainConfig, progress=None, train=None,
+def run_seed(data: Dataset, k: int, n: int, *, seed: int, cfg: training.TrainConfig, progress=None, train=None,
              planned: bool = False):
     """One seed -> (HeldOutSeed, {method: P(correct)}, held, drawn rows). `planned`: every method again with each
     held-out model known from n planned rows instead (HeldOutSeed.planned)."""
     t0 = time.time()
     held, rows = draw(data, k, n, seed)
     vis = visible(data, held, rows)
-    probs, info = predictions(vis, held, replace(cfg, seed=seed), seed, progress, train)
+    probs, info = predictions(vis, held, replace(cfg, seed=seed), seed=seed, progress=progress, train=train)
     truth = data.correct[:, data.splits["test"]]
 
     def table(probs, info):
@@ -244,7 +243,7 @@ def run_seed(data: Dataset, k: int, n: int, seed: int, cfg: training.TrainConfig
     if planned:
         model = info["model"]
         vis_p = visible(data, held, planned_rows(data, held, rows, model, seed))
-        probs_p, info_p = predictions(vis_p, held, replace(cfg, seed=seed), seed, trained=(model, info["locus"]))
+        probs_p, info_p = predictions(vis_p, held, replace(cfg, seed=seed), seed=seed, trained=(model, info["locus"]))
         out.planned = table(probs_p, info_p)
         out.wall_s = round(time.time() - t0, 1)
     return out, probs, held, rows
@@ -262,7 +261,7 @@ def train_config(max_steps: int | None = None, epochs: int | None = None) -> tra
     return cfg
 
 
-def run(data: Dataset, k: int, n: int = 128, seeds: int = 3, max_steps: int | None = None,
+def run(data: Dataset, k: int, *, n: int = 128, seeds: int = 3, max_steps: int | None = None,
         epochs: int | None = None, progress=None, planned: bool = False) -> HeldOutReport:
     """Seeds 0..seeds-1, each holding out k models known from n evaluations; the mean and std over seeds."""
     for flag, value, least in (("--held-out", k, 1), ("--n", n, 1), ("--seeds", seeds, 1)):
@@ -279,7 +278,7 @@ def run(data: Dataset, k: int, n: int = 128, seeds: int = 3, max_steps: int | No
     for s in range(seeds):
         if progress:
             progress({"stage": "seed", "seed": s, "seeds": seeds})
-        per_seed.append(run_seed(data, k, n, s, cfg, progress, planned=planned)[0])
+        per_seed.append(run_seed(data, k, n, seed=s, cfg=cfg, progress=progress, planned=planned)[0])
     return report(data, k, n, cfg, per_seed)
 
 

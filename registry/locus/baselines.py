@@ -224,7 +224,7 @@ class IRT(torch.nn.Module):
         return (self.theta(m) * self.a(q)).sum(-1) - self.b(q)[:, 0]
 
 
-def train_pairs(make, qvecs, correct, train_idx, val_idx, dim: int, seed: int = 0, epochs: int = 12,
+def train_pairs(make, qvecs, correct, train_idx, val_idx, dim: int, *, seed: int = 0, epochs: int = 12,
                 lr: float = 1e-3, weight_decay: float = 1e-4, batch: int = 4096) -> tuple[torch.nn.Module, dict]:
     """A pair model (MF or IRT: `make(n_models, d_query, dim)`) fitted by BCE on the observed train pairs with
     AdamW; the epoch with the best validation hit@1 (`val_hit`; ties: lower BCE) is kept."""
@@ -266,7 +266,7 @@ def train_mf(qvecs, correct, train_idx, val_idx, dim: int, seed: int = 0, **kw) 
     return train_pairs(MF, qvecs, correct, train_idx, val_idx, dim, seed=seed, **kw)
 
 
-def _choose_dim(make, qvecs, correct, train_idx, val_idx, dims, seed, **kw):
+def _choose_dim(make, qvecs, correct, train_idx, val_idx, *, dims, seed, **kw):
     """Dimension chosen by validation hit@1 (ties: lower validation BCE)."""
     runs = [train_pairs(make, qvecs, correct, train_idx, val_idx, d, seed=seed, **kw) for d in dims]
     model, info = max(runs, key=lambda r: (r[1]["val_hit@1"], -r[1]["val_bce"]))
@@ -275,12 +275,12 @@ def _choose_dim(make, qvecs, correct, train_idx, val_idx, dims, seed, **kw):
 
 
 def mf_router(qvecs, correct, train_idx, val_idx, dims=(16, 32, 64, 128), seed: int = 0, **kw) -> tuple[MF, dict]:
-    return _choose_dim(MF, qvecs, correct, train_idx, val_idx, dims, seed, **kw)
+    return _choose_dim(MF, qvecs, correct, train_idx, val_idx, dims=dims, seed=seed, **kw)
 
 
 def irt_router(qvecs, correct, train_idx, val_idx, dims=(1, 4, 16, 64), seed: int = 0, **kw) -> tuple[IRT, dict]:
     """IRT's dimension chosen on val as MF's is; 1 is the classic two-parameter logistic model."""
-    return _choose_dim(IRT, qvecs, correct, train_idx, val_idx, dims, seed, **kw)
+    return _choose_dim(IRT, qvecs, correct, train_idx, val_idx, dims=dims, seed=seed, **kw)
 
 
 def mf_probs(model: MF, qvecs, eval_idx) -> np.ndarray:

@@ -208,7 +208,7 @@ def contenders(correct: np.ndarray, train_idx, val_idx, eligible: np.ndarray | N
     return np.sort(rows[np.argsort(-acc, kind="stable")[:MAX_MODELS]])
 
 
-def fit(logits: np.ndarray, correct: np.ndarray, qvecs: np.ndarray, categories, train_idx, val_idx,
+def fit(logits: np.ndarray, correct: np.ndarray, qvecs: np.ndarray, categories, train_idx, val_idx, *,
         rows: np.ndarray | None = None) -> Interaction:
     """Choose a, k, w on val and fit the terms on train + val, for the models `rows` (`contenders`; None: all).
 

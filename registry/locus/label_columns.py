@@ -1,6 +1,6 @@
 """A query's label: its values of the metadata columns a predictor may read as categories, one column
 ("category", "source") or several read together ("category+source": the source's offsets fitted on top of the
-category's, training.fit_category_rows). A label is one string either way, so every reader of labels (routing's
+category's, category_rows.fit_category_rows). A label is one string either way, so every reader of labels (routing's
 content hash -> label map, the evaluation arrays, the probes) passes it on as it did a category name: several
 columns' values are joined by SEP, and only the predictor (encoder.LocusModel.category_ids) splits them."""
 from __future__ import annotations

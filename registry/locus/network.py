@@ -129,7 +129,7 @@ class LocusModel(nn.Module):
             self.q_bias = nn.Linear(d, 1)                                    # difficulty: logit += q_bias(u)
         if cfg.categories:
             # each category's row, read against the model embedding: a per-(model, category) logit offset that
-            # depends on z only, so a model embedded later gets its own (training.fit_category_rows); created last
+            # depends on z only, so a model embedded later gets its own (category_rows.fit_category_rows); created last
             # and at zero, so the other weights start as a text-only model's would
             self.q_cat = nn.Embedding(len(cfg.categories) + 1, d + 1)        # row 0: no or unknown category (zero)
             nn.init.zeros_(self.q_cat.weight)

@@ -174,7 +174,7 @@ def _greedy(G: np.ndarray, w: np.ndarray, cov: np.ndarray, B: np.ndarray, k: int
     return out
 
 
-def choose(pred: Predictor, z: np.ndarray, precision: np.ndarray, cand: Queries, ref: Queries,
+def choose(pred: Predictor, z: np.ndarray, precision: np.ndarray, cand: Queries, ref: Queries, *,
            best_other: np.ndarray | None, k: int, floor: float | None = None) -> list[int]:
     """Indices of k candidate queries to ask next. ref: reference queries, best_other [len(ref)]: the best other
     model's logit on each (None: no other model, every reference weighs the same); floor: FLOOR unless given."""
@@ -192,8 +192,9 @@ def choose(pred: Predictor, z: np.ndarray, precision: np.ndarray, cand: Queries,
     return _greedy(G, p * (1 - p), cov, B, k)
 
 
-def plan_rows(pred: Predictor, q: Queries, answers: np.ndarray, pool: list[np.ndarray], seed_rows: list[np.ndarray],
-              sizes, priors: list[Prior], others: list[np.ndarray], ref: np.ndarray, seed: int = 0,
+def plan_rows(pred: Predictor, q: Queries, answers: np.ndarray, *, pool: list[np.ndarray],
+              seed_rows: list[np.ndarray], sizes, priors: list[Prior], others: list[np.ndarray], ref: np.ndarray,
+              seed: int = 0,
               batch: int | None = None, candidates: int | None = None,
               truth: np.ndarray | None = None) -> dict[int, list[np.ndarray]]:
     """The simulated protocol for benches and `evaluate --planned`: every model m starts from seed_rows[m] and is
@@ -221,13 +222,13 @@ def plan_rows(pred: Predictor, q: Queries, answers: np.ndarray, pool: list[np.nd
                     break
                 if candidates and len(left) > candidates:
                     left = np.sort(rng.choice(left, candidates, replace=False))
-                pick = choose(pred, z, prec, q.take(left), R, others[m], min(batch, n - len(sets[m])))
+                pick = choose(pred, z, prec, q.take(left), R, best_other=others[m], k=min(batch, n - len(sets[m])))
                 sets[m] += left[pick].tolist()
         out[n] = [np.asarray(s[:n]) for s in sets]
     return out
 
 
-def compare(pred: Predictor, q: Queries, correct: np.ndarray, pool_rows: np.ndarray, z_all: np.ndarray,
+def compare(pred: Predictor, q: Queries, correct: np.ndarray, *, pool_rows: np.ndarray, z_all: np.ndarray,
             eval_rows: np.ndarray, sizes, seeds: int, encode, draw, plans: dict | None = None,
             oracle: bool = False) -> dict:
     """Planned against random at each n, every model known from n evaluations of pool_rows (`evaluate
@@ -261,8 +262,8 @@ def compare(pred: Predictor, q: Queries, correct: np.ndarray, pool_rows: np.ndar
     got: dict = {}
     for s in range(seeds):
         if s not in plans:
-            plans[s] = plan_rows(pred, q, answers, pool, draw(SEED_SIZE, s), sizes,
-                                 priors, others, ref, seed=s, truth=z_all if oracle else None)
+            plans[s] = plan_rows(pred, q, answers, pool=pool, seed_rows=draw(SEED_SIZE, s), sizes=sizes,
+                                 priors=priors, others=others, ref=ref, seed=s, truth=z_all if oracle else None)
         for n in sizes:
             for design, rows in (("random", draw(n, s)), ("planned", plans[s][n])):
                 got.setdefault((n, design, "encoder"), []).append(score(np.asarray(encode(rows), np.float64)))

@@ -316,7 +316,7 @@ def _fit(tx: Tx, key: tuple, model, z: np.ndarray, model_ids: np.ndarray, versio
             _rows.update({qkey + (int(version_ids[i]),): fresh[j] for j, i in enumerate(todo)})
         raw = np.stack([_rows[qkey + (int(version_ids[i]),)] for i in rows.tolist()]) if len(rows) else \
             np.zeros((0, len(data.query_ids)), dtype=np.float32)
-        fitted = interaction.fit(interaction.logit(raw), correct, data.qvecs, data.categories, tr, va, rows)
+        fitted = interaction.fit(interaction.logit(raw), correct, data.qvecs, data.categories, tr, va, rows=rows)
         out = interaction.Served(fitted, dict(tx.sql("SELECT content_hash, coalesce(category, '(none)') FROM queries")))
     if len(_served) > 8:                                # a few registries and states per process at most
         _served.clear()

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from registry.answers import catalog, fingerprint, neighbours
 from registry.embedding import encoders, evidence, onboarding
-from registry.data import evaluation_rows, ingest
+from registry.data import evaluation_rows, import_steps, ingest
 from registry.core.errors import InputError
 from registry.answers.neighbours import Neighbour
 from registry.core.store import Tx
@@ -44,8 +44,9 @@ class Staged:
 def check(name: str, metadata: dict) -> str:
     """The name to register under, once the metadata is sound (before any transaction)."""
     name = (name or "").strip()
-    if not name:
-        raise InputError("empty model name")
+    problem = import_steps.model_name_problem(name)
+    if problem:
+        raise InputError(problem)
     for label, value in (("params_b", metadata.get("params_b")), ("cost", metadata.get("cost"))):
         if value is not None and not (value >= 0 and value != float("inf")):
             raise InputError(f"{label} must be a non-negative number, got {value}")

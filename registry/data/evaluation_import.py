@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from registry.data import evaluation_rows, outbox
 from registry.core.errors import InputError, editor_line
-from registry.data.import_steps import ImportResult
+from registry.data.import_steps import ImportResult, model_name_problem
 from registry.data.staging import Columns, Staged, duck_error, fetch, first_bad, ident, mirror, sql_str, stage
 from registry.core.store import Tx
 
@@ -103,7 +103,8 @@ def append_evaluations(tx: Tx, cols: Columns, batch_id: int, result: ImportResul
             qids = fetch(tx, f"SELECT list(DISTINCT qid) FROM {rows}")[0][0] or []
     except Exception as exc:   # a row DuckDB cannot read: its reader names the line, as when staging
         raise duck_error(cols.path, exc) from None
-    if (not per_model or any(m is None or m == "" or bad_c or bad_q for m, _, bad_c, bad_q in per_model)
+    if (not per_model or any(m is None or m == "" or bad_c or bad_q or model_name_problem(m)
+                             for m, _, bad_c, bad_q in per_model)
             or (model is not None and any(m != model for m, *_ in per_model))):
         return False
     mirror(tx, "queries")
@@ -225,6 +226,10 @@ def check_evaluations(tx: Tx, staged: Staged, unknown_hint: str | None = UNKNOWN
         count(*) FILTER (WHERE qid IS NULL OR qid = ''), count(*) FILTER (WHERE c IS NULL) FROM {t}""")[0]
     if bad_model:
         first_bad(tx, staged, "model IS NULL OR model = ''", "empty model name")
+    for (name,) in fetch(tx, f"SELECT DISTINCT model FROM {t} ORDER BY model"):
+        problem = model_name_problem(name)
+        if problem:
+            first_bad(tx, staged, f"model = {sql_str(name)}", problem.replace("{", "{{").replace("}", "}}"))
     if bad_qid:
         first_bad(tx, staged, "qid IS NULL OR qid = ''", "empty query id")
     if bad_c:

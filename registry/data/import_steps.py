@@ -15,6 +15,28 @@ from registry.core.errors import InputError
 from registry.data.staging import Staged, fetch, first_bad, mirror
 from registry.core.store import Tx
 
+MAX_NAME = 200
+# what the HTTP API puts after a model's name in a path (/models/NAME/history): a name ending so is unreachable
+PATH_SUFFIXES = ("/history", "/similar", "/fallback", "/evaluations", "/diff")
+
+
+def model_name_problem(name: str) -> str | None:
+    """Why `name` cannot name a model (one rule for files, the CLI and HTTP), or None: printable, at most MAX_NAME
+    characters, not ending in a suffix the API's paths use."""
+    if not name or not name.strip():
+        return "empty model name"
+    if len(name) > MAX_NAME:
+        return f"model name of {len(name):,} characters (at most {MAX_NAME}): {name[:40]!r}..."
+    if any(ord(ch) < 32 or 127 <= ord(ch) < 160 for ch in name):
+        return f"model name {name!r} holds a control character (a name must be printable)"
+    if name != name.strip():
+        return f"model name {name!r} starts or ends with a space"
+    for suffix in PATH_SUFFIXES:
+        if name.endswith(suffix):
+            return f"model name {name!r} ends in {suffix!r}, which the HTTP API reads as a path"
+    return None
+
+
 SPLIT_NAMES = {"train": "train", "val": "val", "valid": "val", "validation": "val", "dev": "val", "test": "test"}
 
 
@@ -93,8 +115,9 @@ def import_models(tx: Tx, staged: Staged, result: ImportResult) -> None:
         rec = dict(zip(names, row))
         line = int(rec["line"])
         name = (rec.get("name") or "").strip()
-        if not name:
-            raise InputError("empty model name", file=staged.path, line=line)
+        problem = model_name_problem(name)
+        if problem:
+            raise InputError(problem, file=staged.path, line=line)
         if name in seen:
             raise InputError(f"model {name!r} listed twice (lines {seen[name]} and {line})", file=staged.path,
                              line=line)

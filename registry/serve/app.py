@@ -38,6 +38,7 @@ MAX_BODY = 64 << 20       # bytes: the largest request body (an uploaded results
 # DuckDB runs a query on the thread that asks (no worker threads) unless REGISTRY_DUCKDB_THREADS says otherwise: the
 # writer's queries then run at the writer's priority, and reads' small queries do not hand work across threads
 DUCKDB_THREADS = 1
+SHOWN_ERRORS = 5          # validation problems a 422 lists
 
 
 class _SizeLimit:
@@ -134,8 +135,10 @@ def _error_handlers(app: FastAPI) -> None:
                else f"field {where!r}: {first.get('msg', 'invalid')}")
         if request.url.path.startswith("/ui/"):       # a page: a page that says so
             return web.error_page(request, msg.replace("field ", "parameter ", 1), 422)
-        return JSONResponse({"detail": msg, "errors": [{"loc": e.get("loc"), "msg": e.get("msg")} for e in errs]},
-                            status_code=422)
+        if len(errs) > 1:      # a body of many rows: how many are wrong, and the first few, not every one
+            msg += f" ({len(errs)} problems; the first {min(len(errs), SHOWN_ERRORS)} listed in 'errors')"
+        return JSONResponse({"detail": msg, "errors": [{"loc": e.get("loc"), "msg": e.get("msg")}
+                                                       for e in errs[:SHOWN_ERRORS]]}, status_code=422)
 
 
 def is_loopback(host: str) -> bool:

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 from fastapi import Header, HTTPException, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from registry.api import Registry
 from registry.core.errors import InputError
@@ -52,8 +52,30 @@ async def require_token(request: Request, authorization: str | None = Header(Non
 
 
 class EvalRow(BaseModel):
-    question_id: str = Field(description="the query's id (external id, as in the registry's queries)")
-    correct: int | bool
+    question_id: str = Field(description="the query's id (external id, as in the registry's queries; a number as a "
+                                         "CSV holds it is that id)")
+    correct: str = Field(description="1/0 or true/false (JSON numbers, booleans or strings)")
+
+    @field_validator("question_id", mode="before")
+    @classmethod
+    def _id_as_written(cls, v):
+        if isinstance(v, int) and not isinstance(v, bool):
+            return str(v)
+        if not isinstance(v, str):
+            raise ValueError(f"a question id is a string or a whole number, got {v!r}")
+        return v
+
+    @field_validator("correct", mode="before")
+    @classmethod
+    def _as_in_a_file(cls, v):
+        # the value as a results file would hold it: the file's own rule judges it (a string such as "yes" is not
+        # quietly read as true)
+        if isinstance(v, bool) or isinstance(v, int):
+            return str(int(v))
+        if not isinstance(v, str):
+            raise ValueError(f"correct must be 0, 1, true or false, got {v!r}")
+        return v
+
     text: str | None = Field(None, description="the query's text, for a query the registry does not have yet")
     options: list[str] | None = None
 
@@ -99,7 +121,6 @@ def rows_file(rows: list[EvalRow]) -> str:
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         for row in rows:
             r = row.model_dump(exclude_none=True)
-            r["correct"] = int(r["correct"])
             if "options" in r:
                 r["options"] = json.dumps(r["options"])
             f.write(json.dumps(r) + "\n")

@@ -37,6 +37,7 @@ from registry.data import ingest
 from registry.serve import proxy, web
 from registry.api import Registry
 from registry.core.errors import DatabaseLocked, InputError, NotFound, RegistryError
+from registry.routing.options import RouteOptions
 from registry.serve.serving import Serving
 
 UPLOAD_TYPES = {"text/csv": ".csv", "application/x-ndjson": ".jsonl", "application/jsonl": ".jsonl",
@@ -261,8 +262,9 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
     # --- routing ----------------------------------------------------------------------------------------------
     async def _routed(texts: list[str], body, one: bool):
         def answer():
-            out = serving.route(texts, body.cost_weight, body.min_prob, body.unavailable, log_text=body.log_text,
-                                cost_by=body.cost_by, include_probation=body.include_probation, top=body.top)
+            out = serving.route(texts, RouteOptions(
+                cost_weight=body.cost_weight, min_prob=body.min_prob, unavailable=body.unavailable or (),
+                log_text=body.log_text, cost_by=body.cost_by, include_probation=body.include_probation, top=body.top))
             return _out(out[0] if one else out)
         t0 = time.perf_counter()
         if serving.vectors.known(texts):    # under a millisecond, waits for nothing: answered on the event loop

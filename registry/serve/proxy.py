@@ -19,7 +19,8 @@ from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from registry.routing import policy
+from registry.routing import log as route_log
+from registry.routing.options import RouteOptions
 from registry.core.errors import InputError, RegistryError
 
 ROUTE_OPTIONS = ("cost_weight", "min_prob", "cost_by")
@@ -113,8 +114,9 @@ def _route(serving, text: str, options: dict):
     """(models to try in order: the choice, then its fallback chain among models with endpoints; fallback?)"""
     snap = serving.snapshots.current
     without = [m for m in snap.routing.known if m not in snap.endpoints]     # only models with an endpoint
-    d = serving.route([text], options["cost_weight"], options["min_prob"], without or None, log_text=False,
-                      cost_by=options["cost_by"] or "cost", top=policy.LOG_TOP)[0]     # (only the choice is used)
+    asked = RouteOptions(cost_weight=options["cost_weight"], min_prob=options["min_prob"], unavailable=tuple(without),
+                         log_text=False, cost_by=options["cost_by"] or "cost", top=route_log.LOG_TOP)
+    d = serving.route([text], asked)[0]     # (only the choice is used)
     if d.model is None:
         raise RegistryError(d.note or "no model available")
     return [d.model] + snap.chain(d.model, set(snap.endpoints), snap.routing.down), d.fallback

@@ -36,7 +36,7 @@ import numpy as np
 from registry.core import generation
 from registry.embedding import onboarding
 from registry.answers import registration
-from registry.routing import policy
+from registry.routing import log as route_log, state as routing_state
 from registry.data import vector_files
 from registry.serve.answerbook import AnswerBook
 from registry.core.errors import RegistryError
@@ -197,7 +197,7 @@ class Writer:
         """Fit routing's interaction terms for the current versions (about a second; in this thread, with its own
         read), then have the writer swap in a snapshot that uses them (a refresh: the fit is cached by versions)."""
         with self.reg.store.tx() as tx:
-            policy.state(tx, self.reg.path, self.reg.probation_min, refit=True)
+            routing_state.current(tx, self.reg.probation_min, refit=True)
         self._stats["refits"] += 1
         self.run(lambda: self.snapshots.refresh(endpoints_changed=False))
 
@@ -451,7 +451,7 @@ class Writer:
 
     @staticmethod
     def _append_log(tx, rows: list[tuple], vecs: dict) -> None:
-        policy.append_log(tx, rows)
+        route_log.append_log(tx, rows)
         if vecs:
             vector_files.insert(tx, list(vecs), np.stack(list(vecs.values())), count=False)
 

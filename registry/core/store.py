@@ -265,7 +265,8 @@ class Store:
             # returning a connection only costs time
             self.engine = create_engine(f"duckdb:///{self.path}", pool_reset_on_return=None)
             # rows that never change once written (encoder checkpoints, query text vectors), kept per open database:
-            # while the engine is open this process holds DuckDB's file lock, so no other process writes behind it
+            # while the engine is open this process holds DuckDB's file lock, so no other process writes behind it;
+            # and the sections of values derived from them whose owners check them before use (`section`)
             self.cache: dict = {}
             with self.engine.connect() as conn:
                 conn.execute(text("select 1"))

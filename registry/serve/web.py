@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from registry.core import dialect
 from registry.core.errors import RegistryError
+from registry.routing.options import RouteOptions
 
 HERE = Path(__file__).resolve().parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))
@@ -152,7 +153,7 @@ def mount(app: FastAPI, reg, token: str | None) -> None:
         decision, error = None, None
         if q:
             try:
-                decision = reg.route(q, log=False)
+                decision = reg.route(q, RouteOptions(log=False))
             except RegistryError as exc:
                 error = str(exc)
         return page(request, "route.html", q=q or "", d=decision, error=error)

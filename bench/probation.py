@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from registry import Registry
+from registry import Registry, RouteOptions
 
 
 def main() -> None:
@@ -39,11 +39,11 @@ def main() -> None:
         f.write_text("question_id,correct\n" + "".join(f"{q[0]},{int(rng.random() < 0.9)}\n" for q in pick))
         texts = [q[2] for q in test[:4]]
         before = reg.evaluate("test", baselines=False)
-        routed_before = [d.model for d in reg.route_batch(texts, log=False)]
+        routed_before = [d.model for d in reg.route_batch(texts, RouteOptions(log=False))]
         r = reg.register("invented-strong", str(f))
         after = reg.evaluate("test", baselines=False)
-        decisions = reg.route_batch(texts, log=False)
-        asked = reg.route_batch(texts, log=False, include_probation=True)
+        decisions = reg.route_batch(texts, RouteOptions(log=False))
+        asked = reg.route_batch(texts, RouteOptions(log=False, include_probation=True))
         cand = next(c for c in decisions[0].candidates if c.model == "invented-strong")
         frontier = reg.frontier(split="test")
         ds = next(p for p in frontier.single if p.label == "DeepSeek-Coder-V2")

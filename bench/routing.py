@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from registry import Registry
+from registry import Registry, RouteOptions
 from registry.locus import text_encoder  # noqa: E402
 
 
@@ -99,7 +99,7 @@ def main() -> None:
         # 3. latency: interleaved pairs, fresh texts so that neither side finds a cached vector
         texts = [t for _, t in test]
         text_encoder.encode(["warm up"])
-        reg.route("warm up", log=False)
+        reg.route("warm up", RouteOptions(log=False))
         enc, rt = [], []
         for i in range(args.single):
             q = f"[{i}] " + texts[i % len(texts)]

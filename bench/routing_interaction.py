@@ -35,9 +35,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from registry import Registry
+from registry import Registry, RouteOptions
 from registry.evaluate import heldout
-from registry.routing import policy
+from registry.routing import policy, state as routing_state
 from registry.locus import training  # noqa: E402
 from registry.locus.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from registry.embedding.dataset import dataset  # noqa: E402
@@ -85,11 +85,9 @@ def served_vs_report(db: Path, report: dict) -> dict:
         texts = [r[0] for r in tx.sql("""SELECT q.text FROM queries q JOIN query_splits s ON s.query_id = q.id
                                          WHERE s.split = 'test' ORDER BY q.id""")]
         t = time.perf_counter()
-        policy._states.clear()
-        policy._served.clear()
-        st = policy.state(tx, reg.path)
+        st = routing_state.current(tx)           # (a Registry just opened: built, not cached)
         build_s = time.perf_counter() - t
-        decs = policy.route(tx, reg.path, texts, log_decisions=False)
+        decs = policy.route(tx, texts, RouteOptions(log=False))
         counts = {}
         for d in decs:
             counts[d.model] = counts.get(d.model, 0) + 1
@@ -99,7 +97,7 @@ def served_vs_report(db: Path, report: dict) -> dict:
             times = []
             for text in texts[:200]:
                 t = time.perf_counter()
-                policy.route(tx, reg.path, [text], log_decisions=False)
+                policy.route(tx, [text], RouteOptions(log=False))
                 times.append(time.perf_counter() - t)
             lat[label] = round(1000 * float(np.median(times)), 2)
         st.interaction = kept
@@ -118,7 +116,7 @@ def paired_vs_per_category(db: Path, draws: int = 1000) -> dict:
             data = dataset(tx)
             text_of = dict(tx.sql("SELECT id, text FROM queries"))
         te, tr, va = data.splits["test"], data.splits["train"], data.splits["val"]
-        decisions = reg.route_batch([text_of[int(q)] for q in data.query_ids[te]], log=False)
+        decisions = reg.route_batch([text_of[int(q)] for q in data.query_ids[te]], RouteOptions(log=False))
     row = {n: i for i, n in enumerate(data.models)}
     ct = data.correct[:, te]
     served = np.array([ct[row[d.model], j] == 1 for j, d in enumerate(decisions)])

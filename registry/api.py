@@ -10,7 +10,9 @@ from pathlib import Path
 from registry.data import availability, endpoints, import_steps, ingest, outbox, splits, staging, vector_files
 from registry.answers import catalog, fallback, fingerprint, geometry, maps, neighbours, portfolio, versions
 from registry.embedding import embed, encoders, evidence, index, onboarding
-from registry.routing import policy
+from registry.routing import log as route_log, policy, query_texts, state as routing_state
+from registry.routing.decision import Decision
+from registry.routing.options import RouteOptions
 from registry.core.errors import InputError, NotFound
 from registry.answers.neighbours import Neighbour
 from registry.core.store import Store, Tx
@@ -367,35 +369,28 @@ class Registry:
             return geometry.correlation(tx, self.pool(tx, as_of), min_shared)
 
     # --- routing ------------------------------------------------------------------------------------------------
-    def route(self, query: str, cost_weight: float | None = None, min_prob: float | None = None,
-              unavailable: list[str] | None = None, log: bool = True, log_text: bool = True,
-              cost_by: str = "cost", include_probation: bool = False, top: int | None = None) -> policy.Decision:
+    def route(self, query: str, options: RouteOptions | None = None) -> Decision:
         """Route one query text: the model most likely to answer it (or the cost-aware choice: by `cost`, or by
         `params_b` with cost_by="params"), every candidate's P(correct) and evidence, the versions used. Models on
         probation are chosen only with `include_probation`. Logged unless `log=False`. `top`: list only the that many
-        most likely candidates (and the chosen one); None or 0: every model."""
+        most likely candidates (and the chosen one); None or 0: every model (RouteOptions)."""
         if not isinstance(query, str):
             raise InputError(f"a query must be a string, got {type(query).__name__}")
-        return self.route_batch([query], cost_weight, min_prob, unavailable, log, log_text, cost_by=cost_by,
-                                include_probation=include_probation, top=top)[0]
+        return self.route_batch([query], options)[0]
 
-    def route_batch(self, texts: list[str], cost_weight: float | None = None, min_prob: float | None = None,
-                    unavailable: list[str] | None = None, log: bool = True, log_text: bool = True,
-                    reuse_vectors: bool = True, batch_size: int = 64, progress: bool = False,
-                    cost_by: str = "cost", include_probation: bool = False,
-                    top: int | None = None) -> list[policy.Decision]:
+    def route_batch(self, texts: list[str], options: RouteOptions | None = None, *, reuse_vectors: bool = True,
+                    batch_size: int = 64, progress: bool = False) -> list[Decision]:
         """Route many texts (vectors cached or stored where known, the rest MiniLM-encoded in batches) with one bulk
         log insert. `reuse_vectors=False` encodes every text (what benchmarks compare with bare MiniLM)."""
         with self.store.tx() as tx:
-            return policy.route(tx, self.path, texts, cost_weight, min_prob, unavailable, log, log_text,
-                                 reuse_vectors, batch_size, progress, cost_by, include_probation, self.probation_min,
-                                 top)
+            return policy.route(tx, texts, options or RouteOptions(), reuse_vectors=reuse_vectors,
+                                batch_size=batch_size, progress=progress, probation_min=self.probation_min)
 
     def prepare_queries(self, texts: list[str]) -> None:
         """Compute and cache the texts' vectors now (the server does this outside its write lock)."""
-        cut, hashes = policy.clean_texts(texts)
+        cut, hashes = query_texts.clean_texts(texts)
         with self.store.tx() as tx:
-            policy.query_vectors(tx, cut, hashes)
+            query_texts.query_vectors(query_texts.recent_vectors(tx), cut, hashes, tx=tx)
 
     def mark_unavailable(self, models: list[str], reason: str | None = None) -> list[availability.Availability]:
         with self.store.tx() as tx:
@@ -426,10 +421,10 @@ class Registry:
             endpoints.remove(tx, model)
 
     def routing_log(self, since: str | None = None, limit: int | None = None,
-                    oldest: bool = False) -> list[policy.LogEntry]:
+                    oldest: bool = False) -> list[route_log.LogEntry]:
         """Routing log entries, newest first (`oldest`: oldest first); `limit` keeps the first that many."""
         with self.store.tx() as tx:
-            return policy.read_log(tx, since, limit, oldest)
+            return route_log.read_log(tx, since, limit, oldest)
 
     def frontier(self, split: str = "test", cost_by: str = "params", weights: list[float] | None = None):
         """Accuracy vs mean cost (params_b, or cost with cost_by="cost") over a sweep of cost weights, beside every
@@ -437,4 +432,4 @@ class Registry:
         from registry.routing import frontier
 
         with self.store.tx() as tx:
-            return frontier.compute(tx, policy.state(tx, self.path, self.probation_min), split, cost_by, weights)
+            return frontier.compute(tx, routing_state.current(tx, self.probation_min), split, cost_by, weights)

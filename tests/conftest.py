@@ -24,10 +24,8 @@ N_QUESTIONS = 160
 def _fast_tier_stays_fast(request, monkeypatch):
     """A test outside the slow tier must not run MiniLM (the tier's budget is a minute): it fails here, naming the
     fix. Every text encoding in this process goes through textvec.encode, which is watched."""
-    from registry.routing import policy
     from registry.locus import text_encoder
 
-    policy._vectors.clear()          # each test starts without other tests' cached query vectors
     encoded = []
     original = text_encoder.encode
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from registry import Registry
+from registry import Registry, RouteOptions
 from registry.locus import label_columns
-from registry.routing import policy
+from registry.routing import policy, state as routing_state
 from registry.locus.checkpoint import load_checkpoint, read_header, save_checkpoint
 from registry.cli import cli
 from registry.locus.network import EncoderConfig, LocusModel
@@ -184,7 +184,7 @@ def test_registry_routes_with_categories_and_without(db_copy, tmp_path):
         picks = {}
         for label, want in (("seen", present[1]), ("unseen", unseen)):
             j = te[np.flatnonzero(data.categories[te] == want)[0]]
-            dec = reg.route_batch([texts[int(data.query_ids[j])]], log=False)[0]
+            dec = reg.route_batch([texts[int(data.query_ids[j])]], RouteOptions(log=False))[0]
             raw = {c.model: c.raw_prob for c in dec.candidates}
             with reg.store.tx() as tx:
                 from registry.embedding.dataset import current_embeddings
@@ -201,7 +201,7 @@ def test_registry_routes_with_categories_and_without(db_copy, tmp_path):
         np.testing.assert_allclose(unseen_p, unseen_none, atol=2e-6)   # an unseen one reads as none
     # a text the routing state knows no category of (not a registered query): row 0
     with Registry(db_copy) as reg, reg.store.tx() as tx:
-        st = policy.state(tx, reg.path)
+        st = routing_state.current(tx)
         q = data.qvecs[:2]
         probs, raw = policy.probabilities(st, q, ["not-a-registered-hash", "neither"])
         np.testing.assert_allclose(raw, model.scorer(st.z)(q), atol=1e-6)
@@ -348,14 +348,14 @@ def test_registry_routes_with_category_and_source(db_copy, tmp_path):
             assert query_cache.query_categories(tx, [data.query_ids[j]], model).tolist() == [label]
             z, _, _ = current_embeddings(tx, data)
         assert data.query_field("category+source")[j] == label
-        dec = reg.route_batch([texts[int(data.query_ids[j])]], log=False)[0]
+        dec = reg.route_batch([texts[int(data.query_ids[j])]], RouteOptions(log=False))[0]
         got = np.array([{c.model: c.raw_prob for c in dec.candidates}[n] for n in data.models])
         np.testing.assert_allclose(got, model.p_correct(z, data.qvecs[[j]], [label])[:, 0], atol=2e-6)
         for partial in (cat, f"{label_columns.SEP}{src}"):              # either column alone moves P differently
             assert not np.allclose(got, model.p_correct(z, data.qvecs[[j]], [partial])[:, 0], atol=1e-4)
         assert 0 < reg.evaluate(baselines=False).methods["locus"]["hit@1"] <= 1
     with Registry(db_copy) as reg, reg.store.tx() as tx:
-        st = policy.state(tx, reg.path)
+        st = routing_state.current(tx)
         probs, raw = policy.probabilities(st, data.qvecs[:2], ["not-a-registered-hash", "neither"])
         np.testing.assert_allclose(raw, model.scorer(st.z)(data.qvecs[:2]), atol=1e-6)
 

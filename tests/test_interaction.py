@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from registry import Registry
+from registry import Registry, RouteOptions
 from registry.locus import baselines as B
 from registry.locus import interaction as I
 from registry.cli import cli
@@ -126,7 +126,7 @@ def test_evaluate_reports_what_routing_uses_and_route_serves_what_evaluate_measu
                 LEFT JOIN (SELECT model_id, query_id, arg_max(correct, batch_id)::INT AS c FROM evaluations
                            GROUP BY ALL) e ON e.model_id = m.id AND e.query_id = s.query_id
                 WHERE s.split = 'test' GROUP BY m.id""")], dtype=np.int8)
-        decisions = reg.route_batch([t for t, _ in rows], log=False)
+        decisions = reg.route_batch([t for t, _ in rows], RouteOptions(log=False))
     served = {}
     for d in decisions:
         served[d.model] = served.get(d.model, 0) + 1
@@ -236,9 +236,9 @@ def test_served_scores_from_remembered_neighbours_equal_a_fresh_search():
     cats = fitted.category_index([names[i] if j < 20 else None for j, i in enumerate(te)])
     fresh = fitted.scores(pred[:, te], q[te], cats)
     first = served.scores(pred[:, te], q[te], hashes)                     # searched, then kept
-    assert len(served._nn) == 40
+    assert len(served.nearest) == 40
     again = served.scores(pred[:, te[::-1]], q[te[::-1]], hashes[::-1])   # every one kept, another order
     assert np.array_equal(first, fresh) and np.array_equal(again, fresh[:, ::-1])
     # a kept row is what is used: a wrong one changes the answer (the test could fail)
-    served._nn[hashes[25]] = served._nn[hashes[0]]
+    served.nearest[hashes[25]] = served.nearest[hashes[0]]
     assert not np.array_equal(served.scores(pred[:, te], q[te], hashes)[:, 25], fresh[:, 25])

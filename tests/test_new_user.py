@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from registry import Registry
+from registry import Registry, RouteOptions
 from registry.cli import cli
 from registry.core.errors import InputError, NotFound
 
@@ -56,7 +56,7 @@ def test_a_low_evidence_model_is_on_probation_and_never_takes_over(db_copy, smal
         assert reg.show("invented-strong").status == "probation"
         with reg.store.tx() as tx:
             texts = [t for (t,) in tx.sql("SELECT text FROM queries ORDER BY id LIMIT 40")]
-        decisions = reg.route_batch(texts, log=False)
+        decisions = reg.route_batch(texts, RouteOptions(log=False))
         assert all(d.model != "invented-strong" for d in decisions)
         cand = next(c for c in decisions[0].candidates if c.model == "invented-strong")
         assert cand.probation and cand.evaluations < 64
@@ -65,7 +65,7 @@ def test_a_low_evidence_model_is_on_probation_and_never_takes_over(db_copy, smal
         assert abs(cand.prob - pool) < abs(cand.raw_prob - pool)
         assert "probation" in decisions[0].note
         # asked for explicitly, it may be chosen
-        asked = reg.route_batch(texts, log=False, include_probation=True)
+        asked = reg.route_batch(texts, RouteOptions(log=False, include_probation=True))
         assert any(d.model == "invented-strong" for d in asked)
         after = reg.evaluate("test", baselines=False)
     assert after.methods["locus"]["hit@1"] == before.methods["locus"]["hit@1"]
@@ -137,7 +137,7 @@ def test_fallback_skips_models_marked_unavailable(db_copy):
 def test_min_prob_choice_is_in_the_table(db_copy):
     Q = known_text(db_copy)
     with Registry(db_copy) as reg:
-        d = reg.route(Q, log=False)
+        d = reg.route(Q, RouteOptions(log=False))
     sized = sorted((c for c in d.candidates if c.params_b is not None), key=lambda c: c.prob)
     out = run(db_copy, "route", Q, "--min-prob", f"{sized[0].prob:.6f}", "--cost-by", "params", "--top", "1")
     assert out.exit_code == 0, out.output

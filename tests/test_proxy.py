@@ -16,7 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.testclient import TestClient
 
-from registry import Registry
+from registry import Registry, RouteOptions
 from registry.cli import cli
 from registry.serve.app import create_app
 
@@ -70,7 +70,7 @@ def test_proxy_routes_falls_back_and_streams(db_copy, upstream, monkeypatch):
     base, state = upstream
     with Registry(db_copy) as reg:
         text = known_text(reg)
-        choice = reg.route(text, log=False).model
+        choice = reg.route(text, RouteOptions(log=False)).model
         chain = [link.model for link in reg.fallback(choice, k=3).chain]
         for m in [choice] + chain[:2]:
             reg.set_endpoint(m, base, upstream_model=f"up-{m}", api_key_env="FAKE_UPSTREAM_KEY")

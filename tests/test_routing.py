@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from registry import Registry
+from registry import Registry, RouteOptions
 from registry.cli import cli
 from registry.core.errors import InputError, NotFound
 
@@ -44,7 +44,7 @@ def test_route_gives_every_candidate_and_logs(reg, known):
     assert probs == sorted(probs, reverse=True) and all(0 <= p <= 1 for p in probs)
     assert d.model == d.candidates[0].model and d.fallback is False
     assert set(d.versions) == names and d.encoder
-    reg.route(Q, log_text=False)
+    reg.route(Q, RouteOptions(log_text=False))
     log = reg.routing_log(oldest=True)
     assert [e.text for e in log] == [Q, None] and log[0].query_hash == log[1].query_hash == d.query_hash
     assert log[0].model == d.model and len(log[0].candidates) == 5
@@ -61,16 +61,17 @@ def test_cost_is_price_and_size_only_when_asked(reg, known, tmp_path):
     """Price and size are kept apart: no price, no cost-aware routing by price; by size only with cost_by=params,
     over the models that have a size, and the decision names the basis."""
     Q = known
-    base = reg.route(Q, log=False)
+    base = reg.route(Q, RouteOptions(log=False))
     assert base.cost_basis is None and all(c.cost is None for c in base.candidates)
     with pytest.raises(InputError, match="needs a price for every candidate.*--cost-by params"):
-        reg.route(Q, cost_weight=0.01, log=False)
+        reg.route(Q, RouteOptions(cost_weight=0.01, log=False))
     sized = [c for c in base.candidates if c.params_b is not None]
-    heavy = reg.route(Q, cost_weight=10.0, cost_by="params", log=False)   # size dominates: a smallest model wins
+    # size dominates: a smallest model wins
+    heavy = reg.route(Q, RouteOptions(cost_weight=10.0, cost_by="params", log=False))
     assert heavy.cost_basis == "params_b" and "without a parameter count left out" in heavy.note
     assert next(c for c in heavy.candidates if c.model == heavy.model).params_b == min(c.params_b for c in sized)
     p = sorted(c.prob for c in sized)[len(sized) // 2]
-    d = reg.route(Q, min_prob=p, cost_by="params", log=False)
+    d = reg.route(Q, RouteOptions(min_prob=p, cost_by="params", log=False))
     chosen = next(c for c in d.candidates if c.model == d.model)
     assert chosen.prob >= p and chosen.params_b == min(c.params_b for c in sized if c.prob >= p)
     # with a price for every model, cost-aware routing ranks by price, never by size
@@ -78,33 +79,33 @@ def test_cost_is_price_and_size_only_when_asked(reg, known, tmp_path):
     prices.write_text("model,cost\n" + "".join(f"{c.model},{1.0 if c.model == 'Llama-2-70b-hf' else 5.0}\n"
                                                 for c in base.candidates))
     reg.import_files(models=str(prices))
-    priced = reg.route(Q, cost_weight=10.0, log=False)
+    priced = reg.route(Q, RouteOptions(cost_weight=10.0, log=False))
     assert priced.cost_basis == "cost" and priced.model == "Llama-2-70b-hf"
-    assert reg.route(Q, min_prob=1.0, log=False).model == base.model   # none reaches it: the most likely
+    assert reg.route(Q, RouteOptions(min_prob=1.0, log=False)).model == base.model   # none reaches it: the most likely
     with pytest.raises(InputError, match="not both"):
-        reg.route(Q, cost_weight=0.1, min_prob=0.5)
+        reg.route(Q, RouteOptions(cost_weight=0.1, min_prob=0.5))
     with pytest.raises(InputError):
-        reg.route(Q, min_prob=1.5)
+        reg.route(Q, RouteOptions(min_prob=1.5))
 
 
 def test_unavailable_fallback_and_persistent_flags(reg, known):
     Q = known
-    d = reg.route(Q, log=False)
+    d = reg.route(Q, RouteOptions(log=False))
     top, second = d.candidates[0].model, d.candidates[1].model
-    f = reg.route(Q, unavailable=[top])
+    f = reg.route(Q, RouteOptions(unavailable=[top]))
     assert f.model == second and f.fallback is True
     assert reg.routing_log()[0].fallback is True
     reg.mark_unavailable([top], reason="outage")
-    assert reg.route(Q, log=False).model == second
+    assert reg.route(Q, RouteOptions(log=False)).model == second
     assert [a.model for a in reg.availability() if not a.available] == [top]
     reg.mark_available([top])
-    assert reg.route(Q, log=False).model == top
+    assert reg.route(Q, RouteOptions(log=False)).model == top
     with pytest.raises(NotFound, match="unknown model 'no-such-model'"):
-        reg.route(Q, unavailable=["no-such-model"])
+        reg.route(Q, RouteOptions(unavailable=["no-such-model"]))
     with pytest.raises(NotFound):
         reg.mark_unavailable(["no-such-model"])
     everyone = [m.name for m in reg.models()]
-    none = reg.route(Q, unavailable=everyone)                  # a well-defined answer, not an error
+    none = reg.route(Q, RouteOptions(unavailable=everyone))                  # a well-defined answer, not an error
     assert none.model is None and none.fallback is True and "all 31 candidates are unavailable" in none.note
 
 
@@ -113,7 +114,7 @@ def test_batch_equals_single_and_cache_follows_new_versions(reg, small_data):
     texts = [Q, "Which enzyme unwinds DNA?", "What is the capital of France?"]
     batch = reg.route_batch(texts)
     for t, b in zip(texts, batch):
-        s = reg.route(t, log=False)
+        s = reg.route(t, RouteOptions(log=False))
         assert s.model == b.model
         assert np.allclose([c.prob for c in s.candidates], [c.prob for c in b.candidates], atol=1e-5)
     assert len(reg.routing_log()) == 3
@@ -124,7 +125,7 @@ def test_batch_equals_single_and_cache_follows_new_versions(reg, small_data):
                     read_csv('{small_data}/evaluations.csv.gz') WHERE model = 'Yi-6B') TO '{evals}' (HEADER)""")
     con.close()
     reg.register("Yi-clone", str(evals), params_b=6)
-    assert "Yi-clone" in {c.model for c in reg.route(Q, log=False).candidates}
+    assert "Yi-clone" in {c.model for c in reg.route(Q, RouteOptions(log=False)).candidates}
 
 
 @pytest.mark.slow
@@ -132,8 +133,8 @@ def test_stored_vectors_match_fresh_encoding(reg):
     """A registered query reuses its stored vector; encoding it afresh gives the same decision."""
     with reg.store.tx() as tx:
         texts = [r[0] for r in tx.sql("SELECT text FROM queries ORDER BY id LIMIT 8")]
-    a = reg.route_batch(texts, log=False)
-    b = reg.route_batch(texts, log=False, reuse_vectors=False)
+    a = reg.route_batch(texts, RouteOptions(log=False))
+    b = reg.route_batch(texts, RouteOptions(log=False), reuse_vectors=False)
     for x, y in zip(a, b):
         assert np.allclose([c.prob for c in x.candidates], [c.prob for c in y.candidates], atol=1e-3)
 
@@ -145,9 +146,10 @@ def test_bad_queries(reg):
     with pytest.raises(InputError, match="query 2: empty query"):
         reg.route_batch(["fine", ""])
     huge = "Explain photosynthesis. " + "x" * (1 << 20)            # 1 MB: routed on the part MiniLM reads
-    d = reg.route(huge, log=False)
+    d = reg.route(huge, RouteOptions(log=False))
     assert d.model and "routed on its first" in d.note
-    assert [c.prob for c in d.candidates] == [c.prob for c in reg.route(huge[:40_000], log=False).candidates]
+    assert [c.prob for c in d.candidates] == [c.prob for c in
+                                              reg.route(huge[:40_000], RouteOptions(log=False)).candidates]
 
 
 @pytest.mark.slow
@@ -212,14 +214,14 @@ def test_frontier(db_copy, tmp_path):
 def test_top_lists_the_most_likely_and_the_choice_with_their_versions(reg, known):
     """`top` bounds what an answer lists: the most likely candidates in order, plus the chosen model wherever it
     ranks (here pushed down by a cost weight), and only their versions; 0 lists every model; a bad value is one line."""
-    full = reg.route(known, log=False)
-    three = reg.route(known, log=False, top=3)
+    full = reg.route(known, RouteOptions(log=False))
+    three = reg.route(known, RouteOptions(log=False, top=3))
     assert [c.model for c in three.candidates] == [c.model for c in full.candidates[:3]]
     assert set(three.versions) == {c.model for c in three.candidates}
-    assert three.model == full.model and len(reg.route(known, log=False, top=0).candidates) == 31
-    cheap = reg.route(known, log=False, top=1, cost_by="params", cost_weight=1.0)
-    ranked = [c.model for c in reg.route(known, log=False, cost_by="params", cost_weight=1.0).candidates]
+    assert three.model == full.model and len(reg.route(known, RouteOptions(log=False, top=0)).candidates) == 31
+    cheap = reg.route(known, RouteOptions(log=False, top=1, cost_by="params", cost_weight=1.0))
+    ranked = [c.model for c in reg.route(known, RouteOptions(log=False, cost_by="params", cost_weight=1.0)).candidates]
     assert cheap.model != ranked[0]                            # the cost weight chose a lower-ranked model
     assert [c.model for c in cheap.candidates] == [ranked[0], cheap.model]
     with pytest.raises(InputError, match="top must be"):
-        reg.route(known, log=False, top=-1)
+        reg.route(known, RouteOptions(log=False, top=-1))

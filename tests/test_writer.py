@@ -122,7 +122,7 @@ def test_only_plain_small_jsonl_is_staged_together(tmp_path, content):
 
 
 def test_interaction_is_carried_over_then_refitted_when_idle(db_copy, tmp_path):
-    from registry.routing import policy
+    from registry.routing import state as routing_state
 
     with Registry(db_copy) as reg:
         qids = _qids(reg)
@@ -135,7 +135,7 @@ def test_interaction_is_carried_over_then_refitted_when_idle(db_copy, tmp_path):
         assert r.version is not None and "carried" in now.names and not now.interaction_fitted
         new, old = now.names.index("carried"), {n: i for i, n in enumerate(before.names)}
         f0, f1 = before.interaction.fitted, now.interaction.fitted
-        assert now.interaction._nn is before.interaction._nn     # same reference queries: the found ones stay
+        assert now.interaction.nearest is before.interaction.nearest     # same reference queries: the found ones stay
         at0, at1 = ({int(m): r for r, m in enumerate(f.rows.tolist())} for f in (f0, f1))   # model -> its terms' row
         assert new not in at1                                                    # no terms for the new model
         assert len(at0) == len(at1) > 0
@@ -149,7 +149,7 @@ def test_interaction_is_carried_over_then_refitted_when_idle(db_copy, tmp_path):
         fitted = serving.snapshots.current.routing
         assert fitted.interaction_fitted and fitted.interaction is not None
         with reg.store.tx() as tx:       # the same terms a library call fits for these versions
-            lib = policy.state(tx, reg.path, reg.probation_min)
+            lib = routing_state.current(tx, reg.probation_min)
         assert (lib.interaction.fitted.resid == fitted.interaction.fitted.resid).all()
         serving.close()
 

@@ -27,8 +27,6 @@ from registry.locus import disagreement
 from registry.core.errors import InputError
 from registry.core.store import Tx
 
-_calibrations: dict[tuple, "Calibration"] = {}
-
 
 @dataclass
 class Calibration:
@@ -68,9 +66,10 @@ def calibrate(tx: Tx, sample: int = 128, draws: int = 3, seed: int = 0) -> Calib
     newest = int(tx.sql("SELECT coalesce(max(id), 0) FROM embedding_versions")[0][0])
     if tx.postgres:    # other processes commit versions too, not in id order: their count as well
         newest = (newest, int(tx.sql("SELECT count(*) FROM embedding_versions")[0][0]))
-    key = (tx.path, encoder_id, newest, sample, draws, seed)
-    if key in _calibrations:
-        return _calibrations[key]
+    key = (encoder_id, newest, sample, draws, seed)
+    kept = tx.section("fingerprint calibrations")
+    if key in kept:
+        return kept[key]
     model, meta = encoders.load(tx, encoder_id)
     ids = [r[0] for r in tx.sql("SELECT DISTINCT model_id FROM embedding_versions WHERE encoder_id = ? ORDER BY 1",
                                 [encoder_id])]   # a fixed order: DISTINCT alone comes back in any order
@@ -91,7 +90,7 @@ def calibrate(tx: Tx, sample: int = 128, draws: int = 3, seed: int = 0) -> Calib
     nearest = (d.argmin(axis=1) == np.arange(len(sets))[None, :]).mean()
     cal = Calibration(encoder_id, sample, draws, len(sets), round(threshold, 4), _quantiles(same), _quantiles(diff),
                       round(float(np.mean(same < threshold)), 4), round(float(nearest), 4))
-    _calibrations[key] = cal
+    kept[key] = cal
     return cal
 
 

@@ -8,6 +8,7 @@ import sys
 import click
 
 from registry.cli.common import command, emit_json, group, num, open_registry, table
+from registry.routing.options import RouteOptions
 
 CHUNK = 256  # texts per batch call: the progress bar moves per chunk; each chunk is one transaction and one log insert
 
@@ -34,19 +35,19 @@ def _names(values) -> list[str]:
 @click.option("--frontier", is_flag=True, help="Accuracy vs mean cost over a sweep of cost weights.")
 @click.option("--split", default="test", show_default=True, help="Split for --frontier.")
 @click.option("--top", default=5, show_default=True, help="Candidates shown (--json: all).")
-def route(ctx, text, file_, out, cost_weight, min_prob, cost_by, include_probation, unavailable, no_log_text, no_log,
-          frontier, split, top, as_json):
+def route(ctx, *, text, file_, out, cost_weight, min_prob, cost_by, include_probation, unavailable, no_log_text,
+          no_log, frontier, split, top, as_json):
     """Route a query (or a file of queries) to the model most likely to answer it."""
     if sum(x is not None and x is not False for x in (text, file_, frontier or None)) != 1:
         raise click.UsageError("give a query TEXT, --file, or --frontier (one of them)")
     reg = open_registry(ctx)
     if frontier:
         return _frontier(reg, split, cost_by or "params", out or "frontier.png", as_json)
-    kw = dict(cost_weight=cost_weight, min_prob=min_prob, unavailable=_names(unavailable) or None,
-              log=not no_log, log_text=not no_log_text, cost_by=cost_by or "cost",
-              include_probation=include_probation)
+    options = RouteOptions(cost_weight=cost_weight, min_prob=min_prob, unavailable=tuple(_names(unavailable)),
+                           log=not no_log, log_text=not no_log_text, cost_by=cost_by or "cost",
+                           include_probation=include_probation)
     if text is not None:
-        d = reg.route(text, **kw)
+        d = reg.route(text, options)
         if as_json:
             return emit_json(d)
         if d.model is None:
@@ -73,7 +74,7 @@ def route(ctx, text, file_, out, cost_weight, min_prob, cost_by, include_probati
     decisions = []
     with click.progressbar(length=len(texts), label="routing", file=sys.stderr) as bar:
         for s in range(0, len(texts), CHUNK):
-            decisions += reg.route_batch(texts[s:s + CHUNK], **kw)
+            decisions += reg.route_batch(texts[s:s + CHUNK], options)
             bar.update(len(texts[s:s + CHUNK]))
     if out:
         route_files.write_decisions(out, ids, decisions)

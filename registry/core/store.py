@@ -50,6 +50,24 @@ def head_revision() -> str:
     return ScriptDirectory.from_config(_alembic_config()).get_current_head()
 
 
+def cache_section(cache: dict, name: str, make=dict):
+    """A named section of a Store's cache, made on first use: values derived from the registry (routing states and
+    fits, routed texts' vectors, pages) whose owner checks they are still current before using them. Per Store: a
+    fresh Store starts empty."""
+    section = cache.get(("section", name))
+    if section is None:
+        section = cache.setdefault(("section", name), make())     # (atomic: threads share one section)
+    return section
+
+
+@dataclass
+class TxNotes:
+    """What a transaction wrote that a later step of it reads from memory rather than from the database."""
+    # embedding versions (onboarding): (id, model id, name, version, vector, evaluations, stability, encoder id)
+    versions_written: list = field(default_factory=list)
+    new_model_meta: dict = field(default_factory=dict)     # models created (ingest): model id -> (cost, params_b)
+
+
 @dataclass
 class Tx:
     """One open transaction: the ORM session and the raw connection inside it (DuckDB or PostgreSQL)."""
@@ -57,6 +75,7 @@ class Tx:
     cache: dict = field(default_factory=dict)   # the Store's cache of immutable rows (see Store.cache)
     path: str = ""                              # the database file (or PostgreSQL URL, password hidden)
     local: dict = field(default_factory=dict)   # this transaction's own cache (may hold rows it has not committed)
+    notes: TxNotes = field(default_factory=TxNotes)
     _after_commit: list = field(default_factory=list)
     dialect: str = "duckdb"                     # "duckdb" | "postgresql"
     _stage: object = None                       # PostgreSQL only: the in-process DuckDB for files (see `stage`)
@@ -83,6 +102,10 @@ class Tx:
                 self.cache[key] = value
         self.after_commit(keep)
         return value
+
+    def section(self, name: str, make=dict):
+        """The Store's cache section `name` (`cache_section`)."""
+        return cache_section(self.cache, name, make)
 
     def invalidate(self, key) -> None:
         """This transaction changes what `key` caches: drop it once the change commits (and read it afresh in this
@@ -240,7 +263,8 @@ class Store:
             self.engine = create_engine(f"duckdb:///{self.path}", pool_reset_on_return=None,
                                         connect_args={"config": self._duckdb_config()})
             # rows that never change once written (encoder checkpoints, query text vectors), kept per open database:
-            # while the engine is open this process holds DuckDB's file lock, so no other process writes behind it
+            # while the engine is open this process holds DuckDB's file lock, so no other process writes behind it;
+            # and the sections of values derived from them whose owners check them before use (`section`)
             self.cache: dict = {}
             with self.engine.connect() as conn:
                 conn.execute(text("select 1"))
@@ -291,6 +315,10 @@ class Store:
         except Exception as exc:
             first = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
             raise RegistryError(f"{self.path}: cannot open database: {first}") from None
+
+    def section(self, name: str, make=dict):
+        """This Store's cache section `name` (`cache_section`)."""
+        return cache_section(self.cache, name, make)
 
     # --- schema -------------------------------------------------------------------------------------------
     def current_revision(self) -> str | None:

@@ -142,7 +142,7 @@ def insert_new_models(tx: Tx, models: dict[str, dict]) -> dict[str, int]:
     # their cost and size as the table holds them, for what this transaction builds from memory
     # (routing.with_new_versions)
     by_name = dict(zip(models, zip(cost, params)))
-    tx.local.setdefault("new_model_meta", {}).update({int(i): by_name[name] for i, name in created})
+    tx.notes.new_model_meta.update({int(i): by_name[name] for i, name in created})
     return {name: int(i) for i, name in created}
 
 

@@ -216,7 +216,7 @@ def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool
                 outcomes[m].stability = v
         new = [NewVersion(version_of[m], m, names[m], z[i], created[version_of[m]]) for i, m in enumerate(todo)]
         # what a snapshot built in this transaction reads of them (routing.with_new_versions), known without a read
-        tx.local.setdefault("versions_written", []).extend(
+        tx.notes.versions_written.extend(
             (v.id, v.model_id, v.name, outcomes[v.model_id].version, v.vector, outcomes[v.model_id].n_evaluations,
              outcomes[v.model_id].stability, encoder_id) for v in new)
         index.versions_written(tx)                                      # (its after-commit runs first)

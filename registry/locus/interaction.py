@@ -281,7 +281,7 @@ class Served:
     category_of: dict[str, str]
     # a text's nearest reference queries by content hash: the same text always has the same ones, and the search
     # is most of a known text's route (bounded: cleared when full)
-    _nn: dict = field(default_factory=dict, repr=False, compare=False)
+    nearest: dict = field(default_factory=dict, repr=False, compare=False)
 
     NN_KEEP = 50_000
 
@@ -291,12 +291,12 @@ class Served:
         nn = None
         if hashes is not None and len(f.ref_vecs) and len(f.rows) and (f.a or f.w) and len(hashes):
             width = min(max(f.k, CAT_K), len(f.ref_vecs))      # enough for either use; scores takes what it needs
-            rows = [self._nn.get(h) for h in hashes]
+            rows = [self.nearest.get(h) for h in hashes]
             miss = [i for i, r in enumerate(rows) if r is None]
             if miss:
-                if len(self._nn) + len(miss) > self.NN_KEEP:
-                    self._nn.clear()
+                if len(self.nearest) + len(miss) > self.NN_KEEP:
+                    self.nearest.clear()
                 for i, r in zip(miss, neighbours(f.ref_vecs, qvecs[miss], width).astype(np.int32)):
-                    rows[i] = self._nn[hashes[i]] = r
+                    rows[i] = self.nearest[hashes[i]] = r
             nn = np.stack(rows)
         return f.scores(logits, qvecs, f.category_index(cats), nn)

@@ -15,6 +15,8 @@ import numpy as np
 from registry.data import evaluation_rows, query_cache
 from registry.embedding import evidence
 from registry.routing import policy
+from registry.routing.options import COST_BASES
+from registry.routing.state import State
 from registry.core.errors import InputError
 from registry.core.store import Tx
 
@@ -48,10 +50,10 @@ class Frontier:
     notes: list[str] = field(default_factory=list)
 
 
-def compute(tx: Tx, st: policy.State, split: str = "test", cost_by: str = "params",
+def compute(tx: Tx, st: State, split: str = "test", cost_by: str = "params",
             weights: list[float] | None = None) -> Frontier:
-    if cost_by not in policy.COST_BASES:
-        raise InputError(f"cost basis must be one of {', '.join(policy.COST_BASES)}, got {cost_by!r}")
+    if cost_by not in COST_BASES:
+        raise InputError(f"cost basis must be one of {', '.join(COST_BASES)}, got {cost_by!r}")
     qids = np.array([r[0] for r in tx.sql("SELECT query_id FROM query_splits WHERE split = ? ORDER BY 1", [split])],
                     dtype=np.int64)
     if not len(qids):

@@ -27,7 +27,7 @@ from registry.core import generation
 from registry.core.errors import RegistryError
 from registry.data import vector_files
 from registry.embedding import onboarding
-from registry.routing import policy
+from registry.routing import log as route_log
 from registry.serve.answerbook import AnswerBook
 
 PREPARED_WAIT_S = 5.0       # the longest the writer waits for a registration's embedding computed by its request
@@ -242,7 +242,7 @@ class GroupCommit:
 
     @staticmethod
     def _append_log(tx, rows: list[tuple], vecs: dict) -> None:
-        policy.append_log(tx, rows)
+        route_log.append_log(tx, rows)
         if vecs:
             vector_files.insert(tx, list(vecs), np.stack(list(vecs.values())), count=False)
 

@@ -19,7 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from registry.routing import policy
+from registry.routing import log as route_log
 from registry.routing.options import RouteOptions
 from registry.serve.routes_routing import decisions
 from registry.core.errors import InputError, RegistryError
@@ -116,7 +116,7 @@ def _route(serving, text: str, options: dict):
     snap = serving.snapshots.current
     without = [m for m in snap.routing.known if m not in snap.endpoints]     # only models with an endpoint
     asked = RouteOptions(cost_weight=options["cost_weight"], min_prob=options["min_prob"], unavailable=without,
-                         cost_by=options["cost_by"] or "cost", top=policy.LOG_TOP, log_text=False)
+                         cost_by=options["cost_by"] or "cost", top=route_log.LOG_TOP, log_text=False)
     d = decisions(serving, [text], asked)[0]     # (only the choice is used)
     if d.model is None:
         raise RegistryError(d.note or "no model available")

@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from registry.core.errors import InputError
 from registry.routing.options import RouteOptions
-from registry.routing.policy import Decision
+from registry.routing.decision import Decision
 from registry.serve.context import ServerState, json_response, server
 from registry.serve.serving import Serving
 
@@ -54,9 +54,7 @@ def route_options(body: RouteBody | RouteBatchBody) -> RouteOptions:
 
 def decisions(serving: Serving, texts: list[str], options: RouteOptions) -> list[Decision]:
     """The server's one call of `Serving.route`: every HTTP route and the proxy route through it."""
-    return serving.route(texts, options.cost_weight, options.min_prob, list(options.unavailable) or None,
-                         log=options.log, log_text=options.log_text, cost_by=options.cost_by,
-                         include_probation=options.include_probation, top=options.top)
+    return serving.route(texts, options)
 
 
 async def _routed(s: ServerState, texts: list[str], options: RouteOptions, one: bool):

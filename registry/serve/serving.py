@@ -9,6 +9,8 @@ from collections import deque
 import numpy as np
 
 from registry.routing import policy
+from registry.routing.decision import Decision
+from registry.routing.options import RouteOptions
 from registry.serve.snapshot import QueryVectors, Snapshots
 from registry.serve.writer import Writer
 
@@ -24,13 +26,10 @@ class Serving:
         self.writer = Writer(reg, self.snapshots, on_new_queries=self.vectors.reload)
         self._times: dict[str, deque] = {}
 
-    def route(self, texts: list[str], cost_weight: float | None = None, min_prob: float | None = None,
-              unavailable: list[str] | None = None, log: bool = True, log_text: bool = True,
-              cost_by: str = "cost", include_probation: bool = False, top: int | None = None) -> list[policy.Decision]:
+    def route(self, texts: list[str], options: RouteOptions) -> list[Decision]:
         """`Registry.route_batch` from the current snapshot; the log rows go to the writer (not waited for)."""
-        r = policy.route_texts(self.snapshots.current.routing, texts, self.vectors, cost_weight, min_prob,
-                                unavailable, log_text, cost_by, include_probation, top)
-        if log:
+        r = policy.route_texts(self.snapshots.current.routing, texts, self.vectors, options)
+        if options.log:
             self.writer.log(r.log_rows, r.new_hashes, r.new_vectors)
         return r.decisions
 

@@ -4,7 +4,7 @@ wait for the writer or for each other; the writer (serve/writer.py) builds the n
 request that started earlier finishes on the one it took.
 
 A snapshot holds the routing state (the active encoder's predictor, every model's current version, evidence, cost,
-availability and name: routing.State), a vector index and pool of the same versions (fallback chains), and the
+availability and name: routing_state.State), a vector index and pool of the same versions (fallback chains), and the
 models' upstream endpoints (the proxy). Query text vectors are not part of it: they never change once known, so one
 shared cache serves every snapshot (`QueryVectors`).
 """
@@ -17,7 +17,7 @@ import numpy as np
 from registry.data import endpoints
 from registry.answers import fallback
 from registry.embedding import index
-from registry.routing import policy as routing
+from registry.routing import query_texts, state as routing_state
 from registry.locus import text_encoder
 from registry.answers.geometry import Pool
 
@@ -25,7 +25,7 @@ from registry.answers.geometry import Pool
 @dataclass(frozen=True)
 class Snapshot:
     generation: int                          # one more with every swap
-    routing: routing.State
+    routing: routing_state.State
     index: index.VectorIndex                 # the same versions as `routing`, never changed after the swap
     pool: Pool                               # the same, ordered by name
     endpoints: dict[str, endpoints.Endpoint]
@@ -42,14 +42,14 @@ class Snapshot:
 def build(reg, generation: int, previous: Snapshot | None = None, refit: bool = True) -> Snapshot:
     """Read the registry once (a read transaction) into a new snapshot; with `previous`, its endpoints are kept (the
     write changed models, not endpoints); without `refit`, routing's interaction terms are carried over from the
-    last fit (routing.state)."""
+    last fit (routing_state.current)."""
     with reg.store.tx() as tx:
-        st = routing.state(tx, reg.path, reg.probation_min, refit=refit)
+        st = routing_state.current(tx, reg.probation_min, refit=refit)
         eps = previous.endpoints if previous is not None else endpoints.current(tx)
     return _assemble(generation, st, eps)
 
 
-def _assemble(generation: int, st: routing.State, eps: dict) -> Snapshot:
+def _assemble(generation: int, st: routing_state.State, eps: dict) -> Snapshot:
     vi = index.VectorIndex(st.encoder_id, index.new_index(), dict(zip(st.model_ids.tolist(), st.names)), -1)
     if len(st.names):
         vi.index.add_with_ids(np.ascontiguousarray(st.z, dtype=np.float32), st.model_ids)
@@ -73,7 +73,7 @@ class Snapshots:
 
     def add_versions(self, registered: set[str] = frozenset(), tx=None) -> Snapshot:
         """After commits that only appended embedding versions (the writer's registrations): the next snapshot
-        from this one and those versions, one read (routing.with_new_versions) instead of the whole state;
+        from this one and those versions, one read (routing_state.with_new_versions) instead of the whole state;
         `registered`: the names those commits registered; `tx`: a read transaction to use (else one of its own)."""
         if tx is None:
             with self._reg.store.tx() as tx:
@@ -84,7 +84,7 @@ class Snapshots:
         """`add_versions`' next snapshot, not yet swapped in: the writer builds it in the transaction that wrote the
         versions and swaps it in (`publish`) once that has committed."""
         cur = self.current
-        return _assemble(cur.generation + 1, routing.with_new_versions(tx, cur.routing, self._reg.path, registered),
+        return _assemble(cur.generation + 1, routing_state.with_new_versions(tx, cur.routing, registered),
                          cur.endpoints)
 
     def publish(self, snap: Snapshot) -> Snapshot:
@@ -93,7 +93,7 @@ class Snapshots:
 
 
 class QueryVectors:
-    """Query text -> vector for a server: the routing LRU, then the registry's stored vectors (held in memory, up to
+    """Query text -> vector for a server: the Store's LRU of routed texts, then the registry's stored vectors (held in memory, up to
     KEEP of them, so that a known text routes without a read), then MiniLM through a dynamic batcher, so that new
     texts arriving together share one pass."""
 
@@ -101,22 +101,23 @@ class QueryVectors:
 
     def __init__(self, reg, batcher: text_encoder.Batcher | None = None):
         self._reg = reg
+        self.recent = query_texts.recent_vectors(reg.store)
         self.batcher = batcher or text_encoder.Batcher(separate_process=True)
         self.reload()
 
     def __call__(self, texts: list[str], hashes: list[str], fresh: list | None = None) -> np.ndarray:
-        return routing.query_vectors(None, texts, hashes, fresh=fresh, stored=self._stored,
-                                     encode=self.batcher.encode)
+        return query_texts.query_vectors(self.recent, texts, hashes, fresh=fresh, stored=self._stored,
+                                         encode=self.batcher.encode)
 
     def known(self, texts: list[str]) -> bool:
         """Whether every text's vector is at hand (held in memory or recently routed): routing them waits for nothing."""
         hashes = [text_encoder.content_hash(t) for t in texts if isinstance(t, str)]
-        return len(hashes) == len(texts) and all(h in self._known or routing.has_vector(h) for h in hashes)
+        return len(hashes) == len(texts) and all(h in self._known or self.recent.has(h) for h in hashes)
 
     def reload(self) -> None:
         """Read the stored vectors again (the writer's, after a write that added queries)."""
         with self._reg.store.tx() as tx:
-            self._known, self._complete = routing.every_stored_vector(tx, self.KEEP)
+            self._known, self._complete = query_texts.every_stored_vector(tx, self.KEEP)
 
     def _stored(self, hashes: list[str]) -> dict:
         known = self._known
@@ -124,5 +125,5 @@ class QueryVectors:
         rest = [h for h in hashes if h not in found]
         if rest and not self._complete:
             with self._reg.store.tx() as tx:
-                found.update(routing.stored_vectors(tx, rest))
+                found.update(query_texts.stored_vectors(tx, rest))
         return found

@@ -24,12 +24,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from registry.core import dialect
 from registry.core.errors import RegistryError
+from registry.routing.options import RouteOptions
 
 HERE = Path(__file__).resolve().parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))
 MAP_TSNE_MAX = 300     # models; above it the page's map is a PCA (`registry map` still draws t-SNE)
-_cache: dict = {}
-_cache_lock = threading.Lock()
+_cache_lock = threading.Lock()   # (the values are kept in the Store's cache: `_cached`)
 
 
 _KEYS = {   # what each cached value depends on
@@ -44,19 +44,20 @@ _KEYS = {   # what each cached value depends on
 
 
 def _cached(reg, what: str, build):
-    """A value derived from the registry, kept until what it depends on changes (_KEYS)."""
+    """A value derived from the registry, kept in its Store's cache until what it depends on changes (_KEYS)."""
     with reg.store.tx() as tx:
         sql = re.sub(r"\{h:([^}]*)\}", lambda m: dialect.xor_hash(tx.dialect, m.group(1)), _KEYS[what])
         if tx.postgres:   # other processes commit too, not in id order: the counts as well as the newest ids
             sql += (", (SELECT count(*) FROM embedding_versions), (SELECT count(*) FROM import_batches),"
                     " (SELECT count(*) FROM model_availability)")
-        key = (reg.path, what) + tuple(tx.sql(sql)[0])
+        key = (what,) + tuple(tx.sql(sql)[0])
+    kept = reg.store.section("web pages")
     with _cache_lock:
-        if key in _cache:
-            return _cache[key]
+        if key in kept:
+            return kept[key]
     value = build()
     with _cache_lock:
-        _cache[key] = value
+        kept[key] = value
     return value
 
 
@@ -179,7 +180,7 @@ def route_page(request: Request, q: str | None = None):
     decision, error = None, None
     if q:
         try:
-            decision = _registry(request).route(q, log=False)
+            decision = _registry(request).route(q, RouteOptions(log=False))
         except RegistryError as exc:
             error = str(exc)
     return page(request, "route.html", q=q or "", d=decision, error=error)

@@ -34,7 +34,7 @@ import numpy as np
 from registry.answers import registration
 from registry.core import generation, settings
 from registry.embedding import onboarding
-from registry.routing import policy
+from registry.routing import state as routing_state
 from registry.serve.group_commit import GroupCommit, Job
 
 LOG_FLUSH_S = 0.1           # the longest an idle writer leaves routing-log rows in memory
@@ -180,7 +180,7 @@ class Writer:
         """Fit routing's interaction terms for the current versions (about a second; in this thread, with its own
         read), then have the writer swap in a snapshot that uses them (a refresh: the fit is cached by versions)."""
         with self.reg.store.tx() as tx:
-            policy.state(tx, self.reg.path, self.reg.probation_min, refit=True)
+            routing_state.current(tx, self.reg.probation_min, refit=True)
         self._stats["refits"] += 1
         self.run(lambda: self.snapshots.refresh(endpoints_changed=False))
 

@@ -1,6 +1,5 @@
 """The Python API: `Registry`, a thin facade. Each public method is one managed transaction (or a few, in order) over
-the domain modules and returns their plain dataclasses; the CLI (cli*.py) and the HTTP server mirror these methods.
-"""
+the domain modules and returns their plain dataclasses; the CLI (registry/cli/) and the HTTP server mirror them."""
 from __future__ import annotations
 
 import time
@@ -13,7 +12,7 @@ from registry.embedding import embed, encoders, evidence, index, onboarding
 from registry.routing import log as route_log, policy, query_texts, state as routing_state
 from registry.routing.decision import Decision
 from registry.routing.options import RouteOptions
-from registry.core.errors import InputError, NotFound
+from registry.core.errors import InputError
 from registry.answers.neighbours import Neighbour
 from registry.core.store import Store, Tx
 
@@ -48,14 +47,8 @@ class Registry:
         """Import any of models (CSV), queries (CSV/JSONL/Parquet), evaluations (long format), splits and query
         text vectors (data/vector_files.py), or a folder laid out like ../shared/data/mmlu-pro (its `text_vectors.parquet`
         too). All or nothing: a bad file changes nothing."""
-        files = staging.files_in_dir(directory) if directory else {}
-        for kind, path in (("models", models), ("queries", queries), ("evaluations", evaluations),
-                           ("splits", splits), ("vectors", vectors)):
-            if path:
-                files[kind] = str(path)
-        if not files:
-            raise InputError("nothing to import: give a folder or at least one of --models, --queries, "
-                             "--evaluations, --splits")
+        files = staging.files_to_import(directory, models=models, queries=queries, evaluations=evaluations,
+                                        splits=splits, vectors=vectors)
         if onboard:  # a crash may have left jobs behind: any writing command finishes them
             self.finish_pending()
         started = time.perf_counter()
@@ -80,16 +73,9 @@ class Registry:
                     test_categories: list[str] | None = None) -> splits.DrawResult:
         """Give every query without a split one, drawn with `seed` within each category (shares `val` and `test`,
         default 0.1 each, the rest train); a query's split, once set, is kept. `by="category"`: whole categories
-        held out instead, `test_categories` as test and every other query train or val (existing splits replaced;
-        splits.draw_by_category). Models whose test queries change are re-embedded."""
-        if by not in splits.BY:
-            raise InputError(f"--by must be one of {', '.join(splits.BY)}, got {by!r}")
-        if by == "category" and test is not None:
-            raise InputError("--by category takes no --test share: the test split is the held-out categories")
-        if by == "random" and test_categories:
-            raise InputError("--test-categories goes with --by category")
-        if by == "random":
-            splits.check_shares(val, 0.1 if test is None else test)
+        held out instead (`test_categories` as test; splits.draw_by_category). Models whose test queries change are
+        re-embedded."""
+        splits.check_draw(by, val=val, test=test, test_categories=test_categories)
         self.finish_pending()
         with self.store.tx() as tx:
             result = (splits.draw(tx, val, 0.1 if test is None else test, seed) if by == "random"
@@ -123,11 +109,8 @@ class Registry:
     def onboard(self, all_models: bool = False, stability: bool = True, seconds: dict | None = None,
                 sweep: bool = True, prepared: dict | None = None) -> list[onboarding.JobOutcome]:
         """Run every pending onboarding job (`all_models`: re-embed every model) and write the new versions; then,
-        unless `stability` is False, estimate the stability of every version still without one. `seconds`, if
-        given, gets how long each step took ("onboarding": versions committed and indexed; "stability"). Without
-        `sweep` (a server's writer, after every commit) that last pass runs only when a new version lacks its
-        estimate: small onboardings estimate theirs with their versions, and older versions were swept when the
-        server started. `prepared`: embeddings a server computed ahead (`onboarding.Prepared`, by model name)."""
+        unless `stability` is False, estimate the stability of the versions without one (`finish_stabilities`).
+        `seconds` gets each step's time; `prepared`: embeddings a server computed ahead (`onboarding.Prepared`)."""
         seconds = {} if seconds is None else seconds
         started = time.perf_counter()
         with self.store.tx() as tx:
@@ -176,11 +159,7 @@ class Registry:
     def recompute_version(self, name: str, version: int):
         """(stored vector, recomputed vector, digest matches) for one version: versions are reproducible."""
         with self.store.tx() as tx:
-            row = tx.sql("""SELECT v.id FROM embedding_versions v JOIN models m ON m.id = v.model_id
-                            WHERE m.name = ? AND v.version = ?""", [name, version])
-            if not row:
-                raise NotFound(f"model {name!r} has no version {version}")
-            return onboarding.recompute(tx, row[0][0])
+            return versions.recompute(tx, name, version)
 
     # --- encoders ---------------------------------------------------------------------------------------------
     def encoders(self) -> list[encoders.EncoderInfo]:
@@ -212,9 +191,7 @@ class Registry:
               category_fit: str = "train") -> int:
         """Train a LOCUS encoder on the registry's train split (val for model selection), store it as a checkpoint;
         returns its encoder id. `activate` makes it active (every model is re-embedded). `category_features`: the
-        predictor also reads each query's value of `category_field` ("category", "source", or "category+source":
-        source offsets fitted on top of the category's; the vocabulary is kept in the checkpoint), its rows fitted to
-        the `category_fit` answers ("train" or "nontest")."""
+        predictor also reads `category_field` ("category", "source", "category+source"; docs/routing.md)."""
         from registry.embedding import dataset
         from registry.locus import training
 
@@ -239,17 +216,13 @@ class Registry:
         from registry.embedding import dataset
         from registry.evaluate import harness, heldout
 
+        harness.check_options(split, baselines=baselines, sample_efficiency=sample_efficiency, held_out=held_out,
+                              planned=planned)
         if held_out is not None:
-            if split != "test" or sample_efficiency or not baselines:
-                raise InputError("--held-out scores every method on the test split: it takes no --split, "
-                                 "--sample-efficiency or --no-baselines")
             with self.store.tx() as tx:
                 data = dataset.dataset(tx)
             return heldout.run(data, held_out, n=n, seeds=3 if seeds is None else seeds, max_steps=max_steps,
                                epochs=epochs, progress=progress, planned=planned)
-        if planned and not sample_efficiency:
-            raise InputError("--planned compares planned and random probes on the sample-efficiency curve: add "
-                             "--sample-efficiency")
         self.finish_pending()
         with self.store.tx() as tx:
             return harness.evaluate(tx, split, baselines=baselines, sample_efficiency=sample_efficiency,
@@ -286,17 +259,8 @@ class Registry:
         if (model is None) == (evals is None):
             raise InputError("give a model name or an evaluations file (not both)")
         with self.store.tx() as tx:
-            encoder_id = encoders.require_active(tx, as_of)
-            if model is not None:
-                out = neighbours.of_model(tx, self.path, model, k, encoder_id, as_of=as_of)
-            else:
-                z, a = embed.embed_file(tx, evals, encoders.load(tx, encoder_id)[0], self.min_evaluations)
-                out = neighbours.by_vector(tx, self.path, z, k, encoder_id, as_of=as_of,
-                                           answers=(a.query_ids, a.correct))
-            n = catalog.current_versions(tx, encoder_id, as_of, [x.model for x in out])
-            for x in out:
-                x.embedded_from = n[x.model][1] if x.model in n else None
-            return out
+            return neighbours.similar(tx, self.path, model=model, evals=evals, k=k, as_of=as_of,
+                                      min_evaluations=self.min_evaluations)
 
     def embedded_from(self, names: list[str], as_of: str | None = None) -> dict[str, int]:
         """The evaluations behind each named model's current embedding (absent: not embedded)."""
@@ -370,10 +334,8 @@ class Registry:
 
     # --- routing ------------------------------------------------------------------------------------------------
     def route(self, query: str, options: RouteOptions | None = None) -> Decision:
-        """Route one query text: the model most likely to answer it (or the cost-aware choice: by `cost`, or by
-        `params_b` with cost_by="params"), every candidate's P(correct) and evidence, the versions used. Models on
-        probation are chosen only with `include_probation`. Logged unless `log=False`. `top`: list only the that many
-        most likely candidates (and the chosen one); None or 0: every model (RouteOptions)."""
+        """Route one query text: the model most likely to answer it (or the cost-aware choice the options ask for,
+        `RouteOptions`), every candidate's P(correct) and evidence, the versions used; logged unless asked not to."""
         if not isinstance(query, str):
             raise InputError(f"a query must be a string, got {type(query).__name__}")
         return self.route_batch([query], options)[0]
@@ -393,13 +355,14 @@ class Registry:
             query_texts.query_vectors(query_texts.recent_vectors(tx), cut, hashes, tx=tx)
 
     def mark_unavailable(self, models: list[str], reason: str | None = None) -> list[availability.Availability]:
-        with self.store.tx() as tx:
-            availability.set_available(tx, list(models), False, reason)
-            return availability.listing(tx)
+        return self._mark(models, False, reason)
 
     def mark_available(self, models: list[str], reason: str | None = None) -> list[availability.Availability]:
+        return self._mark(models, True, reason)
+
+    def _mark(self, models: list[str], available: bool, reason: str | None) -> list[availability.Availability]:
         with self.store.tx() as tx:
-            availability.set_available(tx, list(models), True, reason)
+            availability.set_available(tx, list(models), available, reason)
             return availability.listing(tx)
 
     def availability(self) -> list[availability.Availability]:

@@ -8,7 +8,7 @@ import numpy as np
 
 from registry.answers import catalog
 from registry.data import evaluation_rows
-from registry.embedding import index
+from registry.embedding import embed, encoders, index
 from registry.embedding.embed import MIN_EVALUATIONS
 from registry.core.errors import InputError, NotFound, unknown_model
 from registry.core.store import Tx
@@ -44,6 +44,22 @@ def by_vector(tx: Tx, db_path: str, vector, k: int, encoder_id: int, *, as_of: s
         for (i, _), n in zip(found, out):
             if i in rates:
                 n.shared_queries, n.disagreement = rates[i][0], round(rates[i][1], 4)
+    return out
+
+
+def similar(tx: Tx, db_path: str, *, model: str | None, evals: str | None, k: int, as_of: str | None,
+            min_evaluations: int) -> list[Neighbour]:
+    """`registry similar`: the nearest models to a registered one, or to an evaluations file's results (read, never
+    written), each with the evaluations behind its embedding."""
+    encoder_id = encoders.require_active(tx, as_of)
+    if model is not None:
+        out = of_model(tx, db_path, model, k, encoder_id, as_of=as_of)
+    else:
+        z, a = embed.embed_file(tx, evals, encoders.load(tx, encoder_id)[0], min_evaluations)
+        out = by_vector(tx, db_path, z, k, encoder_id, as_of=as_of, answers=(a.query_ids, a.correct))
+    n = catalog.current_versions(tx, encoder_id, as_of, [x.model for x in out])
+    for x in out:
+        x.embedded_from = n[x.model][1] if x.model in n else None
     return out
 
 

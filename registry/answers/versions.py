@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from registry.answers import catalog, neighbours
-from registry.embedding import encoders
+from registry.embedding import encoders, onboarding
 from registry.data import query_cache
 from registry.core.errors import InputError, NotFound, unknown_model
 from registry.answers.neighbours import Neighbour
@@ -110,3 +110,12 @@ def predicted_category_accuracy(tx: Tx, encoder_id: int, z) -> dict[str, float]:
     for qid, pq in zip(qids.tolist(), p):
         out.setdefault(cats[qid], []).append(pq)
     return {c: float(np.mean(v)) for c, v in sorted(out.items())}
+
+
+def recompute(tx: Tx, name: str, version: int):
+    """(stored vector, recomputed vector, digest matches) for one version of a model: versions are reproducible."""
+    row = tx.sql("""SELECT v.id FROM embedding_versions v JOIN models m ON m.id = v.model_id
+                    WHERE m.name = ? AND v.version = ?""", [name, version])
+    if not row:
+        raise NotFound(f"model {name!r} has no version {version}")
+    return onboarding.recompute(tx, row[0][0])

@@ -94,6 +94,18 @@ def draw(tx: Tx, val: float = 0.1, test: float = 0.1, seed: int = 0) -> DrawResu
 BY = ("random", "category")
 
 
+def check_draw(by: str, *, val: float, test: float | None, test_categories) -> None:
+    """The options of a draw, checked before anything is read."""
+    if by not in BY:
+        raise InputError(f"--by must be one of {', '.join(BY)}, got {by!r}")
+    if by == "category" and test is not None:
+        raise InputError("--by category takes no --test share: the test split is the held-out categories")
+    if by == "random" and test_categories:
+        raise InputError("--test-categories goes with --by category")
+    if by == "random":
+        check_shares(val, 0.1 if test is None else test)
+
+
 def draw_by_category(tx: Tx, test_categories: list[str], val: float = 0.1, seed: int = 0) -> DrawResult:
     """Whole categories held out (`registry draw-splits --by category`): every query of `test_categories` becomes
     test, every other query train or val (val drawn at random within each category, share `val`). Unlike the random

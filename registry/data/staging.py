@@ -70,6 +70,16 @@ def files_in_dir(directory: str | Path) -> dict[str, str]:
     return found
 
 
+def files_to_import(directory: str | None, **paths: str | None) -> dict[str, str]:
+    """{kind: path} of an import: a folder's files (`files_in_dir`), and those named one by one over them."""
+    files = files_in_dir(directory) if directory else {}
+    files.update({kind: str(path) for kind, path in paths.items() if path})
+    if not files:
+        raise InputError("nothing to import: give a folder or at least one of --models, --queries, "
+                         "--evaluations, --splits")
+    return files
+
+
 def file_format(path: str) -> str:
     name = path.lower().removesuffix(".gz")
     if name.endswith(".parquet"):

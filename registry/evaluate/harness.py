@@ -15,7 +15,7 @@ import numpy as np
 from registry.locus import baselines as B
 from registry.embedding import embed, encoders, evidence
 from registry.locus import interaction
-from registry.core.errors import RegistryError
+from registry.core.errors import InputError, RegistryError
 from registry.core.store import Tx
 from registry.embedding.dataset import SPLITS, Dataset, current_embeddings, dataset, query_labels
 
@@ -50,6 +50,17 @@ def locus_probs(tx: Tx, encoder_id: int, z: np.ndarray, qvecs: np.ndarray, categ
     encoder's category field, `query_labels`, read by an encoder with category features) under an encoder."""
     model, _ = encoders.load(tx, encoder_id)
     return model.p_correct(z, qvecs, categories)
+
+
+def check_options(split: str, *, baselines: bool, sample_efficiency: bool, held_out: int | None,
+                  planned: bool) -> None:
+    """What `registry evaluate` refuses before it reads anything."""
+    if held_out is not None and (split != "test" or sample_efficiency or not baselines):
+        raise InputError("--held-out scores every method on the test split: it takes no --split, "
+                         "--sample-efficiency or --no-baselines")
+    if held_out is None and planned and not sample_efficiency:
+        raise InputError("--planned compares planned and random probes on the sample-efficiency curve: add "
+                         "--sample-efficiency")
 
 
 def evaluate(tx: Tx, split: str = "test", *, baselines: bool = True, sample_efficiency: bool = False,

@@ -14,9 +14,8 @@ from registry.routing.decision import Decision
 from registry.routing.options import RouteOptions
 from registry.core.errors import InputError
 from registry.answers.neighbours import Neighbour
-from registry.core.store import Store, Tx
-
-
+from registry.core.store import Store
+from registry.core.transaction import Tx
 class Registry:
     """A model registry in one DuckDB file (or a PostgreSQL database: `Registry("postgresql://...")`).
     `Registry(path)` opens (and, if new, creates) it; with `create=False` a missing file is an error (NotFound)

@@ -61,12 +61,23 @@ from registry.cli import cli
 for args in {args!r}:
     r = CliRunner().invoke(cli, args)
     assert r.exit_code == 0, r.output
-heavy = [m for m in ("torch", "sentence_transformers", "faiss") if m in sys.modules]
+heavy = [m for m in ("torch", "sentence_transformers", "faiss", "alembic", "sqlalchemy", "pyarrow")
+         if m in sys.modules]
 print(",".join(heavy))
 """
 
 
+def test_the_schema_check_reads_the_head_as_alembic_does():
+    """The head revision every command checks, read from the migration files without Alembic, is Alembic's."""
+    from alembic.script import ScriptDirectory
+
+    from registry.core import store
+
+    assert store.head_revision() == ScriptDirectory.from_config(store.alembic_config()).get_current_head()
+
+
 def test_help_and_read_commands_do_not_import_heavy_libraries(db_copy):
+    """Nor the ORM or Alembic on DuckDB: a read command opens the file and checks the schema with one read."""
     args = [["--help"], ["--db", str(db_copy), "models"], ["--db", str(db_copy), "stats", "--json"],
             ["--db", str(db_copy), "show", "gemma-7b"]]
     out = subprocess.run([sys.executable, "-c", LIGHT_CHECK.format(args=args)], capture_output=True, text=True,

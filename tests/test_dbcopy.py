@@ -18,7 +18,6 @@ from registry.cli import cli
 from registry.core.errors import InputError, RegistryError
 from registry.core.schema import Base
 from registry.core.store import Store
-
 from .conftest import any_snapshot, snapshot
 
 pytestmark = pytest.mark.slow     # PostgreSQL: the full suite runs it, the fast tier stays on DuckDB

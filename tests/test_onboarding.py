@@ -21,7 +21,6 @@ from .conftest import snapshot
 
 def versions(path) -> dict[str, int]:
     from registry.core.store import Store
-
     store = Store(path)
     try:
         with store.tx() as tx:

@@ -10,7 +10,7 @@ from registry.core.store import Store
 from registry.embedding import evidence
 
 VARIABLES = ("REGISTRY_DB", "REGISTRY_PROBATION_MIN", "REGISTRY_DUCKDB_THREADS", "REGISTRY_THREADS",
-             "REGISTRY_SWITCH_INTERVAL", "REGISTRY_WRITER_NICE")
+             "REGISTRY_SWITCH_INTERVAL", "REGISTRY_WRITER_NICE", "REGISTRY_TOKEN")
 
 
 @pytest.fixture
@@ -28,7 +28,7 @@ def _threads(store: Store) -> int:
 def test_unset_or_empty_variables_take_their_defaults(clean_env):
     assert settings.current() == settings.Settings()
     assert settings.Settings() == settings.Settings(db="registry.duckdb", probation_min=None, duckdb_threads=None,
-                                                    threads=1, switch_interval=0.001, writer_nice=0)
+                                                    threads=1, switch_interval=0.001, writer_nice=0, token=None)
     for name in VARIABLES:
         clean_env.setenv(name, "")
     assert settings.current() == settings.Settings()
@@ -42,8 +42,9 @@ def test_set_variables_are_read_on_every_call(clean_env):
     clean_env.setenv("REGISTRY_THREADS", "2")
     clean_env.setenv("REGISTRY_SWITCH_INTERVAL", "0.005")
     clean_env.setenv("REGISTRY_WRITER_NICE", "10")
+    clean_env.setenv("REGISTRY_TOKEN", "t0ken")
     assert settings.current() == settings.Settings(db="elsewhere.duckdb", probation_min=7, duckdb_threads=3,
-                                                    threads=2, switch_interval=0.005, writer_nice=10)
+                                                    threads=2, switch_interval=0.005, writer_nice=10, token="t0ken")
     assert evidence.probation_min() == 7 and evidence.probation_min(3) == 3     # the CLI's flag wins
     clean_env.setenv("REGISTRY_PROBATION_MIN", "9")
     assert evidence.probation_min() == 9
@@ -81,3 +82,25 @@ def test_duckdb_threads_apply_to_a_store_when_set_and_the_server_defaults_to_one
     clean_env.setenv("REGISTRY_DUCKDB_THREADS", "2")
     with TestClient(app := create_app(str(db_copy))):
         assert _threads(app.state.server.registry.store) == 2
+
+
+def test_the_cli_reads_the_environment_through_settings_only(clean_env, db_copy):
+    """No command lets click read a REGISTRY_* variable of its own: the root's --db default is settings'."""
+    import ast
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from registry.cli import cli
+
+    cli_dir = Path(__file__).resolve().parents[1] / "registry" / "cli"
+    for path in cli_dir.glob("*.py"):
+        calls = [k for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Call)
+                 for k in node.keywords if k.arg in ("envvar", "auto_envvar_prefix")]
+        assert not calls, f"{path.name} reads the environment through click"
+    clean_env.setenv("REGISTRY_DB", str(db_copy))
+    out = CliRunner().invoke(cli, ["stats", "--json"])
+    assert out.exit_code == 0 and str(db_copy) in out.output, out.output
+    clean_env.setenv("REGISTRY_PROBATION_MIN", "-3x")
+    out = CliRunner().invoke(cli, ["models"])
+    assert out.exit_code == 1 and "REGISTRY_PROBATION_MIN must be a whole number" in out.output

@@ -9,9 +9,7 @@ from registry.data import availability
 from registry.embedding import encoders, evidence
 from registry.core.errors import unknown_model
 from registry.data.evaluation_rows import CURRENT, current
-from registry.core.store import Tx
-
-
+from registry.core.transaction import Tx
 @dataclass
 class ModelInfo:
     name: str

@@ -25,9 +25,7 @@ from registry.embedding import embed, encoders
 from registry.data import evaluation_rows
 from registry.locus import disagreement
 from registry.core.errors import InputError
-from registry.core.store import Tx
-
-
+from registry.core.transaction import Tx
 @dataclass
 class Calibration:
     """The embedding test's calibration: each model embedded from two disjoint samples of `sample` evaluations."""

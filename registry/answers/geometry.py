@@ -17,9 +17,7 @@ from registry.locus import disagreement
 from registry.embedding import index
 from registry.embedding.evidence import on_probation
 from registry.core.errors import InputError
-from registry.core.store import Tx
-
-
+from registry.core.transaction import Tx
 @dataclass
 class Pool:
     encoder_id: int

@@ -11,9 +11,7 @@ from registry.data import evaluation_rows
 from registry.embedding import embed, encoders, index
 from registry.embedding.embed import MIN_EVALUATIONS
 from registry.core.errors import InputError, NotFound, unknown_model
-from registry.core.store import Tx
-
-
+from registry.core.transaction import Tx
 @dataclass
 class Neighbour:
     model: str

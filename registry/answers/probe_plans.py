@@ -22,8 +22,7 @@ from registry.embedding import encoders, index
 from registry.data import evaluation_rows, query_cache
 from registry.locus import probe_design
 from registry.core.errors import InputError, unknown_model
-from registry.core.store import Tx
-
+from registry.core.transaction import Tx
 FILE_SUFFIXES = (".csv", ".jsonl")
 
 

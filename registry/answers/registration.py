@@ -10,9 +10,7 @@ from registry.embedding import encoders, evidence, onboarding
 from registry.data import evaluation_rows, import_steps, ingest
 from registry.core.errors import InputError
 from registry.answers.neighbours import Neighbour
-from registry.core.store import Tx
-
-
+from registry.core.transaction import Tx
 @dataclass
 class RegisterResult:
     model: str

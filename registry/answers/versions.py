@@ -11,9 +11,7 @@ from registry.embedding import encoders, onboarding
 from registry.data import query_cache
 from registry.core.errors import InputError, NotFound, unknown_model
 from registry.answers.neighbours import Neighbour
-from registry.core.store import Tx
-
-
+from registry.core.transaction import Tx
 @dataclass
 class VersionInfo:
     version: int

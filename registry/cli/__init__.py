@@ -9,6 +9,8 @@ import sys
 import click
 
 from registry.cli import data, db, encoders, geometry, models, routing
+from registry.core import settings
+from registry.core.errors import RegistryError
 from registry.cli.common import emit_json, handles_errors, open_registry, table
 
 __all__ = ["cli", "main", "emit_json", "handles_errors", "open_registry", "table"]
@@ -17,16 +19,21 @@ COMMAND_MODULES = (db, data, models, encoders, geometry, routing)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--db", envvar="REGISTRY_DB", default="registry.duckdb", show_default=True,
+@click.option("--db", default=None,
               help="The registry's DuckDB file, or a PostgreSQL URL postgresql://user@host:port/dbname "
-                   "(or set REGISTRY_DB).")
-@click.option("--probation-min", type=click.IntRange(min=0), envvar="REGISTRY_PROBATION_MIN", default=None,
+                   "(default: $REGISTRY_DB, else registry.duckdb).")
+@click.option("--probation-min", type=click.IntRange(min=0), default=None,
               help="Fewest evaluations behind a model's embedding for routing to choose it unasked (default 500; "
                    "or set REGISTRY_PROBATION_MIN).")
 @click.pass_context
-def cli(ctx: click.Context, db: str, probation_min: int | None) -> None:
+def cli(ctx: click.Context, db: str | None, probation_min: int | None) -> None:
     """A model registry for LLMs: import benchmark results, embed models with LOCUS, compare and route."""
-    ctx.obj = {"db": db, "registry": None, "probation_min": probation_min}
+    # the environment's defaults are read where every other setting is (core/settings.py), not by click
+    try:
+        env = settings.current()
+    except RegistryError as exc:
+        raise click.ClickException(str(exc)) from None
+    ctx.obj = {"db": db or env.db, "registry": None, "probation_min": probation_min}
 
 
 for _module in COMMAND_MODULES:

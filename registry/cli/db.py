@@ -17,7 +17,6 @@ def db(ctx) -> None:
 def db_upgrade(ctx, revision):
     """Migrate the database file to REVISION (default: head)."""
     from registry.core.store import Store
-
     store = Store(ctx.find_root().obj["db"], migrate=False)
     store.upgrade(revision)
     click.echo(f"{store.path}: at revision {store.current_revision()}")
@@ -29,7 +28,6 @@ def db_upgrade(ctx, revision):
 def db_downgrade(ctx, revision):
     """Migrate the database file down to REVISION (e.g. 0001, or -1)."""
     from registry.core.store import Store
-
     store = Store(ctx.find_root().obj["db"], migrate=False)
     store.downgrade(revision)
     click.echo(f"{store.path}: at revision {store.current_revision()}")
@@ -40,7 +38,6 @@ def db_downgrade(ctx, revision):
 def db_current(ctx, as_json):
     """Show the file's schema revision and the head revision."""
     from registry.core.store import Store, head_revision
-
     store = Store(ctx.find_root().obj["db"], migrate=False)
     current, head = store.current_revision(), head_revision()
     store.close()

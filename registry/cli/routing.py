@@ -177,12 +177,14 @@ def _availability(rows, as_json):
 @command(json=False)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Loopback unless told otherwise.")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
-@click.option("--token", envvar="REGISTRY_TOKEN", help="Bearer token required by writing endpoints.")
+@click.option("--token", default=None, help="Bearer token required by writing endpoints (default: $REGISTRY_TOKEN).")
 def serve(ctx, host, port, token):
     """Serve the registry over HTTP (FastAPI); the server owns the database file while it runs. A non-loopback
     address needs --token (or REGISTRY_TOKEN): open writes are never served to a network."""
+    from registry.core import settings
     from registry.serve.app import is_loopback, serve as run
 
+    token = token or settings.current().token
     if not token and not is_loopback(host):
         click.echo(f"Error: refusing to serve {host} without a token: writes would be open to the network; "
                    f"give --token (or REGISTRY_TOKEN), or bind 127.0.0.1", err=True)

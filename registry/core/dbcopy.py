@@ -19,8 +19,8 @@ from typing import Callable
 from registry.core import dialect
 from registry.core.errors import InputError, RegistryError
 from registry.core.schema import Base
-from registry.core.store import Store, Tx, head_revision
-
+from registry.core.store import Store, head_revision
+from registry.core.transaction import Tx
 BATCH_ROWS = 1 << 16           # rows per Arrow batch: bounded memory for a table of any size
 MIGRATIONS_TABLE = "alembic_version"   # written by the destination's own migration to the same head
 

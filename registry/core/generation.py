@@ -9,8 +9,7 @@ On DuckDB there is nothing to poll: the server's process holds the file's lock, 
 from __future__ import annotations
 
 from registry.core import dialect
-from registry.core.store import Tx
-
+from registry.core.transaction import Tx
 POLL_S = 0.2          # how often each replica looks: a write elsewhere is served here within about this + a refresh
 
 _SQL = """SELECT {parts}, (SELECT {models} FROM models)"""

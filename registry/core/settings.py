@@ -26,6 +26,8 @@ class Settings:
     # opens (its file, and the in-memory one that reads files for a PostgreSQL registry); None: DuckDB's own
     # default (one per core) for the CLI and the library, 1 for `registry serve` (serve/app.py)
     duckdb_threads: int | None = None
+    # REGISTRY_TOKEN: `registry serve` only: the bearer token writing endpoints need (the CLI's --token wins)
+    token: str | None = None
     # REGISTRY_THREADS: `registry serve` only: threads per numeric call (torch, faiss, numpy's BLAS)
     threads: int = 1
     # REGISTRY_SWITCH_INTERVAL: `registry serve` only: seconds between Python's thread switches (CPython's default
@@ -41,6 +43,7 @@ def current() -> Settings:
     env = os.environ
     return Settings(db=env.get("REGISTRY_DB") or DEFAULT_DB,
                     probation_min=_number("REGISTRY_PROBATION_MIN", int, None),
+                    token=env.get("REGISTRY_TOKEN") or None,
                     duckdb_threads=_number("REGISTRY_DUCKDB_THREADS", int, None, least=1),
                     threads=_number("REGISTRY_THREADS", int, Settings.threads, least=1),
                     switch_interval=_number("REGISTRY_SWITCH_INTERVAL", float, Settings.switch_interval),

@@ -5,9 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from registry.core.errors import InputError, unknown_model
-from registry.core.store import Tx
-
-
+from registry.core.transaction import Tx
 @dataclass
 class Availability:
     model: str

@@ -6,9 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from registry.core.errors import InputError, NotFound, unknown_model
-from registry.core.store import Tx
-
-
+from registry.core.transaction import Tx
 @dataclass
 class Endpoint:
     model: str

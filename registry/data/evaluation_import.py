@@ -10,8 +10,7 @@ from registry.data import evaluation_rows, outbox
 from registry.core.errors import InputError, editor_line
 from registry.data.import_steps import ImportResult, model_name_problem
 from registry.data.staging import Columns, Staged, duck_error, fetch, first_bad, ident, mirror, sql_str, stage
-from registry.core.store import Tx
-
+from registry.core.transaction import Tx
 TRUE_FALSE = "CASE lower(trim({c})) WHEN '1' THEN true WHEN 'true' THEN true WHEN '0' THEN false " \
              "WHEN 'false' THEN false ELSE NULL END"
 

@@ -7,14 +7,12 @@ import json
 import math
 from dataclasses import dataclass, field
 
-import pyarrow as pa
 
 from registry.data import outbox, splits
 from registry.locus import text_encoder
 from registry.core.errors import InputError
 from registry.data.staging import Staged, fetch, first_bad, mirror
-from registry.core.store import Tx
-
+from registry.core.transaction import Tx
 MAX_NAME = 200
 # what the HTTP API puts after a model's name in a path (/models/NAME/history): a name ending so is unreachable
 PATH_SUFFIXES = ("/history", "/similar", "/fallback", "/evaluations", "/diff")
@@ -135,6 +133,8 @@ def import_models(tx: Tx, staged: Staged, result: ImportResult) -> None:
 
 def upsert_models(tx: Tx, parsed: list[dict], result: ImportResult) -> None:
     """Insert new models; update the metadata of known ones where it changed."""
+    import pyarrow as pa
+
     if not parsed:
         return
     fields = ["name", "family", "provider", "params_b", "cost", "open_weights", "tags"]
@@ -167,6 +167,8 @@ def upsert_models(tx: Tx, parsed: list[dict], result: ImportResult) -> None:
 
 def import_queries(tx: Tx, staged: Staged, result: ImportResult) -> None:
     """Queries: the text embedded is the question plus its lettered options; its sha256 is the content hash."""
+    import pyarrow as pa
+
     has = {d[0] for d in tx.stage.execute(f"SELECT * FROM {staged.table} LIMIT 0").description}
     pick = ", ".join(c if c in has else f"NULL AS {c}" for c in ("id", "text", "category", "source", "options"))
     first_bad(tx, staged, "id IS NULL OR trim(id) = ''", "empty query id")

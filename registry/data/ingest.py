@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import pyarrow as pa
 
 from registry.data import evaluation_import, evaluation_rows, outbox, vector_files
 from registry.locus import text_encoder
@@ -30,8 +29,7 @@ from registry.data.import_steps import ImportResult, import_models, import_queri
 from registry.data.query_cache import query_meta
 from registry.data.staging import (COLUMNS, Columns, check_path, column_names, fetch, file_columns, mirror, sql_str,
                                    stage)
-from registry.core.store import Tx
-
+from registry.core.transaction import Tx
 TEXT_IN_FILE = "a `question` column (and `options`, if any) of this file"   # where `register` finds a new text
 
 
@@ -169,6 +167,8 @@ def embed_missing_texts(tx: Tx, progress: bool = False,
     """Give every query text a vector under the current text encoder: from the vector files shipped in data/ where
     they hold it (by content hash, so only for that very text), else embedded with MiniLM, each text exactly once.
     -> how many MiniLM embedded."""
+    import pyarrow as pa
+
     if encode is None:          # a caller's own encoder (tests, benches) embeds everything itself
         filled = vector_files.fill_missing(tx, vector_files.shipped())
         if result is not None:
@@ -261,6 +261,8 @@ def run_rows_import(tx: Tx, model: list[str], qid: list[str], correct: list[bool
     file DuckDB would parse again. -> None, having written nothing, when a row has a problem (the caller then
     imports from a file, which names the line). `label` is what the batch records as its file. Every model must
     exist already; `evaluated`: the ids of those with evaluations; `ids`: {name: model id} of all of them."""
+    import pyarrow as pa
+
     # (no lookup of an earlier batch with the same digest, as files have: rows seen before append nothing anyway)
     digest = hashlib.sha256(json.dumps([model, qid, correct]).encode()).hexdigest()
     batch_id = int(tx.sql("SELECT nextval('import_batches_id_seq')")[0][0])

@@ -15,9 +15,7 @@ import numpy as np
 from registry.core import dialect
 from registry.locus import label_columns, text_encoder
 from registry.core.errors import NotFound
-from registry.core.store import Tx
-
-
+from registry.core.transaction import Tx
 @dataclass
 class QueryMeta:
     """Per query, sorted by id: what choosing and ordering a model's evaluations needs (cached per open database;

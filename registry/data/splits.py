@@ -9,13 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-import pyarrow as pa
 
 from registry.data import outbox
 from registry.core.errors import InputError
-from registry.core.store import Tx
-
-
+from registry.core.transaction import Tx
 @dataclass
 class DrawResult:
     seed: int
@@ -70,6 +67,8 @@ def quotas(sizes: np.ndarray, share: float, rng: np.random.Generator) -> np.ndar
 def draw(tx: Tx, val: float = 0.1, test: float = 0.1, seed: int = 0) -> DrawResult:
     """Give every query without a split one, at random within each category (so each category is split in the
     same shares); queries that have a split keep it, so figures stay on the same test set."""
+    import pyarrow as pa
+
     check_shares(val, test)
     rows = tx.arrow("""SELECT q.external_id, coalesce(q.category, '') AS category FROM queries q
                        LEFT JOIN query_splits s ON s.query_id = q.id WHERE s.query_id IS NULL
@@ -112,6 +111,8 @@ def draw_by_category(tx: Tx, test_categories: list[str], val: float = 0.1, seed:
     draw this sets every query's split, replacing the one it had: a held-out category must have no query anywhere
     else, and the test set must be those categories only. So the figures measure routing on questions of a kind the
     training never saw. Queries without a category are never test."""
+    import pyarrow as pa
+
     wanted = [c.strip() for c in test_categories if c and c.strip()]
     if not wanted:
         raise InputError("--by category needs the categories to hold out (--test-categories A,B)")

@@ -18,8 +18,7 @@ from typing import Callable
 
 from registry.data import vector_files
 from registry.core.errors import InputError
-from registry.core.store import Tx
-
+from registry.core.transaction import Tx
 # Accepted column names, first one canonical.
 COLUMNS = {
     "models": {"name": ("model", "name"), "family": ("family",), "provider": ("provider",),

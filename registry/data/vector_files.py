@@ -22,8 +22,7 @@ import numpy as np
 from registry.locus import text_encoder
 from registry.core import resources
 from registry.core.errors import InputError
-from registry.core.store import Tx
-
+from registry.core.transaction import Tx
 DATA = resources.data_dir()
 SUFFIX = ".vectors.parquet"          # shipped files: data/<name>.vectors.parquet
 DIR_FILE = "text_vectors.parquet"    # a data folder's own file, read by `registry import DIR`

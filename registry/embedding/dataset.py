@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from registry.core.errors import RegistryError
-from registry.core.store import Tx
+from registry.core.transaction import Tx
 from registry.data import evaluation_rows, query_cache
 from registry.embedding import embed, encoders, index
 from registry.locus import label_columns

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from registry.locus import text_encoder
 from registry.core import resources
 from registry.core.errors import InputError, NotFound, RegistryError
-from registry.core.store import Tx
-
+from registry.core.transaction import Tx
 SHIPPED = resources.data_dir() / "locus-mmlu-pro.safetensors"
 _models: dict = {}  # weights sha256 (or ("float64", sha256)) -> LocusModel, loaded once per process
 

@@ -20,9 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from registry.core import dialect
-from registry.core.store import Tx
-
-
+from registry.core.transaction import Tx
 @dataclass
 class VectorIndex:
     encoder_id: int

@@ -18,9 +18,7 @@ from registry.embedding import encoders
 from registry.embedding.embed import (MIN_EVALUATIONS, EvalSet, chosen, chunked_sets, compute, embed_sets, evaluation_sets, halves, projected_inputs)
 from registry.core.errors import NotFound
 from registry.data.outbox import enqueue, model_states, pending
-from registry.core.store import Tx
-
-
+from registry.core.transaction import Tx
 @dataclass
 class JobOutcome:
     model: str

@@ -16,7 +16,7 @@ from registry.locus import baselines as B
 from registry.embedding import embed, encoders, evidence
 from registry.locus import interaction
 from registry.core.errors import InputError, RegistryError
-from registry.core.store import Tx
+from registry.core.transaction import Tx
 from registry.embedding.dataset import SPLITS, Dataset, current_embeddings, dataset, query_labels
 
 

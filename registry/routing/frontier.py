@@ -18,8 +18,7 @@ from registry.routing import policy
 from registry.routing.options import COST_BASES
 from registry.routing.state import State
 from registry.core.errors import InputError
-from registry.core.store import Tx
-
+from registry.core.transaction import Tx
 DEFAULT_WEIGHTS = [0.0] + np.geomspace(1e-5, 1.0, 41).tolist()
 
 

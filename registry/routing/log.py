@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 
 from registry.core.errors import InputError
-from registry.core.store import Tx
+from registry.core.transaction import Tx
 from registry.routing.decision import Decision
 from registry.routing.options import RouteOptions
 

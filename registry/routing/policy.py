@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from registry.core.errors import InputError, RegistryError, unknown_model
-from registry.core.store import Tx
+from registry.core.transaction import Tx
 from registry.embedding import evidence
 from registry.locus import interaction, text_encoder
 from registry.routing import query_texts

@@ -10,7 +10,7 @@ from collections import OrderedDict
 import numpy as np
 
 from registry.core.errors import InputError
-from registry.core.store import Tx
+from registry.core.transaction import Tx
 from registry.locus import text_encoder
 
 # MiniLM reads at most 256 word pieces; a word piece never spans more than ~100 characters of text, so a longer

@@ -17,7 +17,7 @@ import numpy as np
 
 from registry.core import dialect
 from registry.core.errors import RegistryError
-from registry.core.store import Tx
+from registry.core.transaction import Tx
 from registry.data import availability
 from registry.embedding import encoders, evidence, index
 from registry.locus import interaction, label_columns

@@ -16,9 +16,7 @@ import numpy as np
 
 from registry.data import evaluation_rows
 from registry.answers import fingerprint
-from registry.core.store import Tx
-
-
+from registry.core.transaction import Tx
 @dataclass
 class _Changes:
     """What a sync read: the models whose answers changed, their current answers, the queries new to the book."""

@@ -63,18 +63,13 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
     reg = Registry(db, probation_min=probation_min, create=create)
     threads = settings.current().duckdb_threads
     reg.store.limit_duckdb_threads(DUCKDB_THREADS if threads is None else threads)
-    hold = None
-    if reg.store.dialect == "duckdb":     # (PostgreSQL: a server of its own, shared with other processes)
-        hold = reg.store.engine.connect()   # keep the file open (and locked against other processes) while we serve
-    serving = Serving(reg)
+    serving = Serving(reg)      # (the Store's connection keeps a DuckDB file open and locked while we serve)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
         yield
         await upstream.aclose()         # the proxy's client
         serving.close()                 # the writer commits what it holds first
-        if hold is not None:
-            hold.close()
         reg.close()
 
     # /docs from the package's own Swagger UI files (FastAPI's default fetches them from a CDN: blank offline)

@@ -85,15 +85,16 @@ class Registry:
 
     def register(self, name: str, evals: str, *, family: str | None = None, provider: str | None = None,
                  params_b: float | None = None, cost: float | None = None, open_weights: bool | None = None,
-                 tags: dict | None = None, k: int = 5, progress: bool = False, update: bool = False):
+                 tags: dict | None = None, k: int = 5, progress: bool = False, update: bool = False,
+                 alias_of: str | None = None):
         """Register a model with its 0/1 results and embed it, in one call (`registration.RegisterResult`). Adding
         results to a registered model is fine; changing its metadata, or results it already has, needs
-        `update=True` (the old results are kept as older evaluations), and the result says what changed."""
+        `update=True` (old results are kept), and the result says what changed; `alias_of`: it is that model."""
         from registry.answers import registration
 
         return registration.register(self, name, evals, dict(family=family, provider=provider, params_b=params_b,
                                                              cost=cost, open_weights=open_weights, tags=tags),
-                                     k=k, progress=progress, update=update)
+                                     k=k, progress=progress, update=update, alias_of=alias_of)
 
     def probe(self, model: str, n: int = 16, seed: int = 0, out: str | None = None):
         """The next n queries to ask a new or partly evaluated model so that its embedding and its routing settle

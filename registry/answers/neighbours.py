@@ -21,6 +21,9 @@ class Neighbour:
     disagreement: float | None = None   # share of shared evaluated queries where the two differ
     shared_queries: int | None = None
     embedded_from: int | None = None    # evaluations behind its embedding (`similar` fills it in)
+    combined: float | None = None       # `similar`'s ranking distance: the embedding's and the shared answers'
+    placed_by: str | None = None        # which evidence placed it (`similar`): embedding | answers | both
+    alias: bool = False                 # the two are recorded as one model under two names (`similar`)
 
 
 def by_vector(tx: Tx, db_path: str, vector, k: int, encoder_id: int, *, as_of: str | None = None,
@@ -50,17 +53,100 @@ def by_vector(tx: Tx, db_path: str, vector, k: int, encoder_id: int, *, as_of: s
 def similar(tx: Tx, db_path: str, *, model: str | None, evals: str | None, k: int, as_of: str | None,
             min_evaluations: int) -> list[Neighbour]:
     """`registry similar`: the nearest models to a registered one, or to an evaluations file's results (read, never
-    written), each with the evaluations behind its embedding."""
+    written), each with the evaluations behind its embedding. Ranked by `combined`: where the two share answers,
+    their disagreement counts as well as the embedding distance, by how much each knows (`rank`)."""
     encoder_id = encoders.require_active(tx, as_of)
+    vi = index.get(tx, db_path, encoder_id, as_of)
     if model is not None:
-        out = of_model(tx, db_path, model, k, encoder_id, as_of=as_of)
+        vector = vi.vector_of(model)
+        if vector is None:
+            vector, _ = vector_of(tx, model, encoder_id, as_of)
+        own = vi.id_of(model) or tx.sql("SELECT id FROM models WHERE name = ?", [model])[0][0]
+        rows = evaluation_rows.of_models(tx, [own])
+        answers = (rows["query_id"], rows["correct"])
     else:
-        z, a = embed.embed_file(tx, evals, encoders.load(tx, encoder_id)[0], min_evaluations)
-        out = by_vector(tx, db_path, z, k, encoder_id, as_of=as_of, answers=(a.query_ids, a.correct))
+        vector, a = embed.embed_file(tx, evals, encoders.load(tx, encoder_id)[0], min_evaluations)
+        answers = (a.query_ids, a.correct)
+    if k <= 0:
+        raise InputError(f"k must be at least 1, got {k}")
+    near = by_vector(tx, db_path, vector, vi.size, encoder_id, as_of=as_of, exclude={model} if model else None,
+                     answers=answers, vi=vi)
+    out = rank(near, scale_of(tx, vi))[:k]
     n = catalog.current_versions(tx, encoder_id, as_of, [x.model for x in out])
+    groups = catalog.alias_groups(tx) if model is not None else {}
+    ids = {name: i for i, name in vi.names.items()}
+    root = groups.get(ids.get(model), ids.get(model))
     for x in out:
         x.embedded_from = n[x.model][1] if x.model in n else None
+        x.alias = model is not None and groups.get(ids.get(x.model), ids.get(x.model)) == root
     return out
+
+
+@dataclass
+class Scale:
+    """The registry's embedding distance as a line in the disagreement rate of the two models' answers (over its
+    pairs that share MIN_PAIR_SHARED answers): distance ~ slope * rate, residual variance `var`."""
+    slope: float
+    var: float
+
+
+MIN_PAIR_SHARED = 100        # a pair's disagreement is fitted only from this many shared answers
+MAX_FIT_MODELS = 200         # the fit reads the answers of at most this many models (the first by id)
+
+
+def scale_of(tx: Tx, vi: index.VectorIndex) -> Scale | None:
+    """`Scale` over the indexed models (None: too few pairs, or none that disagree). Kept
+    until a version or an import changes it."""
+    newest = int(tx.sql("SELECT coalesce(max(id), 0) FROM import_batches")[0][0])
+    key = (vi.encoder_id, vi.through_version, vi.size, newest)
+    kept = tx.section("neighbour scales")
+    if key not in kept:
+        kept[key] = _fit(tx, vi)
+    return kept[key]
+
+
+def _fit(tx: Tx, vi: index.VectorIndex) -> Scale | None:
+    from registry.answers.geometry import pairwise
+    from registry.locus import disagreement
+
+    ids, vecs = vi.vectors()
+    order = np.argsort(ids)[:MAX_FIT_MODELS]
+    ids, vecs = ids[order], vecs[order]
+    res = tx.numpy(f"""SELECT model_id, query_id, correct::INT AS c
+                       FROM {evaluation_rows.current(model_ids=[int(i) for i in ids])} e""")
+    if len(ids) < 3 or not len(res["model_id"]):
+        return None
+    qids = np.unique(res["query_id"])
+    correct = np.full((len(ids), len(qids)), -1, dtype=np.int8)
+    correct[np.searchsorted(ids, res["model_id"]), np.searchsorted(qids, res["query_id"])] = res["c"]
+    rate, _ = disagreement.disagreement_matrix(correct, MIN_PAIR_SHARED)
+    iu = np.triu_indices(len(ids), 1)
+    r, d = rate[iu], pairwise(vecs)[iu]
+    keep = np.isfinite(r)
+    if keep.sum() < 3 or not r[keep].any():
+        return None
+    r, d = r[keep], d[keep]
+    slope = float(r @ d / (r @ r))          # through the origin: two models that never disagree sit together
+    var = float(np.mean((d - slope * r) ** 2))
+    return Scale(slope, max(var, 1e-6))
+
+
+def rank(near: list[Neighbour], scale: Scale | None) -> list[Neighbour]:
+    """Neighbours by `combined`: the embedding distance and, where they share answers, the distance their
+    disagreement reads as on the registry's line (`Scale`), weighted by the inverse of each one's variance: the
+    embedding's, the line's residual; the answers', the binomial's at that many shared answers (a rate of 0 of n
+    read as 1 of n+2). No shared answers (or no line): the embedding alone."""
+    for x in near:
+        x.combined, x.placed_by = x.distance, "embedding"
+        if scale is None or not x.shared_queries:
+            continue
+        n = x.shared_queries
+        smoothed = (x.disagreement * n + 1) / (n + 2)
+        var_answers = scale.slope ** 2 * smoothed * (1 - smoothed) / n
+        w = scale.var / (scale.var + var_answers)
+        x.combined = round(w * scale.slope * x.disagreement + (1 - w) * x.distance, 4)
+        x.placed_by = "answers" if w >= 0.9 else "embedding" if w <= 0.1 else "both"
+    return sorted(near, key=lambda x: (x.combined, x.distance, x.model))
 
 
 def of_model(tx: Tx, db_path: str, name: str, k: int, encoder_id: int, *, as_of: str | None = None,

@@ -261,7 +261,7 @@ class Registry:
             raise InputError("give a model name or an evaluations file (not both)")
         with self.store.tx() as tx:
             return neighbours.similar(tx, self.path, model=model, evals=evals, k=k, as_of=as_of,
-                                      min_evaluations=self.min_evaluations)
+                                      min_evaluations=self.min_evaluations, probation_min=self.probation_min)
 
     def embedded_from(self, names: list[str], as_of: str | None = None) -> dict[str, int]:
         """The evaluations behind each named model's current embedding (absent: not embedded)."""

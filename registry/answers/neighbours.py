@@ -51,10 +51,10 @@ def by_vector(tx: Tx, db_path: str, vector, k: int, encoder_id: int, *, as_of: s
 
 
 def similar(tx: Tx, db_path: str, *, model: str | None, evals: str | None, k: int, as_of: str | None,
-            min_evaluations: int) -> list[Neighbour]:
+            min_evaluations: int, probation_min: int) -> list[Neighbour]:
     """`registry similar`: the nearest models to a registered one, or to an evaluations file's results (read, never
-    written), each with the evaluations behind its embedding. Ranked by `combined`: where the two share answers,
-    their disagreement counts as well as the embedding distance, by how much each knows (`rank`)."""
+    written), each with the evaluations behind its embedding. Ranked by `combined`: where one of the two is placed
+    unsurely and they share answers, their disagreement counts beside the embedding distance (`rank`)."""
     encoder_id = encoders.require_active(tx, as_of)
     vi = index.get(tx, db_path, encoder_id, as_of)
     if model is not None:
@@ -66,37 +66,41 @@ def similar(tx: Tx, db_path: str, *, model: str | None, evals: str | None, k: in
         answers = (rows["query_id"], rows["correct"])
     else:
         vector, a = embed.embed_file(tx, evals, encoders.load(tx, encoder_id)[0], min_evaluations)
-        answers = (a.query_ids, a.correct)
+        answers, own_n = (a.query_ids, a.correct), int((~a.is_test).sum()) + len(a.new_texts)
     if k <= 0:
         raise InputError(f"k must be at least 1, got {k}")
     near = by_vector(tx, db_path, vector, vi.size, encoder_id, as_of=as_of, exclude={model} if model else None,
                      answers=answers, vi=vi)
-    out = rank(near, scale_of(tx, vi))[:k]
-    n = catalog.current_versions(tx, encoder_id, as_of, [x.model for x in out])
+    n = catalog.current_versions(tx, encoder_id, as_of)
+    for x in near:
+        x.embedded_from = n[x.model][1] if x.model in n else None
+    if model is not None:                # how surely the model itself is placed: the evaluations behind it
+        own_n = n[model][1] if model in n else None
+    out = rank(near, scale_of(tx, vi), own_n, probation_min)[:k]
     groups = catalog.alias_groups(tx) if model is not None else {}
     ids = {name: i for i, name in vi.names.items()}
     root = groups.get(ids.get(model), ids.get(model))
     for x in out:
-        x.embedded_from = n[x.model][1] if x.model in n else None
         x.alias = model is not None and groups.get(ids.get(x.model), ids.get(x.model)) == root
     return out
 
 
 @dataclass
 class Scale:
-    """The registry's embedding distance as a line in the disagreement rate of the two models' answers (over its
-    pairs that share MIN_PAIR_SHARED answers): distance ~ slope * rate, residual variance `var`."""
+    """The registry's embedding distance as a line in the disagreement rate of two models' answers, over its pairs
+    that share MIN_PAIR_SHARED answers: distance ~ slope * rate (through the origin: two models that never disagree
+    sit together)."""
     slope: float
-    var: float
 
 
 MIN_PAIR_SHARED = 100        # a pair's disagreement is fitted only from this many shared answers
 MAX_FIT_MODELS = 200         # the fit reads the answers of at most this many models (the first by id)
+MIN_SHARED = 32              # shared answers that weigh as much as the embedding (the fingerprint's minimum too)
 
 
 def scale_of(tx: Tx, vi: index.VectorIndex) -> Scale | None:
-    """`Scale` over the indexed models (None: too few pairs, or none that disagree). Kept
-    until a version or an import changes it."""
+    """`Scale` over the indexed models (None: too few pairs, or none that disagree). Kept until a version or an
+    import changes it."""
     newest = int(tx.sql("SELECT coalesce(max(id), 0) FROM import_batches")[0][0])
     key = (vi.encoder_id, vi.through_version, vi.size, newest)
     kept = tx.section("neighbour scales")
@@ -125,27 +129,23 @@ def _fit(tx: Tx, vi: index.VectorIndex) -> Scale | None:
     keep = np.isfinite(r)
     if keep.sum() < 3 or not r[keep].any():
         return None
-    r, d = r[keep], d[keep]
-    slope = float(r @ d / (r @ r))          # through the origin: two models that never disagree sit together
-    var = float(np.mean((d - slope * r) ** 2))
-    return Scale(slope, max(var, 1e-6))
+    return Scale(float(r[keep] @ d[keep] / (r[keep] @ r[keep])))
 
 
-def rank(near: list[Neighbour], scale: Scale | None) -> list[Neighbour]:
-    """Neighbours by `combined`: the embedding distance and, where they share answers, the distance their
-    disagreement reads as on the registry's line (`Scale`), weighted by the inverse of each one's variance: the
-    embedding's, the line's residual; the answers', the binomial's at that many shared answers (a rate of 0 of n
-    read as 1 of n+2). No shared answers (or no line): the embedding alone."""
+def rank(near: list[Neighbour], scale: Scale | None, own_evaluations: int | None,
+         probation_min: int) -> list[Neighbour]:
+    """Neighbours by `combined`. Two well placed models (both embedded from `probation_min` evaluations) keep their
+    embedding distance. Where either is placed unsurely (on probation, or a file's results: `own_evaluations`) and
+    they share n answers, those answers place it: the distance their disagreement reads as on the registry's line
+    (`Scale`), weighted n / (n + MIN_SHARED) against the embedding's (with none shared, the embedding alone)."""
     for x in near:
         x.combined, x.placed_by = x.distance, "embedding"
-        if scale is None or not x.shared_queries:
+        placed = min(own_evaluations or 0, x.embedded_from or 0)
+        if scale is None or not x.shared_queries or placed >= probation_min:
             continue
-        n = x.shared_queries
-        smoothed = (x.disagreement * n + 1) / (n + 2)
-        var_answers = scale.slope ** 2 * smoothed * (1 - smoothed) / n
-        w = scale.var / (scale.var + var_answers)
+        w = x.shared_queries / (x.shared_queries + MIN_SHARED)
         x.combined = round(w * scale.slope * x.disagreement + (1 - w) * x.distance, 4)
-        x.placed_by = "answers" if w >= 0.9 else "embedding" if w <= 0.1 else "both"
+        x.placed_by = "answers" if w >= 0.75 else "both"
     return sorted(near, key=lambda x: (x.combined, x.distance, x.model))
 
 

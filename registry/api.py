@@ -84,15 +84,16 @@ class Registry:
 
     def register(self, name: str, evals: str, *, family: str | None = None, provider: str | None = None,
                  params_b: float | None = None, cost: float | None = None, open_weights: bool | None = None,
-                 tags: dict | None = None, k: int = 5, progress: bool = False, update: bool = False):
+                 tags: dict | None = None, k: int = 5, progress: bool = False, update: bool = False,
+                 alias_of: str | None = None):
         """Register a model with its 0/1 results and embed it, in one call (`registration.RegisterResult`). Adding
         results to a registered model is fine; changing its metadata, or results it already has, needs
-        `update=True` (the old results are kept as older evaluations), and the result says what changed."""
+        `update=True` (old results are kept), and the result says what changed; `alias_of`: it is that model."""
         from registry.answers import registration
 
         return registration.register(self, name, evals, dict(family=family, provider=provider, params_b=params_b,
                                                              cost=cost, open_weights=open_weights, tags=tags),
-                                     k=k, progress=progress, update=update)
+                                     k=k, progress=progress, update=update, alias_of=alias_of)
 
     def probe(self, model: str, n: int = 16, seed: int = 0, out: str | None = None):
         """The next n queries to ask a new or partly evaluated model so that its embedding and its routing settle
@@ -259,7 +260,7 @@ class Registry:
             raise InputError("give a model name or an evaluations file (not both)")
         with self.store.tx() as tx:
             return neighbours.similar(tx, self.path, model=model, evals=evals, k=k, as_of=as_of,
-                                      min_evaluations=self.min_evaluations)
+                                      min_evaluations=self.min_evaluations, probation_min=self.probation_min)
 
     def embedded_from(self, names: list[str], as_of: str | None = None) -> dict[str, int]:
         """The evaluations behind each named model's current embedding (absent: not embedded)."""

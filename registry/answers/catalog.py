@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from registry.data import availability
 from registry.embedding import encoders, evidence
-from registry.core.errors import unknown_model
+from registry.core.errors import InputError, unknown_model
 from registry.data.evaluation_rows import CURRENT, current
 from registry.core.transaction import Tx
 @dataclass
@@ -26,12 +26,15 @@ class ModelInfo:
     status: str = "not embedded"        # established | probation (too few evaluations to be routed to) | not embedded
     version: int | None = None          # current embedding version under the active encoder
     embedded_from: int | None = None    # evaluations behind that version (test answers are never used)
+    alias_of: str | None = None         # the model this one is another name of (`aliases`), if any
 
 
 @dataclass
 class ModelDetail(ModelInfo):
     per_category: dict[str, dict] = field(default_factory=dict)  # category -> {"evaluations", "accuracy"}
     batches: list[int] = field(default_factory=list)
+    alias_source: str | None = None     # who said it is an alias: "registration" (its answers) or "user"
+    aliases: list[str] = field(default_factory=list)              # the models that are other names of this one
 
 
 @dataclass
@@ -55,11 +58,13 @@ def models(tx: Tx, probation_min: int, stats: dict | None = None) -> list[ModelI
     """Every model; `stats` ({model id: (evaluations, accuracy)}, from `evaluation_stats`) saves reading them."""
     stats = evaluation_stats(tx) if stats is None else stats
     state = _state(tx)
+    of = {name: target for name, (target, _) in aliases(tx).items()}
     out = []
     for mid, *meta in tx.sql("""SELECT id, name, family, provider, params_b, cost, open_weights, tags::VARCHAR,
                                        created::VARCHAR FROM models ORDER BY name"""):
         n, acc = stats.get(mid, (0, None))
         out.append(_with_state(_info(ModelInfo, [meta[0], n, acc, *meta[1:]]), state, probation_min))
+        out[-1].alias_of = of.get(meta[0])
     return out
 
 
@@ -95,7 +100,56 @@ def show(tx: Tx, name: str, probation_min: int) -> ModelDetail:
     detail.batches = [r[0] for r in tx.sql("""SELECT DISTINCT e.batch_id FROM evaluations e
                                               JOIN models m ON m.id = e.model_id WHERE m.name = ? ORDER BY 1""",
                                            [name])]
+    known = aliases(tx)
+    detail.alias_of, detail.alias_source = known.get(name, (None, None))
+    detail.aliases = sorted(n for n, (target, _) in known.items() if target == name)
     return detail
+
+
+# --- aliases: one model registered under another name -----------------------------------------------------------
+def aliases(tx: Tx) -> dict[str, tuple[str, str]]:
+    """{model name: (the model it is another name of, who said so)}: the newest row per model, where it names one."""
+    rows = tx.sql("""SELECT m.name, t.name, a.source FROM (
+                         SELECT model_id, alias_of, source,
+                                row_number() OVER (PARTITION BY model_id ORDER BY id DESC) AS newest
+                         FROM model_aliases) a
+                     JOIN models m ON m.id = a.model_id JOIN models t ON t.id = a.alias_of WHERE a.newest = 1""")
+    return {name: (target, source) for name, target, source in rows}
+
+
+def alias_groups(tx: Tx) -> dict[int, int]:
+    """{model id: its group's root} for every model that is an alias (a chain of aliases followed to its end)."""
+    of = {int(m): int(t) for m, t in tx.sql("""SELECT model_id, alias_of FROM (
+                                                   SELECT model_id, alias_of,
+                                                          row_number() OVER (PARTITION BY model_id ORDER BY id DESC) AS newest
+                                                   FROM model_aliases) a
+                                               WHERE newest = 1 AND alias_of IS NOT NULL""")}
+    roots = {}
+    for m in of:
+        root, seen = of[m], {m}
+        while root in of and root not in seen:
+            seen.add(root)
+            root = of[root]
+        roots[m] = root
+    return roots
+
+
+def set_alias(tx: Tx, name: str, of: str, source: str) -> str:
+    """Record that `name` is another name of `of` (an alias of an alias names the first model: one root per
+    group). -> the model recorded as the one it names."""
+    ids = dict(tx.sql("SELECT name, id FROM models WHERE name IN (?, ?)", [name, of]))
+    for n in (name, of):
+        if n not in ids:
+            raise unknown_model(n, names(tx))
+    root = aliases(tx).get(of, (of, None))[0]
+    if root == name:
+        raise InputError(f"{name!r} cannot be an alias of {of!r}: " + (
+            "a model is not an alias of itself" if of == name else f"{of!r} is an alias of {name!r}"))
+    if aliases(tx).get(name, (None, None))[0] != root:
+        root_id = tx.sql("SELECT id FROM models WHERE name = ?", [root])[0][0]
+        tx.sql("INSERT INTO model_aliases (model_id, alias_of, source) VALUES (?, ?, ?) RETURNING id",
+               [ids[name], root_id, source])
+    return root
 
 
 def stats(tx: Tx, path: str) -> Stats:

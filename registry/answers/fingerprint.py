@@ -133,7 +133,10 @@ _answer_cals: dict[tuple, AnswerCalibration] = {}
 
 def answer_calibration(tx: Tx, exclude: set[int] | None = None) -> AnswerCalibration:
     """p_min over the pairs of distinct registered models with MIN_PAIR_SHARED shared queries (leaving out the model
-    ids in `exclude`, e.g. the model being registered). Kept per process until evaluations change."""
+    ids in `exclude`, e.g. the model being registered, and the pairs of a model and its alias). Kept per process
+    until evaluations or aliases change."""
+    from registry.answers import catalog
+
     # only models with MIN_PAIR_SHARED evaluations can form a calibrating pair, so only their evaluations matter:
     # registering a model from fewer (the common case under load) reuses the calibration
     # (PostgreSQL: other processes commit batches too, not in id order: each model's count of rows as well)
@@ -141,7 +144,8 @@ def answer_calibration(tx: Tx, exclude: set[int] | None = None) -> AnswerCalibra
                        GROUP BY model_id HAVING count(*) >= ? ORDER BY 1""", [MIN_PAIR_SHARED])
     # excluding a model that cannot calibrate (the common case: a new model) changes nothing, nor the key
     exclude = set(exclude or ()) & {int(m[0]) for m in known}
-    key = (tx.path, tuple(map(tuple, known)), tuple(sorted(exclude)))
+    roots = catalog.alias_groups(tx)
+    key = (tx.path, tuple(map(tuple, known)), tuple(sorted(exclude)), tuple(sorted(roots.items())))
     if key in _answer_cals:
         return _answer_cals[key]
     ids = ", ".join(str(int(m[0])) for m in known) or "NULL"
@@ -152,16 +156,34 @@ def answer_calibration(tx: Tx, exclude: set[int] | None = None) -> AnswerCalibra
     correct = np.full((len(mids), len(qids)), -1, dtype=np.int8)
     correct[np.searchsorted(mids, res["model_id"]), np.searchsorted(qids, res["query_id"])] = res["c"]
     names = dict(tx.sql("SELECT id, name FROM models"))
-    cal = calibration_of(correct[keep], [names[int(m)] for m in mids[keep]])
+    cal = calibration_of(correct[keep], [names[int(m)] for m in mids[keep]],
+                         groups=[roots.get(int(m), int(m)) for m in mids[keep]])
     _answer_cals[key] = cal
     return cal
 
 
-def calibration_of(correct: np.ndarray, names: list[str]) -> AnswerCalibration:
+def calibration_of(correct: np.ndarray, names: list[str], groups: list | None = None) -> AnswerCalibration:
     """The answers test's calibration from the current answers [M,N] (1/0, -1 none) of the models that may
-    calibrate (those with MIN_PAIR_SHARED evaluations), named `names`."""
-    rate, _ = disagreement.disagreement_matrix(correct, MIN_PAIR_SHARED)
+    calibrate (those with MIN_PAIR_SHARED evaluations), named `names`. Only pairs the registry believes distinct
+    set the bar: not a model and its alias (the same entry of `groups`), nor a pair the test itself reads "same"
+    against the pairs of the other models (a duplicate registered under another name, recorded as an alias or not).
+    """
+    rate, shared = disagreement.disagreement_matrix(correct, MIN_PAIR_SHARED)
+    if groups is not None:
+        g = np.asarray(groups)
+        rate[g[:, None] == g[None, :]] = np.nan
     np.fill_diagonal(rate, np.nan)
+    while np.isfinite(rate).any():
+        i, j = np.unravel_index(np.nanargmin(rate), rate.shape)
+        others = np.ones(len(rate), dtype=bool)
+        others[[i, j]] = False
+        rest = rate[np.ix_(others, others)]
+        if not np.isfinite(rest).any():
+            break
+        n = int(shared[i, j])
+        if round(rate[i, j] * n) > _max_disagreements(n, float(np.nanmin(rest)), ALPHA):
+            break
+        rate[i, j] = rate[j, i] = np.nan       # the two read "same" against every other pair: not a distinct pair
     if not np.isfinite(rate).any():
         return AnswerCalibration(None)
     i, j = np.unravel_index(np.nanargmin(rate), rate.shape)
@@ -230,14 +252,19 @@ def by_embedding(tx: Tx, neighbours_, n: int) -> Fingerprint:
                        first.distance, second.model if second else None, None)
 
 
-def duplicate_warning(tx: Tx | None, name: str, model_id: int, rates: dict | None = None,
-                      names: dict[int, str] | None = None, cal: AnswerCalibration | None = None) -> str | None:
-    """`register`'s same-model warning: the new model's answers pass the 1% test against another model. `rates`:
-    the disagreement of its current answers with the other models, when the caller has it (`names`, `cal`: see
-    by_answers)."""
+def duplicate_of(tx: Tx | None, model_id: int, rates: dict | None = None, names: dict[int, str] | None = None,
+                 cal: AnswerCalibration | None = None) -> Fingerprint | None:
+    """`register`'s same-model test: the registered model whose answers the model's pass the 1% test against (None:
+    none). `rates`: the disagreement of its current answers with the other models, when the caller has it (`names`,
+    `cal`: see by_answers)."""
     rows = evaluation_rows.of_models(tx, [model_id]) if rates is None else {"query_id": None, "correct": None}
     f = by_answers(tx, rows["query_id"], rows["correct"], exclude={model_id}, rates=rates, names=names, cal=cal)
-    if f is None or f.verdict != "same":
+    return f if f is not None and f.verdict == "same" else None
+
+
+def duplicate_warning(name: str, f: Fingerprint | None) -> str | None:
+    """The warning `register` gives when `duplicate_of` found a model."""
+    if f is None:
         return None
     return (f"{name} answers like {f.match}: {f.disagreement:.1%} disagreement on {f.shared_queries} shared queries "
             f"(a distinct model reads that low in at most {f.alpha:.0%} of samples): probably the same model under "

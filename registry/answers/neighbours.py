@@ -19,6 +19,9 @@ class Neighbour:
     disagreement: float | None = None   # share of shared evaluated queries where the two differ
     shared_queries: int | None = None
     embedded_from: int | None = None    # evaluations behind its embedding (`similar` fills it in)
+    combined: float | None = None       # `similar`'s ranking distance: the embedding's and the shared answers'
+    placed_by: str | None = None        # which evidence placed it (`similar`): embedding | answers | both
+    alias: bool = False                 # the two are recorded as one model under two names (`similar`)
 
 
 def by_vector(tx: Tx, db_path: str, vector, k: int, encoder_id: int, *, as_of: str | None = None,
@@ -46,19 +49,102 @@ def by_vector(tx: Tx, db_path: str, vector, k: int, encoder_id: int, *, as_of: s
 
 
 def similar(tx: Tx, db_path: str, *, model: str | None, evals: str | None, k: int, as_of: str | None,
-            min_evaluations: int) -> list[Neighbour]:
+            min_evaluations: int, probation_min: int) -> list[Neighbour]:
     """`registry similar`: the nearest models to a registered one, or to an evaluations file's results (read, never
-    written), each with the evaluations behind its embedding."""
+    written), each with the evaluations behind its embedding. Ranked by `combined`: where one of the two is placed
+    unsurely and they share answers, their disagreement counts beside the embedding distance (`rank`)."""
     encoder_id = encoders.require_active(tx, as_of)
+    vi = index.get(tx, db_path, encoder_id, as_of)
     if model is not None:
-        out = of_model(tx, db_path, model, k, encoder_id, as_of=as_of)
+        vector = vi.vector_of(model)
+        if vector is None:
+            vector, _ = vector_of(tx, model, encoder_id, as_of)
+        own = vi.id_of(model) or tx.sql("SELECT id FROM models WHERE name = ?", [model])[0][0]
+        rows = evaluation_rows.of_models(tx, [own])
+        answers = (rows["query_id"], rows["correct"])
     else:
-        z, a = embed.embed_file(tx, evals, encoders.load(tx, encoder_id)[0], min_evaluations)
-        out = by_vector(tx, db_path, z, k, encoder_id, as_of=as_of, answers=(a.query_ids, a.correct))
-    n = catalog.current_versions(tx, encoder_id, as_of, [x.model for x in out])
-    for x in out:
+        vector, a = embed.embed_file(tx, evals, encoders.load(tx, encoder_id)[0], min_evaluations)
+        answers, own_n = (a.query_ids, a.correct), int((~a.is_test).sum()) + len(a.new_texts)
+    if k <= 0:
+        raise InputError(f"k must be at least 1, got {k}")
+    near = by_vector(tx, db_path, vector, vi.size, encoder_id, as_of=as_of, exclude={model} if model else None,
+                     answers=answers, vi=vi)
+    n = catalog.current_versions(tx, encoder_id, as_of)
+    for x in near:
         x.embedded_from = n[x.model][1] if x.model in n else None
+    if model is not None:                # how surely the model itself is placed: the evaluations behind it
+        own_n = n[model][1] if model in n else None
+    out = rank(near, scale_of(tx, vi), own_n, probation_min)[:k]
+    groups = catalog.alias_groups(tx) if model is not None else {}
+    ids = {name: i for i, name in vi.names.items()}
+    root = groups.get(ids.get(model), ids.get(model))
+    for x in out:
+        x.alias = model is not None and groups.get(ids.get(x.model), ids.get(x.model)) == root
     return out
+
+
+@dataclass
+class Scale:
+    """The registry's embedding distance as a line in the disagreement rate of two models' answers, over its pairs
+    that share MIN_PAIR_SHARED answers: distance ~ slope * rate (through the origin: two models that never disagree
+    sit together)."""
+    slope: float
+
+
+MIN_PAIR_SHARED = 100        # a pair's disagreement is fitted only from this many shared answers
+MAX_FIT_MODELS = 200         # the fit reads the answers of at most this many models (the first by id)
+MIN_SHARED = 32              # shared answers that weigh as much as the embedding (the fingerprint's minimum too)
+
+
+def scale_of(tx: Tx, vi: index.VectorIndex) -> Scale | None:
+    """`Scale` over the indexed models (None: too few pairs, or none that disagree). Kept until a version or an
+    import changes it."""
+    newest = int(tx.sql("SELECT coalesce(max(id), 0) FROM import_batches")[0][0])
+    key = (vi.encoder_id, vi.through_version, vi.size, newest)
+    kept = tx.section("neighbour scales")
+    if key not in kept:
+        kept[key] = _fit(tx, vi)
+    return kept[key]
+
+
+def _fit(tx: Tx, vi: index.VectorIndex) -> Scale | None:
+    from registry.answers.geometry import pairwise
+    from registry.locus import disagreement
+
+    ids, vecs = vi.vectors()
+    order = np.argsort(ids)[:MAX_FIT_MODELS]
+    ids, vecs = ids[order], vecs[order]
+    res = tx.numpy(f"""SELECT model_id, query_id, correct::INT AS c
+                       FROM {evaluation_rows.current(model_ids=[int(i) for i in ids])} e""")
+    if len(ids) < 3 or not len(res["model_id"]):
+        return None
+    qids = np.unique(res["query_id"])
+    correct = np.full((len(ids), len(qids)), -1, dtype=np.int8)
+    correct[np.searchsorted(ids, res["model_id"]), np.searchsorted(qids, res["query_id"])] = res["c"]
+    rate, _ = disagreement.disagreement_matrix(correct, MIN_PAIR_SHARED)
+    iu = np.triu_indices(len(ids), 1)
+    r, d = rate[iu], pairwise(vecs)[iu]
+    keep = np.isfinite(r)
+    if keep.sum() < 3 or not r[keep].any():
+        return None
+    return Scale(float(r[keep] @ d[keep] / (r[keep] @ r[keep])))
+
+
+def rank(near: list[Neighbour], scale: Scale | None, own_evaluations: int | None,
+         probation_min: int) -> list[Neighbour]:
+    """Neighbours by `combined`. Two well placed models (both embedded from `probation_min` evaluations) keep their
+    embedding distance. Where either is placed unsurely (on probation, or a file's results: `own_evaluations`) and
+    they share n answers, those answers place it: the distance their disagreement reads as on the registry's line
+    (`Scale`), weighted n / (n + MIN_SHARED) against the embedding's (with none shared, the embedding alone)."""
+    for x in near:
+        x.combined, x.placed_by = x.distance, "embedding"
+        placed = min(own_evaluations or 0, x.embedded_from or 0)
+        if scale is None or not x.shared_queries or placed >= probation_min:
+            continue
+        w = x.shared_queries / (x.shared_queries + MIN_SHARED)
+        x.combined = round(w * scale.slope * x.disagreement + (1 - w) * x.distance, 4)
+        x.placed_by = "answers" if w >= 0.75 else "both"
+    return sorted(near, key=lambda x: (x.combined, x.distance, x.model))
 
 
 def of_model(tx: Tx, db_path: str, name: str, k: int, encoder_id: int, *, as_of: str | None = None,

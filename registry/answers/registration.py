@@ -26,7 +26,7 @@ class RegisterResult:
     status: str = "not embedded"        # established | probation | not embedded (embedding/evidence.py)
     updated: dict = field(default_factory=dict)   # metadata field -> [old, new] (with update=True)
     results_changed: int = 0            # results that superseded different stored ones (with update=True)
-
+    alias_of: str | None = None         # the model it is recorded as another name of (its answers or its user said)
 
 
 @dataclass
@@ -169,8 +169,10 @@ def report(reg, staged: Staged, o: onboarding.JobOutcome | None, k: int = 5) -> 
             near = neighbours.of_model(tx, reg.path, name, k, encoders.require_active(tx), rates=rates)
             status = "probation" if evidence.on_probation(o.n_evaluations, reg.probation_min) else "established"
             notes = [] if status == "established" else [_probation_note(o, reg.probation_min)]
-        notes += [w for w in [fingerprint.duplicate_warning(tx, name, model_id, rates)] if w]   # from its answers
-    return _result(staged, o, near, notes, held_out, status)
+        same = fingerprint.duplicate_of(tx, model_id, rates)                                   # from its answers
+        alias = catalog.aliases(tx).get(name, (None, None))[0]
+    return _result(staged, o, near, notes + _duplicate_notes(name, same), held_out, status,
+                   alias_of=alias or (same.match if same else None))
 
 
 def report_served(reg, snap, book, staged: Staged, o: onboarding.JobOutcome | None, k: int = 5) -> RegisterResult:
@@ -188,9 +190,24 @@ def report_served(reg, snap, book, staged: Staged, o: onboarding.JobOutcome | No
                                     vi=snap.index, rates=rates)
         status = "probation" if evidence.on_probation(o.n_evaluations, reg.probation_min) else "established"
         notes = [] if status == "established" else [_probation_note(o, reg.probation_min)]
-    notes += [w for w in [fingerprint.duplicate_warning(None, staged.name, model_id, rates, book.names,
-                                                        book.calibration({model_id}))] if w]
-    return _result(staged, o, near, notes, book.held_out(model_id), status)
+    same = fingerprint.duplicate_of(None, model_id, rates, book.names, book.calibration({model_id}))
+    return _result(staged, o, near, notes + _duplicate_notes(staged.name, same), book.held_out(model_id),
+                   status, alias_of=same.match if same else None)
+
+
+def _duplicate_notes(name: str, same: fingerprint.Fingerprint | None) -> list[str]:
+    warning = fingerprint.duplicate_warning(name, same)
+    return [] if warning is None else [warning]
+
+
+def record_alias(reg, result: RegisterResult) -> None:
+    """A registration's same-model verdict, recorded: the model is an alias of its match, unless it already is one
+    (its user's word, or an earlier verdict, stands)."""
+    if result.alias_of is None:
+        return
+    with reg.store.tx() as tx:
+        if result.model not in catalog.aliases(tx):
+            result.alias_of = catalog.set_alias(tx, result.model, result.alias_of, "registration")
 
 
 def _probation_note(o: onboarding.JobOutcome, minimum: int) -> str:
@@ -199,18 +216,23 @@ def _probation_note(o: onboarding.JobOutcome, minimum: int) -> str:
 
 
 def _result(staged: Staged, o: onboarding.JobOutcome, near: list[Neighbour], notes: list[str], held_out: int,
-            status: str) -> RegisterResult:
+            status: str, *, alias_of: str | None) -> RegisterResult:
     return RegisterResult(staged.name, o.version, o.outcome, o.n_evaluations, o.stability, near,
                           "; ".join(notes) or None, staged.evaluations_added, staged.queries_added, held_out, status,
-                          staged.changes, staged.results_changed)
+                          staged.changes, staged.results_changed, alias_of)
 
 
 def register(reg, name: str, evals: str, metadata: dict, *, k: int = 5, progress: bool = False,
-             update: bool = False) -> RegisterResult:
+             update: bool = False, alias_of: str | None = None) -> RegisterResult:
     """`Registry.register`, over the facade `reg`: the import and its checks in one transaction (a refusal changes
-    nothing), onboarding, then the report in a read."""
+    nothing), with `alias_of` (the user's word: it is another name of that model); onboarding; then the report in a
+    read, and its same-model verdict recorded as an alias."""
     name = check(name, metadata)
     reg.finish_pending()
     with reg.store.tx() as tx:
         staged = stage(tx, name, evals, metadata, update, progress)
-    return report(reg, staged, {o.model: o for o in reg.onboard()}.get(name), k)
+        if alias_of is not None:
+            catalog.set_alias(tx, name, alias_of, "user")
+    result = report(reg, staged, {o.model: o for o in reg.onboard()}.get(name), k)
+    record_alias(reg, result)
+    return result

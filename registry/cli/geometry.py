@@ -22,7 +22,8 @@ AS_OF = click.option("--as-of", help="Answer as the registry stood at this time 
 @click.option("-k", default=5, show_default=True, help="How many neighbours.")
 @AS_OF
 def similar(ctx, model, evals, k, as_of, as_json):
-    """The nearest registered models to MODEL (or to --evals FILE), with how often they really disagree."""
+    """The nearest registered models to MODEL (or to --evals FILE), with how often they really disagree: ranked by
+    their shared answers where they have some, else by the embedding ('placed by'; 'ranked at': the two combined)."""
     reg = open_registry(ctx)
     out = reg.similar(model, k=k, evals=evals, as_of=as_of)
     notes = [f"k={k}, but the pool has {len(out)} other embedded models: all of them shown"] if len(out) < k else []
@@ -38,8 +39,10 @@ def similar(ctx, model, evals, k, as_of, as_json):
     if as_json:
         emit_json({"neighbours": out, "note": note})
         return
-    table([row + [x.embedded_from or ""] for row, x in zip(neighbour_rows(out), out)],
-          ["model", "distance", "disagreement", "shared queries", "embedded from"])
+    rows = [[row[0] + (" (alias)" if x.alias else "")] + row[1:] + [x.embedded_from or "", x.placed_by or "",
+                                                                    "" if x.combined is None else f"{x.combined:.4f}"]
+            for row, x in zip(neighbour_rows(out), out)]
+    table(rows, ["model", "distance", "disagreement", "shared queries", "embedded from", "placed by", "ranked at"])
     for line in notes:
         click.echo(f"note: {line}")
 

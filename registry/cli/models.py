@@ -14,9 +14,12 @@ def models(ctx, as_json):
     if as_json:
         emit_json(rows)
         return
+    aliased = any(m.alias_of for m in rows)     # the column only where a model is another's alias
     table([[m.name, m.family, num(m.params_b), m.evaluations, "" if m.accuracy is None else f"{m.accuracy:.3f}",
             "" if m.version is None else f"v{m.version}", m.status, "yes" if m.available else "NO"]
-           for m in rows], ["model", "family", "params_b", "evaluations", "accuracy", "version", "status", "available"])
+           + ([m.alias_of or ""] if aliased else []) for m in rows],
+          ["model", "family", "params_b", "evaluations", "accuracy", "version", "status", "available"]
+          + (["alias of"] if aliased else []))
     probation = [m for m in rows if m.status == "probation"]
     if probation:
         click.echo(f"probation: {len(probation)} model(s) embedded from too few evaluations; routing leaves them out "
@@ -45,6 +48,11 @@ def show(ctx, model, as_json):
         click.echo(f"embedding: version {d.version}, from {d.embedded_from} evaluations (test answers held out)  "
                    f"status: {d.status}")
     click.echo(f"available: {'yes' if d.available else 'no (marked unavailable: routing and fallback skip it)'}")
+    if d.alias_of:
+        click.echo(f"alias of: {d.alias_of} (" + ("its answers read 'same' when it was registered" if
+                                                  d.alias_source == "registration" else "as its user said") + ")")
+    if d.aliases:
+        click.echo("aliases: " + ", ".join(d.aliases))
     table([[c, v["evaluations"], f"{v['accuracy']:.3f}"] for c, v in d.per_category.items()],
           ["category", "evaluations", "accuracy"])
 
@@ -87,13 +95,16 @@ def _parse_tags(tags: tuple[str, ...]) -> dict:
 @click.option("-k", default=5, show_default=True, help="Nearest models to show.")
 @click.option("--min-evals", default=32, show_default=True, help="Fewest evaluations to embed a model.")
 @click.option("--update", is_flag=True, help="Allow changing a registered model's metadata or stored results.")
+@click.option("--alias-of", help="It is this registered model under another name (the fingerprint's calibration "
+                                 "then never counts the two as distinct).")
 def register(ctx, name, *, evals, family, provider, params_b, cost, open_weights, tags, k, min_evals, update,
-             as_json):
+             alias_of, as_json):
     """Register a model with its 0/1 results and embed it with the active encoder."""
     reg = open_registry(ctx, create=True)
     reg.min_evaluations = min_evals
     r = reg.register(name, evals, family=family, provider=provider, params_b=params_b, cost=cost,
-                     open_weights=open_weights, tags=_parse_tags(tags), k=k, progress=not as_json, update=update)
+                     open_weights=open_weights, tags=_parse_tags(tags), k=k, progress=not as_json, update=update,
+                     alias_of=alias_of)
     if as_json:
         emit_json(r)
         return
@@ -111,6 +122,8 @@ def register(ctx, name, *, evals, family, provider, params_b, cost, open_weights
         table(neighbour_rows(r.neighbours), ["nearest model", "distance", "disagreement", "shared queries"])
     if r.warning:
         click.echo(f"warning: {r.warning}")
+    if r.alias_of:
+        click.echo(f"alias of: {r.alias_of} (recorded: the fingerprint calibrates on the pairs believed distinct)")
 
 
 @command()

@@ -198,6 +198,17 @@ class ModelEndpoint(Base):
     created: Mapped[datetime] = mapped_column(DateTime, server_default=func.now(), nullable=False)
 
 
+class ModelAlias(Base):
+    """Append-only: the newest row per model says which model it is another name of (alias_of NULL: none), and who
+    said so (source: "registration", its answers passed the same-model test; "user")."""
+    __tablename__ = "model_aliases"
+    id: Mapped[int] = _id("model_aliases_id_seq")
+    model_id: Mapped[int] = mapped_column(Integer, nullable=False)
+    alias_of: Mapped[int | None] = mapped_column(Integer)
+    source: Mapped[str] = mapped_column(String, nullable=False)
+    created: Mapped[datetime] = mapped_column(DateTime, server_default=func.now(), nullable=False)
+
+
 class RoutingLog(Base):
     """One row per routed query (bulk-appended with Arrow for a batch). Model names, not ids: the log must read the
     same after a model is renamed or gone."""

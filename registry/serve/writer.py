@@ -99,6 +99,8 @@ class Writer:
         staged, outcome = job.future.result()
         t1 = time.perf_counter()
         out = registration.report_served(self.reg, self.snapshots.current, self.book, staged, outcome, k)
+        if out.alias_of is not None:          # its answers say it is another model: recorded as its alias
+            self.run(lambda: registration.record_alias(self.reg, out))
         self._stats["register_wait_ms"] += 1000 * (t1 - t0)
         self._stats["report_ms"] += 1000 * (time.perf_counter() - t1)
         return out

@@ -10,6 +10,7 @@ import sys
 
 import duckdb
 import pytest
+import sqlalchemy.exc
 from click.testing import CliRunner
 
 from registry import Registry
@@ -115,10 +116,13 @@ def counts(db) -> tuple[int, int, int, int]:
 
 
 FULL_DISK = [OSError(errno.ENOSPC, "No space left on device"),
-             duckdb.IOException('IO Error: Could not write file "registry.duckdb.wal": No space left on device')]
+             duckdb.IOException('IO Error: Could not write file "registry.duckdb.wal": No space left on device'),
+             # (what the commit raises: SQLAlchemy wraps the driver's error)
+             sqlalchemy.exc.OperationalError("COMMIT", None, duckdb.IOException(
+                 'IO Error: Could not write file "registry.duckdb.wal": No space left on device'))]
 
 
-@pytest.mark.parametrize("failure", FULL_DISK, ids=["oserror", "duckdb"])
+@pytest.mark.parametrize("failure", FULL_DISK, ids=["oserror", "duckdb", "commit"])
 def test_register_on_a_full_disk_says_in_one_line_what_it_committed(db_copy, small_data, tmp_path, monkeypatch,
                                                                       failure):
     from registry.embedding import onboarding
@@ -136,8 +140,8 @@ def test_register_on_a_full_disk_says_in_one_line_what_it_committed(db_copy, sma
     out = CliRunner().invoke(cli, ["--db", str(db_copy), "register", "disk-full-model", "--evals", str(f)])
     assert out.exit_code == 1
     assert "Traceback" not in out.output and len(out.output.strip().splitlines()) == 1, out.output
-    assert "registered 'disk-full-model'" in out.output and "64 evaluations" in out.output
-    assert "No space left on device" in out.output and "registry onboard" in out.output
+    assert "registered 'disk-full-model' and its 64 evaluations, but embedding it failed: " in out.output
+    assert "No space left on device; run `registry onboard` when there is room" in out.output
     assert counts(db_copy) == (models + 1, evaluations + 64, jobs + 1, versions)
     monkeypatch.setattr(onboarding, "run_pending", real)
     out = CliRunner().invoke(cli, ["--db", str(db_copy), "onboard"])
@@ -148,7 +152,7 @@ def test_register_on_a_full_disk_says_in_one_line_what_it_committed(db_copy, sma
 
 
 @pytest.mark.parametrize("failure", FULL_DISK + [PermissionError(errno.EACCES, "Permission denied", "x.duckdb")],
-                         ids=["oserror", "duckdb", "permission"])
+                         ids=["oserror", "duckdb", "commit", "permission"])
 def test_an_io_failure_reaching_the_cli_is_one_line(db_copy, monkeypatch, failure):
     from registry.embedding import onboarding
 
@@ -160,3 +164,15 @@ def test_an_io_failure_reaching_the_cli_is_one_line(db_copy, monkeypatch, failur
     assert out.exit_code == 1
     assert out.exception is None or isinstance(out.exception, SystemExit), out.exception
     assert len(out.output.strip().splitlines()) == 1 and out.output.startswith("Error: "), out.output
+    assert ("No space left on device" if failure in FULL_DISK else "Permission denied: x.duckdb") in out.output
+
+
+def test_other_errors_still_show_their_trace(db_copy, monkeypatch):
+    from registry.embedding import onboarding
+
+    def bug(tx, *args, **kwargs):
+        raise ZeroDivisionError("a bug of ours")
+
+    monkeypatch.setattr(onboarding, "run_pending", bug)
+    out = CliRunner().invoke(cli, ["--db", str(db_copy), "onboard"])
+    assert isinstance(out.exception, ZeroDivisionError)

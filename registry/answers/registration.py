@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from registry.answers import catalog, fingerprint, neighbours
 from registry.embedding import encoders, evidence, onboarding
 from registry.data import evaluation_rows, import_steps, ingest
-from registry.core.errors import InputError
+from registry.core.errors import InputError, RegistryError, storage_problem
 from registry.answers.neighbours import Neighbour
 from registry.core.store import Tx
 
@@ -215,4 +215,13 @@ def register(reg, name: str, evals: str, metadata: dict, *, k: int = 5, progress
     reg.finish_pending()
     with reg.store.tx() as tx:
         staged = stage(tx, name, evals, metadata, update, progress)
-    return report(reg, staged, {o.model: o for o in reg.onboard()}.get(name), k)
+    try:
+        outcomes = reg.onboard()
+    except Exception as exc:      # the rows are committed, their onboarding job too: say so, and how to finish
+        problem = storage_problem(exc)
+        if problem is None:
+            raise
+        then = "when there is room" if "no space left" in problem.lower() else "to embed it"
+        raise RegistryError(f"registered {name!r} and its {staged.evaluations_added} evaluations, but embedding it "
+                            f"failed: {problem}; run `registry onboard` {then}") from None
+    return report(reg, staged, {o.model: o for o in outcomes}.get(name), k)

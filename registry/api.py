@@ -168,11 +168,10 @@ class Registry:
             return encoders.listing(tx)
 
     def activate_encoder(self, encoder_id: int) -> list[onboarding.JobOutcome]:
-        """Make an encoder active; every model is re-embedded under it (old versions stay)."""
+        """Make an encoder active; every model is re-embedded under it (old versions stay), and it becomes active
+        when their versions commit: until then (a crash meanwhile) reads answer under the previous one."""
         with self.store.tx() as tx:
-            if encoders.activate(tx, int(encoder_id)):
-                outbox.enqueue(tx, [r[0] for r in tx.sql("SELECT id FROM models ORDER BY id")], "new encoder",
-                               encoder_id=int(encoder_id))
+            encoders.request_activation(tx, int(encoder_id))
         return self.onboard()
 
     def install_encoder(self, path: str, name: str | None = None, activate: bool = False) -> int:

@@ -8,9 +8,11 @@ from dataclasses import dataclass, field
 from registry.answers import catalog, fingerprint, neighbours
 from registry.embedding import encoders, evidence, onboarding
 from registry.data import evaluation_rows, import_steps, ingest
-from registry.core.errors import InputError
+from registry.core.errors import InputError, RegistryError, storage_problem
 from registry.answers.neighbours import Neighbour
 from registry.core.transaction import Tx
+
+
 @dataclass
 class RegisterResult:
     model: str
@@ -233,6 +235,15 @@ def register(reg, name: str, evals: str, metadata: dict, *, k: int = 5, progress
         staged = stage(tx, name, evals, metadata, update, progress)
         if alias_of is not None:
             catalog.set_alias(tx, name, alias_of, "user")
-    result = report(reg, staged, {o.model: o for o in reg.onboard()}.get(name), k)
+    try:
+        outcomes = reg.onboard()
+    except Exception as exc:      # the rows are committed, their onboarding job too: say so, and how to finish
+        problem = storage_problem(exc)
+        if problem is None:
+            raise
+        then = "when there is room" if "no space left" in problem.lower() else "to embed it"
+        raise RegistryError(f"registered {name!r} and its {staged.evaluations_added} evaluations, but embedding it "
+                            f"failed: {problem}; run `registry onboard` {then}") from None
+    result = report(reg, staged, {o.model: o for o in outcomes}.get(name), k)
     record_alias(reg, result)
     return result

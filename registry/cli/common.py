@@ -4,7 +4,7 @@ Every command file (cli_db, cli_data, cli_models, cli_encoders, cli_geometry, cl
 imports this module only (never cli/__init__.py), defines its commands with `@command(...)` and lists its top-level ones in
 `COMMANDS`; cli/__init__.py attaches them to the root group. A command defined with `@command(...)` gets, always in this order:
 its options, `--json` (parameter `as_json`, unless `json=False`), the click context as its first argument, and our
-errors (RegistryError) turned into one-line click errors (exit 1). Only the CLI raises click.ClickException.
+errors (RegistryError) and I/O failures turned into one-line click errors (exit 1). Only the CLI raises click.ClickException.
 
 Start-up stays light: nothing here imports torch, sentence-transformers or faiss (the registry is opened lazily).
 """
@@ -17,7 +17,7 @@ from dataclasses import asdict, is_dataclass
 
 import click
 
-from registry.core.errors import RegistryError
+from registry.core.errors import RegistryError, storage_problem
 
 
 def command(name: str | None = None, *, json: bool = True, group: click.Group | None = None,
@@ -78,13 +78,19 @@ def neighbour_rows(neighbours) -> list[list]:
 
 
 def handles_errors(fn):
-    """Our own errors become one-line click errors (exit 1), never a stack trace."""
+    """Our own errors, and a file or the database that cannot be written or read (a full disk), become one-line
+    click errors (exit 1), never a stack trace."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except RegistryError as exc:
             raise click.ClickException(str(exc)) from None
+        except Exception as exc:
+            problem = storage_problem(exc)
+            if problem is None:
+                raise
+            raise click.ClickException(problem) from None
     return wrapper
 
 

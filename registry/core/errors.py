@@ -69,6 +69,20 @@ class DatabaseLocked(RegistryError):
     pass
 
 
+def storage_problem(exc: BaseException) -> str | None:
+    """One line for a failure to write or read a file or the database (a full disk, a file that went read-only or
+    away): an OSError, or the database driver's I/O error (DuckDB's IOException, PostgreSQL's disk full), bare or
+    wrapped by SQLAlchemy. None for any other exception."""
+    cause = getattr(exc, "orig", None) or exc          # (SQLAlchemy's DBAPIError wraps the driver's)
+    if isinstance(cause, OSError):
+        if cause.strerror:
+            return cause.strerror + (f": {cause.filename}" if cause.filename else "")
+    elif type(cause).__name__ not in ("IOException", "DiskFull"):
+        return None
+    text = str(cause).strip()
+    return text.splitlines()[0] if text else type(cause).__name__
+
+
 def unknown_model(name: str, known, where: str = "") -> NotFound:
     """NotFound for a model name the registry lacks, with the names it most likely meant: those containing it
     (`gpt-4o` -> `gpt-4o-2024-05-13`), then the closest spellings."""

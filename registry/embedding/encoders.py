@@ -2,7 +2,9 @@
 
 A checkpoint is safetensors bytes with its config and meta in the header (locus/checkpoint.py); the registry stores the
 bytes as they are, and the active encoder is the newest row of `encoder_activations`. Activating another encoder
-enqueues a re-embedding of every model; old versions stay.
+enqueues a re-embedding of every model under it (`request_activation`); the onboarding that embeds them writes the
+activation row in the same transaction, so a crash before that commit leaves the previous encoder answering every
+read, and the next onboarding completes the switch. Old versions stay.
 """
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from registry.locus import text_encoder
 from registry.core import resources
 from registry.core.errors import InputError, NotFound, RegistryError
 from registry.core.transaction import Tx
+from registry.data.outbox import enqueue
+
 SHIPPED = resources.data_dir() / "locus-mmlu-pro.safetensors"
 _models: dict = {}  # weights sha256 (or ("float64", sha256)) -> LocusModel, loaded once per process
 
@@ -117,14 +121,43 @@ def ensure_default(tx: Tx) -> int | None:
 
 
 def activate(tx: Tx, encoder_id: int) -> bool:
-    """Record that an encoder is active from now on; -> whether that changed anything (the caller then enqueues the
-    re-embedding of every model: `Registry.activate_encoder`)."""
+    """Record that an encoder is active from now on; -> whether that changed anything. Only onboarding calls it
+    with models to embed, in the transaction that writes their versions under it (`request_activation`)."""
     if not tx.sql("SELECT 1 FROM encoders WHERE id = ?", [encoder_id]):
         raise NotFound(f"unknown encoder {encoder_id}")
     if active_id(tx) == encoder_id:
         return False
     tx.sql("INSERT INTO encoder_activations (encoder_id) VALUES (?) RETURNING id", [encoder_id])
     _remember_active(tx, encoder_id)
+    return True
+
+
+SWITCH = "new encoder"      # the reason of the onboarding jobs an activation enqueues
+
+
+def pending_switch(tx: Tx) -> int | None:
+    """The encoder an activation waits for: the newest unfinished activation's, where it is not the active one
+    (its models' re-embedding has not committed yet, a crash may have cut it short); else None."""
+    row = tx.sql("""SELECT j.encoder_id FROM onboarding_jobs j LEFT JOIN onboarding_results r ON r.job_id = j.id
+                    WHERE r.job_id IS NULL AND j.reason = ? AND j.encoder_id IS NOT NULL
+                    ORDER BY j.id DESC LIMIT 1""", [SWITCH])
+    target = int(row[0][0]) if row else None
+    return None if target is None or target == active_id(tx) else target
+
+
+def request_activation(tx: Tx, encoder_id: int) -> bool:
+    """Ask for an encoder to become active: every model is queued for re-embedding under it, and the onboarding
+    that embeds them switches (`onboarding.run_pending`), so reads never see an active encoder without its
+    embeddings. A registry without models switches at once. Asking for the active encoder while a switch is
+    pending cancels the switch. -> whether anything is to change."""
+    if not tx.sql("SELECT 1 FROM encoders WHERE id = ?", [encoder_id]):
+        raise NotFound(f"unknown encoder {encoder_id}")
+    if (pending_switch(tx) or ensure_default(tx)) == encoder_id:
+        return False
+    model_ids = [r[0] for r in tx.sql("SELECT id FROM models ORDER BY id")]
+    if not model_ids:
+        return activate(tx, encoder_id)
+    enqueue(tx, model_ids, SWITCH, encoder_id=encoder_id)
     return True
 
 

@@ -1,6 +1,7 @@
 """Onboarding: works off the outbox (data/outbox.py): embeds each model with a pending job from all of its current
 evaluations (embedding/embed.py says which, and digests them) and appends an embedding version. Any version can be
-recomputed and checked (`recompute`). An import that moves queries into or out of the test split re-embeds the
+recomputed and checked (`recompute`). An activated encoder becomes active in the transaction that writes its
+models' versions (embedding/encoders.py). An import that moves queries into or out of the test split re-embeds the
 models that have them; splits keep no history, so a version made before such an import no longer recomputes.
 
 Each version's stability (how far apart the embeddings of two random halves of those evaluations fall; the halves
@@ -126,6 +127,9 @@ def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool
     encoder_id = encoders.ensure_default(tx)
     if encoder_id is None:
         return []
+    # an activation waiting for its models' embeddings: they are written under it, and it becomes active with them
+    switching = encoders.pending_switch(tx)
+    encoder_id = switching or encoder_id
     if all_models:
         enqueue(tx, [r[0] for r in tx.sql("SELECT id FROM models")], "manual", encoder_id=encoder_id)
     jobs = pending(tx)
@@ -228,6 +232,8 @@ def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool
                     st.latest_version = outcomes[v.model_id].version
                     st.by_encoder[encoder_id] = (st.latest_version, sets[v.model_id][1])
         tx.after_commit(update_states)
+    if switching:
+        encoders.activate(tx, switching)
     return [outcomes[m] for m in model_ids] + [o for m, o in done_elsewhere.items() if m not in outcomes]
 
 

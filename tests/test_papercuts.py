@@ -4,10 +4,16 @@ model order, distinct family colours, a map that shows structure, import batch i
 from __future__ import annotations
 
 import json
+import socket
+import threading
+import time
 
 import numpy as np
 import pytest
+import uvicorn
 from click.testing import CliRunner
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
 
 from registry import Registry
@@ -58,3 +64,148 @@ def test_portfolio_defaults_to_routing_with_gains_on_the_cli_and_over_http(db_co
         assert c.get("/portfolio", params={"k": 6, "fill": True}).json()["models"] == filled["models"]
         page = c.get("/ui/portfolio", params={"k": 6}).text
         assert "routing gain" in page and 'value="routing" selected' in page
+
+
+# --- the proxy ---------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def upstream():
+    """A fake OpenAI upstream on loopback: answers "from <model>", or 500 for the models in `failing`."""
+    app = FastAPI()
+    failing: set[str] = set()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        body = await request.json()
+        if body["model"] in failing:
+            return JSONResponse({"error": "down"}, status_code=500)
+        return {"id": "x", "object": "chat.completion", "model": body["model"],
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": f"from {body['model']}"}}]}
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 20
+    while not server.started and time.time() < deadline:
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}/v1", failing
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def openai_shaped(r, status: int) -> str:
+    """The error's message, after checking it is in OpenAI's shape (what its client reads) and nothing else."""
+    body = r.json()
+    assert r.status_code == status and set(body) == {"error"}, (r.status_code, body)
+    assert set(body["error"]) == {"message", "type", "code"} and body["error"]["message"], body
+    assert body["error"]["type"] == ("server_error" if status >= 500 else "invalid_request_error")
+    return body["error"]["message"]
+
+
+def test_proxy_errors_are_openai_shaped_and_the_log_says_who_answered(db_copy, upstream):
+    from registry import RouteOptions
+
+    base, failing = upstream
+    with Registry(db_copy) as reg:
+        with reg.store.tx() as tx:
+            text = tx.sql("SELECT text FROM queries ORDER BY id LIMIT 1")[0][0]
+        choice = reg.route(text, RouteOptions(log=False)).model
+        chain = [link.model for link in reg.fallback(choice, k=2).chain]
+        for m in [choice, chain[0]]:
+            reg.set_endpoint(m, base, upstream_model=f"up-{m}")
+    msg = {"model": "auto", "messages": [{"role": "user", "content": text}]}
+    with TestClient(create_app(str(db_copy))) as c:
+        def last_log():
+            return c.get("/log", params={"limit": 1}).json()[0]
+
+        assert c.post("/v1/chat/completions", json=msg).status_code == 200
+        entry = last_log()
+        assert (entry["model"], entry["fallback"]) == (choice, False)
+        assert entry["options"]["proxy"] == {"chosen": choice, "answered": choice, "failed": []}
+        failing.add(f"up-{choice}")                                       # the choice's upstream fails
+        assert c.post("/v1/chat/completions", json=msg).headers["x-registry-model"] == chain[0]
+        entry = last_log()
+        assert (entry["model"], entry["fallback"]) == (chain[0], True)
+        assert entry["options"]["proxy"] == {"chosen": choice, "answered": chain[0], "failed": [choice]}
+        failing.add(f"up-{chain[0]}")                                     # every upstream fails
+        r = c.post("/v1/chat/completions", json=msg)
+        assert "every model in the chain failed" in openai_shaped(r, 502)
+        assert r.json()["error"]["code"] == "upstream_failed"
+        entry = last_log()                         # not "routed to the choice, fallback false": none could answer
+        assert entry["model"] is None and entry["fallback"] is False
+        assert entry["options"]["proxy"] == {"chosen": choice, "answered": None, "failed": [choice, chain[0]]}
+        assert entry["candidates"][0]["model"]                            # the routing's candidates kept
+        # every other error of the /v1 routes, in the same shape
+        assert "has no endpoint" in openai_shaped(c.post("/v1/chat/completions", json={**msg, "model": "x"}), 404)
+        assert "messages" in openai_shaped(c.post("/v1/chat/completions", json={**msg, "messages": []}), 400)
+        assert "bad JSON" in openai_shaped(c.post("/v1/chat/completions", content=b"{nope"), 400)
+        assert "cost_weight" in openai_shaped(c.post("/v1/chat/completions?cost_weight=abc", json=msg), 400)
+        openai_shaped(c.get("/v1/completions"), 404)                      # no such route
+        openai_shaped(c.get("/v1/chat/completions"), 405)                 # a wrong method
+        assert c.get("/no-such-page").json() == {"detail": "Not Found"}   # the rest of the API as it was
+        assert "detail" in c.get("/models/no-such-model").json()
+
+
+# --- endpoints over HTTP, the lock's holder ----------------------------------------------------------------------
+
+def test_endpoints_are_set_and_removed_over_http_with_the_token(db_copy):
+    auth = {"Authorization": "Bearer t0ken"}
+    body = {"base_url": "http://127.0.0.1:9/v1/", "upstream_model": "up-yi", "api_key_env": "YI_KEY"}
+    with TestClient(create_app(str(db_copy), token="t0ken")) as c:
+        assert c.put("/endpoints/Yi-6B", json=body).status_code == 401              # a write: the token
+        r = c.put("/endpoints/Yi-6B", json=body, headers=auth)
+        assert r.status_code == 200 and r.json() == {"model": "Yi-6B", "base_url": "http://127.0.0.1:9/v1",
+                                                     "upstream_model": "up-yi", "api_key_env": "YI_KEY"}
+        assert [m["id"] for m in c.get("/v1/models").json()["data"]] == ["auto", "Yi-6B"]   # the proxy sees it
+        assert c.get("/endpoints").json() == [r.json()]
+        bad = c.put("/endpoints/Yi-6B", json={"base_url": "ftp://x"}, headers=auth)
+        assert bad.status_code == 400 and "must start with http" in bad.json()["detail"]
+        assert c.put("/endpoints/no-such", json=body, headers=auth).status_code == 404
+        assert c.put("/endpoints/Yi-6B", json={}, headers=auth).status_code == 422
+        assert c.delete("/endpoints/Yi-6B").status_code == 401
+        assert c.delete("/endpoints/Yi-6B", headers=auth).json() == {"model": "Yi-6B", "removed": True}
+        assert c.get("/endpoints").json() == [] and c.get("/v1/models").json()["data"] == [
+            {"id": "auto", "object": "model", "owned_by": "registry"}]
+        gone = c.delete("/endpoints/Yi-6B", headers=auth)
+        assert gone.status_code == 404 and "has no endpoint" in gone.json()["detail"]
+    with Registry(db_copy) as reg:
+        assert reg.endpoints() == []
+
+
+def hold(db, *argv: str):
+    """A process holding the DuckDB file's lock, with `argv` on its command line after the code it runs."""
+    import subprocess
+    import sys
+
+    code = "import sys, time, duckdb; c = duckdb.connect(sys.argv[1]); print('held', flush=True); time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", code, str(db), *argv], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+@pytest.mark.parametrize("argv, server", [
+    (("-m", "registry", "import", "/data/mmlu"), False),            # another import: no "HTTP API" to point to
+    (("-m", "registry", "serve", "--port", "8000", "--token", "s3cret"), True),
+    ((), False),                                                    # not a registry: its command line, no guess
+])
+def test_the_lock_message_says_who_holds_the_file(db_copy, argv, server):
+    from registry.core.errors import DatabaseLocked
+
+    proc = hold(db_copy, *argv)
+    try:
+        with pytest.raises(DatabaseLocked) as caught:
+            Registry(db_copy)
+    finally:
+        proc.kill()
+        proc.wait()
+    msg = str(caught.value)
+    assert f"locked by process {proc.pid} (" in msg and "\n" not in msg
+    assert ("HTTP API" in msg) == server and ("registry serve" not in msg or server)
+    if argv:
+        assert f"(registry {' '.join(argv[2:4])}" in msg
+    else:
+        assert "(python" in msg
+    assert "s3cret" not in msg                                      # a token on the command line stays hidden

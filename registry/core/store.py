@@ -10,7 +10,6 @@ way: an import commits whole or not at all.
 from __future__ import annotations
 
 import os
-import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,18 +19,11 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session
 
 from registry.core import dialect, resources, settings
-from registry.core.errors import DatabaseLocked, NotFound, RegistryError, SchemaOutdated
+from registry.core.errors import NotFound, RegistryError, SchemaOutdated, database_locked
 
 
 def default_db_path() -> str:
     return settings.current().db
-
-
-def _locked_message(path: str, exc: Exception) -> str:
-    pid = re.search(r"PID (\d+)", str(exc))
-    who = f"process {pid.group(1)}" if pid else "another process"
-    return (f"{path}: the database is locked by {who} (a running `registry serve`?); "
-            f"stop it or use its HTTP API")
 
 
 def _alembic_config(connection=None):
@@ -270,7 +262,7 @@ class Store:
                 conn.execute(text("select 1"))
         except Exception as exc:  # duckdb raises IOException for a held lock
             if "lock" in str(exc).lower():
-                raise DatabaseLocked(_locked_message(self.path, exc)) from None
+                raise database_locked(self.path, str(exc)) from None
             raise RegistryError(f"{self.path}: cannot open database: {str(exc).splitlines()[0]}") from None
 
     def _stage_db(self):

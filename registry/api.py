@@ -324,7 +324,8 @@ class Registry:
                                     probation_min=self.probation_min, include_probation=include_probation)
 
     def map(self, out: str = "map.png", seed: int = 0, as_of: str | None = None):
-        """Draw the embeddings in 2-D (t-SNE; PCA for tiny registries), coloured by family (`maps.MapResult`)."""
+        """Draw the embeddings in 2-D (PCA up to maps.PCA_MAX models, t-SNE past them), coloured by family
+        (`maps.MapResult`)."""
         with self.store.tx() as tx:
             return maps.render(self.pool(tx, as_of), dict(tx.sql("SELECT name, family FROM models")), out, seed)
 

@@ -209,3 +209,34 @@ def test_the_lock_message_says_who_holds_the_file(db_copy, argv, server):
     else:
         assert "(python" in msg
     assert "s3cret" not in msg                                      # a token on the command line stays hidden
+
+
+# --- lists, colours, the map, show, route ------------------------------------------------------------------------
+
+def test_family_colours_stay_distinct_past_the_palette():
+    from registry.answers.maps import PALETTE, family_colours
+
+    families = [f"family-{i}" for i in range(40)]
+    colours = family_colours(families)
+    assert len(set(colours.values())) == 40                                 # no two families share a colour
+    assert len(set(colours.values()) & set(PALETTE)) == len(PALETTE)       # the palette first
+    assert family_colours(families) == family_colours(reversed(families))  # the same whatever the order given
+    real = ["command-r", "deepseek", "gemini-1.5", "gemma", "gpt-4o", "jamba", "llama-2", "llama-3", "llama-3.1",
+            "mistral", "mixtral", "phi-3", "qwen1.5", "yi", "(unknown)", "a-new-family"]
+    assert len(set(family_colours(real).values())) == len(real)
+
+
+def test_the_map_of_a_small_registry_is_a_pca_that_shows_more_than_one_direction(db_copy):
+    from scipy.spatial.distance import pdist
+    from scipy.stats import pearsonr
+
+    from registry.answers import maps
+
+    with Registry(db_copy) as reg, reg.store.tx() as tx:
+        vectors = reg.pool(tx).vectors.astype(np.float64)
+    xy, method = maps.project(vectors)
+    assert method == "pca" and len(vectors) <= maps.PCA_MAX
+    drawn = (xy - xy.min(0)) / np.ptp(xy, axis=0)                 # as the plot shows it, each axis to its range
+    eig = np.linalg.eigvalsh(np.cov(drawn.T))
+    assert eig.max() / eig.sum() < 0.9                            # not a straight line (t-SNE's: 0.99 on 31 models)
+    assert pearsonr(pdist(vectors), pdist(xy))[0] > 0.95           # 2-D distances track the 128-d ones

@@ -200,7 +200,9 @@ def map_(ctx, out, seed, as_of, as_json):
     if as_json:
         emit_json(m)
         return
-    click.echo(f"{m.out}: {m.models} models, {m.families} families ({m.method})")
+    shares = "" if m.axis_shares is None else (f": {m.axis_shares[0]:.1%} and {m.axis_shares[1]:.1%} of the "
+                                                f"variance on its axes")
+    click.echo(f"{m.out}: {m.models} models, {m.families} families ({m.method}{shares})")
 
 
 @command()

@@ -240,3 +240,56 @@ def test_the_map_of_a_small_registry_is_a_pca_that_shows_more_than_one_direction
     eig = np.linalg.eigvalsh(np.cov(drawn.T))
     assert eig.max() / eig.sum() < 0.9                            # not a straight line (t-SNE's: 0.99 on 31 models)
     assert pearsonr(pdist(vectors), pdist(xy))[0] > 0.95           # 2-D distances track the 128-d ones
+
+
+def rename(db, old: str, new: str) -> None:
+    import duckdb
+
+    con = duckdb.connect(str(db))
+    con.execute("UPDATE models SET name = ? WHERE name = ?", [new, old])
+    con.close()
+
+
+def test_model_lists_sort_without_regard_to_case(db_copy):
+    rename(db_copy, "Yi-6B", "api-model")
+    with Registry(db_copy) as reg:
+        reg.set_endpoint("api-model", "http://127.0.0.1:9/v1")
+        reg.set_endpoint("Yi-34B", "http://127.0.0.1:9/v1")
+    names = [m["name"] for m in run_json(db_copy, "models")]
+    assert names == sorted(names, key=str.casefold) and names != sorted(names)      # "api-model" before "Yi-34B"
+    with Registry(db_copy) as reg:
+        assert [a.model for a in reg.availability()] == names
+    assert [e["model"] for e in run_json(db_copy, "endpoints")] == ["api-model", "Yi-34B"]
+    chains = run_json(db_copy, "fallback", "--all")["chains"]
+    assert list(chains) == sorted(chains, key=str.casefold)
+
+
+def test_show_names_import_batch_ids_as_ids(db_copy):
+    out = run(db_copy, "show", "Yi-6B").output
+    line = next(ln for ln in out.splitlines() if ln.startswith("evaluations:"))
+    assert "import batch ids: 1" in line and "import batches:" not in line
+
+
+def test_route_by_size_does_not_list_the_models_it_left_out(db_copy):
+    import duckdb
+
+    from registry import RouteOptions
+
+    with Registry(db_copy) as reg, reg.store.tx() as tx:
+        text = tx.sql("SELECT text FROM queries ORDER BY id LIMIT 1")[0][0]
+    with Registry(db_copy) as reg:
+        top = [c.model for c in reg.route(text, RouteOptions(log=False)).candidates[:3]]   # the three most likely
+    con = duckdb.connect(str(db_copy))
+    con.execute(f"UPDATE models SET params_b = NULL WHERE name IN ({', '.join('?' * 3)})", top)
+    con.close()
+    out = run(db_copy, "route", text, "--cost-by", "params", "--min-prob", "0.8", "--no-log")
+    assert out.exit_code == 0, out.output
+    lines = out.output.splitlines()
+    start = next(i for i, ln in enumerate(lines) if "candidate" in ln) + 2
+    rows = [ln.split()[1] if ln.startswith("*") else ln.split()[0] for ln in lines[start:start + 5]]
+    assert not set(rows) & set(top), rows                                   # left out: not listed as candidates
+    named = next(ln for ln in lines if ln.startswith("left out (no parameter count; cost by params_b): "))
+    named = named.split(": ", 1)[1].split(", ")
+    assert set(top) <= set(named) and f"{len(named)} models without a parameter count left out" in out.output
+    d = run_json(db_copy, "route", text, "--cost-by", "params", "--min-prob", "0.8", "--no-log")
+    assert {c["model"] for c in d["candidates"] if not c["eligible"]} == set(named)   # the JSON marks them

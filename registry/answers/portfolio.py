@@ -312,7 +312,7 @@ def answer(tx, p: Pool, k: int | None = None, *, method: str | None = None, max_
         raise InputError("give k or a target share (e.g. --target 0.99), not both")
     meta = {n: (pb, c) for n, pb, c in tx.sql("SELECT name, params_b, cost FROM models")}
     ok, req = eligibility(p, meta, exclude, require, max_params, max_cost)
-    left_out = sorted(set(probation) - set(require))
+    left_out = sorted(set(probation) - set(require), key=str.casefold)
     ok[[p.names.index(n) for n in left_out]] = False
     if left_out and (not ok.any() or (k is not None and k > ok.sum())):
         raise InputError(("no model is eligible" if k is None else f"k={k} is larger than the {int(ok.sum())} "

@@ -28,7 +28,7 @@ from registry.routing.options import RouteOptions
 
 HERE = Path(__file__).resolve().parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))
-MAP_TSNE_MAX = 300     # models; above it the page's map is a PCA (`registry map` still draws t-SNE)
+MAP_TSNE_MAX = 300     # models; above it the page's map is a PCA (`registry map` still draws t-SNE there)
 _cache_lock = threading.Lock()   # (the values are kept in the Store's cache: `_cached`)
 
 

@@ -127,11 +127,13 @@ def _error_handlers(app: FastAPI) -> None:
     async def _re(request, exc):
         return _error(request.url.path, str(exc), 409 if isinstance(exc, DatabaseLocked) else 400)
 
+    pages = app.exception_handlers.get(HTTPException, http_exception_handler)   # the pages' own (web.mount)
+
     @app.exception_handler(HTTPException)
-    async def _http(request, exc):     # no such route, a wrong method: Starlette's own, but in the proxy's shape there
+    async def _http(request, exc):     # no such route, a wrong method: in the proxy's shape there, else as before
         if request.url.path.startswith(proxy.PREFIX):
             return proxy.openai_error(str(exc.detail), exc.status_code)
-        return await http_exception_handler(request, exc)
+        return await pages(request, exc)
 
     @app.exception_handler(Exception)
     async def _internal(request, exc):   # a bug of ours: one line to the client, the trace to the server's log

@@ -296,15 +296,16 @@ class Registry:
 
     def portfolio(self, k: int | None = None, method: str | None = None, *, max_params: float | None = None,
                   max_cost: float | None = None, require=(), exclude=(), target: float | None = None,
-                  seed: int = 0, as_of: str | None = None, include_probation: bool = False):
+                  seed: int = 0, as_of: str | None = None, include_probation: bool = False, fill: bool = False):
         """A few models covering the embedding space (`portfolio.Portfolio`); with `target`, the smallest k whose
         routing accuracy on the test split reaches that share of the whole pool's. Models on probation are members
-        only when required or with `include_probation`."""
+        only when required or with `include_probation`. By routing value (the default), members that add nothing
+        are left out unless `fill`."""
         with self.store.tx() as tx:
             p = self.pool(tx, as_of)
             weak = set() if include_probation else p.on_probation(self.probation_min)
             return portfolio.answer(tx, p, k, method=method, max_params=max_params, max_cost=max_cost, require=require,
-                                    exclude=exclude, target=target, seed=seed, probation=weak)
+                                    exclude=exclude, target=target, seed=seed, probation=weak, fill=fill)
 
     def fallback(self, model: str, unavailable=(), k: int = 5, as_of: str | None = None,
                  include_probation: bool = False):
@@ -322,7 +323,8 @@ class Registry:
                                     probation_min=self.probation_min, include_probation=include_probation)
 
     def map(self, out: str = "map.png", seed: int = 0, as_of: str | None = None):
-        """Draw the embeddings in 2-D (t-SNE; PCA for tiny registries), coloured by family (`maps.MapResult`)."""
+        """Draw the embeddings in 2-D (PCA up to maps.PCA_MAX models, t-SNE past them), coloured by family
+        (`maps.MapResult`)."""
         with self.store.tx() as tx:
             return maps.render(self.pool(tx, as_of), dict(tx.sql("SELECT name, family FROM models")), out, seed)
 

@@ -144,7 +144,7 @@ def test_map_draws_every_model(db_copy, tmp_path):
 
     out = tmp_path / "map.png"
     m = run_json(db_copy, "map", "--out", out)
-    assert m["models"] == 31 and m["method"] == "t-sne" and m["families"] >= 10
+    assert m["models"] == 31 and m["method"] == "pca" and m["families"] >= 10
     with Image.open(out) as img:
         assert img.size[0] > 1000 and len(np.unique(np.asarray(img.convert("RGB")).reshape(-1, 3), axis=0)) > 50   # a real picture, not blank
 

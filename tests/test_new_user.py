@@ -448,7 +448,7 @@ def test_models_on_probation_are_neither_substitutes_nor_portfolio_members(db_co
         p = reg.portfolio(k=n - 1)                                              # every established model
         assert "g-few" not in p.models and "probation" in p.note
         assert any("g-few" in cl for cl in p.clusters.values())                 # still covered
-        assert "g-few" in reg.portfolio(k=n, include_probation=True).models
+        assert "g-few" in reg.portfolio(k=n, include_probation=True, fill=True).models
         assert "g-few" in reg.portfolio(k=3, require=["g-few"]).models          # required wins
     plan = json.loads(run(db_copy, "fingerprint", "--plan", "-n", "8", "--json").output)
     assert plan["left_out"] == ["g-few"] and "g-few" not in plan["candidates"]

@@ -90,7 +90,7 @@ def test_proxy_routes_falls_back_and_streams(db_copy, upstream, monkeypatch):
         assert r.headers["x-registry-fallback"] == "true"
         state["failing"].update({f"up-{m}" for m in chain[:2]})           # every upstream fails: a clear 502
         r = c.post("/v1/chat/completions", json=msg)
-        assert r.status_code == 502 and "every model in the chain failed" in r.json()["detail"]
+        assert r.status_code == 502 and "every model in the chain failed" in r.json()["error"]["message"]
         state["failing"].clear()
         r = c.post("/v1/chat/completions", json={**msg, "model": chain[1]})  # named: forwarded as is
         assert r.headers["x-registry-model"] == chain[1] and r.json()["model"] == f"up-{chain[1]}"
@@ -99,7 +99,7 @@ def test_proxy_routes_falls_back_and_streams(db_copy, upstream, monkeypatch):
         assert s.headers["x-registry-model"] == choice and body.count("data: ") == 3 and "[DONE]" in body
         assert c.post("/v1/chat/completions", json={**msg, "model": "no-endpoint"}).status_code == 404
         bad = c.post("/v1/chat/completions", json={"model": "auto", "messages": []})
-        assert bad.status_code == 400 and "messages" in bad.json()["detail"]
+        assert bad.status_code == 400 and "messages" in bad.json()["error"]["message"]
         log = c.get("/log", params={"limit": 1}).json()[0]
         assert log["text"] is None                                        # the prompt's hash only
 

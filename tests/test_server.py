@@ -114,7 +114,7 @@ def test_probation_over_http_is_asked_for(server, small_data):
     assert "few-api" in {x["model"] for x in both["chain"]}
     n = len(c.get("/models").json())
     assert c.get("/portfolio", params={"k": n}).status_code == 400
-    assert "few-api" in c.get("/portfolio", params={"k": n, "include_probation": True}).json()["models"]
+    assert "few-api" in c.get("/portfolio", params={"k": n, "include_probation": True, "fill": True}).json()["models"]
 
 
 def test_errors_are_clear_4xx(server):

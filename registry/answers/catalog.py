@@ -61,7 +61,7 @@ def models(tx: Tx, probation_min: int, stats: dict | None = None) -> list[ModelI
     of = {name: target for name, (target, _) in aliases(tx).items()}
     out = []
     for mid, *meta in tx.sql("""SELECT id, name, family, provider, params_b, cost, open_weights, tags::VARCHAR,
-                                       created::VARCHAR FROM models ORDER BY name"""):
+                                       created::VARCHAR FROM models ORDER BY lower(name), name"""):
         n, acc = stats.get(mid, (0, None))
         out.append(_with_state(_info(ModelInfo, [meta[0], n, acc, *meta[1:]]), state, probation_min))
         out[-1].alias_of = of.get(meta[0])

@@ -74,7 +74,7 @@ def for_model(tx, db_path: str, p: Pool, model: str, *, unavailable=(), k: int =
     if not links:
         raise InputError(f"no available substitute for {model!r}: every other model is unavailable"
                          + (" or on probation (--include-probation to allow those)" if weak else ""))
-    return Chain(model, links, sorted(down), sorted(weak))
+    return Chain(model, links, sorted(down, key=str.casefold), sorted(weak, key=str.casefold))
 
 
 def for_all(tx, db_path: str, p: Pool, *, unavailable=(), k: int = 5, as_of: str | None = None,
@@ -82,4 +82,6 @@ def for_all(tx, db_path: str, p: Pool, *, unavailable=(), k: int = 5, as_of: str
     check_names(p, unavailable, "--unavailable")
     down = set(unavailable) | set(availability.unavailable_models(tx))
     weak = set() if include_probation else p.on_probation(probation_min) - down
-    return Chains(chains(index.get(tx, db_path, p.encoder_id, as_of), p, k, down | weak), sorted(down), sorted(weak))
+    every = chains(index.get(tx, db_path, p.encoder_id, as_of), p, k, down | weak)
+    return Chains({m: every[m] for m in sorted(every, key=str.casefold)}, sorted(down, key=str.casefold),
+                  sorted(weak, key=str.casefold))

@@ -37,6 +37,8 @@ class Portfolio:
                                                       #   the chosen model has no answer: portfolio.hit1)
     pool_accuracy: float | None = None
     note: str | None = None
+    gains: dict[str, float] | None = None             # routing method: member -> what adding it (in order) added to
+                                                      #   the mean over validation queries of max predicted P(correct)
 
 
 def eligibility(p: Pool, meta: dict[str, tuple], exclude=(), require=(), max_params=None, max_cost=None):
@@ -168,24 +170,41 @@ def kmedoids_members(vectors: np.ndarray, k: int, eligible: np.ndarray, required
 METHODS = ("kmedoids", "kcenter", "routing")
 
 
-def routing_members(value: np.ndarray, k: int, eligible: np.ndarray, required: np.ndarray) -> list[int]:
+def routing_members(value: np.ndarray, k: int, eligible: np.ndarray, required: np.ndarray, *,
+                    fill: bool = True) -> list[int]:
     """Greedy by routing value: start from the required models, then add the eligible model that raises the pool's
     predicted routing accuracy most, mean over queries of max P(correct) among the members (value [M,N]: predicted
     P(correct) on the selection queries; no answers are used). Covering methods put two close but complementary
-    models (gpt-4o and gemini-1.5-pro) in one cluster; this keeps both when the router needs both."""
+    models (gpt-4o and gemini-1.5-pro) in one cluster; this keeps both when the router needs both. `fill=False`
+    stops before k once no eligible model adds anything (the router would never choose it)."""
     members = [int(r) for r in required]
     best = value[members].max(axis=0) if members else np.zeros(value.shape[1])
     while len(members) < k:
         gains = np.where(eligible, np.maximum(value, best[None]).mean(axis=1), -np.inf)
         gains[members] = -np.inf
         m = int(np.argmax(gains))
+        if not fill and members and gains[m] - best.mean() <= NO_GAIN:
+            break
         members.append(m)
         best = np.maximum(best, value[m])
     return members
 
 
+NO_GAIN = 1e-12   # a member whose gain is at most this is never the router's choice on a selection query
+
+
+def routing_gains(value: np.ndarray, members) -> list[float]:
+    """What each member adds, in order, to the mean over queries of max predicted P(correct) among the members."""
+    best, total, out = np.zeros(value.shape[1]), 0.0, []
+    for m in members:
+        best = np.maximum(best, value[m])
+        out.append(float(best.mean()) - total)
+        total = float(best.mean())
+    return out
+
+
 def select(p: Pool, k: int, method: str, eligible: np.ndarray, required: np.ndarray, *,
-           seed: int = 0, value: np.ndarray | None = None) -> tuple[list[int], str | None]:
+           seed: int = 0, value: np.ndarray | None = None, fill: bool = True) -> tuple[list[int], str | None]:
     if method not in METHODS:
         raise InputError(f"unknown method {method!r}: use {', '.join(METHODS)}")
     n_ok = int(eligible.sum())
@@ -199,19 +218,27 @@ def select(p: Pool, k: int, method: str, eligible: np.ndarray, required: np.ndar
     if method == "kcenter":
         return kcenter(p.vectors, k, eligible, required), None
     if method == "routing":
-        return routing_members(value, k, eligible, required), ("greedy by predicted routing accuracy on the "
-                                                               "validation queries")
+        members = routing_members(value, k, eligible, required, fill=fill)
+        note = "greedy by predicted routing accuracy on the validation queries"
+        if len(members) < k:
+            note += (f"; stopped at {len(members)} of k={k}: no other eligible model adds routing value (fill, "
+                     f"--fill, for exactly k)")
+        return members, note
     return kmedoids_members(p.vectors, k, eligible, required, seed)
 
 
-def describe(p: Pool, members: list[int], method: str, note: str | None = None) -> Portfolio:
+def describe(p: Pool, members: list[int], method: str, note: str | None = None,
+             value: np.ndarray | None = None) -> Portfolio:
     label, dist = cover(p.vectors, members)
     clusters = {p.names[m]: [p.names[m]] for m in members}
     for i in np.argsort(dist, kind="stable"):           # nearest first within each cluster
         if int(i) not in members:
             clusters[p.names[members[label[i]]]].append(p.names[i])
+    gains = None
+    if method == "routing" and value is not None:
+        gains = {p.names[m]: round(g, 6) for m, g in zip(members, routing_gains(value, members))}
     return Portfolio([p.names[m] for m in members], len(members), method, round(float(dist.max()), 4), clusters,
-                     note=note)
+                     note=note, gains=gains)
 
 
 def hit1(probs: np.ndarray, correct: np.ndarray, members) -> float:
@@ -242,70 +269,84 @@ def smallest_reaching(p: Pool, method: str, eligible, required, probs, correct, 
             break
     else:
         note = f"no portfolio of eligible models reaches {target:g} of the pool; the largest is shown"
-    out = describe(p, members, method, note)
+    out = describe(p, members, method, note, value)
     out.accuracy, out.pool_accuracy = round(acc, 4), round(full, 4)
     out.share_of_pool = round(acc / full, 4) if full else None
     return out
 
 
+DEFAULT_METHOD = "routing"    # the CLI, HTTP and the page alike; kmedoids where there is no validation split
+
+
+def routing_value(tx, p: Pool, method: str | None) -> tuple[str, np.ndarray | None, str | None]:
+    """(method, predicted P(correct) [M, val] for the routing method, a note): no method given means routing, or
+    kmedoids (said in the note) when the registry has no validation split to choose on."""
+    from registry.answers import geometry
+
+    if method not in (None, "routing"):
+        return method, None, None
+    val = np.array([r[0] for r in tx.sql("SELECT query_id FROM query_splits WHERE split = 'val' ORDER BY 1")],
+                   dtype=np.int64)
+    if not len(val):
+        if method is None:
+            return "kmedoids", None, "no validation split to choose by routing value on: covered by kmedoids"
+        raise InputError("--method routing chooses on the validation split: the registry has none "
+                         "(`registry draw-splits`)")
+    return "routing", geometry.predicted(tx, p.encoder_id, p.vectors, val), None
+
+
+def joined(*notes) -> str | None:
+    return "; ".join(n for n in notes if n) or None
+
+
 def answer(tx, p: Pool, k: int | None = None, *, method: str | None = None, max_params: float | None = None,
            max_cost: float | None = None, require=(), exclude=(), target: float | None = None, seed: int = 0,
-           probation=frozenset()):
-    """`Registry.portfolio`: k members by `method`, or with `target` the smallest k whose predicted routing on the
-    test split keeps that share of the pool's accuracy. `probation`: models never chosen as members unless required
-    (embedded from too few evaluations); they are still covered."""
+           probation=frozenset(), fill: bool = False):
+    """`Registry.portfolio`: k members by `method` (default routing), or with `target` the smallest k whose
+    predicted routing on the test split keeps that share of the pool's accuracy. `probation`: models never chosen
+    as members unless required (embedded from too few evaluations); they are still covered. By routing value, the
+    members stop before k once none adds anything, unless `fill`."""
     from registry.answers import geometry
 
     if (k is None) == (target is None):
         raise InputError("give k or a target share (e.g. --target 0.99), not both")
-    method = method or ("routing" if target is not None else "kmedoids")   # --target keeps the routing
     meta = {n: (pb, c) for n, pb, c in tx.sql("SELECT name, params_b, cost FROM models")}
     ok, req = eligibility(p, meta, exclude, require, max_params, max_cost)
-    left_out = sorted(set(probation) - set(require))
+    left_out = sorted(set(probation) - set(require), key=str.casefold)
     ok[[p.names.index(n) for n in left_out]] = False
     if left_out and (not ok.any() or (k is not None and k > ok.sum())):
         raise InputError(("no model is eligible" if k is None else f"k={k} is larger than the {int(ok.sum())} "
                           f"eligible models") + f": {len(left_out)} on probation (too few evaluations) are left out; "
                          f"--include-probation to allow them")
-    value = None
-    if method == "routing":   # chosen on the validation queries' predictions; test answers only score it
-        val = np.array([r[0] for r in tx.sql("SELECT query_id FROM query_splits WHERE split = 'val' ORDER BY 1")],
-                       dtype=np.int64)
-        if not len(val):
-            raise InputError("--method routing chooses on the validation split: the registry has none "
-                             "(`registry draw-splits`)")
-        value = geometry.predicted(tx, p.encoder_id, p.vectors, val)
+    # routing chooses on the validation queries' predictions; test answers only score it
+    method, value, fallback_note = routing_value(tx, p, method)
     if target is None:
-        members, note = select(p, k, method, ok, req, seed=seed, value=value)
-        out = describe(p, members, method, note)
+        members, note = select(p, k, method, ok, req, seed=seed, value=value, fill=fill)
+        out = describe(p, members, method, note, value)
     else:
         qids, correct = geometry.test_outcomes(tx, p.model_ids)
         probs = geometry.predicted(tx, p.encoder_id, p.vectors, qids)
         routable = np.array([n not in probation for n in p.names], dtype=bool)   # routing never picks the others
         out = smallest_reaching(p, method, ok, req, probs, correct, target=target, seed=seed, value=value,
                                 routable=routable)
+    said = None
     if left_out:
         said = (f"{len(left_out)} model(s) on probation (too few evaluations) not chosen as members: "
                 f"{', '.join(left_out[:5])}{', ...' if len(left_out) > 5 else ''}")
-        out.note = f"{out.note}; {said}" if out.note else said
+    out.note = joined(fallback_note, out.note, said)
     return out
 
 
-def with_share(tx, p: Pool, k: int, method: str = "routing", seed: int = 0, probation=frozenset()) -> Portfolio:
+def with_share(tx, p: Pool, k: int, method: str | None = None, seed: int = 0, probation=frozenset(), *,
+               fill: bool = False) -> Portfolio:
     """k members by `method` (no constraints but `probation`: never members, as in `answer`) with the share of the
     pool's test routing accuracy they keep."""
     from registry.answers import geometry
 
     ok, req = np.array([n not in probation for n in p.names], dtype=bool), np.array([], dtype=int)
-    value = None
-    if method == "routing":
-        val = np.array([r[0] for r in tx.sql("SELECT query_id FROM query_splits WHERE split = 'val' ORDER BY 1")],
-                       dtype=np.int64)
-        if not len(val):
-            raise InputError("the routing method chooses on the validation split: the registry has none")
-        value = geometry.predicted(tx, p.encoder_id, p.vectors, val)
-    members, note = select(p, k, method, ok, req, seed=seed, value=value)
-    out = describe(p, members, method, note)
+    method, value, fallback_note = routing_value(tx, p, method)
+    members, note = select(p, k, method, ok, req, seed=seed, value=value, fill=fill)
+    out = describe(p, members, method, joined(fallback_note, note), value)
     qids, correct = geometry.test_outcomes(tx, p.model_ids)
     if correct.shape[1]:
         probs = geometry.predicted(tx, p.encoder_id, p.vectors, qids)

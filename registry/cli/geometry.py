@@ -115,8 +115,8 @@ def fingerprint(ctx, *, evals, show_calibration, plan, n, candidates, out, seed,
 @command()
 @click.option("-k", type=int, help="Portfolio size.")
 @click.option("--method", type=click.Choice(["kmedoids", "kcenter", "routing"]), default=None,
-              help="Cover the embedding space (kmedoids, the default with -k; kcenter) or keep the routing (greedy "
-                   "by routing value on the validation queries, the default with --target).")
+              help="Keep the routing (greedy by routing value on the validation queries; the default) or cover the "
+                   "embedding space (kmedoids, the default without a validation split; kcenter).")
 @click.option("--max-params", type=float, help="Only models of at most this many parameters (billions).")
 @click.option("--max-cost", type=float, help="Only models costing at most this much.")
 @click.option("--require", multiple=True, help="A model that must be in the portfolio (repeatable).")
@@ -124,13 +124,15 @@ def fingerprint(ctx, *, evals, show_calibration, plan, n, candidates, out, seed,
 @click.option("--target", type=float, help="Find the smallest k reaching this share of the pool's routing accuracy.")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--include-probation", is_flag=True, help="Let models on probation (too few evaluations) be members.")
+@click.option("--fill", is_flag=True, help="By routing value: exactly k members, even those that add nothing.")
 @AS_OF
-def portfolio(ctx, *, k, method, max_params, max_cost, require, exclude, target, seed, include_probation, as_of,
-              as_json):
-    """A few models that cover the embedding space, each with its cluster, and the coverage radius."""
+def portfolio(ctx, *, k, method, max_params, max_cost, require, exclude, target, seed, include_probation, fill,
+              as_of, as_json):
+    """A few models that keep the routing (or cover the embedding space), each with what it adds, its cluster, and
+    the coverage radius."""
     p = open_registry(ctx).portfolio(k, method, max_params=max_params, max_cost=max_cost, require=require,
                                      exclude=exclude, target=target, seed=seed, as_of=as_of,
-                                     include_probation=include_probation)
+                                     include_probation=include_probation, fill=fill)
     if as_json:
         d = asdict(p)
         if target is None:  # share_of_pool and the accuracies only mean something with a target
@@ -143,8 +145,12 @@ def portfolio(ctx, *, k, method, max_params, max_cost, require, exclude, target,
         click.echo(f"routing accuracy {p.accuracy:.4f} = {p.share_of_pool:.1%} of the pool's {p.pool_accuracy:.4f}")
     if p.note:
         click.echo(f"note: {p.note}")
-    table([[m, len(p.clusters[m]), ", ".join(p.clusters[m][1:6]) + (" ..." if len(p.clusters[m]) > 6 else "")]
-           for m in p.models], ["member", "cluster size", "covers"])
+    rows = [[m, len(p.clusters[m]), ", ".join(p.clusters[m][1:6]) + (" ..." if len(p.clusters[m]) > 6 else "")]
+            for m in p.models]
+    if p.gains is not None:   # what each member adds to the predicted routing accuracy, in the order chosen
+        rows = [[row[0], f"+{p.gains[row[0]]:.4f}", *row[1:]] for row in rows]
+    table(rows, ["member", "routing gain", "cluster size", "covers"] if p.gains is not None
+          else ["member", "cluster size", "covers"])
 
 
 @command()
@@ -197,7 +203,9 @@ def map_(ctx, out, seed, as_of, as_json):
     if as_json:
         emit_json(m)
         return
-    click.echo(f"{m.out}: {m.models} models, {m.families} families ({m.method})")
+    shares = "" if m.axis_shares is None else (f": {m.axis_shares[0]:.1%} and {m.axis_shares[1]:.1%} of the "
+                                                f"variance on its axes")
+    click.echo(f"{m.out}: {m.models} models, {m.families} families ({m.method}{shares})")
 
 
 @command()

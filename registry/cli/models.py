@@ -41,7 +41,8 @@ def show(ctx, model, as_json):
     if d.tags:
         click.echo("tags: " + ", ".join(f"{k}={v}" for k, v in sorted(d.tags.items())))
     acc = "n/a" if d.accuracy is None else f"{d.accuracy:.3f}"
-    click.echo(f"evaluations: {d.evaluations}  accuracy: {acc}  import batches: {', '.join(map(str, d.batches))}")
+    click.echo(f"evaluations: {d.evaluations}  accuracy: {acc}  import batch ids: "
+               f"{', '.join(map(str, d.batches)) or 'none'}")
     if d.version is None:
         click.echo(f"embedding: none yet  status: {d.status}")
     else:

@@ -54,12 +54,16 @@ def route(ctx, *, text, file_, out, cost_weight, min_prob, cost_by, include_prob
             raise click.ClickException(d.note)
         click.echo(f"{d.model}{'  (fallback: the top choice is unavailable)' if d.fallback else ''}"
                    + (f"  (cost-aware, cost = {d.cost_basis})" if d.cost_basis else ""))
-        shown = d.candidates[:top]
+        # the table lists the models the policy could choose; those it left out are named below it
+        shown = [c for c in d.candidates if c.eligible][:top]
         if d.model not in {c.model for c in shown}:   # the choice is always in the table, even ranked lower
             shown = shown + [c for c in d.candidates if c.model == d.model]
+        left_out = [c.model for c in d.candidates if not c.eligible and not c.probation]
         table([["*" if c.model == d.model else "", c.model, f"{c.prob:.3f}", f"{c.raw_prob:.3f}", c.evaluations,
                 num(c.cost), num(c.params_b), _status(c)] for c in shown],
               ["", "candidate", "P(correct)", "own P", "evaluations", "cost", "params_b", "status"])
+        if left_out:
+            click.echo(f"left out (no parameter count; cost by params_b): {', '.join(left_out)}")
         click.echo(f"encoder {d.encoder}; versions: " + ", ".join(f"{c.model} v{d.versions[c.model]}"
                                                                   for c in shown))
         click.echo("P(correct) is the model's own prediction (own P) with what the registry's answers add for queries "

@@ -94,3 +94,45 @@ def unknown_model(name: str, known, where: str = "") -> NotFound:
     guesses += [k for k in difflib.get_close_matches(name, known, n=3, cutoff=0.5) if k not in guesses]
     hint = f"; did you mean {' or '.join(repr(g) for g in guesses[:3])}?" if guesses else ""
     return NotFound(f"unknown model {name!r}{where}{hint}")
+
+
+def database_locked(path: str, detail: str) -> DatabaseLocked:
+    """DatabaseLocked for a file another process holds (`detail`: the database's own message), saying what is
+    known of the holder: its PID and, where /proc lets us read it, its command line; the HTTP API is suggested only
+    when the holder is a `registry serve`."""
+    import re
+
+    pid = re.search(r"PID (\d+)", detail)
+    if not pid:
+        return DatabaseLocked(f"{path}: the database is locked by another process; wait for it to finish or stop "
+                              f"it")
+    words = command_line(int(pid.group(1)))
+    shown = f" ({' '.join(' '.join(words).split())[:COMMAND_SHOWN]})" if words else ""    # one line
+    if words and words[0] == "registry" and "serve" in words[1:]:
+        return DatabaseLocked(f"{path}: the database is locked by process {pid.group(1)}{shown}; stop it or use its "
+                              f"HTTP API")
+    return DatabaseLocked(f"{path}: the database is locked by process {pid.group(1)}{shown}; wait for it to "
+                          f"finish or stop it")
+
+
+COMMAND_SHOWN = 120     # characters of the lock holder's command line a message shows
+
+
+def command_line(pid: int) -> list[str]:
+    """A process's command line from /proc (empty where unreadable), a registry process's as `registry ARGS`
+    (`python -m registry ...` and the console script alike), a token given on it hidden."""
+    import os
+
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            words = [w.decode(errors="replace") for w in f.read().split(b"\0") if w]
+    except OSError:
+        return []
+    words = [("--token=***" if w.startswith("--token=") else "***" if i and words[i - 1] == "--token" else w)
+             for i, w in enumerate(words)]
+    for i, w in enumerate(words):
+        if w == "-m" and i + 1 < len(words) and words[i + 1] == "registry":
+            return ["registry", *words[i + 2:]]
+        if os.path.basename(w) == "registry" and i < 2:
+            return ["registry", *words[i + 1:]]
+    return [os.path.basename(words[0]), *words[1:]] if words else []

@@ -16,19 +16,12 @@ from pathlib import Path
 from typing import Iterator
 
 from registry.core import dialect, resources, settings
-from registry.core.errors import DatabaseLocked, NotFound, RegistryError, SchemaOutdated
+from registry.core.errors import NotFound, RegistryError, SchemaOutdated, database_locked
 from registry.core.transaction import Tx, cache_section
 
 
 def default_db_path() -> str:
     return settings.current().db
-
-
-def _locked_message(path: str, exc: Exception) -> str:
-    pid = re.search(r"PID (\d+)", str(exc))
-    who = f"process {pid.group(1)}" if pid else "another process"
-    return (f"{path}: the database is locked by {who} (a running `registry serve`?); "
-            f"stop it or use its HTTP API")
 
 
 def alembic_config(connection=None):
@@ -96,7 +89,7 @@ class Store:
             self.con = duckdb.connect(self.path, config=config)
         except Exception as exc:  # duckdb raises IOException for a held lock
             if "lock" in str(exc).lower():
-                raise DatabaseLocked(_locked_message(self.path, exc)) from None
+                raise database_locked(self.path, str(exc)) from None
             raise RegistryError(f"{self.path}: cannot open database: {str(exc).splitlines()[0]}") from None
 
     def _stage_db(self):

@@ -31,4 +31,4 @@ def unavailable_models(tx: Tx) -> list[str]:
 
 def listing(tx: Tx) -> list[Availability]:
     down = set(unavailable_models(tx))
-    return [Availability(n, n not in down) for (n,) in tx.sql("SELECT name FROM models ORDER BY name")]
+    return [Availability(n, n not in down) for (n,) in tx.sql("SELECT name FROM models ORDER BY lower(name), name")]

@@ -40,7 +40,7 @@ def current(tx: Tx) -> dict[str, Endpoint]:
                          SELECT m.name, e.base_url, e.upstream_model, e.api_key_env,
                                 row_number() OVER (PARTITION BY e.model_id ORDER BY e.id DESC) AS newest
                          FROM model_endpoints e JOIN models m ON m.id = e.model_id) x
-                     WHERE newest = 1 ORDER BY name""")
+                     WHERE newest = 1 ORDER BY lower(name), name""")
     rows = [r for r in rows if r[1] is not None]      # the newest row removed it
     return {n: Endpoint(n, b, u or n, k) for n, b, u, k in rows}
 

@@ -15,6 +15,8 @@ class Candidate:
     cost: float | None = None         # price per query, if set
     params_b: float | None = None
     available: bool = True
+    eligible: bool = True             # the policy could choose it: not a model on probation (unless asked), nor,
+                                      #   under cost by params_b, one without a parameter count
 
 
 @dataclass

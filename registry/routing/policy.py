@@ -143,10 +143,11 @@ def decisions(st: State, probs: np.ndarray, raw: np.ndarray, picks, pol: Policy,
         # touch every model in Python
         p = np.round(probs[order, j].astype(np.float64), 6).tolist()
         r = np.round(raw[order, j].astype(np.float64), 6).tolist()
-        cands = [Candidate(st.names[i], pk, rk, n, flag, None if c != c else c, None if b != b else b, a)
-                 for i, pk, rk, n, flag, c, b, a in zip(
+        cands = [Candidate(st.names[i], pk, rk, n, flag, None if c != c else c, None if b != b else b, a, e)
+                 for i, pk, rk, n, flag, c, b, a, e in zip(
                      order.tolist(), p, r, ev.n[order].astype(np.int64).tolist(), ev.probation[order].tolist(),
-                     st.cost[order].tolist(), st.params_b[order].tolist(), up[order].tolist())]
+                     st.cost[order].tolist(), st.params_b[order].tolist(), up[order].tolist(),
+                     pol.eligible[order].tolist())]
         notes = [pol.note] if pol.note else []
         if row is None:
             notes.append(f"no model available: all {int(pol.eligible.sum())} candidates are unavailable")

@@ -13,7 +13,8 @@
 - Writing endpoints require `Authorization: Bearer <token>` when a token is configured; routing and fingerprinting
   do not (the one only appends to the routing log, the other writes nothing).
 - Errors are JSON `{"detail": "<one line>"}`: bad input 400, a missing or ill-typed field 422, unknown names 404,
-  an optional feature that this registry lacks 501.
+  an optional feature that this registry lacks 501; those of the OpenAI-compatible `/v1/...` routes are in OpenAI's
+  shape, `{"error": {"message", "type", "code"}}`.
 """
 from __future__ import annotations
 
@@ -21,15 +22,17 @@ import contextlib
 import sys
 
 from fastapi import APIRouter, FastAPI
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 from registry.api import Registry
 from registry.core import settings
 from registry.core.errors import DatabaseLocked, InputError, NotFound, RegistryError
 from registry.serve import proxy, web
 from registry.serve.context import ServerState
-from registry.serve.routes_models import availability_router, models_router
+from registry.serve.routes_models import availability_router, endpoints_router, models_router
 from registry.serve.routes_reads import reads_router, status_router
 from registry.serve.routes_routing import routing_router
 from registry.serve.serving import Serving
@@ -52,8 +55,8 @@ class _SizeLimit:
         if scope["type"] == "http":
             size = dict(scope["headers"]).get(b"content-length")
             if size is not None and (not size.isdigit() or int(size) > self.max_body):
-                response = JSONResponse({"detail": f"request body over {self.max_body // (1 << 20)} MiB: send "
-                                                   f"less (a results file in parts, say)"}, status_code=413)
+                response = _error(scope["path"], f"request body over {self.max_body // (1 << 20)} MiB: send less "
+                                                 f"(a results file in parts, say)", 413)
                 return await response(scope, receive, send)
         await self.app(scope, receive, send)
 
@@ -84,7 +87,8 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
     upstream = proxy.mount(app, serving)    # the OpenAI-compatible routing proxy at /v1 (serve/proxy.py)
     _error_handlers(app)
     # (the suffixed reads, /models/{name}/similar and /fallback, before the bare /models/{name} of the models)
-    for router in (status_router, reads_router, models_router, availability_router, routing_router):
+    for router in (status_router, reads_router, models_router, availability_router, endpoints_router,
+                   routing_router):
         _add_routes(app, router)
     return app
 
@@ -95,28 +99,44 @@ def _add_routes(app: FastAPI, router: APIRouter) -> None:
     app.router.routes.extend(router.routes)
 
 
+def _error(path: str, message: str, status: int) -> JSONResponse:
+    """{"detail": message}, or OpenAI's error shape on the proxy's routes."""
+    if path.startswith(proxy.PREFIX):
+        return proxy.openai_error(message, status)
+    return JSONResponse({"detail": message}, status_code=status)
+
+
 def _error_handlers(app: FastAPI) -> None:
-    """Errors are one line each: {"detail": ...} with the status the module docstring lists."""
+    """Errors are one line each: {"detail": ...} (on /v1/..., OpenAI's shape) with the status the module docstring
+    lists."""
 
     @app.exception_handler(NotFound)
-    async def _nf(_, exc):
-        return JSONResponse({"detail": str(exc)}, status_code=404)
+    async def _nf(request, exc):
+        return _error(request.url.path, str(exc), 404)
 
     @app.exception_handler(InputError)
-    async def _ie(_, exc):
-        return JSONResponse({"detail": str(exc)}, status_code=400)
+    async def _ie(request, exc):
+        return _error(request.url.path, str(exc), 400)
 
     @app.exception_handler(RegistryError)
-    async def _re(_, exc):
-        return JSONResponse({"detail": str(exc)}, status_code=409 if isinstance(exc, DatabaseLocked) else 400)
+    async def _re(request, exc):
+        return _error(request.url.path, str(exc), 409 if isinstance(exc, DatabaseLocked) else 400)
+
+    pages = app.exception_handlers.get(HTTPException, http_exception_handler)   # the pages' own (web.mount)
+
+    @app.exception_handler(HTTPException)
+    async def _http(request, exc):     # no such route, a wrong method: in the proxy's shape there, else as before
+        if request.url.path.startswith(proxy.PREFIX):
+            return proxy.openai_error(str(exc.detail), exc.status_code)
+        return await pages(request, exc)
 
     @app.exception_handler(Exception)
-    async def _internal(_, exc):   # a bug of ours: one line to the client, the trace to the server's log
+    async def _internal(request, exc):   # a bug of ours: one line to the client, the trace to the server's log
         import traceback
 
         traceback.print_exception(exc)
-        return JSONResponse({"detail": f"internal error ({type(exc).__name__}); the server's log has the details"},
-                            status_code=500)
+        return _error(request.url.path, f"internal error ({type(exc).__name__}); the server's log has the details",
+                      500)
 
     @app.exception_handler(RequestValidationError)
     async def _ve(request, exc):
@@ -130,6 +150,8 @@ def _error_handlers(app: FastAPI) -> None:
                else f"field {where!r}: {first.get('msg', 'invalid')}")
         if request.url.path.startswith("/ui/"):       # a page: a page that says so
             return web.error_page(request, msg.replace("field ", "parameter ", 1), 422)
+        if request.url.path.startswith(proxy.PREFIX):
+            return proxy.openai_error(msg, 422)
         if len(errs) > 1:      # a body of many rows: how many are wrong, and the first few, not every one
             msg += f" ({len(errs)} problems; the first {min(len(errs), SHOWN_ERRORS)} listed in 'errors')"
         return JSONResponse({"detail": msg, "errors": [{"loc": e.get("loc"), "msg": e.get("msg")}

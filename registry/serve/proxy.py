@@ -7,7 +7,11 @@
   the model's fallback chain is walked. A named model is forwarded as is, with no fallback. The response is the
   upstream's (streaming passes through), with headers `x-registry-model` and `x-registry-fallback: true|false`.
 - API keys are read from the environment variable each endpoint names, at request time: never stored, never logged.
-  The routing log keeps the decision and the prompt's hash, not its text.
+  The routing log keeps the prompt's hash, not its text, and who answered: its `model` is the model whose upstream
+  answered (none when every one failed), `fallback` whether that was a fallback, and its options' `proxy` entry the
+  routed choice and the models that failed.
+- Errors of the `/v1/...` routes are in OpenAI's shape, `{"error": {"message", "type", "code"}}` (`openai_error`),
+  so that an OpenAI client shows the message.
 """
 from __future__ import annotations
 
@@ -21,11 +25,21 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from registry.routing import log as route_log
 from registry.routing.options import RouteOptions
-from registry.serve.routes_routing import decisions
 from registry.core.errors import InputError, RegistryError
 
 ROUTE_OPTIONS = ("cost_weight", "min_prob", "cost_by")
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "content-encoding", "keep-alive"}
+PREFIX = "/v1/"
+ERROR_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
+               405: "method_not_allowed", 409: "conflict", 413: "request_too_large", 422: "invalid_request",
+               500: "internal_error", 501: "not_implemented", 502: "upstream_failed", 503: "no_endpoint"}
+
+
+def openai_error(message: str, status: int, code: str | None = None) -> JSONResponse:
+    """An error as OpenAI's API answers one (what its clients read the message from)."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return JSONResponse({"error": {"message": message, "type": kind, "code": code or ERROR_CODES.get(status)}},
+                        status_code=status)
 
 
 def last_user_text(messages) -> str:
@@ -66,20 +80,20 @@ def mount(app: FastAPI, serving, timeout: float = 60.0) -> httpx.AsyncClient:
             raise InputError("the body must be a JSON object with a string field 'model'")
         eps = serving.snapshots.current.endpoints
         if not eps:
-            return JSONResponse({"detail": "no model has an endpoint: `registry endpoints set MODEL --base-url URL`"},
-                                status_code=503)
+            return openai_error("no model has an endpoint: `registry endpoints set MODEL --base-url URL`", 503)
         options = {k: body.pop(k, None) for k in ROUTE_OPTIONS}
         for k in ROUTE_OPTIONS:
             if options[k] is None and k in request.query_params:
-                options[k] = request.query_params[k] if k == "cost_by" else float(request.query_params[k])
+                options[k] = request.query_params[k] if k == "cost_by" else _number(k, request.query_params[k])
+        routed = None
         if body["model"] == "auto":
-            chain, fallback = await run_in_threadpool(_route, serving, last_user_text(body.get("messages")), options)
+            chain, fallback, routed = await run_in_threadpool(_route, serving, last_user_text(body.get("messages")),
+                                                              options)
         elif body["model"] in eps:
             chain, fallback = [body["model"]], False
         else:
-            return JSONResponse({"detail": f"model {body['model']!r} has no endpoint (or give 'auto')"},
-                                status_code=404)
-        last = None
+            return openai_error(f"model {body['model']!r} has no endpoint (or give 'auto')", 404, "model_not_found")
+        last, failed = None, []
         for i, name in enumerate(chain):
             ep = eps[name]
             headers = {"Content-Type": "application/json"}
@@ -92,11 +106,15 @@ def mount(app: FastAPI, serving, timeout: float = 60.0) -> httpx.AsyncClient:
                 resp = await client.send(req, stream=True)
             except httpx.HTTPError as exc:
                 last = f"{name}: {type(exc).__name__}"
+                failed.append(name)
                 continue
             if resp.status_code >= 500:
                 last = f"{name}: upstream answered {resp.status_code}"
+                failed.append(name)
                 await resp.aclose()
                 continue
+            if routed is not None:
+                _log_answer(serving, routed, name, failed)
             out = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_HEADERS}
             out.update({"x-registry-model": name, "x-registry-fallback": "true" if (fallback or i > 0) else "false"})
             if body.get("stream"):
@@ -105,22 +123,47 @@ def mount(app: FastAPI, serving, timeout: float = 60.0) -> httpx.AsyncClient:
             content = await resp.aread()
             await resp.aclose()
             return Response(content, status_code=resp.status_code, headers=out)
-        return JSONResponse({"detail": f"every model in the chain failed ({', '.join(chain)}); last: {last}"},
-                            status_code=502)
+        if routed is not None:
+            _log_answer(serving, routed, None, failed)
+        return openai_error(f"every model in the chain failed ({', '.join(chain)}); last: {last}", 502)
 
     return client
 
 
+def _number(name: str, text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise InputError(f"{name} must be a number, got {text!r}") from None
+
+
 def _route(serving, text: str, options: dict):
-    """(models to try in order: the choice, then its fallback chain among models with endpoints; fallback?)"""
+    """(models to try in order: the choice, then its fallback chain among models with endpoints; fallback?; the
+    routing, whose log row waits for the upstreams' outcome)"""
     snap = serving.snapshots.current
     without = [m for m in snap.routing.known if m not in snap.endpoints]     # only models with an endpoint
     asked = RouteOptions(cost_weight=options["cost_weight"], min_prob=options["min_prob"], unavailable=without,
-                         cost_by=options["cost_by"] or "cost", top=route_log.LOG_TOP, log_text=False)
-    d = decisions(serving, [text], asked)[0]     # (only the choice is used)
+                         cost_by=options["cost_by"] or "cost", top=route_log.LOG_TOP, log_text=False, log=False)
+    routed = serving.route_unlogged([text], asked)
+    d = routed.decisions[0]     # (only the choice is used)
     if d.model is None:
+        serving.log(routed)
         raise RegistryError(d.note or "no model available")
-    return [d.model] + snap.chain(d.model, set(snap.endpoints), snap.routing.down), d.fallback
+    return [d.model] + snap.chain(d.model, set(snap.endpoints), snap.routing.down), d.fallback, routed
+
+
+def _log_answer(serving, routed, answered: str | None, failed: list[str]) -> None:
+    """Log the routed request as it ended: the model that answered (None: none could), whether that was a fallback
+    (the routing's own, or a model down the chain), and the models whose upstream failed."""
+    d = routed.decisions[0]
+    query_hash, text, _, _, candidates, encoder_id, versions, options = routed.log_rows[0]
+    used, opts = json.loads(versions), json.loads(options)
+    if answered is not None:
+        used[answered] = d.versions.get(answered)
+    opts["proxy"] = {"chosen": d.model, "answered": answered, "failed": failed}
+    row = (query_hash, text, answered, answered is not None and (d.fallback or answered != d.model), candidates,
+           encoder_id, json.dumps(used), json.dumps(opts))
+    serving.log(routed, [row])
 
 
 def _closer(resp):

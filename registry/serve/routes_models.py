@@ -1,5 +1,6 @@
 """The HTTP routes of the models themselves: the list, one model and its history, registering one (JSON rows or an
-uploaded results file, through the writer); and the availability marks (`availability`)."""
+uploaded results file, through the writer); the availability marks (`availability`); and where the routing proxy
+sends each model's requests (`endpoints`)."""
 from __future__ import annotations
 
 import os
@@ -18,6 +19,7 @@ UPLOAD_TYPES = {"text/csv": ".csv", "application/x-ndjson": ".jsonl", "applicati
 
 models_router = APIRouter()
 availability_router = APIRouter()
+endpoints_router = APIRouter()
 
 
 class RegisterBody(BaseModel):
@@ -35,6 +37,12 @@ class RegisterBody(BaseModel):
 class AvailabilityBody(BaseModel):
     models: list[str]
     reason: str | None = None
+
+
+class EndpointBody(BaseModel):
+    base_url: str
+    upstream_model: str | None = None
+    api_key_env: str | None = None
 
 
 # {name:path}: a name may hold "/" (Hugging Face's org/model), so the routes with a suffix come before the bare
@@ -109,3 +117,22 @@ def mark_unavailable(body: AvailabilityBody, s: ServerState = Depends(server)):
 @availability_router.post("/availability/available", dependencies=[Depends(require_token)])
 def mark_available(body: AvailabilityBody, s: ServerState = Depends(server)):
     return json_response(s.serving.write(lambda: s.registry.mark_available(body.models, body.reason)))
+
+
+@endpoints_router.get("/endpoints")
+def endpoints(s: ServerState = Depends(server)):
+    return json_response(s.registry.endpoints())
+
+
+@endpoints_router.put("/endpoints/{model:path}", dependencies=[Depends(require_token)])
+def set_endpoint(model: str, body: EndpointBody, s: ServerState = Depends(server)):
+    """Where the routing proxy sends MODEL's requests (`registry endpoints set`); the proxy uses it at once."""
+    return json_response(s.serving.write(lambda: s.registry.set_endpoint(
+        model, body.base_url, upstream_model=body.upstream_model, api_key_env=body.api_key_env)))
+
+
+@endpoints_router.delete("/endpoints/{model:path}", dependencies=[Depends(require_token)])
+def remove_endpoint(model: str, s: ServerState = Depends(server)):
+    """MODEL's endpoint removed (`registry endpoints remove`): the proxy no longer sends it requests."""
+    s.serving.write(lambda: s.registry.remove_endpoint(model))
+    return {"model": model, "removed": True}

@@ -28,11 +28,13 @@ def fallback(name: str, k: int = Query(5, ge=1, le=1000), include_probation: boo
 @reads_router.get("/portfolio")
 def portfolio(*, k: int | None = Query(None, ge=1, le=1000), target: float | None = Query(None, gt=0, le=1),
               method: str | None = None, max_params: float | None = None, max_cost: float | None = None,
-              include_probation: bool | None = None, s: ServerState = Depends(server)):
-    """A few models covering the embedding space (give k, or a target share of the pool's accuracy); models on
-    probation are members only with include_probation=true."""
+              include_probation: bool | None = None, fill: bool = False, s: ServerState = Depends(server)):
+    """A few models keeping the routing or covering the embedding space (give k, or a target share of the pool's
+    accuracy); models on probation are members only with include_probation=true; by routing value, members that add
+    nothing only with fill=true."""
     return json_response(s.registry.portfolio(k=k, target=target, method=method, max_params=max_params,
-                                              max_cost=max_cost, include_probation=bool(include_probation)))
+                                              max_cost=max_cost, include_probation=bool(include_probation),
+                                              fill=fill))
 
 
 @reads_router.post("/fingerprint")

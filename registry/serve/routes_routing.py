@@ -1,7 +1,7 @@
 """The HTTP routes that route query texts (`POST /route`, `/route/batch`): answered from the serving snapshot, on
 the event loop when every text's vector is known, else on a worker thread while MiniLM encodes; the log rows go to
-the writer without waiting. `route_options` and `decisions` are what the routing proxy (serve/proxy.py) routes by
-too."""
+the writer without waiting. The routing proxy (serve/proxy.py) routes through `Serving.route_unlogged` instead: it
+logs who answered once its upstreams have."""
 from __future__ import annotations
 
 import time
@@ -53,7 +53,7 @@ def route_options(body: RouteBody | RouteBatchBody) -> RouteOptions:
 
 
 def decisions(serving: Serving, texts: list[str], options: RouteOptions) -> list[Decision]:
-    """The server's one call of `Serving.route`: every HTTP route and the proxy route through it."""
+    """The server's one call of `Serving.route`: every HTTP route routes through it."""
     return serving.route(texts, options)
 
 

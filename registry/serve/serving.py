@@ -33,6 +33,15 @@ class Serving:
             self.writer.log(r.log_rows, r.new_hashes, r.new_vectors)
         return r.decisions
 
+    def route_unlogged(self, texts: list[str], options: RouteOptions) -> policy.Routed:
+        """The routing of `route` with its log rows kept back, for the caller to amend and hand over (`log`): the
+        proxy logs who answered once the upstreams have."""
+        return policy.route_texts(self.snapshots.current.routing, texts, self.vectors, options)
+
+    def log(self, routed: policy.Routed, rows: list[tuple] | None = None) -> None:
+        """Hand a routing's log rows (`rows` in place of its own) and new vectors to the writer (not waited for)."""
+        self.writer.log(routed.log_rows if rows is None else rows, routed.new_hashes, routed.new_vectors)
+
     def register(self, name: str, evals: str, metadata: dict | None = None, update: bool = False, k: int = 5):
         """`Registry.register` through the writer (group commit); answered once durable and visible to reads."""
         return self.writer.register(name, evals, metadata or {}, update, k)

@@ -28,7 +28,7 @@ from registry.routing.options import RouteOptions
 
 HERE = Path(__file__).resolve().parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))
-MAP_TSNE_MAX = 300     # models; above it the page's map is a PCA (`registry map` still draws t-SNE)
+MAP_TSNE_MAX = 300     # models; above it the page's map is a PCA (`registry map` still draws t-SNE there)
 _cache_lock = threading.Lock()   # (the values are kept in the Store's cache: `_cached`)
 
 
@@ -187,7 +187,7 @@ def route_page(request: Request, q: str | None = None):
 
 
 @pages.get("/ui/portfolio", response_class=HTMLResponse)
-def portfolio_page(request: Request, k: int = Query(3, ge=1, le=1000), method: str = "routing"):
+def portfolio_page(request: Request, k: int = Query(3, ge=1, le=1000), method: str | None = None):
     from registry.answers import portfolio
 
     reg = _registry(request)
@@ -198,7 +198,8 @@ def portfolio_page(request: Request, k: int = Query(3, ge=1, le=1000), method: s
             result = portfolio.with_share(tx, pool, k, method, probation=pool.on_probation(reg.probation_min))
     except RegistryError as exc:
         error = str(exc)
-    return page(request, "portfolio.html", p=result, k=k, method=method, methods=portfolio.METHODS, error=error)
+    shown = result.method if result else method or portfolio.DEFAULT_METHOD
+    return page(request, "portfolio.html", p=result, k=k, method=shown, methods=portfolio.METHODS, error=error)
 
 
 @pages.get("/ui/fingerprint", response_class=HTMLResponse)

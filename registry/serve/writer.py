@@ -78,10 +78,12 @@ class Writer:
         self.commits.sync_book()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="registry-writer")
         self._thread.start()
-        threading.Thread(target=self._refitter, daemon=True, name="registry-refitter").start()
+        self._helpers = [threading.Thread(target=self._refitter, daemon=True, name="registry-refitter")]
         if reg.store.dialect == "postgresql":
             self.poll_s = generation.POLL_S
-            threading.Thread(target=self._follower, daemon=True, name="registry-follower").start()
+            self._helpers.append(threading.Thread(target=self._follower, daemon=True, name="registry-follower"))
+        for thread in self._helpers:
+            thread.start()
 
     # --- what request threads call --------------------------------------------------------------------------------
     def register(self, name: str, evals: str, metadata: dict, update: bool = False, k: int = 5):
@@ -125,6 +127,8 @@ class Writer:
         self._stopping = True
         self._jobs.put(None)
         self._thread.join(timeout=60)
+        for thread in self._helpers:     # a refit still reading must end before the registry closes its file
+            thread.join(timeout=60)
 
     def _prepare(self, rows: list[dict]):
         try:
@@ -176,7 +180,13 @@ class Writer:
                 self._stale.set()
             if stop:
                 self._cycle([])      # the last log rows
-                return
+                while True:          # a job that raced the stop is answered, never left waiting
+                    try:
+                        late = self._jobs.get_nowait()
+                    except queue.Empty:
+                        return
+                    if late:
+                        late.future.set_exception(RuntimeError("the server is stopping"))
 
     def refit(self) -> None:
         """Fit routing's interaction terms for the current versions (about a second; in this thread, with its own

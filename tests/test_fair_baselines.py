@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 from click.testing import CliRunner
 
-from registry import Registry
+from registry import Registry, RouteOptions
 from registry.cli import cli
+from registry.embedding import evidence
 from registry.locus import baselines as B
 
 
@@ -56,3 +57,38 @@ def test_a_partly_evaluated_model_does_not_drag_the_baselines(db_copy, tmp_path)
     assert any("among the models with a result" in n and "partial-strong" in n for n in after.notes)
     out = run(db_copy, "evaluate", "--no-baselines")
     assert out.exit_code == 0 and "note: every method chooses, for each query, among the models" in out.output
+
+
+# --- the probation minimum follows the registry's data -----------------------------------------------------------
+def test_the_data_driven_minimum(monkeypatch):
+    monkeypatch.delenv("REGISTRY_PROBATION_MIN", raising=False)
+    assert evidence.from_counts([]) == evidence.PROBATION_MIN
+    assert evidence.from_counts([10829] * 31) == 500                           # the full benchmark: 500, as ever
+    assert evidence.from_counts([270] * 31) == 135                             # a 300-question slice
+    assert evidence.from_counts([270] * 31 + [20] * 40) == 135                 # small models do not lower the bar
+    assert evidence.probation_min(None, counts=[270] * 31) == 135 and evidence.probation_min(7, counts=[270]) == 7
+    monkeypatch.setenv("REGISTRY_PROBATION_MIN", "9")
+    assert evidence.probation_min(None, counts=[270] * 31) == 9
+
+
+def test_a_small_registry_routes_without_flags(db_copy, tmp_path, monkeypatch):
+    monkeypatch.delenv("REGISTRY_PROBATION_MIN", raising=False)
+    with Registry(db_copy, min_evaluations=16) as reg:       # (a model from 20 results is embedded)
+        with reg.store.tx() as tx:
+            text = tx.sql("SELECT text FROM queries ORDER BY id LIMIT 1")[0][0]
+            behind = [n for (n,) in tx.sql("SELECT max(n_evaluations) FROM embedding_versions GROUP BY model_id")]
+        expected = min(500, int(np.median(sorted(behind)[::-1][:(len(behind) + 1) // 2]) // 2))
+        assert max(behind) < 500 and reg.probation_min == expected
+        assert reg.route(text, RouteOptions(log=False)).model
+        assert all(m.status == "established" for m in reg.models())
+        small = reg.register("twenty", write_results(tmp_path / "t.csv", [(q, 1) for q in train_queries(reg)[:20]]))
+        assert small.status == "probation" and reg.show("twenty").status == "probation"
+        d = reg.route(text, RouteOptions(log=False))
+        assert d.model != "twenty" and next(c for c in d.candidates if c.model == "twenty").probation
+        assert reg.evaluate("test", baselines=False).probation == {"twenty": 20}
+    out = run(db_copy, "route", text)
+    assert out.exit_code == 0 and "probation" not in out.output.split("\n")[0]
+    # the flag and the variable still set it
+    assert "every model is on probation" in run(db_copy, "--probation-min", "1000", "route", text).output
+    monkeypatch.setenv("REGISTRY_PROBATION_MIN", "1000")
+    assert "every model is on probation" in run(db_copy, "route", text).output

@@ -20,6 +20,7 @@ class Registry:
     """A model registry in one DuckDB file (or a PostgreSQL database: `Registry("postgresql://...")`).
     `Registry(path)` opens (and, if new, creates) it; with `create=False` a missing file is an error (NotFound)
     instead."""
+    probation_min = property(lambda self: evidence.store_minimum(self.store, self.probation_setting))  # evidence.py
 
     def __init__(self, path: str | Path | None = None, migrate: bool = True,
                  min_evaluations: int = embed.MIN_EVALUATIONS, create: bool = True,
@@ -27,7 +28,7 @@ class Registry:
         self.store = Store(path, migrate=migrate, create=create)
         self.path = self.store.path
         self.min_evaluations = min_evaluations
-        self.probation_min = evidence.probation_min(probation_min)   # fewer evaluations: on probation
+        self.probation_setting = evidence.configured_min(probation_min)   # None: the registry's data sets it
 
     def close(self) -> None:
         index.flush(self.store.cache, self.path)
@@ -347,7 +348,7 @@ class Registry:
         log insert. `reuse_vectors=False` encodes every text (what benchmarks compare with bare MiniLM)."""
         with self.store.tx() as tx:
             return policy.route(tx, texts, options or RouteOptions(), reuse_vectors=reuse_vectors,
-                                batch_size=batch_size, progress=progress, probation_min=self.probation_min)
+                                batch_size=batch_size, progress=progress, probation_min=self.probation_setting)
 
     def prepare_queries(self, texts: list[str]) -> None:
         """Compute and cache the texts' vectors now (the server does this outside its write lock)."""
@@ -396,4 +397,4 @@ class Registry:
         from registry.routing import frontier
 
         with self.store.tx() as tx:
-            return frontier.compute(tx, routing_state.current(tx, self.probation_min), split, cost_by, weights)
+            return frontier.compute(tx, routing_state.current(tx, self.probation_setting), split, cost_by, weights)

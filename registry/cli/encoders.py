@@ -160,6 +160,8 @@ def evaluate(ctx, *, split, sample_efficiency, seeds, no_baselines, held_out, n,
                    f"residual of the {sel['k']} nearest queries, chosen on val (val hit@1 "
                    f"{sel['val_hit']['chosen']:.4f}; the predictor alone {sel['val_hit']['predictor']:.4f})")
     click.echo("routing chooses: " + ", ".join(f"{m} {n}" for m, n in sorted(r.choices.items(), key=lambda kv: -kv[1])))
+    for note in r.notes:
+        click.echo(f"note: {note}")
     for m, v in r.methods.items():
         if v.get("scored") is not None and v["scored"] < r.queries:
             click.echo(f"note: {m}: {r.queries - v['scored']} of {r.queries} chosen models have no result for the "

@@ -3,10 +3,12 @@
 A model's embedding is an estimate from its evaluations, and its noise shrinks as they grow (about 1/n in squared
 distance). Two rules follow:
 
-- Probation. A model embedded from fewer than `probation_min()` evaluations (default 500, `REGISTRY_PROBATION_MIN`
-  or the CLI's `--probation-min`) is listed as "probation" and is never chosen by routing unless the caller asks for
-  it: from 128 random evaluations the encoder cannot even rank the 31 MMLU-Pro models (BENCHMARKS.md), so one model
-  registered from 100 rows must not take over the traffic.
+- Probation. A model embedded from fewer than the probation minimum of evaluations is listed as "probation" and is
+  never chosen by routing unless the caller asks for it: from 128 random evaluations the encoder cannot even rank
+  the 31 MMLU-Pro models (BENCHMARKS.md), so one model registered from 100 rows must not take over the traffic. The
+  minimum is `REGISTRY_PROBATION_MIN` or the CLI's `--probation-min` when set, else it follows the registry's own
+  data (`from_counts`): the smaller of 500 and half of what its best-known models were embedded from, so a team
+  with a 300-question benchmark routes without flags while a model far below its peers is still held back.
 - Shrinkage. Every model's P(correct) is pulled toward what the established models predict for the query on average,
   by an empirical-Bayes weight w = tau^2 / (tau^2 + u^2): tau^2 is the spread of the established embeddings around
   their mean, u^2 the variance of this model's embedding, read from its stability estimate (the distance between
@@ -22,21 +24,76 @@ from dataclasses import dataclass
 import numpy as np
 
 from registry.core import settings
+from registry.core.store import Tx
+from registry.embedding import encoders
 
-PROBATION_MIN = 500
+PROBATION_MIN = 500      # the most the minimum asks for, and the minimum where the registry's data says nothing
 
 
-def probation_min(value: int | None = None) -> int:
-    """The fewest evaluations behind an embedding for a model to be routed to without being asked for."""
+def configured_min(value: int | None = None) -> int | None:
+    """The probation minimum the caller set (`value`, the CLI's --probation-min) or else REGISTRY_PROBATION_MIN;
+    None: neither, the registry's data decides (`from_counts`)."""
     if value is None:
         value = settings.current().probation_min
-        value = PROBATION_MIN if value is None else value
-    return max(0, int(value))
+    return None if value is None else max(0, int(value))
+
+
+def from_counts(counts) -> int:
+    """The data-driven minimum from the evaluations behind the current embeddings: the smaller of PROBATION_MIN and
+    half the median count of the better-known half of the models (so models registered from a few results, however
+    many, do not lower the bar); PROBATION_MIN for a registry without embeddings."""
+    n = np.sort(np.asarray(counts, dtype=np.float64))[::-1]
+    if not len(n):
+        return PROBATION_MIN
+    return int(min(PROBATION_MIN, np.median(n[:(len(n) + 1) // 2]) // 2))
+
+
+def probation_min(value: int | None = None, counts=None) -> int:
+    """The fewest evaluations behind an embedding for a model to be routed to without being asked for: the one
+    set (`configured_min`), else `from_counts(counts)`, else (no counts given) PROBATION_MIN."""
+    value = configured_min(value)
+    if value is not None:
+        return value
+    return PROBATION_MIN if counts is None else from_counts(counts)
+
+
+def minimum(tx: Tx, value: int | None = None) -> int:
+    """The probation minimum of this registry now: the one set, else `from_counts` of the current embeddings under
+    the active encoder (what routing's state computes from the same versions), read once per change of the
+    versions (their cache generation, `index.versions_written`) and encoder."""
+    value = configured_min(value)
+    if value is not None:
+        return value
+    encoder_id = encoders.active_id(tx)
+    key = (encoder_id, tx.cache.get(("generation", "versions"), 0))
+    kept = tx.section("probation minimum")
+    if key in kept:
+        return kept[key]
+    counts = [] if encoder_id is None else [n for (n,) in tx.sql("""
+        SELECT n_evaluations FROM (
+            SELECT n_evaluations, row_number() OVER (PARTITION BY model_id ORDER BY version DESC) AS newest
+            FROM embedding_versions WHERE encoder_id = ?) x
+        WHERE newest = 1""", [encoder_id])]
+    found = from_counts(counts)
+    if "versions" not in tx.local.get("invalidated", ()):   # (not from versions this transaction wrote)
+        kept.clear()
+        kept[key] = found
+    return found
+
+
+def store_minimum(store, value: int | None = None) -> int:
+    """`minimum` in a read of its own (a Store's): the facade's `probation_min`."""
+    value = configured_min(value)
+    if value is not None:
+        return value
+    with store.tx() as tx:
+        return minimum(tx)
 
 
 def on_probation(n, minimum: int | None = None):
     """The probation rule, its one home: an embedding from fewer than the minimum evaluations (n: a count or an
-    array of counts) -> bool (or [M] bool)."""
+    array of counts) -> bool (or [M] bool). `minimum` None: the one set, else PROBATION_MIN (callers that know the
+    registry pass `minimum(tx)`)."""
     return np.asarray(n) < probation_min(minimum) if isinstance(n, np.ndarray) else int(n) < probation_min(minimum)
 
 
@@ -53,11 +110,12 @@ class Evidence:
 
 
 def assess(z: np.ndarray, n, stability, minimum: int | None = None) -> Evidence:
-    """z [M,D] current embeddings, n [M] evaluations behind them, stability [M] (None/nan: unknown)."""
+    """z [M,D] current embeddings, n [M] evaluations behind them, stability [M] (None/nan: unknown); `minimum`
+    None: the one set, else `from_counts(n)`."""
     n = np.asarray(n, dtype=np.float64)
     stab = (stability.astype(np.float64) if isinstance(stability, np.ndarray)
             else np.array([np.nan if s is None else float(s) for s in stability], dtype=np.float64))
-    minimum = probation_min(minimum)
+    minimum = probation_min(minimum, counts=n)
     probation = on_probation(n, minimum)
     ref = ~probation if (~probation).sum() >= 2 else np.ones(len(n), dtype=bool)
     z = np.asarray(z, dtype=np.float64)

@@ -3,7 +3,9 @@
 LOCUS is scored with the models' stored current embeddings (computed from every evaluation outside the test split,
 see embedding/embed.py). Two LOCUS rows: `locus`, the predictor alone, and `locus_interaction`, what routing serves (the
 predictor's logit plus the interaction terms of locus/interaction.py, fitted on train and val exactly as routing fits
-them), so the report describes exactly what routing will do. Every method sees the same queries.
+them), so the report describes exactly what routing will do. Every method sees the same queries, and chooses for each
+among the models with a result for it (baselines.among_answered): a model known from a few hundred results would
+otherwise be chosen where it cannot be scored, and drag down the methods that like it.
 `registry evaluate --held-out K` (models the encoder never saw, known from a few evaluations) is evaluate/heldout.py.
 """
 from __future__ import annotations
@@ -38,6 +40,7 @@ class EvaluationReport:
     held_out: bool = True     # False off the test split: embeddings hold its answers, KNN and MF are tuned on val
     disagree: int = 0         # queries where the models' answers differ (hit@1_disagree is on these)
     interaction: dict = field(default_factory=dict)           # a, k, w chosen on val and what val measured
+    notes: list[str] = field(default_factory=list)            # how the figures were made, where it matters
     planned_efficiency: dict | None = None   # --planned: planned against random probes at each n (probes.compare)
 
 
@@ -94,8 +97,12 @@ def evaluate(tx: Tx, split: str = "test", *, baselines: bool = True, sample_effi
     # the strongest model: the best single model on train, against which "differs_from_strongest" is counted
     strongest = int(np.argmax(B.model_accuracy(data.correct[:, tr]))) if len(tr) else None
     enc_name = tx.sql("SELECT name FROM encoders WHERE id = ?", [encoder_id])[0][0]
-    methods = {"locus": B.routing_report(p, ct, p, strongest)}
-    scores, routed, selection = {"locus": p}, p, {}
+
+    def answered(s):            # every method's choice: among the models with a result for the query
+        return B.among_answered(s, ct)
+
+    methods = {"locus": B.routing_report(answered(p), ct, p, strongest)}
+    scores, routed, selection = {"locus": answered(p)}, p, {}
     if len(tr) and len(va):         # as routing: without a val split to choose the weights, the predictor alone
         rows = interaction.contenders(data.correct, tr, va)      # (every model here is eligible)
         raw = locus_probs(tx, encoder_id, z[rows], data.qvecs, labels)   # the predictor's own, as routing fits on
@@ -103,33 +110,33 @@ def evaluate(tx: Tx, split: str = "test", *, baselines: bool = True, sample_effi
         routed = interaction.sigmoid(fitted.scores(interaction.logit(p), data.qvecs[idx],
                                                     fitted.category_index(data.categories[idx])))
         selection = fitted.selection
-        methods["locus_interaction"] = dict(B.routing_report(routed, ct, routed, strongest),
+        methods["locus_interaction"] = dict(B.routing_report(answered(routed), ct, routed, strongest),
                                             **{k: selection[k] for k in ("a", "k", "w")})
-        scores["locus_interaction"] = routed
-    chosen = B.topk_models(routed, 1)[0]
+        scores["locus_interaction"] = answered(routed)
+    chosen = B.topk_models(routed, 1)[0]       # what routing serves: it cannot know which models have a result
     choices = {data.models[m]: int(n) for m, n in zip(*np.unique(chosen, return_counts=True))}
     if baselines:
         methods["oracle"] = {f"hit@{k}": B.oracle_hit(ct) for k in (1, 3, 5)}
         s = B.best_single_scores(data.correct, tr, idx)
-        methods["best_single"] = B.routing_report(s, ct, None, strongest)
+        methods["best_single"] = B.routing_report(answered(s), ct, None, strongest)
         methods["best_single"]["model"] = data.models[int(np.argmax(s[:, 0]))]
-        scores["best_single"] = s
+        scores["best_single"] = answered(s)
         methods["random"] = {f"hit@{k}": B.random_hit_at_k(ct, k) for k in (1, 3, 5)}
         s, info = B.per_category_router(data.correct, data.categories, tr, va, idx)
-        methods["per_category"] = dict(B.routing_report(s, ct, None, strongest), prior=info["prior"])
-        scores["per_category"] = s
+        methods["per_category"] = dict(B.routing_report(answered(s), ct, None, strongest), prior=info["prior"])
+        scores["per_category"] = answered(s)
         k, _ = B.knn_router(data.qvecs, data.correct, tr, va)
         s = B.knn_scores(data.qvecs, data.correct, tr, idx, k)
-        methods["knn"] = dict(B.routing_report(s, ct, s, strongest), k=k)
-        scores["knn"] = s
+        methods["knn"] = dict(B.routing_report(answered(s), ct, s, strongest), k=k)
+        scores["knn"] = answered(s)
         mf, info = B.mf_router(data.qvecs, data.correct, tr, va, seed=mf_seed)
         s = B.mf_probs(mf, data.qvecs, idx)
-        methods["mf"] = dict(B.routing_report(s, ct, s, strongest), dim=info["dim"])
-        scores["mf"] = s
+        methods["mf"] = dict(B.routing_report(answered(s), ct, s, strongest), dim=info["dim"])
+        scores["mf"] = answered(s)
         irt, info = B.irt_router(data.qvecs, data.correct, tr, va, seed=mf_seed)
         s = B.irt_probs(irt, data.qvecs, idx)
-        methods["irt"] = dict(B.routing_report(s, ct, s, strongest), dim=info["dim"])
-        scores["irt"] = s
+        methods["irt"] = dict(B.routing_report(answered(s), ct, s, strongest), dim=info["dim"])
+        scores["irt"] = answered(s)
     per_category = {}
     for cat in sorted(set(data.categories[idx])):
         sel = data.categories[idx] == cat
@@ -141,12 +148,24 @@ def evaluate(tx: Tx, split: str = "test", *, baselines: bool = True, sample_effi
                               {m: {k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}
                                for m, r in methods.items()}, per_category, None, choices, excluded,
                               probation=probation, held_out=split == "test",
-                              disagree=int(B.disagreement(ct).sum()), interaction=selection)
+                              disagree=int(B.disagreement(ct).sum()), interaction=selection,
+                              notes=_answered_notes(data.models, ct))
     if sample_efficiency:
         report.sample_efficiency = sample_efficiency_curve(tx, data, idx, seeds, sizes)
     if planned:
         report.planned_efficiency = planned_curve(tx, data, z, idx, seeds, sizes)
     return report
+
+
+def _answered_notes(models: list[str], ct: np.ndarray) -> list[str]:
+    """What the report says of the (model, query) pairs of the split without a result, if any."""
+    missing = ct < 0
+    if not missing.any():
+        return []
+    worst = int(np.argmax(missing.sum(axis=1)))
+    return [f"every method chooses, for each query, among the models with a result for it: {int(missing.sum())} of "
+            f"{missing.size} (model, query) pairs have none ({models[worst]}: {int(missing[worst].sum())} of "
+            f"{ct.shape[1]} queries)"]
 
 
 def subset_rows(correct: np.ndarray, pool: np.ndarray, n: int, seed: int) -> list[np.ndarray]:
@@ -164,7 +183,8 @@ def embed_subsets(model, data: Dataset, rows: list[np.ndarray]) -> np.ndarray:
 
 
 def sample_efficiency_curve(tx: Tx, data: Dataset, idx: np.ndarray, seeds: int, sizes) -> dict:
-    """hit@1 when every model is embedded from only n random non-test evaluations, against all of them."""
+    """hit@1 when every model is embedded from only n random non-test evaluations, against all of them (each
+    query's choice among the models with a result for it, as every method's)."""
     encoder_id = encoders.ensure_default(tx)
     model, _ = encoders.load(tx, encoder_id)
     nontest = np.concatenate([data.splits["train"], data.splits["val"]])
@@ -175,7 +195,7 @@ def sample_efficiency_curve(tx: Tx, data: Dataset, idx: np.ndarray, seeds: int, 
         for seed in range(seeds):
             z = embed_subsets(model, data, subset_rows(data.correct, nontest, n, seed))
             p = model.p_correct(z, data.qvecs[idx], _at(query_labels(data, model), idx))
-            hits.append(B.hit_at_k(p, ct, 1))
+            hits.append(B.hit_at_k(B.among_answered(p, ct), ct, 1))
         out[str(n)] = {"mean": round(float(np.mean(hits)), 4), "std": round(float(np.std(hits)), 4), "draws": seeds}
     return out
 

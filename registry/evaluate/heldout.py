@@ -203,8 +203,10 @@ def predictions(vis: Dataset, held: np.ndarray, cfg: training.TrainConfig, *, se
 
 def metrics(p: np.ndarray, truth: np.ndarray, held: np.ndarray, strongest: int) -> dict:
     """Routing over every model (how many it chooses, how often not the `strongest`, the best single model, and
-    hit@1 where models disagree too), and prediction quality on the held-out models' answers alone. truth [M,N]."""
-    top = B.topk_models(p, 1)[0]
+    hit@1 where models disagree too), and prediction quality on the held-out models' answers alone. truth [M,N].
+    Each query's choice is among the models with a result for it (baselines.among_answered), as `evaluate`'s."""
+    s = B.among_answered(p, truth)
+    top = B.topk_models(s, 1)[0]
     ph, th = p[held], truth[held]
     within, err = [], []
     for pm, tm in zip(ph, th):
@@ -214,9 +216,9 @@ def metrics(p: np.ndarray, truth: np.ndarray, held: np.ndarray, strongest: int) 
         err.append(abs(float(np.mean(pm[obs], dtype=np.float64)) - float(y.mean())))
     hp = B.predictor_metrics(ph, th)
     dis = B.disagreement(truth)
-    return {"hit@1": B.hit_at_k(p, truth, 1), "auc": B.predictor_metrics(p, truth)["auc"],
+    return {"hit@1": B.hit_at_k(s, truth, 1), "auc": B.predictor_metrics(p, truth)["auc"],
             "n_chosen": float(len(np.unique(top))), "differs_from_strongest": float((top != strongest).mean()),
-            "hit@1_disagree": B.hit_at_k(p[:, dis], truth[:, dis], 1),
+            "hit@1_disagree": B.hit_at_k(s[:, dis], truth[:, dis], 1),
             "held_out_auc": hp["auc"], "held_out_auc_within": float(np.nanmean(within)),
             "held_out_brier": hp["brier"], "held_out_acc_error": float(np.mean(err)),
             "routed_to_held_out": float(held[top].mean())}

@@ -2,7 +2,8 @@
 
 Arrays: qvecs [Nq,Dq] float32 (unit norm); correct [M,Nq] int8 with 1/0 and -1 = missing. A score matrix is
 [M,N] over the queries being routed (higher = route there). A missing (model, query) counts as wrong when chosen;
-predictor metrics (accuracy, AUC, Brier) use observed entries only.
+`among_answered` keeps every method from choosing one where another model has a result (evaluate/ scores routing
+that way); predictor metrics (accuracy, AUC, Brier) use observed entries only.
 """
 from __future__ import annotations
 
@@ -17,6 +18,15 @@ import torch
 def topk_models(scores: np.ndarray, k: int) -> np.ndarray:
     """[M,N] scores -> [k,N] model indices, best first; ties go to the lower model index (stable sort)."""
     return np.argsort(-np.asarray(scores, dtype=np.float64), axis=0, kind="stable")[:k]
+
+
+def among_answered(scores: np.ndarray, correct: np.ndarray) -> np.ndarray:
+    """scores [M,N] with every (model, query) that has no result in correct [M,N] ranked below all that have one:
+    a method then chooses among the models that could answer each query, so one partly evaluated model does not
+    count against a method that prefers it (a query no model has a result for keeps its scores)."""
+    scores = np.asarray(scores, dtype=np.float64)
+    missing = (correct < 0) & (correct >= 0).any(axis=0, keepdims=True)
+    return np.where(missing, -np.inf, scores)
 
 
 def hit_at_k(scores: np.ndarray, correct: np.ndarray, k: int = 1) -> float:
@@ -170,11 +180,12 @@ def _knn_shared(qvecs, correct, tr, ev, k):
 
 
 def val_hit(scores: np.ndarray, correct_val: np.ndarray) -> float:
-    """Validation hit@1 for choosing a baseline's settings, among the models with a validation result: one without
-    any (a new model known only from a few train results) cannot be judged there, and counting its choices as
-    wrong would tune the baseline against new models. With every model on val this is hit_at_k(..., 1)."""
+    """Validation hit@1 for choosing a baseline's settings, each query's choice among the models with a validation
+    result for it (`among_answered`, as the test split is scored): a model without one (a new model known from a
+    few hundred results) cannot be judged there, and counting its choices as wrong would tune the baseline against
+    it. With every model on every val query this is hit_at_k(..., 1)."""
     rows = (correct_val >= 0).any(axis=1)
-    return hit_at_k(scores[rows], correct_val[rows], 1) if rows.any() else 0.0
+    return hit_at_k(among_answered(scores[rows], correct_val[rows]), correct_val[rows], 1) if rows.any() else 0.0
 
 
 def knn_router(qvecs, correct, train_idx, val_idx, ks=(5, 10, 20, 50, 100),

@@ -74,7 +74,7 @@ def current(tx: Tx, probation_min: int | None = None, *, refit: bool = True) -> 
     """The Store's cached routing state, rebuilt only when the registry changed in a way that matters to routing.
     With `refit=False` (a server's writer after each commit: a fit takes about a second) the interaction terms of
     the last fit are carried over: models it knew keep theirs, a new model gets none until the next fit."""
-    key = tuple(tx.sql(_key_sql(tx.dialect))[0]) + (evidence.probation_min(probation_min),)
+    key = tuple(tx.sql(_key_sql(tx.dialect))[0]) + (evidence.configured_min(probation_min),)
     kept = tx.section("routing state")
     st = kept.get("state")
     if st is not None and st.key == key and (st.interaction_fitted or not refit):

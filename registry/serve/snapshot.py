@@ -44,7 +44,7 @@ def build(reg, generation: int, previous: Snapshot | None = None, refit: bool = 
     write changed models, not endpoints); without `refit`, routing's interaction terms are carried over from the
     last fit (routing_state.current)."""
     with reg.store.tx() as tx:
-        st = routing_state.current(tx, reg.probation_min, refit=refit)
+        st = routing_state.current(tx, reg.probation_setting, refit=refit)
         eps = previous.endpoints if previous is not None else endpoints.current(tx)
     return _assemble(generation, st, eps)
 

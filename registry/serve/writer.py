@@ -192,7 +192,7 @@ class Writer:
         """Fit routing's interaction terms for the current versions (about a second; in this thread, with its own
         read), then have the writer swap in a snapshot that uses them (a refresh: the fit is cached by versions)."""
         with self.reg.store.tx() as tx:
-            routing_state.current(tx, self.reg.probation_min, refit=True)
+            routing_state.current(tx, self.reg.probation_setting, refit=True)
         self._stats["refits"] += 1
         self.run(lambda: self.snapshots.refresh(endpoints_changed=False))
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from registry.core import settings
-from registry.core.store import Tx
+from registry.core.transaction import Tx
 from registry.embedding import encoders
 
 PROBATION_MIN = 500      # the most the minimum asks for, and the minimum where the registry's data says nothing

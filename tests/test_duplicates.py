@@ -95,6 +95,15 @@ def test_the_users_word_records_an_alias_and_a_wrong_one_changes_nothing(db_copy
         d = reg.show("llama-q4")
         assert (d.alias_of, d.alias_source) == ("Meta-Llama-3_1-8B-Instruct", "user")
         assert "llama-q4" not in reg.calibration().answers.closest_pair
+    from fastapi.testclient import TestClient
+
+    from registry.serve.app import create_app
+
+    with TestClient(create_app(str(db_copy))) as c:           # the web pages say it both ways
+        alias_page = c.get("/ui/models/llama-q4").text
+        assert 'id="alias-of"' in alias_page and "as its owner said" in alias_page
+        target_page = c.get("/ui/models/Meta-Llama-3_1-8B-Instruct").text
+        assert 'id="aliases"' in target_page and 'also registered as <a href="/ui/models/llama-q4"' in target_page
 
 
 def test_similar_ranks_an_exact_copy_first_by_its_shared_answers(db_copy, small_data, tmp_path):

@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from registry import Registry
+from registry.answers import catalog
 from registry.core import dbcopy
 from registry.cli import cli
 from registry.core.errors import InputError, RegistryError
@@ -32,12 +33,15 @@ def known_texts(reg, n=4) -> list[str]:
 
 @pytest.fixture
 def full_db(db_copy):
-    """The session's registry with rows in every table: routes logged, a model marked down and up, an endpoint."""
+    """The session's registry with rows in every table: routes logged, a model marked down and up, an endpoint, an
+    alias."""
     with Registry(db_copy) as reg:
         reg.route_batch(known_texts(reg))
         reg.mark_unavailable(["gemma-7b"], reason="maintenance")
         reg.mark_available(["gemma-7b"])
         reg.set_endpoint("gpt-4o-2024-05-13", "https://api.example.com/v1", "gpt-4o", "OPENAI_API_KEY")
+        with reg.store.tx() as tx:          # (an alias row, as a user's --alias-of writes one)
+            catalog.set_alias(tx, "Meta-Llama-3_1-8B-Instruct", "Meta-Llama-3_1-70B-Instruct", "user")
     return db_copy
 
 
@@ -135,7 +139,7 @@ def test_duckdb_to_duckdb_on_the_command_line(full_db, tmp_path):
     store.upgrade("0005")
     store.close()
     res = CliRunner().invoke(cli, ["--db", str(full_db), "db", "copy", str(older)])
-    assert res.exit_code == 0 and res.stdout.startswith("copied 15 tables"), res.output
+    assert res.exit_code == 0 and res.stdout.startswith("copied 16 tables"), res.output
     assert rows(older) == before
 
 

@@ -254,7 +254,7 @@ def compare(pred: Predictor, q: Queries, correct: np.ndarray, *, pool_rows: np.n
 
     def score(Z):
         p = np.stack([_sigmoid(pred.logits(z, qe)) for z in Z])
-        return B.hit_at_k(p, truth, 1), B.predictor_metrics(p, truth)["auc"]
+        return B.hit_at_k(B.among_answered(p, truth), truth, 1), B.predictor_metrics(p, truth)["auc"]
 
     def by_likelihood(rows):
         return np.stack([read(pred, q.take(r), answers[m, r], priors[m])[0] for m, r in enumerate(rows)])

@@ -23,29 +23,26 @@ ROUTE_TOP = 50
 routing_router = APIRouter()
 
 
-class RouteBody(BaseModel):
+class RouteOptionsBody(BaseModel):
+    """The options every route body takes (`route_options` turns them into RouteOptions)."""
+    cost_weight: float | None = None
+    min_prob: float | None = None
+    unavailable: list[str] | None = None
+    log_text: bool = True
+    cost_by: str = "cost"
+    include_probation: bool = False
+    top: int = ROUTE_TOP
+
+
+class RouteBody(RouteOptionsBody):
     text: str
-    cost_weight: float | None = None
-    min_prob: float | None = None
-    unavailable: list[str] | None = None
-    log_text: bool = True
-    cost_by: str = "cost"
-    include_probation: bool = False
-    top: int = ROUTE_TOP
 
 
-class RouteBatchBody(BaseModel):
+class RouteBatchBody(RouteOptionsBody):
     texts: list[str]
-    cost_weight: float | None = None
-    min_prob: float | None = None
-    unavailable: list[str] | None = None
-    log_text: bool = True
-    cost_by: str = "cost"
-    include_probation: bool = False
-    top: int = ROUTE_TOP
 
 
-def route_options(body: RouteBody | RouteBatchBody) -> RouteOptions:
+def route_options(body: RouteOptionsBody) -> RouteOptions:
     """What a route body asks for, checked where it is made (a bad value: InputError, 400)."""
     return RouteOptions(cost_weight=body.cost_weight, min_prob=body.min_prob, unavailable=body.unavailable,
                         cost_by=body.cost_by, include_probation=body.include_probation, top=body.top,

@@ -159,7 +159,7 @@ def test_endpoints_are_set_and_removed_over_http_with_the_token(db_copy):
         r = c.put("/endpoints/Yi-6B", json=body, headers=auth)
         assert r.status_code == 200 and r.json() == {"model": "Yi-6B", "base_url": "http://127.0.0.1:9/v1",
                                                      "upstream_model": "up-yi", "api_key_env": "YI_KEY"}
-        assert [m["id"] for m in c.get("/v1/models").json()["data"]] == ["auto", "Yi-6B"]   # the proxy sees it
+        assert [m["id"] for m in c.get("/v1/models", headers=auth).json()["data"]] == ["auto", "Yi-6B"]   # the proxy
         assert c.get("/endpoints").json() == [r.json()]
         bad = c.put("/endpoints/Yi-6B", json={"base_url": "ftp://x"}, headers=auth)
         assert bad.status_code == 400 and "must start with http" in bad.json()["detail"]
@@ -167,7 +167,7 @@ def test_endpoints_are_set_and_removed_over_http_with_the_token(db_copy):
         assert c.put("/endpoints/Yi-6B", json={}, headers=auth).status_code == 422
         assert c.delete("/endpoints/Yi-6B").status_code == 401
         assert c.delete("/endpoints/Yi-6B", headers=auth).json() == {"model": "Yi-6B", "removed": True}
-        assert c.get("/endpoints").json() == [] and c.get("/v1/models").json()["data"] == [
+        assert c.get("/endpoints").json() == [] and c.get("/v1/models", headers=auth).json()["data"] == [
             {"id": "auto", "object": "model", "owned_by": "registry"}]
         gone = c.delete("/endpoints/Yi-6B", headers=auth)
         assert gone.status_code == 404 and "has no endpoint" in gone.json()["detail"]

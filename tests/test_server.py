@@ -64,7 +64,7 @@ def test_reads(server):
 
 def test_route_and_log(server):
     c, _, _ = server
-    d = c.post("/route", json={"text": Q}).json()
+    d = c.post("/route", json={"text": Q}, headers=AUTH).json()      # (with the token: its text is logged)
     assert {"model", "fallback", "candidates", "encoder", "versions"} <= set(d) and len(d["candidates"]) == 31
     f = c.post("/route", json={"text": Q, "unavailable": [d["model"]], "log_text": False}).json()
     assert f["fallback"] is True and f["model"] == d["candidates"][1]["model"]
@@ -73,8 +73,9 @@ def test_route_and_log(server):
     assert len(batch) == 2 and all(d["cost_basis"] == "params_b" for d in batch)
     unpriced = c.post("/route", json={"text": Q, "cost_weight": 0.001})
     assert unpriced.status_code == 400 and "needs a price" in unpriced.json()["detail"]
-    log = c.get("/log").json()
-    assert len(log) >= 4 and any(e["text"] is None for e in log)
+    assert c.get("/log").status_code == 401          # the log can hold routed texts
+    log = c.get("/log", headers=AUTH).json()
+    assert len(log) >= 4 and any(e["text"] is None for e in log) and any(e["text"] == Q for e in log)
 
 
 def test_writes_need_the_token(server, small_data):

@@ -63,6 +63,8 @@ class _SizeLimit:
 
 def create_app(db: str, token: str | None = None, probation_min: int | None = None,
                create: bool = True) -> FastAPI:
+    if token is not None and not token.strip():    # nobody could send it: every write would be refused
+        raise InputError("the token is blank: give a token of printable characters, or none")
     reg = Registry(db, probation_min=probation_min, create=create)
     threads = settings.current().duckdb_threads
     reg.store.limit_duckdb_threads(DUCKDB_THREADS if threads is None else threads)

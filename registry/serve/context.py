@@ -35,20 +35,33 @@ async def server(request: Request) -> ServerState:
     return request.app.state.server
 
 
-async def require_token(request: Request, authorization: str | None = Header(None)) -> None:
-    """A writing endpoint's check: the configured bearer token, compared in constant time."""
-    token = request.app.state.server.token
+def token_problem(token: str | None, authorization: str | None) -> HTTPException | None:
+    """Why a request does not carry the server's bearer token (None: it does, or the server has none); compared in
+    constant time."""
     if token is None:
-        return
+        return None
     if not authorization:
-        raise HTTPException(401, "this endpoint writes: send Authorization: Bearer <token>",
-                            headers={"WWW-Authenticate": "Bearer"})
+        return HTTPException(401, "this endpoint needs the server's token: send Authorization: Bearer <token>",
+                             headers={"WWW-Authenticate": "Bearer"})
     if not authorization.startswith("Bearer "):
-        raise HTTPException(401, "Authorization must be 'Bearer <token>'",
-                            headers={"WWW-Authenticate": "Bearer"})
+        return HTTPException(401, "Authorization must be 'Bearer <token>'", headers={"WWW-Authenticate": "Bearer"})
     given = authorization.removeprefix("Bearer ").strip()
     if not hmac.compare_digest(given.encode(), token.encode()):
-        raise HTTPException(401, "wrong token", headers={"WWW-Authenticate": 'Bearer error="invalid_token"'})
+        return HTTPException(401, "wrong token", headers={"WWW-Authenticate": 'Bearer error="invalid_token"'})
+    return None
+
+
+async def require_token(request: Request, authorization: str | None = Header(None)) -> None:
+    """The check of a writing endpoint, of the proxy (it spends the endpoints' keys) and of the log (it holds
+    routed texts)."""
+    problem = token_problem(request.app.state.server.token, authorization)
+    if problem is not None:
+        raise problem
+
+
+async def is_authorized(request: Request, authorization: str | None = Header(None)) -> bool:
+    """Whether a request that anyone may make carries the token (or the server has none)."""
+    return token_problem(request.app.state.server.token, authorization) is None
 
 
 class EvalRow(BaseModel):

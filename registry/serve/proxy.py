@@ -19,13 +19,14 @@ import json
 import os
 
 import httpx
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from registry.routing import log as route_log
 from registry.routing.options import RouteOptions
 from registry.core.errors import InputError, RegistryError
+from registry.serve.context import require_token
 
 ROUTE_OPTIONS = ("cost_weight", "min_prob", "cost_by")
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "content-encoding", "keep-alive"}
@@ -63,13 +64,14 @@ def mount(app: FastAPI, serving, timeout: float = 60.0) -> httpx.AsyncClient:
     -> the upstream client, for the app's lifespan to close."""
     client = httpx.AsyncClient(timeout=timeout)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", dependencies=[Depends(require_token)])
     def v1_models():
         """OpenAI-style model list: "auto" (routed) and every model with an endpoint."""
         return {"object": "list", "data": [{"id": "auto", "object": "model", "owned_by": "registry"}] + [
             {"id": m, "object": "model", "owned_by": "registry"} for m in serving.snapshots.current.endpoints]}
 
-    @app.post("/v1/chat/completions")
+    # with a token, only its holders may spend the endpoints' API keys (OpenAI clients send it as their key)
+    @app.post("/v1/chat/completions", dependencies=[Depends(require_token)])
     async def chat(request: Request):
         """Route (model "auto") or forward (a named model) an OpenAI chat completion; see the module docstring."""
         try:

@@ -8,7 +8,8 @@ import os
 from fastapi import APIRouter, Body, Depends, Query
 
 from registry.core.errors import InputError
-from registry.serve.context import EvalRow, ServerState, json_response, rows_file, rows_named, server
+from registry.serve.context import (EvalRow, ServerState, json_response, require_token, rows_file, rows_named,
+                                    server)
 
 reads_router = APIRouter()
 status_router = APIRouter()
@@ -55,7 +56,7 @@ def health(s: ServerState = Depends(server)):
     return {"ok": True, "db": s.registry.path, **s.serving.stats()}
 
 
-@status_router.get("/log")
+@status_router.get("/log", dependencies=[Depends(require_token)])   # it can hold routed texts
 def routing_log(since: str | None = None, limit: int | None = Query(None, ge=1), oldest: bool = False,
                 s: ServerState = Depends(server)):
     """Routing log entries, newest first (oldest=true: oldest first), up to the last route answered."""

@@ -7,13 +7,13 @@ from __future__ import annotations
 import time
 
 import anyio
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, HTTPException
 from pydantic import BaseModel
 
 from registry.core.errors import InputError
 from registry.routing.options import RouteOptions
 from registry.routing.decision import Decision
-from registry.serve.context import ServerState, json_response, server
+from registry.serve.context import ServerState, is_authorized, json_response, server
 from registry.serve.serving import Serving
 
 # the candidates a route answer lists unless asked (`top`; 0: every model): the most likely first, and the chosen
@@ -42,11 +42,16 @@ class RouteBatchBody(RouteOptionsBody):
     texts: list[str]
 
 
-def route_options(body: RouteOptionsBody) -> RouteOptions:
-    """What a route body asks for, checked where it is made (a bad value: InputError, 400)."""
+def route_options(body: RouteOptionsBody, authorized: bool = True) -> RouteOptions:
+    """What a route body asks for, checked where it is made (a bad value: InputError, 400). A caller without the
+    server's token routes, but its text is not kept in the log (which only the token may read), and it may not ask
+    for that."""
+    if not authorized and "log_text" in body.model_fields_set and body.log_text:
+        raise HTTPException(401, "log_text: keeping a routed text in the log needs the server's token",
+                            headers={"WWW-Authenticate": "Bearer"})
     return RouteOptions(cost_weight=body.cost_weight, min_prob=body.min_prob, unavailable=body.unavailable,
                         cost_by=body.cost_by, include_probation=body.include_probation, top=body.top,
-                        log_text=body.log_text)
+                        log_text=body.log_text and authorized)
 
 
 def decisions(serving: Serving, texts: list[str], options: RouteOptions) -> list[Decision]:
@@ -69,12 +74,13 @@ async def _routed(s: ServerState, texts: list[str], options: RouteOptions, one: 
 
 
 @routing_router.post("/route")
-async def route(body: RouteBody, s: ServerState = Depends(server)):
-    return await _routed(s, [body.text], route_options(body), one=True)
+async def route(body: RouteBody, s: ServerState = Depends(server), authorized: bool = Depends(is_authorized)):
+    return await _routed(s, [body.text], route_options(body, authorized), one=True)
 
 
 @routing_router.post("/route/batch")
-async def route_batch(body: RouteBatchBody, s: ServerState = Depends(server)):
+async def route_batch(body: RouteBatchBody, s: ServerState = Depends(server),
+                      authorized: bool = Depends(is_authorized)):
     if not body.texts:
         raise InputError("texts: give at least one query")
-    return await _routed(s, body.texts, route_options(body), one=False)
+    return await _routed(s, body.texts, route_options(body, authorized), one=False)

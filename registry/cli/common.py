@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json as json_
 import math
+import os
 from dataclasses import asdict, is_dataclass
 
 import click
@@ -85,8 +86,10 @@ def handles_errors(fn):
         try:
             return fn(*args, **kwargs)
         except RegistryError as exc:
+            discard_new_registry()
             raise click.ClickException(str(exc)) from None
         except Exception as exc:
+            discard_new_registry()
             problem = storage_problem(exc)
             if problem is None:
                 raise
@@ -100,6 +103,29 @@ def open_registry(ctx: click.Context, create: bool = False):
 
     obj = ctx.find_root().obj
     if obj.get("registry") is None:
+        new = create and "://" not in obj["db"] and not os.path.exists(obj["db"])
         obj["registry"] = Registry(obj["db"], create=create, probation_min=obj.get("probation_min"))
         ctx.call_on_close(obj["registry"].close)
+        obj["new_file"] = obj["registry"].path if new else None
     return obj["registry"]
+
+
+def discard_new_registry() -> None:
+    """A command that failed on the file it created removes it when it holds nothing: a failed first import leaves
+    no empty registry behind."""
+    ctx = click.get_current_context(silent=True)
+    obj = ctx.find_root().obj if ctx is not None else None
+    path = obj.pop("new_file", None) if isinstance(obj, dict) else None
+    if path is None or obj.get("registry") is None:
+        return
+    registry = obj["registry"]
+    try:
+        if registry.store.holds_rows():
+            return
+    except Exception:          # (a file we cannot read back is left as it is)
+        return
+    registry.close()
+    obj["registry"] = None
+    for leftover in (path, path + ".wal"):
+        if os.path.exists(leftover):
+            os.remove(leftover)

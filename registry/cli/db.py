@@ -23,22 +23,33 @@ def db_upgrade(ctx, revision):
     store.close()
 
 
-@command("downgrade", group=db, json=False)
+@command("downgrade", group=db, json=False,
+         context_settings={"ignore_unknown_options": True})     # a relative revision: -1
 @click.argument("revision")
-def db_downgrade(ctx, revision):
-    """Migrate the database file down to REVISION (e.g. 0001, or -1)."""
+@click.option("--yes", is_flag=True, help="Delete the tables and columns (and their rows) that REVISION lacks.")
+def db_downgrade(ctx, revision, *, yes):
+    """Migrate the database file down to REVISION (e.g. 0001, -1, or base: no tables). A downgrade that deletes
+    rows needs --yes; without it nothing changes."""
+    from registry.core.errors import RowsWouldBeLost, rows_lost
     from registry.core.store import Store
-    store = Store(ctx.find_root().obj["db"], migrate=False)
-    store.downgrade(revision)
-    click.echo(f"{store.path}: at revision {store.current_revision()}")
-    store.close()
+    store = Store(ctx.find_root().obj["db"], migrate=False, create=False)
+    try:
+        lost = store.downgrade(revision, delete_rows=yes)
+        at = store.current_revision()
+    except RowsWouldBeLost as exc:
+        raise click.ClickException(f"{exc}: run again with --yes to delete them") from None
+    finally:
+        store.close()
+    if lost:
+        click.echo(f"deleted {rows_lost(lost)}")
+    click.echo(f"{store.path}: at revision {at or 'base (no registry schema)'}")
 
 
 @command("current", group=db)
 def db_current(ctx, as_json):
     """Show the file's schema revision and the head revision."""
     from registry.core.store import Store, head_revision
-    store = Store(ctx.find_root().obj["db"], migrate=False)
+    store = Store(ctx.find_root().obj["db"], migrate=False, create=False)
     current, head = store.current_revision(), head_revision()
     store.close()
     if as_json:

@@ -69,11 +69,57 @@ class DatabaseLocked(RegistryError):
     pass
 
 
+class DatabaseDamaged(RegistryError):
+    pass
+
+
+class SchemaMissing(RegistryError):
+    pass
+
+
+class RowsWouldBeLost(RegistryError):
+    """A schema downgrade that would delete rows, not confirmed: nothing was changed. `lost`: {table: rows},
+    {"table.column": values}."""
+
+    def __init__(self, path: str, revision: str, lost: dict[str, int]):
+        self.path, self.revision, self.lost = path, revision, lost
+        super().__init__(f"{path}: downgrading to {revision} deletes {rows_lost(lost)}; nothing was changed")
+
+
+def rows_lost(lost: dict[str, int]) -> str:
+    """'3 tables with 1,204 rows (models 120, queries 1,000, ...)': what a downgrade deletes, in one line."""
+    shown = ", ".join(f"{name} {rows:,}" for name, rows in sorted(lost.items(), key=lambda kv: -kv[1]))
+    return f"{len(lost)} tables or columns with {sum(lost.values()):,} rows ({shown})"
+
+
+DAMAGE_SIGNS = {"Corrupt database file": "a block's checksum does not match",
+                "Could not read enough bytes from file": "truncated: shorter than its own contents say",
+                "Corrupt WAL file": "its write-ahead log is corrupt"}
+
+
+def damage_of(exc: BaseException) -> str | None:
+    """What the database driver's error says is wrong with a damaged file (truncated, a checksum that does not
+    match), or None for any other error."""
+    text = str(getattr(exc, "orig", None) or exc)
+    return next((what for sign, what in DAMAGE_SIGNS.items() if sign in text), None)
+
+
+def database_damaged(path: str, exc: BaseException) -> DatabaseDamaged | None:
+    """DatabaseDamaged naming the file, for a driver error that says the file is damaged; else None."""
+    what = damage_of(exc)
+    if what is None:
+        return None
+    return DatabaseDamaged(f"{path}: the database file is damaged ({what}); restore it from a backup or import "
+                           f"its data into a new file")
+
+
 def storage_problem(exc: BaseException) -> str | None:
     """One line for a failure to write or read a file or the database (a full disk, a file that went read-only or
     away): an OSError, or the database driver's I/O error (DuckDB's IOException, PostgreSQL's disk full), bare or
     wrapped by SQLAlchemy. None for any other exception."""
     cause = getattr(exc, "orig", None) or exc          # (SQLAlchemy's DBAPIError wraps the driver's)
+    if damage_of(cause) is not None:                   # (raised outside a Store's transaction: no path known)
+        return f"the database file is damaged ({damage_of(cause)}): {str(cause).strip().splitlines()[0]}"
     if isinstance(cause, OSError):
         if cause.strerror:
             return cause.strerror + (f": {cause.filename}" if cause.filename else "")

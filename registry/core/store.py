@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Iterator
 
 from registry.core import dialect, resources, settings
-from registry.core.errors import NotFound, RegistryError, SchemaOutdated, database_locked
+from registry.core.errors import (NotFound, RegistryError, RowsWouldBeLost, SchemaMissing, SchemaOutdated,
+                                  database_damaged, database_locked)
 from registry.core.transaction import Tx, cache_section
 
 
@@ -57,6 +58,7 @@ class Store:
         self.path = str(path or default_db_path())
         self.duckdb_threads: int | None = None      # (limit_duckdb_threads)
         self.dialect = "postgresql" if dialect.is_url(self.path) else "duckdb"
+        self.create, self.read_only = create, False
         if self.dialect == "postgresql":
             self._open_postgres()
         else:
@@ -85,11 +87,15 @@ class Store:
         # while the connection is open this process holds DuckDB's file lock, so no other process writes behind
         # it; and the sections of values derived from them whose owners check them before use (`section`)
         self.cache: dict = {}
+        # a file this process may not write (its mode, its folder, a read-only mount) is still read
+        self.read_only = not create and not writable(self.path)
         try:
-            self.con = duckdb.connect(self.path, config=config)
+            self.con = duckdb.connect(self.path, read_only=self.read_only, config=config)
         except Exception as exc:  # duckdb raises IOException for a held lock
             if "lock" in str(exc).lower():
                 raise database_locked(self.path, str(exc)) from None
+            if database_damaged(self.path, exc):
+                raise database_damaged(self.path, exc) from None
             raise RegistryError(f"{self.path}: cannot open database: {str(exc).splitlines()[0]}") from None
 
     def _stage_db(self):
@@ -163,6 +169,9 @@ class Store:
     def ensure_schema(self) -> None:
         """A new file is migrated to head; a file with an older schema is refused."""
         current = self.current_revision()
+        if current is None and (self.read_only or not self.create):   # only commands that bring data in create it
+            raise SchemaMissing(f"{self.path}: holds no registry schema (an empty file, or downgraded to base); "
+                                f"run `registry db upgrade` or `registry import` to create it")
         if current is None:
             self.upgrade("head")
             return
@@ -175,13 +184,43 @@ class Store:
         from alembic import command
 
         with self.engine.begin() as conn:
-            command.upgrade(alembic_config(conn), revision)
+            self._migrate(command.upgrade, conn, revision)
 
-    def downgrade(self, revision: str) -> None:
+    def downgrade(self, revision: str, *, delete_rows: bool = False) -> dict[str, int]:
+        """Migrate down to `revision`. -> what it deleted that held rows: {table: rows}, {"table.column": values}.
+        A downgrade that would delete rows without `delete_rows` changes nothing: RowsWouldBeLost says what."""
         from alembic import command
 
+        with self.engine.connect() as conn:         # a trial run, rolled back, finds what the downgrade drops
+            with conn.begin() as trial:
+                before = table_columns(conn)
+                self._migrate(command.downgrade, conn, revision)
+                after = table_columns(conn)
+                trial.rollback()
+            lost = {}
+            for table, columns in before.items():
+                counted = [(table, "*")] if table not in after else [(f"{table}.{c}", c) for c in columns
+                                                                      if c not in after[table]]
+                for name, column in counted:
+                    what = "*" if column == "*" else f'"{column}"'
+                    rows = conn.exec_driver_sql(f'SELECT count({what}) FROM "{table}"').scalar()
+                    if rows:
+                        lost[name] = rows
+        if lost and not delete_rows:
+            raise RowsWouldBeLost(self.path, revision, lost)
         with self.engine.begin() as conn:
-            command.downgrade(alembic_config(conn), revision)
+            self._migrate(command.downgrade, conn, revision)
+        return lost
+
+    def _migrate(self, step, conn, revision: str) -> None:
+        """An Alembic command; a revision it does not know is one line."""
+        from alembic.util import CommandError
+
+        try:
+            step(alembic_config(conn), revision)
+        except CommandError as exc:
+            raise RegistryError(f"{self.path}: {str(exc).splitlines()[0]} (give a revision such as head, base, -1 "
+                                f"or {head_revision()}; `registry db current` shows the file's)") from None
 
     # --- transactions -------------------------------------------------------------------------------------
     @contextmanager
@@ -220,16 +259,28 @@ class Store:
         try:
             yield tx
             cur.execute("COMMIT")
-        except BaseException:
+        except BaseException as exc:
             try:
                 cur.execute("ROLLBACK")
             except Exception:      # (a failed COMMIT has rolled back already)
                 pass
+            if database_damaged(self.path, exc):
+                raise database_damaged(self.path, exc) from None
+            if self.read_only and "read-only mode" in str(exc):
+                raise RegistryError(f"{self.path}: opened read-only (this process may not write the file or its "
+                                    f"folder), and this command writes") from None
             raise
         finally:
             tx.release()
             with self._idle_lock:
                 self._idle.append(cur)
+
+    def holds_rows(self) -> bool:
+        """Does any table of the registry hold a row (the migration's bookkeeping left out)?"""
+        with self.tx() as tx:
+            tables = [r[0] for r in tx.sql("SELECT table_name FROM information_schema.tables WHERE table_schema = "
+                                           "current_schema() AND table_name <> 'alembic_version'")]
+            return any(tx.sql(f'SELECT EXISTS (SELECT 1 FROM "{t}")')[0][0] for t in tables)
 
     def close(self) -> None:
         if self._engine is not None:
@@ -243,3 +294,19 @@ class Store:
         if getattr(self, "_stage_con", None) is not None:
             self._stage_con.close()
             self._stage_con = None
+
+
+def writable(path: str) -> bool:
+    """May this process write the DuckDB file (a new one: create it) and its folder (the write-ahead log)?"""
+    folder = os.path.dirname(os.path.abspath(path))
+    return os.access(folder, os.W_OK) and (not os.path.exists(path) or os.access(path, os.W_OK))
+
+
+def table_columns(conn) -> dict[str, set[str]]:
+    """{table: its columns} of the database's own schema, the migration's bookkeeping table left out."""
+    rows = conn.exec_driver_sql("SELECT table_name, column_name FROM information_schema.columns "
+                                "WHERE table_schema = current_schema() AND table_name <> 'alembic_version'").all()
+    tables: dict[str, set[str]] = {}
+    for table, column in rows:
+        tables.setdefault(table, set()).add(column)
+    return tables

@@ -113,11 +113,36 @@ def duck_error(path: str, exc: Exception) -> InputError:
         first = "truncated or corrupt gzip file"
     if line and "CSV Error on Line" in first:
         first = "malformed CSV row"
+    if "state machine reached an invalid state" in text:      # DuckDB's reader names no line for it
+        mixed = mixed_line_ending(path)
+        if mixed:
+            return InputError(f"line {mixed[0]}: {mixed[1]}", file=path)    # (a physical line: not recounted)
     at = int(line.group(1)) if line else None
     bad_json = re.search(r"Malformed JSON in file .*?: (.*)", first)
     if bad_json:        # DuckDB counts a JSONL record's line one past its own
         first, at = f"not valid JSON ({bad_json.group(1).strip().rstrip('.')})", (at - 1 if at else None)
     return InputError(first.strip().rstrip("."), file=path, line=at)
+
+
+def mixed_line_ending(path: str) -> tuple[int, str] | None:
+    """(line, problem) for the first line whose ending (LF or CRLF) differs from the first line's, which DuckDB's
+    CSV reader cannot read; None when every line ends alike."""
+    import gzip
+
+    try:
+        with (gzip.open if path.lower().endswith(".gz") else open)(path, "rb") as fh:
+            first = None
+            for at, raw in enumerate(fh, 1):
+                if not raw.endswith(b"\n"):
+                    return None                              # (the last line, without an ending)
+                ending = "CRLF" if raw.endswith(b"\r\n") else "LF"
+                first = first or ending
+                if ending != first:
+                    return at, (f"line ends with {ending} but line 1 with {first}: mixed line endings; convert the "
+                                f"file to one kind (e.g. `dos2unix` or `unix2dos`) and import it again")
+    except (OSError, EOFError):
+        return None
+    return None
 
 
 def fetch(tx: Tx, statement: str, params=None):
@@ -157,7 +182,12 @@ def csv_header(path: str) -> tuple[list[str], str]:
     except UnicodeDecodeError:
         raise InputError("invalid UTF-8 (the file must be UTF-8 encoded)", file=path, line=1) from None
     delim = max((",", "\t", ";", "|"), key=header.count) if header else ","
-    names = next(csv.reader([header], delimiter=delim), [])
+    try:
+        names = next(csv.reader([header], delimiter=delim), [])
+    except csv.Error as exc:       # (the csv module's field limit: 131,072 characters)
+        problem = ("a column name in the header is longer than 131,072 characters" if "field limit" in str(exc)
+                   else f"the header is not valid CSV ({exc})")
+        raise InputError(problem, file=path, line=1) from None
     return names, delim
 
 

@@ -34,7 +34,7 @@ def db_downgrade(ctx, revision, *, yes):
     from registry.core.store import Store
     store = Store(ctx.find_root().obj["db"], migrate=False, create=False)
     try:
-        lost = store.downgrade(revision, delete_rows=yes)
+        lost = store.downgrade(revision, keep_rows=not yes)
         at = store.current_revision()
     except RowsWouldBeLost as exc:
         raise click.ClickException(f"{exc}: run again with --yes to delete them") from None

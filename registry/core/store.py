@@ -186,9 +186,9 @@ class Store:
         with self.engine.begin() as conn:
             self._migrate(command.upgrade, conn, revision)
 
-    def downgrade(self, revision: str, *, delete_rows: bool = False) -> dict[str, int]:
+    def downgrade(self, revision: str, *, keep_rows: bool = False) -> dict[str, int]:
         """Migrate down to `revision`. -> what it deleted that held rows: {table: rows}, {"table.column": values}.
-        A downgrade that would delete rows without `delete_rows` changes nothing: RowsWouldBeLost says what."""
+        With `keep_rows`, a downgrade that would delete rows changes nothing: RowsWouldBeLost says what."""
         from alembic import command
 
         with self.engine.connect() as conn:         # a trial run, rolled back, finds what the downgrade drops
@@ -206,7 +206,7 @@ class Store:
                     rows = conn.exec_driver_sql(f'SELECT count({what}) FROM "{table}"').scalar()
                     if rows:
                         lost[name] = rows
-        if lost and not delete_rows:
+        if lost and keep_rows:
             raise RowsWouldBeLost(self.path, revision, lost)
         with self.engine.begin() as conn:
             self._migrate(command.downgrade, conn, revision)

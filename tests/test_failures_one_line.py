@@ -206,3 +206,21 @@ def test_db_current_on_a_missing_path_creates_nothing(tmp_path):
     assert "no such registry" in text
     one_line_error(run(missing, "db", "downgrade", "base"))
     assert not missing.exists()
+
+
+@pytest.mark.slow
+def test_over_http_a_header_past_the_field_limit_is_a_400(db_copy):
+    import httpx
+
+    from .conftest import start_server
+
+    proc, origin = start_server(db_copy, token="t")
+    try:
+        body = f"question_id,correct,{LONG_NAME}\nq1,1,\n".encode()
+        r = httpx.post(f"{origin}/models/newcomer/evaluations", content=body, timeout=60,
+                       headers={"Authorization": "Bearer t", "Content-Type": "text/csv"})
+        assert r.status_code == 400, r.text
+        assert "131,072" in r.json()["detail"] and "\n" not in r.json()["detail"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -100,10 +100,11 @@ def handles_errors(fn):
 def open_registry(ctx: click.Context, create: bool = False):
     """The registry named by --db; only commands that bring data in (`create`) may make a new file."""
     from registry.api import Registry
+    from registry.core import dialect
 
     obj = ctx.find_root().obj
     if obj.get("registry") is None:
-        new = create and "://" not in obj["db"] and not os.path.exists(obj["db"])
+        new = create and not dialect.is_url(obj["db"]) and not os.path.exists(obj["db"])
         obj["registry"] = Registry(obj["db"], create=create, probation_min=obj.get("probation_min"))
         ctx.call_on_close(obj["registry"].close)
         obj["new_file"] = obj["registry"].path if new else None

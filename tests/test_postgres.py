@@ -157,7 +157,7 @@ def test_every_command_runs_on_postgres(pg_server, pg_base, small_data, tmp_path
         ["route", "--frontier", "--split", "test", "--cost-by", "params", "--out", str(tmp_path / "f.png")],
         ["draw-splits", "--by", "category", "--test-categories", "math"], ["onboard"],
         ["train", "--steps", "2", "--epochs", "1"],
-        ["db", "current"], ["db", "downgrade", "0005"], ["db", "upgrade"],
+        ["db", "current"], ["db", "downgrade", "0005", "--yes"], ["db", "upgrade"],
     ]
     for args in commands:
         out = CliRunner().invoke(cli, ["--db", url, *args])

@@ -12,7 +12,9 @@ uncertain its embedding is, and a model on probation (too few evaluations) is no
 
 Costs: price and size are kept apart. Cost-aware routing (a cost weight or a minimum probability) ranks by `cost`
 when every candidate has one; by `params_b` only when asked (`cost_by="params"`), leaving out models without a
-parameter count; the decision always says which basis it used (`cost_basis`).
+parameter count; the decision always says which basis it used (`cost_basis`). A cost weight weighs the cost relative
+to the candidates' range (0 the cheapest, 1 the dearest: `relative_cost`), so prices per query, per million tokens or
+per hour give the same routes, and a weight near 1 trades a full range of cost against a probability of 1.
 """
 from __future__ import annotations
 
@@ -100,7 +102,8 @@ def choose(st: State, probs: np.ndarray, pol: Policy) -> list[tuple[int | None, 
     if not avail.any():
         return [(None, True)] * N
     if pol.min_prob is None:
-        rank = probs - (pol.cost_weight or 0.0) * (pol.cost[:, None] if pol.cost is not None else 0.0)
+        cost = relative_cost(pol.cost, pol.eligible) if pol.cost is not None and pol.cost_weight else None
+        rank = probs - (pol.cost_weight or 0.0) * (cost[:, None] if cost is not None else 0.0)
         rank = np.where(pol.eligible[:, None], rank, -np.inf)
         top = np.argmax(rank, axis=0)                                # ties: the lower row, as baselines do
         best = np.argmax(np.where(avail[:, None], rank, -np.inf), axis=0)
@@ -116,6 +119,15 @@ def choose(st: State, probs: np.ndarray, pol: Policy) -> list[tuple[int | None, 
         first_avail = next(i for i in order if avail[i])
         out.append((int(first_avail), bool(not avail[order[0]])))
     return out
+
+
+def relative_cost(cost: np.ndarray, eligible: np.ndarray) -> np.ndarray:
+    """[M] cost on the eligible candidates' range: 0 the cheapest, 1 the dearest (all 0 when they cost the same), so
+    the unit of the prices does not change a route."""
+    c = np.asarray(cost, dtype=np.float64)
+    seen = c[np.asarray(eligible, dtype=bool)] if np.any(eligible) else c
+    lo, hi = float(np.min(seen)), float(np.max(seen))
+    return (c - lo) / (hi - lo) if hi > lo else np.zeros_like(c)
 
 
 def _up(st: State, pol: Policy) -> np.ndarray:

@@ -1,0 +1,78 @@
+"""The policy routing serves, on a real registry copy: the cost term in any unit of price (the same routes and frontier
+for prices x1 and x1e6), the frontier's cost of reaching 95% and 99% of the best model's accuracy, and the served
+policy chosen on val among the predictor with interaction and the simple routers."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from registry import Registry, RouteOptions
+from registry.cli import cli
+
+
+def _price(reg, path, scale: float) -> None:
+    """Every model priced by its size (a real spread of prices), times scale."""
+    rows = [(m.name, (m.params_b or 10.0) * scale) for m in reg.models()]
+    path.write_text("model,cost\n" + "".join(f"{n},{c!r}\n" for n, c in rows))
+    reg.import_files(models=str(path))
+
+
+def _texts(reg, n=40) -> list[str]:
+    with reg.store.tx() as tx:
+        return [r[0] for r in tx.sql("SELECT text FROM queries ORDER BY id LIMIT ?", [n])]
+
+
+def test_cost_weight_routes_the_same_in_any_unit_of_price(db_copy, tmp_path):
+    """Prices per query and per million queries (x1e6) give the same routes at every cost weight and the same
+    frontier; before, a weight of 0.05 moved nothing at one scale and everything at the other."""
+    routes, fronts = {}, {}
+    for scale in (1.0, 1e6):
+        path = tmp_path / f"copy{scale:g}.duckdb"
+        path.write_bytes(db_copy.read_bytes())
+        with Registry(path) as reg:
+            _price(reg, tmp_path / f"prices{scale:g}.csv", scale)
+            texts = _texts(reg)
+            routes[scale] = {w: [d.model for d in reg.route_batch(texts, RouteOptions(cost_weight=w, log=False))]
+                             for w in (0.0, 0.05, 0.3, 1.0)}
+            fronts[scale] = reg.frontier(split="test", cost_by="cost")
+    assert routes[1.0] == routes[1e6]
+    # the weights move the choice: the sweep spans the trade-off at either scale
+    assert routes[1.0][0.0] != routes[1.0][1.0]
+    a, b = fronts[1.0], fronts[1e6]
+    assert [(p.label, p.accuracy) for p in a.router] == [(p.label, p.accuracy) for p in b.router]
+    assert [p.models_used for p in a.router] == [p.models_used for p in b.router]
+    # from plain routing to the cheapest model everywhere
+    assert a.router[-1].mean_cost == min(p.mean_cost for p in a.single)
+    assert a.router[0].accuracy > a.router[-1].accuracy
+
+
+def test_frontier_reports_the_cost_of_reaching_95_and_99_percent(db_copy, tmp_path):
+    with Registry(db_copy) as reg:
+        _price(reg, tmp_path / "prices.csv", 1e-4)
+        f = reg.frontier(split="test", cost_by="cost")
+    assert set(f.reach) == {"0.95", "0.99"}
+    best = f.best_single
+    for share, r in f.reach.items():
+        assert r["target_accuracy"] == round(float(share) * best.accuracy, 4)
+        for kind, points in (("router", f.router), ("single", f.single)):
+            reaching = [p for p in points if p.accuracy >= float(share) * best.accuracy]
+            got = r[kind]
+            assert got is not None and got["mean_cost"] == min(p.mean_cost for p in reaching)
+            assert got["cost_ratio"] == pytest.approx(got["mean_cost"] / best.mean_cost, abs=1e-4)
+    # the single model's own point reaches 99% of itself: neither ratio is above it
+    assert f.reach["0.99"]["single"]["cost_ratio"] <= 1.0 and f.reach["0.95"]["router"]["cost_ratio"] <= 1.0 + 1e-9
+    r = CliRunner().invoke(cli, ["--db", str(db_copy), "route", "--frontier", "--cost-by", "cost", "--out",
+                                 str(tmp_path / "f.png")])
+    assert r.exit_code == 0, r.output
+    assert "reaching 95% of" in r.output and "reaching 99% of" in r.output
+
+
+def test_relative_cost_is_unit_free():
+    from registry.routing.policy import relative_cost
+
+    c = np.array([0.005, 0.00033, 0.00008, 7.0])
+    elig = np.array([True, True, True, False])
+    assert np.allclose(relative_cost(c, elig), relative_cost(c * 1e6, elig))
+    assert relative_cost(c, elig)[:3].tolist() == pytest.approx([1.0, (0.00033 - 0.00008) / (0.005 - 0.00008), 0.0])
+    assert relative_cost(np.array([2.0, 2.0]), np.array([True, True])).tolist() == [0.0, 0.0]

@@ -76,3 +76,15 @@ def test_relative_cost_is_unit_free():
     assert np.allclose(relative_cost(c, elig), relative_cost(c * 1e6, elig))
     assert relative_cost(c, elig)[:3].tolist() == pytest.approx([1.0, (0.00033 - 0.00008) / (0.005 - 0.00008), 0.0])
     assert relative_cost(np.array([2.0, 2.0]), np.array([True, True])).tolist() == [0.0, 0.0]
+
+
+def test_evaluate_shows_progress_per_method_on_stderr_only(db_copy):
+    import json
+
+    r = CliRunner().invoke(cli, ["--db", str(db_copy), "evaluate", "--split", "test"])
+    assert r.exit_code == 0, r.output
+    for i, method in enumerate(("locus", "locus_interaction", "best_single", "per_category", "knn", "mf", "irt")):
+        assert f"evaluate: {method} ({i + 1}/7, " in r.stderr
+    assert "evaluate:" not in r.stdout
+    j = CliRunner().invoke(cli, ["--db", str(db_copy), "evaluate", "--split", "test", "--json"])
+    assert j.exit_code == 0 and "evaluate:" not in j.output and json.loads(j.stdout)["methods"]["knn"]

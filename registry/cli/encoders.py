@@ -132,7 +132,8 @@ def evaluate(ctx, *, split, sample_efficiency, seeds, no_baselines, held_out, n,
     progress, close = stage_bars(as_json)
     r = open_registry(ctx).evaluate(split, baselines=not no_baselines, sample_efficiency=sample_efficiency,
                                     seeds=seeds, held_out=held_out, n=n, max_steps=max_steps, epochs=epochs,
-                                    progress=progress if held_out is not None else None, planned=planned)
+                                    progress=progress if held_out is not None else method_steps(as_json),
+                                    planned=planned)
     close()
     if as_json:
         emit_json(r)
@@ -184,6 +185,18 @@ def evaluate(ctx, *, split, sample_efficiency, seeds, no_baselines, held_out, n,
         table([[n] + [f"{v[d][rd]['hit@1']:.4f} ± {v[d][rd]['hit@1_std']:.4f} / {v[d][rd]['auc']:.4f}"
                       for d, rd in cols] for n, v in r.planned_efficiency.items()],
               ["evaluations per model"] + [f"{d}, {rd}" for d, rd in cols])
+
+
+def method_steps(quiet: bool):
+    """progress(method, done, total) for `evaluate`: a line on stderr as each method starts (none with --json)."""
+    import time
+
+    start = time.monotonic()
+
+    def progress(method, done, total):
+        if not quiet:
+            click.echo(f"evaluate: {method} ({done}/{total}, {time.monotonic() - start:.0f} s)", err=True)
+    return progress
 
 
 def show_held_out(r) -> None:

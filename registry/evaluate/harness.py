@@ -68,7 +68,8 @@ def check_options(split: str, *, baselines: bool, sample_efficiency: bool, held_
 
 def evaluate(tx: Tx, split: str = "test", *, baselines: bool = True, sample_efficiency: bool = False,
              seeds: int = 5, sizes=(32, 64, 128, 256, 512), mf_seed: int = 0,
-             probation_min: int | None = None, planned: bool = False) -> EvaluationReport:
+             probation_min: int | None = None, planned: bool = False, progress=None) -> EvaluationReport:
+    """`progress(method, done, total)`: told as each method starts (the CLI shows it on stderr)."""
     if split not in SPLITS:
         raise RegistryError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
     data = dataset(tx)
@@ -91,6 +92,8 @@ def evaluate(tx: Tx, split: str = "test", *, baselines: bool = True, sample_effi
         if len(rows) == 0:   # best single is chosen on train, KNN's k and MF's dimension on val
             raise RegistryError(f"no queries in the {name} split")
     ct = data.correct[:, idx]
+    step = _stepper(progress, METHODS if baselines else METHODS[:2])
+    step("locus")
     # what the predictor gives routing
     labels = query_labels(data, encoders.load(tx, encoder_id)[0])
     p = evidence.shrink(locus_probs(tx, encoder_id, z, data.qvecs[idx], _at(labels, idx)), ev)
@@ -104,6 +107,7 @@ def evaluate(tx: Tx, split: str = "test", *, baselines: bool = True, sample_effi
     methods = {"locus": B.routing_report(answered(p), ct, p, strongest)}
     scores, routed, selection = {"locus": answered(p)}, p, {}
     if len(tr) and len(va):         # as routing: without a val split to choose the weights, the predictor alone
+        step("locus_interaction")
         rows = interaction.contenders(data.correct, tr, va)      # (every model here is eligible)
         raw = locus_probs(tx, encoder_id, z[rows], data.qvecs, labels)   # the predictor's own, as routing fits on
         fitted = interaction.fit(interaction.logit(raw), data.correct, data.qvecs, data.categories, tr, va, rows=rows)
@@ -116,23 +120,28 @@ def evaluate(tx: Tx, split: str = "test", *, baselines: bool = True, sample_effi
     chosen = B.topk_models(routed, 1)[0]       # what routing serves: it cannot know which models have a result
     choices = {data.models[m]: int(n) for m, n in zip(*np.unique(chosen, return_counts=True))}
     if baselines:
+        step("best_single")
         methods["oracle"] = {f"hit@{k}": B.oracle_hit(ct) for k in (1, 3, 5)}
         s = B.best_single_scores(data.correct, tr, idx)
         methods["best_single"] = B.routing_report(answered(s), ct, None, strongest)
         methods["best_single"]["model"] = data.models[int(np.argmax(s[:, 0]))]
         scores["best_single"] = answered(s)
         methods["random"] = {f"hit@{k}": B.random_hit_at_k(ct, k) for k in (1, 3, 5)}
+        step("per_category")
         s, info = B.per_category_router(data.correct, data.categories, tr, va, idx)
         methods["per_category"] = dict(B.routing_report(answered(s), ct, None, strongest), prior=info["prior"])
         scores["per_category"] = answered(s)
+        step("knn")
         k, _ = B.knn_router(data.qvecs, data.correct, tr, va)
         s = B.knn_scores(data.qvecs, data.correct, tr, idx, k)
         methods["knn"] = dict(B.routing_report(answered(s), ct, s, strongest), k=k)
         scores["knn"] = answered(s)
+        step("mf")
         mf, info = B.mf_router(data.qvecs, data.correct, tr, va, seed=mf_seed)
         s = B.mf_probs(mf, data.qvecs, idx)
         methods["mf"] = dict(B.routing_report(answered(s), ct, s, strongest), dim=info["dim"])
         scores["mf"] = answered(s)
+        step("irt")
         irt, info = B.irt_router(data.qvecs, data.correct, tr, va, seed=mf_seed)
         s = B.irt_probs(irt, data.qvecs, idx)
         methods["irt"] = dict(B.routing_report(answered(s), ct, s, strongest), dim=info["dim"])
@@ -155,6 +164,17 @@ def evaluate(tx: Tx, split: str = "test", *, baselines: bool = True, sample_effi
     if planned:
         report.planned_efficiency = planned_curve(tx, data, z, idx, seeds, sizes)
     return report
+
+
+METHODS = ("locus", "locus_interaction", "best_single", "per_category", "knn", "mf", "irt")
+
+
+def _stepper(progress, names):
+    """step(method): tells `progress` (if any) that method starts, with its place among `names`."""
+    def step(method):
+        if progress is not None:
+            progress(method, names.index(method) + 1, len(names))
+    return step
 
 
 def _answered_notes(models: list[str], ct: np.ndarray) -> list[str]:

@@ -58,10 +58,13 @@ def test_frontier_reports_the_cost_of_reaching_95_and_99_percent(db_copy, tmp_pa
         for kind, points in (("router", f.router), ("single", f.single)):
             reaching = [p for p in points if p.accuracy >= float(share) * best.accuracy]
             got = r[kind]
-            assert got is not None and got["mean_cost"] == min(p.mean_cost for p in reaching)
+            if not reaching:                    # (17 test queries here: the router may fall short)
+                assert got is None and kind == "router"
+                continue
+            assert got["mean_cost"] == min(p.mean_cost for p in reaching)
             assert got["cost_ratio"] == pytest.approx(got["mean_cost"] / best.mean_cost, abs=1e-4)
-    # the single model's own point reaches 99% of itself: neither ratio is above it
-    assert f.reach["0.99"]["single"]["cost_ratio"] <= 1.0 and f.reach["0.95"]["router"]["cost_ratio"] <= 1.0 + 1e-9
+    # the best model reaches 99% of itself: the cheapest single model reaching it costs at most as much
+    assert f.reach["0.99"]["single"]["cost_ratio"] <= 1.0
     r = CliRunner().invoke(cli, ["--db", str(db_copy), "route", "--frontier", "--cost-by", "cost", "--out",
                                  str(tmp_path / "f.png")])
     assert r.exit_code == 0, r.output
@@ -83,8 +86,56 @@ def test_evaluate_shows_progress_per_method_on_stderr_only(db_copy):
 
     r = CliRunner().invoke(cli, ["--db", str(db_copy), "evaluate", "--split", "test"])
     assert r.exit_code == 0, r.output
-    for i, method in enumerate(("locus", "locus_interaction", "best_single", "per_category", "knn", "mf", "irt")):
-        assert f"evaluate: {method} ({i + 1}/7, " in r.stderr
+    for i, method in enumerate(("locus", "locus_interaction", "served", "best_single", "per_category", "knn", "mf",
+                                "irt")):
+        assert f"evaluate: {method} ({i + 1}/8, " in r.stderr
     assert "evaluate:" not in r.stdout
     j = CliRunner().invoke(cli, ["--db", str(db_copy), "evaluate", "--split", "test", "--json"])
     assert j.exit_code == 0 and "evaluate:" not in j.output and json.loads(j.stdout)["methods"]["knn"]
+
+
+def _test_texts(reg) -> list[str]:
+    with reg.store.tx() as tx:
+        return [t for (t,) in tx.sql("""SELECT q.text FROM queries q JOIN query_splits s ON s.query_id = q.id
+                                        WHERE s.split = 'test' ORDER BY q.id""")]
+
+
+def _served_choices(db) -> tuple[dict, list]:
+    with Registry(db) as reg:
+        decisions = reg.route_batch(_test_texts(reg), RouteOptions(log=False))
+    out = {}
+    for d in decisions:
+        out[d.model] = out.get(d.model, 0) + 1
+    return out, decisions
+
+
+def test_the_served_policy_is_chosen_on_val_and_route_serves_what_evaluate_measured(db_copy, monkeypatch):
+    """evaluate judges the predictor with interaction and the simple routers on val, reports which one routing
+    serves (its `served` row, and every policy's val hit@1), and route serves exactly that one and says so."""
+    import json
+
+    from registry.evaluate import served
+
+    r = json.loads(CliRunner().invoke(cli, ["--db", str(db_copy), "evaluate", "--json"]).stdout)
+    val = r["served"]["val_hit"]
+    assert set(val) == {"locus_interaction", "knn", "per_category", "per_source"}
+    # here a simple router leads on val (18 val queries) by less than val's noise: the predictor is kept
+    best = max(val, key=lambda n: (val[n], -served.CHOICES.index(n)))
+    assert best != "locus_interaction" and val[best] - val["locus_interaction"] <= r["served"]["margin"]
+    assert r["served"]["policy"] == "locus_interaction"
+    assert r["methods"]["served"]["hit@1"] == r["methods"]["locus_interaction"]["hit@1"]
+    choices, decisions = _served_choices(db_copy)
+    assert choices == r["choices"] and decisions[0].policy.startswith("served policy locus_interaction")
+    predictor_choices = choices
+
+    # with no margin, the best on val is served, measured by evaluate and served by route alike
+    monkeypatch.setattr(served, "MARGIN_SE", 0.0)
+    r = json.loads(CliRunner().invoke(cli, ["--db", str(db_copy), "evaluate", "--json"]).stdout)
+    assert r["served"]["policy"] == best and r["methods"]["served"]["policy"] == best
+    choices, decisions = _served_choices(db_copy)
+    assert choices == r["choices"] != predictor_choices
+    assert all(d.policy.startswith(f"served policy {best} (val hit@1: ") for d in decisions)
+    out = CliRunner().invoke(cli, ["--db", str(db_copy), "route", _test_texts(Registry(db_copy))[0], "--no-log"])
+    assert out.exit_code == 0 and f"served policy {best}" in out.output, out.output
+    text = CliRunner().invoke(cli, ["--db", str(db_copy), "evaluate"])
+    assert f"served policy (routing as served, row `served`): {best}" in text.stdout

@@ -160,6 +160,10 @@ def evaluate(ctx, *, split, sample_efficiency, seeds, no_baselines, held_out, n,
         click.echo(f"routing (locus_interaction) = predictor logit + {sel['a']} x category offset + {sel['w']} x "
                    f"residual of the {sel['k']} nearest queries, chosen on val (val hit@1 "
                    f"{sel['val_hit']['chosen']:.4f}; the predictor alone {sel['val_hit']['predictor']:.4f})")
+    if r.served:
+        click.echo(f"served policy (routing as served, row `served`): {r.served['policy']}, chosen on val (hit@1 "
+                   + ", ".join(f"{k} {v:.4f}" for k, v in r.served["val_hit"].items())
+                   + f"; a simple router replaces the predictor only with a gain over {r.served['margin']:.4f})")
     click.echo("routing chooses: " + ", ".join(f"{m} {n}" for m, n in sorted(r.choices.items(), key=lambda kv: -kv[1])))
     for note in r.notes:
         click.echo(f"note: {note}")

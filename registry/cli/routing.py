@@ -69,6 +69,8 @@ def route(ctx, *, text, file_, out, cost_weight, min_prob, cost_by, include_prob
         click.echo("P(correct) is the model's own prediction (own P) with what the registry's answers add for queries "
                    "like this one (category offsets, nearest answered queries), shrunk toward the pool's by how "
                    "uncertain its embedding is")
+        if d.policy:
+            click.echo(d.policy)
         if d.note:
             click.echo(f"note: {d.note}")
         return
@@ -92,6 +94,8 @@ def route(ctx, *, text, file_, out, cost_weight, min_prob, cost_by, include_prob
     click.echo(f"{len(decisions)} queries routed, {summary['fallbacks']} fallbacks" + (f"; written to {out}" if out
                                                                                        else ""))
     table([[m, n] for m, n in sorted(chosen.items(), key=lambda kv: -kv[1])], ["model", "queries"])
+    if decisions and decisions[0].policy:
+        click.echo(decisions[0].policy)
 
 
 def _asdict(d):

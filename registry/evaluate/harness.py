@@ -17,6 +17,7 @@ import numpy as np
 from registry.locus import baselines as B
 from registry.embedding import embed, encoders, evidence
 from registry.locus import interaction
+from registry.evaluate import served
 from registry.core.errors import InputError, RegistryError
 from registry.core.transaction import Tx
 from registry.embedding.dataset import SPLITS, Dataset, current_embeddings, dataset, query_labels
@@ -40,6 +41,8 @@ class EvaluationReport:
     held_out: bool = True     # False off the test split: embeddings hold its answers, KNN and MF are tuned on val
     disagree: int = 0         # queries where the models' answers differ (hit@1_disagree is on these)
     interaction: dict = field(default_factory=dict)           # a, k, w chosen on val and what val measured
+    served: dict = field(default_factory=dict)                # the policy routing serves (evaluate/served.py): its
+                                                              #   name, settings and every policy's val hit@1
     notes: list[str] = field(default_factory=list)            # how the figures were made, where it matters
     planned_efficiency: dict | None = None   # --planned: planned against random probes at each n (probes.compare)
 
@@ -92,7 +95,7 @@ def evaluate(tx: Tx, split: str = "test", *, baselines: bool = True, sample_effi
         if len(rows) == 0:   # best single is chosen on train, KNN's k and MF's dimension on val
             raise RegistryError(f"no queries in the {name} split")
     ct = data.correct[:, idx]
-    step = _stepper(progress, METHODS if baselines else METHODS[:2])
+    step = _stepper(progress, METHODS if baselines else METHODS[:3])
     step("locus")
     # what the predictor gives routing
     labels = query_labels(data, encoders.load(tx, encoder_id)[0])
@@ -105,7 +108,7 @@ def evaluate(tx: Tx, split: str = "test", *, baselines: bool = True, sample_effi
         return B.among_answered(s, ct)
 
     methods = {"locus": B.routing_report(answered(p), ct, p, strongest)}
-    scores, routed, selection = {"locus": answered(p)}, p, {}
+    scores, routed, selection, served_info = {"locus": answered(p)}, p, {}, {}
     if len(tr) and len(va):         # as routing: without a val split to choose the weights, the predictor alone
         step("locus_interaction")
         rows = interaction.contenders(data.correct, tr, va)      # (every model here is eligible)
@@ -117,6 +120,15 @@ def evaluate(tx: Tx, split: str = "test", *, baselines: bool = True, sample_effi
         methods["locus_interaction"] = dict(B.routing_report(answered(routed), ct, routed, strongest),
                                             **{k: selection[k] for k in ("a", "k", "w")})
         scores["locus_interaction"] = answered(routed)
+        step("served")
+        pol = served.choose(fitted, data.correct, data.qvecs, data.categories, data.sources, train_idx=tr,
+                            val_idx=va)
+        routed = np.array(routed, dtype=np.float64)
+        labels_of = {"category": data.categories, "source": data.sources}.get(served.field_of(pol))
+        routed[rows] = served.scores(pol, fitted, routed[rows], data.qvecs[idx], _at(labels_of, idx))
+        methods["served"] = dict(B.routing_report(answered(routed), ct, routed, strongest), policy=pol.name)
+        scores["served"] = answered(routed)
+        served_info = {"policy": pol.name, "setting": pol.setting, "val_hit": pol.val, "margin": pol.margin}
     chosen = B.topk_models(routed, 1)[0]       # what routing serves: it cannot know which models have a result
     choices = {data.models[m]: int(n) for m, n in zip(*np.unique(chosen, return_counts=True))}
     if baselines:
@@ -158,7 +170,7 @@ def evaluate(tx: Tx, split: str = "test", *, baselines: bool = True, sample_effi
                                for m, r in methods.items()}, per_category, None, choices, excluded,
                               probation=probation, held_out=split == "test",
                               disagree=int(B.disagreement(ct).sum()), interaction=selection,
-                              notes=_answered_notes(data.models, ct))
+                              served=served_info, notes=_answered_notes(data.models, ct))
     if sample_efficiency:
         report.sample_efficiency = sample_efficiency_curve(tx, data, idx, seeds, sizes)
     if planned:
@@ -166,7 +178,7 @@ def evaluate(tx: Tx, split: str = "test", *, baselines: bool = True, sample_effi
     return report
 
 
-METHODS = ("locus", "locus_interaction", "best_single", "per_category", "knn", "mf", "irt")
+METHODS = ("locus", "locus_interaction", "served", "best_single", "per_category", "knn", "mf", "irt")
 
 
 def _stepper(progress, names):

@@ -20,8 +20,9 @@ from registry.routing.state import State
 from registry.core.errors import InputError
 from registry.core.transaction import Tx
 # the cost weight is on the candidates' cost range (policy.relative_cost): from 1e-3 (a thousandth of a probability
-# for the whole range) to 100 (the cheapest model everywhere) spans the whole trade-off in any unit of price
-DEFAULT_WEIGHTS = [0.0] + np.geomspace(1e-3, 100.0, 41).tolist()
+# for the whole range) to 1e4 (the cheapest model everywhere, unless another costs within 1e-4 of the range more)
+# spans the whole trade-off in any unit of price
+DEFAULT_WEIGHTS = [0.0] + np.geomspace(1e-3, 1e4, 43).tolist()
 SHARES = (0.95, 0.99)       # the shares of the best single model's accuracy whose cost the frontier reports
 
 

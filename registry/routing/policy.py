@@ -25,6 +25,7 @@ import numpy as np
 from registry.core.errors import InputError, RegistryError, unknown_model
 from registry.core.transaction import Tx
 from registry.embedding import evidence
+from registry.evaluate import served
 from registry.locus import interaction, text_encoder
 from registry.routing import query_texts
 from registry.routing.decision import Candidate, Decision
@@ -41,7 +42,19 @@ def probabilities(st: State, qvecs: np.ndarray, hashes: list[str] | None = None)
     probs = evidence.shrink(raw, st.evidence)
     if st.interaction is not None and len(raw):
         probs = interaction.sigmoid(st.interaction.scores(interaction.logit(probs), qvecs, hashes)).astype(np.float32)
+        pol = st.interaction.policy
+        if pol is not None and pol.name != "locus_interaction":     # a simple router won on val: it is served
+            rows = st.interaction.fitted.rows
+            labels = None if hashes is None else [st.interaction.policy_labels.get(h) for h in hashes]
+            probs = probs.astype(np.float64)            # (its ties are broken below float32's precision)
+            probs[rows] = served.scores(pol, st.interaction.fitted, probs[rows], qvecs, labels)
     return probs, raw
+
+
+def served_policy(st: State) -> str:
+    """What routing serves and its val figures, in a line (evaluate/served.py)."""
+    pol = None if st.interaction is None else st.interaction.policy
+    return pol.describe() if pol is not None else "served policy locus (no val split: the predictor alone)"
 
 
 @dataclass
@@ -145,6 +158,7 @@ def decisions(st: State, probs: np.ndarray, raw: np.ndarray, picks, pol: Policy,
     ev = st.evidence
     up = _up(st, pol)
     skipped = int((ev.probation & ~pol.eligible).sum())
+    served_line = served_policy(st)
     out = []
     for j, (row, fallback) in enumerate(picks):
         order = np.argsort(-probs[:, j], kind="stable")
@@ -171,7 +185,7 @@ def decisions(st: State, probs: np.ndarray, raw: np.ndarray, picks, pol: Policy,
         # (the versions of the listed models: every model's when all are listed)
         used = dict(zip([c.model for c in cands], st.versions[order].tolist()))
         out.append(Decision(None if row is None else st.names[row], fallback, cands, st.encoder_name, used,
-                            hashes[j], "; ".join(notes) or None, pol.cost_basis))
+                            hashes[j], "; ".join(notes) or None, pol.cost_basis, served_line))
     return out
 
 

@@ -141,7 +141,7 @@ def _frontier(reg, split, cost_by, png, as_json):
                    f"reaches {c.accuracy:.4f} at mean cost {c.mean_cost:.4g} ({c.label}): {100 * f.cost_ratio:.0f}%"
                    f" of it")
     for share, r in f.reach.items():
-        got = ", ".join(f"{kind} {r[kind]['label']} at {100 * r[kind]['cost_ratio']:.1f}%" if r[kind] and
+        got = ", ".join(f"{kind}: {r[kind]['label']} at {100 * r[kind]['cost_ratio']:.1f}%" if r[kind] and
                         r[kind]["cost_ratio"] is not None else f"{kind}: none" for kind in ("router", "single"))
         click.echo(f"reaching {100 * float(share):.0f}% of {b.label}'s accuracy ({r['target_accuracy']:.4f}), "
                    f"cost as a share of its: {got}")

@@ -3,7 +3,8 @@
 LOCUS is scored with the models' stored current embeddings (computed from every evaluation outside the test split,
 see embedding/embed.py). Two LOCUS rows: `locus`, the predictor alone, and `locus_interaction`, what routing serves (the
 predictor's logit plus the interaction terms of locus/interaction.py, fitted on train and val exactly as routing fits
-them), so the report describes exactly what routing will do. Every method sees the same queries, and chooses for each
+them), and `served`, the policy routing serves (evaluate/served.py: chosen on val among that and the simple
+routers), so the report describes exactly what routing will do. Every method sees the same queries, and chooses for each
 among the models with a result for it (baselines.among_answered): a model known from a few hundred results would
 otherwise be chosen where it cannot be scored, and drag down the methods that like it.
 `registry evaluate --held-out K` (models the encoder never saw, known from a few evaluations) is evaluate/heldout.py.

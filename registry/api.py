@@ -227,7 +227,7 @@ class Registry:
         with self.store.tx() as tx:
             return harness.evaluate(tx, split, baselines=baselines, sample_efficiency=sample_efficiency,
                                        seeds=5 if seeds is None else seeds, probation_min=self.probation_min,
-                                       planned=planned)
+                                       planned=planned, progress=progress)
 
     # --- the database as a whole --------------------------------------------------------------------------------
     def db_copy(self, dest: str, progress=None):

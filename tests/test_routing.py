@@ -66,8 +66,8 @@ def test_cost_is_price_and_size_only_when_asked(reg, known, tmp_path):
     with pytest.raises(InputError, match="needs a price for every candidate.*--cost-by params"):
         reg.route(Q, RouteOptions(cost_weight=0.01, log=False))
     sized = [c for c in base.candidates if c.params_b is not None]
-    # size dominates: a smallest model wins
-    heavy = reg.route(Q, RouteOptions(cost_weight=10.0, cost_by="params", log=False))
+    # size dominates: a smallest model wins (the weight is on the candidates' size range: 1000 outweighs any P)
+    heavy = reg.route(Q, RouteOptions(cost_weight=1000.0, cost_by="params", log=False))
     assert heavy.cost_basis == "params_b" and "without a parameter count left out" in heavy.note
     assert next(c for c in heavy.candidates if c.model == heavy.model).params_b == min(c.params_b for c in sized)
     p = sorted(c.prob for c in sized)[len(sized) // 2]

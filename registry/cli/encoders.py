@@ -132,7 +132,8 @@ def evaluate(ctx, *, split, sample_efficiency, seeds, no_baselines, held_out, n,
     progress, close = stage_bars(as_json)
     r = open_registry(ctx).evaluate(split, baselines=not no_baselines, sample_efficiency=sample_efficiency,
                                     seeds=seeds, held_out=held_out, n=n, max_steps=max_steps, epochs=epochs,
-                                    progress=progress if held_out is not None else None, planned=planned)
+                                    progress=progress if held_out is not None else method_steps(as_json),
+                                    planned=planned)
     close()
     if as_json:
         emit_json(r)
@@ -159,6 +160,10 @@ def evaluate(ctx, *, split, sample_efficiency, seeds, no_baselines, held_out, n,
         click.echo(f"routing (locus_interaction) = predictor logit + {sel['a']} x category offset + {sel['w']} x "
                    f"residual of the {sel['k']} nearest queries, chosen on val (val hit@1 "
                    f"{sel['val_hit']['chosen']:.4f}; the predictor alone {sel['val_hit']['predictor']:.4f})")
+    if r.served:
+        click.echo(f"served policy (routing as served, row `served`): {r.served['policy']}, chosen on val (hit@1 "
+                   + ", ".join(f"{k} {v:.4f}" for k, v in r.served["val_hit"].items())
+                   + f"; a simple router replaces the predictor only with a gain over {r.served['margin']:.4f})")
     click.echo("routing chooses: " + ", ".join(f"{m} {n}" for m, n in sorted(r.choices.items(), key=lambda kv: -kv[1])))
     for note in r.notes:
         click.echo(f"note: {note}")
@@ -184,6 +189,18 @@ def evaluate(ctx, *, split, sample_efficiency, seeds, no_baselines, held_out, n,
         table([[n] + [f"{v[d][rd]['hit@1']:.4f} ± {v[d][rd]['hit@1_std']:.4f} / {v[d][rd]['auc']:.4f}"
                       for d, rd in cols] for n, v in r.planned_efficiency.items()],
               ["evaluations per model"] + [f"{d}, {rd}" for d, rd in cols])
+
+
+def method_steps(quiet: bool):
+    """progress(method, done, total) for `evaluate`: a line on stderr as each method starts (none with --json)."""
+    import time
+
+    start = time.monotonic()
+
+    def progress(method, done, total):
+        if not quiet:
+            click.echo(f"evaluate: {method} ({done}/{total}, {time.monotonic() - start:.0f} s)", err=True)
+    return progress
 
 
 def show_held_out(r) -> None:

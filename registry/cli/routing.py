@@ -69,6 +69,8 @@ def route(ctx, *, text, file_, out, cost_weight, min_prob, cost_by, include_prob
         click.echo("P(correct) is the model's own prediction (own P) with what the registry's answers add for queries "
                    "like this one (category offsets, nearest answered queries), shrunk toward the pool's by how "
                    "uncertain its embedding is")
+        if d.policy:
+            click.echo(d.policy)
         if d.note:
             click.echo(f"note: {d.note}")
         return
@@ -92,6 +94,8 @@ def route(ctx, *, text, file_, out, cost_weight, min_prob, cost_by, include_prob
     click.echo(f"{len(decisions)} queries routed, {summary['fallbacks']} fallbacks" + (f"; written to {out}" if out
                                                                                        else ""))
     table([[m, n] for m, n in sorted(chosen.items(), key=lambda kv: -kv[1])], ["model", "queries"])
+    if decisions and decisions[0].policy:
+        click.echo(decisions[0].policy)
 
 
 def _asdict(d):
@@ -114,10 +118,10 @@ def _frontier(reg, split, cost_by, png, as_json):
     click.echo(f"{f.queries} {split} queries, {len(f.models)} models; cost = {f.cost_basis}")
     seen, rows = set(), []
     for p in sorted(f.router, key=lambda p: p.cost_weight):
-        key = (round(p.accuracy, 4), round(p.mean_cost, 2))
+        key = (round(p.accuracy, 4), f"{p.mean_cost:.4g}")
         if key not in seen:
             seen.add(key)
-            rows.append([p.label, f"{p.accuracy:.4f}", f"{p.mean_cost:.2f}", p.models_used, f"{p.coverage:.3f}"])
+            rows.append([p.label, f"{p.accuracy:.4f}", f"{p.mean_cost:.4g}", p.models_used, f"{p.coverage:.3f}"])
     table(rows, ["router", "accuracy", "mean cost", "models used", "coverage"])
     click.echo("")
     table([[p.label, f"{p.accuracy:.4f}", "" if p.scored_accuracy is None else f"{p.scored_accuracy:.4f}",
@@ -128,14 +132,19 @@ def _frontier(reg, split, cost_by, png, as_json):
         click.echo(f"'accuracy' counts a query without a result as wrong; 'on scored' leaves those out "
                    f"({len(unscored)} models lack results for some queries)")
     click.echo("")
-    table([[p.label, f"{p.accuracy:.4f}", f"{p.mean_cost:.2f}"] for p in f.pareto],
+    table([[p.label, f"{p.accuracy:.4f}", f"{p.mean_cost:.4g}"] for p in f.pareto],
           ["Pareto frontier", "accuracy", "mean cost"])
     b, c = f.best_single, f.cheapest_matching
     click.echo("")
     if c:
         click.echo(f"best single model {b.label}: accuracy {b.accuracy:.4f} at cost {b.mean_cost:g}; the router "
-                   f"reaches {c.accuracy:.4f} at mean cost {c.mean_cost:.2f} ({c.label}): {100 * f.cost_ratio:.0f}%"
+                   f"reaches {c.accuracy:.4f} at mean cost {c.mean_cost:.4g} ({c.label}): {100 * f.cost_ratio:.0f}%"
                    f" of it")
+    for share, r in f.reach.items():
+        got = ", ".join(f"{kind}: {r[kind]['label']} at {100 * r[kind]['cost_ratio']:.1f}%" if r[kind] and
+                        r[kind]["cost_ratio"] is not None else f"{kind}: none" for kind in ("router", "single"))
+        click.echo(f"reaching {100 * float(share):.0f}% of {b.label}'s accuracy ({r['target_accuracy']:.4f}), "
+                   f"cost as a share of its: {got}")
     for n in f.notes:
         click.echo(f"note: {n}")
     click.echo(f"plot: {png}")

@@ -3,7 +3,8 @@
 LOCUS is scored with the models' stored current embeddings (computed from every evaluation outside the test split,
 see embedding/embed.py). Two LOCUS rows: `locus`, the predictor alone, and `locus_interaction`, what routing serves (the
 predictor's logit plus the interaction terms of locus/interaction.py, fitted on train and val exactly as routing fits
-them), so the report describes exactly what routing will do. Every method sees the same queries, and chooses for each
+them), and `served`, the policy routing serves (evaluate/served.py: chosen on val among that and the simple
+routers), so the report describes exactly what routing will do. Every method sees the same queries, and chooses for each
 among the models with a result for it (baselines.among_answered): a model known from a few hundred results would
 otherwise be chosen where it cannot be scored, and drag down the methods that like it.
 `registry evaluate --held-out K` (models the encoder never saw, known from a few evaluations) is evaluate/heldout.py.
@@ -17,6 +18,7 @@ import numpy as np
 from registry.locus import baselines as B
 from registry.embedding import embed, encoders, evidence
 from registry.locus import interaction
+from registry.evaluate import served
 from registry.core.errors import InputError, RegistryError
 from registry.core.transaction import Tx
 from registry.embedding.dataset import SPLITS, Dataset, current_embeddings, dataset, query_labels
@@ -40,6 +42,8 @@ class EvaluationReport:
     held_out: bool = True     # False off the test split: embeddings hold its answers, KNN and MF are tuned on val
     disagree: int = 0         # queries where the models' answers differ (hit@1_disagree is on these)
     interaction: dict = field(default_factory=dict)           # a, k, w chosen on val and what val measured
+    served: dict = field(default_factory=dict)                # the policy routing serves (evaluate/served.py): its
+                                                              #   name, settings and every policy's val hit@1
     notes: list[str] = field(default_factory=list)            # how the figures were made, where it matters
     planned_efficiency: dict | None = None   # --planned: planned against random probes at each n (probes.compare)
 
@@ -68,7 +72,8 @@ def check_options(split: str, *, baselines: bool, sample_efficiency: bool, held_
 
 def evaluate(tx: Tx, split: str = "test", *, baselines: bool = True, sample_efficiency: bool = False,
              seeds: int = 5, sizes=(32, 64, 128, 256, 512), mf_seed: int = 0,
-             probation_min: int | None = None, planned: bool = False) -> EvaluationReport:
+             probation_min: int | None = None, planned: bool = False, progress=None) -> EvaluationReport:
+    """`progress(method, done, total)`: told as each method starts (the CLI shows it on stderr)."""
     if split not in SPLITS:
         raise RegistryError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
     data = dataset(tx)
@@ -91,6 +96,8 @@ def evaluate(tx: Tx, split: str = "test", *, baselines: bool = True, sample_effi
         if len(rows) == 0:   # best single is chosen on train, KNN's k and MF's dimension on val
             raise RegistryError(f"no queries in the {name} split")
     ct = data.correct[:, idx]
+    step = _stepper(progress, METHODS if baselines else METHODS[:3])
+    step("locus")
     # what the predictor gives routing
     labels = query_labels(data, encoders.load(tx, encoder_id)[0])
     p = evidence.shrink(locus_probs(tx, encoder_id, z, data.qvecs[idx], _at(labels, idx)), ev)
@@ -102,8 +109,9 @@ def evaluate(tx: Tx, split: str = "test", *, baselines: bool = True, sample_effi
         return B.among_answered(s, ct)
 
     methods = {"locus": B.routing_report(answered(p), ct, p, strongest)}
-    scores, routed, selection = {"locus": answered(p)}, p, {}
+    scores, routed, selection, served_info = {"locus": answered(p)}, p, {}, {}
     if len(tr) and len(va):         # as routing: without a val split to choose the weights, the predictor alone
+        step("locus_interaction")
         rows = interaction.contenders(data.correct, tr, va)      # (every model here is eligible)
         raw = locus_probs(tx, encoder_id, z[rows], data.qvecs, labels)   # the predictor's own, as routing fits on
         fitted = interaction.fit(interaction.logit(raw), data.correct, data.qvecs, data.categories, tr, va, rows=rows)
@@ -113,26 +121,40 @@ def evaluate(tx: Tx, split: str = "test", *, baselines: bool = True, sample_effi
         methods["locus_interaction"] = dict(B.routing_report(answered(routed), ct, routed, strongest),
                                             **{k: selection[k] for k in ("a", "k", "w")})
         scores["locus_interaction"] = answered(routed)
+        step("served")
+        pol = served.choose(fitted, data.correct, data.qvecs, data.categories, data.sources, train_idx=tr,
+                            val_idx=va)
+        routed = np.array(routed, dtype=np.float64)
+        labels_of = {"category": data.categories, "source": data.sources}.get(served.field_of(pol))
+        routed[rows] = served.scores(pol, fitted, routed[rows], data.qvecs[idx], _at(labels_of, idx))
+        methods["served"] = dict(B.routing_report(answered(routed), ct, routed, strongest), policy=pol.name)
+        scores["served"] = answered(routed)
+        served_info = {"policy": pol.name, "setting": pol.setting, "val_hit": pol.val, "margin": pol.margin}
     chosen = B.topk_models(routed, 1)[0]       # what routing serves: it cannot know which models have a result
     choices = {data.models[m]: int(n) for m, n in zip(*np.unique(chosen, return_counts=True))}
     if baselines:
+        step("best_single")
         methods["oracle"] = {f"hit@{k}": B.oracle_hit(ct) for k in (1, 3, 5)}
         s = B.best_single_scores(data.correct, tr, idx)
         methods["best_single"] = B.routing_report(answered(s), ct, None, strongest)
         methods["best_single"]["model"] = data.models[int(np.argmax(s[:, 0]))]
         scores["best_single"] = answered(s)
         methods["random"] = {f"hit@{k}": B.random_hit_at_k(ct, k) for k in (1, 3, 5)}
+        step("per_category")
         s, info = B.per_category_router(data.correct, data.categories, tr, va, idx)
         methods["per_category"] = dict(B.routing_report(answered(s), ct, None, strongest), prior=info["prior"])
         scores["per_category"] = answered(s)
+        step("knn")
         k, _ = B.knn_router(data.qvecs, data.correct, tr, va)
         s = B.knn_scores(data.qvecs, data.correct, tr, idx, k)
         methods["knn"] = dict(B.routing_report(answered(s), ct, s, strongest), k=k)
         scores["knn"] = answered(s)
+        step("mf")
         mf, info = B.mf_router(data.qvecs, data.correct, tr, va, seed=mf_seed)
         s = B.mf_probs(mf, data.qvecs, idx)
         methods["mf"] = dict(B.routing_report(answered(s), ct, s, strongest), dim=info["dim"])
         scores["mf"] = answered(s)
+        step("irt")
         irt, info = B.irt_router(data.qvecs, data.correct, tr, va, seed=mf_seed)
         s = B.irt_probs(irt, data.qvecs, idx)
         methods["irt"] = dict(B.routing_report(answered(s), ct, s, strongest), dim=info["dim"])
@@ -149,12 +171,23 @@ def evaluate(tx: Tx, split: str = "test", *, baselines: bool = True, sample_effi
                                for m, r in methods.items()}, per_category, None, choices, excluded,
                               probation=probation, held_out=split == "test",
                               disagree=int(B.disagreement(ct).sum()), interaction=selection,
-                              notes=_answered_notes(data.models, ct))
+                              served=served_info, notes=_answered_notes(data.models, ct))
     if sample_efficiency:
         report.sample_efficiency = sample_efficiency_curve(tx, data, idx, seeds, sizes)
     if planned:
         report.planned_efficiency = planned_curve(tx, data, z, idx, seeds, sizes)
     return report
+
+
+METHODS = ("locus", "locus_interaction", "served", "best_single", "per_category", "knn", "mf", "irt")
+
+
+def _stepper(progress, names):
+    """step(method): tells `progress` (if any) that method starts, with its place among `names`."""
+    def step(method):
+        if progress is not None:
+            progress(method, names.index(method) + 1, len(names))
+    return step
 
 
 def _answered_notes(models: list[str], ct: np.ndarray) -> list[str]:

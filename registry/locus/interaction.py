@@ -282,6 +282,10 @@ class Served:
     # a text's nearest reference queries by content hash: the same text always has the same ones, and the search
     # is most of a known text's route (bounded: cleared when full)
     nearest: dict = field(default_factory=dict, repr=False, compare=False)
+    # the policy served on these terms, chosen on val (evaluate/served.py: ServedPolicy; None: these terms), and
+    # each registered query's value of the field it reads, by content hash
+    policy: object = None
+    policy_labels: dict = field(default_factory=dict, repr=False, compare=False)
 
     NN_KEEP = 50_000
 

@@ -19,7 +19,11 @@ from registry.routing.options import COST_BASES
 from registry.routing.state import State
 from registry.core.errors import InputError
 from registry.core.transaction import Tx
-DEFAULT_WEIGHTS = [0.0] + np.geomspace(1e-5, 1.0, 41).tolist()
+# the cost weight is on the candidates' cost range (policy.relative_cost): from 1e-3 (a thousandth of a probability
+# for the whole range) to 1e4 (the cheapest model everywhere, unless another costs within 1e-4 of the range more)
+# spans the whole trade-off in any unit of price
+DEFAULT_WEIGHTS = [0.0] + np.geomspace(1e-3, 1e4, 43).tolist()
+SHARES = (0.95, 0.99)       # the shares of the best single model's accuracy whose cost the frontier reports
 
 
 @dataclass
@@ -46,6 +50,9 @@ class Frontier:
     best_single: Point | None = None
     cheapest_matching: Point | None = None   # the cheapest router point reaching best_single's accuracy
     cost_ratio: float | None = None          # cheapest_matching.mean_cost / best_single.mean_cost
+    # share of best_single's accuracy ("0.95", "0.99") -> the cheapest router point and single model reaching it,
+    # their mean cost and its ratio to best_single's (None where none reaches it)
+    reach: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
 
@@ -95,7 +102,25 @@ def compute(tx: Tx, st: State, split: str = "test", cost_by: str = "params",
                      f"{max(p.accuracy for p in router):.4f}")
     ratio = None if cheapest is None or not best.mean_cost else cheapest.mean_cost / best.mean_cost
     return Frontier(split, int(len(qids)), names, basis, router, single, pareto(router + single), best, cheapest,
-                    ratio, notes)
+                    ratio, reach_costs(router, single, best), notes)
+
+
+def reach_costs(router: list[Point], single: list[Point], best: Point) -> dict:
+    """For each share in SHARES of best's accuracy: the cheapest router point and the cheapest single model that
+    reach it, with their mean cost as a share of best's (RouteLLM's measure: the cost of reaching 95% of the
+    strongest model's quality)."""
+    out = {}
+    for share in SHARES:
+        target = share * best.accuracy
+        row = {"target_accuracy": round(target, 4)}
+        for kind, points in (("router", router), ("single", single)):
+            p = min((p for p in points if p.accuracy >= target), key=lambda p: (p.mean_cost, -p.accuracy),
+                    default=None)
+            row[kind] = None if p is None else {
+                "label": p.label, "accuracy": round(p.accuracy, 4), "mean_cost": p.mean_cost,
+                "cost_ratio": round(p.mean_cost / best.mean_cost, 4) if best.mean_cost else None}
+        out[f"{share:.2f}"] = row
+    return out
 
 
 @dataclass

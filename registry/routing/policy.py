@@ -12,7 +12,9 @@ uncertain its embedding is, and a model on probation (too few evaluations) is no
 
 Costs: price and size are kept apart. Cost-aware routing (a cost weight or a minimum probability) ranks by `cost`
 when every candidate has one; by `params_b` only when asked (`cost_by="params"`), leaving out models without a
-parameter count; the decision always says which basis it used (`cost_basis`).
+parameter count; the decision always says which basis it used (`cost_basis`). A cost weight weighs the cost relative
+to the candidates' range (0 the cheapest, 1 the dearest: `relative_cost`), so prices per query, per million tokens or
+per hour give the same routes, and a weight near 1 trades a full range of cost against a probability of 1.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import numpy as np
 from registry.core.errors import InputError, RegistryError, unknown_model
 from registry.core.transaction import Tx
 from registry.embedding import evidence
+from registry.evaluate import served
 from registry.locus import interaction, text_encoder
 from registry.routing import query_texts
 from registry.routing.decision import Candidate, Decision
@@ -39,7 +42,19 @@ def probabilities(st: State, qvecs: np.ndarray, hashes: list[str] | None = None)
     probs = evidence.shrink(raw, st.evidence)
     if st.interaction is not None and len(raw):
         probs = interaction.sigmoid(st.interaction.scores(interaction.logit(probs), qvecs, hashes)).astype(np.float32)
+        pol = st.interaction.policy
+        if pol is not None and pol.name != "locus_interaction":     # a simple router won on val: it is served
+            rows = st.interaction.fitted.rows
+            labels = None if hashes is None else [st.interaction.policy_labels.get(h) for h in hashes]
+            probs = probs.astype(np.float64)            # (its ties are broken below float32's precision)
+            probs[rows] = served.scores(pol, st.interaction.fitted, probs[rows], qvecs, labels)
     return probs, raw
+
+
+def served_policy(st: State) -> str:
+    """What routing serves and its val figures, in a line (evaluate/served.py)."""
+    pol = None if st.interaction is None else st.interaction.policy
+    return pol.describe() if pol is not None else "served policy locus (no val split: the predictor alone)"
 
 
 @dataclass
@@ -100,7 +115,8 @@ def choose(st: State, probs: np.ndarray, pol: Policy) -> list[tuple[int | None, 
     if not avail.any():
         return [(None, True)] * N
     if pol.min_prob is None:
-        rank = probs - (pol.cost_weight or 0.0) * (pol.cost[:, None] if pol.cost is not None else 0.0)
+        cost = relative_cost(pol.cost, pol.eligible) if pol.cost is not None and pol.cost_weight else None
+        rank = probs - (pol.cost_weight or 0.0) * (cost[:, None] if cost is not None else 0.0)
         rank = np.where(pol.eligible[:, None], rank, -np.inf)
         top = np.argmax(rank, axis=0)                                # ties: the lower row, as baselines do
         best = np.argmax(np.where(avail[:, None], rank, -np.inf), axis=0)
@@ -118,6 +134,15 @@ def choose(st: State, probs: np.ndarray, pol: Policy) -> list[tuple[int | None, 
     return out
 
 
+def relative_cost(cost: np.ndarray, eligible: np.ndarray) -> np.ndarray:
+    """[M] cost on the eligible candidates' range: 0 the cheapest, 1 the dearest (all 0 when they cost the same), so
+    the unit of the prices does not change a route."""
+    c = np.asarray(cost, dtype=np.float64)
+    seen = c[np.asarray(eligible, dtype=bool)] if np.any(eligible) else c
+    lo, hi = float(np.min(seen)), float(np.max(seen))
+    return (c - lo) / (hi - lo) if hi > lo else np.zeros_like(c)
+
+
 def _up(st: State, pol: Policy) -> np.ndarray:
     """[M] bool: not down (marked unavailable or named by the caller); without any down, no look at the names."""
     if not pol.down:
@@ -133,6 +158,7 @@ def decisions(st: State, probs: np.ndarray, raw: np.ndarray, picks, pol: Policy,
     ev = st.evidence
     up = _up(st, pol)
     skipped = int((ev.probation & ~pol.eligible).sum())
+    served_line = served_policy(st)
     out = []
     for j, (row, fallback) in enumerate(picks):
         order = np.argsort(-probs[:, j], kind="stable")
@@ -159,7 +185,7 @@ def decisions(st: State, probs: np.ndarray, raw: np.ndarray, picks, pol: Policy,
         # (the versions of the listed models: every model's when all are listed)
         used = dict(zip([c.model for c in cands], st.versions[order].tolist()))
         out.append(Decision(None if row is None else st.names[row], fallback, cands, st.encoder_name, used,
-                            hashes[j], "; ".join(notes) or None, pol.cost_basis))
+                            hashes[j], "; ".join(notes) or None, pol.cost_basis, served_line))
     return out
 
 

@@ -20,6 +20,7 @@ from registry.core.errors import RegistryError
 from registry.core.transaction import Tx
 from registry.data import availability
 from registry.embedding import encoders, evidence, index
+from registry.evaluate import served as policy_mod
 from registry.locus import interaction, label_columns
 
 PREDICTIONS_KEPT = 4096     # the predictor's P(correct) rows kept per Store (one per model version and query set)
@@ -245,7 +246,8 @@ def _carried(served: interaction.Served, fitted_ids: np.ndarray, model_ids: np.n
         return served         # (the usual case: models were only added, after the fit's, so none moved)
     # the same reference queries: the texts' nearest ones found so far stay good (the dict is shared)
     return interaction.Served(dataclasses.replace(f, rows=at, offsets=f.offsets[take], resid=f.resid[take],
-                                                  seen=f.seen[take]), served.category_of, served.nearest)
+                                                  seen=f.seen[take]), served.category_of, served.nearest,
+                              policy_mod.carried(served.policy, take), served.policy_labels)
 
 
 def _fit(tx: Tx, key: tuple, model, *, z: np.ndarray, model_ids: np.ndarray, version_ids: np.ndarray,
@@ -279,6 +281,12 @@ def _fit(tx: Tx, key: tuple, model, *, z: np.ndarray, model_ids: np.ndarray, ver
             np.zeros((0, len(data.query_ids)), dtype=np.float32)
         fitted = interaction.fit(interaction.logit(raw), correct, data.qvecs, data.categories, tr, va, rows=rows)
         out = interaction.Served(fitted, dict(tx.sql("SELECT content_hash, coalesce(category, '(none)') FROM queries")))
+        out.policy = policy_mod.choose(fitted, correct, data.qvecs, data.categories, data.sources,
+                                       train_idx=tr, val_idx=va)
+        if policy_mod.field_of(out.policy) == "source":
+            out.policy_labels = dict(tx.sql("SELECT content_hash, coalesce(source, '(none)') FROM queries"))
+        elif policy_mod.field_of(out.policy) == "category":
+            out.policy_labels = out.category_of
     fits = tx.section("routing fits")
     if len(fits) > FITS_KEPT:
         fits.clear()

@@ -1,0 +1,158 @@
+"""The policy routing serves, chosen on the registry's val split: the predictor with its interaction terms
+(locus/interaction.py), or one of the simple routers that sometimes beat it where questions come in templated
+families (the mean answer of the k nearest reference queries, each category's or each source's best model).
+
+`choose` judges each on val (hit@1 among the interaction's models, each query's choice among those with a val answer),
+settings fitted on train, and keeps the best, the predictor unless a simple router beats it by more than val's noise
+(MARGIN_SE); the kept one is then fitted on train and val
+(the reference queries, as the interaction terms are). `scores` gives its routing scores [R,N] for the
+interaction's rows, the same way in `registry evaluate` (its `served` row) and in routing (routing/policy.py), so the
+report describes what is served. Pure numpy: routing computes it beside the interaction fit, without torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from registry.locus import interaction
+
+CHOICES = ("locus_interaction", "knn", "per_category", "per_source")
+KNN_KS = (5, 10, 20, 50, 100)
+PRIORS = (0, 5, 20, 50, 200)
+# a simple router replaces the predictor only when it beats it on val by more than this many standard errors of a
+# val hit@1: a gain within val's noise is not one (on MMLU-Pro, per-source led by 0.0017 on val and lost 0.008 on test)
+MARGIN_SE = 0.5
+
+
+@dataclass
+class ServedPolicy:
+    name: str                                         # one of CHOICES
+    val: dict[str, float] = field(default_factory=dict)   # val hit@1 of each policy judged
+    setting: dict = field(default_factory=dict)       # the chosen one's settings (k, prior)
+    answers: np.ndarray | None = None                 # [R, Nref] int8 1/0/-1: the rows' reference answers (knn)
+    groups: list[str] = field(default_factory=list)   # per_category / per_source: the table's columns
+    ref_group: np.ndarray | None = None               # [Nref] group index of each reference query
+    table: np.ndarray | None = None                   # [R, G] each row's shrunk accuracy per group
+    margin: float = 0.0                               # the val gain a simple router had to exceed (MARGIN_SE)
+
+    def describe(self) -> str:
+        figures = ", ".join(f"{k} {v:.4f}" for k, v in self.val.items())
+        return f"served policy {self.name} (val hit@1: {figures}; a simple router needs +{self.margin:.4f})"
+
+
+def val_hit(scores: np.ndarray, correct: np.ndarray) -> float:
+    """hit@1 among the models with a result for each query (baselines.val_hit without torch); ties: lower row."""
+    rows = (correct >= 0).any(axis=1)
+    if not rows.any() or not correct.shape[1]:
+        return 0.0
+    s, c = np.asarray(scores, dtype=np.float64)[rows], correct[rows]
+    s = np.where((c < 0) & (c >= 0).any(axis=0, keepdims=True), -np.inf, s)
+    top = np.argmax(s, axis=0)
+    return float((c[top, np.arange(c.shape[1])] == 1).mean())
+
+
+def knn(answers: np.ndarray, nn: np.ndarray, k: int) -> np.ndarray:
+    """[R,N]: each row's mean answer over the k nearest reference queries it answered (ties: the stronger row)."""
+    nn = nn[:, :k]
+    y, seen = (answers == 1).astype(np.float32), (answers >= 0).astype(np.float32)
+    overall = y.sum(1) / np.maximum(seen.sum(1), 1)
+    return y[:, nn].sum(-1) / np.maximum(seen[:, nn].sum(-1), 1) + 1e-6 * overall[:, None]
+
+
+def group_table(answers: np.ndarray, group: np.ndarray, n_groups: int, prior: float) -> np.ndarray:
+    """[R,G]: each row's accuracy per group, shrunk toward its overall accuracy by `prior` pseudo-answers."""
+    y, seen = (answers == 1).astype(np.float64), (answers >= 0).astype(np.float64)
+    overall = y.sum(1) / np.maximum(seen.sum(1), 1)
+    onehot = np.zeros((len(group), n_groups))
+    onehot[np.flatnonzero(group >= 0), group[group >= 0]] = 1.0
+    yc, nc = y @ onehot, seen @ onehot
+    return (yc + prior * overall[:, None]) / (nc + prior + 1e-9) + 1e-9 * overall[:, None]
+
+
+def _indices(values, names: list[str]) -> np.ndarray:
+    pos = {c: i for i, c in enumerate(names)}
+    return np.array([pos.get(v, -1) if v is not None else -1 for v in values], dtype=np.int64)
+
+
+def choose(fitted: interaction.Interaction, correct: np.ndarray, qvecs: np.ndarray, categories, sources, *,
+           train_idx, val_idx) -> ServedPolicy:
+    """The served policy for the interaction's rows: correct [M,Nq] of every model (fitted.rows index it), the
+    queries' text vectors, categories and sources ([Nq] str, sources None when the registry has none)."""
+    rows = np.asarray(fitted.rows, dtype=np.int64)
+    tr, va = np.asarray(train_idx, dtype=np.int64), np.asarray(val_idx, dtype=np.int64)
+    ref = np.sort(np.concatenate([tr, va]))
+    c = np.asarray(correct)[rows]
+    val_info = fitted.selection.get("val_hit")
+    if not len(rows) or not len(tr) or not len(va) or val_info is None:
+        return ServedPolicy("locus_interaction")
+    cv = c[:, va]
+    judged = {"locus_interaction": (val_info["chosen"], {})}
+    nn_va = interaction.neighbours(np.asarray(qvecs[tr], dtype=np.float32), qvecs[va], max(KNN_KS))
+    by_k = {k: val_hit(knn(c[:, tr], nn_va, k), cv) for k in KNN_KS if k <= len(tr)}
+    if by_k:
+        k = max(by_k, key=lambda k: (by_k[k], -k))
+        judged["knn"] = (by_k[k], {"k": k})
+    for name, labels in (("per_category", categories), ("per_source", sources)):
+        if labels is None:
+            continue
+        labels = np.asarray([None if v is None else str(v) for v in labels], dtype=object)
+        names = sorted({v for v in labels[tr].tolist() if v is not None})
+        if len(names) < 2:
+            continue                                  # one group: the best single model, not a router
+        g_tr, g_va = _indices(labels[tr], names), _indices(labels[va], names)
+        by_prior = {}
+        for prior in PRIORS:
+            table = group_table(c[:, tr], g_tr, len(names), prior)
+            mix = interaction.category_mix(g_va, nn_va, g_tr, len(names))
+            by_prior[prior] = val_hit(table @ mix.T, cv)
+        prior = max(by_prior, key=lambda p: (by_prior[p], -p))
+        judged[name] = (by_prior[prior], {"prior": prior, "labels": labels})
+    best = max(judged, key=lambda n: (round(judged[n][0], 9), -CHOICES.index(n)))
+    p = judged["locus_interaction"][0]
+    margin = MARGIN_SE * float(np.sqrt(max(p * (1 - p), 1e-9) / len(va)))
+    if judged[best][0] - p <= margin:
+        best = "locus_interaction"
+    val = {n: round(v, 4) for n, (v, _) in judged.items()}
+    setting = dict(judged[best][1])
+    out = ServedPolicy(best, val, {k: v for k, v in setting.items() if k != "labels"}, margin=round(margin, 4))
+    if best == "knn":
+        out.answers = c[:, ref].astype(np.int8)
+    elif best in ("per_category", "per_source"):
+        labels = setting["labels"]
+        out.groups = sorted({v for v in labels[ref].tolist() if v is not None})
+        out.ref_group = _indices(labels[ref], out.groups)
+        out.table = group_table(c[:, ref], out.ref_group, len(out.groups), setting["prior"])
+    return out
+
+
+def scores(policy: ServedPolicy, fitted: interaction.Interaction, routed_rows: np.ndarray, qvecs: np.ndarray,
+           groups) -> np.ndarray:
+    """[R,N] the served policy's routing scores for the interaction's rows: `routed_rows` (the predictor with the
+    interaction terms, P(correct)) for locus_interaction, else the simple router's; `groups` [N]: the queries'
+    category or source (the policy's field; None where unknown: their nearest reference queries' mix)."""
+    if policy.name == "locus_interaction" or not len(fitted.ref_vecs):
+        return routed_rows
+    q = np.asarray(qvecs, dtype=np.float32)
+    if policy.name == "knn":
+        return knn(policy.answers, interaction.neighbours(fitted.ref_vecs, q, policy.setting["k"]),
+                   policy.setting["k"])
+    g = _indices([None] * len(q) if groups is None else groups, policy.groups)
+    nn = interaction.neighbours(fitted.ref_vecs, q, interaction.CAT_K) if (g < 0).any() else \
+        np.zeros((len(q), 1), dtype=np.int64)
+    return policy.table @ interaction.category_mix(g, nn, policy.ref_group, len(policy.groups)).T
+
+
+def carried(policy: ServedPolicy | None, take: np.ndarray) -> ServedPolicy | None:
+    """The policy with its per-row arrays moved onto the rows `take` of a fit carried over to new models."""
+    if policy is None:
+        return None
+    from dataclasses import replace
+
+    return replace(policy, answers=None if policy.answers is None else policy.answers[take],
+                   table=None if policy.table is None else policy.table[take])
+
+
+def field_of(policy: ServedPolicy | None) -> str | None:
+    """The query column the policy reads ("category", "source"), or None."""
+    return {"per_category": "category", "per_source": "source"}.get(None if policy is None else policy.name)

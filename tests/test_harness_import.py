@@ -135,7 +135,7 @@ def _score_07(log):
 
 
 def _repeated(log):
-    twin = log.samples[1].model_copy(deep=True)
+    twin = log.samples[0].model_copy(deep=True)
     twin.id = log.samples[0].id
     twin.scores["choice"].value = "I" if log.samples[0].scores["choice"].value == "C" else "C"
     log.samples.append(twin)
@@ -151,7 +151,7 @@ def test_inspect_malformed_logs_are_one_line_and_change_nothing(db_copy, inspect
         ([str(truncated)], "not a readable Inspect log"),
         ([rewritten(log, str(tmp_path / "empty.eval"), _no_samples)], "holds no samples"),
         ([rewritten(log, str(tmp_path / "score.eval"), _score_07)], "is not 0 or 1 (give --threshold"),
-        ([rewritten(log, str(tmp_path / "twice.eval"), _repeated)], "has two different results"),
+        ([rewritten(log, str(tmp_path / "twice.json"), _repeated)], "appears twice with two different results"),
         ([log, "--scorer", "f1"], "no scorer 'f1'"),
     ]
     before = snapshot(db_copy)
@@ -192,7 +192,7 @@ def lm_eval_run(qs: list[dict], model: str, answers: dict[str, int], folder) -> 
     from lm_eval.loggers import EvaluationTracker
     from lm_eval.tasks import TaskManager
 
-    @register_model("replay")
+    @register_model(f"replay-{model}")      # one class per replayed model
     class Replay(LM):
         """Likeliest: the option the replayed model chose."""
         def __init__(self, pretrained=None, **kwargs):
@@ -219,7 +219,7 @@ def lm_eval_run(qs: list[dict], model: str, answers: dict[str, int], folder) -> 
                                         "answer_index": LETTERS.index(q["answer"])}) + "\n" for q in qs))
     (folder / "task" / "mmlu_pro_slice.yaml").write_text(TASK_YAML.format(data=data))
     tracker = EvaluationTracker(output_path=str(folder / "out"))
-    results = lm_eval.simple_evaluate(model="replay", model_args=f"pretrained={model}", tasks=["mmlu_pro_slice"],
+    results = lm_eval.simple_evaluate(model=f"replay-{model}", model_args=f"pretrained={model}", tasks=["mmlu_pro_slice"],
                                       task_manager=TaskManager(include_path=str(folder / "task")),
                                       log_samples=True, evaluation_tracker=tracker)
     samples = results.pop("samples")

@@ -70,9 +70,15 @@ def write(tx, runs: list[HarnessRun], harness: str, progress: bool = False) -> H
     """The runs' new queries and their results into `tx` (InputError, nothing kept, on the first problem)."""
     keyed = []          # (run, sample, text, hash)
     for run in runs:
+        by_id: dict[str, tuple] = {}
         for s in run.samples:
             text = text_encoder.query_text(s.question, s.options)
-            keyed.append((run, s, text, text_encoder.content_hash(text)))
+            h = text_encoder.content_hash(text)
+            first = by_id.setdefault(s.sample_id, (h, s.correct))
+            if first != (h, s.correct):      # (Inspect's epochs repeat an id: they must agree)
+                what = "results" if first[0] == h else "questions"
+                raise InputError(f"sample {s.sample_id} appears twice with two different {what}", file=run.path)
+            keyed.append((run, s, text, h))
     hashes = sorted({h for *_, h in keyed})
     known = dict(tx.sql("""SELECT content_hash, min(external_id) FROM queries
                            WHERE content_hash IN (SELECT unnest(?::VARCHAR[])) GROUP BY content_hash""", [hashes]))

@@ -244,3 +244,8 @@ def test_lm_eval_run_imports_onto_registered_queries(db_copy, small_data, tmp_pa
     r = run(db_copy, "--from", "lm-eval", str(tmp_path / "twin" / "out"))
     assert r.exit_code == 0 and "0 new queries, 0 evaluations added" in r.output, r.output
     assert snapshot(db_copy) == before
+    r = CliRunner().invoke(cli, ["--db", str(db_copy), "import", "--from", "lm-eval", str(tmp_path / "coin" / "out"),
+                                 "--metric", "f1"])
+    assert r.exit_code != 0 and "sample 0: no metric 'f1'" in r.output and "samples_mmlu_pro_slice" in r.output
+    assert len([ln for ln in r.output.splitlines() if ln.startswith("Error")]) == 1, r.output
+    assert snapshot(db_copy) == before

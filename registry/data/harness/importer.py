@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 from dataclasses import dataclass, field
 
@@ -57,7 +58,7 @@ def read_runs(harness: str, paths: list[str], *, model: str | None = None, score
     runs = []
     for i, f in enumerate(files, 1):
         if progress:
-            print(f"reading {f} ({i}/{len(files)})", flush=True)
+            print(f"reading {f} ({i}/{len(files)})", file=sys.stderr, flush=True)
         runs.extend(read(f))
     for run in runs:
         problem = model_name_problem(run.model)

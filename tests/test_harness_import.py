@@ -134,6 +134,11 @@ def _score_07(log):
     log.samples[0].scores["choice"].value = 0.7
 
 
+def _cancelled_unscored(log):
+    log.status = "cancelled"
+    log.samples[0].scores = None
+
+
 def _repeated(log):
     twin = log.samples[0].model_copy(deep=True)
     twin.id = log.samples[0].id
@@ -153,6 +158,7 @@ def test_inspect_malformed_logs_are_one_line_and_change_nothing(db_copy, inspect
         ([rewritten(log, str(tmp_path / "score.eval"), _score_07)], "is not 0 or 1 (give --threshold"),
         ([rewritten(log, str(tmp_path / "twice.json"), _repeated)], "appears twice with two different results"),
         ([log, "--scorer", "f1"], "no scorer 'f1'"),
+        ([rewritten(log, str(tmp_path / "cancelled.eval"), _cancelled_unscored)], "not 'success' (pass --partial"),
     ]
     before = snapshot(db_copy)
     for args, message in cases:
@@ -165,6 +171,12 @@ def test_inspect_malformed_logs_are_one_line_and_change_nothing(db_copy, inspect
     # the non-binary score imports with a threshold
     r = run(db_copy, "--from", "inspect", str(tmp_path / "score.eval"), "--threshold", "0.5", "--json")
     assert r.exit_code == 0, r.output
+    # a cancelled log with --partial: its unscored sample is missing, not wrong
+    r = run(db_copy, "--from", "inspect", str(tmp_path / "cancelled.eval"), "--partial", "--model", "partial-run",
+            "--json")
+    assert r.exit_code == 0, r.output
+    m = json.loads(r.output[r.output.index("{"):])["models"][0]
+    assert (m["model"], m["samples"], m["missing"], m["evaluations_added"]) == ("partial-run", N, 1, N - 1)
 
 
 # --- lm-evaluation-harness ----------------------------------------------------------------------------------------

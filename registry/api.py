@@ -44,9 +44,8 @@ class Registry:
     def import_files(self, models: str | None = None, queries: str | None = None, evaluations: str | None = None,
                      splits: str | None = None, *, directory: str | None = None, progress: bool = False,
                      onboard: bool = True, vectors: str | None = None) -> import_steps.ImportResult:
-        """Import any of models (CSV), queries (CSV/JSONL/Parquet), evaluations (long format), splits and query
-        text vectors (data/vector_files.py), or a folder laid out like ../shared/data/mmlu-pro (its `text_vectors.parquet`
-        too). All or nothing: a bad file changes nothing."""
+        """Import any of models (CSV), queries (CSV/JSONL/Parquet), evaluations (long format), splits and query text
+        vectors, or a folder laid out like ../shared/data/mmlu-pro (its vectors too). A bad file changes nothing."""
         files = staging.files_to_import(directory, models=models, queries=queries, evaluations=evaluations,
                                         splits=splits, vectors=vectors)
         if onboard:  # a crash may have left jobs behind: any writing command finishes them
@@ -58,6 +57,12 @@ class Registry:
         if onboard:
             result.onboarding = [asdict(o) for o in self.onboard(seconds=result.seconds)]
         return result
+
+    def import_harness(self, harness: str, paths: list[str], **options):
+        """Harness logs (inspect | lm-eval) imported whole, each model with `register`'s report (harness/importer)."""
+        from registry.answers import registration as r
+        from registry.data.harness import importer
+        return importer.run(self, harness, paths, answers=(r.Staged, r.report, r.record_alias), **options)
 
     def export_vectors(self, path: str, source: str | None = None, dtype: str = "float32"):
         """Write the query text vectors to a Parquet file other registries import (`vector_files.VectorsResult`)."""
@@ -71,10 +76,9 @@ class Registry:
 
     def draw_splits(self, val: float = 0.1, test: float | None = None, seed: int = 0, by: str = "random",
                     test_categories: list[str] | None = None) -> splits.DrawResult:
-        """Give every query without a split one, drawn with `seed` within each category (shares `val` and `test`,
-        default 0.1 each, the rest train); a query's split, once set, is kept. `by="category"`: whole categories
-        held out instead (`test_categories` as test; splits.draw_by_category). Models whose test queries change are
-        re-embedded."""
+        """Give every query without a split one, drawn with `seed` per category (shares `val` and `test`, default 0.1
+        each, the rest train); a split, once set, is kept. `by="category"`: whole categories held out instead
+        (`test_categories` as test; splits.draw_by_category). Models whose test queries change are re-embedded."""
         splits.check_draw(by, val=val, test=test, test_categories=test_categories)
         self.finish_pending()
         with self.store.tx() as tx:
@@ -97,9 +101,8 @@ class Registry:
                                      k=k, progress=progress, update=update, alias_of=alias_of)
 
     def probe(self, model: str, n: int = 16, seed: int = 0, out: str | None = None):
-        """The next n queries to ask a new or partly evaluated model so that its embedding and its routing settle
-        fastest (`probe_plans.ProbePlan`), written to `out` (CSV or JSONL, an empty `correct` column to fill in)
-        for `register`. Nothing is written to the registry."""
+        """The next n queries to ask a new or partly evaluated model so that its embedding and routing settle fastest
+        (`probe_plans.ProbePlan`), written to `out` (an empty `correct` column) for `register`; a read only."""
         from registry.answers import probe_plans
 
         self.finish_pending()
@@ -135,8 +138,7 @@ class Registry:
         return True
 
     def estimate_stability(self) -> dict[int, float]:
-        """Stability estimates for the versions without one: the distance between the embeddings of two random
-        halves of a version's evaluations. -> {version id: value}"""
+        """{version id: stability} for the versions without one (embeddings of two random halves of its evaluations)."""
         with self.store.tx() as tx:
             return onboarding.estimate_stability(tx)
 
@@ -253,9 +255,8 @@ class Registry:
 
     def similar(self, model: str | None = None, k: int = 5, *, evals: str | None = None,
                 as_of: str | None = None) -> list[Neighbour]:
-        """Nearest registered models to a registered model, or to results of an unregistered one (`evals`, read,
-        never written), with how often each disagrees with it on the queries both answered and the evaluations
-        behind each one's embedding. A k larger than the pool returns the whole pool."""
+        """Nearest registered models to a registered model or to an unregistered one's results (`evals`, read only),
+        with how often each disagrees with it on shared queries and each one's evaluations; k past the pool: all."""
         if (model is None) == (evals is None):
             raise InputError("give a model name or an evaluations file (not both)")
         with self.store.tx() as tx:
@@ -269,9 +270,8 @@ class Registry:
                                                                    names).items()}
 
     def fingerprint(self, evals: str, as_of: str | None = None):
-        """Is the endpoint behind these results one of the registered models? "same" only when at most 1% of
-        distinct models would pass; from shared answers where there are any, else from the embedding; the evidence
-        comes with it (`fingerprint.Fingerprint`). Nothing is written."""
+        """Is the endpoint behind these results a registered model? "same" only when at most 1% of distinct models
+        would pass; from shared answers, else the embedding; with its evidence (`fingerprint.Fingerprint`)."""
         with self.store.tx() as tx:
             encoder_id = encoders.require_active(tx, as_of)
             geometry.pool(tx, self.path, encoder_id, as_of)  # an empty registry fails here, before the file is read

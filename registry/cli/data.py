@@ -7,15 +7,31 @@ from registry.cli.common import command, emit_json, group, open_registry
 
 
 @command("import")
-@click.argument("directory", required=False, type=click.Path())
+@click.argument("paths", nargs=-1, type=click.Path())
 @click.option("--models", type=click.Path(), help="Models CSV (model, family, provider, params_b, cost, ...).")
 @click.option("--queries", type=click.Path(), help="Queries: CSV, JSONL or Parquet (id, text, category, options...).")
 @click.option("--evaluations", type=click.Path(), help="Evaluations, long format (model, query id, correct).")
 @click.option("--splits", type=click.Path(), help="Query splits (query id, train|val|test).")
 @click.option("--vectors", type=click.Path(), help="Query text vectors (Parquet, from `registry vectors export`).")
-def import_(ctx, directory, *, models, queries, evaluations, splits, vectors, as_json):
-    """Import benchmark results: a folder laid out like ../shared/data/mmlu-pro, or single files."""
+@click.option("--from", "harness", type=click.Choice(["inspect", "lm-eval"]),
+              help="PATHS are a harness's logs: Inspect AI logs (.eval/.json or folders), or lm-evaluation-harness "
+                   "output folders (results_*.json with samples_*.jsonl).")
+@click.option("--model", "model_name", help="With --from: the model's name (default: the log's).")
+@click.option("--scorer", help="With --from inspect: the scorer whose value is the result.")
+@click.option("--metric", help="With --from lm-eval: the metric that is the result (default: the task's first).")
+@click.option("--threshold", type=float, help="With --from: a score >= T counts as correct (for non-0/1 scores).")
+@click.option("--partial", is_flag=True, help="With --from inspect: import a log whose status is not success.")
+def import_(ctx, paths, *, models, queries, evaluations, splits, vectors, harness, model_name, scorer, metric,
+            threshold, partial, as_json):
+    """Import benchmark results: a folder laid out like ../shared/data/mmlu-pro, or single files; or, with --from,
+    an evaluation harness's logs."""
     reg = open_registry(ctx, create=True)
+    if harness:
+        return _import_harness(reg, harness, list(paths), as_json=as_json, model=model_name, scorer=scorer,
+                               metric=metric, threshold=threshold, partial=partial)
+    if len(paths) > 1:
+        raise click.UsageError("give one folder (or --from HARNESS for several logs)")
+    directory = paths[0] if paths else None
     result = reg.import_files(models=models, queries=queries, evaluations=evaluations, splits=splits,
                               directory=directory, progress=not as_json, vectors=vectors)
     if as_json:
@@ -31,6 +47,22 @@ def import_(ctx, directory, *, models, queries, evaluations, splits, vectors, as
                f"vector files" + (f", {result.vectors_loaded} vectors loaded" if result.vectors_loaded else ""))
     for name, cols in result.ignored_columns.items():
         click.echo(f"note: {name}: columns not stored: {', '.join(cols)}")
+
+
+def _import_harness(reg, harness, paths, *, as_json, **options) -> None:
+    from registry.cli.models import echo_register_report
+
+    if not paths:
+        raise click.UsageError(f"give the {harness} logs to import")
+    done = reg.import_harness(harness, paths, progress=not as_json, **options)
+    if as_json:
+        return emit_json(done)
+    click.echo(f"{harness}: {len(done.models)} models, {done.queries_added} new queries, "
+               f"{done.evaluations_added} evaluations added")
+    for m in done.models:
+        click.echo(f"\n{m.model} ({len(m.files)} file(s)): {m.samples} samples, {m.matched} of them registered "
+                   f"queries, {m.missing} missing (errored or unscored, not imported)")
+        echo_register_report(m.report)
 
 
 @group()

@@ -109,6 +109,11 @@ def register(ctx, name, *, evals, family, provider, params_b, cost, open_weights
     if as_json:
         emit_json(r)
         return
+    echo_register_report(r, min_evals)
+
+
+def echo_register_report(r, min_evals: int = 32) -> None:
+    """What `register` prints of a registered model (`registration.RegisterResult`); harness imports too."""
     click.echo(f"{r.model}: {r.evaluations_added} evaluations added, {r.queries_added} new queries; "
                f"{r.n_evaluations} used for the embedding, {r.held_out} held out as test")
     for field_, (old, new) in r.updated.items():

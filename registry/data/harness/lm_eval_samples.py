@@ -1,0 +1,106 @@
+"""lm-evaluation-harness output folders (`--output_path` with `--log_samples`): each `results_<time>.json` names
+the model and its tasks, each `samples_<task>_<time>.jsonl` beside it holds one line per document with the
+document (question, choices) and its metric values. Plain JSON: read without importing lm_eval."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from registry.core.errors import InputError
+from registry.data.harness.samples import HarnessRun, Sample, as_correct
+
+QUESTION_KEYS = ("question", "query", "input", "prompt", "text", "problem", "sentence")
+CHOICE_KEYS = ("options", "choices", "endings")
+
+
+def result_files(paths: list[str]) -> list[str]:
+    """The results files named, or found under the folders named (sorted)."""
+    out = []
+    for p in paths:
+        path = Path(p)
+        if path.is_dir():
+            found = sorted(str(f) for f in path.rglob("results_*.json"))
+            if not found:
+                raise InputError("no lm-evaluation-harness results_*.json in this folder", file=p)
+            out.extend(found)
+        elif path.is_file():
+            out.append(str(path))
+        else:
+            raise InputError("no such file or folder", file=p)
+    return out
+
+
+def _model_name(results: dict, path: str) -> str:
+    name = results.get("model_name")
+    if not name:
+        args = (results.get("config") or {}).get("model_args") or ""
+        args = ",".join(f"{k}={v}" for k, v in args.items()) if isinstance(args, dict) else str(args)
+        name = next((a.split("=", 1)[1] for a in args.split(",") if a.strip().startswith("pretrained=")), None)
+    if not name:
+        raise InputError("the results file names no model (no model_name, no pretrained= in model_args): pass "
+                         "--model NAME", file=path)
+    return str(name)
+
+
+def _primary_metric(results: dict, task: str, path: str) -> str:
+    config = (results.get("configs") or {}).get(task) or {}
+    metrics = [m.get("metric") for m in config.get("metric_list") or [] if isinstance(m, dict)]
+    if metrics and isinstance(metrics[0], str):
+        return metrics[0]
+    found = [k.split(",")[0] for k in (results.get("results") or {}).get(task, {}) if "," in k
+             and not k.split(",")[0].endswith("_stderr")]
+    if not found:
+        raise InputError(f"task {task!r} names no metric: pass --metric NAME", file=path)
+    return found[0]
+
+
+def read(path: str, *, model: str | None = None, metric: str | None = None,
+         threshold: float | None = None) -> list[HarnessRun]:
+    """One run per task of the results file (all of one model)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            results = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"not a readable lm-evaluation-harness results file ({exc})", file=path) from None
+    if not isinstance(results, dict) or not isinstance(results.get("configs"), dict):
+        raise InputError("not an lm-evaluation-harness results file (no configs)", file=path)
+    name = model or _model_name(results, path)
+    group_of = {t: g for g, tasks in (results.get("group_subtasks") or {}).items() for t in tasks or []}
+    stamp = Path(path).stem.removeprefix("results_")
+    runs = []
+    for task in sorted(results["configs"]):
+        sample_file = Path(path).with_name(f"samples_{task}_{stamp}.jsonl")
+        if not sample_file.is_file():
+            raise InputError(f"no samples file for task {task!r} beside it ({sample_file.name}; run lm_eval with "
+                             f"--log_samples)", file=path)
+        key = metric or _primary_metric(results, task, path)
+        run = HarnessRun(str(sample_file), name)
+        with open(sample_file, encoding="utf-8") as f:
+            for line_no, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    raise InputError("not a JSON line", file=str(sample_file), line=line_no) from None
+                run.samples.append(_sample(row, task, group_of.get(task), key, threshold, str(sample_file)))
+        if not run.samples:
+            raise InputError("the samples file holds no samples", file=str(sample_file))
+        runs.append(run)
+    return runs
+
+
+def _sample(row: dict, task: str, group: str | None, key: str, threshold: float | None, path: str) -> Sample:
+    sid = str(row.get("doc_id"))
+    doc = row.get("doc") if isinstance(row.get("doc"), dict) else {}
+    question = next((doc[k] for k in QUESTION_KEYS if isinstance(doc.get(k), str) and doc[k].strip()), None)
+    if question is None:
+        raise InputError(f"sample {sid}: its doc has no question ({', '.join(QUESTION_KEYS)})", file=path)
+    options = next((doc[k] for k in CHOICE_KEYS if isinstance(doc.get(k), list)), None)
+    if key not in row and key not in (row.get("metrics") or []):
+        raise InputError(f"sample {sid}: no metric {key!r} (its metrics: {', '.join(row.get('metrics') or [])})",
+                         file=path)
+    correct = as_correct(row.get(key), threshold=threshold, path=path, sample_id=sid, what=key)
+    category = group or doc.get("category") or doc.get("subject")
+    return Sample(sid, question, [str(o) for o in options] if options else None, task,
+                  str(category) if category else None, correct)

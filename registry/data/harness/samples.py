@@ -1,0 +1,57 @@
+"""What a harness reader returns: one run's model and its samples, each a question (with its options) and a result,
+read and checked, nothing written. The result rule is the same for every harness: 0/1 (C/I, true/false) as is; any
+other value is refused unless a threshold makes it one."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from registry.core.errors import InputError
+
+TRUE_VALUES = {"c": True, "correct": True, "true": True, "1": True, "1.0": True,
+               "i": False, "incorrect": False, "false": False, "0": False, "0.0": False}
+
+
+@dataclass
+class Sample:
+    sample_id: str
+    question: str
+    options: list[str] | None
+    source: str                     # the task
+    category: str | None
+    correct: bool | None            # None: errored or not scored (missing, not wrong)
+
+
+@dataclass
+class HarnessRun:
+    path: str                       # the file read
+    model: str
+    samples: list[Sample] = field(default_factory=list)
+
+    @property
+    def missing(self) -> int:
+        return sum(s.correct is None for s in self.samples)
+
+
+def as_correct(value, *, threshold: float | None, path: str, sample_id: str, what: str) -> bool | None:
+    """A score as right/wrong: 0/1 values as they are; another number only with a threshold (>= it is right)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in TRUE_VALUES:
+        return TRUE_VALUES[value.strip().lower()]
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise InputError(f"sample {sample_id}: {what} {value!r} is not a number or C/I", file=path) from None
+    if number in (0.0, 1.0) and threshold is None:
+        return number == 1.0
+    if threshold is None:
+        raise InputError(f"sample {sample_id}: {what} {value!r} is not 0 or 1 (give --threshold T to count a value "
+                         f">= T as correct)", file=path)
+    return number >= threshold
+
+
+def model_from_provider(name: str) -> str:
+    """A harness's `provider/model` name without its provider (`openai/gpt-4o` -> `gpt-4o`)."""
+    return name.split("/", 1)[1] if "/" in name else name

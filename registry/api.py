@@ -7,10 +7,12 @@ from dataclasses import asdict
 from pathlib import Path
 
 from registry.data import availability, endpoints, import_steps, ingest, outbox, splits, staging, vector_files
-from registry.answers import catalog, fallback, fingerprint, geometry, maps, neighbours, portfolio, versions
+from registry.answers import (catalog, fallback, fingerprint, geometry, maps, neighbours, portfolio, probe_plans,
+                              versions)
 from registry.embedding import embed, encoders, evidence, index, onboarding
 from registry.routing import log as route_log, policy, query_texts, state as routing_state
 from registry.routing.decision import Decision
+from registry.asking import run as ask_run
 from registry.routing.options import RouteOptions
 from registry.core.errors import InputError
 from registry.answers.neighbours import Neighbour
@@ -100,11 +102,14 @@ class Registry:
                                                              cost=cost, open_weights=open_weights, tags=tags),
                                      k=k, progress=progress, update=update, alias_of=alias_of)
 
-    def probe(self, model: str, n: int = 16, seed: int = 0, out: str | None = None):
-        """The next n queries to ask a new or partly evaluated model so that its embedding and routing settle fastest
-        (`probe_plans.ProbePlan`), written to `out` (an empty `correct` column) for `register`; a read only."""
-        from registry.answers import probe_plans
+    def ask(self, name: str, **options) -> ask_run.AskResult:
+        """Ask NAME's endpoint (or a new one: base_url=...) questions and judge its answers (asking/run.py `ask`)."""
+        return ask_run.ask(self, name, **options)
 
+    def probe(self, model: str, n: int = 16, seed: int = 0, out: str | None = None):
+        """The next n queries to ask a new or partly evaluated model so that its embedding and its routing settle
+        fastest (`probe_plans.ProbePlan`), written to `out` (CSV or JSONL, an empty `correct` column to fill in)
+        for `register`. Nothing is written to the registry."""
         self.finish_pending()
         with self.store.tx() as tx:
             return probe_plans.plan(tx, model, n, seed, out)
@@ -281,8 +286,6 @@ class Registry:
         """The n queries whose answers best tell the candidate models apart (default: every model with at least
         the probation minimum of results), written to `out` (CSV or JSONL, an empty `correct` column to fill in) for
         `fingerprint --evals` (`probe_plans.FingerprintPlan`). Nothing is written to the registry."""
-        from registry.answers import probe_plans
-
         with self.store.tx() as tx:
             return probe_plans.fingerprint_plan(tx, n, list(candidates), seed, out, self.probation_min)
 
@@ -357,15 +360,12 @@ class Registry:
             query_texts.query_vectors(query_texts.recent_vectors(tx), cut, hashes, tx=tx)
 
     def mark_unavailable(self, models: list[str], reason: str | None = None) -> list[availability.Availability]:
-        return self._mark(models, False, reason)
+        with self.store.tx() as tx:
+            return availability.set_and_list(tx, list(models), False, reason)
 
     def mark_available(self, models: list[str], reason: str | None = None) -> list[availability.Availability]:
-        return self._mark(models, True, reason)
-
-    def _mark(self, models: list[str], available: bool, reason: str | None) -> list[availability.Availability]:
         with self.store.tx() as tx:
-            availability.set_available(tx, list(models), available, reason)
-            return availability.listing(tx)
+            return availability.set_and_list(tx, list(models), True, reason)
 
     def availability(self) -> list[availability.Availability]:
         with self.store.tx() as tx:

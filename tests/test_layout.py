@@ -14,7 +14,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "registry"
 
 # Lowest first. A module may import modules of its own layer or of lower ones.
-LAYERS = ["core", "locus", "data", "embedding", "answers", "evaluate", "routing", "facade", "serve", "cli"]
+LAYERS = ["core", "locus", "data", "embedding", "answers", "evaluate", "routing", "asking", "facade", "serve", "cli"]
 FACADE = {"api", "__init__"}
 MAX_MODULES = 12
 MAX_LINES = 400

@@ -8,14 +8,14 @@ import sys
 
 import click
 
-from registry.cli import data, db, encoders, geometry, models, routing
+from registry.cli import asking, data, db, encoders, geometry, models, routing
 from registry.core import settings
 from registry.core.errors import RegistryError
 from registry.cli.common import emit_json, handles_errors, open_registry, table
 
 __all__ = ["cli", "main", "emit_json", "handles_errors", "open_registry", "table"]
 
-COMMAND_MODULES = (db, data, models, encoders, geometry, routing)
+COMMAND_MODULES = (db, data, models, encoders, geometry, routing, asking)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

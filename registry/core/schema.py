@@ -69,6 +69,14 @@ class Query(Base):
     created: Mapped[datetime] = mapped_column(DateTime, server_default=func.now(), nullable=False)
 
 
+class QueryAnswer(Base):
+    """A query's gold answer, where its queries file had one, and how to grade a reply against it."""
+    __tablename__ = "query_answers"
+    query_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    answer: Mapped[str] = mapped_column(String, nullable=False)
+    grading: Mapped[str] = mapped_column(String, nullable=False)    # "letter" (multiple choice) | "exact"
+
+
 class TextVector(Base):
     """One vector per (text, text encoder): a text already embedded is never embedded again."""
     __tablename__ = "text_vectors"
@@ -206,6 +214,25 @@ class ModelAlias(Base):
     model_id: Mapped[int] = mapped_column(Integer, nullable=False)
     alias_of: Mapped[int | None] = mapped_column(Integer)
     source: Mapped[str] = mapped_column(String, nullable=False)
+    created: Mapped[datetime] = mapped_column(DateTime, server_default=func.now(), nullable=False)
+
+
+class AskedAnswer(Base):
+    """Append-only: one row per answer an endpoint gave when the registry asked it (`registry ask`), with where it
+    came from; its 0/1 result is also an evaluation of the same import batch. The raw text only when asked to keep
+    it."""
+    __tablename__ = "asked_answers"
+    __mapper_args__ = {"primary_key": ["model_id", "query_id", "batch_id"]}
+    model_id: Mapped[int] = mapped_column(Integer, nullable=False)
+    query_id: Mapped[int] = mapped_column(Integer, nullable=False)
+    batch_id: Mapped[int] = mapped_column(Integer, nullable=False)
+    base_url: Mapped[str] = mapped_column(String, nullable=False)
+    upstream_model: Mapped[str | None] = mapped_column(String)
+    template: Mapped[str] = mapped_column(String, nullable=False)     # the prompt template's version
+    extracted: Mapped[str | None] = mapped_column(String)             # the answer read (None: unparseable)
+    correct: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    response_hash: Mapped[str] = mapped_column(String, nullable=False)  # sha256 of the response text
+    response: Mapped[str | None] = mapped_column(String)
     created: Mapped[datetime] = mapped_column(DateTime, server_default=func.now(), nullable=False)
 
 

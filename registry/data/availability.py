@@ -23,6 +23,11 @@ def set_available(tx: Tx, names: list[str], available: bool, reason: str | None 
                    [[ids[n], available, reason] for n in names])
 
 
+def set_and_list(tx: Tx, names: list[str], available: bool, reason: str | None = None) -> list[Availability]:
+    set_available(tx, names, available, reason)
+    return listing(tx)
+
+
 def unavailable_models(tx: Tx) -> list[str]:
     return [r[0] for r in tx.sql("""SELECT m.name FROM models m JOIN (
                 SELECT model_id, arg_max(available, id) AS available FROM model_availability GROUP BY model_id

@@ -170,12 +170,13 @@ def import_queries(tx: Tx, staged: Staged, result: ImportResult) -> None:
     import pyarrow as pa
 
     has = {d[0] for d in tx.stage.execute(f"SELECT * FROM {staged.table} LIMIT 0").description}
-    pick = ", ".join(c if c in has else f"NULL AS {c}" for c in ("id", "text", "category", "source", "options"))
+    pick = ", ".join(c if c in has else f"NULL AS {c}"
+                     for c in ("id", "text", "category", "source", "options", "answer"))
     first_bad(tx, staged, "id IS NULL OR trim(id) = ''", "empty query id")
     first_bad(tx, staged, "text IS NULL OR trim(text) = ''", "empty query text")
     rows = fetch(tx, f"SELECT line, {pick} FROM {staged.table} ORDER BY line")
     out, seen = [], {}
-    for line, qid, question, category, source, options in rows:
+    for line, qid, question, category, source, options, answer in rows:
         qid = qid.strip()
         try:
             opts = text_encoder.parse_options(options)
@@ -188,11 +189,12 @@ def import_queries(tx: Tx, staged: Staged, result: ImportResult) -> None:
                 raise InputError(f"query id {qid!r} appears twice with different text", file=staged.path, line=line)
             continue
         seen[qid] = digest
+        answer, grading = gold_answer(answer, opts)
         out.append({"external_id": qid, "source": source or None, "category": category or None, "text": text,
-                    "content_hash": digest, "line": line})
+                    "content_hash": digest, "line": line, "answer": answer, "grading": grading})
     table = pa.Table.from_pylist(out, schema=pa.schema([
         ("external_id", pa.string()), ("source", pa.string()), ("category", pa.string()), ("text", pa.string()),
-        ("content_hash", pa.string()), ("line", pa.int64())]))
+        ("content_hash", pa.string()), ("line", pa.int64()), ("answer", pa.string()), ("grading", pa.string())]))
     with tx.table("_queries_in", table):
         clash = tx.sql("""SELECT i.line, i.external_id FROM _queries_in i JOIN queries q ON q.external_id = i.external_id
                           WHERE q.content_hash <> i.content_hash ORDER BY i.line LIMIT 1""")
@@ -202,10 +204,25 @@ def import_queries(tx: Tx, staged: Staged, result: ImportResult) -> None:
         added = tx.sql("""INSERT INTO queries (external_id, source, category, text, content_hash)
                           SELECT external_id, source, category, text, content_hash FROM _queries_in
                           WHERE external_id NOT IN (SELECT external_id FROM queries) RETURNING id""")
+        # a query's first gold answer is kept (queries imported before they carried answers get theirs now)
+        tx.sql("""INSERT INTO query_answers (query_id, answer, grading)
+                  SELECT q.id, i.answer, i.grading FROM _queries_in i JOIN queries q ON q.external_id = i.external_id
+                  WHERE i.answer IS NOT NULL AND q.id NOT IN (SELECT query_id FROM query_answers)""")
         if added:
             tx.invalidate("query_meta")
     result.queries_added += len(added)
 
+
+
+def gold_answer(raw, options: list) -> tuple[str | None, str | None]:
+    """A query's gold answer and how to grade it: a letter among its options is graded by letter (multiple
+    choice); any other answer by exact match of the trimmed text."""
+    answer = "" if raw is None else str(raw).strip()
+    if not answer:
+        return None, None
+    if options and len(answer) == 1 and "A" <= answer.upper() < chr(ord("A") + len(options)):
+        return answer.upper(), "letter"
+    return answer, "exact"
 
 
 def import_splits(tx: Tx, staged: Staged, batch_id: int, result: ImportResult) -> None:

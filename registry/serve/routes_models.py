@@ -34,6 +34,18 @@ class RegisterBody(BaseModel):
     update: bool = False
 
 
+class AskBody(BaseModel):
+    n: int = 128
+    plan: str = "fingerprint"
+    concurrency: int = 8
+    base_url: str | None = None
+    upstream_model: str | None = None
+    api_key_env: str | None = None
+    keep_responses: bool = False
+    seed: int = 0
+    deadline: float = 60.0
+
+
 class AvailabilityBody(BaseModel):
     models: list[str]
     reason: str | None = None
@@ -102,6 +114,18 @@ async def upload(name: str, request: Request, s: ServerState = Depends(server)):
         return await anyio.to_thread.run_sync(run)
     finally:
         os.unlink(path)
+
+
+@models_router.post("/models/{name:path}/ask", dependencies=[Depends(require_token)])
+def ask(name: str, body: AskBody, s: ServerState = Depends(server)):
+    """`registry ask NAME`: ask its endpoint (or body.base_url), grade and store the answers, say what they show."""
+    # a caller over HTTP may name only a key the owner already gave an endpoint: any other environment variable of
+    # the server (a cloud secret, say) would otherwise go to whatever base_url the body names
+    known = {e.api_key_env for e in s.registry.endpoints() if e.api_key_env}
+    if body.api_key_env is not None and body.api_key_env not in known:
+        raise InputError(f"api_key_env {body.api_key_env!r} is no registered endpoint's key; over HTTP ask may use "
+                         f"only those ({', '.join(sorted(known)) or 'none'})")
+    return json_response(s.serving.write(lambda: s.registry.ask(name, **body.model_dump())))
 
 
 @availability_router.get("/availability")

@@ -1,0 +1,123 @@
+"""A careful client of an OpenAI-compatible `/v1/chat/completions`: bounded concurrency, retries with backoff on
+429, 5xx and timeouts (honouring Retry-After), a deadline per request, a progress bar, the tokens used summed from
+`usage`. The API key is read from the environment at each request and never stored or logged."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import httpx
+
+RETRY_STATUS = {429, 500, 502, 503, 504}
+MAX_RETRY_AFTER = 30.0      # a longer Retry-After is capped: the run has its own deadline per request
+
+
+@dataclass
+class Reply:
+    key: object
+    text: str | None            # None: no answer (gave up after the retries, or a refusal)
+    error: str | None = None
+    attempts: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass
+class Usage:
+    requests: int = 0           # HTTP requests sent, retries included
+    retries: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    failures: dict = field(default_factory=dict)    # why a question got no answer -> count
+
+
+@dataclass
+class Endpoint:
+    base_url: str
+    upstream_model: str
+    api_key_env: str | None = None
+
+
+def _headers(endpoint: Endpoint) -> dict:
+    headers = {"content-type": "application/json"}
+    if endpoint.api_key_env:
+        key = os.environ.get(endpoint.api_key_env)      # read now, never kept
+        if key:
+            headers["authorization"] = f"Bearer {key}"
+    return headers
+
+
+def _retry_after(response: httpx.Response, attempt: int, backoff: float) -> float:
+    raw = response.headers.get("retry-after") if response is not None else None
+    try:
+        return min(MAX_RETRY_AFTER, max(0.0, float(raw))) if raw is not None else backoff * 2 ** attempt
+    except ValueError:
+        return backoff * 2 ** attempt
+
+
+def ask_one(http: httpx.Client, endpoint: Endpoint, key, messages: list[dict], *, deadline: float,
+            retries: int, backoff: float, usage: Usage, lock: threading.Lock) -> Reply:
+    body = {"model": endpoint.upstream_model, "messages": messages, "temperature": 0}
+    url = endpoint.base_url.rstrip("/") + ("/chat/completions" if endpoint.base_url.rstrip("/").endswith("/v1")
+                                           else "/v1/chat/completions")
+    reply = Reply(key, None)
+    for attempt in range(retries + 1):
+        reply.attempts += 1
+        with lock:
+            usage.requests += 1
+            usage.retries += attempt > 0
+        wait = backoff * 2 ** attempt
+        try:
+            r = http.post(url, json=body, headers=_headers(endpoint), timeout=httpx.Timeout(deadline))
+        except httpx.TimeoutException:
+            reply.error = f"no reply within the {deadline:g} s deadline"
+        except httpx.HTTPError as exc:
+            reply.error = f"{type(exc).__name__}"
+        else:
+            if r.status_code in RETRY_STATUS:
+                reply.error = f"HTTP {r.status_code}"
+                wait = _retry_after(r, attempt, backoff)
+            elif r.status_code >= 400:
+                reply.error = f"HTTP {r.status_code}"
+                return reply                            # a refusal: asking again would get the same
+            else:
+                data = None
+                try:
+                    data = r.json()
+                    reply.text = str(data["choices"][0]["message"]["content"] or "")
+                except (ValueError, KeyError, IndexError, TypeError):
+                    reply.text = ""                       # a reply, but no text in it: graded unparseable
+                got = (data.get("usage") or {}) if isinstance(data, dict) else {}
+                reply.prompt_tokens = int(got.get("prompt_tokens") or 0)
+                reply.completion_tokens = int(got.get("completion_tokens") or 0)
+                reply.error = None
+                return reply
+        if attempt < retries:
+            time.sleep(wait)
+    return reply
+
+
+def ask_all(endpoint: Endpoint, prompts: list[tuple], *, concurrency: int = 8, deadline: float = 60.0,
+            retries: int = 4, backoff: float = 0.5, progress: bool = False) -> tuple[list[Reply], Usage]:
+    """prompts: [(key, messages)] -> the replies in the same order, and what it took."""
+    from tqdm import tqdm
+
+    usage, lock = Usage(), threading.Lock()
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    with httpx.Client(limits=limits) as http, ThreadPoolExecutor(max(1, concurrency)) as pool, \
+            tqdm(total=len(prompts), disable=not progress, desc="asking", unit="q") as bar:
+        def one(item):
+            out = ask_one(http, endpoint, item[0], item[1], deadline=deadline, retries=retries, backoff=backoff,
+                          usage=usage, lock=lock)
+            bar.update(1)
+            return out
+        replies = list(pool.map(one, prompts))
+    for r in replies:
+        usage.prompt_tokens += r.prompt_tokens
+        usage.completion_tokens += r.completion_tokens
+        if r.text is None:
+            usage.failures[r.error or "no reply"] = usage.failures.get(r.error or "no reply", 0) + 1
+    return replies, usage

@@ -1,0 +1,181 @@
+"""`registry ask`: choose the questions (a fingerprint plan, probes, or at random), ask an endpoint the ones it has
+not answered under the current template, grade the replies, store them as one import batch with their provenance,
+then embed the model and say what its answers show: the fingerprint verdict, nearest models, probation, and the next
+questions worth asking."""
+from __future__ import annotations
+
+import csv
+import hashlib
+import os
+import tempfile
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from registry.answers import fingerprint, probe_plans, registration
+from registry.asking import client, grading, prompt
+from registry.data import endpoints, ingest
+from registry.core.errors import InputError, NotFound
+from registry.core.transaction import Tx
+
+PLANS = ("fingerprint", "probe", "random")
+WITH_GOLD = "queries JOIN query_answers ON query_answers.query_id = queries.id"
+
+
+@dataclass
+class AskResult:
+    model: str
+    base_url: str
+    upstream_model: str
+    template: str
+    plan: str
+    target: int                     # -n: answers wanted from this endpoint under this template
+    already: int                    # answered before this run
+    asked: int                      # questions sent in this run
+    answered: int                   # of those, with a reply (graded)
+    correct: int
+    unparseable: int                # replies no answer could be read from: graded wrong
+    unanswered: int                 # no reply after retries and deadlines: left unanswered, not wrong
+    requests: int                   # HTTP requests, retries included
+    retries: int
+    prompt_tokens: int
+    completion_tokens: int
+    cost: float | None              # tokens times the model's price per million tokens, where it has one
+    batch_id: int | None
+    failures: dict = field(default_factory=dict)
+    verdict: dict | None = None     # fingerprint.Fingerprint of this endpoint's answers, with its summary
+    registration: dict | None = None  # registration.RegisterResult: version, nearest models, probation
+    next_questions: list[str] = field(default_factory=list)
+
+
+def resolve_endpoint(tx: Tx, name: str, base_url: str | None, upstream_model: str | None,
+                     api_key_env: str | None) -> client.Endpoint:
+    """The endpoint to ask: the one given (the model registered with it when new), else the model's recorded one."""
+    exists = bool(tx.sql("SELECT 1 FROM models WHERE name = ?", [name]))
+    if base_url:
+        if not exists:
+            ingest.insert_new_models(tx, {name: {}})
+        e = endpoints.set_endpoint(tx, name, base_url, upstream_model, api_key_env)
+        return client.Endpoint(e.base_url, e.upstream_model, e.api_key_env)
+    if not exists:
+        raise NotFound(f"no model named {name!r}: give --base-url to ask a new endpoint")
+    e = endpoints.current(tx).get(name)
+    if e is None:
+        raise InputError(f"{name!r} has no endpoint: give --base-url (or `registry endpoints set`)")
+    return client.Endpoint(e.base_url, e.upstream_model, e.api_key_env)
+
+
+def answered_before(tx: Tx, model_id: int, base_url: str) -> set[int]:
+    return {int(q) for (q,) in tx.sql("""SELECT DISTINCT query_id FROM asked_answers WHERE model_id = ?
+                                         AND base_url = ? AND template = ?""",
+                                      [model_id, base_url, prompt.TEMPLATE_VERSION])}
+
+
+def choose(tx: Tx, name: str, plan: str, n: int, skip: set[int], *, seed: int, min_answers: int) -> list[int]:
+    """n query ids with a gold answer, not in `skip`, in the plan's order."""
+    gold = dict(tx.sql(f"SELECT external_id, id FROM {WITH_GOLD}"))
+    if not gold:
+        raise InputError("no query has a gold answer: import a queries file with an answer column")
+    if plan == "random":
+        ids = np.array(sorted(set(gold.values()) - skip), dtype=np.int64)
+        return np.random.default_rng(seed).permutation(ids)[:n].tolist()
+    want = n + len(skip)
+    if plan == "fingerprint":
+        found = probe_plans.fingerprint_plan(tx, want, seed=seed, min_answers=min_answers).probes
+    else:
+        found = probe_plans.plan(tx, name, want, seed).probes
+    picks = [gold[p.question_id] for p in found if p.question_id in gold and gold[p.question_id] not in skip]
+    return picks[:n]
+
+
+def _store(tx: Tx, reg, name: str, graded: list[tuple], endpoint: client.Endpoint, keep: bool) -> int:
+    """The graded answers as one import batch (their evaluations) plus their provenance rows. -> batch id."""
+    ext = dict(tx.sql("SELECT id, external_id FROM queries"))
+    fd, path = tempfile.mkstemp(suffix=".csv", prefix="asked-")
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["question_id", "correct"])
+            w.writerows([ext[q], int(ok)] for q, _, ok, _ in graded)
+        registration.stage(tx, name, path, {}, update=True)
+    finally:
+        os.unlink(path)
+    batch_id = int(tx.sql("SELECT max(id) FROM import_batches")[0][0])
+    model_id = int(tx.sql("SELECT id FROM models WHERE name = ?", [name])[0][0])
+    for q, extracted, ok, text in graded:
+        tx.sql("""INSERT INTO asked_answers (model_id, query_id, batch_id, base_url, upstream_model, template,
+                  extracted, correct, response_hash, response) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+               [model_id, q, batch_id, endpoint.base_url, endpoint.upstream_model, prompt.TEMPLATE_VERSION,
+                extracted, ok, hashlib.sha256(text.encode()).hexdigest(), text if keep else None])
+    return batch_id
+
+
+def verdict(tx: Tx, model_id: int, base_url: str) -> dict | None:
+    """The fingerprint of what this endpoint answered under the template (its newest answer per query)."""
+    rows = tx.sql("""SELECT query_id, correct FROM asked_answers WHERE model_id = ? AND base_url = ?
+                     AND template = ? ORDER BY batch_id""", [model_id, base_url, prompt.TEMPLATE_VERSION])
+    if not rows:
+        return None
+    qids, y = np.array([r[0] for r in rows]), np.array([int(r[1]) for r in rows])
+    f = fingerprint.by_answers(tx, qids, y, exclude={model_id})
+    return None if f is None else {**f.__dict__, "summary": f.summary}
+
+
+def ask(reg, name: str, *, n: int = 128, plan: str = "fingerprint", concurrency: int = 8,
+        base_url: str | None = None, upstream_model: str | None = None, api_key_env: str | None = None,
+        keep_responses: bool = False, seed: int = 0, deadline: float = 60.0, retries: int = 4,
+        backoff: float = 0.5, progress: bool = False, k: int = 5) -> AskResult:
+    """`Registry.ask` over the facade `reg`."""
+    from dataclasses import asdict
+
+    name = registration.check(name, {})
+    if plan not in PLANS:
+        raise InputError(f"--plan must be one of {', '.join(PLANS)}, got {plan!r}")
+    if n < 1 or concurrency < 1:
+        raise InputError(f"-n and --concurrency must be at least 1, got {n} and {concurrency}")
+    reg.finish_pending()
+    with reg.store.tx() as tx:
+        endpoint = resolve_endpoint(tx, name, base_url, upstream_model, api_key_env)
+        model_id = int(tx.sql("SELECT id FROM models WHERE name = ?", [name])[0][0])
+        skip = answered_before(tx, model_id, endpoint.base_url)
+        chosen = choose(tx, name, plan, max(0, n - len(skip)), skip, seed=seed,
+                        min_answers=reg.probation_min) if n > len(skip) else []
+        gold = {int(q): (t, a, g) for q, t, a, g in tx.sql(
+            f"SELECT id, text, answer, grading FROM {WITH_GOLD}")} if chosen else {}
+        price = tx.sql("SELECT cost FROM models WHERE id = ?", [model_id])[0][0]
+    prompts = [(q, prompt.render(gold[q][0], gold[q][2])) for q in chosen]
+    replies, usage = client.ask_all(endpoint, prompts, concurrency=concurrency, deadline=deadline,
+                                    retries=retries, backoff=backoff, progress=progress)
+    graded, unparseable = [], 0
+    for r in replies:
+        if r.text is None:
+            continue                                  # no reply: unanswered, asked again next time
+        _, answer, kind = gold[r.key]
+        extracted = grading.extract(r.text, kind)
+        unparseable += extracted is None
+        graded.append((r.key, extracted, grading.grade(extracted, answer, kind), r.text))
+    batch_id = None
+    if graded:
+        with reg.store.tx() as tx:
+            batch_id = _store(tx, reg, name, graded, endpoint, keep_responses)
+    tokens = usage.prompt_tokens + usage.completion_tokens
+    result = AskResult(name, endpoint.base_url, endpoint.upstream_model, prompt.TEMPLATE_VERSION, plan, n,
+                       len(skip), len(chosen), len(graded), sum(g[2] for g in graded), unparseable,
+                       len(chosen) - len(graded), usage.requests, usage.retries, usage.prompt_tokens,
+                       usage.completion_tokens, None if price is None else round(price * tokens / 1e6, 6),
+                       batch_id, usage.failures)
+    outcomes = reg.onboard()
+    with reg.store.tx() as tx:
+        result.verdict = verdict(tx, model_id, endpoint.base_url)
+        has_answers = bool(tx.sql("SELECT 1 FROM evaluations WHERE model_id = ? LIMIT 1", [model_id]))
+    if has_answers:
+        staged = registration.Staged(name, {}, len(graded), 0, 0)
+        reported = registration.report(reg, staged, {o.model: o for o in outcomes}.get(name), k)
+        registration.record_alias(reg, reported)
+        result.registration = asdict(reported)
+        try:
+            with reg.store.tx() as tx:
+                result.next_questions = [p.question_id for p in probe_plans.plan(tx, name, 16, seed).probes]
+        except InputError:
+            pass                                      # nothing left to ask, or nothing to plan against
+    return result

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from registry import Registry
 from registry.data import evaluation_rows
-from registry.locus import disagreement
+from registry.answers import disagreement
 from registry.answers import fingerprint  # noqa: E402
 
 NS = (32, 64, 128, 256, 512, 1024)

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fingerprint_answers import matrix, verdicts  # noqa: E402
 
 
-from registry.locus import disagreement
+from registry.answers import disagreement
 from registry.answers import fingerprint  # noqa: E402
 from registry.answers.probe_plans import separating  # noqa: E402
 

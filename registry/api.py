@@ -12,7 +12,6 @@ from registry.answers import (catalog, fallback, fingerprint, geometry, maps, ne
 from registry.embedding import embed, encoders, evidence, index, onboarding
 from registry.routing import log as route_log, policy, query_texts, state as routing_state
 from registry.routing.decision import Decision
-from registry.asking import run as ask_run
 from registry.routing.options import RouteOptions
 from registry.core.errors import InputError
 from registry.answers.neighbours import Neighbour
@@ -102,8 +101,9 @@ class Registry:
                                                              cost=cost, open_weights=open_weights, tags=tags),
                                      k=k, progress=progress, update=update, alias_of=alias_of)
 
-    def ask(self, name: str, **options) -> ask_run.AskResult:
-        """Ask NAME's endpoint (or a new one: base_url=...) questions and judge its answers (asking/run.py `ask`)."""
+    def ask(self, name: str, **options):
+        """Ask NAME's endpoint (or base_url=...) questions, judge the answers (asking/run.py: an `AskResult`)."""
+        from registry.asking import run as ask_run     # (an HTTP client: only for the commands that ask)
         return ask_run.ask(self, name, **options)
 
     def probe(self, model: str, n: int = 16, seed: int = 0, out: str | None = None):

@@ -23,7 +23,7 @@ import numpy as np
 
 from registry.embedding import embed, encoders
 from registry.data import evaluation_rows
-from registry.locus import disagreement
+from registry.answers import disagreement
 from registry.core.errors import InputError
 from registry.core.transaction import Tx
 @dataclass

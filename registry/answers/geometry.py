@@ -13,7 +13,7 @@ import numpy as np
 
 from registry.answers import catalog
 from registry.data import evaluation_rows, query_cache
-from registry.locus import disagreement
+from registry.answers import disagreement
 from registry.embedding import index
 from registry.embedding.evidence import on_probation
 from registry.core.errors import InputError

@@ -109,7 +109,7 @@ def scale_of(tx: Tx, vi: index.VectorIndex) -> Scale | None:
 
 def _fit(tx: Tx, vi: index.VectorIndex) -> Scale | None:
     from registry.answers.geometry import pairwise
-    from registry.locus import disagreement
+    from registry.answers import disagreement
 
     ids, vecs = vi.vectors()
     order = np.argsort(ids)[:MAX_FIT_MODELS]

@@ -236,6 +236,16 @@ class AskedAnswer(Base):
     created: Mapped[datetime] = mapped_column(DateTime, server_default=func.now(), nullable=False)
 
 
+class RoutingState(Base):
+    """A routing state as built (routing/saved_state.py), under the key that says which registry state it is of: a
+    cache of derived values, rebuilt whenever missing."""
+    __tablename__ = "routing_states"
+    key: Mapped[str] = mapped_column(String, primary_key=True)
+    encoder_id: Mapped[int] = mapped_column(Integer, nullable=False)
+    payload: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+    created: Mapped[datetime] = mapped_column(DateTime, server_default=func.now(), nullable=False)
+
+
 class RoutingLog(Base):
     """One row per routed query (bulk-appended with Arrow for a batch). Model names, not ids: the log must read the
     same after a model is renamed or gone."""

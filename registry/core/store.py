@@ -255,7 +255,7 @@ class Store:
             cur = self._idle.pop() if self._idle else None
         cur = cur or self.con.cursor()      # a cursor is a connection of its own: transactions per thread
         cur.execute("BEGIN TRANSACTION")
-        tx = Tx(None, self.cache, self.path, dialect="duckdb", _raw=cur)
+        tx = Tx(None, self.cache, self.path, dialect="duckdb", _raw=cur, read_only=self.read_only)
         try:
             yield tx
             cur.execute("COMMIT")

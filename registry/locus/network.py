@@ -14,9 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from registry.locus import label_columns
-
-
-_PREDICTOR = ("q_proj", "w_z", "w_u", "w_zu", "head", "q_bias", "q_cat")   # what scores a (model, query) pair
+from registry.locus.numpy_predictor import BLOCKS, Predictor, category_ids, category_positions, gather_offsets
 
 
 @dataclass
@@ -101,13 +99,6 @@ class PMA(nn.Module):
         return self.mab(self.seeds.expand(x.shape[0], -1, -1), x, mask)      # [B,S,D]
 
 
-def gather_offsets(offsets, ids):
-    """Offsets [M, C+1] (model x category row) and ids [N] or [N, columns] -> [M, N]: each query's offset, summed
-    over its columns' rows (torch or numpy)."""
-    o = offsets[:, ids]
-    return o if ids.ndim == 1 else o.sum(-1)
-
-
 class LocusModel(nn.Module):
     def __init__(self, cfg: EncoderConfig):
         super().__init__()
@@ -133,11 +124,7 @@ class LocusModel(nn.Module):
             # and at zero, so the other weights start as a text-only model's would
             self.q_cat = nn.Embedding(len(cfg.categories) + 1, d + 1)        # row 0: no or unknown category (zero)
             nn.init.zeros_(self.q_cat.weight)
-        cols = cfg.category_columns
-        # one column: name -> row; several: (column's position, value) -> row
-        self._cat_pos = ({c: i + 1 for i, c in enumerate(cfg.categories)} if len(cols) == 1 else
-                         {(cols.index(c.split(":", 1)[0]), c.split(":", 1)[1]): i + 1
-                          for i, c in enumerate(cfg.categories)})
+        self._cat_pos = category_positions(cfg.categories, cfg.category_columns)   # name (or column, value) -> row
 
     def row_proj(self, q):
         """q [...,Dq] -> (P, S) [...,D]: the query parts of the input layer. A row [q, y, q*(2y-1)] enters as
@@ -171,15 +158,7 @@ class LocusModel(nn.Module):
         values joined) -> ids [N, columns], each column's row 0 where its value is missing or unknown."""
         if names is None or not self.cfg.categories:
             return None
-        n_cols = len(self.cfg.category_columns)
-        if n_cols == 1:
-            return np.fromiter((self._cat_pos.get(n, 0) if isinstance(n, str) else 0 for n in names), dtype=np.int64,
-                               count=len(names))
-        out = np.zeros((len(names), n_cols), dtype=np.int64)
-        for i, label in enumerate(names):
-            for k, v in enumerate(label_columns.split(label, n_cols)):
-                out[i, k] = self._cat_pos.get((k, v), 0)
-        return out
+        return category_ids(names, self._cat_pos, len(self.cfg.category_columns))
 
     def query_proj(self, q):
         return self.q_proj(q)                                                # [N,Dq] -> u [N,D]
@@ -253,52 +232,20 @@ class LocusModel(nn.Module):
         # (the parameters themselves are found once: walking the modules costs more than the rest of a snapshot's
         # scorer)
         if getattr(self, "_predictor_params", None) is None:
-            self._predictor_params = {k: v for k, v in self.named_parameters() if k.split(".")[0] in _PREDICTOR}
+            self._predictor_params = {k: v for k, v in self.named_parameters() if k.split(".")[0] in BLOCKS}
         params = self._predictor_params
         key = tuple(p._version for p in params.values())
         if getattr(self, "_weights64", (None,))[0] != key:
-            self._weights64 = (key, {k: v.detach().cpu().double().numpy() for k, v in params.items()}, None)
-        key, w, agrees = self._weights64
-        zd = zt.double().numpy()
-        a = zd @ w["w_z.weight"].T + w["w_z.bias"]                                # [M,Hd]
-        M, Hd = a.shape
-        Wzu = w["w_zu.weight"]                                                    # [Hd,D]
-        zw = []        # z's side of w_zu(z * u) [M*Hd,D]: built on the first batch of more queries than models
-        Wq, bq, Wu = w["q_proj.weight"], w["q_proj.bias"], w["w_u.weight"]
-        head, hb = w["head.weight"][0], float(w["head.bias"][0])
-        qb = (w["q_bias.weight"][0], float(w["q_bias.bias"][0])) if self.cfg.query_bias else None
-        E = w.get("q_cat.weight")                                                 # [C+1,D+1] or None (text only)
-        offsets = None if E is None else zd @ E[:, :-1].T + E[:, -1]             # [M,C+1]
-
-        def fast(q, categories=None, chunk: int = 2048):
-            out = np.empty((M, len(q)), dtype=np.float32)
-            ids = self.category_ids(categories)
-            for s in range(0, len(q), chunk):
-                u = np.asarray(q[s:s + chunk], dtype=np.float64) @ Wq.T + bq     # [n,D]
-                n = len(u)
-                # w_zu(z * u)[m,h,n] = sum_d z[m,d] Wzu[h,d] u[n,d]: the same sum grouped on the smaller side, so a
-                # server's scorer (hundreds of models, a few queries per route, one scorer per snapshot) never
-                # builds the [M*Hd,D] block, and an evaluation's (thousands of queries) builds it once
-                if zw or n > M:
-                    if not zw:
-                        zw.append((zd[:, None, :] * Wzu[None]).reshape(M * Hd, -1))
-                    zu = (zw[0] @ u.T).reshape(M, Hd, n)                          # [M,Hd,n]
-                else:
-                    zu = (zd @ (u[:, None, :] * Wzu[None]).reshape(n * Hd, -1).T).reshape(M, n, Hd).transpose(0, 2, 1)
-                pre = zu + a[:, :, None] + (u @ Wu.T).T[None]
-                o = np.einsum("mhn,h->mn", np.maximum(pre, 0.0), head) + hb
-                if qb is not None:
-                    o = o + (u @ qb[0] + qb[1])[None]
-                if offsets is not None and ids is not None:
-                    o = o + gather_offsets(offsets, ids[s:s + chunk])
-                out[:, s:s + chunk] = 1.0 / (1.0 + np.exp(-o))
-            return out
-
+            w = {k: v.detach().cpu().double().numpy() for k, v in params.items()}
+            self._weights64 = (key, Predictor(w, query_bias=self.cfg.query_bias, categories=self.cfg.categories,
+                                              category_field=self.cfg.category_field), None)
+        key, predictor, agrees = self._weights64
+        fast = predictor.scorer(zt.numpy())
         if agrees is None:                          # checked once per state of the weights
             probe = np.random.default_rng(0).standard_normal((4, self.cfg.d_query)).astype(np.float32)
             cats = self._probe_labels()
             agrees = bool(np.allclose(fast(probe, cats), exact(probe, cats), atol=1e-5))
-            self._weights64 = (key, w, agrees)
+            self._weights64 = (key, predictor, agrees)
         return fast if agrees else exact
 
     def _probe_labels(self) -> list | None:

@@ -21,7 +21,8 @@ from registry.core.transaction import Tx
 from registry.data import availability
 from registry.embedding import encoders, evidence, index
 from registry.evaluate import served as policy_mod
-from registry.locus import interaction, label_columns
+from registry.locus import checkpoint, interaction, label_columns, numpy_predictor
+from registry.routing import saved_state
 
 PREDICTIONS_KEPT = 4096     # the predictor's P(correct) rows kept per Store (one per model version and query set)
 FITS_KEPT = 8               # interaction fits kept per Store: a few states at most
@@ -80,9 +81,44 @@ def current(tx: Tx, probation_min: int | None = None, *, refit: bool = True) -> 
     st = kept.get("state")
     if st is not None and st.key == key and (st.interaction_fitted or not refit):
         return st
-    st = _build(tx, key, refit)
+    st = _saved(tx, key)
+    if st is None:
+        st = _build(tx, key, refit)
+        # (saved only as fitted, and where the numpy predictor agreed with torch's: what a saved state scores with)
+        if st.interaction_fitted and getattr(st.model, "_weights64", (None, None, None))[2]:
+            served = st.interaction and dataclasses.replace(st.interaction, nearest={})
+            saved_state.save(tx, dataclasses.replace(st, interaction=served))
     kept["state"] = st
     return st
+
+
+def _saved(tx: Tx, key: tuple) -> State | None:
+    """The state saved under `key` (saved_state.py), its predictor read from the checkpoint in numpy, its
+    interaction terms kept as the fit of its versions; None when none is saved."""
+    fields = saved_state.load(tx, key)
+    if fields is None:
+        return None
+    st = State(**fields, model=None, score=_predictor(tx, fields["encoder_id"]).scorer(fields["z"]))
+    fit_key = (st.encoder_id, tuple(int(v) for v in st.version_ids), tuple(st.evidence.probation.tolist()), key[-2])
+    tx.section("routing fits")[fit_key] = st.interaction
+    tx.section("routing newest fit")[st.encoder_id] = (np.asarray(st.model_ids), st.interaction)
+    return st
+
+
+_predictors: dict = {}       # checkpoint digest -> numpy_predictor.Predictor, parsed once per process
+
+
+def _predictor(tx: Tx, encoder_id: int) -> numpy_predictor.Predictor:
+    sha = tx.sql("SELECT weights_sha256 FROM encoders WHERE id = ?", [encoder_id])[0][0]
+    if sha not in _predictors:
+        blob = bytes(tx.sql("SELECT weights FROM encoders WHERE id = ?", [encoder_id])[0][0])
+        _predictors[sha] = numpy_predictor.from_checkpoint(blob, checkpoint.read_header(blob)["config"])
+    return _predictors[sha]
+
+
+def _locus_model(tx: Tx, st: State):
+    """st's LocusModel: a saved state has none until a refit or a new version needs it."""
+    return st.model if st.model is not None else encoders.load(tx, st.encoder_id)[0]
 
 
 def _build(tx: Tx, key: tuple, refit: bool = True) -> State:
@@ -181,10 +217,11 @@ def with_new_versions(tx: Tx, st: State, registered: set[str] = frozenset()) -> 
     z = np.ascontiguousarray(z, dtype=np.float32)
     ev = evidence.assess(z, n, stab, st.key[-1])
     fit_key = (st.encoder_id, tuple(vids.tolist()), tuple(ev.probation.tolist()), st.key[-2])
-    served, fitted = _interaction(tx, fit_key, st.model, z=z, model_ids=mids, version_ids=vids, ev=ev, refit=False)
-    return State(key=st.key, encoder_id=st.encoder_id, encoder_name=st.encoder_name, model=st.model, names=names,
+    model = _locus_model(tx, st)
+    served, fitted = _interaction(tx, fit_key, model, z=z, model_ids=mids, version_ids=vids, ev=ev, refit=False)
+    return State(key=st.key, encoder_id=st.encoder_id, encoder_name=st.encoder_name, model=model, names=names,
                  model_ids=mids, versions=vers, version_ids=vids, z=z, cost=cost, params_b=params, evidence=ev,
-                 down=st.down, score=st.model.scorer(z),
+                 down=st.down, score=model.scorer(z),
                  known=st.known | frozenset(new["name"]) | frozenset(registered), interaction=served,
                  interaction_fitted=fitted, category_of=st.category_of)
 

@@ -47,8 +47,6 @@ def of_models(tx: Tx, model_ids) -> dict:
 def disagreement(tx: Tx, qids, y, others) -> dict[int, tuple[int, float]]:
     """How often each of `others` (model ids) disagrees with the answers y [n] on query ids qids [n], over the queries
     both answered (their current evaluations): {other id: (shared queries, disagreement rate)}."""
-    import pyarrow as pa
-
     qids, y = np.asarray(qids, dtype=np.int64), np.asarray(y, dtype=np.int64)
     evaluated = tx.cached("evaluated_models", lambda: {r[0] for r in tx.sql(
         "SELECT DISTINCT model_id FROM evaluations")})              # imports of evaluations invalidate it
@@ -57,9 +55,11 @@ def disagreement(tx: Tx, qids, y, others) -> dict[int, tuple[int, float]]:
         return {}
     last = len(qids) - 1 - np.unique(qids[::-1], return_index=True)[1]     # a repeated query: its last answer
     # only the others' rows on these queries: a join on the given ids, not every evaluation of every other model
-    with tx.table("_answers", pa.table({"query_id": qids[last], "y": y[last]})):
-        res = tx.sql(f"""
-            SELECT e.model_id, count(*) AS shared, avg((e.correct::INT <> a.y)::INT) AS rate
-            FROM {current(model_ids=others, queries_in="_answers")} e JOIN _answers a ON a.query_id = e.query_id
-            GROUP BY e.model_id""")
+    # (the answers as array parameters, not a registered Arrow table: registering one made DuckDB import pandas,
+    # a quarter of a second of `registry similar`)
+    res = tx.sql(f"""
+        WITH _answers AS (SELECT unnest(?::BIGINT[]) AS query_id, unnest(?::BIGINT[]) AS y)
+        SELECT e.model_id, count(*) AS shared, avg((e.correct::INT <> a.y)::INT) AS rate
+        FROM {current(model_ids=others, queries_in="_answers")} e JOIN _answers a ON a.query_id = e.query_id
+        GROUP BY e.model_id""", [qids[last].tolist(), y[last].tolist()])
     return {int(m): (int(n), float(r)) for m, n, r in res}

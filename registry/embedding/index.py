@@ -50,8 +50,7 @@ class VectorIndex:
         return None if model_id is None else self.index.reconstruct(int(model_id))
 
     def copy(self) -> "VectorIndex":
-        import faiss
-
+        faiss = load_faiss()
         return VectorIndex(self.encoder_id, faiss.clone_index(self.index), dict(self.names), self.through_version,
                            self.stamp, self.unsaved, self.checked, self.count)
 
@@ -61,8 +60,7 @@ class VectorIndex:
 
     def vectors(self) -> tuple[np.ndarray, np.ndarray]:
         """(model ids [n], vectors [n,128]) currently indexed."""
-        import faiss
-
+        faiss = load_faiss()
         ids = faiss.vector_to_array(self.index.id_map).astype(np.int64)
         # the flat index stores rows in id_map order: read them in one copy (reconstruct per id is slow at 100k)
         flat = faiss.vector_to_array(faiss.downcast_index(self.index.index).codes).view(np.float32)
@@ -86,9 +84,23 @@ def current_versions(tx: Tx, encoder_id: int, as_of: str | None = None, after_ve
             tbl.column("name").to_pylist(), flat.reshape(n, -1).astype(np.float32) if n else np.zeros((0, 128), np.float32))
 
 
-def new_index(dim: int = 128):
+def load_faiss():
+    """faiss, on one OpenMP thread unless a caller (the server) sets its own: the registry's indexes hold hundreds of
+    vectors, and the pool's threads, spinning after a search, starved numpy's BLAS in the same process (a 31 x 12,032
+    product took 1.7 s instead of 10 ms on two busy cores)."""
     import faiss
 
+    if not _faiss_threads_set:
+        faiss.omp_set_num_threads(1)
+        _faiss_threads_set.append(True)
+    return faiss
+
+
+_faiss_threads_set: list = []
+
+
+def new_index(dim: int = 128):
+    faiss = load_faiss()
     return faiss.IndexIDMap2(faiss.IndexFlatL2(dim))
 
 
@@ -102,8 +114,7 @@ def _sidecar(db_path: str, encoder_id: int) -> Path | None:
 
 def get(tx: Tx, db_path: str, encoder_id: int, as_of: str | None = None) -> VectorIndex:
     """The index of the active versions under `encoder_id`, brought up to date before it answers."""
-    import faiss
-
+    load_faiss()
     if as_of:
         _, mids, names, vecs = current_versions(tx, encoder_id, as_of)
         idx = new_index()
@@ -148,8 +159,7 @@ def get(tx: Tx, db_path: str, encoder_id: int, as_of: str | None = None) -> Vect
 def _from_sidecar(tx: Tx, db_path: str, encoder_id: int) -> VectorIndex:
     """The saved index, if it belongs to this database (its newest version exists here with the same creation
     time); else an empty one."""
-    import faiss
-
+    faiss = load_faiss()
     side = _sidecar(db_path, encoder_id)
     empty = VectorIndex(encoder_id, new_index(), {}, 0)
     if side is None or not (side.is_file() and side.with_suffix(".json").is_file()):
@@ -204,8 +214,7 @@ def flush(cache: dict, db_path: str) -> None:
 
 def _save(vi: VectorIndex, side: Path) -> None:
     """Best effort: the sidecar only saves the next process some work; the database stays the truth."""
-    import faiss
-
+    faiss = load_faiss()
     import os
     import threading
 

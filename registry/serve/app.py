@@ -197,9 +197,12 @@ def serve(db: str, host: str = "127.0.0.1", port: int = 8000, token: str | None 
     sys.setswitchinterval(config.switch_interval)
     # One thread per numeric call (torch, faiss, numpy's BLAS): requests already run side by side, and a pool's idle
     # thread spinning for work takes the core another request needed (OpenBLAS's took 0.6 of a core under load)
-    import faiss
     import torch
     from threadpoolctl import threadpool_limits
+
+    from registry.embedding.index import load_faiss
+
+    faiss = load_faiss()            # (then its threads are the server's)
 
     torch.set_num_threads(config.threads)
     faiss.omp_set_num_threads(config.threads)

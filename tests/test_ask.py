@@ -51,6 +51,19 @@ class Upstream:
                 if reply is None:
                     time.sleep(30)
                     return
+                if reply == "TRICKLE":          # headers at once, then a byte every 0.2 s for ever (30 s)
+                    self.send_response(200)
+                    self.send_header("content-type", "application/json")
+                    self.send_header("content-length", "1000")
+                    self.end_headers()
+                    for _ in range(150):
+                        try:
+                            self.wfile.write(b" ")
+                            self.wfile.flush()
+                        except OSError:
+                            return
+                        time.sleep(0.2)
+                    return
                 out = json.dumps({"choices": [{"message": {"role": "assistant", "content": reply}}],
                                   "usage": {"prompt_tokens": 10, "completion_tokens": 2}}).encode()
                 self.send_response(200)
@@ -175,6 +188,15 @@ def test_a_hanging_upstream_is_given_up_and_its_questions_left_unanswered(db_cop
                             WHERE m.name = 'stuck'""").fetchone()[0]
     con.close()
     assert stored == 0
+
+
+def test_a_trickling_upstream_is_given_up_at_the_deadline_of_the_whole_reply(db_copy, upstreams):
+    u = upstreams(lambda text: "TRICKLE")
+    started = time.perf_counter()
+    with Registry(db_copy) as reg:
+        r = reg.ask("trickler", base_url=u.url, n=2, plan="random", deadline=1.0, retries=0)
+    assert time.perf_counter() - started < 8          # a per-read timeout alone would wait the 30 s out
+    assert (r.answered, r.unanswered) == (0, 2) and "deadline" in next(iter(r.failures))
 
 
 def test_the_key_is_read_from_the_environment_and_never_stored(db_copy, upstreams, monkeypatch):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -58,6 +59,29 @@ def _retry_after(response: httpx.Response, attempt: int, backoff: float) -> floa
         return backoff * 2 ** attempt
 
 
+MAX_REPLY_BYTES = 8 << 20    # a chat reply is kilobytes: a larger body is an endpoint misbehaving, not an answer
+
+
+class ReplyTooLarge(Exception):
+    pass
+
+
+def _post(http: httpx.Client, url: str, body: dict, endpoint: Endpoint, deadline: float):
+    """POST and read the whole reply within `deadline` seconds of wall time: a per-read timeout alone lets an
+    upstream that sends a byte now and then hold a request for ever. -> (response, body bytes)."""
+    end = time.monotonic() + deadline
+    with http.stream("POST", url, json=body, headers=_headers(endpoint), timeout=httpx.Timeout(deadline)) as r:
+        chunks, size = [], 0
+        for chunk in r.iter_bytes():
+            size += len(chunk)
+            if size > MAX_REPLY_BYTES:
+                raise ReplyTooLarge()
+            chunks.append(chunk)
+            if time.monotonic() > end:
+                raise httpx.ReadTimeout("whole-reply deadline")
+        return r, b"".join(chunks)
+
+
 def ask_one(http: httpx.Client, endpoint: Endpoint, key, messages: list[dict], *, deadline: float,
             retries: int, backoff: float, usage: Usage, lock: threading.Lock) -> Reply:
     body = {"model": endpoint.upstream_model, "messages": messages, "temperature": 0}
@@ -71,11 +95,14 @@ def ask_one(http: httpx.Client, endpoint: Endpoint, key, messages: list[dict], *
             usage.retries += attempt > 0
         wait = backoff * 2 ** attempt
         try:
-            r = http.post(url, json=body, headers=_headers(endpoint), timeout=httpx.Timeout(deadline))
+            r, content = _post(http, url, body, endpoint, deadline)
         except httpx.TimeoutException:
             reply.error = f"no reply within the {deadline:g} s deadline"
         except httpx.HTTPError as exc:
             reply.error = f"{type(exc).__name__}"
+        except ReplyTooLarge:
+            reply.error = f"a reply over {MAX_REPLY_BYTES:,} bytes"
+            return reply
         else:
             if r.status_code in RETRY_STATUS:
                 reply.error = f"HTTP {r.status_code}"
@@ -86,7 +113,7 @@ def ask_one(http: httpx.Client, endpoint: Endpoint, key, messages: list[dict], *
             else:
                 data = None
                 try:
-                    data = r.json()
+                    data = json.loads(content)
                     reply.text = str(data["choices"][0]["message"]["content"] or "")
                 except (ValueError, KeyError, IndexError, TypeError):
                     reply.text = ""                       # a reply, but no text in it: graded unparseable

@@ -70,6 +70,12 @@ class FakeUpstream:
             writer.close()
 
     def close(self) -> None:
+        async def stop():
+            tasks = asyncio.all_tasks() - {asyncio.current_task()}
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)
 

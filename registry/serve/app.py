@@ -11,7 +11,9 @@
   most the rows of routes answered in the last cycle and the 0.1 s before it (serve/writer.py; /health reports the
   longest cycle).
 - Writing endpoints require `Authorization: Bearer <token>` when a token is configured; routing and fingerprinting
-  do not (the one only appends to the routing log, the other writes nothing).
+  do not (the one only appends to the routing log, the other writes nothing). Every request first passes the
+  guards of serve/http/guards.py (its Host and Origin, the token before the body is read, the body counted against
+  the limit), and every response carries the pages' security headers.
 - Errors are JSON `{"detail": "<one line>"}`: bad input 400, a missing or ill-typed field 422, unknown names 404,
   an optional feature that this registry lacks 501; those of the OpenAI-compatible `/v1/...` routes are in OpenAI's
   shape, `{"error": {"message", "type", "code"}}`.

@@ -63,7 +63,7 @@ class FakeUpstream:
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: " + kind + b"\r\ncontent-length: "
                          + str(len(payload)).encode() + b"\r\nconnection: close\r\n\r\n" + payload)
             await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError):
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):   # (cancelled: by close)
             pass
         finally:
             self.open -= 1

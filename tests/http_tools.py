@@ -149,10 +149,16 @@ def raw_request(origin: str, data: bytes) -> tuple[int, bytes]:
     url = urlsplit(origin)
     with socket.create_connection((url.hostname, url.port), timeout=30) as s:
         s.sendall(data)
-        answer = b""
-        while b"\r\n\r\n" not in answer or len(answer.split(b"\r\n\r\n", 1)[1]) < _length(answer):
-            more = s.recv(65536)
-            if not more:
-                break
-            answer += more
+        answer = read_answer(s)
     return int(answer.split(b" ", 2)[1]), answer
+
+
+def read_answer(s: socket.socket) -> bytes:
+    """An HTTP answer's head and body (as long as its Content-Length says, or to the connection's end)."""
+    answer = b""
+    while b"\r\n\r\n" not in answer or len(answer.split(b"\r\n\r\n", 1)[1]) < _length(answer):
+        more = s.recv(65536)
+        if not more:
+            break
+        answer += more
+    return answer

@@ -2,8 +2,8 @@
 loopback: bodies are counted as they arrive and a write without the token is refused before its body is read; the
 proxy spends the endpoints' keys only for the token's holders; only the server's own Host and Origin may write;
 every response carries the pages' security headers; every upstream attempt has deadlines (fallback for `auto`, 504
-for a named model); connections that never send a request are closed; SIGTERM stops a server whose upstream
-trickles; every bad input is one line."""
+for a named model); connections that never send a request, and bodies that stop half-way, are cut off; SIGTERM
+stops a server whose upstream trickles; every bad input is one line."""
 from __future__ import annotations
 
 import shutil
@@ -18,7 +18,7 @@ import pytest
 from registry import Registry, RouteOptions
 
 from .conftest import start_server
-from .http_tools import FakeUpstream, chunked_post, raw_request, rss_mib, wait_for
+from .http_tools import FakeUpstream, chunked_post, raw_request, read_answer, rss_mib, wait_for
 
 TOKEN = "s3cret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -318,3 +318,15 @@ def test_connections_that_never_send_a_request_are_closed(open_server):
     finally:
         for s in idle + [slow]:
             s.close()
+
+
+@pytest.mark.slow
+def test_a_body_that_stops_half_way_is_refused(open_server):
+    _, origin = open_server
+    port = int(origin.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+        s.sendall(b"POST /route HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                  b"Transfer-Encoding: chunked\r\n\r\n5\r\n{\"tex\r\n")          # then nothing more
+        t0 = time.time()
+        answer = read_answer(s)
+    assert answer.startswith(b"HTTP/1.1 408") and b"stalled" in answer and 25 < time.time() - t0 < 40

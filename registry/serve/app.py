@@ -118,8 +118,8 @@ def _error_handlers(app: FastAPI) -> None:
         import traceback
 
         traceback.print_exception(exc)
-        return guards.error_response(request.url.path, f"internal error ({type(exc).__name__}); the server's log has the details",
-                      500)
+        return guards.error_response(request.url.path, f"internal error ({type(exc).__name__}); the server's log "
+                                                       f"has the details", 500)
 
     @app.exception_handler(RequestValidationError)
     async def _ve(request, exc):

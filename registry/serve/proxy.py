@@ -36,9 +36,9 @@ ROUTE_OPTIONS = ("cost_weight", "min_prob", "cost_by")
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "content-encoding", "keep-alive"}
 PREFIX = "/v1/"
 ERROR_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
-               405: "method_not_allowed", 409: "conflict", 413: "request_too_large", 422: "invalid_request",
-               421: "misdirected_request", 500: "internal_error", 501: "not_implemented", 502: "upstream_failed",
-               503: "no_endpoint", 504: "upstream_timeout"}
+               405: "method_not_allowed", 408: "request_timeout", 409: "conflict", 413: "request_too_large",
+               421: "misdirected_request", 422: "invalid_request", 500: "internal_error", 501: "not_implemented",
+               502: "upstream_failed", 503: "no_endpoint", 504: "upstream_timeout"}
 
 
 def openai_error(message: str, status: int, code: str | None = None) -> JSONResponse:

@@ -7,7 +7,8 @@ BaseHTTPMiddleware costs a task per request, and reads nothing the checks need):
   page cannot write through the owner's browser.
 - Token: a request to a route that needs the token is refused (401) before a byte of its body is read, so an
   anonymous caller cannot make the server read, parse or buffer anything.
-- Body: counted as it arrives (a chunked body has no Content-Length to trust) and refused (413) past the limit.
+- Body: counted as it arrives (a chunked body has no Content-Length to trust) and refused (413) past the limit;
+  one that pauses for over BODY_GAP seconds is refused too (408).
 - Every response carries headers that keep pages from being framed, sniffed, or fed another host's scripts.
 
 Refusals are one line, `{"detail": ...}` (OpenAI's shape on the proxy's routes), and close the connection when the
@@ -15,6 +16,7 @@ client had a body to send, so that the server reads none of the rest.
 """
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -26,6 +28,7 @@ from starlette.routing import Match
 from registry.serve import proxy
 from registry.serve.context import require_token, token_problem
 
+BODY_GAP = 30.0     # seconds a request body may pause: a client that stops sending half-way does not hold a connection
 WRITE_METHODS = frozenset({"POST", "PUT", "DELETE", "PATCH"})
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 WILDCARD_BINDS = ("0.0.0.0", "::", "")
@@ -37,9 +40,10 @@ SECURITY_HEADERS = [(b"content-security-policy", CSP.encode()), (b"x-frame-optio
                     (b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"no-referrer")]
 
 
-class BodyTooLarge(HTTPException):
-    """Raised from `receive` once a body passes the limit: an HTTPException, so that FastAPI's body parsing passes
-    it on to the app's handlers (which answer in the route's error shape) instead of calling it bad JSON."""
+class BodyRefused(HTTPException):
+    """Raised from `receive` once a body passes the limit (413) or stalls (408): an HTTPException, so that FastAPI's
+    body parsing passes it on to the app's handlers (which answer in the route's error shape) instead of calling it
+    bad JSON."""
 
 
 @dataclass(frozen=True)
@@ -112,16 +116,25 @@ class Guards:
             status, message, extra = refusal
             extra = {**extra, "connection": "close"} if has_body else extra
             return await error_response(scope["path"], message, status, extra)(scope, receive, self.secured(send))
-        received, over = 0, False
+        received, cut, done = 0, False, not has_body
 
         async def counted():
-            nonlocal received, over
-            message = await receive()
+            nonlocal received, cut, done
+            if done:            # the body is in: what follows is the client's disconnect, however late
+                return await receive()
+            try:
+                async with asyncio.timeout(BODY_GAP):
+                    message = await receive()
+            except TimeoutError:
+                cut = True
+                raise BodyRefused(408, f"the request body stalled for {BODY_GAP:g} s: send it without pauses") \
+                    from None
+            done = message["type"] != "http.request" or not message.get("more_body", False)
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_body:
-                    over = True
-                    raise BodyTooLarge(413, self.too_large())
+                    cut = True
+                    raise BodyRefused(413, self.too_large())
             return message
 
         started = False
@@ -131,16 +144,17 @@ class Guards:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
-                if over:        # the rest of the body is never read: the connection cannot carry another request
+                if cut:         # the rest of the body is never read: the connection cannot carry another request
                     message = {**message, "headers": list(message.get("headers", [])) + [(b"connection", b"close")]}
             await inner(message)
 
         try:
             await self.app(scope, counted, sending)
-        except BodyTooLarge:
+        except BodyRefused as exc:
             if started:
                 raise
-            await error_response(scope["path"], self.too_large(), 413, {"connection": "close"})(scope, receive, inner)
+            await error_response(scope["path"], exc.detail, exc.status_code, {"connection": "close"})(
+                scope, receive, inner)
 
     def too_large(self) -> str:
         return (f"request body over {self.max_body // (1 << 20)} MiB: send less (a results file in parts, say)")

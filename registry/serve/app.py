@@ -11,12 +11,12 @@
   most the rows of routes answered in the last cycle and the 0.1 s before it (serve/writer.py; /health reports the
   longest cycle).
 - Writing endpoints require `Authorization: Bearer <token>` when a token is configured; routing and fingerprinting
-  do not (the one only appends to the routing log, the other writes nothing). Every request first passes the
-  guards of serve/http/guards.py (its Host and Origin, the token before the body is read, the body counted against
-  the limit), and every response carries the pages' security headers.
+  do not (the one only appends to the routing log, the other writes nothing).
 - Errors are JSON `{"detail": "<one line>"}`: bad input 400, a missing or ill-typed field 422, unknown names 404,
   an optional feature that this registry lacks 501; those of the OpenAI-compatible `/v1/...` routes are in OpenAI's
   shape, `{"error": {"message", "type", "code"}}`.
+- Every request first passes the guards of serve/http/guards.py (its Host and Origin, the token before the body is
+  read, the body counted against the limit), and every response carries the pages' security headers.
 """
 from __future__ import annotations
 
@@ -89,21 +89,26 @@ def _add_routes(app: FastAPI, router: APIRouter) -> None:
     app.router.routes.extend(router.routes)
 
 
+def _error(path: str, message: str, status: int) -> JSONResponse:
+    """{"detail": message}, or OpenAI's error shape on the proxy's routes (the guards answer in the same shapes)."""
+    return guards.error_response(path, message, status)
+
+
 def _error_handlers(app: FastAPI) -> None:
     """Errors are one line each: {"detail": ...} (on /v1/..., OpenAI's shape) with the status the module docstring
     lists."""
 
     @app.exception_handler(NotFound)
     async def _nf(request, exc):
-        return guards.error_response(request.url.path, str(exc), 404)
+        return _error(request.url.path, str(exc), 404)
 
     @app.exception_handler(InputError)
     async def _ie(request, exc):
-        return guards.error_response(request.url.path, str(exc), 400)
+        return _error(request.url.path, str(exc), 400)
 
     @app.exception_handler(RegistryError)
     async def _re(request, exc):
-        return guards.error_response(request.url.path, str(exc), 409 if isinstance(exc, DatabaseLocked) else 400)
+        return _error(request.url.path, str(exc), 409 if isinstance(exc, DatabaseLocked) else 400)
 
     pages = app.exception_handlers.get(HTTPException, http_exception_handler)   # the pages' own (web.mount)
 
@@ -118,8 +123,8 @@ def _error_handlers(app: FastAPI) -> None:
         import traceback
 
         traceback.print_exception(exc)
-        return guards.error_response(request.url.path, f"internal error ({type(exc).__name__}); the server's log "
-                                                       f"has the details", 500)
+        return _error(request.url.path, f"internal error ({type(exc).__name__}); the server's log has the details",
+                      500)
 
     @app.exception_handler(RequestValidationError)
     async def _ve(request, exc):

@@ -34,11 +34,11 @@ from registry.core import settings
 from registry.core.errors import DatabaseLocked, InputError, NotFound, RegistryError
 from registry.serve import proxy, web
 from registry.serve.context import ServerState
-from registry.serve.http import connections, guards, listener
 from registry.serve.routes_models import availability_router, endpoints_router, models_router
 from registry.serve.routes_reads import reads_router, status_router
 from registry.serve.routes_routing import routing_router
 from registry.serve.serving import Serving
+from registry.serve.http import connections, guards, listener
 
 MAX_BODY = 64 << 20       # bytes: the largest request body (an uploaded results file) the server reads
 # DuckDB runs a query on the thread that asks (no worker threads) unless REGISTRY_DUCKDB_THREADS says otherwise: the

@@ -24,7 +24,6 @@ import httpx
 from fastapi import Depends, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.background import BackgroundTask
 
 from registry.routing import log as route_log
 from registry.routing.options import RouteOptions
@@ -131,7 +130,7 @@ def mount(app: FastAPI, serving, deadlines: connections.UpstreamDeadlines | None
             if isinstance(answer, bytes):
                 return Response(answer, status_code=attempt.response.status_code, headers=out)
             return StreamingResponse(answer, status_code=attempt.response.status_code, headers=out,
-                                     background=BackgroundTask(attempt.close))
+                                     background=_closer(attempt))
         if routed is not None:
             _log_answer(serving, routed, None, failed)
         # a deadline that expired is a gateway timeout; an upstream that answered wrongly or not at all, a bad gateway
@@ -175,6 +174,12 @@ def _log_answer(serving, routed, answered: str | None, failed: list[str]) -> Non
     row = (query_hash, text, answered, answered is not None and (d.fallback or answered != d.model), candidates,
            encoder_id, json.dumps(used), json.dumps(opts))
     serving.log(routed, [row])
+
+
+def _closer(attempt):
+    from starlette.background import BackgroundTask
+
+    return BackgroundTask(attempt.close)
 
 
 class UpstreamFailed(Exception):

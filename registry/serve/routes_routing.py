@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 import anyio
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException
 from pydantic import BaseModel
 
 from registry.core.errors import InputError
@@ -15,6 +15,7 @@ from registry.routing.options import RouteOptions
 from registry.routing.decision import Decision
 from registry.serve.context import ServerState, is_authorized, json_response, server
 from registry.serve.serving import Serving
+from starlette.requests import Request
 
 # the candidates a route answer lists unless asked (`top`; 0: every model): the most likely first, and the chosen
 # one wherever it ranks. In a registry of hundreds of models the whole list was most of an answer's bytes and time.

@@ -59,7 +59,7 @@ async def options_in_body(request: Request) -> None:
     """A route option in the query string would be ignored (the body holds them): refused, not dropped."""
     given = [k for k in request.query_params if k in RouteOptionsBody.model_fields]
     if given:
-        raise InputError(f"{given[0]}: give route options in the JSON body, not the query string")
+        raise HTTPException(400, f"{given[0]}: give route options in the JSON body, not the query string")
 
 
 def decisions(serving: Serving, texts: list[str], options: RouteOptions) -> list[Decision]:

@@ -102,9 +102,10 @@ def snapshot(path: Path) -> dict[str, tuple]:
         con.close()
 
 
-def start_server(db: Path, token: str | None = None):
+def start_server(db: Path, token: str | None = None, args: tuple[str, ...] = ()):
     """A real `registry serve` process on a free loopback port, answering /health: -> (process, origin). The caller
-    terminates it. Fails (not skips) with the server's output if it does not come up."""
+    terminates it. Fails (not skips) with the server's output if it does not come up. `args`: more `serve`
+    options."""
     import socket
     import subprocess
     import sys
@@ -116,7 +117,7 @@ def start_server(db: Path, token: str | None = None):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "registry", "--db", str(db), "serve", "--port", str(port)]
-                            + (["--token", token] if token else []),
+                            + (["--token", token] if token else []) + list(args),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     origin = f"http://127.0.0.1:{port}"
     deadline = time.time() + 90

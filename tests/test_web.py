@@ -22,6 +22,7 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-ne
 SHOTS = Path(__file__).resolve().parents[1] / "build" / "screenshots"
 TOKEN = "web-secret"
 GPT = "gpt-4o-2024-05-13"
+BLOCKED: list[str] = []        # what the pages' Content-Security-Policy refused, as the browser's console says
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +59,7 @@ def browser_page(site):
         outside: list[str] = []
         page.on("request", lambda r: None if r.url.startswith(origin + "/") or r.url.startswith("data:")
                 else outside.append(r.url))
+        page.on("console", lambda m: BLOCKED.append(m.text) if "Content Security Policy" in m.text else None)
         yield page, outside
         browser.close()
 
@@ -131,10 +133,25 @@ def test_writes_take_the_token_and_say_when_it_is_missing(site, browser_page):
     page.fill("#token", "wrong")
     page.dispatch_event("#token", "change")
     page.click("button.write")
-    page.wait_for_function("document.getElementById('status').textContent.includes('refused')")
+    page.locator("#status", has_text="refused").wait_for()     # (a string to evaluate: the policy forbids it)
     page.fill("#token", TOKEN)
     page.dispatch_event("#token", "change")
     with page.expect_navigation():
         page.click("button.write")
     assert page.locator("#availability").inner_text() == "no"
     assert outside == []
+
+
+def test_the_pages_and_the_api_docs_work_under_the_security_policy(site, browser_page):
+    """The server sends `default-src 'self'`: the bars' widths and the legend's colours are set by the page's
+    script, Swagger UI is started from a file, and the browser blocks nothing on any page (the other tests' pages
+    included: this test runs last)."""
+    origin, _, _ = site
+    page, outside = browser_page
+    page.goto(origin + "/")
+    assert page.locator(".legend span").first.evaluate("e => getComputedStyle(e).backgroundColor") != "rgba(0, 0, 0, 0)"
+    page.goto(origin + f"/ui/models/{GPT}")
+    assert page.locator("td .bar").first.evaluate("e => e.getBoundingClientRect().width") > 1
+    page.goto(origin + "/docs")
+    page.wait_for_selector("#swagger-ui .swagger-ui", timeout=20_000)      # Swagger UI started from its file
+    assert BLOCKED == [] and outside == []

@@ -191,7 +191,11 @@ def _availability(rows, as_json):
 @click.option("--host", default="127.0.0.1", show_default=True, help="Loopback unless told otherwise.")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--token", default=None, help="Bearer token required by writing endpoints (default: $REGISTRY_TOKEN).")
-def serve(ctx, host, port, token):
+@click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME",
+              help="A name clients reach the server by, besides loopback and --host (repeat; '*': any).")
+@click.option("--upstream-deadline", "upstream_deadlines", multiple=True, metavar="[MODEL:]NAME=SECONDS",
+              help="The proxy's upstream deadlines: connect, first-byte, between, total (repeat).")
+def serve(ctx, host, port, token, allowed_hosts, upstream_deadlines):
     """Serve the registry over HTTP (FastAPI); the server owns the database file while it runs. A non-loopback
     address needs --token (or REGISTRY_TOKEN): open writes are never served to a network."""
     from registry.core import settings
@@ -203,7 +207,8 @@ def serve(ctx, host, port, token):
                    f"give --token (or REGISTRY_TOKEN), or bind 127.0.0.1", err=True)
         ctx.exit(2)
     obj = ctx.find_root().obj
-    run(obj["db"], host=host, port=port, token=token, probation_min=obj.get("probation_min"))
+    run(obj["db"], host=host, port=port, token=token, probation_min=obj.get("probation_min"),
+        allowed_hosts=allowed_hosts, upstream_deadlines=upstream_deadlines)
 
 
 @group(json=True, invoke_without_command=True)

@@ -15,6 +15,8 @@ from typing import Sequence
 
 import numpy as np
 
+from registry.core.errors import InputError
+
 TEXT_ENCODER = "all-MiniLM-L6-v2@256"  # model name @ max_seq_length: both change the vectors
 TEXT_DIM = 384
 _LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -31,7 +33,12 @@ def query_text(question: str, options: Sequence[str] | None = None) -> str:
 
 
 def content_hash(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError as exc:     # a lone surrogate (JSON's "\ud800"): no file or database can hold it
+        raise InputError(f"text holds a character that is not valid Unicode ({text[exc.start]!r} at position "
+                         f"{exc.start}): send UTF-8 text") from None
+    return hashlib.sha256(data).hexdigest()
 
 
 def parse_options(raw: str | None) -> list[str] | None:

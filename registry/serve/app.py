@@ -15,6 +15,8 @@
 - Errors are JSON `{"detail": "<one line>"}`: bad input 400, a missing or ill-typed field 422, unknown names 404,
   an optional feature that this registry lacks 501; those of the OpenAI-compatible `/v1/...` routes are in OpenAI's
   shape, `{"error": {"message", "type", "code"}}`.
+- Every request first passes the guards of serve/http/guards.py (its Host and Origin, the token before the body is
+  read, the body counted against the limit), and every response carries the pages' security headers.
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ from registry.serve.routes_models import availability_router, endpoints_router, 
 from registry.serve.routes_reads import reads_router, status_router
 from registry.serve.routes_routing import routing_router
 from registry.serve.serving import Serving
+from registry.serve.http import connections, guards, listener
 
 MAX_BODY = 64 << 20       # bytes: the largest request body (an uploaded results file) the server reads
 # DuckDB runs a query on the thread that asks (no worker threads) unless REGISTRY_DUCKDB_THREADS says otherwise: the
@@ -44,25 +47,10 @@ DUCKDB_THREADS = 1
 SHOWN_ERRORS = 5          # validation problems a 422 lists
 
 
-class _SizeLimit:
-    """Bodies over `max_body` are refused before they are read (a clear 413, not a server out of memory). Plain
-    ASGI: Starlette's BaseHTTPMiddleware costs a task per request."""
-
-    def __init__(self, app, max_body: int):
-        self.app, self.max_body = app, max_body
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http":
-            size = dict(scope["headers"]).get(b"content-length")
-            if size is not None and (not size.isdigit() or int(size) > self.max_body):
-                response = _error(scope["path"], f"request body over {self.max_body // (1 << 20)} MiB: send less "
-                                                 f"(a results file in parts, say)", 413)
-                return await response(scope, receive, send)
-        await self.app(scope, receive, send)
-
-
-def create_app(db: str, token: str | None = None, probation_min: int | None = None,
-               create: bool = True) -> FastAPI:
+def create_app(db: str, token: str | None = None, probation_min: int | None = None, create: bool = True, *,
+               hosts: guards.Hosts | None = None, deadlines: connections.UpstreamDeadlines | None = None) -> FastAPI:
+    """hosts: the names a request's Host may give (`serve` passes those it serves; None, for an app called in
+    process, checks none); deadlines: of the proxy's upstream attempts."""
     if token is not None and not token.strip():    # nobody could send it: every write would be refused
         raise InputError("the token is blank: give a token of printable characters, or none")
     reg = Registry(db, probation_min=probation_min, create=create)
@@ -82,11 +70,11 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
                   lifespan=lifespan)
     app.state.server = ServerState(registry=reg, serving=serving, token=token, max_body=MAX_BODY)
 
-    app.add_middleware(_SizeLimit, max_body=MAX_BODY)
+    app.add_middleware(guards.Guards, token=token, max_body=MAX_BODY, hosts=hosts)
     _offline_docs(app)
     web.mount(app)      # the pages at / (serve/web.py)
     _add_routes(app, web.pages)
-    upstream = proxy.mount(app, serving)    # the OpenAI-compatible routing proxy at /v1 (serve/proxy.py)
+    upstream = proxy.mount(app, serving, deadlines)    # the OpenAI-compatible routing proxy at /v1 (serve/proxy.py)
     _error_handlers(app)
     # (the suffixed reads, /models/{name}/similar and /fallback, before the bare /models/{name} of the models)
     for router in (status_router, reads_router, models_router, availability_router, endpoints_router,
@@ -102,10 +90,8 @@ def _add_routes(app: FastAPI, router: APIRouter) -> None:
 
 
 def _error(path: str, message: str, status: int) -> JSONResponse:
-    """{"detail": message}, or OpenAI's error shape on the proxy's routes."""
-    if path.startswith(proxy.PREFIX):
-        return proxy.openai_error(message, status)
-    return JSONResponse({"detail": message}, status_code=status)
+    """{"detail": message}, or OpenAI's error shape on the proxy's routes (the guards answer in the same shapes)."""
+    return guards.error_response(path, message, status)
 
 
 def _error_handlers(app: FastAPI) -> None:
@@ -149,7 +135,8 @@ def _error_handlers(app: FastAPI) -> None:
                                 status_code=400)
         where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path"))
         msg = (f"missing field {where!r}" if first.get("type") == "missing"
-               else f"field {where!r}: {first.get('msg', 'invalid')}")
+               else f"field {where!r}: {first.get('msg', 'invalid')}" if where
+               else f"the body: {first.get('msg', 'invalid')}")
         if request.url.path.startswith("/ui/"):       # a page: a page that says so
             return web.error_page(request, msg.replace("field ", "parameter ", 1), 422)
         if request.url.path.startswith(proxy.PREFIX):
@@ -172,24 +159,40 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+DOCS_PAGE = """<!DOCTYPE html>
+<html><head><meta name="viewport" content="width=device-width, initial-scale=1.0">
+<link type="text/css" rel="stylesheet" href="/static/swagger/swagger-ui.css">
+<link rel="shortcut icon" href="/static/swagger/favicon-32x32.png"><title>{title}: API</title></head>
+<body><div id="swagger-ui"></div>
+<script src="/static/swagger/swagger-ui-bundle.js"></script><script src="/static/web/docs.js"></script></body></html>
+"""
+
+
 def _offline_docs(app: FastAPI) -> None:
+    """/docs from the package's own Swagger UI files, started by a script file (serve/static/docs.js): FastAPI's
+    page starts it with an inline script, which the pages' Content-Security-Policy does not run."""
+    import html
+
     import swagger_ui_bundle
-    from fastapi.openapi.docs import get_swagger_ui_html
+    from fastapi.responses import HTMLResponse
     from fastapi.staticfiles import StaticFiles
 
     app.mount("/static/swagger", StaticFiles(directory=swagger_ui_bundle.swagger_ui_path), name="swagger")
+    page = DOCS_PAGE.format(title=html.escape(app.title))
 
     @app.get("/docs", include_in_schema=False)
     def docs():
-        return get_swagger_ui_html(openapi_url=app.openapi_url, title=f"{app.title}: API",
-                                   swagger_js_url="/static/swagger/swagger-ui-bundle.js",
-                                   swagger_css_url="/static/swagger/swagger-ui.css",
-                                   swagger_favicon_url="/static/swagger/favicon-32x32.png")
+        return HTMLResponse(page)
 
 
 def serve(db: str, host: str = "127.0.0.1", port: int = 8000, token: str | None = None,
-          probation_min: int | None = None) -> None:
+          probation_min: int | None = None, *, allowed_hosts: tuple[str, ...] = (),
+          upstream_deadlines: tuple[str, ...] = ()) -> None:
+    """allowed_hosts: names besides the loopback ones and `host` that a request's Host may give ("*": any);
+    upstream_deadlines: `NAME=SECONDS` or `MODEL:NAME=SECONDS` (serve/http/connections.py)."""
     import uvicorn
+
+    deadlines = connections.UpstreamDeadlines.parse(upstream_deadlines)     # a bad one refused before any work
 
     config = settings.current()
     # Routes are short and the writer's cycles long: switch threads every 1 ms (CPython's default is 5 ms) so that a
@@ -207,7 +210,11 @@ def serve(db: str, host: str = "127.0.0.1", port: int = 8000, token: str | None 
     torch.set_num_threads(config.threads)
     faiss.omp_set_num_threads(config.threads)
     threadpool_limits(config.threads)
-    app = create_app(db, token, probation_min, create=False)
+    app = create_app(db, token, probation_min, create=False, hosts=guards.Hosts.serving(host, allowed_hosts),
+                     deadlines=deadlines)
     print(f"serving {db} on http://{host}:{port} (OpenAPI at /openapi.json; writes "
           f"{'need a bearer token' if token else 'are open: no token configured'})", flush=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    # connections that never finish a request head are closed (serve/http/listener.py); on SIGTERM, requests still
+    # running (a proxied one waiting on a slow upstream) get a few seconds, then the server stops
+    uvicorn.run(app, host=host, port=port, log_level="warning", http=listener.with_header_timeout(),
+                timeout_keep_alive=listener.KEEP_ALIVE, timeout_graceful_shutdown=listener.GRACEFUL_SHUTDOWN)

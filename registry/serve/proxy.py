@@ -3,9 +3,11 @@
 - `GET /v1/models`: "auto" and every model with an endpoint (`registry endpoints set`).
 - `POST /v1/chat/completions`: with `"model": "auto"`, the last user message is routed among the models that have an
   endpoint (route options as extra fields or query parameters: `cost_weight`, `min_prob`, `cost_by`), and the
-  request goes to the chosen model's upstream with its upstream model id; on a connection error, a timeout or a 5xx,
-  the model's fallback chain is walked. A named model is forwarded as is, with no fallback. The response is the
-  upstream's (streaming passes through), with headers `x-registry-model` and `x-registry-fallback: true|false`.
+  request goes to the chosen model's upstream with its upstream model id; on a connection error, a deadline passed
+  (serve/http/connections.py), a 5xx or a 200 whose body is not JSON, the model's fallback chain is walked. A named
+  model is forwarded as is, with no fallback (a deadline passed: 504, another failure: 502). The response is the
+  upstream's (streaming passes through once its first piece has come), with headers `x-registry-model` and
+  `x-registry-fallback: true|false`.
 - API keys are read from the environment variable each endpoint names, at request time: never stored, never logged.
   The routing log keeps the prompt's hash, not its text, and who answered: its `model` is the model whose upstream
   answered (none when every one failed), `fallback` whether that was a fallback, and its options' `proxy` entry the
@@ -27,13 +29,15 @@ from registry.routing import log as route_log
 from registry.routing.options import RouteOptions
 from registry.core.errors import InputError, RegistryError
 from registry.serve.context import require_token
+from registry.serve.http import connections
 
 ROUTE_OPTIONS = ("cost_weight", "min_prob", "cost_by")
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "content-encoding", "keep-alive"}
 PREFIX = "/v1/"
 ERROR_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
-               405: "method_not_allowed", 409: "conflict", 413: "request_too_large", 422: "invalid_request",
-               500: "internal_error", 501: "not_implemented", 502: "upstream_failed", 503: "no_endpoint"}
+               405: "method_not_allowed", 408: "request_timeout", 409: "conflict", 413: "request_too_large",
+               421: "misdirected_request", 422: "invalid_request", 500: "internal_error", 501: "not_implemented",
+               502: "upstream_failed", 503: "no_endpoint", 504: "upstream_timeout"}
 
 
 def openai_error(message: str, status: int, code: str | None = None) -> JSONResponse:
@@ -59,10 +63,12 @@ def last_user_text(messages) -> str:
     raise InputError("messages: no user message with text to route on")
 
 
-def mount(app: FastAPI, serving, timeout: float = 60.0) -> httpx.AsyncClient:
-    """serving: serving.Serving (routes and endpoints from its current snapshot, log rows through its writer).
-    -> the upstream client, for the app's lifespan to close."""
-    client = httpx.AsyncClient(timeout=timeout)
+def mount(app: FastAPI, serving, deadlines: connections.UpstreamDeadlines | None = None) -> httpx.AsyncClient:
+    """serving: serving.Serving (routes and endpoints from its current snapshot, log rows through its writer);
+    deadlines: of each upstream attempt (serve/http/connections.py). -> the upstream client, for the app's lifespan
+    to close."""
+    deadlines = deadlines or connections.UpstreamDeadlines()
+    client = httpx.AsyncClient(timeout=connections.request_timeout(deadlines.default))
 
     @app.get("/v1/models", dependencies=[Depends(require_token)])
     def v1_models():
@@ -78,6 +84,8 @@ def mount(app: FastAPI, serving, timeout: float = 60.0) -> httpx.AsyncClient:
             body = json.loads(await request.body())
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise InputError(f"bad JSON: {exc}") from None
+        except RecursionError:
+            raise InputError("bad JSON: nested too deeply") from None
         if not isinstance(body, dict) or not isinstance(body.get("model"), str):
             raise InputError("the body must be a JSON object with a string field 'model'")
         eps = serving.snapshots.current.endpoints
@@ -95,39 +103,39 @@ def mount(app: FastAPI, serving, timeout: float = 60.0) -> httpx.AsyncClient:
             chain, fallback = [body["model"]], False
         else:
             return openai_error(f"model {body['model']!r} has no endpoint (or give 'auto')", 404, "model_not_found")
-        last, failed = None, []
+        last, failed, timed_out = None, [], False
         for i, name in enumerate(chain):
             ep = eps[name]
             headers = {"Content-Type": "application/json"}
             key = os.environ.get(ep.api_key_env) if ep.api_key_env else None
             if key:
                 headers["Authorization"] = f"Bearer {key}"
-            req = client.build_request("POST", f"{ep.base_url}/chat/completions", headers=headers,
-                                       content=json.dumps({**body, "model": ep.upstream_model}))
+            limits = deadlines.of(name)
+            attempt = connections.Attempt(client, client.build_request(
+                "POST", f"{ep.base_url}/chat/completions", headers=headers, timeout=connections.request_timeout(limits),
+                content=json.dumps({**body, "model": ep.upstream_model})), limits)
             try:
-                resp = await client.send(req, stream=True)
-            except httpx.HTTPError as exc:
-                last = f"{name}: {type(exc).__name__}"
+                answer = await _attempt(attempt, bool(body.get("stream")))
+            except (httpx.HTTPError, connections.UpstreamTimeout, UpstreamFailed) as exc:
+                await attempt.close()
+                timed_out = isinstance(exc, (connections.UpstreamTimeout, httpx.TimeoutException))
+                last = f"{name}: {exc}" if isinstance(exc, (connections.UpstreamTimeout, UpstreamFailed)) \
+                    else f"{name}: {type(exc).__name__}"
                 failed.append(name)
-                continue
-            if resp.status_code >= 500:
-                last = f"{name}: upstream answered {resp.status_code}"
-                failed.append(name)
-                await resp.aclose()
                 continue
             if routed is not None:
                 _log_answer(serving, routed, name, failed)
-            out = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_HEADERS}
+            out = {k: v for k, v in attempt.response.headers.items() if k.lower() not in HOP_HEADERS}
             out.update({"x-registry-model": name, "x-registry-fallback": "true" if (fallback or i > 0) else "false"})
-            if body.get("stream"):
-                return StreamingResponse(resp.aiter_raw(), status_code=resp.status_code, headers=out,
-                                         background=_closer(resp))
-            content = await resp.aread()
-            await resp.aclose()
-            return Response(content, status_code=resp.status_code, headers=out)
+            if isinstance(answer, bytes):
+                return Response(answer, status_code=attempt.response.status_code, headers=out)
+            return StreamingResponse(answer, status_code=attempt.response.status_code, headers=out,
+                                     background=_closer(attempt))
         if routed is not None:
             _log_answer(serving, routed, None, failed)
-        return openai_error(f"every model in the chain failed ({', '.join(chain)}); last: {last}", 502)
+        # a deadline that expired is a gateway timeout; an upstream that answered wrongly or not at all, a bad gateway
+        return openai_error(f"every model in the chain failed ({', '.join(chain)}); last: {last}",
+                            504 if timed_out else 502)
 
     return client
 
@@ -168,7 +176,29 @@ def _log_answer(serving, routed, answered: str | None, failed: list[str]) -> Non
     serving.log(routed, [row])
 
 
-def _closer(resp):
+def _closer(attempt):
     from starlette.background import BackgroundTask
 
-    return BackgroundTask(resp.aclose)
+    return BackgroundTask(attempt.close)
+
+
+class UpstreamFailed(Exception):
+    """An upstream answered, but not with an answer to pass on (a 5xx, a 200 that is not JSON)."""
+
+
+async def _attempt(attempt, stream: bool):
+    """-> the whole body (bytes), or for a stream an iterator of it once its first piece has come (until then a
+    stalled upstream can still be left for the next model). Raises what makes the proxy try the next model."""
+    resp = await attempt.start()
+    if resp.status_code >= 500:
+        raise UpstreamFailed(f"upstream answered {resp.status_code}")
+    if stream:
+        return attempt.relay(await attempt.chunk() or b"")
+    content = await attempt.body()
+    await attempt.close()
+    if resp.status_code == 200:
+        try:
+            json.loads(content)
+        except (ValueError, RecursionError):
+            raise UpstreamFailed("upstream answered 200 with a body that is not JSON") from None
+    return content

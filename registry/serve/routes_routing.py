@@ -15,6 +15,7 @@ from registry.routing.options import RouteOptions
 from registry.routing.decision import Decision
 from registry.serve.context import ServerState, is_authorized, json_response, server
 from registry.serve.serving import Serving
+from starlette.requests import Request
 
 # the candidates a route answer lists unless asked (`top`; 0: every model): the most likely first, and the chosen
 # one wherever it ranks. In a registry of hundreds of models the whole list was most of an answer's bytes and time.
@@ -54,6 +55,13 @@ def route_options(body: RouteOptionsBody, authorized: bool = True) -> RouteOptio
                         log_text=body.log_text and authorized)
 
 
+async def options_in_body(request: Request) -> None:
+    """A route option in the query string would be ignored (the body holds them): refused, not dropped."""
+    given = [k for k in request.query_params if k in RouteOptionsBody.model_fields]
+    if given:
+        raise HTTPException(400, f"{given[0]}: give route options in the JSON body, not the query string")
+
+
 def decisions(serving: Serving, texts: list[str], options: RouteOptions) -> list[Decision]:
     """The server's one call of `Serving.route`: every HTTP route routes through it."""
     return serving.route(texts, options)
@@ -73,12 +81,12 @@ async def _routed(s: ServerState, texts: list[str], options: RouteOptions, one: 
     return out
 
 
-@routing_router.post("/route")
+@routing_router.post("/route", dependencies=[Depends(options_in_body)])
 async def route(body: RouteBody, s: ServerState = Depends(server), authorized: bool = Depends(is_authorized)):
     return await _routed(s, [body.text], route_options(body, authorized), one=True)
 
 
-@routing_router.post("/route/batch")
+@routing_router.post("/route/batch", dependencies=[Depends(options_in_body)])
 async def route_batch(body: RouteBatchBody, s: ServerState = Depends(server),
                       authorized: bool = Depends(is_authorized)):
     if not body.texts:

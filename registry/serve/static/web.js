@@ -55,7 +55,14 @@ function parseCsv(text) {
   return lines.map(l => { const c = l.split(","); return {question_id: c[qi].trim(), correct: /^(1|true)$/i.test(c[ci].trim()) ? 1 : 0}; });
 }
 
+// bar widths and legend colours come as data attributes: the pages' security policy runs no inline style
+function sizes() {
+  document.querySelectorAll("[data-width]").forEach(e => { e.style.width = e.dataset.width + "px"; });
+  document.querySelectorAll("[data-colour]").forEach(e => { e.style.background = e.dataset.colour; });
+}
+
 document.addEventListener("DOMContentLoaded", () => {
+  sizes();
   const t = document.getElementById("token");
   t.value = token();
   t.addEventListener("change", () => sessionStorage.setItem("registry-token", t.value));

@@ -1,0 +1,164 @@
+"""What the network-safety tests drive a real server with: a fake OpenAI upstream that misbehaves on demand (asyncio
+streams on loopback, in a thread), a raw-socket client that sends a chunked body until the server answers, and the
+server's resident memory."""
+from __future__ import annotations
+
+import asyncio
+import json
+import select
+import socket
+import threading
+import time
+from urllib.parse import urlsplit
+
+
+class FakeUpstream:
+    """An OpenAI-compatible upstream on a free loopback port. How it answers a request is set per upstream model id
+    (`modes[model]`, "ok" by default):
+    - "ok": a chat completion naming the model;
+    - "trickle": the headers at once, then one byte of the body every `gap` seconds;
+    - "notjson": 200 with an HTML page.
+    `seen` records (model, Authorization) of every request; `open` counts connections still held."""
+
+    def __init__(self, gap: float = 1.0):
+        self.gap, self.modes, self.seen, self.open = gap, {}, [], 0
+        self.loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        self.thread = threading.Thread(target=self.run, args=(ready,), daemon=True)
+        self.thread.start()
+        ready.wait(10)
+        self.base = f"http://127.0.0.1:{self.port}/v1"
+
+    def run(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+        server = self.loop.run_until_complete(asyncio.start_server(self.handle, "127.0.0.1", 0))
+        self.port = server.sockets[0].getsockname()[1]
+        ready.set()
+        self.loop.run_forever()
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.open += 1
+        try:
+            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+            fields = dict(line.split(": ", 1) for line in head.split("\r\n")[1:] if ": " in line)
+            fields = {k.lower(): v for k, v in fields.items()}
+            body = json.loads(await reader.readexactly(int(fields.get("content-length", "0"))))
+            self.seen.append((body["model"], fields.get("authorization")))
+            mode = self.modes.get(body["model"], "ok")
+            if mode == "trickle":
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n")
+                for _ in range(1000):
+                    writer.write(b" ")
+                    await writer.drain()
+                    await asyncio.sleep(self.gap)
+                    if reader.at_eof():            # the proxy hung up
+                        break
+                return
+            if mode == "notjson":
+                payload, kind = b"<html>502 Bad Gateway</html>", b"text/html"
+            else:
+                payload, kind = json.dumps({"id": "x", "object": "chat.completion", "model": body["model"], "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": f"from {body['model']}"}}]}).encode(), \
+                    b"application/json"
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: " + kind + b"\r\ncontent-length: "
+                         + str(len(payload)).encode() + b"\r\nconnection: close\r\n\r\n" + payload)
+            await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):   # (cancelled: by close)
+            pass
+        finally:
+            self.open -= 1
+            writer.close()
+
+    def close(self) -> None:
+        async def stop():
+            tasks = asyncio.all_tasks() - {asyncio.current_task()}
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+
+
+def chunked_post(origin: str, path: str, total: int, headers: dict | None = None,
+                 chunk: int = 1 << 20) -> tuple[int, dict, bytes, int]:
+    """POST `total` bytes to `path` with Transfer-Encoding: chunked, made as it goes (never held whole), stopping
+    as soon as the server answers. -> (status, headers, body, bytes sent)."""
+    url = urlsplit(origin)
+    s = socket.create_connection((url.hostname, url.port), timeout=60)
+    head = (f"POST {path} HTTP/1.1\r\nHost: {url.netloc}\r\nContent-Type: application/json\r\n"
+            f"Transfer-Encoding: chunked\r\n" + "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items()) + "\r\n")
+    s.sendall(head.encode())
+    piece = b"%x\r\n" % chunk + b"7" * chunk + b"\r\n"
+    sent = 0
+    first = True
+    while sent < total:
+        # a server that refuses on the head answers at once: give it the moment a careful client gives
+        if select.select([s], [], [], 0.5 if first else 0)[0]:
+            break
+        first = False
+        try:
+            s.sendall(piece)
+        except (BrokenPipeError, ConnectionResetError):
+            break
+        sent += chunk
+    else:
+        s.sendall(b"0\r\n\r\n")
+    data = b""
+    try:
+        while b"\r\n\r\n" not in data or len(data.split(b"\r\n\r\n", 1)[1]) < _length(data):
+            more = s.recv(65536)
+            if not more:
+                break
+            data += more
+    finally:
+        s.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    fields = {k.lower(): v for k, v in (line.split(": ", 1) for line in lines[1:] if ": " in line)}
+    return int(lines[0].split()[1]), fields, body, sent
+
+
+def _length(data: bytes) -> int:
+    head = data.split(b"\r\n\r\n", 1)[0].decode("latin-1").lower()
+    for line in head.split("\r\n"):
+        if line.startswith("content-length:"):
+            return int(line.split(":", 1)[1])
+    return 1 << 30
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def wait_for(check, timeout: float, step: float = 0.1) -> bool:
+    end = time.time() + timeout
+    while time.time() < end:
+        if check():
+            return True
+        time.sleep(step)
+    return check()
+
+
+def raw_request(origin: str, data: bytes) -> tuple[int, bytes]:
+    """Send `data` as it is (a request no HTTP client would make) and read the answer. -> (status, answer)"""
+    url = urlsplit(origin)
+    with socket.create_connection((url.hostname, url.port), timeout=30) as s:
+        s.sendall(data)
+        answer = read_answer(s)
+    return int(answer.split(b" ", 2)[1]), answer
+
+
+def read_answer(s: socket.socket) -> bytes:
+    """An HTTP answer's head and body (as long as its Content-Length says, or to the connection's end)."""
+    answer = b""
+    while b"\r\n\r\n" not in answer or len(answer.split(b"\r\n\r\n", 1)[1]) < _length(answer):
+        more = s.recv(65536)
+        if not more:
+            break
+        answer += more
+    return answer

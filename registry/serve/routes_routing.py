@@ -11,7 +11,6 @@ import anyio
 from fastapi import APIRouter, Depends, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
-from registry.core.errors import InputError
 from registry.routing.options import RouteOptions
 from registry.routing.decision import Decision
 from registry.serve.context import ServerState, is_authorized, json_response, server
@@ -88,6 +87,4 @@ async def route(body: RouteBody, s: ServerState = Depends(server), authorized: b
 @routing_router.post("/route/batch")
 async def route_batch(body: RouteBatchBody, s: ServerState = Depends(server),
                       authorized: bool = Depends(is_authorized)):
-    if not body.texts:
-        raise InputError("texts: give at least one query")
     return await _routed(s, body.texts, route_options(body, authorized), one=False)

@@ -162,7 +162,7 @@ def _error_handlers(app: FastAPI) -> None:
         first = errs[0] if errs else {}
         if first.get("type") == "json_invalid":
             return _error(request.url.path, f"bad JSON: {first.get('ctx', {}).get('error', 'cannot parse')}", 400)
-        where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path"))
+        where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")) or "body"
         msg = (f"missing field {where!r}" if first.get("type") == "missing"
                else f"field {where!r}: {first.get('msg', 'invalid')}")
         if request.url.path.startswith("/ui/"):       # a page: a page that says so

@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import httpx
@@ -51,7 +52,8 @@ def schemathesis(origin: str, *args: str, examples: int = EXAMPLES) -> tuple[int
            "--max-examples", str(examples), "--seed", str(SEED), "--workers", "1", "--request-timeout", "60",
            "--no-color", *args]
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        with tempfile.TemporaryDirectory() as cwd:      # (its run cache goes there, not into the checkout)
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=cwd)
     except FileNotFoundError:
         pytest.fail("schemathesis is missing: pip install -e '.[contract]'")
     return out.returncode, out.stdout + out.stderr

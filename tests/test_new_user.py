@@ -260,7 +260,7 @@ def test_http_errors_and_offline_docs(db_copy):
         auth = {"Authorization": "Bearer s3cret"}
         r = c.post("/models", json={"name": "m", "evaluations": [{"question_id": "nope", "correct": 1}]},
                    headers=auth)
-        assert r.status_code == 400 and r.json()["detail"].startswith("evaluations[0]: unknown query id")
+        assert r.status_code == 404 and r.json()["detail"].startswith("evaluations[0]: unknown query id")
         assert "/tmp" not in r.text and ".jsonl" not in r.text
         missing = c.post("/availability/unavailable", json={"models": ["Yi-6B"]})
         wrong = c.post("/availability/unavailable", json={"models": ["Yi-6B"]},

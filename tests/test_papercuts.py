@@ -140,9 +140,10 @@ def test_proxy_errors_are_openai_shaped_and_the_log_says_who_answered(db_copy, u
         assert entry["candidates"][0]["model"]                            # the routing's candidates kept
         # every other error of the /v1 routes, in the same shape
         assert "has no endpoint" in openai_shaped(c.post("/v1/chat/completions", json={**msg, "model": "x"}), 404)
-        assert "messages" in openai_shaped(c.post("/v1/chat/completions", json={**msg, "messages": []}), 400)
-        assert "bad JSON" in openai_shaped(c.post("/v1/chat/completions", content=b"{nope"), 400)
-        assert "cost_weight" in openai_shaped(c.post("/v1/chat/completions?cost_weight=abc", json=msg), 400)
+        assert "messages" in openai_shaped(c.post("/v1/chat/completions", json={**msg, "messages": []}), 422)
+        assert "bad JSON" in openai_shaped(c.post("/v1/chat/completions", content=b"{nope",
+                                                          headers={"Content-Type": "application/json"}), 400)
+        assert "cost_weight" in openai_shaped(c.post("/v1/chat/completions?cost_weight=abc", json=msg), 422)
         openai_shaped(c.get("/v1/completions"), 404)                      # no such route
         openai_shaped(c.get("/v1/chat/completions"), 405)                 # a wrong method
         assert c.get("/no-such-page").json() == {"detail": "Not Found"}   # the rest of the API as it was

@@ -99,7 +99,7 @@ def test_proxy_routes_falls_back_and_streams(db_copy, upstream, monkeypatch):
         assert s.headers["x-registry-model"] == choice and body.count("data: ") == 3 and "[DONE]" in body
         assert c.post("/v1/chat/completions", json={**msg, "model": "no-endpoint"}).status_code == 404
         bad = c.post("/v1/chat/completions", json={"model": "auto", "messages": []})
-        assert bad.status_code == 400 and "messages" in bad.json()["error"]["message"]
+        assert bad.status_code == 422 and "messages" in bad.json()["error"]["message"]
         log = c.get("/log", params={"limit": 1}).json()[0]
         assert log["text"] is None                                        # the prompt's hash only
 

@@ -24,7 +24,7 @@ import numpy as np
 from registry.embedding import embed, encoders
 from registry.data import evaluation_rows
 from registry.answers import disagreement
-from registry.core.errors import InputError
+from registry.core.errors import Conflict, InputError
 from registry.core.transaction import Tx
 @dataclass
 class Calibration:
@@ -280,7 +280,6 @@ class CalibrationReport:
 
 
 def calibration(tx: Tx, sample: int = 128, draws: int = 3) -> CalibrationReport:
-    from registry.core.errors import InputError
 
     answers = answer_calibration(tx)
     emb = calibrate(tx, sample=sample, draws=draws)
@@ -303,7 +302,7 @@ def identify(tx: Tx, db_path: str, path: str, encoder_id: int, min_evaluations: 
         return found
     n = int((~a.is_test).sum()) + len(a.new_texts)
     if n < min_evaluations:   # neither test can speak: say what each needs, not only the embedding's minimum
-        raise InputError(f"{len(a.query_ids) + len(a.new_texts)} answers: the answers test needs {MIN_SHARED} on "
+        raise Conflict(f"{len(a.query_ids) + len(a.new_texts)} answers: the answers test needs {MIN_SHARED} on "
                          f"queries a registered model answered, the embedding {min_evaluations} outside the test "
                          f"split (`registry fingerprint --plan -n 64` lists queries to ask)", file=str(path))
     z, _ = embed.embed_file(tx, path, encoders.load(tx, encoder_id)[0], min_evaluations)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from registry.core.errors import InputError, unknown_model
+from registry.core.errors import Conflict, InputError, unknown_model
 from registry.answers.geometry import Pool, pairwise
 
 KMEDOIDS_SAMPLE = 5000
@@ -61,7 +61,7 @@ def eligibility(p: Pool, meta: dict[str, tuple], exclude=(), require=(), max_par
         if not (fits & ok).any() and not require:
             known = vals[~np.isnan(vals)]
             smallest = f"the smallest known is {known.min():g}" if len(known) else "no model has that field set"
-            raise InputError(f"no model fits {label} {budget:g} ({smallest})")
+            raise Conflict(f"no model fits {label} {budget:g} ({smallest})")
         ok &= fits
     req = np.array([row[n] for n in require], dtype=np.int64)
     ok[req] = True
@@ -211,7 +211,7 @@ def select(p: Pool, k: int, method: str, eligible: np.ndarray, required: np.ndar
     if k < 1:
         raise InputError(f"k must be at least 1, got {k}")
     if k > n_ok:
-        raise InputError(f"k={k} is larger than the pool: {n_ok} eligible models"
+        raise Conflict(f"k={k} is larger than the pool: {n_ok} eligible models"
                          + (f" (of {len(p.names)})" if n_ok < len(p.names) else ""))
     if k < len(required):
         raise InputError(f"k={k} is smaller than the {len(required)} required models")
@@ -253,22 +253,27 @@ def hit1(probs: np.ndarray, correct: np.ndarray, members) -> float:
 
 
 def smallest_reaching(p: Pool, method: str, eligible, required, probs, correct, *, target: float,
-                      seed: int = 0, value: np.ndarray | None = None, routable=None) -> Portfolio:
-    """The smallest k whose routing accuracy reaches `target` times the whole pool's (`routable` [M] bool: the
-    models routing may choose, as the pool; default all)."""
+                      seed: int = 0, value: np.ndarray | None = None, routable=None,
+                      at_most: int | None = None) -> Portfolio:
+    """The smallest k (up to `at_most`) whose routing accuracy reaches `target` times the whole pool's (`routable`
+    [M] bool: the models routing may choose, as the pool; default all)."""
     if not 0 < target <= 1:
         raise InputError(f"--target must be a share in (0, 1], got {target}")
     if correct.shape[1] == 0:
         raise InputError("no test queries with evaluations: --target needs a test split (query_splits)")
+    if at_most is not None and at_most < max(1, len(required)):
+        raise InputError(f"k={at_most} is fewer than the {max(1, len(required))} models a portfolio must hold")
     full = hit1(probs, correct, np.flatnonzero(routable) if routable is not None and np.any(routable)
                 else np.arange(len(p.names)))
-    for k in range(max(1, len(required)), int(eligible.sum()) + 1):
+    largest = int(eligible.sum()) if at_most is None else min(at_most, int(eligible.sum()))
+    for k in range(max(1, len(required)), largest + 1):
         members, note = select(p, k, method, eligible, required, seed=seed, value=value)
         acc = hit1(probs, correct, members)
         if acc >= target * full - 1e-12:
             break
     else:
-        note = f"no portfolio of eligible models reaches {target:g} of the pool; the largest is shown"
+        within = " of" if at_most is None else f" of at most {at_most}"
+        note = f"no portfolio{within} eligible models reaches {target:g} of the pool; the largest is shown"
     out = describe(p, members, method, note, value)
     out.accuracy, out.pool_accuracy = round(acc, 4), round(full, 4)
     out.share_of_pool = round(acc / full, 4) if full else None
@@ -302,20 +307,20 @@ def joined(*notes) -> str | None:
 def answer(tx, p: Pool, k: int | None = None, *, method: str | None = None, max_params: float | None = None,
            max_cost: float | None = None, require=(), exclude=(), target: float | None = None, seed: int = 0,
            probation=frozenset(), fill: bool = False):
-    """`Registry.portfolio`: k members by `method` (default routing), or with `target` the smallest k whose
-    predicted routing on the test split keeps that share of the pool's accuracy. `probation`: models never chosen
+    """`Registry.portfolio`: k members by `method` (default routing), or with `target` the smallest k (with both,
+    at most k) whose predicted routing on the test split keeps that share of the pool's accuracy. `probation`: models never chosen
     as members unless required (embedded from too few evaluations); they are still covered. By routing value, the
     members stop before k once none adds anything, unless `fill`."""
     from registry.answers import geometry
 
-    if (k is None) == (target is None):
-        raise InputError("give k or a target share (e.g. --target 0.99), not both")
+    if k is None and target is None:
+        raise InputError("give k or a target share (e.g. --target 0.99), or both (at most k models)")
     meta = {n: (pb, c) for n, pb, c in tx.sql("SELECT name, params_b, cost FROM models")}
     ok, req = eligibility(p, meta, exclude, require, max_params, max_cost)
     left_out = sorted(set(probation) - set(require), key=str.casefold)
     ok[[p.names.index(n) for n in left_out]] = False
     if left_out and (not ok.any() or (k is not None and k > ok.sum())):
-        raise InputError(("no model is eligible" if k is None else f"k={k} is larger than the {int(ok.sum())} "
+        raise Conflict(("no model is eligible" if k is None else f"k={k} is larger than the {int(ok.sum())} "
                           f"eligible models") + f": {len(left_out)} on probation (too few evaluations) are left out; "
                          f"--include-probation to allow them")
     # routing chooses on the validation queries' predictions; test answers only score it
@@ -328,7 +333,7 @@ def answer(tx, p: Pool, k: int | None = None, *, method: str | None = None, max_
         probs = geometry.predicted(tx, p.encoder_id, p.vectors, qids)
         routable = np.array([n not in probation for n in p.names], dtype=bool)   # routing never picks the others
         out = smallest_reaching(p, method, ok, req, probs, correct, target=target, seed=seed, value=value,
-                                routable=routable)
+                                routable=routable, at_most=k)
     said = None
     if left_out:
         said = (f"{len(left_out)} model(s) on probation (too few evaluations) not chosen as members: "

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from registry.answers import catalog, fingerprint, neighbours
 from registry.embedding import encoders, evidence, onboarding
 from registry.data import evaluation_rows, import_steps, ingest
-from registry.core.errors import InputError, RegistryError, storage_problem
+from registry.core.errors import Conflict, InputError, RegistryError, storage_problem
 from registry.answers.neighbours import Neighbour
 from registry.core.transaction import Tx
 
@@ -136,7 +136,7 @@ def _metadata(tx: Tx, name: str, metadata: dict, update: bool) -> dict:
     changes = ingest.upsert_model_metadata(tx, name, **metadata)
     if changes and not update:
         field_, (old, new) = next(iter(changes.items()))
-        raise InputError(f"{name!r} is already registered with {field_}={old!r} (given {new!r}"
+        raise Conflict(f"{name!r} is already registered with {field_}={old!r} (given {new!r}"
                          + (f", and {len(changes) - 1} more field(s)" if len(changes) > 1 else "")
                          + "): pass --update (update=True) to change its metadata")
     return changes
@@ -146,7 +146,7 @@ def _changed_results(tx: Tx, name: str, batch_id: int | None, update: bool, eval
     changed = ingest.changed_results(tx, name, batch_id)
     if changed and not update:
         qid, old, new = changed[1]
-        raise InputError(f"{changed[0]} of these results differ from the ones {name!r} already has (e.g. "
+        raise Conflict(f"{changed[0]} of these results differ from the ones {name!r} already has (e.g. "
                          f"query {qid}: stored {old}, given {new}): pass --update (update=True) to record them "
                          f"as newer evaluations (the old ones are kept)", file=str(evals))
     return changed[0] if changed else 0

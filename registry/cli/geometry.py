@@ -113,7 +113,7 @@ def fingerprint(ctx, *, evals, show_calibration, plan, n, candidates, out, seed,
 
 
 @command()
-@click.option("-k", type=int, help="Portfolio size.")
+@click.option("-k", type=int, help="Portfolio size (with --target: at most this many).")
 @click.option("--method", type=click.Choice(["kmedoids", "kcenter", "routing"]), default=None,
               help="Keep the routing (greedy by routing value on the validation queries; the default) or cover the "
                    "embedding space (kmedoids, the default without a validation split; kcenter).")
@@ -121,7 +121,8 @@ def fingerprint(ctx, *, evals, show_calibration, plan, n, candidates, out, seed,
 @click.option("--max-cost", type=float, help="Only models costing at most this much.")
 @click.option("--require", multiple=True, help="A model that must be in the portfolio (repeatable).")
 @click.option("--exclude", multiple=True, help="A model that must not be (repeatable).")
-@click.option("--target", type=float, help="Find the smallest k reaching this share of the pool's routing accuracy.")
+@click.option("--target", type=float, help="Find the smallest k (up to -k, if given) reaching this share of the pool's "
+                                           "routing accuracy.")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--include-probation", is_flag=True, help="Let models on probation (too few evaluations) be members.")
 @click.option("--fill", is_flag=True, help="By routing value: exactly k members, even those that add nothing.")

@@ -57,6 +57,16 @@ def editor_line(path: str, line: int) -> int:
         return line
 
 
+class UnknownReference(InputError):
+    """Input that names something the registry does not have (a query id in a results file): over HTTP a 404, as
+    an unknown name in a path is."""
+
+
+class Conflict(InputError):
+    """Well-formed input that the registry as it stands cannot take or answer (a change that needs `update`, more
+    models than it holds, prices it lacks, rows that contradict each other): over HTTP a 409."""
+
+
 class NotFound(RegistryError):
     pass
 

@@ -3,10 +3,15 @@ it by, and the name of the environment variable that holds its API key (read at 
 logged). Append-only like availability: the newest row per model counts, and a row without a base URL removes it."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from registry.core.errors import InputError, NotFound, unknown_model
 from registry.core.transaction import Tx
+# an environment variable's name as shells write one (POSIX: letters, digits and _, not starting with a digit)
+ENV_NAME = "^[A-Za-z_][A-Za-z0-9_]*$"
+
+
 @dataclass
 class Endpoint:
     model: str
@@ -20,7 +25,7 @@ def set_endpoint(tx: Tx, model: str, base_url: str, upstream_model: str | None =
     base_url = (base_url or "").strip().rstrip("/")
     if not base_url.startswith(("http://", "https://")):
         raise InputError(f"base URL must start with http:// or https://, got {base_url!r}")
-    if api_key_env is not None and not api_key_env.replace("_", "").isalnum():
+    if api_key_env is not None and not re.fullmatch(ENV_NAME, api_key_env):
         raise InputError(f"--api-key-env takes the NAME of an environment variable, got {api_key_env!r}")
     mid = _model_id(tx, model)
     tx.sql("""INSERT INTO model_endpoints (model_id, base_url, upstream_model, api_key_env) VALUES (?, ?, ?, ?)

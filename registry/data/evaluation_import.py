@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from registry.data import evaluation_rows, outbox
-from registry.core.errors import InputError, editor_line
+from registry.core.errors import Conflict, UnknownReference, editor_line
 from registry.data.import_steps import ImportResult, model_name_problem
 from registry.data.staging import Columns, Staged, duck_error, fetch, first_bad, ident, mirror, sql_str, stage
 from registry.core.transaction import Tx
@@ -197,7 +197,7 @@ def _raise_conflict(tx: Tx, staged: Staged, model_id: int) -> None:
                      GROUP BY model, qid HAVING count(DISTINCT c) > 1 ORDER BY 3 LIMIT 1""")
     m, q, first, last = dup[0]
     shown = (editor_line(staged.path, int(first)), editor_line(staged.path, int(last)))   # InputError turns `line`
-    raise InputError(f"model {m!r}, query {q!r} appears twice with different results (lines {shown[0]} and "
+    raise Conflict(f"model {m!r}, query {q!r} appears twice with different results (lines {shown[0]} and "
                      f"{shown[1]})", file=staged.path, line=int(last))
 
 
@@ -240,7 +240,8 @@ def check_evaluations(tx: Tx, staged: Staged, unknown_hint: str | None = UNKNOWN
                          WHERE qid NOT IN (SELECT external_id FROM queries) LIMIT 1""")
     if unknown:
         first_bad(tx, staged, f"qid = {sql_str(unknown[0][0])}",
-                   "unknown query id {value} (" + unknown_hint.replace("{", "{{").replace("}", "}}") + ")", "qid")
+                   "unknown query id {value} (" + unknown_hint.replace("{", "{{").replace("}", "}}") + ")", "qid",
+                  error=UnknownReference)
 
 
 

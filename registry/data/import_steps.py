@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from registry.data import outbox, splits
 from registry.locus import text_encoder
-from registry.core.errors import InputError
+from registry.core.errors import Conflict, InputError, UnknownReference
 from registry.data.staging import Staged, fetch, first_bad, mirror
 from registry.core.transaction import Tx
 MAX_NAME = 200
@@ -182,7 +182,10 @@ def import_queries(tx: Tx, staged: Staged, result: ImportResult) -> None:
             opts = text_encoder.parse_options(options)
         except (ValueError, json.JSONDecodeError):
             raise InputError(f"options of query {qid!r} must be a JSON list", file=staged.path, line=line) from None
-        text = text_encoder.query_text(question, opts)
+        try:
+            text = text_encoder.query_text(question, opts)
+        except ValueError as exc:
+            raise InputError(f"options of query {qid!r}: {exc}", file=staged.path, line=line) from None
         digest = text_encoder.content_hash(text)
         if qid in seen:
             if seen[qid] != digest:
@@ -199,7 +202,7 @@ def import_queries(tx: Tx, staged: Staged, result: ImportResult) -> None:
         clash = tx.sql("""SELECT i.line, i.external_id FROM _queries_in i JOIN queries q ON q.external_id = i.external_id
                           WHERE q.content_hash <> i.content_hash ORDER BY i.line LIMIT 1""")
         if clash:
-            raise InputError(f"query id {clash[0][1]!r} is already registered with a different text",
+            raise Conflict(f"query id {clash[0][1]!r} is already registered with a different text",
                              file=staged.path, line=int(clash[0][0]))
         added = tx.sql("""INSERT INTO queries (external_id, source, category, text, content_hash)
                           SELECT external_id, source, category, text, content_hash FROM _queries_in
@@ -234,7 +237,8 @@ def import_splits(tx: Tx, staged: Staged, batch_id: int, result: ImportResult) -
     normalised = Staged(staged.kind, staged.path, f"{t}_n", staged.rows, [])
     first_bad(tx, normalised, "split IS NULL", "split must be train, val or test, got {value}", "raw")
     mirror(tx, "queries")
-    first_bad(tx, normalised, "qid NOT IN (SELECT external_id FROM queries)", "unknown query id {value}", "qid")
+    first_bad(tx, normalised, "qid NOT IN (SELECT external_id FROM queries)", "unknown query id {value}", "qid",
+              error=UnknownReference)
     dup = fetch(tx, f"SELECT qid, max(line) FROM {t}_n GROUP BY qid HAVING count(DISTINCT split) > 1 LIMIT 1")
     if dup:
         raise InputError(f"query {dup[0][0]!r} is given two different splits", file=staged.path, line=int(dup[0][1]))

@@ -24,7 +24,7 @@ import numpy as np
 
 from registry.data import evaluation_import, evaluation_rows, outbox, vector_files
 from registry.locus import text_encoder
-from registry.core.errors import InputError
+from registry.core.errors import InputError, UnknownReference
 from registry.data.import_steps import ImportResult, import_models, import_queries, import_splits
 from registry.data.query_cache import query_meta
 from registry.data.staging import (COLUMNS, Columns, check_path, column_names, fetch, file_columns, mirror, sql_str,
@@ -73,8 +73,10 @@ def read_answers(tx: Tx, path: str) -> Answers:
                           JOIN {queries.table} n ON n.id = a.qid WHERE a.qid NOT IN (SELECT external_id FROM queries)
                           GROUP BY a.qid ORDER BY a.qid""")
         for text, options, c in rows:
-            if not (text or "").strip():
-                raise InputError("a query the registry lacks has no text", file=path)
+            if text is None:       # an unknown query id, as in a results file without texts
+                raise UnknownReference("a query the registry lacks has no text", file=path)
+            if not text.strip(" "):     # (as a registration's check, DuckDB's trim: only spaces)
+                raise InputError("a query the registry lacks has an empty text", file=path)
             try:
                 texts.append(text_encoder.query_text(text, text_encoder.parse_options(options)))
             except (ValueError, TypeError):
@@ -308,6 +310,8 @@ def run_model_import(tx: Tx, model: str, path: str, progress: bool = False) -> I
         queries = stage(tx, "queries", path, "_stage_queries")
         mirror(tx, "queries")
         tx.stage.execute("DELETE FROM _stage_queries WHERE id IN (SELECT external_id FROM queries)")
+        # a row without a text is a result only: its query, if unknown, is named by the evaluations' own check
+        tx.stage.execute("DELETE FROM _stage_queries WHERE text IS NULL")
         if fetch(tx, "SELECT count(*) FROM _stage_queries")[0][0]:
             import_queries(tx, queries, result)
             result.texts_embedded = embed_missing_texts(tx, progress=progress, result=result)

@@ -319,9 +319,10 @@ def _check_parquet_types(kind: str, path: str, chosen: dict[str, str], types: di
                              file=path)
 
 
-def first_bad(tx: Tx, staged: Staged, condition: str, message: str, value_col: str | None = None) -> None:
+def first_bad(tx: Tx, staged: Staged, condition: str, message: str, value_col: str | None = None, *,
+              error: type[InputError] = InputError) -> None:
     value = f", {value_col}" if value_col else ""
     row = fetch(tx, f"SELECT {staged.line_sql} AS l{value} FROM {staged.table} WHERE {condition} ORDER BY l LIMIT 1")
     if row:
         shown = repr(row[0][1]) if value_col else ""
-        raise InputError(message.format(value=shown), file=staged.path, line=int(row[0][0]))
+        raise error(message.format(value=shown), file=staged.path, line=int(row[0][0]))

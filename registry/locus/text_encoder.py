@@ -20,6 +20,7 @@ from registry.core.errors import InputError
 TEXT_ENCODER = "all-MiniLM-L6-v2@256"  # model name @ max_seq_length: both change the vectors
 TEXT_DIM = 384
 _LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+MAX_OPTIONS = len(_LETTERS)        # options are lettered A to Z
 _model = None
 
 
@@ -28,6 +29,8 @@ def query_text(question: str, options: Sequence[str] | None = None) -> str:
     question = question.strip()
     if not options:
         return question
+    if len(options) > MAX_OPTIONS:
+        raise ValueError(f"{len(options)} answer options: at most {MAX_OPTIONS} (lettered A to Z)")
     lines = [f"({_LETTERS[i]}) {str(opt).strip()}" for i, opt in enumerate(options)]
     return question + "\n" + "\n".join(lines)
 

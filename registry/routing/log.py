@@ -76,13 +76,13 @@ class LogEntry:
 def read_log(tx: Tx, since: str | None = None, limit: int | None = None, oldest: bool = False) -> list[LogEntry]:
     """Newest first (a log reader wants the latest), or oldest first."""
     where, params = "", []
-    if since:
+    if since is not None:      # (an empty one too is not a time)
         try:
             tx.sql("SELECT ?::TIMESTAMP", [since])
         except Exception:
             raise InputError(f"not a timestamp: {since!r} (use e.g. 2026-01-31 or '2026-01-31 12:00')") from None
         where, params = "WHERE created >= ?::TIMESTAMP", [since]
-    lim = f"LIMIT {int(limit)}" if limit else ""
+    lim = f"LIMIT {min(int(limit), 2 ** 63 - 1)}" if limit else ""     # (past DuckDB's BIGINT: no limit)
     rows = tx.sql(f"""SELECT id, created::VARCHAR, query_hash, text, model, fallback, candidates::VARCHAR, encoder_id,
                              versions::VARCHAR, options::VARCHAR FROM routing_log {where}
                              ORDER BY id {'ASC' if oldest else 'DESC'} {lim}""", params)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from registry.core.errors import InputError, RegistryError, unknown_model
+from registry.core.errors import Conflict, RegistryError, unknown_model
 from registry.core.transaction import Tx
 from registry.embedding import evidence
 from registry.evaluate import served
@@ -91,14 +91,14 @@ def policy(st: State, options: RouteOptions) -> Policy:
     if cost_by == "cost":
         missing = [n for n, e, c in zip(st.names, eligible, st.cost) if e and np.isnan(c)]
         if missing:
-            raise InputError(f"cost-aware routing needs a price for every candidate, and {len(missing)} of "
+            raise Conflict(f"cost-aware routing needs a price for every candidate, and {len(missing)} of "
                              f"{int(eligible.sum())} have none (e.g. {missing[0]}): set `cost` (a `cost` column in a models "
                              f"file, `registry import --models FILE`), or rank by size with --cost-by params")
         cost, basis = st.cost, "cost"
     else:
         sized = ~np.isnan(st.params_b)
         if not (eligible & sized).any():
-            raise InputError("no candidate has a parameter count (params_b): nothing to rank by size")
+            raise Conflict("no candidate has a parameter count (params_b): nothing to rank by size")
         left = int((eligible & ~sized).sum())
         if left:
             note = f"cost by params_b: {left} models without a parameter count left out"

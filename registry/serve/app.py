@@ -12,8 +12,9 @@
   longest cycle).
 - Writing endpoints require `Authorization: Bearer <token>` when a token is configured; routing and fingerprinting
   do not (the one only appends to the routing log, the other writes nothing).
-- Errors are JSON `{"detail": "<one line>"}`: bad input 400, a missing or ill-typed field 422, unknown names 404,
-  an optional feature that this registry lacks 501; those of the OpenAI-compatible `/v1/...` routes are in OpenAI's
+- Errors are JSON `{"detail": "<one line>"}`: bad input 400, a missing or ill-typed field 422, unknown names 404
+  (a query id too), a request the registry as it stands cannot take or answer 409 (a change that needs `update`,
+  prices it lacks, more models than it holds); those of the OpenAI-compatible `/v1/...` routes are in OpenAI's
   shape, `{"error": {"message", "type", "code"}}`.
 - Every request first passes the guards of serve/http/guards.py (its Host and Origin, the token before the body is
   read, the body counted against the limit), and every response carries the pages' security headers.
@@ -31,9 +32,10 @@ from starlette.exceptions import HTTPException
 
 from registry.api import Registry
 from registry.core import settings
-from registry.core.errors import DatabaseLocked, InputError, NotFound, RegistryError
+from registry.core.errors import Conflict, DatabaseLocked, InputError, NotFound, RegistryError, UnknownReference
 from registry.serve import proxy, web
 from registry.serve.context import ServerState
+from registry.serve.http import contract
 from registry.serve.routes_models import availability_router, endpoints_router, models_router
 from registry.serve.routes_reads import reads_router, status_router
 from registry.serve.routes_routing import routing_router
@@ -80,6 +82,7 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
     for router in (status_router, reads_router, models_router, availability_router, endpoints_router,
                    routing_router):
         _add_routes(app, router)
+    contract.declare(app)       # /openapi.json: every operation's errors, their shape, its token
     return app
 
 
@@ -106,6 +109,14 @@ def _error_handlers(app: FastAPI) -> None:
     async def _ie(request, exc):
         return _error(request.url.path, str(exc), 400)
 
+    @app.exception_handler(UnknownReference)      # (a handler is found by the error's class first, then its bases)
+    async def _ur(request, exc):
+        return _error(request.url.path, str(exc), 404)
+
+    @app.exception_handler(Conflict)
+    async def _cf(request, exc):
+        return _error(request.url.path, str(exc), 409)
+
     @app.exception_handler(RegistryError)
     async def _re(request, exc):
         return _error(request.url.path, str(exc), 409 if isinstance(exc, DatabaseLocked) else 400)
@@ -114,8 +125,13 @@ def _error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def _http(request, exc):     # no such route, a wrong method: in the proxy's shape there, else as before
+        if exc.status_code == 405:      # Allow: every method of every route on this path (RFC 9110), not the first's
+            exc = HTTPException(405, exc.detail, headers={**(exc.headers or {}), "Allow": contract.allowed_methods(
+                request.app, request.scope)})
         if request.url.path.startswith(proxy.PREFIX):
-            return proxy.openai_error(str(exc.detail), exc.status_code)
+            response = proxy.openai_error(str(exc.detail), exc.status_code)
+            response.headers.update(exc.headers or {})
+            return response
         return await pages(request, exc)
 
     @app.exception_handler(Exception)
@@ -131,9 +147,8 @@ def _error_handlers(app: FastAPI) -> None:
         errs = exc.errors()
         first = errs[0] if errs else {}
         if first.get("type") == "json_invalid":
-            return JSONResponse({"detail": f"bad JSON: {first.get('ctx', {}).get('error', 'cannot parse')}"},
-                                status_code=400)
-        where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path"))
+            return _error(request.url.path, f"bad JSON: {first.get('ctx', {}).get('error', 'cannot parse')}", 400)
+        where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")) or "body"
         msg = (f"missing field {where!r}" if first.get("type") == "missing"
                else f"field {where!r}: {first.get('msg', 'invalid')}" if where
                else f"the body: {first.get('msg', 'invalid')}")

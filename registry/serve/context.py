@@ -19,6 +19,8 @@ from pydantic import BaseModel, Field, field_validator
 from registry.api import Registry
 from registry.core.errors import InputError
 from registry.data import ingest
+from registry.locus.text_encoder import MAX_OPTIONS
+from registry.serve.http.shapes import Correct, QuestionId, RowText
 from registry.serve.serving import Serving
 
 
@@ -65,9 +67,8 @@ async def is_authorized(request: Request, authorization: str | None = Header(Non
 
 
 class EvalRow(BaseModel):
-    question_id: str = Field(description="the query's id (external id, as in the registry's queries; a number as a "
-                                         "CSV holds it is that id)")
-    correct: str = Field(description="1/0 or true/false (JSON numbers, booleans or strings)")
+    question_id: QuestionId
+    correct: Correct
 
     @field_validator("question_id", mode="before")
     @classmethod
@@ -89,8 +90,8 @@ class EvalRow(BaseModel):
             raise ValueError(f"correct must be 0, 1, true or false, got {v!r}")
         return v
 
-    text: str | None = Field(None, description="the query's text, for a query the registry does not have yet")
-    options: list[str] | None = None
+    text: RowText | None = None
+    options: list[str] | None = Field(None, max_length=MAX_OPTIONS)
 
 
 def json_response(obj: Any) -> Response:
@@ -121,11 +122,12 @@ def rows_named(what: str, path: str, rows: bool = True):
         problem = exc.problem.replace(path, what)
         if rows:        # the client sent JSON rows: a new query's text goes in the row
             problem = problem.replace(ingest.TEXT_IN_FILE, "the row's `text` field (and `options`, if any)")
+        kind = type(exc)        # (its status: an unknown query id is a 404, a conflict a 409)
         if exc.line is None:
-            raise InputError(problem, file=what) from None
+            raise kind(problem, file=what) from None
         if rows:
-            raise InputError(f"{what}[{exc.line - 1}]: {problem}") from None
-        raise InputError(problem, file=what, line=exc.line) from None
+            raise kind(f"{what}[{exc.line - 1}]: {problem}") from None
+        raise kind(problem, file=what, line=exc.line) from None
 
 
 def rows_file(rows: list[EvalRow]) -> str:

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Literal
 
 import httpx
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Query
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
 
 from registry.routing import log as route_log
 from registry.routing.options import RouteOptions
@@ -38,6 +40,27 @@ ERROR_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "
                405: "method_not_allowed", 408: "request_timeout", 409: "conflict", 413: "request_too_large",
                421: "misdirected_request", 422: "invalid_request", 500: "internal_error", 501: "not_implemented",
                502: "upstream_failed", 503: "no_endpoint", 504: "upstream_timeout"}
+
+
+class ChatMessage(BaseModel):
+    """One chat message as OpenAI's API takes it; fields beyond these go upstream as sent."""
+    model_config = ConfigDict(extra="allow")
+    role: str = Field(min_length=1)
+    content: str | list[dict] | None = None
+
+
+class ChatRequest(BaseModel):
+    """An OpenAI chat completion request: its other fields (temperature, tools, ...) go upstream as sent; the
+    route options are the proxy's own and are not sent on."""
+    model_config = ConfigDict(extra="allow", json_schema_extra={"not": {
+        "required": ["cost_weight", "min_prob"],
+        "properties": {"cost_weight": {"type": "number"}, "min_prob": {"type": "number"}}}})
+    model: str = Field(min_length=1, description='"auto" (routed), or a model with an endpoint')
+    messages: list[ChatMessage] = Field(min_length=1)
+    stream: bool | None = None
+    cost_weight: float | None = Field(None, ge=0, strict=True)
+    min_prob: float | None = Field(None, ge=0, le=1, strict=True)
+    cost_by: Literal["cost", "params"] | None = None
 
 
 def openai_error(message: str, status: int, code: str | None = None) -> JSONResponse:
@@ -78,23 +101,21 @@ def mount(app: FastAPI, serving, deadlines: connections.UpstreamDeadlines | None
 
     # with a token, only its holders may spend the endpoints' API keys (OpenAI clients send it as their key)
     @app.post("/v1/chat/completions", dependencies=[Depends(require_token)])
-    async def chat(request: Request):
-        """Route (model "auto") or forward (a named model) an OpenAI chat completion; see the module docstring."""
-        try:
-            body = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise InputError(f"bad JSON: {exc}") from None
-        except RecursionError:
-            raise InputError("bad JSON: nested too deeply") from None
-        if not isinstance(body, dict) or not isinstance(body.get("model"), str):
-            raise InputError("the body must be a JSON object with a string field 'model'")
+    async def chat(request: ChatRequest, cost_weight: float | None = Query(None, ge=0),
+                   min_prob: float | None = Query(None, ge=0, le=1),
+                   cost_by: Literal["cost", "params"] | None = Query(None)):
+        """Route (model "auto") or forward (a named model) an OpenAI chat completion; see the module docstring.
+        The route options come in the body or as query parameters (the body's win)."""
+        body = request.model_dump(exclude_unset=True)
         eps = serving.snapshots.current.endpoints
-        if not eps:
-            return openai_error("no model has an endpoint: `registry endpoints set MODEL --base-url URL`", 503)
+        if not eps:     # "auto" too: there is nothing to route among
+            return openai_error(f"model {body['model']!r} has no endpoint: no model has one yet "
+                                f"(`registry endpoints set MODEL --base-url URL`)", 404, "model_not_found")
+        asked = {"cost_weight": cost_weight, "min_prob": min_prob, "cost_by": cost_by}
         options = {k: body.pop(k, None) for k in ROUTE_OPTIONS}
-        for k in ROUTE_OPTIONS:
-            if options[k] is None and k in request.query_params:
-                options[k] = request.query_params[k] if k == "cost_by" else _number(k, request.query_params[k])
+        options = {k: asked[k] if options[k] is None else options[k] for k in ROUTE_OPTIONS}
+        if options["cost_weight"] is not None and options["min_prob"] is not None:
+            raise InputError("give either a cost weight or a minimum probability, not both")
         routed = None
         if body["model"] == "auto":
             chain, fallback, routed = await run_in_threadpool(_route, serving, last_user_text(body.get("messages")),
@@ -138,13 +159,6 @@ def mount(app: FastAPI, serving, deadlines: connections.UpstreamDeadlines | None
                             504 if timed_out else 502)
 
     return client
-
-
-def _number(name: str, text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise InputError(f"{name} must be a number, got {text!r}") from None
 
 
 def _route(serving, text: str, options: dict):

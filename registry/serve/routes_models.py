@@ -9,10 +9,12 @@ import tempfile
 import anyio
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
 from registry.core.errors import InputError
 from registry.serve.context import EvalRow, ServerState, json_response, require_token, rows_file, rows_named, server
+from registry.data.endpoints import ENV_NAME
+from registry.serve.http import shapes
 
 UPLOAD_TYPES = {"text/csv": ".csv", "application/x-ndjson": ".jsonl", "application/jsonl": ".jsonl",
                 "application/vnd.apache.parquet": ".parquet", "application/octet-stream": ".csv"}
@@ -23,12 +25,13 @@ endpoints_router = APIRouter()
 
 
 class RegisterBody(BaseModel):
-    name: str
-    evaluations: list[EvalRow]
+    model_config = ConfigDict(strict=True)       # a number sent as a string is refused, as the schema says
+    name: shapes.ModelName
+    evaluations: list[EvalRow] = Field(min_length=1)
     family: str | None = None
     provider: str | None = None
-    params_b: float | None = None
-    cost: float | None = None
+    params_b: float | None = Field(None, ge=0)
+    cost: float | None = Field(None, ge=0)
     open_weights: bool | None = None
     tags: dict | None = None
     update: bool = False
@@ -47,14 +50,16 @@ class AskBody(BaseModel):
 
 
 class AvailabilityBody(BaseModel):
-    models: list[str]
+    model_config = ConfigDict(strict=True)
+    models: list[str] = Field(min_length=1)
     reason: str | None = None
 
 
 class EndpointBody(BaseModel):
-    base_url: str
+    model_config = ConfigDict(strict=True)
+    base_url: str = Field(json_schema_extra={"pattern": shapes.BASE_URL})
     upstream_model: str | None = None
-    api_key_env: str | None = None
+    api_key_env: str | None = Field(None, json_schema_extra={"pattern": ENV_NAME})
 
 
 # {name:path}: a name may hold "/" (Hugging Face's org/model), so the routes with a suffix come before the bare
@@ -77,8 +82,6 @@ def show(name: str, s: ServerState = Depends(server)):
 @models_router.post("/models", dependencies=[Depends(require_token)])
 def register(body: RegisterBody, s: ServerState = Depends(server)):
     """Register (or update) a model with its evaluations as JSON rows; it is embedded at once."""
-    if not body.evaluations:
-        raise InputError("evaluations: give at least one row")
     path = rows_file(body.evaluations)
     try:
         with rows_named("evaluations", path):
@@ -89,9 +92,13 @@ def register(body: RegisterBody, s: ServerState = Depends(server)):
         os.unlink(path)
 
 
-@models_router.post("/models/{name:path}/evaluations", dependencies=[Depends(require_token)])
-async def upload(name: str, request: Request, s: ServerState = Depends(server)):
-    """Upload an evaluations file as the request body (CSV, JSONL or Parquet: say which in Content-Type)."""
+@models_router.post("/models/{name:path}/evaluations", dependencies=[Depends(require_token)],
+                    openapi_extra={"requestBody": {"required": True, "content": {"text/csv": {"schema": {
+                        "type": "string", "pattern": shapes.CSV_UPLOAD}}}}})
+async def upload(name: shapes.ModelName, request: Request, s: ServerState = Depends(server)):
+    """Upload an evaluations file as the request body (CSV, JSONL or Parquet: say which in Content-Type:
+    text/csv, application/x-ndjson or application/jsonl, application/vnd.apache.parquet; application/octet-stream
+    is read as CSV)."""
     kind = (request.headers.get("content-type") or "").split(";")[0].strip().lower()
     if kind not in UPLOAD_TYPES:
         raise InputError(f"Content-Type {kind or '(none)'} not accepted; use one of {sorted(UPLOAD_TYPES)}")

@@ -4,15 +4,19 @@ and figures, the routing log)."""
 from __future__ import annotations
 
 import os
+from typing import Literal
 
 from fastapi import APIRouter, Body, Depends, Query
 
-from registry.core.errors import InputError
 from registry.serve.context import (EvalRow, ServerState, json_response, require_token, rows_file, rows_named,
                                     server)
 
 reads_router = APIRouter()
 status_router = APIRouter()
+PORTFOLIO_K = 5     # the portfolio's size when neither k nor a target is given
+# (the log's own check, DuckDB's cast, takes these and more: '2026-01-31 12:00' too)
+TIMESTAMP = {"anyOf": [{"type": "string", "format": "date"}, {"type": "string", "format": "date-time"}],
+             "description": "only entries at or after this time (e.g. 2026-01-31 or 2026-01-31T12:00:00Z)"}
 
 
 @reads_router.get("/models/{name:path}/similar")
@@ -28,22 +32,23 @@ def fallback(name: str, k: int = Query(5, ge=1, le=1000), include_probation: boo
 
 @reads_router.get("/portfolio")
 def portfolio(*, k: int | None = Query(None, ge=1, le=1000), target: float | None = Query(None, gt=0, le=1),
-              method: str | None = None, max_params: float | None = None, max_cost: float | None = None,
-              include_probation: bool | None = None, fill: bool = False, s: ServerState = Depends(server)):
-    """A few models keeping the routing or covering the embedding space (give k, or a target share of the pool's
-    accuracy); models on probation are members only with include_probation=true; by routing value, members that add
-    nothing only with fill=true."""
+              method: Literal["kmedoids", "kcenter", "routing"] | None = None, max_params: float | None = None,
+              max_cost: float | None = None, include_probation: bool | None = None, fill: bool = False,
+              s: ServerState = Depends(server)):
+    """A few models keeping the routing or covering the embedding space (k of them, or the fewest keeping a target
+    share of the pool's accuracy, at most k if both are given; neither: k=5); models on probation are members only
+    with include_probation=true; by routing value, members that add nothing only with fill=true."""
+    if k is None and target is None:
+        k = PORTFOLIO_K
     return json_response(s.registry.portfolio(k=k, target=target, method=method, max_params=max_params,
                                               max_cost=max_cost, include_probation=bool(include_probation),
                                               fill=fill))
 
 
 @reads_router.post("/fingerprint")
-def fingerprint(evaluations: list[EvalRow] = Body(..., embed=True), s: ServerState = Depends(server)):
+def fingerprint(evaluations: list[EvalRow] = Body(..., embed=True, min_length=1), s: ServerState = Depends(server)):
     """Which registered model (if any) an unknown endpoint's results look like (if this registry has it)."""
-    if not evaluations:
-        raise InputError("evaluations: give at least one row")
-    path = rows_file(evaluations)
+    path = rows_file(evaluations)      # (at least one row: the body's schema says so)
     try:
         with rows_named("evaluations", path):
             return json_response(s.registry.fingerprint(path))
@@ -57,8 +62,8 @@ def health(s: ServerState = Depends(server)):
 
 
 @status_router.get("/log", dependencies=[Depends(require_token)])   # it can hold routed texts
-def routing_log(since: str | None = None, limit: int | None = Query(None, ge=1), oldest: bool = False,
-                s: ServerState = Depends(server)):
+def routing_log(since: str | None = Query(None, json_schema_extra=TIMESTAMP), limit: int | None = Query(None, ge=1),
+                oldest: bool = False, s: ServerState = Depends(server)):
     """Routing log entries, newest first (oldest=true: oldest first), up to the last route answered."""
     s.serving.flush()
     return json_response(s.registry.routing_log(since=since, limit=limit, oldest=oldest))

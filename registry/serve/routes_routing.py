@@ -5,15 +5,16 @@ logs who answered once its upstreams have."""
 from __future__ import annotations
 
 import time
+from typing import Literal
 
 import anyio
 from fastapi import APIRouter, Depends, HTTPException
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
-from registry.core.errors import InputError
 from registry.routing.options import RouteOptions
 from registry.routing.decision import Decision
 from registry.serve.context import ServerState, is_authorized, json_response, server
+from registry.serve.http.shapes import Text, WholeNumber
 from registry.serve.serving import Serving
 from starlette.requests import Request
 
@@ -25,22 +26,27 @@ routing_router = APIRouter()
 
 
 class RouteOptionsBody(BaseModel):
-    """The options every route body takes (`route_options` turns them into RouteOptions)."""
-    cost_weight: float | None = None
-    min_prob: float | None = None
+    """The options every route body takes (`route_options` turns them into RouteOptions). Strict: a number sent
+    as a string is refused, as the schema says."""
+    # a cost weight and a minimum probability are two ways to trade accuracy for cost: one at a time
+    model_config = ConfigDict(strict=True, json_schema_extra={"not": {
+        "required": ["cost_weight", "min_prob"],
+        "properties": {"cost_weight": {"type": "number"}, "min_prob": {"type": "number"}}}})
+    cost_weight: float | None = Field(None, ge=0)
+    min_prob: float | None = Field(None, ge=0, le=1)
     unavailable: list[str] | None = None
     log_text: bool = True
-    cost_by: str = "cost"
+    cost_by: Literal["cost", "params"] = "cost"
     include_probation: bool = False
-    top: int = ROUTE_TOP
+    top: WholeNumber = Field(ROUTE_TOP, ge=0)
 
 
 class RouteBody(RouteOptionsBody):
-    text: str
+    text: Text
 
 
 class RouteBatchBody(RouteOptionsBody):
-    texts: list[str]
+    texts: list[Text] = Field(min_length=1)
 
 
 def route_options(body: RouteOptionsBody, authorized: bool = True) -> RouteOptions:
@@ -89,6 +95,4 @@ async def route(body: RouteBody, s: ServerState = Depends(server), authorized: b
 @routing_router.post("/route/batch", dependencies=[Depends(options_in_body)])
 async def route_batch(body: RouteBatchBody, s: ServerState = Depends(server),
                       authorized: bool = Depends(is_authorized)):
-    if not body.texts:
-        raise InputError("texts: give at least one query")
     return await _routed(s, body.texts, route_options(body, authorized), one=False)

@@ -73,7 +73,10 @@ def write(tx, runs: list[HarnessRun], harness: str, progress: bool = False) -> H
     for run in runs:
         by_id: dict[str, tuple] = {}
         for s in run.samples:
-            text = text_encoder.query_text(s.question, s.options)
+            try:
+                text = text_encoder.query_text(s.question, s.options)
+            except ValueError as exc:      # (more options than letters)
+                raise InputError(f"{harness} sample {s.sample_id!r}: {exc}") from None
             h = text_encoder.content_hash(text)
             first = by_id.setdefault(s.sample_id, (h, s.correct))
             if first != (h, s.correct):      # (Inspect's epochs repeat an id: they must agree)

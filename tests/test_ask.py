@@ -199,6 +199,20 @@ def test_a_trickling_upstream_is_given_up_at_the_deadline_of_the_whole_reply(db_
     assert (r.answered, r.unanswered) == (0, 2) and "deadline" in next(iter(r.failures))
 
 
+def test_an_address_nothing_listens_at_is_given_up_at_once(db_copy):
+    import socket
+
+    with socket.socket() as sock:                     # a port that was free a moment ago: nothing listens there
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    started = time.perf_counter()
+    with Registry(db_copy) as reg:
+        r = reg.ask("nowhere", base_url=f"http://127.0.0.1:{port}", n=32, plan="random", concurrency=2)
+    assert time.perf_counter() - started < 10         # not 32 questions x 5 attempts with backoff
+    assert (r.answered, r.unanswered) == (0, 32) and any("unreachable" in k for k in r.failures), r.failures
+    assert r.requests <= 8
+
+
 def test_the_key_is_read_from_the_environment_and_never_stored(db_copy, upstreams, monkeypatch):
     monkeypatch.setenv("ASK_TEST_KEY", "sk-secret-123")
     u = upstreams(lambda text: "C")
@@ -243,7 +257,7 @@ def test_over_http_asking_cannot_send_an_unregistered_environment_variable(db_co
         body = {"base_url": u.url, "n": 4, "plan": "random", "api_key_env": "SOME_CLOUD_SECRET"}
         r = httpx.post(f"{origin}/models/web-asked/ask", json=body, timeout=60,
                        headers={"authorization": "Bearer t0ken"})
-        assert r.status_code == 400 and "SOME_CLOUD_SECRET" in r.json()["detail"], r.text
+        assert r.status_code == 409 and "SOME_CLOUD_SECRET" in r.json()["detail"], r.text
         assert u.requests == 0 and u.auth == []
     finally:
         proc.terminate()

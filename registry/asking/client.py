@@ -26,10 +26,15 @@ class Reply:
     completion_tokens: int = 0
 
 
+UNREACHABLE_AFTER = 3        # refused connections, with no reply yet, after which the rest is not tried
+
+
 @dataclass
 class Usage:
     requests: int = 0           # HTTP requests sent, retries included
     retries: int = 0
+    replies: int = 0            # replies received (any status)
+    refused: int = 0            # connections that could not be made
     prompt_tokens: int = 0
     completion_tokens: int = 0
     failures: dict = field(default_factory=dict)    # why a question got no answer -> count
@@ -89,6 +94,11 @@ def ask_one(http: httpx.Client, endpoint: Endpoint, key, messages: list[dict], *
                                            else "/v1/chat/completions")
     reply = Reply(key, None)
     for attempt in range(retries + 1):
+        with lock:
+            if usage.refused >= UNREACHABLE_AFTER and not usage.replies:
+                # an address nothing listens at is not a transient failure: its other questions are not sent
+                reply.error = f"endpoint unreachable ({usage.refused} connections refused)"
+                return reply
         reply.attempts += 1
         with lock:
             usage.requests += 1
@@ -98,12 +108,20 @@ def ask_one(http: httpx.Client, endpoint: Endpoint, key, messages: list[dict], *
             r, content = _post(http, url, body, endpoint, deadline)
         except httpx.TimeoutException:
             reply.error = f"no reply within the {deadline:g} s deadline"
+        except httpx.ConnectError:
+            reply.error = "ConnectError"
+            with lock:
+                usage.refused += 1
+            if usage.refused >= UNREACHABLE_AFTER and not usage.replies:
+                continue
         except httpx.HTTPError as exc:
             reply.error = f"{type(exc).__name__}"
         except ReplyTooLarge:
             reply.error = f"a reply over {MAX_REPLY_BYTES:,} bytes"
             return reply
         else:
+            with lock:
+                usage.replies += 1
             if r.status_code in RETRY_STATUS:
                 reply.error = f"HTTP {r.status_code}"
                 wait = _retry_after(r, attempt, backoff)

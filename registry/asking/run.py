@@ -15,7 +15,7 @@ import numpy as np
 from registry.answers import fingerprint, probe_plans, registration
 from registry.asking import client, grading, prompt
 from registry.data import endpoints, ingest
-from registry.core.errors import InputError, NotFound
+from registry.core.errors import Conflict, InputError, NotFound
 from registry.core.transaction import Tx
 
 PLANS = ("fingerprint", "probe", "random")
@@ -61,7 +61,7 @@ def resolve_endpoint(tx: Tx, name: str, base_url: str | None, upstream_model: st
         raise NotFound(f"no model named {name!r}: give --base-url to ask a new endpoint")
     e = endpoints.current(tx).get(name)
     if e is None:
-        raise InputError(f"{name!r} has no endpoint: give --base-url (or `registry endpoints set`)")
+        raise Conflict(f"{name!r} has no endpoint: give --base-url (or `registry endpoints set`)")
     return client.Endpoint(e.base_url, e.upstream_model, e.api_key_env)
 
 
@@ -75,7 +75,7 @@ def choose(tx: Tx, name: str, plan: str, n: int, skip: set[int], *, seed: int, m
     """n query ids with a gold answer, not in `skip`, in the plan's order."""
     gold = dict(tx.sql(f"SELECT external_id, id FROM {WITH_GOLD}"))
     if not gold:
-        raise InputError("no query has a gold answer: import a queries file with an answer column")
+        raise Conflict("no query has a gold answer: import a queries file with an answer column")
     if plan == "random":
         ids = np.array(sorted(set(gold.values()) - skip), dtype=np.int64)
         return np.random.default_rng(seed).permutation(ids)[:n].tolist()

@@ -3,6 +3,8 @@ uploaded results file, through the writer); the availability marks (`availabilit
 sends each model's requests (`endpoints`)."""
 from __future__ import annotations
 
+from typing import Literal
+
 import os
 import tempfile
 
@@ -11,7 +13,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from registry.core.errors import InputError
+from registry.core.errors import Conflict, InputError
 from registry.serve.context import EvalRow, ServerState, json_response, require_token, rows_file, rows_named, server
 from registry.data.endpoints import ENV_NAME
 from registry.serve.http import shapes
@@ -38,15 +40,16 @@ class RegisterBody(BaseModel):
 
 
 class AskBody(BaseModel):
-    n: int = 128
-    plan: str = "fingerprint"
-    concurrency: int = 8
-    base_url: str | None = None
+    model_config = ConfigDict(strict=True)
+    n: shapes.WholeNumber = Field(128, ge=1, le=100_000)
+    plan: Literal["fingerprint", "probe", "random"] = "fingerprint"
+    concurrency: shapes.WholeNumber = Field(8, ge=1, le=64)
+    base_url: str | None = Field(None, json_schema_extra={"pattern": shapes.BASE_URL})
     upstream_model: str | None = None
-    api_key_env: str | None = None
+    api_key_env: str | None = Field(None, json_schema_extra={"pattern": ENV_NAME})
     keep_responses: bool = False
-    seed: int = 0
-    deadline: float = 60.0
+    seed: shapes.WholeNumber = Field(0, ge=0, le=2**32 - 1)
+    deadline: float = Field(60.0, gt=0, le=3600)
 
 
 class AvailabilityBody(BaseModel):
@@ -130,7 +133,7 @@ def ask(name: str, body: AskBody, s: ServerState = Depends(server)):
     # the server (a cloud secret, say) would otherwise go to whatever base_url the body names
     known = {e.api_key_env for e in s.registry.endpoints() if e.api_key_env}
     if body.api_key_env is not None and body.api_key_env not in known:
-        raise InputError(f"api_key_env {body.api_key_env!r} is no registered endpoint's key; over HTTP ask may use "
+        raise Conflict(f"api_key_env {body.api_key_env!r} is no registered endpoint's key; over HTTP ask may use "
                          f"only those ({', '.join(sorted(known)) or 'none'})")
     return json_response(s.serving.write(lambda: s.registry.ask(name, **body.model_dump())))
 

@@ -15,9 +15,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from registry.evaluate import pairs
 from registry.locus import interaction
 
-CHOICES = ("locus_interaction", "knn", "per_category", "per_source")
+CHOICES = ("locus_interaction", "knn", "per_category", "per_source", "mf", "irt")
+PAIR_DIMS = {"mf": (8, 32), "irt": (1, 4, 16)}     # tried on val (IRT's 1 is the two-parameter logistic model)
 KNN_KS = (5, 10, 20, 50, 100)
 PRIORS = (0, 5, 20, 50, 200)
 # a simple router replaces the predictor only when it beats it on val by more than this many standard errors of a
@@ -35,6 +37,7 @@ class ServedPolicy:
     ref_group: np.ndarray | None = None               # [Nref] group index of each reference query
     table: np.ndarray | None = None                   # [R, G] each row's shrunk accuracy per group
     margin: float = 0.0                               # the val gain a simple router had to exceed (MARGIN_SE)
+    pair: pairs.PairModel | None = None               # mf / irt: the model fitted on train + val
 
     def describe(self) -> str:
         figures = ", ".join(f"{k} {v:.4f}" for k, v in self.val.items())
@@ -108,6 +111,7 @@ def choose(fitted: interaction.Interaction, correct: np.ndarray, qvecs: np.ndarr
             by_prior[prior] = val_hit(table @ mix.T, cv)
         prior = max(by_prior, key=lambda p: (by_prior[p], -p))
         judged[name] = (by_prior[prior], {"prior": prior, "labels": labels})
+    judged.update(_pair_candidates(c, qvecs, tr, va))
     best = max(judged, key=lambda n: (round(judged[n][0], 9), -CHOICES.index(n)))
     p = judged["locus_interaction"][0]
     margin = MARGIN_SE * float(np.sqrt(max(p * (1 - p), 1e-9) / len(va)))
@@ -118,11 +122,36 @@ def choose(fitted: interaction.Interaction, correct: np.ndarray, qvecs: np.ndarr
     out = ServedPolicy(best, val, {k: v for k, v in setting.items() if k != "labels"}, margin=round(margin, 4))
     if best == "knn":
         out.answers = c[:, ref].astype(np.int8)
+    elif best in PAIR_DIMS:
+        q_ref = np.asarray(qvecs, dtype=np.float64)[ref]
+        mean, basis = pairs.components(q_ref)
+        out_q = (q_ref - mean) @ basis
+        out.pair = pairs.fit(best, out_q, c[:, ref], mean=mean, basis=basis, dim=setting["dim"],
+                             steps=max(setting["steps"], pairs.CHECK))
     elif best in ("per_category", "per_source"):
         labels = setting["labels"]
         out.groups = sorted({v for v in labels[ref].tolist() if v is not None})
         out.ref_group = _indices(labels[ref], out.groups)
         out.table = group_table(c[:, ref], out.ref_group, len(out.groups), setting["prior"])
+    return out
+
+
+def _pair_candidates(c: np.ndarray, qvecs: np.ndarray, tr: np.ndarray, va: np.ndarray) -> dict:
+    """{"mf": (val hit@1, {"dim", "steps"}), "irt": ...}: each fitted on train, its dimension and steps chosen on
+    val (ties: the smaller dimension)."""
+    q = np.asarray(qvecs, dtype=np.float64)
+    mean, basis = pairs.components(q[tr])
+    q_tr, q_va = (q[tr] - mean) @ basis, (q[va] - mean) @ basis
+    cv = c[:, va]
+    out = {}
+    for kind, dims in PAIR_DIMS.items():
+        runs = []
+        for dim in dims:
+            m = pairs.fit(kind, q_tr, c[:, tr], mean=mean, basis=basis, dim=dim,
+                          judge=lambda m: val_hit(m.logits(q_va, reduced=True), cv))
+            runs.append((val_hit(m.logits(q_va, reduced=True), cv), -dim, m))
+        hit, _, m = max(runs, key=lambda r: (round(r[0], 9), r[1]))
+        out[kind] = (hit, {"dim": m.dim, "steps": m.steps})
     return out
 
 
@@ -134,6 +163,8 @@ def scores(policy: ServedPolicy, fitted: interaction.Interaction, routed_rows: n
     if policy.name == "locus_interaction" or not len(fitted.ref_vecs):
         return routed_rows
     q = np.asarray(qvecs, dtype=np.float32)
+    if policy.pair is not None:
+        return interaction.sigmoid(policy.pair.logits(q))
     if policy.name == "knn":
         return knn(policy.answers, interaction.neighbours(fitted.ref_vecs, q, policy.setting["k"]),
                    policy.setting["k"])
@@ -150,7 +181,8 @@ def carried(policy: ServedPolicy | None, take: np.ndarray) -> ServedPolicy | Non
     from dataclasses import replace
 
     return replace(policy, answers=None if policy.answers is None else policy.answers[take],
-                   table=None if policy.table is None else policy.table[take])
+                   table=None if policy.table is None else policy.table[take],
+                   pair=None if policy.pair is None else policy.pair.rows(take))
 
 
 def field_of(policy: ServedPolicy | None) -> str | None:

@@ -189,16 +189,12 @@ class Interaction:
 
 
 def _hit1(scores: np.ndarray, correct: np.ndarray) -> float:
-    """Validation hit@1 among the models with a validation answer, each query's choice among those with an answer
-    for it (baselines.val_hit, without importing torch): a model that skipped a task cannot be judged there, and
-    counting its choices as wrong judged the predictor at 0.82 on ZeroEval's val where it scored 0.93 on test."""
+    """Validation hit@1 among the models with a validation answer (baselines.val_hit, without importing torch)."""
     rows = (correct >= 0).any(axis=1)
     if not rows.any():
         return 0.0
-    s, c = np.asarray(scores, dtype=np.float64)[rows], correct[rows]
-    s = np.where((c < 0) & (c >= 0).any(axis=0, keepdims=True), -np.inf, s)
-    top = np.argmax(s, axis=0)                              # ties: the lower row, as baselines.topk_models
-    return float((c[top, np.arange(c.shape[1])] == 1).mean())
+    top = np.argmax(scores[rows], axis=0)                   # ties: the lower row, as baselines.topk_models
+    return float((correct[rows][top, np.arange(correct.shape[1])] == 1).mean())
 
 
 def contenders(correct: np.ndarray, train_idx, val_idx, eligible: np.ndarray | None = None) -> np.ndarray:

@@ -118,7 +118,7 @@ def test_the_served_policy_is_chosen_on_val_and_route_serves_what_evaluate_measu
 
     r = json.loads(CliRunner().invoke(cli, ["--db", str(db_copy), "evaluate", "--json"]).stdout)
     val = r["served"]["val_hit"]
-    assert set(val) == {"locus_interaction", "knn", "per_category", "per_source"}
+    assert set(val) == {"locus_interaction", "knn", "per_category", "per_source", "mf", "irt", "blend"}
     # here a simple router leads on val (18 val queries) by less than val's noise: the predictor is kept
     best = max(val, key=lambda n: (val[n], -served.CHOICES.index(n)))
     assert best != "locus_interaction" and val[best] - val["locus_interaction"] <= r["served"]["margin"]
@@ -139,3 +139,71 @@ def test_the_served_policy_is_chosen_on_val_and_route_serves_what_evaluate_measu
     assert out.exit_code == 0 and f"served policy {best}" in out.output, out.output
     text = CliRunner().invoke(cli, ["--db", str(db_copy), "evaluate"])
     assert f"served policy (routing as served, row `served`): {best}" in text.stdout
+
+
+def _irt_world(seed=0, models=12, queries=1500, dq=24):
+    """Answers drawn from a two-dimensional IRT model read from the text vectors: which model is best depends on
+    the query's direction, which neither its category (one for all) nor a flat predictor knows."""
+    rng = np.random.default_rng(seed)
+    q = rng.normal(size=(queries, dq)).astype(np.float32)
+    q /= np.linalg.norm(q, axis=1, keepdims=True)
+    a = q @ rng.normal(size=(dq, 2)) * 4
+    theta = rng.normal(size=(models, 2))
+    p = 1 / (1 + np.exp(-(theta @ a.T - (q @ rng.normal(size=dq)) * 2)))
+    correct = (rng.random(p.shape) < p).astype(np.int8)
+    correct[0, :40] = -1                                      # a missing answer or two
+    idx = rng.permutation(queries)
+    return q, correct, np.sort(idx[:1000]), np.sort(idx[1000:1250]), np.sort(idx[1250:])
+
+
+def test_a_pair_model_is_served_where_it_wins_on_val_and_scores_the_same_after_a_carry():
+    """With a flat predictor, the numpy IRT/MF pair model wins on val by more than the margin and is served; its
+    scores are its own P(correct) on any query vectors; a carry onto reordered rows moves its rows along."""
+    from registry.evaluate import pairs, served
+    from registry.locus import baselines as B
+    from registry.locus import interaction
+
+    q, correct, tr, va, te = _irt_world()
+    cats = np.array(["all"] * len(q), dtype=object)
+    flat = interaction.logit(np.tile(B.model_accuracy(correct[:, tr])[:, None], (1, len(q))))
+    fitted = interaction.fit(flat, correct, q, cats, tr, va)
+    pol = served.choose(fitted, correct, q, cats, None, train_idx=tr, val_idx=va)
+    assert pol.name in ("mf", "irt", "blend") and pol.val[pol.name] - pol.val["locus_interaction"] > pol.margin
+    assert max(pol.val["mf"], pol.val["irt"]) > max(pol.val["knn"], pol.val["locus_interaction"])
+    pair = pol if pol.pair is not None else next(m for m in pol.members if m.pair is not None)
+    assert pair.name == pair.pair.kind and set(pair.setting) == {"dim", "steps"} and pair.setting["steps"] > 0
+    s = served.scores(pol, fitted, flat[:, te], q[te], None)
+    assert s.shape == (len(correct), len(te)) and np.all((s > 0) & (s < 1))
+    # it routes well on test, far above the best single model
+    assert B.hit_at_k(s, correct[:, te]) > B.hit_at_k(B.best_single_scores(correct, tr, te), correct[:, te]) + 0.05
+    take = np.arange(len(correct))[::-1].copy()
+    moved = served.carried(pol, take)
+    assert np.allclose(served.scores(moved, fitted, flat[take][:, te], q[te], None), s[take])
+    # deterministic: the same data, the same fit
+    again = served.choose(fitted, correct, q, cats, None, train_idx=tr, val_idx=va)
+    assert again.name == pol.name and np.array_equal(served.scores(again, fitted, flat[:, te], q[te], None), s)
+    # a blend is its members' mean
+    if pol.members:
+        parts = [served.scores(m, fitted, flat[:, te], q[te], None) for m in pol.members]
+        assert np.allclose(s, np.mean(parts, axis=0)) and "locus_interaction" in pol.setting["members"]
+    assert pairs.PairModel.logits(pair.pair, q[te]).shape == (len(correct), len(te))
+
+
+def test_pair_models_recover_abilities_where_they_exist_and_judge_on_val():
+    """A fit that is told to stop by its judge keeps the best-judged steps; MF and IRT both beat a coin on held-out
+    answers of an IRT world (an untrained fit would not)."""
+    from registry.evaluate import pairs, served
+
+    q, correct, tr, va, te = _irt_world(seed=1)
+    mean, basis = pairs.components(q[tr])
+    red = lambda idx: (q[idx] - mean) @ basis  # noqa: E731
+    for kind in ("mf", "irt"):
+        m = pairs.fit(kind, red(tr), correct[:, tr], mean=mean, basis=basis, dim=4,
+                      judge=lambda m: served.val_hit(m.logits(red(va), reduced=True), correct[:, va]))
+        untrained = pairs.fit(kind, red(tr), correct[:, tr], mean=mean, basis=basis, dim=4, steps=0)
+        p = 1 / (1 + np.exp(-m.logits(q[te])))
+        obs = correct[:, te] >= 0
+        acc = float(((p > 0.5) == (correct[:, te] == 1))[obs].mean())
+        acc0 = float(((1 / (1 + np.exp(-untrained.logits(q[te]))) > 0.5) == (correct[:, te] == 1))[obs].mean())
+        assert m.steps % pairs.CHECK == 0 and 0 < m.steps <= pairs.MAX_STEPS
+        assert acc > 0.7 and acc > acc0 + 0.1, (kind, acc, acc0)

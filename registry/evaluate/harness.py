@@ -144,6 +144,10 @@ def evaluate(tx: Tx, split: str = "test", *, baselines: bool = True, sample_effi
         s, info = B.per_category_router(data.correct, data.categories, tr, va, idx)
         methods["per_category"] = dict(B.routing_report(answered(s), ct, None, strongest), prior=info["prior"])
         scores["per_category"] = answered(s)
+        if data.sources is not None and len(set(data.sources[tr].tolist())) > 1:
+            s, info = B.per_category_router(data.correct, data.sources, tr, va, idx)
+            methods["per_source"] = dict(B.routing_report(answered(s), ct, None, strongest), prior=info["prior"])
+            scores["per_source"] = answered(s)
         step("knn")
         k, _ = B.knn_router(data.qvecs, data.correct, tr, va)
         s = B.knn_scores(data.qvecs, data.correct, tr, idx, k)

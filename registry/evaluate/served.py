@@ -1,13 +1,14 @@
 """The policy routing serves, chosen on the registry's val split: the predictor with its interaction terms
 (locus/interaction.py), or one of the simple routers that sometimes beat it where questions come in templated
-families (the mean answer of the k nearest reference queries, each category's or each source's best model).
+families (the mean answer of the k nearest reference queries, each category's or each source's best model, MF or
+IRT over the text vectors: evaluate/pairs.py), or the blend of them all (the mean of their P(correct)-like scores).
 
 `choose` judges each on val (hit@1 among the interaction's models, each query's choice among those with a val answer),
-settings fitted on train, and keeps the best, the predictor unless a simple router beats it by more than val's noise
-(MARGIN_SE); the kept one is then fitted on train and val
-(the reference queries, as the interaction terms are). `scores` gives its routing scores [R,N] for the
-interaction's rows, the same way in `registry evaluate` (its `served` row) and in routing (routing/policy.py), so the
-report describes what is served. Pure numpy: routing computes it beside the interaction fit, without torch.
+settings fitted on train (the interaction's val scores too), and keeps the best, the predictor unless another beats
+it by more than val's noise (MARGIN_SE); the kept one is then fitted on train and val (the reference queries, as the
+interaction terms are). `scores` gives its routing scores [R,N] for the interaction's rows, the same way in
+`registry evaluate` (its `served` row) and in routing (routing/policy.py), so the report describes what is served.
+Pure numpy: routing computes it beside the interaction fit, without torch.
 """
 from __future__ import annotations
 
@@ -15,9 +16,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from registry.evaluate import pairs
 from registry.locus import interaction
 
-CHOICES = ("locus_interaction", "knn", "per_category", "per_source")
+CHOICES = ("locus_interaction", "knn", "per_category", "per_source", "mf", "irt", "blend")
+# one dimension each: every fit also runs in a routing refit (on ZeroEval, dims 4 to 32 were within one val query)
+PAIR_DIMS = {"mf": (8,), "irt": (16,)}
 KNN_KS = (5, 10, 20, 50, 100)
 PRIORS = (0, 5, 20, 50, 200)
 # a simple router replaces the predictor only when it beats it on val by more than this many standard errors of a
@@ -35,6 +39,8 @@ class ServedPolicy:
     ref_group: np.ndarray | None = None               # [Nref] group index of each reference query
     table: np.ndarray | None = None                   # [R, G] each row's shrunk accuracy per group
     margin: float = 0.0                               # the val gain a simple router had to exceed (MARGIN_SE)
+    pair: pairs.PairModel | None = None               # mf / irt: the model fitted on train + val
+    members: list = field(default_factory=list)       # blend: its member policies, each fitted on train + val
 
     def describe(self) -> str:
         figures = ", ".join(f"{k} {v:.4f}" for k, v in self.val.items())
@@ -87,12 +93,18 @@ def choose(fitted: interaction.Interaction, correct: np.ndarray, qvecs: np.ndarr
     if not len(rows) or not len(tr) or not len(va) or val_info is None:
         return ServedPolicy("locus_interaction")
     cv = c[:, va]
-    judged = {"locus_interaction": (val_info["chosen"], {})}
+    # name -> (val hit@1, settings, val scores [R, Nval] as P(correct)-like values, from train alone)
+    # the interaction's own val figure (which chose its weights) counts a choice of a model without a val answer as
+    # wrong; here it is judged as every candidate is, among the models with an answer (on ZeroEval, where models
+    # skipped whole tasks, it read 0.8169 for a predictor that scored 0.9261 on test). Its weights keep their
+    # criterion: choosing them this way picked a 2, w 4 on MMLU-Pro and lost 0.011 on test.
+    val_p = None if fitted.val_logits is None else interaction.sigmoid(fitted.val_logits)
+    judged = {"locus_interaction": (val_info["chosen"] if val_p is None else val_hit(val_p, cv), {}, val_p)}
     nn_va = interaction.neighbours(np.asarray(qvecs[tr], dtype=np.float32), qvecs[va], max(KNN_KS))
-    by_k = {k: val_hit(knn(c[:, tr], nn_va, k), cv) for k in KNN_KS if k <= len(tr)}
+    by_k = {k: knn(c[:, tr], nn_va, k) for k in KNN_KS if k <= len(tr)}
     if by_k:
-        k = max(by_k, key=lambda k: (by_k[k], -k))
-        judged["knn"] = (by_k[k], {"k": k})
+        k = max(by_k, key=lambda k: (val_hit(by_k[k], cv), -k))
+        judged["knn"] = (val_hit(by_k[k], cv), {"k": k}, by_k[k])
     for name, labels in (("per_category", categories), ("per_source", sources)):
         if labels is None:
             continue
@@ -101,24 +113,50 @@ def choose(fitted: interaction.Interaction, correct: np.ndarray, qvecs: np.ndarr
         if len(names) < 2:
             continue                                  # one group: the best single model, not a router
         g_tr, g_va = _indices(labels[tr], names), _indices(labels[va], names)
-        by_prior = {}
-        for prior in PRIORS:
-            table = group_table(c[:, tr], g_tr, len(names), prior)
-            mix = interaction.category_mix(g_va, nn_va, g_tr, len(names))
-            by_prior[prior] = val_hit(table @ mix.T, cv)
-        prior = max(by_prior, key=lambda p: (by_prior[p], -p))
-        judged[name] = (by_prior[prior], {"prior": prior, "labels": labels})
+        mix = interaction.category_mix(g_va, nn_va, g_tr, len(names))
+        by_prior = {prior: group_table(c[:, tr], g_tr, len(names), prior) @ mix.T for prior in PRIORS}
+        prior = max(by_prior, key=lambda p: (val_hit(by_prior[p], cv), -p))
+        judged[name] = (val_hit(by_prior[prior], cv), {"prior": prior, "labels": labels}, by_prior[prior])
+    judged.update(_pair_candidates(c, qvecs, tr, va))
+    members = _blend_members(judged)
+    if len(members) > 1:
+        s = np.mean([judged[n][2] for n in members], axis=0)
+        judged["blend"] = (val_hit(s, cv), {"members": members}, s)
     best = max(judged, key=lambda n: (round(judged[n][0], 9), -CHOICES.index(n)))
     p = judged["locus_interaction"][0]
     margin = MARGIN_SE * float(np.sqrt(max(p * (1 - p), 1e-9) / len(va)))
     if judged[best][0] - p <= margin:
         best = "locus_interaction"
-    val = {n: round(v, 4) for n, (v, _) in judged.items()}
-    setting = dict(judged[best][1])
-    out = ServedPolicy(best, val, {k: v for k, v in setting.items() if k != "labels"}, margin=round(margin, 4))
-    if best == "knn":
+    val = {n: round(v[0], 4) for n, v in judged.items()}
+    out = _build(best, judged, c, qvecs, ref)
+    out.val, out.margin = val, round(margin, 4)
+    return out
+
+
+def _blend_members(judged: dict) -> list[str]:
+    """The blend's members: every candidate with val scores, of the two group routers the better on val (a blend
+    reads one query field)."""
+    names = [n for n in CHOICES if n in judged and judged[n][2] is not None and n != "blend"]
+    groups = [n for n in ("per_category", "per_source") if n in names]
+    if len(groups) == 2:
+        names.remove(min(groups, key=lambda n: (judged[n][0], n == "per_category")))
+    return names
+
+
+def _build(name: str, judged: dict, c: np.ndarray, qvecs: np.ndarray, ref: np.ndarray) -> ServedPolicy:
+    """The policy `name` with its settings, fitted on the reference (train + val) answers."""
+    setting = dict(judged[name][1])
+    out = ServedPolicy(name, setting={k: v for k, v in setting.items() if k != "labels"})
+    if name == "blend":
+        out.members = [_build(n, judged, c, qvecs, ref) for n in setting["members"]]
+    elif name == "knn":
         out.answers = c[:, ref].astype(np.int8)
-    elif best in ("per_category", "per_source"):
+    elif name in PAIR_DIMS:
+        q_ref = np.asarray(qvecs, dtype=np.float64)[ref]
+        mean, basis = pairs.components(q_ref)
+        out.pair = pairs.fit(name, (q_ref - mean) @ basis, c[:, ref], mean=mean, basis=basis, dim=setting["dim"],
+                             steps=max(setting["steps"], pairs.CHECK))
+    elif name in ("per_category", "per_source"):
         labels = setting["labels"]
         out.groups = sorted({v for v in labels[ref].tolist() if v is not None})
         out.ref_group = _indices(labels[ref], out.groups)
@@ -126,14 +164,38 @@ def choose(fitted: interaction.Interaction, correct: np.ndarray, qvecs: np.ndarr
     return out
 
 
+def _pair_candidates(c: np.ndarray, qvecs: np.ndarray, tr: np.ndarray, va: np.ndarray) -> dict:
+    """{"mf": (val hit@1, {"dim", "steps"}, val P), "irt": ...}: each fitted on train, its dimension and steps
+    chosen on val (ties: the smaller dimension)."""
+    q = np.asarray(qvecs, dtype=np.float64)
+    mean, basis = pairs.components(q[tr])
+    q_tr, q_va = (q[tr] - mean) @ basis, (q[va] - mean) @ basis
+    cv = c[:, va]
+    out = {}
+    for kind, dims in PAIR_DIMS.items():
+        runs = []
+        for dim in dims:
+            m = pairs.fit(kind, q_tr, c[:, tr], mean=mean, basis=basis, dim=dim,
+                          judge=lambda m: val_hit(m.logits(q_va, reduced=True), cv))
+            runs.append((val_hit(m.logits(q_va, reduced=True), cv), -dim, m))
+        hit, _, m = max(runs, key=lambda r: (round(r[0], 9), r[1]))
+        out[kind] = (hit, {"dim": m.dim, "steps": m.steps}, interaction.sigmoid(m.logits(q_va, reduced=True)))
+    return out
+
+
 def scores(policy: ServedPolicy, fitted: interaction.Interaction, routed_rows: np.ndarray, qvecs: np.ndarray,
            groups) -> np.ndarray:
     """[R,N] the served policy's routing scores for the interaction's rows: `routed_rows` (the predictor with the
-    interaction terms, P(correct)) for locus_interaction, else the simple router's; `groups` [N]: the queries'
-    category or source (the policy's field; None where unknown: their nearest reference queries' mix)."""
+    interaction terms, P(correct)) for locus_interaction, else the simple router's (a blend: its members' mean);
+    `groups` [N]: the queries' category or source (the policy's field; None where unknown: their nearest reference
+    queries' mix)."""
     if policy.name == "locus_interaction" or not len(fitted.ref_vecs):
         return routed_rows
+    if policy.members:
+        return np.mean([scores(m, fitted, routed_rows, qvecs, groups) for m in policy.members], axis=0)
     q = np.asarray(qvecs, dtype=np.float32)
+    if policy.pair is not None:
+        return interaction.sigmoid(policy.pair.logits(q))
     if policy.name == "knn":
         return knn(policy.answers, interaction.neighbours(fitted.ref_vecs, q, policy.setting["k"]),
                    policy.setting["k"])
@@ -150,9 +212,13 @@ def carried(policy: ServedPolicy | None, take: np.ndarray) -> ServedPolicy | Non
     from dataclasses import replace
 
     return replace(policy, answers=None if policy.answers is None else policy.answers[take],
-                   table=None if policy.table is None else policy.table[take])
+                   table=None if policy.table is None else policy.table[take],
+                   pair=None if policy.pair is None else policy.pair.rows(take),
+                   members=[carried(m, take) for m in policy.members])
 
 
 def field_of(policy: ServedPolicy | None) -> str | None:
-    """The query column the policy reads ("category", "source"), or None."""
+    """The query column the policy reads ("category", "source"; a blend: its group member's), or None."""
+    if policy is not None and policy.members:
+        return next((f for f in map(field_of, policy.members) if f), None)
     return {"per_category": "category", "per_source": "source"}.get(None if policy is None else policy.name)

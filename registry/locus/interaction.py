@@ -164,6 +164,9 @@ class Interaction:
     resid: np.ndarray                # [R, Nref] float32: answer - sigmoid(logit + a b), 0 where unanswered
     seen: np.ndarray                 # [R, Nref] float32: 1 where answered
     selection: dict = field(default_factory=dict)   # what validation measured (see `fit`)
+    # [R, Nval] the chosen setting's routing logits on val from terms fitted on train alone (what val judged), so
+    # that the served policy can judge blends with it honestly (evaluate/served.py); None without a val split
+    val_logits: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     def category_index(self, names) -> np.ndarray:
         pos = {c: i for i, c in enumerate(self.categories)}
@@ -229,7 +232,7 @@ def fit(logits: np.ndarray, correct: np.ndarray, qvecs: np.ndarray, categories, 
     qvecs = np.asarray(qvecs, dtype=np.float32)
 
     selection = {"grid": {"a": list(GRID_A), "k": list(GRID_K), "w": list(GRID_W)}}
-    best = (0.0, 10, 0.0)
+    best, val_logits = (0.0, 10, 0.0), None
     cv = correct[:, va]
     obs = cv >= 0
     if len(tr) and len(va) and M and obs.any():
@@ -259,6 +262,11 @@ def fit(logits: np.ndarray, correct: np.ndarray, qvecs: np.ndarray, categories, 
                     results[(a, k, w)] = (round(_hit1(s, cv), 9), -bce)
         # ties: the higher val hit@1, then the simpler setting (smaller w, a, k), then lower BCE
         best = max(results, key=lambda s: (results[s][0], -s[2], -s[0], -s[1], results[s][1]))
+        ba, bk, bw = best
+        adj_tr = logits[:, tr] + (ba * b_tr[:, np.maximum(cat[tr], 0)] * known_cat[tr] if len(names) and ba else 0.0)
+        val_logits = logits[:, va] + (ba * (b_tr @ mix_va.T) if len(names) and ba else 0.0)
+        if bw:
+            val_logits = val_logits + bw * knn_residual(*residuals(adj_tr, correct[:, tr]), nn_va, bk)
         selection.update(val_hit={"chosen": results[best][0], "predictor": results[(0.0, GRID_K[0], 0.0)][0]},
                          val_queries=int(len(va)))
     a, k, w = best
@@ -268,7 +276,8 @@ def fit(logits: np.ndarray, correct: np.ndarray, qvecs: np.ndarray, categories, 
     adj = logits[:, ref] + (a * b[:, np.maximum(cat[ref], 0)] * known_cat[ref] if len(names) and a else 0.0)
     resid, seen = residuals(adj, correct[:, ref])
     selection.update(models=int(len(rows)))
-    return Interaction(a, k, w, names, rows, b, np.ascontiguousarray(qvecs[ref]), cat[ref], resid, seen, selection)
+    return Interaction(a, k, w, names, rows, b, np.ascontiguousarray(qvecs[ref]), cat[ref], resid, seen, selection,
+                       val_logits=val_logits)
 
 
 # --- as routing keeps it ---------------------------------------------------------------------------------

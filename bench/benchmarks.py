@@ -1,0 +1,108 @@
+"""Every routing method on each dataset, side by side in one run (issue bar: routing as served at least the simple
+routers - 0.005 and above the best single model; the predictor's AUC at least KNN's and MF's).
+
+    .venv/bin/python bench/benchmarks.py DIR... [--seeds 0 1 2] [--work W] [--json]
+
+For each dataset folder (the registry's input layout: shared/data/mmlu-pro, or one built by bench/devdata.py):
+`registry --db W/<name>.duckdb import DIR` (kept in W and reused when it is there already), then per seed a copy of
+it: `registry train --seed S --activate` and `registry evaluate --split test --json`, all as real CLI subprocesses.
+The table gives hit@1 (and AUC where the method has probabilities) of: served (the policy routing serves, with its
+name), predictor (LOCUS alone), predictor + interaction, KNN, MF, IRT, per-category, per-source, best single.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ROWS = (("served", "served"), ("predictor", "locus"), ("predictor+interaction", "locus_interaction"),
+        ("KNN", "knn"), ("MF", "mf"), ("IRT", "irt"), ("per-category", "per_category"),
+        ("per-source", "per_source"), ("best single", "best_single"), ("oracle", "oracle"))
+SIMPLE = ("knn", "mf", "irt", "per_category", "per_source")
+
+
+def cli(db: Path, *args: str, log: Path) -> str:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    t0 = time.perf_counter()
+    with open(log, "a") as err:
+        out = subprocess.run([sys.executable, "-m", "registry", "--db", str(db), *args], check=True, text=True,
+                             stdout=subprocess.PIPE, stderr=err, env=env, cwd=ROOT).stdout
+    print(f"  {' '.join(args[:2])}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    return out
+
+
+def run(folder: Path, seed: int, work: Path) -> dict:
+    name = folder.name
+    base = work / f"{name}.duckdb"
+    log = work / f"{name}.log"
+    if not base.exists():
+        cli(base, "import", str(folder), log=log)
+    db = work / f"{name}-seed{seed}.duckdb"
+    if not db.exists():
+        shutil.copy(base, db)
+        cli(db, "train", "--seed", str(seed), "--activate", log=log)
+    report = json.loads(cli(db, "evaluate", "--split", "test", "--json", log=log))
+    return {"dataset": name, "seed": seed, "queries": report["queries"], "models": report["models"],
+            "served": report.get("served", {}), "methods": report["methods"]}
+
+
+def bars(r: dict) -> dict:
+    m = r["methods"]
+    hit = {k: m[k]["hit@1"] for k in m if "hit@1" in m[k]}
+    simple = max(hit[k] for k in SIMPLE if k in hit)
+    auc = lambda k: m.get(k, {}).get("auc")  # noqa: E731
+    return {"served >= simple - 0.005": hit["served"] >= simple - 0.005,
+            "served > best single": hit["served"] > hit["best_single"],
+            "predictor AUC >= KNN, MF": all(auc("locus") is not None and auc(k) is not None and auc("locus") >= auc(k)
+                                            for k in ("knn", "mf"))}
+
+
+def table(results: list[dict]) -> str:
+    heads = [f"{r['dataset']} s{r['seed']}" for r in results]
+    lines = ["| method | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
+    for label, key in ROWS:
+        cells = []
+        for r in results:
+            v = r["methods"].get(key)
+            if not v:
+                cells.append("")
+                continue
+            cell = f"{v['hit@1']:.4f}" + (f" ({v['auc']:.4f})" if v.get("auc") is not None else "")
+            cells.append(cell)
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines.append("| served policy | " + " | ".join(r["served"].get("policy", "") for r in results) + " |")
+    for bar in ("served >= simple - 0.005", "served > best single", "predictor AUC >= KNN, MF"):
+        lines.append(f"| {bar} | " + " | ".join("yes" if bars(r)[bar] else "NO" for r in results) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("dirs", nargs="+", type=Path)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--work", type=Path, default=Path("/tmp/bench-benchmarks"))
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    args.work.mkdir(parents=True, exist_ok=True)
+    results = []
+    for folder in args.dirs:
+        if not (folder / "evaluations.csv.gz").exists() and not (folder / "evaluations.csv").exists():
+            raise SystemExit(f"{folder}: not a dataset folder (no evaluations.csv.gz)")
+        for seed in args.seeds:
+            print(f"{folder.name} seed {seed}", file=sys.stderr, flush=True)
+            results.append(run(folder, seed, args.work))
+    if args.json:
+        print(json.dumps([dict(r, bars=bars(r)) for r in results], indent=1))
+    else:
+        print("hit@1 on the test split (AUC of the method's probabilities)\n")
+        print(table(results))
+
+
+if __name__ == "__main__":
+    main()

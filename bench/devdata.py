@@ -1,0 +1,322 @@
+"""Development datasets beyond MMLU-Pro, built from public per-question results into the registry's input layout
+(the files and columns of shared/data/mmlu-pro: models.csv, questions.csv.gz, evaluations.csv.gz, splits.csv).
+
+    python bench/devdata.py zeroeval --source /path/to/ZeroEval --out /work/devdata/zeroeval [--seed 0]
+
+`zeroeval`: the public repository yuchenlin/ZeroEval (Apache-2.0), read from a local copy: a checkout, or a bare git
+directory (read with `git show`). Its greedy outputs for GSM8K, MATH level 5 and CRUXEval (result_dirs/<task>/
+<model>.json) are scored by the repository's own rules, reimplemented here (src/evaluation/math_eval.py for gsm and
+math-l5, crux_eval.py for crux): the answer is read from the first JSON object of the output, else by key patterns,
+else (Llama-3.1 models) from a trailing \\boxed{}; math compares the first numbers of both answers after light
+cleaning, crux the answer strings exactly; an output with no answer counts as wrong. Model names are unified across
+tasks the way the repository's summaries do. The per-model accuracies are checked against the repository's own
+result_dirs/<task>.summary.json and printed; category = source = the task. The split is fixed, drawn by `--seed`
+within each task (80/10/10), as MMLU-Pro's is.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import csv
+import gzip
+import json
+import operator
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+TASKS = {"gsm": "gsm8k", "math-l5": "math-l5", "crux": "cruxeval"}
+# the repository's summaries rename some outputs so that one model has one name across tasks (eval_utils.py)
+RENAMES = (("gemma-2-9b-it@nvidia", "gemma-2-9b-it"), ("gemma-2-9b-it@together", "gemma-2-9b-it"),
+           ("gemma-2-27b-it@together", "gemma-2-27b-it"), ("gemma-2-27b-it@nvidia", "gemma-2-27b-it"),
+           ("deepseek-chat", "deepseek-v2-chat-0628"), ("deepseek-coder", "deepseek-v2-coder-0614"),
+           ("DeepSeek-Coder-V2-0724", "deepseek-v2-coder-0724"),
+           ("Llama-3.1-405B-Inst-fp8", "Llama-3.1-405B-Inst-fp8@together"),
+           ("Llama-3.1-405B-Instruct-Turbo", "Llama-3.1-405B-Inst-fp8@together"),
+           ("Meta-Llama-3.1-405B-Instruct@hyperbolic", "Llama-3.1-405B-Inst@hyperbolic"))
+NUMBER = re.compile(r"-?\d+(\.\d+)?")
+BOXED = re.compile(r"\\boxed{([\w\d]+)}")
+NO_ANSWER = object()     # an output the rules read no answer from (a JSON null answer is an answer: "None")
+
+
+def unified_name(name: str) -> str:
+    for old, new in RENAMES:
+        name = name.replace(old, new)
+    return name
+
+
+# ---- reading the answer out of an output (the repository's rules) ----
+
+def first_json(s: str):
+    """The first complete top-level {...} of s parsed (newlines dropped), None when it does not parse."""
+    depth, start = 0, None
+    for i, ch in enumerate(s):
+        if ch == "{":
+            if depth == 0:
+                start = i
+            depth += 1
+        elif ch == "}" and depth:
+            depth -= 1
+            if depth == 0:
+                try:
+                    return json.loads(s[start:i + 1].replace("\n", ""))
+                except json.JSONDecodeError:
+                    return None
+    return None
+
+
+def values_by_pattern(s: str, keys=("reasoning", "answer")) -> dict:
+    """Key-by-key regular expressions for a JSON-like output that does not parse: quoted, broken quotes, unquoted."""
+    out = {}
+    for key in keys:
+        m = re.search(f'"{key}"\\s*:\\s*"([^"]*?)"', s) or re.search(f'"{key}"\\s*:\\s*"(.*?)"', s, re.DOTALL)
+        if not m:
+            m = re.search(f'"{key}"\\s*:\\s*([^,\\s]*)', s) or re.search(f'{key}\\s*:\\s*([^,\\s]*)', s)
+        if m:
+            out[key] = m.group(1)
+    return out
+
+
+def extract_answer(file_model: str, output: str):
+    """The model's answer (any JSON value) or NO_ANSWER when none can be read."""
+    parsed = first_json(output)
+    if not isinstance(parsed, dict) or "answer" not in parsed:
+        parsed = values_by_pattern(output)
+    if "answer" in parsed:
+        return parsed["answer"]
+    if "Llama-3.1" in file_model and "boxed" in output[-30:]:
+        m = BOXED.search(output)
+        if m and m.group(1):
+            return m.group(1)
+    return NO_ANSWER
+
+
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+        ast.USub: operator.neg, ast.UAdd: operator.pos}
+
+
+def _arith(node):
+    """Plain arithmetic only: the repository evaluates fractions with Python's eval, which must not run here."""
+    if isinstance(node, ast.Expression):
+        return _arith(node.body)
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+        return node.value
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+        return _OPS[type(node.op)](_arith(node.left), _arith(node.right))
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
+        base, exp = _arith(node.left), _arith(node.right)
+        if abs(exp) > 64:
+            raise ValueError("exponent too large")
+        return base ** exp
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
+        return _OPS[type(node.op)](_arith(node.operand))
+    raise ValueError("not arithmetic")
+
+
+def clean_math(answer: str) -> str:
+    answer = answer.replace("$", "").strip().replace(",", "")
+    if "/" in answer:
+        try:
+            answer = str(float(_arith(ast.parse(answer, mode="eval"))))
+        except (SyntaxError, ValueError, TypeError, ZeroDivisionError, OverflowError, RecursionError):
+            pass
+    return answer
+
+
+def math_correct(answer, truth: str) -> bool:
+    if answer is NO_ANSWER:
+        return False
+    a = NUMBER.search(clean_math(str(answer)))
+    t = NUMBER.search(clean_math(truth.replace("#", "").strip()))
+    return bool(a and t) and float(a.group()) == float(t.group())
+
+
+def crux_correct(answer, truth) -> bool:
+    if answer is NO_ANSWER:
+        return False
+    a = str(answer).strip("'\"").replace("\n", "\\n")
+    return a == str(truth).strip("'\"")
+
+
+# ---- reading the repository ----
+
+class Source:
+    """A checkout or a bare git directory of the repository."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.bare = not (self.path / "result_dirs").is_dir()
+        if self.bare:
+            self.commit = self._git("rev-parse", "HEAD").strip()
+        else:
+            try:
+                self.commit = self._git("rev-parse", "HEAD").strip()
+            except (subprocess.CalledProcessError, FileNotFoundError):
+                self.commit = "unknown (not a git checkout)"
+
+    def _git(self, *args) -> str:
+        return subprocess.run(["git", "-C", str(self.path), *args], check=True, capture_output=True,
+                              text=True).stdout
+
+    def files(self, folder: str) -> list[str]:
+        if not self.bare:
+            return sorted(p.name for p in (self.path / folder).glob("*.json"))
+        names = self._git("ls-tree", "--name-only", f"HEAD:{folder}").split()
+        return sorted(n for n in names if n.endswith(".json"))
+
+    def read(self, rel: str) -> str:
+        if not self.bare:
+            return (self.path / rel).read_text(encoding="utf-8")
+        return self._git("show", f"HEAD:{rel}")
+
+
+def question_text(item: dict) -> str:
+    return str(item.get("question") or item.get("problem") or "").strip()
+
+
+def score_task(src: Source, task: str):
+    """{question_id: (text, truth)}, {model: {question_id: 0/1}} and the published accuracy per model."""
+    questions, results = {}, {}
+    for fname in src.files(f"result_dirs/{task}"):
+        file_model = fname[:-len(".json")]
+        model = unified_name(file_model)
+        if model in results:
+            raise SystemExit(f"{task}: two output files are model {model}")
+        try:
+            items = json.loads(src.read(f"result_dirs/{task}/{fname}"))
+        except subprocess.CalledProcessError:
+            print(f"{task}/{fname}: absent from this copy (a large blob left out), skipped", file=sys.stderr)
+            continue
+        rows = {}
+        for item in items:
+            qid = f"{TASKS[task]}/{item['id']}"
+            truth = str(item["answer"])
+            text = question_text(item)
+            if qid not in questions:
+                questions[qid] = (text, truth)
+            elif questions[qid][1] != truth:
+                raise SystemExit(f"{task}: {qid} has two right answers ({file_model})")
+            output = item["output"][0] if item.get("output") else ""
+            answer = extract_answer(file_model, output)
+            ok = crux_correct(answer, truth) if task == "crux" else math_correct(answer, truth)
+            rows[qid] = int(ok)
+        results[model] = rows
+    try:
+        published = {r["Model"]: float(r["Acc"]) for r in json.loads(src.read(f"result_dirs/{task}.summary.json"))
+                     if r.get("Mode", "greedy") == "greedy"}
+    except (subprocess.CalledProcessError, FileNotFoundError, ValueError, KeyError):
+        published = {}
+    return questions, results, published
+
+
+def split_of(questions: dict, seed: int) -> dict:
+    """80/10/10 within each task, drawn by seed (the order of ids fixed first, so the draw is the same anywhere)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    out, by_task = {}, {}
+    for qid in sorted(questions):
+        by_task.setdefault(qid.split("/", 1)[0], []).append(qid)
+    for task in sorted(by_task):
+        ids = by_task[task]
+        order = rng.permutation(len(ids))
+        n_tr, n_va = int(round(0.8 * len(ids))), int(round(0.1 * len(ids)))
+        for rank, i in enumerate(order):
+            out[ids[i]] = "train" if rank < n_tr else "val" if rank < n_tr + n_va else "test"
+    return out
+
+
+def provider_of(model: str) -> str:
+    low = model.lower()
+    for key, who in (("gpt", "openai"), ("o1-", "openai"), ("claude", "anthropic"), ("gemini", "google"),
+                     ("gemma", "google"), ("llama", "meta"), ("qwen", "alibaba"), ("yi-", "01-ai"),
+                     ("deepseek", "deepseek"), ("mistral", "mistral"), ("mixtral", "mistral"), ("phi-", "microsoft"),
+                     ("command-r", "cohere"), ("reka", "reka"), ("athene", "nexusflow")):
+        if key in low:
+            return who
+    return ""
+
+
+def family_of(model: str) -> str:
+    """The base the model belongs to: its name without serving provider, date or size suffixes (a rough rule)."""
+    name = model.split("@")[0].lower()
+    name = re.sub(r"-(\d{4}-\d{2}-\d{2}|\d{8}|\d{4}|\d{2}-\d{2}-\d{2})$", "", name)
+    name = re.sub(r"-(inst|instruct|chat|it|fp8|turbo|preview|exp|latest|v0\.\d|4k)(?=-|$)", "", name)
+    return re.sub(r"-+", "-", name).strip("-")
+
+
+def zeroeval(source: Path, out: Path, seed: int) -> dict:
+    src = Source(source)
+    questions, evals, report = {}, {}, {}
+    for task in TASKS:
+        qs, results, published = score_task(src, task)
+        questions.update({q: (t, a, TASKS[task]) for q, (t, a) in qs.items()})
+        for model, rows in results.items():
+            evals.setdefault(model, {}).update(rows)
+            acc = 100.0 * sum(rows.values()) / max(len(rows), 1)
+            report.setdefault(task, []).append((model, len(rows), round(acc, 2), published.get(model)))
+    splits = split_of(questions, seed)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "models.csv", "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["model", "family", "provider"])
+        for model in sorted(evals):
+            w.writerow([model, family_of(model), provider_of(model)])
+    with gzip.open(out / "questions.csv.gz", "wt", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["question_id", "category", "source", "question", "options", "answer"])
+        for qid in sorted(questions):
+            text, truth, task = questions[qid]
+            w.writerow([qid, task, task, text, "", truth])
+    n_evals = 0
+    with gzip.open(out / "evaluations.csv.gz", "wt", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["model", "question_id", "correct"])
+        for model in sorted(evals):
+            for qid in sorted(evals[model]):
+                w.writerow([model, qid, evals[model][qid]])
+                n_evals += 1
+    with open(out / "splits.csv", "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["question_id", "split"])
+        for qid in sorted(splits):
+            w.writerow([qid, splits[qid]])
+    try:
+        (out / "LICENSE").write_text(src.read("LICENSE"), encoding="utf-8")
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        pass
+    checks = {task: {"models": len(rows), "matched": sum(1 for r in rows if r[3] is not None and abs(r[2] - r[3])
+                                                         < 0.006),
+                     "max_gap": max((abs(r[2] - r[3]) for r in rows if r[3] is not None), default=None)}
+              for task, rows in report.items()}
+    summary = {"commit": src.commit, "models": len(evals), "questions": len(questions), "evaluations": n_evals,
+               "splits": {s: sum(1 for v in splits.values() if v == s) for s in ("train", "val", "test")},
+               "seed": seed, "published_check": checks}
+    readme = [f"# ZeroEval per-question results of {len(evals)} models", "",
+              f"Built by bench/devdata.py from yuchenlin/ZeroEval at commit {src.commit} (Apache-2.0, LICENSE "
+              "beside this file): greedy outputs for GSM8K, MATH level 5 and CRUXEval, scored by the repository's "
+              "rules (reimplemented). category = source = the task.", "",
+              f"{len(questions)} questions, {n_evals} evaluations; split seed {seed} (80/10/10 within each task).",
+              "", "| task | model | questions | accuracy | published |", "|---|---|---|---|---|"]
+    for task, rows in report.items():
+        readme += [f"| {task} | {m} | {n} | {a:.2f} | {'' if p is None else f'{p:.2f}'} |" for m, n, a, p in rows]
+    (out / "README.md").write_text("\n".join(readme) + "\n", encoding="utf-8")
+    return summary
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    z = sub.add_parser("zeroeval", help="GSM8K, MATH level 5 and CRUXEval outputs of yuchenlin/ZeroEval")
+    z.add_argument("--source", required=True, type=Path, help="a copy of the repository (checkout or bare git dir)")
+    z.add_argument("--out", required=True, type=Path, help="the folder to write (outside the repository)")
+    z.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    if not args.source.exists():
+        raise SystemExit(f"--source {args.source}: no such folder")
+    print(json.dumps(zeroeval(args.source, args.out, args.seed), indent=1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -59,6 +59,9 @@ class Store:
         self.duckdb_threads: int | None = None      # (limit_duckdb_threads)
         self.dialect = "postgresql" if dialect.is_url(self.path) else "duckdb"
         self.create, self.read_only = create, False
+        # a routing state built here is saved for the next process (routing/saved_state.py); a server, whose
+        # threads build states side by side and keep them in memory, turns it off
+        self.save_routing_state = True
         if self.dialect == "postgresql":
             self._open_postgres()
         else:
@@ -238,7 +241,8 @@ class Store:
         from sqlalchemy.orm import Session
 
         with Session(self.engine, expire_on_commit=False) as session:
-            tx = Tx(session, self.cache, self.path, dialect=self.dialect, _stage_db=self._stage_db)
+            tx = Tx(session, self.cache, self.path, dialect=self.dialect, _stage_db=self._stage_db,
+                    save_routing_state=self.save_routing_state)
             try:
                 yield tx
                 session.commit()
@@ -255,7 +259,8 @@ class Store:
             cur = self._idle.pop() if self._idle else None
         cur = cur or self.con.cursor()      # a cursor is a connection of its own: transactions per thread
         cur.execute("BEGIN TRANSACTION")
-        tx = Tx(None, self.cache, self.path, dialect="duckdb", _raw=cur, read_only=self.read_only)
+        tx = Tx(None, self.cache, self.path, dialect="duckdb", _raw=cur, read_only=self.read_only,
+                save_routing_state=self.save_routing_state)
         try:
             yield tx
             cur.execute("COMMIT")

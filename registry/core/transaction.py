@@ -42,6 +42,7 @@ class Tx:
     _stage_db: object = None                    # PostgreSQL only: -> the Store's in-memory DuckDB
     _raw: object = None                         # the driver connection, once asked for (see `raw`)
     read_only: bool = False                     # the file is open read-only: nothing may be written, caches included
+    save_routing_state: bool = True             # (Store.save_routing_state: a server keeps its own in memory)
 
     def cached(self, key, build):
         """The cached value under `key`, or build() read in this transaction; a value read here joins the cache

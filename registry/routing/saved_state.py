@@ -51,16 +51,17 @@ def _code_digest() -> str:
 
 
 def save(tx: Tx, st, *, skip: tuple = ("model", "score")) -> bool:
-    """Save `st` under its key (the oldest beyond KEPT go); False where nothing may be written (a read-only file)."""
-    if tx.read_only:
+    """Save `st` under its key (the oldest beyond KEPT go); False where nothing may be written (a read-only file)
+    or the store saves none (a server). A state already saved under the key is the same state: kept as it is."""
+    if tx.read_only or not tx.save_routing_state:
         return False
     arrays: dict[str, np.ndarray] = {}
     doc = {f.name: _encode(getattr(st, f.name), arrays) for f in dataclasses.fields(st) if f.name not in skip}
     buf = io.BytesIO()
     np.savez(buf, __doc__=np.frombuffer(json.dumps(doc).encode(), dtype=np.uint8), **arrays)
     key = key_text(st.key)
-    tx.sql("DELETE FROM routing_states WHERE key = ?", [key])
-    tx.sql("INSERT INTO routing_states (key, encoder_id, payload) VALUES (?, ?, ?)",
+    # (another process on the same PostgreSQL database may be saving the same state: the first one stays)
+    tx.sql("INSERT INTO routing_states (key, encoder_id, payload) VALUES (?, ?, ?) ON CONFLICT (key) DO NOTHING",
            [key, int(st.encoder_id), buf.getvalue()])
     tx.sql("""DELETE FROM routing_states WHERE key NOT IN (
                   SELECT key FROM routing_states ORDER BY created DESC, key LIMIT ?)""", [KEPT])

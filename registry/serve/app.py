@@ -58,6 +58,7 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
     reg = Registry(db, probation_min=probation_min, create=create)
     threads = settings.current().duckdb_threads
     reg.store.limit_duckdb_threads(DUCKDB_THREADS if threads is None else threads)
+    reg.store.save_routing_state = False        # its threads build states side by side; it keeps them in memory
     serving = Serving(reg)      # (the Store's connection keeps a DuckDB file open and locked while we serve)
 
     @contextlib.asynccontextmanager

@@ -13,14 +13,12 @@ answers 429 (Retry-After: 1) to its first 8 requests is retried and the run comp
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import shutil
 import sys
 import tempfile
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
@@ -32,49 +30,9 @@ from registry.answers import fingerprint, probe_plans  # noqa: E402
 from registry.asking import client, grading, prompt  # noqa: E402
 from registry.asking.run import WITH_GOLD  # noqa: E402
 from registry.core.store import Store  # noqa: E402
+from tests.http_tools import ChatUpstream  # noqa: E402
 
 LETTERS = "ABCDEFGHIJ"
-
-
-class Upstream:
-    def __init__(self, answer, latency: float = 0.0, throttle: int = 0):
-        self.answer, self.latency, self.throttle, self.requests = answer, latency, throttle, 0
-        lock, up = threading.Lock(), self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-                with lock:
-                    up.requests += 1
-                    throttled = up.throttle > 0
-                    up.throttle -= throttled
-                time.sleep(up.latency)
-                if throttled:
-                    self.send_response(429)
-                    self.send_header("retry-after", "1")
-                    self.send_header("content-length", "0")
-                    self.end_headers()
-                    return
-                text = body["messages"][0]["content"].split("\n\n", 1)[1]
-                out = json.dumps({"choices": [{"message": {"content": up.answer(text)}}],
-                                  "usage": {"prompt_tokens": 100, "completion_tokens": 5}}).encode()
-                self.send_response(200)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(out)))
-                self.end_headers()
-                self.wfile.write(out)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def as_model(reg, model: str):
@@ -98,7 +56,7 @@ def at_random(share: float, seed: int, reg):
     return answer
 
 
-def verdicts(reg, upstream: Upstream, seeds: int, n: int) -> list[str]:
+def verdicts(reg, upstream: ChatUpstream, seeds: int, n: int) -> list[str]:
     """Per plan seed: the fingerprint of the endpoint's graded answers to the seed's planned questions."""
     out = []
     endpoint = client.Endpoint(upstream.url, "bench")
@@ -135,20 +93,20 @@ def main() -> None:
             has = tx.sql("SELECT count(*) FROM query_answers")[0][0]
         if not has:        # a registry built before queries carried answers: the questions file gives them
             reg.import_files(queries=str(Path(args.data) / "questions.csv.gz"), onboard=False)
-        same = Upstream(as_model(reg, "Qwen1.5-72B-Chat"))
+        same = ChatUpstream(as_model(reg, "Qwen1.5-72B-Chat"))
         t = time.perf_counter()
         v = verdicts(reg, same, args.seeds, 128)
         rows.append(("bar 1: as Qwen1.5-72B-Chat, 128 planned questions: 'same: Qwen1.5-72B-Chat'",
                      f"{v.count('Qwen1.5-72B-Chat')} of {len(v)} seeds", ">= 99 of 100",
                      f"{time.perf_counter() - t:.0f} s"))
         same.close()
-        coin = Upstream(at_random(0.55, 1, reg))
+        coin = ChatUpstream(at_random(0.55, 1, reg))
         v = verdicts(reg, coin, args.seeds, 128)
         rows.append(("bar 1: right at random 55%: 'same' as any model",
                      f"{sum(x not in ('none', 'not conclusive') for x in v)} of {len(v)} seeds", "0", ""))
         coin.close()
 
-        slow = Upstream(as_model(reg, "Qwen1.5-72B-Chat"), latency=0.2)
+        slow = ChatUpstream(as_model(reg, "Qwen1.5-72B-Chat"), latency=0.2)
         t = time.perf_counter()
         r = reg.ask("bench-asked", base_url=slow.url, n=128)
         took = time.perf_counter() - t
@@ -161,7 +119,7 @@ def main() -> None:
         rows.append(("bar 2: asking again with the same -n: requests sent", f"{slow.requests - sent} "
                      f"({time.perf_counter() - t:.1f} s, {again.asked} asked)", "0", ""))
         slow.close()
-        busy = Upstream(lambda text: "**A**", throttle=8)
+        busy = ChatUpstream(lambda text: "**A**", throttle=8, retry_after="1")
         r = reg.ask("bench-busy", base_url=busy.url, n=32, plan="random")
         rows.append(("bar 2: 429 (Retry-After 1) to the first 8 requests", f"{r.answered} of 32 answered, "
                      f"{r.retries} retries", "all answered", ""))

@@ -1,6 +1,6 @@
 """What the network-safety tests drive a real server with: a fake OpenAI upstream that misbehaves on demand (asyncio
 streams on loopback, in a thread), a raw-socket client that sends a chunked body until the server answers, and the
-server's resident memory."""
+server's resident memory; and a fake chat upstream for `registry ask` (a threading HTTP server)."""
 from __future__ import annotations
 
 import asyncio
@@ -9,6 +9,7 @@ import select
 import socket
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 
@@ -162,3 +163,67 @@ def read_answer(s: socket.socket) -> bytes:
             break
         answer += more
     return answer
+
+
+class ChatUpstream:
+    """A fake /v1/chat/completions for `registry ask`: `answer(question_text) -> reply text` (None: hang;
+    "TRICKLE": headers, then a byte every 0.2 s), after `latency` seconds, with `throttle` 429s first."""
+
+    def __init__(self, answer, throttle: int = 0, retry_after: str = "0", latency: float = 0.0):
+        self.answer, self.throttle, self.retry_after, self.latency = answer, throttle, retry_after, latency
+        self.requests, self.auth = 0, []
+        self.lock = threading.Lock()
+        upstream = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                with upstream.lock:
+                    upstream.requests += 1
+                    upstream.auth.append(self.headers.get("authorization"))
+                    throttled = upstream.throttle > 0
+                    upstream.throttle -= throttled
+                time.sleep(upstream.latency)
+                if throttled:
+                    self.send_response(429)
+                    self.send_header("retry-after", upstream.retry_after)
+                    self.send_header("content-length", "0")
+                    self.end_headers()
+                    return
+                text = body["messages"][0]["content"].split("\n\n", 1)[1]
+                reply = upstream.answer(text)
+                if reply is None:
+                    time.sleep(30)
+                    return
+                if reply == "TRICKLE":          # headers at once, then a byte every 0.2 s for ever (30 s)
+                    self.send_response(200)
+                    self.send_header("content-type", "application/json")
+                    self.send_header("content-length", "1000")
+                    self.end_headers()
+                    for _ in range(150):
+                        try:
+                            self.wfile.write(b" ")
+                            self.wfile.flush()
+                        except OSError:
+                            return
+                        time.sleep(0.2)
+                    return
+                out = json.dumps({"choices": [{"message": {"role": "assistant", "content": reply}}],
+                                  "usage": {"prompt_tokens": 10, "completion_tokens": 2}}).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()

@@ -3,8 +3,8 @@
 `usage`. The API key is read from the environment at each request and never stored or logged."""
 from __future__ import annotations
 
-import os
 import json
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -87,6 +87,11 @@ def _post(http: httpx.Client, url: str, body: dict, endpoint: Endpoint, deadline
         return r, b"".join(chunks)
 
 
+def _unreachable(usage: Usage, lock: threading.Lock) -> bool:
+    with lock:
+        return usage.refused >= UNREACHABLE_AFTER and not usage.replies
+
+
 def ask_one(http: httpx.Client, endpoint: Endpoint, key, messages: list[dict], *, deadline: float,
             retries: int, backoff: float, usage: Usage, lock: threading.Lock) -> Reply:
     body = {"model": endpoint.upstream_model, "messages": messages, "temperature": 0}
@@ -94,11 +99,10 @@ def ask_one(http: httpx.Client, endpoint: Endpoint, key, messages: list[dict], *
                                            else "/v1/chat/completions")
     reply = Reply(key, None)
     for attempt in range(retries + 1):
-        with lock:
-            if usage.refused >= UNREACHABLE_AFTER and not usage.replies:
-                # an address nothing listens at is not a transient failure: its other questions are not sent
-                reply.error = f"endpoint unreachable ({usage.refused} connections refused)"
-                return reply
+        if _unreachable(usage, lock):
+            # an address nothing listens at is not a transient failure: its other questions are not sent
+            reply.error = f"endpoint unreachable ({usage.refused} connections refused)"
+            return reply
         reply.attempts += 1
         with lock:
             usage.requests += 1
@@ -112,7 +116,7 @@ def ask_one(http: httpx.Client, endpoint: Endpoint, key, messages: list[dict], *
             reply.error = "ConnectError"
             with lock:
                 usage.refused += 1
-            if usage.refused >= UNREACHABLE_AFTER and not usage.replies:
+            if _unreachable(usage, lock):
                 continue
         except httpx.HTTPError as exc:
             reply.error = f"{type(exc).__name__}"

@@ -13,6 +13,7 @@ another thread (the server answers `similar` while its writer onboards) keeps se
 """
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,19 +85,15 @@ def current_versions(tx: Tx, encoder_id: int, as_of: str | None = None, after_ve
             tbl.column("name").to_pylist(), flat.reshape(n, -1).astype(np.float32) if n else np.zeros((0, 128), np.float32))
 
 
+@functools.cache
 def load_faiss():
-    """faiss, on one OpenMP thread unless a caller (the server) sets its own: the registry's indexes hold hundreds of
-    vectors, and the pool's threads, spinning after a search, starved numpy's BLAS in the same process (a 31 x 12,032
-    product took 1.7 s instead of 10 ms on two busy cores)."""
+    """faiss, set once to one OpenMP thread (a caller may set its own after: the server does): the registry's indexes
+    hold hundreds of vectors, and the pool's threads, spinning after a search, starved numpy's BLAS in the same
+    process (a 31 x 12,032 product took 1.7 s instead of 10 ms on two busy cores)."""
     import faiss
 
-    if not _faiss_threads_set:
-        faiss.omp_set_num_threads(1)
-        _faiss_threads_set.append(True)
+    faiss.omp_set_num_threads(1)
     return faiss
-
-
-_faiss_threads_set: list = []
 
 
 def new_index(dim: int = 128):

@@ -248,6 +248,11 @@ class LocusModel(nn.Module):
             self._weights64 = (key, predictor, agrees)
         return fast if agrees else exact
 
+    @property
+    def numpy_scorer_agrees(self) -> bool:
+        """Whether the numpy predictor of the current weights was checked against torch and agreed (`scorer`)."""
+        return bool(getattr(self, "_weights64", (None, None, None))[2])
+
     def _probe_labels(self) -> list | None:
         """Four labels for the scorer's self-check: none, and the vocabulary's first names (several columns: each
         column's first values together, then the first column alone)."""

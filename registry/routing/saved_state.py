@@ -20,6 +20,7 @@ from registry.core.transaction import Tx
 
 KEPT = 1            # saved states kept (the newest; about 17 MB for MMLU-Pro): a registry has one current state
 FORMAT = "routing-state/1"
+NOT_SAVED = ("model", "score")   # the torch model, and the scorer built again from the checkpoint
 
 
 def key_text(key: tuple) -> str:
@@ -50,13 +51,13 @@ def _code_digest() -> str:
     return hashlib.sha256((_sources[0] + repr(settings)).encode()).hexdigest()[:16]
 
 
-def save(tx: Tx, st, *, skip: tuple = ("model", "score")) -> bool:
+def save(tx: Tx, st) -> bool:
     """Save `st` under its key (the oldest beyond KEPT go); False where nothing may be written (a read-only file)
     or the store saves none (a server). A state already saved under the key is the same state: kept as it is."""
     if tx.read_only or not tx.save_routing_state:
         return False
     arrays: dict[str, np.ndarray] = {}
-    doc = {f.name: _encode(getattr(st, f.name), arrays) for f in dataclasses.fields(st) if f.name not in skip}
+    doc = {f.name: _encode(getattr(st, f.name), arrays) for f in dataclasses.fields(st) if f.name not in NOT_SAVED}
     buf = io.BytesIO()
     np.savez(buf, __doc__=np.frombuffer(json.dumps(doc).encode(), dtype=np.uint8), **arrays)
     key = key_text(st.key)

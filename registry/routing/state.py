@@ -85,7 +85,7 @@ def current(tx: Tx, probation_min: int | None = None, *, refit: bool = True) -> 
     if st is None:
         st = _build(tx, key, refit)
         # (saved only as fitted, and where the numpy predictor agreed with torch's: what a saved state scores with)
-        if st.interaction_fitted and getattr(st.model, "_weights64", (None, None, None))[2]:
+        if st.interaction_fitted and st.model.numpy_scorer_agrees:
             served = st.interaction and dataclasses.replace(st.interaction, nearest={})
             saved_state.save(tx, dataclasses.replace(st, interaction=served))
     kept["state"] = st

@@ -109,7 +109,7 @@ def main():
     tr, va, te = sp["train"], sp["val"], sp["test"]
     nontest = np.sort(np.concatenate([tr, va]))
     heldout = np.sort(np.concatenate([va, te]))
-    ids = duckdb.sql(f"select question_id from read_csv('/work/cache/qvec_ids.csv')").fetchnumpy()["question_id"]
+    ids = duckdb.sql("select question_id from read_csv('/work/cache/qvec_ids.csv')").fetchnumpy()["question_id"]
     qc = duckdb.sql(f"select question_id, category from read_csv('{DATA}/questions.csv.gz')").fetchnumpy()
     cmap = dict(zip(qc["question_id"].tolist(), qc["category"].tolist()))
     cat = np.array([cmap[int(q)] for q in ids])

@@ -39,7 +39,7 @@ def main() -> None:
     files = staging.files_in_dir(data)
     tmp = Path(tempfile.mkdtemp())
 
-    ours, floor, first_total = [], [], []
+    ours, floor = [], []
     for i in range(args.repeat):
         # the floor: DuckDB reading the same file into a plain table
         con = duckdb.connect(str(tmp / f"floor{i}.duckdb"))

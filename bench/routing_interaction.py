@@ -28,7 +28,7 @@ import json
 import shutil
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np

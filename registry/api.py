@@ -1,31 +1,35 @@
 """The Python API: `Registry`, a thin facade. Each public method is one managed transaction (or a few, in order) over
-the domain modules and returns their plain dataclasses; the CLI (registry/cli/) and the HTTP server mirror them."""
+the domain modules and returns their plain dataclasses; the CLI (registry/cli/) and the HTTP server mirror them.
+Each domain module is imported when a method first uses it (core/lazy.py): a command pays only for what it calls."""
 from __future__ import annotations
 
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-from registry.data import availability, endpoints, import_steps, ingest, outbox, splits, staging, vector_files
-from registry.answers import (catalog, fallback, fingerprint, geometry, maps, neighbours, portfolio, probe_plans,
-                              versions)
-from registry.embedding import embed, encoders, evidence, index, onboarding
-from registry.routing import log as route_log, policy, query_texts, state as routing_state
-from registry.routing.decision import Decision
-from registry.routing.options import RouteOptions
 from registry.core.errors import InputError
-from registry.answers.neighbours import Neighbour
+from registry.core.lazy import lazy_modules
 from registry.core.store import Store
 from registry.core.transaction import Tx
+from registry.embedding import MIN_EVALUATIONS
+from registry.routing.decision import Decision
+from registry.routing.options import RouteOptions
+
+availability, endpoints, import_steps, ingest, outbox, splits, staging, vector_files = lazy_modules(
+    "registry.data", "availability endpoints import_steps ingest outbox splits staging vector_files")
+catalog, fallback, fingerprint, geometry, maps, neighbours, portfolio, probe_plans, versions = lazy_modules(
+    "registry.answers", "catalog fallback fingerprint geometry maps neighbours portfolio probe_plans versions")
+embed, encoders, evidence, index, onboarding = lazy_modules("registry.embedding", "embed encoders evidence index onboarding")
+route_log, policy, query_texts, routing_state = lazy_modules("registry.routing", "log policy query_texts state")
+
+
 class Registry:
-    """A model registry in one DuckDB file (or a PostgreSQL database: `Registry("postgresql://...")`).
-    `Registry(path)` opens (and, if new, creates) it; with `create=False` a missing file is an error (NotFound)
-    instead."""
+    """A model registry in one DuckDB file (or a PostgreSQL database: `Registry("postgresql://...")`). `Registry(path)`
+    opens (and, if new, creates) it; with `create=False` a missing file is an error (NotFound) instead."""
     probation_min = property(lambda self: evidence.store_minimum(self.store, self.probation_setting))  # evidence.py
 
     def __init__(self, path: str | Path | None = None, migrate: bool = True,
-                 min_evaluations: int = embed.MIN_EVALUATIONS, create: bool = True,
-                 probation_min: int | None = None):
+                 min_evaluations: int = MIN_EVALUATIONS, create: bool = True, probation_min: int | None = None):
         self.store = Store(path, migrate=migrate, create=create)
         self.path = self.store.path
         self.min_evaluations = min_evaluations
@@ -77,9 +81,8 @@ class Registry:
 
     def draw_splits(self, val: float = 0.1, test: float | None = None, seed: int = 0, by: str = "random",
                     test_categories: list[str] | None = None) -> splits.DrawResult:
-        """Give every query without a split one, drawn with `seed` per category (shares `val` and `test`, default 0.1
-        each, the rest train); a split, once set, is kept. `by="category"`: whole categories held out instead
-        (`test_categories` as test; splits.draw_by_category). Models whose test queries change are re-embedded."""
+        """Give every query without a split one, drawn with `seed` per category (`val` and `test` shares, default 0.1
+        each); a split, once set, is kept. `by="category"`: `test_categories` held out whole. Changed models re-embed."""
         splits.check_draw(by, val=val, test=test, test_categories=test_categories)
         self.finish_pending()
         with self.store.tx() as tx:
@@ -259,7 +262,7 @@ class Registry:
             return catalog.stats(tx, self.path)
 
     def similar(self, model: str | None = None, k: int = 5, *, evals: str | None = None,
-                as_of: str | None = None) -> list[Neighbour]:
+                as_of: str | None = None) -> list[neighbours.Neighbour]:
         """Nearest registered models to a registered model or to an unregistered one's results (`evals`, read only),
         with how often each disagrees with it on shared queries and each one's evaluations; k past the pool: all."""
         if (model is None) == (evals is None):
@@ -283,9 +286,8 @@ class Registry:
             return fingerprint.identify(tx, self.path, evals, encoder_id, self.min_evaluations, as_of)
 
     def fingerprint_plan(self, n: int = 64, candidates=(), seed: int = 0, out: str | None = None):
-        """The n queries whose answers best tell the candidate models apart (default: every model with at least
-        the probation minimum of results), written to `out` (CSV or JSONL, an empty `correct` column to fill in) for
-        `fingerprint --evals` (`probe_plans.FingerprintPlan`). Nothing is written to the registry."""
+        """The n queries whose answers best tell the candidate models apart (default: every model with at least the
+        probation minimum of results), written to `out` for `fingerprint --evals` (`probe_plans.FingerprintPlan`)."""
         with self.store.tx() as tx:
             return probe_plans.fingerprint_plan(tx, n, list(candidates), seed, out, self.probation_min)
 
@@ -301,10 +303,9 @@ class Registry:
     def portfolio(self, k: int | None = None, method: str | None = None, *, max_params: float | None = None,
                   max_cost: float | None = None, require=(), exclude=(), target: float | None = None,
                   seed: int = 0, as_of: str | None = None, include_probation: bool = False, fill: bool = False):
-        """A few models covering the embedding space (`portfolio.Portfolio`); with `target`, the smallest k whose
-        routing accuracy on the test split reaches that share of the whole pool's. Models on probation are members
-        only when required or with `include_probation`. By routing value (the default), members that add nothing
-        are left out unless `fill`."""
+        """A few models covering the embedding space (`portfolio.Portfolio`); with `target`, the smallest k whose test
+        routing accuracy reaches that share of the whole pool's. Models on probation are members only when required
+        or with `include_probation`; by routing value (the default), members that add nothing only with `fill`."""
         with self.store.tx() as tx:
             p = self.pool(tx, as_of)
             weak = set() if include_probation else p.on_probation(self.probation_min)
@@ -327,8 +328,7 @@ class Registry:
                                     probation_min=self.probation_min, include_probation=include_probation)
 
     def map(self, out: str = "map.png", seed: int = 0, as_of: str | None = None):
-        """Draw the embeddings in 2-D (PCA up to maps.PCA_MAX models, t-SNE past them), coloured by family
-        (`maps.MapResult`)."""
+        """Draw the embeddings in 2-D (PCA up to maps.PCA_MAX models, t-SNE past them), by family (`maps.MapResult`)."""
         with self.store.tx() as tx:
             return maps.render(self.pool(tx, as_of), dict(tx.sql("SELECT name, family FROM models")), out, seed)
 

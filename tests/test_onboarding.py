@@ -16,7 +16,6 @@ from click.testing import CliRunner
 from registry import Registry
 from registry.cli import cli
 
-from .conftest import snapshot
 
 
 def versions(path) -> dict[str, int]:

@@ -8,7 +8,6 @@ import socket
 import threading
 import time
 
-import httpx
 import pytest
 import uvicorn
 from click.testing import CliRunner

@@ -6,10 +6,15 @@ import json
 from dataclasses import dataclass, field
 
 from registry.data import availability
-from registry.embedding import encoders, evidence
+from registry.core.lazy import LazyModule
+from registry.embedding import encoders
 from registry.core.errors import InputError, unknown_model
 from registry.data.evaluation_rows import CURRENT, current
 from registry.core.transaction import Tx
+
+evidence = LazyModule("registry.embedding.evidence")   # (numpy: `stats` reads counts only)
+
+
 @dataclass
 class ModelInfo:
     name: str

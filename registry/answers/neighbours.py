@@ -3,15 +3,20 @@ the k nearest current embeddings out, from the FAISS index); by name and by an e
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
 from registry.answers import catalog
 from registry.data import evaluation_rows
-from registry.embedding import embed, encoders, index
-from registry.embedding.embed import MIN_EVALUATIONS
+from registry.core.lazy import LazyModule
+from registry.embedding import MIN_EVALUATIONS, encoders, index
 from registry.core.errors import InputError, NotFound, unknown_model
 from registry.core.transaction import Tx
+
+embed = LazyModule("registry.embedding.embed")   # (only an evaluations file is embedded here)
+
+
 @dataclass
 class Neighbour:
     model: str
@@ -74,7 +79,7 @@ def similar(tx: Tx, db_path: str, *, model: str | None, evals: str | None, k: in
         x.embedded_from = n[x.model][1] if x.model in n else None
     if model is not None:                # how surely the model itself is placed: the evaluations behind it
         own_n = n[model][1] if model in n else None
-    out = rank(near, scale_of(tx, vi), own_n, probation_min)[:k]
+    out = rank(near, lambda: scale_of(tx, vi), own_n, probation_min)[:k]
     groups = catalog.alias_groups(tx) if model is not None else {}
     ids = {name: i for i, name in vi.names.items()}
     root = groups.get(ids.get(model), ids.get(model))
@@ -130,16 +135,18 @@ def _fit(tx: Tx, vi: index.VectorIndex) -> Scale | None:
     return Scale(float(r[keep] @ d[keep] / (r[keep] @ r[keep])))
 
 
-def rank(near: list[Neighbour], scale: Scale | None, own_evaluations: int | None,
+def rank(near: list[Neighbour], scale_of: Callable[[], Scale | None], own_evaluations: int | None,
          probation_min: int) -> list[Neighbour]:
     """Neighbours by `combined`. Two well placed models (both embedded from `probation_min` evaluations) keep their
     embedding distance. Where either is placed unsurely (on probation, or a file's results: `own_evaluations`) and
     they share n answers, those answers place it: the distance their disagreement reads as on the registry's line
-    (`Scale`), weighted n / (n + MIN_SHARED) against the embedding's (with none shared, the embedding alone)."""
-    for x in near:
+    (`Scale`, fitted by `scale_of` only when some pair needs it: the fit reads every model's answers), weighted
+    n / (n + MIN_SHARED) against the embedding's (with none shared, the embedding alone)."""
+    unsure = [x.shared_queries and min(own_evaluations or 0, x.embedded_from or 0) < probation_min for x in near]
+    scale = scale_of() if any(unsure) else None
+    for x, placed_unsurely in zip(near, unsure):
         x.combined, x.placed_by = x.distance, "embedding"
-        placed = min(own_evaluations or 0, x.embedded_from or 0)
-        if scale is None or not x.shared_queries or placed >= probation_min:
+        if scale is None or not placed_unsurely:
             continue
         w = x.shared_queries / (x.shared_queries + MIN_SHARED)
         x.combined = round(w * scale.slope * x.disagreement + (1 - w) * x.distance, 4)

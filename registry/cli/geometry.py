@@ -11,7 +11,7 @@ import click
 
 from registry.cli.common import command, emit_json, neighbour_rows, open_registry, table
 from registry.core.errors import InputError
-from registry.embedding.evidence import on_probation
+
 
 AS_OF = click.option("--as-of", help="Answer as the registry stood at this time (ISO timestamp).")
 
@@ -24,6 +24,8 @@ AS_OF = click.option("--as-of", help="Answer as the registry stood at this time 
 def similar(ctx, model, evals, k, as_of, as_json):
     """The nearest registered models to MODEL (or to --evals FILE), with how often they really disagree: ranked by
     their shared answers where they have some, else by the embedding ('placed by'; 'ranked at': the two combined)."""
+    from registry.embedding.evidence import on_probation
+
     reg = open_registry(ctx)
     out = reg.similar(model, k=k, evals=evals, as_of=as_of)
     notes = [f"k={k}, but the pool has {len(out)} other embedded models: all of them shown"] if len(out) < k else []

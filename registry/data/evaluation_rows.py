@@ -4,9 +4,12 @@ disagreement between answers is computed here too.
 """
 from __future__ import annotations
 
-import numpy as np
-
+from registry.core.lazy import LazyModule
 from registry.core.transaction import Tx
+
+np = LazyModule("numpy")   # (the SQL rule is read by commands that need no arrays)
+
+
 def current(before_batch: int | None = None, model_ids=None, queries_in: str | None = None) -> str:
     """The newest evaluation of each (model, query) pair, as a subquery (`FROM {current()} e`); with `before_batch`,
     as it stood before that import batch; with `model_ids`, of those models only, and with `queries_in` (a table or

@@ -175,7 +175,7 @@ def embed_missing_texts(tx: Tx, progress: bool = False,
         filled = vector_files.fill_missing(tx, vector_files.shipped())
         if result is not None:
             result.texts_from_files += filled
-    missing = tx.sql(f"""
+    missing = tx.sql("""
         SELECT DISTINCT q.content_hash, q.text FROM queries q
         WHERE q.content_hash NOT IN (SELECT content_hash FROM text_vectors WHERE text_encoder = ?)
         ORDER BY q.content_hash""", [text_encoder.TEXT_ENCODER])

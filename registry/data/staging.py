@@ -282,7 +282,7 @@ def stage(tx: Tx, kind: str, path: str, table: str, *, project: Callable[[dict[s
     `with_lines` adds a `line` column (cheap for small files; big ones compute lines only when reporting an error).
     """
     cols = file_columns(tx, kind, path, constants)
-    fmt, src, types, chosen, exprs = cols.fmt, cols.src, cols.types, cols.chosen, cols.exprs
+    fmt, src, exprs = cols.fmt, cols.src, cols.exprs
     first_line = {"csv": 2, "jsonl": 1, "parquet": 1}[fmt]
     ignored = cols.ignored
     selects = project(exprs) if project else ", ".join(f"{e} AS {c}" for c, e in exprs.items())

@@ -18,7 +18,7 @@ import numpy as np
 from registry.data.evaluation_rows import newest_per_query
 from registry.data.query_cache import projections, query_meta
 from registry.core.transaction import Tx
-MIN_EVALUATIONS = 32   # the fewest evaluations a model is embedded from
+from registry.embedding import MIN_EVALUATIONS
 
 
 @dataclass

@@ -12,11 +12,13 @@ import hashlib
 import json
 from dataclasses import dataclass
 
-from registry.locus import text_encoder
 from registry.core import resources
+from registry.core.lazy import LazyModule
 from registry.core.errors import InputError, NotFound, RegistryError
 from registry.core.transaction import Tx
 from registry.data.outbox import enqueue
+
+text_encoder = LazyModule("registry.locus.text_encoder")   # (numpy: only installing a checkpoint checks it)
 
 SHIPPED = resources.data_dir() / "locus-mmlu-pro.safetensors"
 _models: dict = {}  # weights sha256 (or ("float64", sha256)) -> LocusModel, loaded once per process

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from registry.core import settings
+from registry.core.lazy import LazyModule
 from registry.core.transaction import Tx
 from registry.embedding import encoders
+
+np = LazyModule("numpy")   # (the facade reads the configured minimum at every start)
 
 PROBATION_MIN = 500      # the most the minimum asks for, and the minimum where the registry's data says nothing
 
@@ -42,10 +43,11 @@ def from_counts(counts) -> int:
     """The data-driven minimum from the evaluations behind the current embeddings: the smaller of PROBATION_MIN and
     half the median count of the better-known half of the models (so models registered from a few results, however
     many, do not lower the bar); PROBATION_MIN for a registry without embeddings."""
-    n = np.sort(np.asarray(counts, dtype=np.float64))[::-1]
-    if not len(n):
+    n = sorted((float(c) for c in counts), reverse=True)      # (plain Python: `show` and `models` need no numpy)
+    if not n:
         return PROBATION_MIN
-    return int(min(PROBATION_MIN, np.median(n[:(len(n) + 1) // 2]) // 2))
+    top = n[:(len(n) + 1) // 2]
+    return int(min(PROBATION_MIN, (top[(len(top) - 1) // 2] + top[len(top) // 2]) / 2 // 2))
 
 
 def probation_min(value: int | None = None, counts=None) -> int:
@@ -94,7 +96,7 @@ def on_probation(n, minimum: int | None = None):
     """The probation rule, its one home: an embedding from fewer than the minimum evaluations (n: a count or an
     array of counts) -> bool (or [M] bool). `minimum` None: the one set, else PROBATION_MIN (callers that know the
     registry pass `minimum(tx)`)."""
-    return np.asarray(n) < probation_min(minimum) if isinstance(n, np.ndarray) else int(n) < probation_min(minimum)
+    return np.asarray(n) < probation_min(minimum) if getattr(n, "ndim", 0) else int(n) < probation_min(minimum)
 
 
 @dataclass

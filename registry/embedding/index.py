@@ -18,10 +18,13 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from registry.core import dialect
+from registry.core.lazy import LazyModule
 from registry.core.transaction import Tx
+
+np = LazyModule("numpy")   # (every close asks `flush`; most commands hold no index)
+
+
 @dataclass
 class VectorIndex:
     encoder_id: int

@@ -27,14 +27,17 @@ class Neighbour:
     combined: float | None = None       # `similar`'s ranking distance: the embedding's and the shared answers'
     placed_by: str | None = None        # which evidence placed it (`similar`): embedding | answers | both
     alias: bool = False                 # the two are recorded as one model under two names (`similar`)
+    error_correlation: float | None = None   # how much they err together beyond difficulty (`similar`)
 
 
 def by_vector(tx: Tx, db_path: str, vector, k: int, encoder_id: int, *, as_of: str | None = None,
               exclude: set[str] | None = None, answers: tuple | None = None,
-              vi: index.VectorIndex | None = None, rates: dict | None = None) -> list[Neighbour]:
+              vi: index.VectorIndex | None = None, rates: dict | None = None,
+              errors: bool = False, before_batch: int | None = None) -> list[Neighbour]:
     """The k nearest current embeddings to one vector (all of them if the pool is smaller), leaving out `exclude`;
     with `answers` (query ids, 0/1), each neighbour's disagreement with them on the queries both answered (`rates`:
-    evaluations.disagreement of those answers, when the caller has it already)."""
+    evaluation_rows.disagreement of those answers, when the caller has it already), and with `errors` their error
+    correlation too (evaluation_rows.agreement: a heavier read; `before_batch`: the answers as they stood then)."""
     vi = vi or index.get(tx, db_path, encoder_id, as_of)
     if vi.size == 0:
         raise InputError("the registry has no embedded models yet: import evaluations first (`registry import`)")
@@ -46,26 +49,31 @@ def by_vector(tx: Tx, db_path: str, vector, k: int, encoder_id: int, *, as_of: s
     out = [Neighbour(vi.names[i], round(d, 4)) for i, d in found]
     if (answers is not None or rates is not None) and out:
         if rates is None:
-            rates = evaluation_rows.disagreement(tx, answers[0], answers[1], [i for i, _ in found])
+            others = [i for i, _ in found]
+            rates = (evaluation_rows.agreement(tx, answers[0], answers[1], others, before_batch) if errors
+                     else evaluation_rows.disagreement(tx, answers[0], answers[1], others))
         for (i, _), n in zip(found, out):
             if i in rates:
                 n.shared_queries, n.disagreement = rates[i][0], round(rates[i][1], 4)
+                if len(rates[i]) > 2 and rates[i][2] is not None:
+                    n.error_correlation = round(rates[i][2], 4)
     return out
 
 
 def similar(tx: Tx, db_path: str, *, model: str | None, evals: str | None, k: int, as_of: str | None,
             min_evaluations: int, probation_min: int) -> list[Neighbour]:
     """`registry similar`: the nearest models to a registered one, or to an evaluations file's results (read, never
-    written), each with the evaluations behind its embedding. Ranked by `combined`: where one of the two is placed
-    unsurely and they share answers, their disagreement counts beside the embedding distance (`rank`)."""
+    written), each with the evaluations behind its embedding. Ranked by `combined`: the embedding distance,
+    corrected by the answers the two share (`rank`)."""
     encoder_id = encoders.require_active(tx, as_of)
     vi = index.get(tx, db_path, encoder_id, as_of)
+    then = evaluation_rows.first_batch_after(tx, as_of)     # the answers as they stood at `as_of`
     if model is not None:
         vector = vi.vector_of(model)
         if vector is None:
             vector, _ = vector_of(tx, model, encoder_id, as_of)
         own = vi.id_of(model) or tx.sql("SELECT id FROM models WHERE name = ?", [model])[0][0]
-        rows = evaluation_rows.of_models(tx, [own])
+        rows = evaluation_rows.of_models(tx, [own], then)
         answers = (rows["query_id"], rows["correct"])
     else:
         vector, a = embed.embed_file(tx, evals, encoders.load(tx, encoder_id)[0], min_evaluations)
@@ -73,7 +81,7 @@ def similar(tx: Tx, db_path: str, *, model: str | None, evals: str | None, k: in
     if k <= 0:
         raise InputError(f"k must be at least 1, got {k}")
     near = by_vector(tx, db_path, vector, vi.size, encoder_id, as_of=as_of, exclude={model} if model else None,
-                     answers=answers, vi=vi)
+                     answers=answers, vi=vi, errors=True, before_batch=then)
     n = catalog.current_versions(tx, encoder_id, as_of)
     for x in near:
         x.embedded_from = n[x.model][1] if x.model in n else None
@@ -137,21 +145,44 @@ def _fit(tx: Tx, vi: index.VectorIndex) -> Scale | None:
 
 def rank(near: list[Neighbour], scale_of: Callable[[], Scale | None], own_evaluations: int | None,
          probation_min: int) -> list[Neighbour]:
-    """Neighbours by `combined`. Two well placed models (both embedded from `probation_min` evaluations) keep their
-    embedding distance. Where either is placed unsurely (on probation, or a file's results: `own_evaluations`) and
-    they share n answers, those answers place it: the distance their disagreement reads as on the registry's line
-    (`Scale`, fitted by `scale_of` only when some pair needs it: the fit reads every model's answers), weighted
-    n / (n + MIN_SHARED) against the embedding's (with none shared, the embedding alone)."""
-    unsure = [x.shared_queries and min(own_evaluations or 0, x.embedded_from or 0) < probation_min for x in near]
+    """Neighbours by `combined`, the embedding distance corrected by the answers the two share (n of them, weighted
+    n / (n + MIN_SHARED) against the embedding's; with none shared, the embedding alone).
+
+    Where either is placed unsurely (on probation, or a file's results: `own_evaluations`), their disagreement
+    places it, read as a distance on the registry's line (`Scale`, fitted by `scale_of` only then: the fit reads
+    every model's answers). Where both are well placed (embedded from `probation_min` evaluations) and share
+    MIN_PAIR_SHARED answers, their error correlation does, read as a distance on this list's own line (`error_line`):
+    mistakes made together beyond difficulty tell a family apart better than the embedding or the raw rate."""
+    unsure = [bool(x.shared_queries) and min(own_evaluations or 0, x.embedded_from or 0) < probation_min
+              for x in near]
     scale = scale_of() if any(unsure) else None
+    slope = error_line([x for x, u in zip(near, unsure) if not u])
     for x, placed_unsurely in zip(near, unsure):
         x.combined, x.placed_by = x.distance, "embedding"
-        if scale is None or not placed_unsurely:
+        if placed_unsurely and scale is not None:
+            answers = scale.slope * x.disagreement
+        elif not placed_unsurely and slope is not None and _errors_known(x):
+            answers = slope * (1 - x.error_correlation)
+        else:
             continue
         w = x.shared_queries / (x.shared_queries + MIN_SHARED)
-        x.combined = round(w * scale.slope * x.disagreement + (1 - w) * x.distance, 4)
+        x.combined = round(w * answers + (1 - w) * x.distance, 4)
         x.placed_by = "answers" if w >= 0.75 else "both"
     return sorted(near, key=lambda x: (x.combined, x.distance, x.model))
+
+
+def _errors_known(x: Neighbour) -> bool:
+    return x.error_correlation is not None and (x.shared_queries or 0) >= MIN_PAIR_SHARED
+
+
+def error_line(near: list[Neighbour]) -> float | None:
+    """The embedding distance as a line through the origin in 1 - error correlation, over these neighbours (two
+    models that err together always sit together); None under three of them with both."""
+    pairs = [(1 - x.error_correlation, x.distance) for x in near if _errors_known(x)]
+    if len(pairs) < 3:
+        return None
+    uu = sum(u * u for u, _ in pairs)
+    return sum(u * d for u, d in pairs) / uu if uu > 0 else None
 
 
 def of_model(tx: Tx, db_path: str, name: str, k: int, encoder_id: int, *, as_of: str | None = None,

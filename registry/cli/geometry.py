@@ -23,7 +23,9 @@ AS_OF = click.option("--as-of", help="Answer as the registry stood at this time 
 @AS_OF
 def similar(ctx, model, evals, k, as_of, as_json):
     """The nearest registered models to MODEL (or to --evals FILE), with how often they really disagree: ranked by
-    their shared answers where they have some, else by the embedding ('placed by'; 'ranked at': the two combined)."""
+    their shared answers where they have some, else by the embedding ('placed by'; 'ranked at': the two combined;
+    'errs alike': the correlation of their mistakes beyond the questions' difficulty, which places two well-placed
+    models)."""
     from registry.embedding.evidence import on_probation
 
     reg = open_registry(ctx)
@@ -41,10 +43,12 @@ def similar(ctx, model, evals, k, as_of, as_json):
     if as_json:
         emit_json({"neighbours": out, "note": note})
         return
-    rows = [[row[0] + (" (alias)" if x.alias else "")] + row[1:] + [x.embedded_from or "", x.placed_by or "",
-                                                                    "" if x.combined is None else f"{x.combined:.4f}"]
-            for row, x in zip(neighbour_rows(out), out)]
-    table(rows, ["model", "distance", "disagreement", "shared queries", "embedded from", "placed by", "ranked at"])
+    fmt = lambda v: "" if v is None else f"{v:.4f}"  # noqa: E731
+    rows = [[row[0] + (" (alias)" if x.alias else "")] + row[1:] + [
+        fmt(x.error_correlation), x.embedded_from or "", x.placed_by or "", fmt(x.combined)]
+        for row, x in zip(neighbour_rows(out), out)]
+    table(rows, ["model", "distance", "disagreement", "shared queries", "errs alike", "embedded from", "placed by",
+                 "ranked at"])
     for line in notes:
         click.echo(f"note: {line}")
 

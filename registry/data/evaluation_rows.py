@@ -40,11 +40,20 @@ def newest_per_query(res: dict) -> dict:
     return {c: np.asarray(res[c])[keep] for c in ("model_id", "query_id", "correct", "batch_id")}
 
 
-def of_models(tx: Tx, model_ids) -> dict:
-    """Current evaluations of some models as numpy columns (model_id, query_id, correct, batch_id)."""
+def of_models(tx: Tx, model_ids, before_batch: int | None = None) -> dict:
+    """Current evaluations of some models as numpy columns (model_id, query_id, correct, batch_id); with
+    `before_batch`, as they stood before that import batch."""
     ids = ", ".join(str(int(m)) for m in model_ids) or "NULL"
+    before = f"AND batch_id < {int(before_batch)}" if before_batch is not None else ""
     return newest_per_query(tx.numpy(f"""SELECT model_id, query_id, correct::INT AS correct, batch_id
-                                               FROM evaluations WHERE model_id IN ({ids})"""))
+                                               FROM evaluations WHERE model_id IN ({ids}) {before}"""))
+
+
+def first_batch_after(tx: Tx, as_of: str | None) -> int | None:
+    """The first import batch made after `as_of` (None: none, or no `as_of`): what stood then came before it."""
+    if as_of is None:
+        return None
+    return tx.sql("SELECT min(id) FROM import_batches WHERE created > ?::TIMESTAMP", [as_of])[0][0]
 
 
 def disagreement(tx: Tx, qids, y, others) -> dict[int, tuple[int, float]]:
@@ -66,3 +75,38 @@ def disagreement(tx: Tx, qids, y, others) -> dict[int, tuple[int, float]]:
         FROM {current(model_ids=others, queries_in="_answers")} e JOIN _answers a ON a.query_id = e.query_id
         GROUP BY e.model_id""", [qids[last].tolist(), y[last].tolist()])
     return {int(m): (int(n), float(r)) for m, n, r in res}
+
+
+def agreement(tx: Tx, qids, y, others,
+              before_batch: int | None = None) -> dict[int, tuple[int, float, float | None]]:
+    """`disagreement`, and how much each of `others` errs where the answers y err beyond what the questions'
+    difficulty and the two models' accuracy explain: {other id: (shared, disagreement rate, error correlation)}.
+
+    Each answer's surprise is its 0/1 less the chance a model of its accuracy answers that question right (a logit
+    sum: the question's share of right answers among the models that answered it, plus the model's own rate on
+    these queries, less the pool's mean, each smoothed by one right and one wrong); the error correlation is the
+    two surprises' correlation over the shared queries (None when either never surprises). Fine-tunes of one base
+    share mistakes that two unrelated models of the same accuracy do not: this ranks a model's family first more
+    often than the disagreement rate does (bench/families.py). `before_batch`: the evaluations as they stood then."""
+    qids, y = np.asarray(qids, dtype=np.int64), np.asarray(y, dtype=np.int64)
+    others = [int(m) for m in others if m is not None]
+    if not len(qids) or not others:
+        return {}
+    last = len(qids) - 1 - np.unique(qids[::-1], return_index=True)[1]     # a repeated query: its last answer
+    res = tx.sql(f"""
+        WITH _answers AS (SELECT unnest(?::BIGINT[]) AS query_id, unnest(?::BIGINT[]) AS y),
+        pool AS (SELECT model_id, query_id, correct::INT AS c FROM {current(before_batch, queries_in="_answers")} e),
+        difficulty AS (SELECT query_id, ln((sum(c) + 1.0) / (count(*) - sum(c) + 1.0)) AS lp FROM pool GROUP BY 1),
+        ability AS (SELECT model_id, ln((sum(c) + 1.0) / (count(*) - sum(c) + 1.0)) AS la FROM pool GROUP BY 1),
+        centre AS (SELECT avg(la) AS mid FROM ability),
+        own AS (SELECT ln((sum(y) + 1.0) / (count(*) - sum(y) + 1.0)) AS la FROM _answers),
+        surprise AS (
+            SELECT p.model_id, (p.c <> a.y)::INT AS differs,
+                   p.c - 1 / (1 + exp(-(d.lp + b.la - centre.mid))) AS sm,
+                   a.y - 1 / (1 + exp(-(d.lp + own.la - centre.mid))) AS sy
+            FROM pool p JOIN _answers a ON a.query_id = p.query_id JOIN difficulty d ON d.query_id = p.query_id
+                 JOIN ability b ON b.model_id = p.model_id, centre, own
+            WHERE p.model_id IN ({", ".join(str(m) for m in others)}))
+        SELECT model_id, count(*), avg(differs), sum(sm * sy) / nullif(sqrt(sum(sm * sm) * sum(sy * sy)), 0)
+        FROM surprise GROUP BY 1""", [qids[last].tolist(), y[last].tolist()])
+    return {int(m): (int(n), float(r), None if c is None else float(c)) for m, n, r, c in res}

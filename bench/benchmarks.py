@@ -48,8 +48,29 @@ def run(folder: Path, seed: int, work: Path) -> dict:
         shutil.copy(base, db)
         cli(db, "train", "--seed", str(seed), "--activate", log=log)
     report = json.loads(cli(db, "evaluate", "--split", "test", "--json", log=log))
-    return {"dataset": name, "seed": seed, "queries": report["queries"], "models": report["models"],
-            "served": report.get("served", {}), "methods": report["methods"]}
+    out = {"dataset": name, "seed": seed, "queries": report["queries"], "models": report["models"],
+           "served": report.get("served", {}), "methods": report["methods"]}
+    if priced(folder):
+        f = json.loads(cli(db, "route", "--frontier", "--cost-by", "cost", "--split", "test", "--json", log=log))
+        out["frontier"] = {"priced_models": len(f["models"]), "best_single": f["best_single"], "reach": f["reach"]}
+    return out
+
+
+def priced(folder: Path) -> bool:
+    """Whether the dataset's models file gives prices (a `cost` column): then the cost frontier is measured too."""
+    models = folder / "models.csv"
+    return models.exists() and "cost" in models.read_text(encoding="utf-8").splitlines()[0].split(",")
+
+
+def frontier_bar(r: dict) -> bool | None:
+    """The router reaches 95% of the best single model's accuracy for less than any single model that reaches it,
+    and for at most 60% of the best one's cost (None: no prices)."""
+    if "frontier" not in r:
+        return None
+    row = r["frontier"]["reach"]["0.95"]
+    router, single = row["router"], row["single"]
+    return router is not None and router["cost_ratio"] <= 0.6 and (
+        single is None or router["mean_cost"] < single["mean_cost"])
 
 
 def bars(r: dict) -> dict:
@@ -57,7 +78,8 @@ def bars(r: dict) -> dict:
     hit = {k: m[k]["hit@1"] for k in m if "hit@1" in m[k]}
     simple = max(hit[k] for k in SIMPLE if k in hit)
     auc = lambda k: m.get(k, {}).get("auc")  # noqa: E731
-    return {"served >= simple - 0.005": hit["served"] >= simple - 0.005,
+    return {"router at 95% of best: cheaper than any single, <= 60%": frontier_bar(r),
+            "served >= simple - 0.005": hit["served"] >= simple - 0.005,
             "served > best single": hit["served"] > hit["best_single"],
             "predictor AUC >= KNN, MF": all(auc("locus") is not None and auc(k) is not None and auc("locus") >= auc(k)
                                             for k in ("knn", "mf"))}
@@ -77,8 +99,18 @@ def table(results: list[dict]) -> str:
             cells.append(cell)
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines.append("| served policy | " + " | ".join(r["served"].get("policy", "") for r in results) + " |")
-    for bar in ("served >= simple - 0.005", "served > best single", "predictor AUC >= KNN, MF"):
-        lines.append(f"| {bar} | " + " | ".join("yes" if bars(r)[bar] else "NO" for r in results) + " |")
+    for share in ("0.95", "0.99"):
+        cells = []
+        for r in results:
+            row = r.get("frontier", {}).get("reach", {}).get(share)
+            cells.append("" if row is None else " / ".join(
+                "none" if row[k] is None else f"{row[k]['cost_ratio']:.3f} ({row[k]['label']})"
+                for k in ("router", "single")))
+        lines.append(f"| cost for {share} of best single: router / cheapest single | " + " | ".join(cells) + " |")
+    for bar in ("served >= simple - 0.005", "served > best single", "predictor AUC >= KNN, MF",
+                "router at 95% of best: cheaper than any single, <= 60%"):
+        marks = {True: "yes", False: "NO", None: ""}
+        lines.append(f"| {bar} | " + " | ".join(marks[bars(r)[bar]] for r in results) + " |")
     return "\n".join(lines)
 
 

@@ -19,6 +19,7 @@ import argparse
 import ast
 import csv
 import gzip
+import hashlib
 import json
 import operator
 import re
@@ -144,9 +145,9 @@ def crux_correct(answer, truth) -> bool:
 class Source:
     """A checkout or a bare git directory of the repository."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, marker: str = "result_dirs"):
         self.path = Path(path)
-        self.bare = not (self.path / "result_dirs").is_dir()
+        self.bare = not (self.path / marker).is_dir()     # a checkout has the marker folder; a bare copy has none
         if self.bare:
             self.commit = self._git("rev-parse", "HEAD").strip()
         else:
@@ -165,6 +166,12 @@ class Source:
         names = self._git("ls-tree", "--name-only", f"HEAD:{folder}").split()
         return sorted(n for n in names if n.endswith(".json"))
 
+    def folders(self, folder: str) -> list[str]:
+        if not self.bare:
+            return sorted(p.name for p in (self.path / folder).iterdir() if p.is_dir())
+        rows = self._git("ls-tree", f"HEAD:{folder}").splitlines()
+        return sorted(r.split("\t", 1)[1] for r in rows if r.split()[1] == "tree")
+
     def read(self, rel: str) -> str:
         if not self.bare:
             return (self.path / rel).read_text(encoding="utf-8")
@@ -176,8 +183,9 @@ def question_text(item: dict) -> str:
 
 
 def score_task(src: Source, task: str):
-    """{question_id: (text, truth)}, {model: {question_id: 0/1}} and the published accuracy per model."""
-    questions, results = {}, {}
+    """{question_id: (text, truth)}, {model: {question_id: 0/1}}, the published accuracy per model and
+    {model: {question_id: (prompt characters, output characters)}}."""
+    questions, results, lengths = {}, {}, {}
     for fname in src.files(f"result_dirs/{task}"):
         file_model = fname[:-len(".json")]
         model = unified_name(file_model)
@@ -188,7 +196,7 @@ def score_task(src: Source, task: str):
         except subprocess.CalledProcessError:
             print(f"{task}/{fname}: absent from this copy (a large blob left out), skipped", file=sys.stderr)
             continue
-        rows = {}
+        rows, sizes = {}, {}
         for item in items:
             qid = f"{TASKS[task]}/{item['id']}"
             truth = str(item["answer"])
@@ -201,13 +209,32 @@ def score_task(src: Source, task: str):
             answer = extract_answer(file_model, output)
             ok = crux_correct(answer, truth) if task == "crux" else math_correct(answer, truth)
             rows[qid] = int(ok)
-        results[model] = rows
+            sizes[qid] = (len(item.get("model_input") or text), len(output))
+        results[model], lengths[model] = rows, sizes
     try:
         published = {r["Model"]: float(r["Acc"]) for r in json.loads(src.read(f"result_dirs/{task}.summary.json"))
                      if r.get("Mode", "greedy") == "greedy"}
     except (subprocess.CalledProcessError, FileNotFoundError, ValueError, KeyError):
         published = {}
-    return questions, results, published
+    return questions, results, published, lengths
+
+
+CHARS_PER_TOKEN = 4      # OpenAI's rule of thumb for English text; the outputs' own tokenizers are not at hand
+
+
+def read_prices(path: Path) -> dict[str, tuple[float, float, str]]:
+    """model -> (input $ per million tokens, output $ per million tokens, source), from a CSV like
+    bench/zeroeval_prices.csv."""
+    with open(path, newline="", encoding="utf-8") as f:
+        return {r["model"]: (float(r["input_usd_per_mtok"]), float(r["output_usd_per_mtok"]), r["source"])
+                for r in csv.DictReader(f)}
+
+
+def cost_per_query(sizes: dict, price: tuple[float, float, str]) -> float:
+    """The model's mean $ per question: its prompt and output lengths in tokens (characters / CHARS_PER_TOKEN) at
+    its list prices."""
+    per = [(p * price[0] + o * price[1]) / CHARS_PER_TOKEN / 1e6 for p, o in sizes.values()]
+    return sum(per) / len(per)
 
 
 def split_of(questions: dict, seed: int) -> dict:
@@ -246,23 +273,140 @@ def family_of(model: str) -> str:
     return re.sub(r"-+", "-", name).strip("-")
 
 
-def zeroeval(source: Path, out: Path, seed: int) -> dict:
+def zeroeval(source: Path, out: Path, seed: int, prices: Path | None = None) -> dict:
     src = Source(source)
-    questions, evals, report = {}, {}, {}
+    questions, evals, report, sizes = {}, {}, {}, {}
     for task in TASKS:
-        qs, results, published = score_task(src, task)
+        qs, results, published, lengths = score_task(src, task)
         questions.update({q: (t, a, TASKS[task]) for q, (t, a) in qs.items()})
         for model, rows in results.items():
             evals.setdefault(model, {}).update(rows)
+            sizes.setdefault(model, {}).update(lengths[model])
             acc = 100.0 * sum(rows.values()) / max(len(rows), 1)
             report.setdefault(task, []).append((model, len(rows), round(acc, 2), published.get(model)))
     splits = split_of(questions, seed)
+    price = read_prices(prices) if prices else {}
+    unknown = sorted(set(price) - set(evals))
+    if unknown:
+        raise SystemExit(f"{prices}: no results for {', '.join(unknown)}")
+    # a routed choice is scored only where the model has a result: only models that answered every question get a
+    # price, so that a cost frontier is not decided by gaps in the data
+    gaps = sorted(m for m in price if len(evals[m]) < len(questions))
+    for m in gaps:
+        print(f"{m}: results for {len(evals[m])} of {len(questions)} questions, left unpriced", file=sys.stderr)
+    cost = {m: cost_per_query(sizes[m], price[m]) for m in price if m not in gaps}
+    rows = [[m, family_of(m), provider_of(m)] + ([f"{cost[m]:.8f}" if m in cost else ""] if price else [])
+            for m in sorted(evals)]
+    n_evals = write_layout(out, rows, ["model", "family", "provider"] + (["cost"] if price else []),
+                           questions, evals, splits)
+    _copy_licence(src, out)
+    checks = {task: {"models": len(rows), "matched": sum(1 for r in rows if r[3] is not None and abs(r[2] - r[3])
+                                                         < 0.006),
+                     "max_gap": max((abs(r[2] - r[3]) for r in rows if r[3] is not None), default=None)}
+              for task, rows in report.items()}
+    summary = {"commit": src.commit, "models": len(evals), "questions": len(questions), "evaluations": n_evals,
+               "splits": {s: sum(1 for v in splits.values() if v == s) for s in ("train", "val", "test")},
+               "seed": seed, "published_check": checks,
+               "priced": {m: round(c, 8) for m, c in sorted(cost.items(), key=lambda x: x[1])}}
+    readme = [f"# ZeroEval per-question results of {len(evals)} models", "",
+              f"Built by bench/devdata.py from yuchenlin/ZeroEval at commit {src.commit} (Apache-2.0, LICENSE "
+              "beside this file): greedy outputs for GSM8K, MATH level 5 and CRUXEval, scored by the repository's "
+              "rules (reimplemented). category = source = the task.", "",
+              f"{len(questions)} questions, {n_evals} evaluations; split seed {seed} (80/10/10 within each task).",
+              "", "| task | model | questions | accuracy | published |", "|---|---|---|---|---|"]
+    for task, rows in report.items():
+        readme += [f"| {task} | {m} | {n} | {a:.2f} | {'' if p is None else f'{p:.2f}'} |" for m, n, a, p in rows]
+    if price:
+        readme += ["", f"`cost` in models.csv: the model's mean $ per question, its prompt and output lengths in "
+                   f"tokens (characters / {CHARS_PER_TOKEN}) at list prices ({prices.name}), for the models that "
+                   f"answered every question ({len(cost)}; left unpriced for gaps: {', '.join(gaps) or 'none'}).", "", "| model | $ per question | input, output $ per M tokens | source |",
+                   "|---|---|---|---|"]
+        readme += [f"| {m} | {cost[m]:.6f} | {price[m][0]}, {price[m][1]} | {price[m][2]} |"
+                   for m in sorted(cost, key=cost.get)]
+    (out / "README.md").write_text("\n".join(readme) + "\n", encoding="utf-8")
+    return summary
+
+
+# ---- AlpacaEval 2.0 ----
+
+AE_ANNOTATOR = "weighted_alpaca_eval_gpt4_turbo"     # AlpacaEval 2.0's judge
+AE_BASELINE = "gpt4_1106_preview"                     # the outputs it compares every model's with
+AE_FAMILY = {"gpt35": "gpt-3.5", "gpt": "gpt-3.5", "gpt4": "gpt-4", "text": "davinci", "oasst": "oasst",
+             "claude": "claude"}
+
+
+def ae_family(model: str) -> str:
+    """A naming rule: the name's first word (FuseChat-*, vicuna-*, openbuddy-*, alpaca-*...), a few merged."""
+    head = re.split(r"[-_]", model.lower(), maxsplit=1)[0]
+    if model.lower().startswith("gpt4"):
+        return "gpt-4"
+    return AE_FAMILY.get(head, head)
+
+
+def alpacaeval(source: Path, out: Path, seed: int) -> dict:
+    """tatsu-lab/alpaca_eval's per-instruction judgements (results/<model>/<AE_ANNOTATOR>/annotations.json): 1
+    where the judge prefers the model's output to the baseline's (preference above 1.5), else 0; category = source
+    = the instruction's subset (helpful_base, koala, oasst, selfinstruct, vicuna)."""
+    src = Source(source, marker="results")
+    questions, evals, skipped = {}, {}, []
+    published = _ae_published(src)
+    for model in src.folders("results"):
+        if model == AE_BASELINE:                 # judged against itself: every judgement a tie
+            continue
+        rel = f"results/{model}/{AE_ANNOTATOR}/annotations.json"
+        try:
+            items = json.loads(src.read(rel))
+        except (subprocess.CalledProcessError, FileNotFoundError, NotADirectoryError):
+            skipped.append(model)                # no such judgement, or a large blob absent from this copy
+            continue
+        rows = {}
+        for item in items:
+            text = str(item["instruction"]).strip()
+            qid = f"{item['dataset']}/{hashlib.sha1(text.encode()).hexdigest()[:12]}"
+            questions.setdefault(qid, (text, "", item["dataset"]))
+            pref = item.get("preference")
+            rows[qid] = int(pref is not None and float(pref) > 1.5)
+        evals[model] = rows
+    print(f"{len(skipped)} models without a readable {AE_ANNOTATOR} judgement skipped", file=sys.stderr)
+    splits = split_of(questions, seed)
+    write_layout(out, [[m, ae_family(m), ""] for m in sorted(evals)], ["model", "family", "provider"],
+                 questions, evals, splits)
+    _copy_licence(src, out)
+    check = {m: (round(100.0 * sum(r.values()) / len(r), 2), published.get(m)) for m, r in evals.items()}
+    gaps = [abs(a - p) for a, p in check.values() if p is not None]
+    summary = {"commit": src.commit, "models": len(evals), "skipped": len(skipped), "questions": len(questions),
+               "evaluations": sum(len(r) for r in evals.values()), "seed": seed,
+               "splits": {k: sum(1 for v in splits.values() if v == k) for k in ("train", "val", "test")},
+               "published_check": {"models": len(gaps), "within_0.5": sum(g <= 0.5 for g in gaps),
+                                   "max_gap": max(gaps, default=None)}}
+    readme = [f"# AlpacaEval 2.0 per-instruction judgements of {len(evals)} models", "",
+              f"Built by bench/devdata.py from tatsu-lab/alpaca_eval at commit {src.commit} (Apache-2.0, LICENSE "
+              f"beside this file): {AE_ANNOTATOR}'s preference for each model's output over gpt4_1106_preview's, "
+              "1 above 1.5; category = source = the instruction's subset.", "",
+              "| model | win rate here | published discrete win rate |", "|---|---|---|"]
+    readme += [f"| {m} | {a:.2f} | {'' if p is None else f'{p:.2f}'} |" for m, (a, p) in sorted(check.items())]
+    (out / "README.md").write_text("\n".join(readme) + "\n", encoding="utf-8")
+    return summary
+
+
+def _ae_published(src: Source) -> dict[str, float]:
+    rel = f"src/alpaca_eval/leaderboards/data_AlpacaEval_2/{AE_ANNOTATOR}_leaderboard.csv"
+    try:
+        rows = csv.DictReader(src.read(rel).splitlines())
+        return {r[""]: float(r["discrete_win_rate"]) for r in rows if r.get("discrete_win_rate")}
+    except (subprocess.CalledProcessError, FileNotFoundError, KeyError, ValueError):
+        return {}
+
+
+def write_layout(out: Path, model_rows: list[list], model_header: list[str], questions: dict, evals: dict,
+                 splits: dict) -> int:
+    """The registry's input layout in `out`: questions {id: (text, answer, category)}, evals {model: {id: 0/1}}
+    -> the number of evaluations written."""
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "models.csv", "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
-        w.writerow(["model", "family", "provider"])
-        for model in sorted(evals):
-            w.writerow([model, family_of(model), provider_of(model)])
+        w.writerow(model_header)
+        w.writerows(model_rows)
     with gzip.open(out / "questions.csv.gz", "wt", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(["question_id", "category", "source", "question", "options", "answer"])
@@ -282,27 +426,14 @@ def zeroeval(source: Path, out: Path, seed: int) -> dict:
         w.writerow(["question_id", "split"])
         for qid in sorted(splits):
             w.writerow([qid, splits[qid]])
+    return n_evals
+
+
+def _copy_licence(src: Source, out: Path) -> None:
     try:
         (out / "LICENSE").write_text(src.read("LICENSE"), encoding="utf-8")
     except (subprocess.CalledProcessError, FileNotFoundError):
         pass
-    checks = {task: {"models": len(rows), "matched": sum(1 for r in rows if r[3] is not None and abs(r[2] - r[3])
-                                                         < 0.006),
-                     "max_gap": max((abs(r[2] - r[3]) for r in rows if r[3] is not None), default=None)}
-              for task, rows in report.items()}
-    summary = {"commit": src.commit, "models": len(evals), "questions": len(questions), "evaluations": n_evals,
-               "splits": {s: sum(1 for v in splits.values() if v == s) for s in ("train", "val", "test")},
-               "seed": seed, "published_check": checks}
-    readme = [f"# ZeroEval per-question results of {len(evals)} models", "",
-              f"Built by bench/devdata.py from yuchenlin/ZeroEval at commit {src.commit} (Apache-2.0, LICENSE "
-              "beside this file): greedy outputs for GSM8K, MATH level 5 and CRUXEval, scored by the repository's "
-              "rules (reimplemented). category = source = the task.", "",
-              f"{len(questions)} questions, {n_evals} evaluations; split seed {seed} (80/10/10 within each task).",
-              "", "| task | model | questions | accuracy | published |", "|---|---|---|---|---|"]
-    for task, rows in report.items():
-        readme += [f"| {task} | {m} | {n} | {a:.2f} | {'' if p is None else f'{p:.2f}'} |" for m, n, a, p in rows]
-    (out / "README.md").write_text("\n".join(readme) + "\n", encoding="utf-8")
-    return summary
 
 
 def main(argv=None) -> None:
@@ -312,10 +443,19 @@ def main(argv=None) -> None:
     z.add_argument("--source", required=True, type=Path, help="a copy of the repository (checkout or bare git dir)")
     z.add_argument("--out", required=True, type=Path, help="the folder to write (outside the repository)")
     z.add_argument("--seed", type=int, default=0)
+    a = sub.add_parser("alpacaeval", help="AlpacaEval 2.0 judgements of tatsu-lab/alpaca_eval's models")
+    a.add_argument("--source", required=True, type=Path, help="a copy of the repository (checkout or bare git dir)")
+    a.add_argument("--out", required=True, type=Path, help="the folder to write (outside the repository)")
+    a.add_argument("--seed", type=int, default=0)
+    z.add_argument("--prices", type=Path, help="list prices per model (CSV like bench/zeroeval_prices.csv): adds a "
+                   "`cost` column, the mean $ per question")
     args = ap.parse_args(argv)
     if not args.source.exists():
         raise SystemExit(f"--source {args.source}: no such folder")
-    print(json.dumps(zeroeval(args.source, args.out, args.seed), indent=1))
+    if args.cmd == "alpacaeval":
+        print(json.dumps(alpacaeval(args.source, args.out, args.seed), indent=1))
+    else:
+        print(json.dumps(zeroeval(args.source, args.out, args.seed, args.prices), indent=1))
 
 
 if __name__ == "__main__":

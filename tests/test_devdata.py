@@ -132,3 +132,74 @@ def test_the_folder_imports_into_a_registry(tmp_path):
         with reg.store.tx() as tx:
             assert tx.sql("SELECT count(*) FROM evaluations")[0][0] == 24
             assert tx.sql("SELECT count(DISTINCT category) FROM queries")[0][0] == 3
+
+
+def test_prices_give_each_complete_model_its_mean_dollars_per_question(tmp_path):
+    repo = _fake_repo(tmp_path / "ZeroEval")
+    prices = tmp_path / "prices.csv"
+    prices.write_text("model,input_usd_per_mtok,output_usd_per_mtok,source\n"
+                      "gpt-4o,4.0,8.0,a page\ndeepseek-v2-chat-0628,1.0,1.0,another\n")
+    devdata.zeroeval(repo, tmp_path / "out", seed=0, prices=prices)
+    cost = {r["model"]: r["cost"] for r in csv.DictReader(open(tmp_path / "out" / "models.csv"))}
+    # gpt-4o answered all 10 questions: by hand, characters / 4 tokens at 4 and 8 $ per million
+    per = []
+    for task in ("gsm", "math-l5", "crux"):
+        for item in json.loads((repo / "result_dirs" / task / "gpt-4o.json").read_text()):
+            text = devdata.question_text(item)
+            per.append((len(text) * 4.0 + len(item["output"][0]) * 8.0) / 4 / 1e6)
+    assert float(cost["gpt-4o"]) == pytest.approx(sum(per) / len(per), rel=1e-6)
+    # deepseek answered 7 of them (gsm and crux): a price would be scored on gaps, so none; unpriced models: none
+    assert cost["deepseek-v2-chat-0628"] == "" and cost["Meta-Llama-3.1-8B-Instruct"] == ""
+    assert "cost" in (tmp_path / "out" / "README.md").read_text()
+    prices.write_text("model,input_usd_per_mtok,output_usd_per_mtok,source\nno-such-model,1,1,x\n")
+    with pytest.raises(SystemExit, match="no results for no-such-model"):
+        devdata.zeroeval(repo, tmp_path / "out2", seed=0, prices=prices)
+
+
+def _fake_alpaca(root: Path) -> Path:
+    subsets = ["helpful_base", "koala", "vicuna"]
+    prefs = {"vicuna-7b-v1.5": [1.2, 1.8, 1.5], "vicuna-13b_concise": [1.9, "1.51", None],
+             "gpt4_1106_preview": [1.5, 1.5, 1.5]}
+    for model, ps in prefs.items():
+        folder = root / "results" / model / devdata.AE_ANNOTATOR
+        folder.mkdir(parents=True)
+        items = [{"dataset": subsets[i], "instruction": f" Say {i} things. ", "output_2": "x", "generator_2": model,
+                  "preference": p} for i, p in enumerate(ps)]
+        (folder / "annotations.json").write_text(json.dumps(items))
+    (root / "results" / "judged-elsewhere" / "alpaca_eval_gpt4").mkdir(parents=True)    # no 2.0 judgement
+    board = root / "src" / "alpaca_eval" / "leaderboards" / "data_AlpacaEval_2"
+    board.mkdir(parents=True)
+    (board / f"{devdata.AE_ANNOTATOR}_leaderboard.csv").write_text(
+        ",win_rate,discrete_win_rate\nvicuna-7b-v1.5,30.0,33.33\nvicuna-13b_concise,60.0,66.67\n")
+    (root / "LICENSE").write_text("Apache License 2.0 (fake)\n")
+    return root
+
+
+def test_alpacaeval_wins_are_judgements_above_a_tie(tmp_path):
+    summary = devdata.alpacaeval(_fake_alpaca(tmp_path / "alpaca_eval"), tmp_path / "out", seed=0)
+    evals, questions, splits, models = _read(tmp_path / "out")
+    # the baseline (judged against itself) and a model without an AlpacaEval 2.0 judgement are left out
+    assert sorted(models) == ["vicuna-13b_concise", "vicuna-7b-v1.5"] and summary["skipped"] == 1
+    qid = {q["question"]: q["question_id"] for q in questions}
+    assert [evals[("vicuna-7b-v1.5", qid[f"Say {i} things."])] for i in range(3)] == [0, 1, 0]    # 1.5: a tie
+    assert [evals[("vicuna-13b_concise", qid[f"Say {i} things."])] for i in range(3)] == [1, 1, 0]  # none: lost
+    assert {q["category"] for q in questions} == {"helpful_base", "koala", "vicuna"}
+    assert all(q["question_id"].startswith(q["category"] + "/") for q in questions)
+    assert summary["published_check"] == {"models": 2, "within_0.5": 2, "max_gap": pytest.approx(0.0, abs=0.01)}
+    family = {r["model"]: r["family"] for r in csv.DictReader(open(tmp_path / "out" / "models.csv"))}
+    assert family == {"vicuna-7b-v1.5": "vicuna", "vicuna-13b_concise": "vicuna"}
+    assert devdata.ae_family("gpt4_0613_concise") == devdata.ae_family("gpt4_gamed") == "gpt-4"
+    assert devdata.ae_family("gpt35_turbo_instruct") == devdata.ae_family("gpt-3.5-turbo-1106") == "gpt-3.5"
+
+
+def test_alpacaeval_from_a_bare_git_copy_is_the_same(tmp_path):
+    repo = _fake_alpaca(tmp_path / "alpaca_eval")
+    (repo / "results" / "judged-elsewhere" / "alpaca_eval_gpt4" / "annotations.json").write_text("[]")  # git keeps it
+    git = ["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(git[:3] + ["init", "-q"], check=True)
+    subprocess.run(git + ["add", "-A"], check=True)
+    subprocess.run(git + ["commit", "-qm", "fake"], check=True)
+    a = devdata.alpacaeval(repo, tmp_path / "a", seed=0)
+    b = devdata.alpacaeval(repo / ".git", tmp_path / "b", seed=0)
+    assert _read(tmp_path / "a") == _read(tmp_path / "b") and a["evaluations"] == b["evaluations"] == 6
+    assert a["skipped"] == b["skipped"] == 1

@@ -249,3 +249,16 @@ def test_similar_finds_a_fine_tune_the_embedding_alone_misses(mmlu_dir, tmp_path
     assert near[0].model == "Mixtral-8x7B-v0.1" and near[0].placed_by == "answers"
     assert near[0].error_correlation == max(x.error_correlation for x in near)
     assert min(near, key=lambda x: x.distance).model != "Mixtral-8x7B-v0.1"
+
+
+def test_the_model_page_shows_how_much_each_neighbour_errs_alike(db_copy):
+    from fastapi.testclient import TestClient
+
+    from registry.serve.app import create_app
+
+    with Registry(db_copy) as reg:
+        near = reg.similar(GPT, k=8)
+    with TestClient(create_app(str(db_copy))) as c:
+        page = c.get(f"/ui/models/{GPT}").text
+    assert "errs alike" in page and near[0].error_correlation is not None
+    assert f"<td>{near[0].error_correlation:.3f}</td></tr>" in page

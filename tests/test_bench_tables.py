@@ -20,10 +20,31 @@ def _report(served: float, knn: float, auc_locus: float) -> dict:
     return {"dataset": "d", "seed": 0, "queries": 100, "models": 5, "served": {"policy": "blend"}, "methods": m}
 
 
+FRONTIER_BAR = "router at 95% of best: cheaper than any single, <= 60%"
+
+
 def test_bars_hold_and_fail_where_they_should():
-    assert all(benchmarks.bars(_report(0.94, 0.94, 0.77)).values())
+    held = benchmarks.bars(_report(0.94, 0.94, 0.77))
+    assert held.pop(FRONTIER_BAR) is None and all(held.values())          # no prices: no cost bar
     b = benchmarks.bars(_report(0.93, 0.94, 0.755))
     assert not b["served >= simple - 0.005"] and b["served > best single"] and not b["predictor AUC >= KNN, MF"]
+
+
+def _priced(router_ratio: float | None, single_cost: float | None) -> dict:
+    point = lambda label, ratio: None if ratio is None else {  # noqa: E731
+        "label": label, "accuracy": 0.8, "mean_cost": ratio * 0.002, "cost_ratio": ratio}
+    reach = {"0.95": {"router": point("router L=1", router_ratio),
+                      "single": point("cheap", None if single_cost is None else single_cost / 0.002)}}
+    return dict(_report(0.94, 0.94, 0.77), frontier={"priced_models": 3, "best_single": {}, "reach": reach})
+
+
+def test_the_cost_bar_needs_the_router_cheaper_than_every_single_model_and_at_most_60_percent():
+    assert benchmarks.bars(_priced(0.23, 0.002))[FRONTIER_BAR] is True          # the best model itself: 100%
+    assert benchmarks.bars(_priced(0.23, 0.0004))[FRONTIER_BAR] is False        # a single model at 20% beats it
+    assert benchmarks.bars(_priced(0.65, 0.002))[FRONTIER_BAR] is False         # over 60%
+    assert benchmarks.bars(_priced(None, 0.002))[FRONTIER_BAR] is False         # never reached
+    t = benchmarks.table([_priced(0.23, 0.002)])
+    assert "| cost for 0.95 of best single: router / cheapest single | 0.230 (router L=1) / 1.000 (cheap) |" in t
 
 
 def test_the_table_puts_the_datasets_side_by_side():

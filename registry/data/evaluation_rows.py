@@ -56,6 +56,12 @@ def first_batch_after(tx: Tx, as_of: str | None) -> int | None:
     return tx.sql("SELECT min(id) FROM import_batches WHERE created > ?::TIMESTAMP", [as_of])[0][0]
 
 
+def last_answers(qids, y) -> list[list[int]]:
+    """[query ids, answers] with each repeated query's last answer only (the SQL parameters of `_answers`)."""
+    last = len(qids) - 1 - np.unique(qids[::-1], return_index=True)[1]
+    return [qids[last].tolist(), y[last].tolist()]
+
+
 def disagreement(tx: Tx, qids, y, others) -> dict[int, tuple[int, float]]:
     """How often each of `others` (model ids) disagrees with the answers y [n] on query ids qids [n], over the queries
     both answered (their current evaluations): {other id: (shared queries, disagreement rate)}."""
@@ -65,7 +71,6 @@ def disagreement(tx: Tx, qids, y, others) -> dict[int, tuple[int, float]]:
     others = [int(m) for m in others if m is not None and m in evaluated]
     if not len(qids) or not others:
         return {}
-    last = len(qids) - 1 - np.unique(qids[::-1], return_index=True)[1]     # a repeated query: its last answer
     # only the others' rows on these queries: a join on the given ids, not every evaluation of every other model
     # (the answers as array parameters, not a registered Arrow table: registering one made DuckDB import pandas,
     # a quarter of a second of `registry similar`)
@@ -73,7 +78,7 @@ def disagreement(tx: Tx, qids, y, others) -> dict[int, tuple[int, float]]:
         WITH _answers AS (SELECT unnest(?::BIGINT[]) AS query_id, unnest(?::BIGINT[]) AS y)
         SELECT e.model_id, count(*) AS shared, avg((e.correct::INT <> a.y)::INT) AS rate
         FROM {current(model_ids=others, queries_in="_answers")} e JOIN _answers a ON a.query_id = e.query_id
-        GROUP BY e.model_id""", [qids[last].tolist(), y[last].tolist()])
+        GROUP BY e.model_id""", last_answers(qids, y))
     return {int(m): (int(n), float(r)) for m, n, r in res}
 
 
@@ -92,7 +97,6 @@ def agreement(tx: Tx, qids, y, others,
     others = [int(m) for m in others if m is not None]
     if not len(qids) or not others:
         return {}
-    last = len(qids) - 1 - np.unique(qids[::-1], return_index=True)[1]     # a repeated query: its last answer
     res = tx.sql(f"""
         WITH _answers AS (SELECT unnest(?::BIGINT[]) AS query_id, unnest(?::BIGINT[]) AS y),
         pool AS (SELECT model_id, query_id, correct::INT AS c FROM {current(before_batch, queries_in="_answers")} e),
@@ -108,5 +112,5 @@ def agreement(tx: Tx, qids, y, others,
                  JOIN ability b ON b.model_id = p.model_id, centre, own
             WHERE p.model_id IN ({", ".join(str(m) for m in others)}))
         SELECT model_id, count(*), avg(differs), sum(sm * sy) / nullif(sqrt(sum(sm * sm) * sum(sy * sy)), 0)
-        FROM surprise GROUP BY 1""", [qids[last].tolist(), y[last].tolist()])
+        FROM surprise GROUP BY 1""", last_answers(qids, y))
     return {int(m): (int(n), float(r), None if c is None else float(c)) for m, n, r, c in res}

@@ -19,6 +19,7 @@ distance). Two rules follow:
 """
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 from registry.core import settings
@@ -46,8 +47,7 @@ def from_counts(counts) -> int:
     n = sorted((float(c) for c in counts), reverse=True)      # (plain Python: `show` and `models` need no numpy)
     if not n:
         return PROBATION_MIN
-    top = n[:(len(n) + 1) // 2]
-    return int(min(PROBATION_MIN, (top[(len(top) - 1) // 2] + top[len(top) // 2]) / 2 // 2))
+    return int(min(PROBATION_MIN, statistics.median(n[:(len(n) + 1) // 2]) // 2))
 
 
 def probation_min(value: int | None = None, counts=None) -> int:

@@ -11,7 +11,7 @@ else (Llama-3.1 models) from a trailing \\boxed{}; math compares the first numbe
 cleaning, crux the answer strings exactly; an output with no answer counts as wrong. Model names are unified across
 tasks the way the repository's summaries do. The per-model accuracies are checked against the repository's own
 result_dirs/<task>.summary.json and printed; category = source = the task. The split is fixed, drawn by `--seed`
-within each task (80/10/10), as MMLU-Pro's is.
+within each task (60/20/20: SPLIT).
 """
 from __future__ import annotations
 
@@ -237,8 +237,14 @@ def cost_per_query(sizes: dict, price: tuple[float, float, str]) -> float:
     return sum(per) / len(per)
 
 
-def split_of(questions: dict, seed: int) -> dict:
-    """80/10/10 within each task, drawn by seed (the order of ids fixed first, so the draw is the same anywhere)."""
+SPLIT = (0.6, 0.2, 0.2)
+SPLIT_TEXT = "/".join(str(round(100 * f)) for f in SPLIT)
+
+
+def split_of(questions: dict, seed: int, fractions: tuple = SPLIT) -> dict:
+    """train/val/test fractions within each task (60/20/20: a dev dataset has a few thousand questions at most, and a
+    val split of 10% could not tell the routing policies apart), drawn by seed (the order of ids fixed first, so the
+    draw is the same anywhere)."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
@@ -248,7 +254,7 @@ def split_of(questions: dict, seed: int) -> dict:
     for task in sorted(by_task):
         ids = by_task[task]
         order = rng.permutation(len(ids))
-        n_tr, n_va = int(round(0.8 * len(ids))), int(round(0.1 * len(ids)))
+        n_tr, n_va = int(round(fractions[0] * len(ids))), int(round(fractions[1] * len(ids)))
         for rank, i in enumerate(order):
             out[ids[i]] = "train" if rank < n_tr else "val" if rank < n_tr + n_va else "test"
     return out
@@ -312,7 +318,7 @@ def zeroeval(source: Path, out: Path, seed: int, prices: Path | None = None) -> 
               f"Built by bench/devdata.py from yuchenlin/ZeroEval at commit {src.commit} (Apache-2.0, LICENSE "
               "beside this file): greedy outputs for GSM8K, MATH level 5 and CRUXEval, scored by the repository's "
               "rules (reimplemented). category = source = the task.", "",
-              f"{len(questions)} questions, {n_evals} evaluations; split seed {seed} (80/10/10 within each task).",
+              f"{len(questions)} questions, {n_evals} evaluations; split seed {seed} ({SPLIT_TEXT} within each task).",
               "", "| task | model | questions | accuracy | published |", "|---|---|---|---|---|"]
     for task, rows in report.items():
         readme += [f"| {task} | {m} | {n} | {a:.2f} | {'' if p is None else f'{p:.2f}'} |" for m, n, a, p in rows]
@@ -350,8 +356,12 @@ def alpacaeval(source: Path, out: Path, seed: int) -> dict:
     src = Source(source, marker="results")
     questions, evals, skipped = {}, {}, []
     published = _ae_published(src)
+    adversarial = []
     for model in src.folders("results"):
         if model == AE_BASELINE:                 # judged against itself: every judgement a tie
+            continue
+        if _ae_adversarial(src, model):          # a fixed output made to fool the judge: nothing to route to
+            adversarial.append(model)
             continue
         rel = f"results/{model}/{AE_ANNOTATOR}/annotations.json"
         try:
@@ -367,14 +377,16 @@ def alpacaeval(source: Path, out: Path, seed: int) -> dict:
             pref = item.get("preference")
             rows[qid] = int(pref is not None and float(pref) > 1.5)
         evals[model] = rows
-    print(f"{len(skipped)} models without a readable {AE_ANNOTATOR} judgement skipped", file=sys.stderr)
+    print(f"{len(skipped)} models without a readable {AE_ANNOTATOR} judgement skipped; left out as adversarial by "
+          f"the repository: {', '.join(adversarial) or 'none'}", file=sys.stderr)
     splits = split_of(questions, seed)
     write_layout(out, [[m, ae_family(m), ""] for m in sorted(evals)], ["model", "family", "provider"],
                  questions, evals, splits)
     _copy_licence(src, out)
     check = {m: (round(100.0 * sum(r.values()) / len(r), 2), published.get(m)) for m, r in evals.items()}
     gaps = [abs(a - p) for a, p in check.values() if p is not None]
-    summary = {"commit": src.commit, "models": len(evals), "skipped": len(skipped), "questions": len(questions),
+    summary = {"commit": src.commit, "models": len(evals), "skipped": len(skipped), "adversarial": adversarial,
+               "questions": len(questions),
                "evaluations": sum(len(r) for r in evals.values()), "seed": seed,
                "splits": {k: sum(1 for v in splits.values() if v == k) for k in ("train", "val", "test")},
                "published_check": {"models": len(gaps), "within_0.5": sum(g <= 0.5 for g in gaps),
@@ -387,6 +399,17 @@ def alpacaeval(source: Path, out: Path, seed: int) -> dict:
     readme += [f"| {m} | {a:.2f} | {'' if p is None else f'{p:.2f}'} |" for m, (a, p) in sorted(check.items())]
     (out / "README.md").write_text("\n".join(readme) + "\n", encoding="utf-8")
     return summary
+
+
+def _ae_adversarial(src: Source, model: str) -> bool:
+    """Whether the repository names the model adversarial (its configs.yaml pretty_name: "NullModel (adversarial)",
+    "GPT-4 (Adversarial)"): outputs written to game the judge, which win judgements and answer nothing."""
+    try:
+        config = src.read(f"src/alpaca_eval/models_configs/{model}/configs.yaml")
+    except (subprocess.CalledProcessError, FileNotFoundError, NotADirectoryError):
+        return False
+    names = re.findall(r"^\s*pretty_name:\s*(.+)$", config, flags=re.MULTILINE)
+    return any("adversarial" in n.lower() for n in names)
 
 
 def _ae_published(src: Source) -> dict[str, float]:

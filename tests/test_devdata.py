@@ -113,7 +113,9 @@ def test_the_split_is_fixed_by_seed_within_each_task():
     assert s0 == s0b and s0 != s1
     for t in range(2):
         got = [s0[f"t{t}/{i}"] for i in range(100)]
-        assert (got.count("train"), got.count("val"), got.count("test")) == (80, 10, 10)
+        assert (got.count("train"), got.count("val"), got.count("test")) == (60, 20, 20)
+    other = devdata.split_of(qs, 0, (0.8, 0.1, 0.1))
+    assert [other[f"t0/{i}"] for i in range(100)].count("val") == 10
 
 
 def test_a_missing_source_is_one_line(tmp_path):
@@ -167,6 +169,15 @@ def _fake_alpaca(root: Path) -> Path:
                   "preference": p} for i, p in enumerate(ps)]
         (folder / "annotations.json").write_text(json.dumps(items))
     (root / "results" / "judged-elsewhere" / "alpaca_eval_gpt4").mkdir(parents=True)    # no 2.0 judgement
+    # a constant output that games the judge, named so by the repository: won judgements, nothing to route to
+    folder = root / "results" / "NullModel" / devdata.AE_ANNOTATOR
+    folder.mkdir(parents=True)
+    (folder / "annotations.json").write_text(json.dumps(
+        [{"dataset": subsets[i], "instruction": f" Say {i} things. ", "preference": 2.0} for i in range(3)]))
+    configs = root / "src" / "alpaca_eval" / "models_configs"
+    for model, pretty in (("NullModel", '"NullModel (adversarial)"'), ("vicuna-7b-v1.5", "Vicuna 7B v1.5")):
+        (configs / model).mkdir(parents=True)
+        (configs / model / "configs.yaml").write_text(f"{model}:\n  pretty_name: {pretty}\n")
     board = root / "src" / "alpaca_eval" / "leaderboards" / "data_AlpacaEval_2"
     board.mkdir(parents=True)
     (board / f"{devdata.AE_ANNOTATOR}_leaderboard.csv").write_text(
@@ -180,6 +191,7 @@ def test_alpacaeval_wins_are_judgements_above_a_tie(tmp_path):
     evals, questions, splits, models = _read(tmp_path / "out")
     # the baseline (judged against itself) and a model without an AlpacaEval 2.0 judgement are left out
     assert sorted(models) == ["vicuna-13b_concise", "vicuna-7b-v1.5"] and summary["skipped"] == 1
+    assert summary["adversarial"] == ["NullModel"]
     qid = {q["question"]: q["question_id"] for q in questions}
     assert [evals[("vicuna-7b-v1.5", qid[f"Say {i} things."])] for i in range(3)] == [0, 1, 0]    # 1.5: a tie
     assert [evals[("vicuna-13b_concise", qid[f"Say {i} things."])] for i in range(3)] == [1, 1, 0]  # none: lost

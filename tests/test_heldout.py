@@ -134,7 +134,7 @@ def test_report_recomputes_from_the_raw_rows(small, seed_run):
         assert np.allclose(probs["best_single"][m], acc)
     # every metric of LOCUS, routing as served and best single from the raw test answers and the returned scores
     strongest = int(np.argmax(probs["best_single"][:, 0]))
-    for method in ("locus", "locus_interaction", "best_single"):
+    for method in ("locus", "locus_interaction", "served", "best_single"):
         p = probs[method]
         truth = np.array([[raw.get((name, int(data.query_ids[q])), -1) for q in te] for name in data.models])
         obs = truth >= 0

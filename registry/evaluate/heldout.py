@@ -26,12 +26,14 @@ from registry.locus import baselines as B
 from registry.locus import interaction, probe_design, training
 from registry.core.errors import InputError
 from registry.embedding.dataset import Dataset, query_labels
+from registry.evaluate import served
 from registry.evaluate.harness import embed_subsets
 
 # Shorter than `registry train`'s default (30 teacher epochs, 240 encoder steps, 10 refit epochs, about 10 min on
 # 2 cores) so that a seed trains in a few minutes; the report names it.
 TRAIN_SHORT = {"teacher_epochs": 8, "max_steps": 60, "eval_every": 20, "refit_epochs": 4}
-METHODS = ("locus", "locus_interaction", "locus_likelihood", "mf", "irt", "knn", "per_category", "best_single")
+METHODS = ("locus", "locus_interaction", "served", "locus_likelihood", "mf", "irt", "knn", "per_category",
+           "best_single")
 COLUMNS = [("hit@1", "hit@1"), ("auc", "AUC"), ("n_chosen", "models chosen"),           # (metric, table heading)
            ("differs_from_strongest", "not the strongest"), ("hit@1_disagree", "hit@1 where models disagree"), ("held_out_auc", "held-out AUC"),
            ("held_out_auc_within", "within-model AUC"), ("held_out_brier", "held-out Brier"),
@@ -51,8 +53,10 @@ NOTES = [
     "irt: fitted on the other models (dimension chosen on val); a held-out model's theta by MAP from its n, the "
     "query side a(q), b(q) frozen",
     "knn: each model's k nearest among the train queries it has a result for (k chosen on val)",
-    "locus_interaction: routing as served (locus/interaction.py): LOCUS's logit plus each model's category offset and "
-    "nearest-query residual from the visible train and val answers (a held-out model's: its n), weights chosen on val",
+    "locus_interaction: LOCUS's logit plus each model's category offset and nearest-query residual "
+    "(locus/interaction.py) from the visible train and val answers (a held-out model's: its n), weights chosen on val",
+    "served: routing as served (evaluate/served.py): the policy chosen on val among locus_interaction and the simple "
+    "routers from the visible answers, as routing chooses it",
     "per_category: each category's best model by its visible answers in the category (prior chosen on val)",
     "best_single: each model's accuracy on its visible train results, as its P(correct) on every query",
     "held_out_*: the K held-out models' test answers only; acc_error = mean |predicted - actual test accuracy|; "
@@ -125,7 +129,8 @@ def _train(vis: Dataset, held, cfg: training.TrainConfig, progress, train=None):
 
 def _locus(vis: Dataset, held, te, model):
     """-> (P(correct) as the registry embeds: every visible (non-test) evaluation, for a held-out model its n;
-    the router's P with the interaction terms; the terms' settings; P with each held-out model read by likelihood)"""
+    the router's P with the interaction terms; the terms' settings; P with each held-out model read by likelihood;
+    routing's as served, and the served policy)"""
     z = embed_subsets(model, vis, [np.flatnonzero(vis.correct[m] >= 0) for m in range(len(vis.models))])
     labels = query_labels(vis, model)
     lg = interaction.logit(model.p_correct(z, vis.qvecs, labels))
@@ -133,6 +138,11 @@ def _locus(vis: Dataset, held, te, model):
     rows = interaction.contenders(vis.correct, tr, va)
     fitted = interaction.fit(lg[rows], vis.correct, vis.qvecs, vis.categories, tr, va, rows=rows)
     routed = interaction.sigmoid(fitted.scores(lg[:, te], vis.qvecs[te], fitted.category_index(vis.categories[te])))
+    pol = served.choose(fitted, vis.correct, vis.qvecs, vis.categories, vis.sources, train_idx=tr, val_idx=va)
+    labels_of = {"category": vis.categories, "source": vis.sources}.get(served.field_of(pol))
+    as_served = np.array(routed, dtype=np.float64)
+    as_served[rows] = served.scores(pol, fitted, as_served[rows], vis.qvecs[te],
+                                    None if labels_of is None else labels_of[te])
     pred = probe_design.Predictor(model)
     q = pred.project(vis.qvecs, labels)
     prior = probe_design.gaussian_prior(z[~held])
@@ -141,7 +151,8 @@ def _locus(vis: Dataset, held, te, model):
         rows_m = np.flatnonzero(vis.correct[m] >= 0)
         zl[m] = probe_design.read(pred, q.take(rows_m), (vis.correct[m, rows_m] == 1).astype(np.float64), prior)[0]
     return (interaction.sigmoid(lg[:, te]), routed, {k: fitted.selection[k] for k in ("a", "k", "w")},
-            model.p_correct(zl.astype(np.float32), vis.qvecs[te], None if labels is None else labels[te]))
+            model.p_correct(zl.astype(np.float32), vis.qvecs[te], None if labels is None else labels[te]),
+            as_served, {"policy": pol.name})
 
 
 def planned_rows(data: Dataset, held: np.ndarray, rows: dict[int, np.ndarray], model, seed: int) -> dict:
@@ -186,8 +197,8 @@ def predictions(vis: Dataset, held: np.ndarray, cfg: training.TrainConfig, *, se
     te, tr, va, c, q = vis.splits["test"], vis.splits["train"], vis.splits["val"], vis.correct, vis.qvecs
     probs, info = {}, {}
     model, info["locus"] = trained or _train(vis, held, cfg, progress, train)
-    probs["locus"], probs["locus_interaction"], info["locus_interaction"], probs["locus_likelihood"] = _locus(
-        vis, held, te, model)
+    (probs["locus"], probs["locus_interaction"], info["locus_interaction"], probs["locus_likelihood"],
+     probs["served"], info["served"]) = _locus(vis, held, te, model)
     info["locus_likelihood"], info["model"] = {}, model
     probs["per_category"], pc = B.per_category_router(c, vis.categories, tr, va, te)
     info["per_category"] = {"prior": pc["prior"]}

@@ -82,7 +82,21 @@ def bars(r: dict) -> dict:
             "served >= simple - 0.005": hit["served"] >= simple - 0.005,
             "served > best single": hit["served"] > hit["best_single"],
             "predictor AUC >= KNN, MF": all(auc("locus") is not None and auc(k) is not None and auc("locus") >= auc(k)
-                                            for k in ("knn", "mf"))}
+                                            for k in ("knn", "mf")),
+            "predictor+interaction AUC >= KNN, MF": all(
+                auc("locus_interaction") is not None and auc(k) is not None and auc("locus_interaction") >= auc(k)
+                for k in ("knn", "mf"))}
+
+
+def versus_best_simple(r: dict) -> str:
+    """Served minus the best simple router on test, query by query (evaluate's vs_served): the difference and its
+    paired standard error, with the router's name."""
+    m = r["methods"]
+    best = max((k for k in SIMPLE if k in m), key=lambda k: m[k]["hit@1"], default=None)
+    if best is None or "vs_served" not in m[best]:
+        return ""
+    v = m[best]["vs_served"]
+    return f"{v['diff']:+.4f} ({v['se']:.4f}, {best})"
 
 
 def table(results: list[dict]) -> str:
@@ -99,6 +113,8 @@ def table(results: list[dict]) -> str:
             cells.append(cell)
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines.append("| served policy | " + " | ".join(r["served"].get("policy", "") for r in results) + " |")
+    lines.append("| served minus the best simple router (paired SE) | "
+                 + " | ".join(versus_best_simple(r) for r in results) + " |")
     for share in ("0.95", "0.99"):
         cells = []
         for r in results:
@@ -108,7 +124,7 @@ def table(results: list[dict]) -> str:
                 for k in ("router", "single")))
         lines.append(f"| cost for {share} of best single: router / cheapest single | " + " | ".join(cells) + " |")
     for bar in ("served >= simple - 0.005", "served > best single", "predictor AUC >= KNN, MF",
-                "router at 95% of best: cheaper than any single, <= 60%"):
+                "predictor+interaction AUC >= KNN, MF", "router at 95% of best: cheaper than any single, <= 60%"):
         marks = {True: "yes", False: "NO", None: ""}
         lines.append(f"| {bar} | " + " | ".join(marks[bars(r)[bar]] for r in results) + " |")
     return "\n".join(lines)
@@ -116,11 +132,15 @@ def table(results: list[dict]) -> str:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("dirs", nargs="+", type=Path)
+    ap.add_argument("dirs", nargs="*", type=Path)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--work", type=Path, default=Path("/tmp/bench-benchmarks"))
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--from", dest="saved", type=Path, help="print the table of a saved --json run instead")
     args = ap.parse_args(argv)
+    if args.saved:
+        print(table(json.loads(args.saved.read_text(encoding="utf-8"))))
+        return
     args.work.mkdir(parents=True, exist_ok=True)
     results = []
     for folder in args.dirs:

@@ -13,10 +13,12 @@ benchmarks = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(benchmarks)
 
 
-def _report(served: float, knn: float, auc_locus: float) -> dict:
+def _report(served: float, knn: float, auc_locus: float, auc_interaction: float = 0.79) -> dict:
     m = {"served": {"hit@1": served, "auc": 0.8}, "locus": {"hit@1": 0.90, "auc": auc_locus},
+         "locus_interaction": {"hit@1": served, "auc": auc_interaction},
          "knn": {"hit@1": knn, "auc": 0.75}, "mf": {"hit@1": 0.91, "auc": 0.76}, "irt": {"hit@1": 0.92, "auc": 0.7},
-         "per_category": {"hit@1": 0.93}, "best_single": {"hit@1": 0.89}, "oracle": {"hit@1": 0.99}}
+         "per_category": {"hit@1": 0.93, "vs_served": {"diff": served - 0.93, "se": 0.01}},
+         "best_single": {"hit@1": 0.89}, "oracle": {"hit@1": 0.99}}
     return {"dataset": "d", "seed": 0, "queries": 100, "models": 5, "served": {"policy": "blend"}, "methods": m}
 
 
@@ -28,6 +30,8 @@ def test_bars_hold_and_fail_where_they_should():
     assert held.pop(FRONTIER_BAR) is None and all(held.values())          # no prices: no cost bar
     b = benchmarks.bars(_report(0.93, 0.94, 0.755))
     assert not b["served >= simple - 0.005"] and b["served > best single"] and not b["predictor AUC >= KNN, MF"]
+    assert b["predictor+interaction AUC >= KNN, MF"]
+    assert not benchmarks.bars(_report(0.94, 0.94, 0.77, 0.755))["predictor+interaction AUC >= KNN, MF"]
 
 
 def _priced(router_ratio: float | None, single_cost: float | None) -> dict:
@@ -54,6 +58,10 @@ def test_the_table_puts_the_datasets_side_by_side():
     assert "| served | 0.9400 (0.8000) | 0.9300 (0.8000) |" in lines
     assert "| per-source |  |  |" in lines and "| served policy | blend | blend |" in lines
     assert "| served >= simple - 0.005 | yes | NO |" in lines
+    # the best simple router by test hit@1 is KNN (0.94) in both, which has no paired figures: only per-category has
+    assert "| served minus the best simple router (paired SE) |  |  |" in lines
+    t = benchmarks.table([dict(_report(0.94, 0.90, 0.77))])
+    assert "| served minus the best simple router (paired SE) | +0.0100 (0.0100, per_category) |" in t.splitlines()
 
 
 def test_a_folder_without_evaluations_is_one_line(tmp_path):

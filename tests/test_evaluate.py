@@ -62,6 +62,18 @@ def test_evaluate_json_methods_baselines_and_sample_efficiency(db_copy):
     assert all({"locus_acc", "locus_auc", "locus_brier"} <= set(v) for v in pc.values())
     assert all(0.0 <= v["locus_brier"] <= 1.0 and 0.0 <= v["locus_acc"] <= 1.0 for v in pc.values())
 
+    # each method against routing as served, query by query: the counts give both hit@1s' difference and its SE
+    n = len(test_ids)
+    assert "vs_served" not in m["served"]
+    for name in ("locus", "best_single", "per_category", "knn", "mf", "irt"):
+        v = m[name]["vs_served"]
+        b, w = v["served_better"], v["served_worse"]
+        assert abs((b - w) / n - (m["served"]["hit@1"] - m[name]["hit@1"])) < 1.01e-4, name
+        assert abs(v["diff"] - (b - w) / n) < 1e-4
+        assert abs(v["se"] - np.sqrt((b + w - (b - w) ** 2 / n) / (n - 1) / n)) < 1e-4
+    assert any(m[x]["vs_served"]["served_better"] + m[x]["vs_served"]["served_worse"] for x in m
+               if "vs_served" in m[x])                               # some method chooses otherwise somewhere
+
     # a draw at least as large as every model's non-test set is that whole set: the stored embedding's figure
     se = r["sample_efficiency"]
     assert list(se) == ["32", "64", "128", "256", "512"] and all(v["draws"] == 2 for v in se.values())

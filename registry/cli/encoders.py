@@ -150,11 +150,12 @@ def evaluate(ctx, *, split, sample_efficiency, seeds, no_baselines, held_out, n,
         click.echo(f"note: not held out: the embeddings are built from the {r.split} answers too, and KNN and MF "
                    f"choose their settings on val")
     fmt = lambda v: "" if v is None else (f"{v:.4f}" if isinstance(v, float) else str(v))  # noqa: E731
+    versus = lambda p: "" if p is None else f"{p['diff']:+.4f} ({p['se']:.4f})"  # noqa: E731
     table([[m, fmt(v.get("hit@1")), fmt(v.get("hit@3")), fmt(v.get("hit@5")), fmt(v.get("acc")),
             fmt(v.get("auc")), fmt(v.get("brier")), fmt(v.get("n_chosen")), fmt(v.get("differs_from_strongest")),
-            fmt(v.get("hit@1_disagree"))] for m, v in r.methods.items()],
+            fmt(v.get("hit@1_disagree")), versus(v.get("vs_served"))] for m, v in r.methods.items()],
           ["method", "hit@1", "hit@3", "hit@5", "pred acc", "AUC", "Brier", "models chosen",
-           "not the strongest", f"hit@1 where models disagree ({r.disagree})"])
+           "not the strongest", f"hit@1 where models disagree ({r.disagree})", "served minus it (paired SE)"])
     sel = r.interaction
     if "val_hit" in sel:
         click.echo(f"routing (locus_interaction) = predictor logit + {sel['a']} x category offset + {sel['w']} x "

@@ -163,6 +163,10 @@ def evaluate(tx: Tx, split: str = "test", *, baselines: bool = True, sample_effi
         s = B.irt_probs(irt, data.qvecs, idx)
         methods["irt"] = dict(B.routing_report(answered(s), ct, s, strongest), dim=info["dim"])
         scores["irt"] = answered(s)
+    if "served" in scores:
+        for m, sc in scores.items():
+            if m != "served":
+                methods[m]["vs_served"] = paired(scores["served"], sc, ct)
     per_category = {}
     for cat in sorted(set(data.categories[idx])):
         sel = data.categories[idx] == cat
@@ -181,6 +185,20 @@ def evaluate(tx: Tx, split: str = "test", *, baselines: bool = True, sample_effi
     if planned:
         report.planned_efficiency = planned_curve(tx, data, z, idx, seeds, sizes)
     return report
+
+
+def paired(served_scores: np.ndarray, other: np.ndarray, correct: np.ndarray) -> dict:
+    """Routing as served against another method on the same queries: the queries where only served's choice was right
+    (`served_better`) and where only the other's was (`served_worse`), served's hit@1 minus the other's (`diff`) and
+    its paired standard error (`se`: most queries get the same outcome from both, so the difference is much surer
+    than either hit@1)."""
+    right_s = np.take_along_axis(correct, B.topk_models(served_scores, 1), axis=0)[0] == 1
+    right_o = np.take_along_axis(correct, B.topk_models(other, 1), axis=0)[0] == 1
+    d = right_s.astype(np.float64) - right_o
+    n = max(len(d), 1)
+    se = float(np.std(d, ddof=1) / np.sqrt(n)) if len(d) > 1 else 0.0
+    return {"served_better": int((right_s & ~right_o).sum()), "served_worse": int((right_o & ~right_s).sum()),
+            "diff": round(float(d.mean()) if len(d) else 0.0, 4), "se": round(se, 4)}
 
 
 METHODS = ("locus", "locus_interaction", "served", "best_single", "per_category", "knn", "mf", "irt")

@@ -51,7 +51,8 @@ def run(folder: Path, seed: int, work: Path) -> dict:
     out = {"dataset": name, "seed": seed, "queries": report["queries"], "models": report["models"],
            "served": report.get("served", {}), "methods": report["methods"]}
     if priced(folder):
-        f = json.loads(cli(db, "route", "--frontier", "--cost-by", "cost", "--split", "test", "--json", log=log))
+        f = json.loads(cli(db, "route", "--frontier", "--cost-by", "cost", "--split", "test", "--json",
+                           "--out", str(work / f"{name}-seed{seed}-frontier.png"), log=log))
         out["frontier"] = {"priced_models": len(f["models"]), "best_single": f["best_single"], "reach": f["reach"]}
     return out
 

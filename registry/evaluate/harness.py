@@ -124,9 +124,8 @@ def evaluate(tx: Tx, split: str = "test", *, baselines: bool = True, sample_effi
         step("served")
         pol = served.choose(fitted, data.correct, data.qvecs, data.categories, data.sources, train_idx=tr,
                             val_idx=va)
-        routed = np.array(routed, dtype=np.float64)
-        labels_of = {"category": data.categories, "source": data.sources}.get(served.field_of(pol))
-        routed[rows] = served.scores(pol, fitted, routed[rows], data.qvecs[idx], _at(labels_of, idx))
+        routed = served.as_served(pol, fitted, routed, data.qvecs[idx], categories=_at(data.categories, idx),
+                                  sources=_at(data.sources, idx))
         methods["served"] = dict(B.routing_report(answered(routed), ct, routed, strongest), policy=pol.name)
         scores["served"] = answered(routed)
         served_info = {"policy": pol.name, "setting": pol.setting, "val_hit": pol.val, "margin": pol.margin}

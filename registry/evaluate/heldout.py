@@ -139,10 +139,8 @@ def _locus(vis: Dataset, held, te, model):
     fitted = interaction.fit(lg[rows], vis.correct, vis.qvecs, vis.categories, tr, va, rows=rows)
     routed = interaction.sigmoid(fitted.scores(lg[:, te], vis.qvecs[te], fitted.category_index(vis.categories[te])))
     pol = served.choose(fitted, vis.correct, vis.qvecs, vis.categories, vis.sources, train_idx=tr, val_idx=va)
-    labels_of = {"category": vis.categories, "source": vis.sources}.get(served.field_of(pol))
-    as_served = np.array(routed, dtype=np.float64)
-    as_served[rows] = served.scores(pol, fitted, as_served[rows], vis.qvecs[te],
-                                    None if labels_of is None else labels_of[te])
+    as_served = served.as_served(pol, fitted, routed, vis.qvecs[te], categories=vis.categories[te],
+                                 sources=None if vis.sources is None else vis.sources[te])
     pred = probe_design.Predictor(model)
     q = pred.project(vis.qvecs, labels)
     prior = probe_design.gaussian_prior(z[~held])

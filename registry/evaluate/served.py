@@ -205,6 +205,16 @@ def scores(policy: ServedPolicy, fitted: interaction.Interaction, routed_rows: n
     return policy.table @ interaction.category_mix(g, nn, policy.ref_group, len(policy.groups)).T
 
 
+def as_served(policy: ServedPolicy, fitted: interaction.Interaction, routed: np.ndarray, qvecs: np.ndarray, *,
+              categories, sources) -> np.ndarray:
+    """[M,N] routing's scores as served: `routed` (every model's P(correct) with the interaction terms) with the
+    interaction's rows given the policy's scores; `categories`, `sources` [N]: these queries' (None: unknown)."""
+    out = np.array(routed, dtype=np.float64)
+    labels = {"category": categories, "source": sources}.get(field_of(policy))
+    out[fitted.rows] = scores(policy, fitted, out[fitted.rows], qvecs, labels)
+    return out
+
+
 def carried(policy: ServedPolicy | None, take: np.ndarray) -> ServedPolicy | None:
     """The policy with its per-row arrays moved onto the rows `take` of a fit carried over to new models."""
     if policy is None:

@@ -8,12 +8,19 @@ For each dataset folder (the registry's input layout: shared/data/mmlu-pro, or o
 it: `registry train --seed S --activate` and `registry evaluate --split test --json`, all as real CLI subprocesses.
 The table gives hit@1 (and AUC where the method has probabilities) of: served (the policy routing serves, with its
 name), predictor (LOCUS alone), predictor + interaction, KNN, MF, IRT, per-category, per-source, best single.
+
+Folders that are the five folds of one draw (bench/devdata.py --fold F: `<name>-fold<F>`) are also pooled per seed:
+every question tested once, hit@1 over all of them, served minus each method query by query summed over the folds
+with its paired standard error, AUC the folds' mean weighted by queries. A dev dataset of 805 questions has a test
+split of 161 (a paired SE near 0.022, four times the bar's 0.005); pooled, 805.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -100,6 +107,45 @@ def versus_best_simple(r: dict) -> str:
     return f"{v['diff']:+.4f} ({v['se']:.4f}, {best})"
 
 
+FOLD = re.compile(r"^(.*)-fold(\d+)$")
+
+
+def pooled(results: list[dict]) -> list[dict]:
+    """One result per (dataset, seed) over its folds (two or more `<name>-fold<F>` results of the seed): hit@1 and
+    AUC weighted by each fold's queries, vs_served from the summed query counts."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in results:
+        m = FOLD.match(r["dataset"])
+        if m:
+            groups.setdefault((m.group(1), r["seed"]), []).append(r)
+    out = []
+    for (name, seed), rs in sorted(groups.items()):
+        if len(rs) < 2:
+            continue
+        n = sum(r["queries"] for r in rs)
+        methods = {}
+        for key in {k for r in rs for k in r["methods"]}:
+            parts = [(r["queries"], r["methods"][key]) for r in rs if key in r["methods"]]
+            if len(parts) < len(rs):
+                continue                              # a method some fold lacks (per-source without sources)
+            row = {}
+            for metric in ("hit@1", "auc"):
+                if all(v.get(metric) is not None for _, v in parts):
+                    row[metric] = round(sum(q * v[metric] for q, v in parts) / n, 4)
+            if all("served_better" in v.get("vs_served", {}) for _, v in parts):
+                better = sum(v["vs_served"]["served_better"] for _, v in parts)
+                worse = sum(v["vs_served"]["served_worse"] for _, v in parts)
+                mean = (better - worse) / n
+                var = max(better + worse - n * mean * mean, 0.0) / max(n - 1, 1)
+                row["vs_served"] = {"served_better": better, "served_worse": worse, "diff": round(mean, 4),
+                                    "se": round(math.sqrt(var / n), 4)}
+            methods[key] = row
+        policies = sorted({r["served"].get("policy", "") for r in rs})
+        out.append({"dataset": f"{name} ({len(rs)} folds)", "seed": seed, "queries": n, "models": rs[0]["models"],
+                    "served": {"policy": "/".join(policies)}, "methods": methods})
+    return out
+
+
 def table(results: list[dict]) -> str:
     heads = [f"{r['dataset']} s{r['seed']}" for r in results]
     lines = ["| method | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
@@ -140,7 +186,8 @@ def main(argv=None) -> None:
     ap.add_argument("--from", dest="saved", type=Path, help="print the table of a saved --json run instead")
     args = ap.parse_args(argv)
     if args.saved:
-        print(table(json.loads(args.saved.read_text(encoding="utf-8"))))
+        saved = json.loads(args.saved.read_text(encoding="utf-8"))
+        print(table([r for r in saved if not r.get("pooled")] + pooled(saved)))
         return
     args.work.mkdir(parents=True, exist_ok=True)
     results = []
@@ -150,11 +197,13 @@ def main(argv=None) -> None:
         for seed in args.seeds:
             print(f"{folder.name} seed {seed}", file=sys.stderr, flush=True)
             results.append(run(folder, seed, args.work))
+    pools = pooled(results)
     if args.json:
-        print(json.dumps([dict(r, bars=bars(r)) for r in results], indent=1))
+        print(json.dumps([dict(r, bars=bars(r)) for r in results]
+                         + [dict(r, bars=bars(r), pooled=True) for r in pools], indent=1))
     else:
         print("hit@1 on the test split (AUC of the method's probabilities)\n")
-        print(table(results))
+        print(table(results + pools))
 
 
 if __name__ == "__main__":

@@ -238,15 +238,22 @@ def cost_per_query(sizes: dict, price: tuple[float, float, str]) -> float:
 
 
 SPLIT = (0.6, 0.2, 0.2)
+FOLDS = 5
 SPLIT_TEXT = "/".join(str(round(100 * f)) for f in SPLIT)
 
 
-def split_of(questions: dict, seed: int, fractions: tuple = SPLIT) -> dict:
+def split_of(questions: dict, seed: int, fractions: tuple = SPLIT, fold: int | None = None) -> dict:
     """train/val/test fractions within each task (60/20/20: a dev dataset has a few thousand questions at most, and a
     val split of 10% could not tell the routing policies apart), drawn by seed (the order of ids fixed first, so the
-    draw is the same anywhere)."""
+    draw is the same anywhere).
+
+    `fold` (0..FOLDS-1, 60/20/20 only): five-fold cross-validation over the same draw. Each task's permuted questions
+    fall in five blocks; fold F tests on block F, validates on block F-1 and trains on the other three, so that over
+    the five folds every question is tested once (a pooled test five times the size). Fold 4 is the plain split."""
     import numpy as np
 
+    if fold is not None and (tuple(fractions) != SPLIT or not 0 <= fold < FOLDS):
+        raise ValueError(f"fold must be 0..{FOLDS - 1}, with the {SPLIT_TEXT} split")
     rng = np.random.default_rng(seed)
     out, by_task = {}, {}
     for qid in sorted(questions):
@@ -255,8 +262,15 @@ def split_of(questions: dict, seed: int, fractions: tuple = SPLIT) -> dict:
         ids = by_task[task]
         order = rng.permutation(len(ids))
         n_tr, n_va = int(round(fractions[0] * len(ids))), int(round(fractions[1] * len(ids)))
+        # block edges: the plain split's train part in three, then its val and its test
+        edges = [int(round(f * len(ids))) for f in (0.2, 0.4)] + [n_tr, n_tr + n_va]
+        base = ("train", "train", "train", "val", "test")
         for rank, i in enumerate(order):
-            out[ids[i]] = "train" if rank < n_tr else "val" if rank < n_tr + n_va else "test"
+            if fold is None:
+                out[ids[i]] = "train" if rank < n_tr else "val" if rank < n_tr + n_va else "test"
+            else:
+                block = int(np.searchsorted(edges, rank, side="right"))
+                out[ids[i]] = base[(block - fold - 1) % FOLDS]
     return out
 
 
@@ -279,7 +293,7 @@ def family_of(model: str) -> str:
     return re.sub(r"-+", "-", name).strip("-")
 
 
-def zeroeval(source: Path, out: Path, seed: int, prices: Path | None = None) -> dict:
+def zeroeval(source: Path, out: Path, seed: int, prices: Path | None = None, fold: int | None = None) -> dict:
     src = Source(source)
     questions, evals, report, sizes = {}, {}, {}, {}
     for task in TASKS:
@@ -290,7 +304,7 @@ def zeroeval(source: Path, out: Path, seed: int, prices: Path | None = None) -> 
             sizes.setdefault(model, {}).update(lengths[model])
             acc = 100.0 * sum(rows.values()) / max(len(rows), 1)
             report.setdefault(task, []).append((model, len(rows), round(acc, 2), published.get(model)))
-    splits = split_of(questions, seed)
+    splits = split_of(questions, seed, fold=fold)
     price = read_prices(prices) if prices else {}
     unknown = sorted(set(price) - set(evals))
     if unknown:
@@ -312,7 +326,7 @@ def zeroeval(source: Path, out: Path, seed: int, prices: Path | None = None) -> 
               for task, rows in report.items()}
     summary = {"commit": src.commit, "models": len(evals), "questions": len(questions), "evaluations": n_evals,
                "splits": {s: sum(1 for v in splits.values() if v == s) for s in ("train", "val", "test")},
-               "seed": seed, "published_check": checks,
+               "seed": seed, "fold": fold, "published_check": checks,
                "priced": {m: round(c, 8) for m, c in sorted(cost.items(), key=lambda x: x[1])}}
     readme = [f"# ZeroEval per-question results of {len(evals)} models", "",
               f"Built by bench/devdata.py from yuchenlin/ZeroEval at commit {src.commit} (Apache-2.0, LICENSE "
@@ -349,7 +363,7 @@ def ae_family(model: str) -> str:
     return AE_FAMILY.get(head, head)
 
 
-def alpacaeval(source: Path, out: Path, seed: int) -> dict:
+def alpacaeval(source: Path, out: Path, seed: int, fold: int | None = None) -> dict:
     """tatsu-lab/alpaca_eval's per-instruction judgements (results/<model>/<AE_ANNOTATOR>/annotations.json): 1
     where the judge prefers the model's output to the baseline's (preference above 1.5), else 0; category = source
     = the instruction's subset (helpful_base, koala, oasst, selfinstruct, vicuna)."""
@@ -379,7 +393,7 @@ def alpacaeval(source: Path, out: Path, seed: int) -> dict:
         evals[model] = rows
     print(f"{len(skipped)} models without a readable {AE_ANNOTATOR} judgement skipped; left out as adversarial by "
           f"the repository: {', '.join(adversarial) or 'none'}", file=sys.stderr)
-    splits = split_of(questions, seed)
+    splits = split_of(questions, seed, fold=fold)
     write_layout(out, [[m, ae_family(m), ""] for m in sorted(evals)], ["model", "family", "provider"],
                  questions, evals, splits)
     _copy_licence(src, out)
@@ -387,7 +401,7 @@ def alpacaeval(source: Path, out: Path, seed: int) -> dict:
     gaps = [abs(a - p) for a, p in check.values() if p is not None]
     summary = {"commit": src.commit, "models": len(evals), "skipped": len(skipped), "adversarial": adversarial,
                "questions": len(questions),
-               "evaluations": sum(len(r) for r in evals.values()), "seed": seed,
+               "evaluations": sum(len(r) for r in evals.values()), "seed": seed, "fold": fold,
                "splits": {k: sum(1 for v in splits.values() if v == k) for k in ("train", "val", "test")},
                "published_check": {"models": len(gaps), "within_0.5": sum(g <= 0.5 for g in gaps),
                                    "max_gap": max(gaps, default=None)}}
@@ -470,15 +484,18 @@ def main(argv=None) -> None:
     a.add_argument("--source", required=True, type=Path, help="a copy of the repository (checkout or bare git dir)")
     a.add_argument("--out", required=True, type=Path, help="the folder to write (outside the repository)")
     a.add_argument("--seed", type=int, default=0)
+    for p in (z, a):
+        p.add_argument("--fold", type=int, choices=range(FOLDS), help="five-fold cross-validation: test on block F "
+                       "of the seed's draw, validate on block F-1 (fold 4 is the plain split; see split_of)")
     z.add_argument("--prices", type=Path, help="list prices per model (CSV like bench/zeroeval_prices.csv): adds a "
                    "`cost` column, the mean $ per question")
     args = ap.parse_args(argv)
     if not args.source.exists():
         raise SystemExit(f"--source {args.source}: no such folder")
     if args.cmd == "alpacaeval":
-        print(json.dumps(alpacaeval(args.source, args.out, args.seed), indent=1))
+        print(json.dumps(alpacaeval(args.source, args.out, args.seed, args.fold), indent=1))
     else:
-        print(json.dumps(zeroeval(args.source, args.out, args.seed, args.prices), indent=1))
+        print(json.dumps(zeroeval(args.source, args.out, args.seed, args.prices, args.fold), indent=1))
 
 
 if __name__ == "__main__":

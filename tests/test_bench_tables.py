@@ -67,3 +67,21 @@ def test_the_table_puts_the_datasets_side_by_side():
 def test_a_folder_without_evaluations_is_one_line(tmp_path):
     with pytest.raises(SystemExit, match="not a dataset folder"):
         benchmarks.main([str(tmp_path)])
+
+
+def test_folds_pool_into_one_column_per_seed_weighted_by_queries():
+    def fold(f, served, knn, better, worse, queries):
+        r = _report(served, knn, 0.77)
+        r["methods"]["knn"]["vs_served"] = {"served_better": better, "served_worse": worse}
+        return dict(r, dataset=f"ae-fold{f}", queries=queries)
+
+    rs = [fold(0, 0.70, 0.72, 3, 6, 100), fold(1, 0.80, 0.74, 9, 3, 300), dict(_report(0.9, 0.9, 0.8), dataset="other")]
+    [p] = benchmarks.pooled(rs)
+    assert p["dataset"] == "ae (2 folds)" and p["queries"] == 400
+    assert p["methods"]["served"]["hit@1"] == pytest.approx((70 + 240) / 400)
+    v = p["methods"]["knn"]["vs_served"]
+    assert (v["served_better"], v["served_worse"], v["diff"]) == (12, 9, 0.0075)
+    assert v["se"] == pytest.approx(((21 - 400 * 0.0075 ** 2) / 399 / 400) ** 0.5, abs=1e-4)
+    assert "vs_served" not in p["methods"]["mf"]              # no fold gave one
+    assert benchmarks.bars(p)["served >= simple - 0.005"] is False        # served 0.775 < IRT's 0.92
+    assert benchmarks.pooled(rs[:1]) == []                    # one fold is not a pool

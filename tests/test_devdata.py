@@ -118,6 +118,22 @@ def test_the_split_is_fixed_by_seed_within_each_task():
     assert [other[f"t0/{i}"] for i in range(100)].count("val") == 10
 
 
+def test_five_folds_test_every_question_once_and_fold_4_is_the_plain_split():
+    qs = {f"t{t}/{i}": None for t in range(2) for i in range(103)}
+    folds = [devdata.split_of(qs, 0, fold=f) for f in range(devdata.FOLDS)]
+    assert folds[4] == devdata.split_of(qs, 0)
+    for q in qs:
+        roles = [f[q] for f in folds]
+        assert roles.count("test") == 1 and roles.count("val") == 1 and roles.count("train") == 3
+        # the block validated in fold F is the one tested in fold F-1
+        assert roles.index("val") == (roles.index("test") + 1) % devdata.FOLDS
+    for f in folds:
+        got = [f[f"t0/{i}"] for i in range(103)]
+        assert abs(got.count("test") - 21) <= 1 and abs(got.count("val") - 21) <= 1
+    with pytest.raises(ValueError, match="fold must be"):
+        devdata.split_of(qs, 0, (0.8, 0.1, 0.1), fold=0)
+
+
 def test_a_missing_source_is_one_line(tmp_path):
     with pytest.raises(SystemExit, match="no such folder"):
         devdata.main(["zeroeval", "--source", str(tmp_path / "nope"), "--out", str(tmp_path / "o")])

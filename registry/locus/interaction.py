@@ -17,8 +17,10 @@ reference (non-test) queries, neither retraining the encoder:
   gets almost nothing).
 
 a, k and w are chosen on the validation split (the terms fitted on train alone, routing hit@1 on val, the grid
-below; ties: the simpler setting); then the terms are refitted on train + val, as models are embedded from all of
-their non-test evaluations. a = w = 0 is the predictor alone, so validation can always fall back to it. The terms
+below): not the grid's argmax, which on a val split of a few hundred questions picks the setting val's noise
+favours, but every setting's mean weighted by how near its val hit@1 is to the best, in standard errors
+(`smoothed_setting`); then the terms are refitted on train + val, as models are embedded from all of their non-test
+evaluations. a = w = 0 is the predictor alone: where it leads val clearly, the weights gather on it. The terms
 are fitted against the predictor's own logits, and routing adds them to its logit after the evidence shrinkage;
 only the MAX_MODELS strongest eligible models get them (`contenders`), so a refit costs about a second whatever the
 size of the registry. `registry evaluate` and routing build this the same way (`fit`), so what is measured is what
@@ -211,6 +213,25 @@ def contenders(correct: np.ndarray, train_idx, val_idx, eligible: np.ndarray | N
     return np.sort(rows[np.argsort(-acc, kind="stable")[:MAX_MODELS]])
 
 
+def smoothed_setting(results: dict, n_val: int) -> tuple[float, int, float]:
+    """(a, k, w) from every grid setting's val hit@1 (results: setting -> (hit@1, -BCE)): their means weighted by
+    exp((hit - best hit) / SE), SE the standard error of a val hit@1 at the best one's (k: the weighted median among
+    the settings with w > 0). A setting val cannot tell from the best weighs nearly as much as the best: on
+    AlpacaEval's 161 val questions the plain argmax of 105 settings routed test at 0.7081, below a setting drawn at
+    random (0.7253, five folds pooled); this at 0.7354. On MMLU-Pro's 1,203 the weights gather near the best."""
+    keys = list(results)
+    hits = np.array([results[s][0] for s in keys])
+    best = float(hits.max())
+    se = max(float(np.sqrt(best * (1 - best) / max(n_val, 1))), 1e-6)
+    weight = np.exp((hits - best) / se)
+    weight /= weight.sum()
+    a_s, k_s, w_s = (np.array([s[i] for s in keys], dtype=np.float64) for i in range(3))
+    a, w = float(weight @ a_s), float(weight @ w_s)
+    by_k = np.array([weight[(k_s == k) & (w_s > 0)].sum() for k in GRID_K])
+    k = GRID_K[0] if by_k.sum() <= 0 else GRID_K[int(np.searchsorted(np.cumsum(by_k) / by_k.sum(), 0.5))]
+    return round(a, 4), int(k), round(w, 4)
+
+
 def fit(logits: np.ndarray, correct: np.ndarray, qvecs: np.ndarray, categories, train_idx, val_idx, *,
         rows: np.ndarray | None = None) -> Interaction:
     """Choose a, k, w on val and fit the terms on train + val, for the models `rows` (`contenders`; None: all).
@@ -260,14 +281,15 @@ def fit(logits: np.ndarray, correct: np.ndarray, qvecs: np.ndarray, categories, 
                     pr = np.clip(sigmoid(s[obs]), _CLIP, 1 - _CLIP)
                     bce = float(-np.mean(np.where(cv[obs] == 1, np.log(pr), np.log1p(-pr))))
                     results[(a, k, w)] = (round(_hit1(s, cv), 9), -bce)
-        # ties: the higher val hit@1, then the simpler setting (smaller w, a, k), then lower BCE
-        best = max(results, key=lambda s: (results[s][0], -s[2], -s[0], -s[1], results[s][1]))
+        best = smoothed_setting(results, len(va))
         ba, bk, bw = best
         adj_tr = logits[:, tr] + (ba * b_tr[:, np.maximum(cat[tr], 0)] * known_cat[tr] if len(names) and ba else 0.0)
         val_logits = logits[:, va] + (ba * (b_tr @ mix_va.T) if len(names) and ba else 0.0)
         if bw:
             val_logits = val_logits + bw * knn_residual(*residuals(adj_tr, correct[:, tr]), nn_va, bk)
-        selection.update(val_hit={"chosen": results[best][0], "predictor": results[(0.0, GRID_K[0], 0.0)][0]},
+        selection.update(val_hit={"chosen": round(_hit1(val_logits, cv), 9),
+                                  "best_setting": max(v[0] for v in results.values()),
+                                  "predictor": results[(0.0, GRID_K[0], 0.0)][0]},
                          val_queries=int(len(va)))
     a, k, w = best
     selection.update(a=a, k=k, w=w)

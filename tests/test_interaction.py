@@ -248,13 +248,13 @@ def test_the_smoothed_setting_follows_a_clear_leader_and_averages_what_val_canno
     grid = [(a, k, w) for a in I.GRID_A for k in I.GRID_K for w in I.GRID_W
             if not (w == 0 and k != I.GRID_K[0])]
     lead = (1.5, 100, 0.5)
-    clear = {s: (0.80 if s == lead else 0.70, 0.0) for s in grid}
+    clear = {s: 0.80 if s == lead else 0.70 for s in grid}
     assert I.smoothed_setting(clear, n_val=5000) == lead      # 0.1 is 17 SE: the leader alone
-    even = {s: (0.70, 0.0) for s in grid}
+    even = {s: 0.70 for s in grid}
     a, k, w = I.smoothed_setting(even, n_val=100)
     assert a == pytest.approx(np.mean(I.GRID_A)) and k == 50   # every setting alike: the grid's middle
     assert w == pytest.approx(np.mean([s[2] for s in grid]), abs=1e-4)
     # the same small lead on a small val split moves the choice only part of the way to it
-    near = {s: (0.71 if s == lead else 0.70, 0.0) for s in grid}
+    near = {s: 0.71 if s == lead else 0.70 for s in grid}
     a_small, _, _ = I.smoothed_setting(near, n_val=100)
     assert np.mean(I.GRID_A) < a_small < 1.5

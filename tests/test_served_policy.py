@@ -142,7 +142,7 @@ def test_the_served_policy_is_chosen_on_val_and_route_serves_what_evaluate_measu
     assert (choices != served_choices) == (expected != "locus_interaction")
 
 
-def _irt_world(seed=0, models=12, queries=1500, dq=24):
+def _irt_world(seed=0, models=12, queries=2000, dq=24):
     """Answers drawn from a two-dimensional IRT model read from the text vectors: which model is best depends on
     the query's direction, which neither its category (one for all) nor a flat predictor knows."""
     rng = np.random.default_rng(seed)
@@ -154,7 +154,8 @@ def _irt_world(seed=0, models=12, queries=1500, dq=24):
     correct = (rng.random(p.shape) < p).astype(np.int8)
     correct[0, :40] = -1                                      # a missing answer or two
     idx = rng.permutation(queries)
-    return q, correct, np.sort(idx[:1000]), np.sort(idx[1000:1250]), np.sort(idx[1250:])
+    # val 500 queries: MF's or IRT's lead over the interaction (0.03-0.04) clears the paired margin there
+    return q, correct, np.sort(idx[:1000]), np.sort(idx[1000:1500]), np.sort(idx[1500:])
 
 
 def test_a_pair_model_is_served_where_it_wins_on_val_and_scores_the_same_after_a_carry():
@@ -208,3 +209,30 @@ def test_pair_models_recover_abilities_where_they_exist_and_judge_on_val():
         acc0 = float(((1 / (1 + np.exp(-untrained.logits(q[te]))) > 0.5) == (correct[:, te] == 1))[obs].mean())
         assert m.steps % pairs.CHECK == 0 and 0 < m.steps <= pairs.MAX_STEPS
         assert acc > 0.7 and acc > acc0 + 0.1, (kind, acc, acc0)
+
+
+def test_the_gain_a_simple_router_needs_is_paired_standard_errors_of_its_val_difference():
+    """The margin is MARGIN_SE standard errors of the query-by-query difference: two policies that agree on all but
+    a few val queries need a small gain, two that disagree everywhere a large one."""
+    from registry.evaluate import served
+
+    n = 200
+    correct = np.zeros((2, n), dtype=np.int8)
+    correct[0, ::2] = 1                                   # model 0 right on the even queries, model 1 on the odd
+    correct[1, 1::2] = 1
+    always0 = np.vstack([np.ones(n), np.zeros(n)])
+    few = always0.copy()
+    few[:, 1:20:2] = [[0.0], [1.0]]                       # model 1 on ten odd queries: ten more right
+    everywhere = always0[::-1].copy()                     # model 1 everywhere: as good, every query differs
+    judged = {"locus_interaction": (served.val_hit(always0, correct), {}, always0),
+              "knn": (served.val_hit(few, correct), {}, few),
+              "mf": (served.val_hit(everywhere, correct), {}, everywhere)}
+    assert judged["knn"][0] - judged["locus_interaction"][0] == pytest.approx(10 / n)
+    diff = served.val_right(few, correct).astype(float) - served.val_right(always0, correct)
+    expected = served.MARGIN_SE * diff.std(ddof=1) / np.sqrt(n)
+    assert served.required_gain(judged, "knn", correct) == pytest.approx(expected)
+    small, large = served.required_gain(judged, "knn", correct), served.required_gain(judged, "mf", correct)
+    assert small < 10 / n < large
+    # without val scores for the candidate: standard errors of a val hit@1
+    judged["irt"] = (0.6, {}, None)
+    assert served.required_gain(judged, "irt", correct) == pytest.approx(served.MARGIN_SE * np.sqrt(0.5 * 0.5 / n))

@@ -62,10 +62,12 @@ def test_fit_uses_the_interaction_where_there_is_one_and_routes_better():
     assert len(np.unique(routed.argmax(0))) > len(np.unique(pred[:, te].argmax(0)))
 
 
-def test_without_an_interaction_validation_keeps_the_predictor_or_no_worse():
+def test_without_an_interaction_validation_keeps_the_predictor_within_its_noise():
     pred, correct, q, names, cat, _, sp = world(planted=False, seed=3)
     fitted = I.fit(pred, correct, q, list(names), sp["train"], sp["val"])
-    assert fitted.selection["val_hit"]["chosen"] >= fitted.selection["val_hit"]["predictor"]
+    p, n = fitted.selection["val_hit"]["predictor"], len(sp["val"])
+    # the weights are the settings' mean weighted by their val hit@1 in standard errors, not the argmax
+    assert fitted.selection["val_hit"]["chosen"] >= p - np.sqrt(p * (1 - p) / n)
     assert np.abs(fitted.offsets).max() < 0.3
     none = I.Interaction(0.0, 10, 0.0, fitted.categories, fitted.rows, fitted.offsets, fitted.ref_vecs,
                          fitted.ref_cat, fitted.resid, fitted.seen)

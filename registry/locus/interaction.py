@@ -34,11 +34,11 @@ import numpy as np
 
 GRID_A = (0.0, 0.5, 1.0, 1.5, 2.0)      # category offset weights tried on val
 GRID_K = (10, 20, 50, 100, 200)         # neighbours tried on val
+GRID_W = (0.0, 0.5, 1.0, 2.0, 4.0)      # residual weights tried on val
 # pseudo-answers at residual 0 in each neighbourhood's mean: a model known from 128 answers has one or two among a
 # query's 100 nearest, whose mean residual is mostly noise (MMLU-Pro, 6 models held out: new-model AUC 0.7199 at 1,
 # 0.7227 at 10); an established model, with every neighbour answered, loses a tenth that w's choice on val restores
 RESID_PRIOR = 10.0
-GRID_W = (0.0, 0.5, 1.0, 2.0, 4.0)      # residual weights tried on val
 L2 = 10.0                                # prior pseudo-weight of each offset (in units of answers x p(1-p))
 CAT_K = 50                               # reference neighbours whose categories stand in for an unknown one
 NEWTON_STEPS = 25
@@ -106,7 +106,8 @@ def neighbours(ref_vecs: np.ndarray, qvecs: np.ndarray, k: int) -> np.ndarray:
 
 
 def knn_residual(resid: np.ndarray, seen: np.ndarray, nn: np.ndarray, k: int) -> np.ndarray:
-    """[M,N]: each model's residuals summed over the first k neighbours of each query, over (its answers + 1)."""
+    """[M,N]: each model's residuals summed over the first k neighbours of each query, over (its answers +
+    RESID_PRIOR)."""
     idx = nn[:, :k]
     return resid[:, idx].sum(-1) / (seen[:, idx].sum(-1) + RESID_PRIOR)
 

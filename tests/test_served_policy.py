@@ -126,6 +126,9 @@ def test_the_served_policy_is_chosen_on_val_and_route_serves_what_evaluate_measu
     choices, decisions = _served_choices(db_copy)
     assert choices == r["choices"]
     assert all(d.policy.startswith(f"served policy {expected} (val hit@1: ") for d in decisions)
+    # route fits on its own (models in id order) and reads the same val figures as evaluate (name order)
+    figures = ", ".join(f"{n} {v:.4f}" for n, v in val.items())
+    assert all(f"(val hit@1: {figures};" in d.policy for d in decisions), (figures, decisions[0].policy)
     out = CliRunner().invoke(cli, ["--db", str(db_copy), "route", _test_texts(Registry(db_copy))[0], "--no-log"])
     assert out.exit_code == 0 and f"served policy {expected}" in out.output, out.output
     text = CliRunner().invoke(cli, ["--db", str(db_copy), "evaluate"])
@@ -209,6 +212,23 @@ def test_pair_models_recover_abilities_where_they_exist_and_judge_on_val():
         acc0 = float(((1 / (1 + np.exp(-untrained.logits(q[te]))) > 0.5) == (correct[:, te] == 1))[obs].mean())
         assert m.steps % pairs.CHECK == 0 and 0 < m.steps <= pairs.MAX_STEPS
         assert acc > 0.7 and acc > acc0 + 0.1, (kind, acc, acc0)
+
+
+def test_pair_fits_do_not_depend_on_the_order_of_the_models():
+    """Routing holds its models in id order, evaluate in name order: the same answers in another row order give
+    the same fit, row for row (steps, val figure, logits), so both report the same val figures."""
+    from registry.evaluate import pairs, served
+
+    q, correct, tr, va, te = _irt_world(seed=2)
+    take = np.random.default_rng(0).permutation(len(correct))
+    first, moved = served._pair_candidates(correct, q, tr, va), served._pair_candidates(correct[take], q, tr, va)
+    mean, basis = pairs.components(q[tr])
+    for kind in ("mf", "irt"):
+        assert first[kind][:2] == moved[kind][:2], kind
+        assert np.allclose(first[kind][2][take], moved[kind][2], atol=1e-5), kind
+        fits = [pairs.fit(kind, (q[tr] - mean) @ basis, c[:, tr], mean=mean, basis=basis, dim=4, steps=60)
+                for c in (correct, correct[take])]
+        assert np.allclose(fits[0].logits(q[te])[take], fits[1].logits(q[te]), atol=1e-4), kind
 
 
 def test_the_gain_a_simple_router_needs_is_paired_standard_errors_of_its_val_difference():

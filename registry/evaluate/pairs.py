@@ -8,7 +8,8 @@ q' is the query's text vector projected on the reference queries' first COMPONEN
 is full-batch Adam over every observed (model, query) answer, and the projection makes each step cheap enough
 (a few ms for 64 models x 10,000 queries) to run inside a routing refit. Binary cross-entropy with a small L2
 penalty; the number of steps is chosen on val (checked every CHECK steps), then kept for the refit on train + val.
-Deterministic: a fixed seed for the initial values.
+Deterministic, and blind to the order of the models (routing holds them in id order, `evaluate` in name order):
+the per-model vectors start at zero, the shared projection from a fixed seed.
 """
 from __future__ import annotations
 
@@ -79,9 +80,10 @@ def components(ref_vecs: np.ndarray, n: int = COMPONENTS) -> tuple[np.ndarray, n
 
 
 def _init(kind: str, mean, basis, n_rows: int, dim: int, seed: int) -> PairModel:
+    # u at zero: its first gradient g @ h already differs per model, and no row's start depends on its position
     rng = np.random.default_rng(seed)
     c = basis.shape[1]
-    return PairModel(kind, mean, basis, rng.normal(0, dim ** -0.5, (n_rows, dim)), np.zeros(n_rows),
+    return PairModel(kind, mean, basis, np.zeros((n_rows, dim)), np.zeros(n_rows),
                      rng.uniform(-c ** -0.5, c ** -0.5, (c, dim)), np.zeros(dim), np.zeros(c), 0.0)
 
 

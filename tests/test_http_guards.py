@@ -87,9 +87,13 @@ def test_a_chunked_write_without_the_token_is_refused_before_its_body_is_read(se
 
 def test_a_chunked_body_over_the_limit_is_refused_as_it_arrives(served):
     proc, origin, *_ = served
-    status, headers, body, sent = chunked_post(origin, "/route", 200 * MiB)
+    status, headers, body, sent = chunked_post(origin, "/route", 200 * MiB, AUTH)
     assert status == 413 and b"64 MiB" in body and headers.get("connection") == "close"
     assert 64 * MiB <= sent < 200 * MiB                    # read up to the limit, then refused
+    # without the token the limit is 1 MiB: an anonymous caller cannot make the server read more
+    status, headers, body, sent = chunked_post(origin, "/route/batch", 200 * MiB)
+    assert status == 413 and b"1 MiB without the server token" in body and headers.get("connection") == "close"
+    assert 1 * MiB <= sent < 16 * MiB
     status, _, body, _ = chunked_post(origin, "/v1/chat/completions", 200 * MiB, AUTH)
     assert status == 413 and b'"error"' in body
     # a declared length over the limit: refused before anything is read
@@ -98,8 +102,38 @@ def test_a_chunked_body_over_the_limit_is_refused_as_it_arrives(served):
     assert status == 421
     status, answer = raw_request(origin, f"POST /fingerprint HTTP/1.1\r\nHost: localhost\r\nContent-Length: "
                                          f"{65 * MiB}\r\nContent-Type: application/json\r\n\r\n".encode())
+    assert status == 413 and b"1 MiB" in answer
+    status, answer = raw_request(origin, f"POST /fingerprint HTTP/1.1\r\nHost: localhost\r\nContent-Length: "
+                                         f"{65 * MiB}\r\nAuthorization: {AUTH['Authorization']}\r\n"
+                                         f"Content-Type: application/json\r\n\r\n".encode())
     assert status == 413 and b"64 MiB" in answer
     assert httpx.get(origin + "/health").status_code == 200
+
+
+def test_a_route_batch_is_bounded_before_it_is_routed(served):
+    """A batch's size is bounded by who sends it (texts, and texts never seen, which cost a MiniLM pass each): a
+    million texts without the token is refused at the head, and the largest allowed batch is answered whole."""
+    from registry.serve import routes_routing as rr
+
+    proc, origin, _, text, _ = served
+    r = httpx.post(origin + "/route/batch", json={"texts": ["what is entropy"] * 1_000_000})
+    assert r.status_code == 413 and "without the server token" in r.json()["detail"]
+    r = httpx.post(origin + "/route/batch", json={"texts": [text] * (rr.BATCH_TEXTS[1] + 1)})
+    assert r.status_code == 413 and f"at most {rr.BATCH_TEXTS[1]}" in r.json()["detail"], r.text
+    new = [f"a text nobody routed before, number {i}" for i in range(rr.BATCH_NEW_TEXTS[1] + 1)]
+    r = httpx.post(origin + "/route/batch", json={"texts": new})
+    assert r.status_code == 413 and "not seen" in r.json()["detail"], r.text
+    r = httpx.post(origin + "/route/batch", json={"texts": new * 200}, headers=AUTH)     # repeats count once
+    assert r.status_code == 413 and f"at most {rr.BATCH_TEXTS[0]}" in r.json()["detail"], r.text
+    before = rss_mib(proc.pid)
+    r = httpx.post(origin + "/route/batch", json={"texts": [text] * rr.BATCH_TEXTS[0], "top": 0}, headers=AUTH,
+                   timeout=60)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert len(out) == rr.BATCH_TEXTS[0] and len({d["model"] for d in out}) == 1 and out[0]["model"]
+    assert rss_mib(proc.pid) - before < 100
+    r = httpx.post(origin + "/route/batch", json={"texts": [text], "cost_weight": -1}, headers=AUTH)
+    assert r.status_code in (400, 422), r.text          # a bad option is still an error, not a broken stream
 
 
 # --- the proxy, the log and log_text need the token -------------------------------------------------------------

@@ -1,7 +1,12 @@
-"""The HTTP routes that route query texts (`POST /route`, `/route/batch`): answered from the serving snapshot, on
-the event loop when every text's vector is known, else on a worker thread while MiniLM encodes; the log rows go to
-the writer without waiting. The routing proxy (serve/proxy.py) routes through `Serving.route_unlogged` instead: it
-logs who answered once its upstreams have."""
+"""The HTTP routes that route query texts (`POST /route`, `/route/batch`): answered from the serving snapshot; the
+log rows go to the writer without waiting. The routing proxy (serve/proxy.py) routes through
+`Serving.route_unlogged` instead: it logs who answered once its upstreams have.
+
+A request's cost is bounded before it is paid: a batch holds at most `BATCH_TEXTS` texts, of which at most
+`BATCH_NEW_TEXTS` the registry has never seen (each costs a MiniLM pass; a known one a lookup), both far smaller
+without the server's token. One known text is answered on the event loop (under a millisecond); a batch is routed
+`CHUNK` texts at a time on a worker thread and its answer streamed as it is made, so a large batch neither holds the
+loop nor the whole answer in memory."""
 from __future__ import annotations
 
 import time
@@ -9,6 +14,7 @@ from typing import Literal
 
 import anyio
 from fastapi import APIRouter, Depends, HTTPException
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from registry.routing.options import RouteOptions
@@ -17,6 +23,11 @@ from registry.serve.context import ServerState, is_authorized, json_response, se
 from registry.serve.http.shapes import Text, WholeNumber
 from registry.serve.serving import Serving
 from starlette.requests import Request
+
+# texts in one batch, and texts among them whose vector is not yet known: (with the server's token, without it)
+BATCH_TEXTS = (2_000, 200)
+BATCH_NEW_TEXTS = (256, 16)
+CHUNK = 64              # texts routed and serialised per worker-thread hop: the loop waits at most one chunk's GIL
 
 # the candidates a route answer lists unless asked (`top`; 0: every model): the most likely first, and the chosen
 # one wherever it ranks. In a registry of hundreds of models the whole list was most of an answer's bytes and time.
@@ -34,7 +45,7 @@ class RouteOptionsBody(BaseModel):
         "properties": {"cost_weight": {"type": "number"}, "min_prob": {"type": "number"}}}})
     cost_weight: float | None = Field(None, ge=0)
     min_prob: float | None = Field(None, ge=0, le=1)
-    unavailable: list[str] | None = None
+    unavailable: list[str] | None = Field(None, max_length=10_000)
     log_text: bool = True
     cost_by: Literal["cost", "params"] = "cost"
     include_probation: bool = False
@@ -46,7 +57,7 @@ class RouteBody(RouteOptionsBody):
 
 
 class RouteBatchBody(RouteOptionsBody):
-    texts: list[Text] = Field(min_length=1)
+    texts: list[Text] = Field(min_length=1, json_schema_extra={"maxItems": BATCH_TEXTS[0]})
 
 
 def route_options(body: RouteOptionsBody, authorized: bool = True) -> RouteOptions:
@@ -87,6 +98,41 @@ async def _routed(s: ServerState, texts: list[str], options: RouteOptions, one: 
     return out
 
 
+def batch_limits(s: ServerState, texts: list[str], authorized: bool) -> None:
+    """Refuse (413) a batch over its limits before any of it is routed."""
+    who = 0 if authorized else 1
+    if len(texts) > BATCH_TEXTS[who]:
+        raise HTTPException(413, f"texts: {len(texts)} texts in one batch, at most {BATCH_TEXTS[who]}"
+                                 f"{'' if authorized else f' without the server token ({BATCH_TEXTS[0]} with it)'}: "
+                                 f"send them in several batches")
+    new = s.serving.vectors.unknown(texts)
+    if new > BATCH_NEW_TEXTS[who]:
+        raise HTTPException(413, f"texts: {new} texts the registry has not seen in one batch, at most "
+                                 f"{BATCH_NEW_TEXTS[who]}"
+                                 f"{'' if authorized else f' without the server token ({BATCH_NEW_TEXTS[0]} with it)'}"
+                                 f" (each is encoded): send them in several batches")
+
+
+async def _routed_batch(s: ServerState, texts: list[str], options: RouteOptions):
+    """A JSON array of decisions, routed and serialised CHUNK texts at a time off the loop and streamed. The first
+    chunk is routed before the answer starts, so a bad option is still a 4xx."""
+    t0 = time.perf_counter()
+
+    def chunk(i: int) -> bytes:
+        body = b",".join(json_response(d).body for d in decisions(s.serving, texts[i:i + CHUNK], options))
+        return (b"[" if i == 0 else b",") + body + (b"]" if i + CHUNK >= len(texts) else b"")
+
+    first = await anyio.to_thread.run_sync(chunk, 0)
+
+    async def rest():
+        yield first
+        for i in range(CHUNK, len(texts), CHUNK):
+            yield await anyio.to_thread.run_sync(chunk, i)
+        s.serving.timed("route_batch", time.perf_counter() - t0)
+
+    return StreamingResponse(rest(), media_type="application/json")
+
+
 @routing_router.post("/route", dependencies=[Depends(options_in_body)])
 async def route(body: RouteBody, s: ServerState = Depends(server), authorized: bool = Depends(is_authorized)):
     return await _routed(s, [body.text], route_options(body, authorized), one=True)
@@ -95,4 +141,6 @@ async def route(body: RouteBody, s: ServerState = Depends(server), authorized: b
 @routing_router.post("/route/batch", dependencies=[Depends(options_in_body)])
 async def route_batch(body: RouteBatchBody, s: ServerState = Depends(server),
                       authorized: bool = Depends(is_authorized)):
-    return await _routed(s, body.texts, route_options(body, authorized), one=False)
+    options = route_options(body, authorized)
+    batch_limits(s, body.texts, authorized)
+    return await _routed_batch(s, body.texts, options)

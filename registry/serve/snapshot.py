@@ -114,6 +114,11 @@ class QueryVectors:
         hashes = [text_encoder.content_hash(t) for t in texts if isinstance(t, str)]
         return len(hashes) == len(texts) and all(h in self._known or self.recent.has(h) for h in hashes)
 
+    def unknown(self, texts: list[str]) -> int:
+        """How many distinct texts would need MiniLM (neither held in memory nor recently routed)."""
+        hashes = {text_encoder.content_hash(t) for t in texts}
+        return sum(1 for h in hashes if h not in self._known and not self.recent.has(h))
+
     def reload(self) -> None:
         """Read the stored vectors again (the writer's, after a write that added queries)."""
         with self._reg.store.tx() as tx:

@@ -7,8 +7,9 @@ BaseHTTPMiddleware costs a task per request, and reads nothing the checks need):
   page cannot write through the owner's browser.
 - Token: a request to a route that needs the token is refused (401) before a byte of its body is read, so an
   anonymous caller cannot make the server read, parse or buffer anything.
-- Body: counted as it arrives (a chunked body has no Content-Length to trust) and refused (413) past the limit;
-  one that pauses for over BODY_GAP seconds is refused too (408).
+- Body: counted as it arrives (a chunked body has no Content-Length to trust) and refused (413) past the limit
+  (ANON_BODY for a request without the server's token: what anyone may send is small); one that pauses for over
+  BODY_GAP seconds is refused too (408).
 - Every response carries headers that keep pages from being framed, sniffed, or fed another host's scripts.
 
 Refusals are one line, `{"detail": ...}` (OpenAI's shape on the proxy's routes), and close the connection when the
@@ -28,6 +29,7 @@ from starlette.routing import Match
 from registry.serve import proxy
 from registry.serve.context import require_token, token_problem
 
+ANON_BODY = 1 << 20    # bytes: the largest body a request without the server's token may send (a route batch's texts)
 BODY_GAP = 30.0     # seconds a request body may pause: a client that stops sending half-way does not hold a connection
 WRITE_METHODS = frozenset({"POST", "PUT", "DELETE", "PATCH"})
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
@@ -116,6 +118,7 @@ class Guards:
             status, message, extra = refusal
             extra = {**extra, "connection": "close"} if has_body else extra
             return await error_response(scope["path"], message, status, extra)(scope, receive, self.secured(send))
+        limit = self.limit(headers)
         received, cut, done = 0, False, not has_body
 
         async def counted():
@@ -132,9 +135,9 @@ class Guards:
             done = message["type"] != "http.request" or not message.get("more_body", False)
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_body:
+                if received > limit:
                     cut = True
-                    raise BodyRefused(413, self.too_large())
+                    raise BodyRefused(413, self.too_large(limit))
             return message
 
         started = False
@@ -156,8 +159,19 @@ class Guards:
             await error_response(scope["path"], exc.detail, exc.status_code, {"connection": "close"})(
                 scope, receive, inner)
 
-    def too_large(self) -> str:
-        return (f"request body over {self.max_body // (1 << 20)} MiB: send less (a results file in parts, say)")
+    def limit(self, headers: dict) -> int:
+        """The body limit of this request: the server's, or ANON_BODY where the server has a token and the request
+        does not carry it."""
+        if self.token is None or token_problem(self.token, headers.get(b"authorization")) is None:
+            return self.max_body
+        return min(self.max_body, ANON_BODY)
+
+    def too_large(self, limit: int | None = None) -> str:
+        limit = self.max_body if limit is None else limit
+        size = f"{limit // (1 << 20)} MiB" if limit >= 1 << 20 else f"{limit // 1024} KiB"
+        anon = limit < self.max_body
+        return (f"request body over {size}{' without the server token' if anon else ''}: send less "
+                f"({'a batch in parts' if anon else 'a results file in parts'}, say)")
 
     def refusal(self, scope, headers: dict) -> tuple[int, str, dict] | None:
         """(status, message, headers) of a request refused before the app sees it; None: let it in."""
@@ -176,9 +190,9 @@ class Guards:
             problem = token_problem(self.token, headers.get(b"authorization"))
             if problem is not None:
                 return problem.status_code, str(problem.detail), dict(problem.headers or {})
-        size = headers.get(b"content-length")
-        if size is not None and (not size.isdigit() or int(size) > self.max_body):
-            return 413, self.too_large(), {}
+        size, limit = headers.get(b"content-length"), self.limit(headers)
+        if size is not None and (not size.isdigit() or int(size) > limit):
+            return 413, self.too_large(limit), {}
         return None
 
     def needs_token(self, scope) -> bool:

@@ -1,16 +1,18 @@
 """A careful client of an OpenAI-compatible `/v1/chat/completions`: bounded concurrency, retries with backoff on
 429, 5xx and timeouts (honouring Retry-After), a deadline per request, a progress bar, the tokens used summed from
-`usage`. The API key is read from the environment at each request and never stored or logged."""
+`usage`. The API key is read from the environment at each request, only where its owner lets it go
+(core/keys.py), and never stored or logged."""
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import httpx
+
+from registry.core.keys import OWNER, UpstreamKeys
 
 RETRY_STATUS = {429, 500, 502, 503, 504}
 MAX_RETRY_AFTER = 30.0      # a longer Retry-After is capped: the run has its own deadline per request
@@ -45,15 +47,12 @@ class Endpoint:
     base_url: str
     upstream_model: str
     api_key_env: str | None = None
+    keys: UpstreamKeys = field(default=OWNER, compare=False, repr=False)    # where its key may go
 
 
 def _headers(endpoint: Endpoint) -> dict:
-    headers = {"content-type": "application/json"}
-    if endpoint.api_key_env:
-        key = os.environ.get(endpoint.api_key_env)      # read now, never kept
-        if key:
-            headers["authorization"] = f"Bearer {key}"
-    return headers
+    # the key read now, never kept; KeyRefused where it may not go to this URL or is not set
+    return {"content-type": "application/json", **endpoint.keys.header(endpoint.api_key_env, endpoint.base_url)}
 
 
 def _retry_after(response: httpx.Response, attempt: int, backoff: float) -> float:
@@ -151,8 +150,11 @@ def ask_one(http: httpx.Client, endpoint: Endpoint, key, messages: list[dict], *
 
 def ask_all(endpoint: Endpoint, prompts: list[tuple], *, concurrency: int = 8, deadline: float = 60.0,
             retries: int = 4, backoff: float = 0.5, progress: bool = False) -> tuple[list[Reply], Usage]:
-    """prompts: [(key, messages)] -> the replies in the same order, and what it took."""
+    """prompts: [(key, messages)] -> the replies in the same order, and what it took. KeyRefused before anything
+    is sent where the endpoint's key may not reach it."""
     from tqdm import tqdm
+
+    _headers(endpoint)
 
     usage, lock = Usage(), threading.Lock()
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)

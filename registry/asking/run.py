@@ -16,6 +16,7 @@ from registry.answers import fingerprint, probe_plans, registration
 from registry.asking import client, grading, prompt
 from registry.data import endpoints, ingest
 from registry.core.errors import Conflict, InputError, NotFound
+from registry.core.keys import OWNER, UpstreamKeys
 from registry.core.transaction import Tx
 
 PLANS = ("fingerprint", "probe", "random")
@@ -49,20 +50,23 @@ class AskResult:
 
 
 def resolve_endpoint(tx: Tx, name: str, base_url: str | None, upstream_model: str | None,
-                     api_key_env: str | None) -> client.Endpoint:
-    """The endpoint to ask: the one given (the model registered with it when new), else the model's recorded one."""
+                     api_key_env: str | None, keys: UpstreamKeys = OWNER) -> client.Endpoint:
+    """The endpoint to ask: the one given (the model registered with it when new), else the model's recorded one;
+    its key checked against `keys` before anything is written."""
     exists = bool(tx.sql("SELECT 1 FROM models WHERE name = ?", [name]))
     if base_url:
+        keys.header(api_key_env, base_url)      # (read and dropped: refused here, before a row is written)
         if not exists:
             ingest.insert_new_models(tx, {name: {}})
         e = endpoints.set_endpoint(tx, name, base_url, upstream_model, api_key_env)
-        return client.Endpoint(e.base_url, e.upstream_model, e.api_key_env)
+        return client.Endpoint(e.base_url, e.upstream_model, e.api_key_env, keys)
     if not exists:
         raise NotFound(f"no model named {name!r}: give --base-url to ask a new endpoint")
     e = endpoints.current(tx).get(name)
     if e is None:
         raise Conflict(f"{name!r} has no endpoint: give --base-url (or `registry endpoints set`)")
-    return client.Endpoint(e.base_url, e.upstream_model, e.api_key_env)
+    keys.header(e.api_key_env, e.base_url)
+    return client.Endpoint(e.base_url, e.upstream_model, e.api_key_env, keys)
 
 
 def answered_before(tx: Tx, model_id: int, base_url: str) -> set[int]:
@@ -124,8 +128,9 @@ def verdict(tx: Tx, model_id: int, base_url: str) -> dict | None:
 def ask(reg, name: str, *, n: int = 128, plan: str = "fingerprint", concurrency: int = 8,
         base_url: str | None = None, upstream_model: str | None = None, api_key_env: str | None = None,
         keep_responses: bool = False, seed: int = 0, deadline: float = 60.0, retries: int = 4,
-        backoff: float = 0.5, progress: bool = False, k: int = 5) -> AskResult:
-    """`Registry.ask` over the facade `reg`."""
+        backoff: float = 0.5, progress: bool = False, k: int = 5, keys: UpstreamKeys = OWNER) -> AskResult:
+    """`Registry.ask` over the facade `reg`; keys: where an endpoint's key may go (a server's bindings; the
+    command line: the owner's own)."""
     from dataclasses import asdict
 
     name = registration.check(name, {})
@@ -135,7 +140,7 @@ def ask(reg, name: str, *, n: int = 128, plan: str = "fingerprint", concurrency:
         raise InputError(f"-n and --concurrency must be at least 1, got {n} and {concurrency}")
     reg.finish_pending()
     with reg.store.tx() as tx:
-        endpoint = resolve_endpoint(tx, name, base_url, upstream_model, api_key_env)
+        endpoint = resolve_endpoint(tx, name, base_url, upstream_model, api_key_env, keys)
         model_id = int(tx.sql("SELECT id FROM models WHERE name = ?", [name])[0][0])
         skip = answered_before(tx, model_id, endpoint.base_url)
         chosen = choose(tx, name, plan, max(0, n - len(skip)), skip, seed=seed,

@@ -18,7 +18,8 @@ class FakeUpstream:
     (`modes[model]`, "ok" by default):
     - "ok": a chat completion naming the model;
     - "trickle": the headers at once, then one byte of the body every `gap` seconds;
-    - "notjson": 200 with an HTML page.
+    - "notjson": 200 with an HTML page;
+    - "echo": 401 whose body and `X-Echo` header repeat the request's Authorization (an upstream leaking its key).
     `seen` records (model, Authorization) of every request; `open` counts connections still held."""
 
     def __init__(self, gap: float = 1.0):
@@ -54,6 +55,14 @@ class FakeUpstream:
                     await asyncio.sleep(self.gap)
                     if reader.at_eof():            # the proxy hung up
                         break
+                return
+            if mode == "echo":
+                auth = (fields.get("authorization") or "").encode()
+                payload = json.dumps({"error": {"message": f"bad key {auth.decode()}"}}).encode()
+                writer.write(b"HTTP/1.1 401 Unauthorized\r\ncontent-type: application/json\r\nx-echo: " + auth
+                             + b"\r\nset-cookie: s=" + auth.replace(b" ", b"_") + b"\r\ncontent-length: "
+                             + str(len(payload)).encode() + b"\r\nconnection: close\r\n\r\n" + payload)
+                await writer.drain()
                 return
             if mode == "notjson":
                 payload, kind = b"<html>502 Bad Gateway</html>", b"text/html"

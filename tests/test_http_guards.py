@@ -50,7 +50,8 @@ def served(base_db, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(KEY_ENV, "sk-upstream-secret")
         proc, origin = start_server(db, TOKEN, ("--allowed-host", "registry.example", "--upstream-deadline",
-                                                "first-byte=3", "--upstream-deadline", "between=0.6"))
+                                                "first-byte=3", "--upstream-deadline", "between=0.6",
+                                                "--upstream-key", f"{KEY_ENV}={upstream.base}"))
     yield proc, origin, upstream, text, models
     proc.terminate()
     proc.wait(timeout=30)
@@ -292,7 +293,9 @@ def trickling(db_copy):
     upstream = FakeUpstream(gap=45)
     text, models = _setup(db_copy, upstream)
     upstream.modes[f"up-{models[0]}"] = "trickle"
-    proc, origin = start_server(db_copy)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(KEY_ENV, "sk-upstream-secret")
+        proc, origin = start_server(db_copy, args=("--upstream-key", f"{KEY_ENV}={upstream.base}"))
     yield proc, origin, upstream, text, models
     if proc.poll() is None:
         proc.kill()

@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
 
+from registry.core.keys import UpstreamKeys
 from registry import Registry
 from registry.cli import cli
 from registry.serve.app import create_app
@@ -155,7 +156,8 @@ def test_proxy_errors_are_openai_shaped_and_the_log_says_who_answered(db_copy, u
 def test_endpoints_are_set_and_removed_over_http_with_the_token(db_copy):
     auth = {"Authorization": "Bearer t0ken"}
     body = {"base_url": "http://127.0.0.1:9/v1/", "upstream_model": "up-yi", "api_key_env": "YI_KEY"}
-    with TestClient(create_app(str(db_copy), token="t0ken")) as c:
+    keys = UpstreamKeys.parse(["YI_KEY=http://127.0.0.1:9"])
+    with TestClient(create_app(str(db_copy), token="t0ken", keys=keys)) as c:
         assert c.put("/endpoints/Yi-6B", json=body).status_code == 401              # a write: the token
         r = c.put("/endpoints/Yi-6B", json=body, headers=auth)
         assert r.status_code == 200 and r.json() == {"model": "Yi-6B", "base_url": "http://127.0.0.1:9/v1",

@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.testclient import TestClient
 
+from registry.core.keys import UpstreamKeys
 from registry import Registry, RouteOptions
 from registry.cli import cli
 from registry.serve.app import create_app
@@ -74,7 +75,8 @@ def test_proxy_routes_falls_back_and_streams(db_copy, upstream, monkeypatch):
         for m in [choice] + chain[:2]:
             reg.set_endpoint(m, base, upstream_model=f"up-{m}", api_key_env="FAKE_UPSTREAM_KEY")
     monkeypatch.setenv("FAKE_UPSTREAM_KEY", "sk-test")
-    with TestClient(create_app(str(db_copy))) as c:
+    keys = UpstreamKeys.parse([f"FAKE_UPSTREAM_KEY={base}"])        # the owner lets the key reach this upstream
+    with TestClient(create_app(str(db_copy), keys=keys)) as c:
         ids = [m["id"] for m in c.get("/v1/models").json()["data"]]
         assert ids[0] == "auto" and set(ids[1:]) == {choice, *chain[:2]}
         msg = {"model": "auto", "messages": [{"role": "system", "content": "be brief"},

@@ -195,12 +195,17 @@ def _availability(rows, as_json):
               help="A name clients reach the server by, besides loopback and --host (repeat; '*': any).")
 @click.option("--upstream-deadline", "upstream_deadlines", multiple=True, metavar="[MODEL:]NAME=SECONDS",
               help="The proxy's upstream deadlines: connect, first-byte, between, total (repeat).")
-def serve(ctx, host, port, token, allowed_hosts, upstream_deadlines):
+@click.option("--upstream-key", "upstream_keys", multiple=True, metavar="NAME=URL",
+              help="Let the server read API key variable NAME, for requests to URL's origin only (repeat; adds to "
+                   "$REGISTRY_UPSTREAM_KEYS). Endpoints may name only these; without any, no key is sent.")
+def serve(ctx, host, port, token, allowed_hosts, upstream_deadlines, upstream_keys):
     """Serve the registry over HTTP (FastAPI); the server owns the database file while it runs. A non-loopback
     address needs --token (or REGISTRY_TOKEN): open writes are never served to a network."""
     from registry.core import settings
     from registry.serve.app import is_loopback, serve as run
 
+    if token is not None and not token.strip():     # given but blank (--token ""): never read as "no token"
+        raise click.ClickException("the token is blank: give a token of printable characters, or none")
     token = token or settings.current().token
     if not token and not is_loopback(host):
         click.echo(f"Error: refusing to serve {host} without a token: writes would be open to the network; "
@@ -208,7 +213,7 @@ def serve(ctx, host, port, token, allowed_hosts, upstream_deadlines):
         ctx.exit(2)
     obj = ctx.find_root().obj
     run(obj["db"], host=host, port=port, token=token, probation_min=obj.get("probation_min"),
-        allowed_hosts=allowed_hosts, upstream_deadlines=upstream_deadlines)
+        allowed_hosts=allowed_hosts, upstream_deadlines=upstream_deadlines, upstream_keys=upstream_keys)
 
 
 @group(json=True, invoke_without_command=True)

@@ -28,6 +28,10 @@ class Settings:
     duckdb_threads: int | None = None
     # REGISTRY_TOKEN: `registry serve` only: the bearer token writing endpoints need (the CLI's --token wins)
     token: str | None = None
+    # REGISTRY_UPSTREAM_KEYS: `registry serve` only: NAME=URL,NAME=URL: the environment variables holding upstream
+    # API keys that the server may read, each bound to the one origin its key may reach (the CLI's --upstream-key
+    # adds to them); none: the server sends no key
+    upstream_keys: tuple[str, ...] = ()
     # REGISTRY_THREADS: `registry serve` only: threads per numeric call (torch, faiss, numpy's BLAS)
     threads: int = 1
     # REGISTRY_SWITCH_INTERVAL: `registry serve` only: seconds between Python's thread switches (CPython's default
@@ -44,6 +48,8 @@ def current() -> Settings:
     return Settings(db=env.get("REGISTRY_DB") or DEFAULT_DB,
                     probation_min=_number("REGISTRY_PROBATION_MIN", int, None),
                     token=env.get("REGISTRY_TOKEN") or None,
+                    upstream_keys=tuple(p.strip() for p in env.get("REGISTRY_UPSTREAM_KEYS", "").split(",")
+                                        if p.strip()),
                     duckdb_threads=_number("REGISTRY_DUCKDB_THREADS", int, None, least=1),
                     threads=_number("REGISTRY_THREADS", int, Settings.threads, least=1),
                     switch_interval=_number("REGISTRY_SWITCH_INTERVAL", float, Settings.switch_interval),

@@ -32,6 +32,7 @@ from starlette.exceptions import HTTPException
 
 from registry.api import Registry
 from registry.core import settings
+from registry.core.keys import UpstreamKeys
 from registry.core.errors import Conflict, DatabaseLocked, InputError, NotFound, RegistryError, UnknownReference
 from registry.serve import proxy, web
 from registry.serve.context import ServerState
@@ -50,9 +51,12 @@ SHOWN_ERRORS = 5          # validation problems a 422 lists
 
 
 def create_app(db: str, token: str | None = None, probation_min: int | None = None, create: bool = True, *,
-               hosts: guards.Hosts | None = None, deadlines: connections.UpstreamDeadlines | None = None) -> FastAPI:
+               hosts: guards.Hosts | None = None, deadlines: connections.UpstreamDeadlines | None = None,
+               keys: UpstreamKeys | None = None) -> FastAPI:
     """hosts: the names a request's Host may give (`serve` passes those it serves; None, for an app called in
-    process, checks none); deadlines: of the proxy's upstream attempts."""
+    process, checks none); deadlines: of the proxy's upstream attempts; keys: the API key variables the server may
+    read and where each may go (None: none, so no key is ever sent)."""
+    keys = keys or UpstreamKeys({})
     if token is not None and not token.strip():    # nobody could send it: every write would be refused
         raise InputError("the token is blank: give a token of printable characters, or none")
     reg = Registry(db, probation_min=probation_min, create=create)
@@ -71,13 +75,13 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
     # /docs from the package's own Swagger UI files (FastAPI's default fetches them from a CDN: blank offline)
     app = FastAPI(title="LLM model registry", version="1", description=__doc__, docs_url=None, redoc_url=None,
                   lifespan=lifespan)
-    app.state.server = ServerState(registry=reg, serving=serving, token=token, max_body=MAX_BODY)
+    app.state.server = ServerState(registry=reg, serving=serving, token=token, max_body=MAX_BODY, keys=keys)
 
     app.add_middleware(guards.Guards, token=token, max_body=MAX_BODY, hosts=hosts)
     _offline_docs(app)
     web.mount(app)      # the pages at / (serve/web.py)
     _add_routes(app, web.pages)
-    upstream = proxy.mount(app, serving, deadlines)    # the OpenAI-compatible routing proxy at /v1 (serve/proxy.py)
+    upstream = proxy.mount(app, serving, deadlines, keys)    # the OpenAI-compatible routing proxy at /v1 (serve/proxy.py)
     _error_handlers(app)
     # (the suffixed reads, /models/{name}/similar and /fallback, before the bare /models/{name} of the models)
     for router in (status_router, reads_router, models_router, availability_router, endpoints_router,
@@ -203,14 +207,17 @@ def _offline_docs(app: FastAPI) -> None:
 
 def serve(db: str, host: str = "127.0.0.1", port: int = 8000, token: str | None = None,
           probation_min: int | None = None, *, allowed_hosts: tuple[str, ...] = (),
-          upstream_deadlines: tuple[str, ...] = ()) -> None:
+          upstream_deadlines: tuple[str, ...] = (), upstream_keys: tuple[str, ...] = ()) -> None:
     """allowed_hosts: names besides the loopback ones and `host` that a request's Host may give ("*": any);
-    upstream_deadlines: `NAME=SECONDS` or `MODEL:NAME=SECONDS` (serve/http/connections.py)."""
+    upstream_deadlines: `NAME=SECONDS` or `MODEL:NAME=SECONDS` (serve/http/connections.py); upstream_keys:
+    `NAME=URL`, the key variables the server may read and the one origin each may reach (core/keys.py), besides
+    REGISTRY_UPSTREAM_KEYS."""
     import uvicorn
 
     deadlines = connections.UpstreamDeadlines.parse(upstream_deadlines)     # a bad one refused before any work
-
     config = settings.current()
+    keys = UpstreamKeys.parse(config.upstream_keys + tuple(upstream_keys))
+
     # Routes are short and the writer's cycles long: switch threads every 1 ms (CPython's default is 5 ms) so that a
     # route does not wait out a writer's time slice, its p99 is set by this
     sys.setswitchinterval(config.switch_interval)
@@ -227,7 +234,7 @@ def serve(db: str, host: str = "127.0.0.1", port: int = 8000, token: str | None 
     faiss.omp_set_num_threads(config.threads)
     threadpool_limits(config.threads)
     app = create_app(db, token, probation_min, create=False, hosts=guards.Hosts.serving(host, allowed_hosts),
-                     deadlines=deadlines)
+                     deadlines=deadlines, keys=keys)
     print(f"serving {db} on http://{host}:{port} (OpenAPI at /openapi.json; writes "
           f"{'need a bearer token' if token else 'are open: no token configured'})", flush=True)
     # connections that never finish a request head are closed (serve/http/listener.py); on SIGTERM, requests still

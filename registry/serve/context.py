@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from registry.api import Registry
 from registry.core.errors import InputError
+from registry.core.keys import UpstreamKeys
 from registry.data import ingest
 from registry.locus.text_encoder import MAX_OPTIONS
 from registry.serve.http.shapes import Correct, QuestionId, RowText
@@ -30,6 +31,7 @@ class ServerState:
     serving: Serving         # routes from the snapshot, every write through the one writer
     token: str | None        # writing endpoints need `Authorization: Bearer <token>`; None: writes are open
     max_body: int            # bytes: the largest request body the server reads
+    keys: UpstreamKeys = UpstreamKeys({})    # the API key variables it may read, and where each may go
 
 
 async def server(request: Request) -> ServerState:

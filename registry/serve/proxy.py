@@ -8,7 +8,14 @@
   model is forwarded as is, with no fallback (a deadline passed: 504, another failure: 502). The response is the
   upstream's (streaming passes through once its first piece has come), with headers `x-registry-model` and
   `x-registry-fallback: true|false`.
-- API keys are read from the environment variable each endpoint names, at request time: never stored, never logged.
+- API keys are read from the environment variable each endpoint names, at request time, and only where the owner
+  bound that variable to the endpoint's origin (`serve --upstream-key NAME=URL`, core/keys.py): never stored, never
+  logged, never sent elsewhere. An endpoint whose key may not go to it, or whose variable is unset, fails like an
+  upstream that cannot be reached (the next model of the chain is tried; a named model: 502 naming why).
+- What an upstream sends back: a 2xx body as it came (the key scrubbed from it where it appears) with only the
+  headers in PASSED_HEADERS; a 4xx is answered in OpenAI's error shape with the upstream's status and a short,
+  sanitised message (its `error.message`, cut to ERROR_CHARS printable characters, the key scrubbed), never its
+  body or headers as such.
   The routing log keeps the prompt's hash, not its text, and who answered: its `model` is the model whose upstream
   answered (none when every one failed), `fallback` whether that was a fallback, and its options' `proxy` entry the
   routed choice and the models that failed.
@@ -18,7 +25,6 @@
 from __future__ import annotations
 
 import json
-import os
 from typing import Literal
 
 import httpx
@@ -30,11 +36,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from registry.routing import log as route_log
 from registry.routing.options import RouteOptions
 from registry.core.errors import InputError, RegistryError
+from registry.core.keys import KeyRefused, UpstreamKeys
 from registry.serve.context import require_token
 from registry.serve.http import connections
 
 ROUTE_OPTIONS = ("cost_weight", "min_prob", "cost_by")
-HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "content-encoding", "keep-alive"}
+# the upstream's response headers passed on (any other, a cookie or an echo of the request, is dropped)
+PASSED_HEADERS = {"content-type", "x-request-id", "openai-processing-ms", "retry-after"}
+PASSED_PREFIXES = ("x-ratelimit-",)
+ERROR_CHARS = 200           # an upstream error's message, as passed on
 PREFIX = "/v1/"
 ERROR_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
                405: "method_not_allowed", 408: "request_timeout", 409: "conflict", 413: "request_too_large",
@@ -86,11 +96,13 @@ def last_user_text(messages) -> str:
     raise InputError("messages: no user message with text to route on")
 
 
-def mount(app: FastAPI, serving, deadlines: connections.UpstreamDeadlines | None = None) -> httpx.AsyncClient:
+def mount(app: FastAPI, serving, deadlines: connections.UpstreamDeadlines | None = None,
+          keys: UpstreamKeys | None = None) -> httpx.AsyncClient:
     """serving: serving.Serving (routes and endpoints from its current snapshot, log rows through its writer);
-    deadlines: of each upstream attempt (serve/http/connections.py). -> the upstream client, for the app's lifespan
-    to close."""
+    deadlines: of each upstream attempt (serve/http/connections.py); keys: the key variables the server may read
+    and where each may go (None: none). -> the upstream client, for the app's lifespan to close."""
     deadlines = deadlines or connections.UpstreamDeadlines()
+    keys = keys or UpstreamKeys({})
     client = httpx.AsyncClient(timeout=connections.request_timeout(deadlines.default))
 
     @app.get("/v1/models", dependencies=[Depends(require_token)])
@@ -127,14 +139,17 @@ def mount(app: FastAPI, serving, deadlines: connections.UpstreamDeadlines | None
         last, failed, timed_out = None, [], False
         for i, name in enumerate(chain):
             ep = eps[name]
-            headers = {"Content-Type": "application/json"}
-            key = os.environ.get(ep.api_key_env) if ep.api_key_env else None
-            if key:
-                headers["Authorization"] = f"Bearer {key}"
-            limits = deadlines.of(name)
-            attempt = connections.Attempt(client, client.build_request(
-                "POST", f"{ep.base_url}/chat/completions", headers=headers, timeout=connections.request_timeout(limits),
-                content=json.dumps({**body, "model": ep.upstream_model})), limits)
+            try:
+                headers = {"Content-Type": "application/json", **keys.header(ep.api_key_env, ep.base_url)}
+                limits = deadlines.of(name)
+                attempt = connections.Attempt(client, client.build_request(
+                    "POST", f"{ep.base_url}/chat/completions", headers=headers,
+                    timeout=connections.request_timeout(limits),
+                    content=json.dumps({**body, "model": ep.upstream_model})), limits)
+            except (KeyRefused, InputError, httpx.InvalidURL, ValueError) as exc:   # nothing was sent
+                last = f"{name}: {exc}"
+                failed.append(name)
+                continue
             try:
                 answer = await _attempt(attempt, bool(body.get("stream")))
             except (httpx.HTTPError, connections.UpstreamTimeout, UpstreamFailed) as exc:
@@ -146,10 +161,22 @@ def mount(app: FastAPI, serving, deadlines: connections.UpstreamDeadlines | None
                 continue
             if routed is not None:
                 _log_answer(serving, routed, name, failed)
-            out = {k: v for k, v in attempt.response.headers.items() if k.lower() not in HOP_HEADERS}
+            status = attempt.response.status_code
+            out = passed_headers(attempt.response.headers)
             out.update({"x-registry-model": name, "x-registry-fallback": "true" if (fallback or i > 0) else "false"})
+            secret = keys.secret(ep.api_key_env)
+            if status >= 400:       # (a 5xx was a failure above): a refusal, told in our words
+                if not isinstance(answer, bytes):
+                    await attempt.close()
+                    answer = b""
+                error = openai_error(f"{name}: upstream answered {status}: "
+                                     f"{upstream_message(answer, secret)}", status, "upstream_refused")
+                error.headers.update({k: v for k, v in out.items() if k != "content-type"})
+                return error
             if isinstance(answer, bytes):
-                return Response(answer, status_code=attempt.response.status_code, headers=out)
+                if secret and secret.encode() in answer:
+                    answer = answer.replace(secret.encode(), b"[key]")
+                return Response(answer, status_code=status, headers=out)
             return StreamingResponse(answer, status_code=attempt.response.status_code, headers=out,
                                      background=_closer(attempt))
         if routed is not None:
@@ -159,6 +186,32 @@ def mount(app: FastAPI, serving, deadlines: connections.UpstreamDeadlines | None
                             504 if timed_out else 502)
 
     return client
+
+
+def passed_headers(headers) -> dict:
+    """The upstream's response headers a client gets: PASSED_HEADERS and PASSED_PREFIXES only."""
+    return {k: v for k, v in headers.items()
+            if k.lower() in PASSED_HEADERS or k.lower().startswith(PASSED_PREFIXES)}
+
+
+def upstream_message(content: bytes, secret: str | None) -> str:
+    """An upstream error body, as one short line to pass on: its OpenAI-shaped `error.message` where it has one,
+    else its text; printable characters only, at most ERROR_CHARS, the key scrubbed."""
+    text = content.decode("utf-8", "replace")
+    try:
+        data = json.loads(text)
+        found = data.get("error") if isinstance(data, dict) else None
+        found = found.get("message") if isinstance(found, dict) else found
+        text = found if isinstance(found, str) else text
+    except (ValueError, RecursionError):
+        pass
+    if secret:
+        text = text.replace(secret, "[key]")
+    text = " ".join("".join(c if c.isprintable() else " " for c in text).split())
+    if secret and len(secret) >= 8:     # a key cut at the edge still shows none of itself
+        text = text.replace(secret[:8], "[key]")
+    text = text[:ERROR_CHARS] + ("..." if len(text) > ERROR_CHARS else "")
+    return text or "(no message)"
 
 
 def _route(serving, text: str, options: dict):
@@ -206,7 +259,7 @@ async def _attempt(attempt, stream: bool):
     resp = await attempt.start()
     if resp.status_code >= 500:
         raise UpstreamFailed(f"upstream answered {resp.status_code}")
-    if stream:
+    if stream and resp.status_code < 400:      # (a refusal's body is read whole: it is passed on in our words)
         return attempt.relay(await attempt.chunk() or b"")
     content = await attempt.body()
     await attempt.close()

@@ -129,13 +129,8 @@ async def upload(name: shapes.ModelName, request: Request, s: ServerState = Depe
 @models_router.post("/models/{name:path}/ask", dependencies=[Depends(require_token)])
 def ask(name: str, body: AskBody, s: ServerState = Depends(server)):
     """`registry ask NAME`: ask its endpoint (or body.base_url), grade and store the answers, say what they show."""
-    # a caller over HTTP may name only a key the owner already gave an endpoint: any other environment variable of
-    # the server (a cloud secret, say) would otherwise go to whatever base_url the body names
-    known = {e.api_key_env for e in s.registry.endpoints() if e.api_key_env}
-    if body.api_key_env is not None and body.api_key_env not in known:
-        raise Conflict(f"api_key_env {body.api_key_env!r} is no registered endpoint's key; over HTTP ask may use "
-                         f"only those ({', '.join(sorted(known)) or 'none'})")
-    return json_response(s.serving.write(lambda: s.registry.ask(name, **body.model_dump())))
+    # a key goes only to the origin the owner bound it to (core/keys.py): checked before anything is written or sent
+    return json_response(s.serving.write(lambda: s.registry.ask(name, **body.model_dump(), keys=s.keys)))
 
 
 @availability_router.get("/availability")
@@ -160,7 +155,9 @@ def endpoints(s: ServerState = Depends(server)):
 
 @endpoints_router.put("/endpoints/{model:path}", dependencies=[Depends(require_token)])
 def set_endpoint(model: str, body: EndpointBody, s: ServerState = Depends(server)):
-    """Where the routing proxy sends MODEL's requests (`registry endpoints set`); the proxy uses it at once."""
+    """Where the routing proxy sends MODEL's requests (`registry endpoints set`); the proxy uses it at once. Its
+    api_key_env must be one the owner bound to this base URL's origin (`serve --upstream-key`)."""
+    s.keys.check(body.api_key_env, body.base_url)
     return json_response(s.serving.write(lambda: s.registry.set_endpoint(
         model, body.base_url, upstream_model=body.upstream_model, api_key_env=body.api_key_env)))
 

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from registry.api import Registry
 from registry.asking import grading, prompt
 from registry.cli import cli
+from registry.core.errors import EndpointFailed
 
 from .http_tools import ChatUpstream
 
@@ -117,24 +118,22 @@ def test_a_hanging_upstream_is_given_up_and_its_questions_left_unanswered(db_cop
     u = upstreams(lambda text: None)
     started = time.perf_counter()
     with Registry(db_copy) as reg:
-        r = reg.ask("stuck", base_url=u.url, n=4, plan="random", deadline=0.3, retries=1, backoff=0.01)
+        with pytest.raises(EndpointFailed, match="answered none of the 4 questions asked.*deadline"):
+            reg.ask("stuck", base_url=u.url, n=4, plan="random", deadline=0.3, retries=1, backoff=0.01)
     assert time.perf_counter() - started < 10
-    assert (r.asked, r.answered, r.unanswered, r.batch_id) == (4, 0, 4, None)
-    assert "deadline" in next(iter(r.failures))
     con = duckdb.connect(str(db_copy), read_only=True)
-    stored = con.execute("""SELECT count(*) FROM evaluations e JOIN models m ON m.id = e.model_id
-                            WHERE m.name = 'stuck'""").fetchone()[0]
+    stored = con.execute("SELECT count(*) FROM models WHERE name = 'stuck'").fetchone()[0]
     con.close()
-    assert stored == 0
+    assert stored == 0                                # nothing answered: not even the model was written
 
 
 def test_a_trickling_upstream_is_given_up_at_the_deadline_of_the_whole_reply(db_copy, upstreams):
     u = upstreams(lambda text: "TRICKLE")
     started = time.perf_counter()
     with Registry(db_copy) as reg:
-        r = reg.ask("trickler", base_url=u.url, n=2, plan="random", deadline=1.0, retries=0)
+        with pytest.raises(EndpointFailed, match="answered none of the 2 questions asked.*deadline"):
+            reg.ask("trickler", base_url=u.url, n=2, plan="random", deadline=1.0, retries=0)
     assert time.perf_counter() - started < 8          # a per-read timeout alone would wait the 30 s out
-    assert (r.answered, r.unanswered) == (0, 2) and "deadline" in next(iter(r.failures))
 
 
 def test_an_address_nothing_listens_at_is_given_up_at_once(db_copy):
@@ -145,10 +144,9 @@ def test_an_address_nothing_listens_at_is_given_up_at_once(db_copy):
         port = sock.getsockname()[1]
     started = time.perf_counter()
     with Registry(db_copy) as reg:
-        r = reg.ask("nowhere", base_url=f"http://127.0.0.1:{port}", n=32, plan="random", concurrency=2)
+        with pytest.raises(EndpointFailed, match="answered none of the 32 questions asked.*unreachable"):
+            reg.ask("nowhere", base_url=f"http://127.0.0.1:{port}", n=32, plan="random", concurrency=2)
     assert time.perf_counter() - started < 10         # not 32 questions x 5 attempts with backoff
-    assert (r.answered, r.unanswered) == (0, 32) and any("unreachable" in k for k in r.failures), r.failures
-    assert r.requests <= 8
 
 
 def test_the_key_is_read_from_the_environment_and_never_stored(db_copy, upstreams, monkeypatch):

@@ -15,7 +15,7 @@ import numpy as np
 from registry.answers import fingerprint, probe_plans, registration
 from registry.asking import client, grading, prompt
 from registry.data import endpoints, ingest
-from registry.core.errors import Conflict, InputError, NotFound
+from registry.core.errors import Conflict, EndpointFailed, InputError, NotFound
 from registry.core.keys import OWNER, UpstreamKeys
 from registry.core.transaction import Tx
 
@@ -50,23 +50,42 @@ class AskResult:
 
 
 def resolve_endpoint(tx: Tx, name: str, base_url: str | None, upstream_model: str | None,
-                     api_key_env: str | None, keys: UpstreamKeys = OWNER) -> client.Endpoint:
-    """The endpoint to ask: the one given (the model registered with it when new), else the model's recorded one;
-    its key checked against `keys` before anything is written."""
+                     api_key_env: str | None, keys: UpstreamKeys = OWNER, *,
+                     keep: bool = False) -> tuple[client.Endpoint, bool]:
+    """The endpoint to ask, checked (its URL, its key against `keys`) before anything is written, and whether it is
+    to be recorded once it has answered: the one given (a new model is registered with it then), else the model's
+    recorded one. The recorded base URL given again keeps its upstream model and key unless they are given too.
+    keep: a given endpoint that differs from the model's recorded one is refused (Conflict) instead of recorded in
+    its place (the HTTP API's rule)."""
     exists = bool(tx.sql("SELECT 1 FROM models WHERE name = ?", [name]))
+    stored = endpoints.current(tx).get(name) if exists else None
+    recorded = None
+    if stored is not None:
+        try:
+            recorded = client.Endpoint(endpoints.parse_base_url(stored.base_url), stored.upstream_model,
+                                       stored.api_key_env, keys)
+        except InputError as exc:                     # (a row from before base URLs were checked)
+            if not base_url:
+                raise Conflict(f"{name!r}'s recorded endpoint cannot be asked ({exc}): set it again with `registry "
+                               f"endpoints set`") from None
     if base_url:
-        keys.header(api_key_env, base_url)      # (read and dropped: refused here, before a row is written)
-        if not exists:
-            ingest.insert_new_models(tx, {name: {}})
-        e = endpoints.set_endpoint(tx, name, base_url, upstream_model, api_key_env)
-        return client.Endpoint(e.base_url, e.upstream_model, e.api_key_env, keys)
+        url = endpoints.checked(base_url, api_key_env)
+        if recorded is not None and url == recorded.base_url:
+            upstream_model = upstream_model or recorded.upstream_model
+            api_key_env = api_key_env or recorded.api_key_env
+        given = client.Endpoint(url, upstream_model or name, api_key_env, keys)
+        if stored is not None and given != recorded and keep:
+            raise Conflict(f"{name!r} has an endpoint ({stored.base_url}, upstream model {stored.upstream_model}): "
+                           f"asking over HTTP does not replace it; give no base_url to ask it, or change it with "
+                           f"PUT /endpoints/{name}")
+        keys.header(given.api_key_env, url)      # (read and dropped: refused here, before a row is written)
+        return given, given != recorded
     if not exists:
         raise NotFound(f"no model named {name!r}: give --base-url to ask a new endpoint")
-    e = endpoints.current(tx).get(name)
-    if e is None:
+    if stored is None:
         raise Conflict(f"{name!r} has no endpoint: give --base-url (or `registry endpoints set`)")
-    keys.header(e.api_key_env, e.base_url)
-    return client.Endpoint(e.base_url, e.upstream_model, e.api_key_env, keys)
+    keys.header(recorded.api_key_env, recorded.base_url)
+    return recorded, False
 
 
 def answered_before(tx: Tx, model_id: int, base_url: str) -> set[int]:
@@ -128,9 +147,12 @@ def verdict(tx: Tx, model_id: int, base_url: str) -> dict | None:
 def ask(reg, name: str, *, n: int = 128, plan: str = "fingerprint", concurrency: int = 8,
         base_url: str | None = None, upstream_model: str | None = None, api_key_env: str | None = None,
         keep_responses: bool = False, seed: int = 0, deadline: float = 60.0, retries: int = 4,
-        backoff: float = 0.5, progress: bool = False, k: int = 5, keys: UpstreamKeys = OWNER) -> AskResult:
+        backoff: float = 0.5, progress: bool = False, k: int = 5, keys: UpstreamKeys = OWNER,
+        keep_endpoint: bool = False) -> AskResult:
     """`Registry.ask` over the facade `reg`; keys: where an endpoint's key may go (a server's bindings; the
-    command line: the owner's own)."""
+    command line: the owner's own); keep_endpoint: a base URL (upstream model, key) other than the model's recorded
+    endpoint is refused, not recorded in its place (the HTTP API). Raises EndpointFailed, having written nothing,
+    when the endpoint answered none of the questions asked."""
     from dataclasses import asdict
 
     name = registration.check(name, {})
@@ -139,15 +161,18 @@ def ask(reg, name: str, *, n: int = 128, plan: str = "fingerprint", concurrency:
     if n < 1 or concurrency < 1:
         raise InputError(f"-n and --concurrency must be at least 1, got {n} and {concurrency}")
     reg.finish_pending()
+    # nothing is written until the endpoint has answered: a URL that cannot be asked, or an endpoint that answers
+    # nothing, leaves the registry as it was (no new model, no endpoint recorded or replaced)
     with reg.store.tx() as tx:
-        endpoint = resolve_endpoint(tx, name, base_url, upstream_model, api_key_env, keys)
-        model_id = int(tx.sql("SELECT id FROM models WHERE name = ?", [name])[0][0])
-        skip = answered_before(tx, model_id, endpoint.base_url)
+        endpoint, record = resolve_endpoint(tx, name, base_url, upstream_model, api_key_env, keys,
+                                            keep=keep_endpoint)
+        found = tx.sql("SELECT id, cost FROM models WHERE name = ?", [name])
+        model_id, price = (int(found[0][0]), found[0][1]) if found else (None, None)
+        skip = answered_before(tx, model_id, endpoint.base_url) if model_id is not None else set()
         chosen = choose(tx, name, plan, max(0, n - len(skip)), skip, seed=seed,
                         min_answers=reg.probation_min) if n > len(skip) else []
         gold = {int(q): (t, a, g) for q, t, a, g in tx.sql(
             f"SELECT id, text, answer, grading FROM {WITH_GOLD}")} if chosen else {}
-        price = tx.sql("SELECT cost FROM models WHERE id = ?", [model_id])[0][0]
     prompts = [(q, prompt.render(gold[q][0], gold[q][2])) for q in chosen]
     replies, usage = client.ask_all(endpoint, prompts, concurrency=concurrency, deadline=deadline,
                                     retries=retries, backoff=backoff, progress=progress)
@@ -159,10 +184,21 @@ def ask(reg, name: str, *, n: int = 128, plan: str = "fingerprint", concurrency:
         extracted = grading.extract(r.text, kind)
         unparseable += extracted is None
         graded.append((r.key, extracted, grading.grade(extracted, answer, kind), r.text))
+    if chosen and not graded:
+        why = max(usage.failures, key=usage.failures.get) if usage.failures else "no reply"
+        raise EndpointFailed(f"{endpoint.base_url} answered none of the {len(chosen)} questions asked ({why}); "
+                             f"nothing was stored")
     batch_id = None
     if graded:
         with reg.store.tx() as tx:
+            if record:
+                if not tx.sql("SELECT 1 FROM models WHERE name = ?", [name]):
+                    ingest.insert_new_models(tx, {name: {}})
+                endpoints.set_endpoint(tx, name, endpoint.base_url,
+                                       None if endpoint.upstream_model == name else endpoint.upstream_model,
+                                       endpoint.api_key_env)
             batch_id = _store(tx, reg, name, graded, endpoint, keep_responses)
+            model_id = int(tx.sql("SELECT id FROM models WHERE name = ?", [name])[0][0])
     tokens = usage.prompt_tokens + usage.completion_tokens
     result = AskResult(name, endpoint.base_url, endpoint.upstream_model, prompt.TEMPLATE_VERSION, plan, n,
                        len(skip), len(chosen), len(graded), sum(g[2] for g in graded), unparseable,
@@ -170,6 +206,8 @@ def ask(reg, name: str, *, n: int = 128, plan: str = "fingerprint", concurrency:
                        usage.completion_tokens, None if price is None else round(price * tokens / 1e6, 6),
                        batch_id, usage.failures)
     outcomes = reg.onboard()
+    if model_id is None:                              # a new model with nothing to ask: nothing was written
+        return result
     with reg.store.tx() as tx:
         result.verdict = verdict(tx, model_id, endpoint.base_url)
         has_answers = bool(tx.sql("SELECT 1 FROM evaluations WHERE model_id = ? LIMIT 1", [model_id]))

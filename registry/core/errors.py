@@ -71,6 +71,11 @@ class NotFound(RegistryError):
     pass
 
 
+class EndpointFailed(RegistryError):
+    """An endpoint the registry asked gave no answer at all (nothing listens, every request refused or past its
+    deadline): nothing was stored. Over HTTP a 502, as an upstream failing is."""
+
+
 class SchemaOutdated(RegistryError):
     pass
 

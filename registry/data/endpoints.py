@@ -3,6 +3,7 @@ it by, and the name of the environment variable that holds its API key (read at 
 logged). Append-only like availability: the newest row per model counts, and a row without a base URL removes it."""
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -20,13 +21,100 @@ class Endpoint:
     api_key_env: str | None = None
 
 
-def set_endpoint(tx: Tx, model: str, base_url: str, upstream_model: str | None = None,
-                 api_key_env: str | None = None) -> Endpoint:
-    base_url = (base_url or "").strip().rstrip("/")
-    if not base_url.startswith(("http://", "https://")):
-        raise InputError(f"base URL must start with http:// or https://, got {base_url!r}")
+OCTET = "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+IPV4 = f"{OCTET}(\\.{OCTET}){{3}}"
+H16 = "[0-9A-Fa-f]{1,4}"
+LS32 = f"({H16}:{H16}|{IPV4})"
+# RFC 3986's IPv6address, form by form (what ipaddress.IPv6Address takes, zone ids aside)
+IPV6 = "|".join([f"({H16}:){{6}}{LS32}", f"::({H16}:){{5}}{LS32}", f"({H16})?::({H16}:){{4}}{LS32}",
+                 f"(({H16}:){{0,1}}{H16})?::({H16}:){{3}}{LS32}", f"(({H16}:){{0,2}}{H16})?::({H16}:){{2}}{LS32}",
+                 f"(({H16}:){{0,3}}{H16})?::{H16}:{LS32}", f"(({H16}:){{0,4}}{H16})?::{LS32}",
+                 f"(({H16}:){{0,5}}{H16})?::{H16}", f"(({H16}:){{0,6}}{H16})?::"])
+# a name's last label is not all digits (a host ending in a number is read as an IPv4 address)
+NAME = "([A-Za-z0-9_-]+\\.)*[0-9]*[A-Za-z_-][A-Za-z0-9_-]*"
+PORT = "(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})"
+DEFAULT_PORTS = {"http": 80, "https": 443}
+MAX_URL = 2048          # characters of a base URL
+
+
+@functools.cache
+def base_url_regex() -> str:
+    """The base URLs `parse_base_url` takes once stripped, as a regex that Python and ECMA engines read alike (the
+    HTTP API's schema states it): http(s)://host[:port][/path], the host a name, an IPv4 address or an [IPv6
+    address]; no space or control character, no credentials, query or fragment."""
+    banned = sorted({c for c in range(0x110000) if chr(c).isspace()} | set(range(0x20)) | set(range(0x7F, 0xA0))
+                    | {ord("?"), ord("#")})
+    ranges, i = [], 0
+    while i < len(banned):
+        j = i
+        while j + 1 < len(banned) and banned[j + 1] == banned[j] + 1:
+            j += 1
+        ranges.append(f"\\u{banned[i]:04x}" + (f"-\\u{banned[j]:04x}" if j > i else ""))
+        i = j + 1
+    return f"https?://({NAME}|{IPV4}|\\[({IPV6})\\])(:{PORT})?(/[^{''.join(ranges)}]*)?"
+
+
+def parse_base_url(url: str) -> str:
+    """An endpoint's base URL checked before anything is stored -> its canonical form (scheme and host lowercased, no
+    trailing /). Raises InputError, one line, for what the proxy and `registry ask` could not send to: a scheme other
+    than http(s), no host, a port outside 1-65535, credentials (user:password@), a query or a fragment."""
+    from urllib.parse import urlsplit
+
+    text = (url or "").strip()
+    if len(url or "") > MAX_URL:
+        raise InputError(f"base URL over {MAX_URL} characters: {text[:60]!r}...")
+    if not text.startswith(("http://", "https://")):
+        raise InputError(f"base URL must start with http:// or https://, got {text!r}")
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError as exc:
+        raise InputError(f"base URL {text!r} cannot be parsed: {exc}") from None
+    if "@" in parts.netloc:
+        raise InputError(f"base URL {text!r} holds credentials: give the key's environment variable "
+                         f"(--api-key-env) instead")
+    if "?" in text or "#" in text:
+        raise InputError(f"base URL {text!r} has a query or fragment (?... or #...): give the URL up to /v1")
+    if not parts.hostname:
+        raise InputError(f"base URL {text!r} names no host")
+    if port == 0 or (parts.netloc.endswith(":")):
+        raise InputError(f"base URL {text!r}: its port must be a number from 1 to 65535")
+    if not re.fullmatch(base_url_regex(), text) or not text.isascii() and not _utf8(text):
+        raise InputError(f"base URL {text!r} is not of the form http(s)://host[:port][/path] (a host name, an IPv4 "
+                         f"address or an [IPv6 address]; no spaces, no leading zeros in the port)")
+    return f"{parts.scheme}://{parts.netloc.lower()}{parts.path}".rstrip("/")
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")         # (a lone surrogate is no character)
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def origin(url: str) -> str:
+    """'scheme://host:port' of a base URL, lowercased, with the scheme's default port made explicit (80, 443):
+    what two URLs share when they reach the same server."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(parse_base_url(url))
+    host = parts.hostname
+    return f"{parts.scheme}://{f'[{host}]' if ':' in host else host}:{parts.port or DEFAULT_PORTS[parts.scheme]}"
+
+
+def checked(base_url: str, api_key_env: str | None) -> str:
+    """An endpoint's base URL (parse_base_url's canonical form) and key variable, checked before anything is
+    stored."""
+    base_url = parse_base_url(base_url)
     if api_key_env is not None and not re.fullmatch(ENV_NAME, api_key_env):
         raise InputError(f"--api-key-env takes the NAME of an environment variable, got {api_key_env!r}")
+    return base_url
+
+
+def set_endpoint(tx: Tx, model: str, base_url: str, upstream_model: str | None = None,
+                 api_key_env: str | None = None) -> Endpoint:
+    base_url = checked(base_url, api_key_env)
     mid = _model_id(tx, model)
     tx.sql("""INSERT INTO model_endpoints (model_id, base_url, upstream_model, api_key_env) VALUES (?, ?, ?, ?)
               RETURNING id""", [mid, base_url, upstream_model, api_key_env])

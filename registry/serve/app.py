@@ -33,7 +33,8 @@ from starlette.exceptions import HTTPException
 from registry.api import Registry
 from registry.core import settings
 from registry.core.keys import UpstreamKeys
-from registry.core.errors import Conflict, DatabaseLocked, InputError, NotFound, RegistryError, UnknownReference
+from registry.core.errors import (Conflict, DatabaseLocked, EndpointFailed, InputError, NotFound, RegistryError,
+                                   UnknownReference)
 from registry.serve import proxy, web
 from registry.serve.context import ServerState
 from registry.serve.http import contract
@@ -77,6 +78,7 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
                   lifespan=lifespan)
     app.state.server = ServerState(registry=reg, serving=serving, token=token, max_body=MAX_BODY, keys=keys)
 
+    app.add_middleware(listener.Stopping)     # (inside the guards: its 503 gets their headers)
     app.add_middleware(guards.Guards, token=token, max_body=MAX_BODY, hosts=hosts)
     _offline_docs(app)
     web.mount(app)      # the pages at / (serve/web.py)
@@ -121,6 +123,10 @@ def _error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Conflict)
     async def _cf(request, exc):
         return _error(request.url.path, str(exc), 409)
+
+    @app.exception_handler(EndpointFailed)      # an endpoint `ask` asked answered nothing: a bad gateway
+    async def _ef(request, exc):
+        return _error(request.url.path, str(exc), 502)
 
     @app.exception_handler(RegistryError)
     async def _re(request, exc):

@@ -44,7 +44,7 @@ class AskBody(BaseModel):
     n: shapes.WholeNumber = Field(128, ge=1, le=100_000)
     plan: Literal["fingerprint", "probe", "random"] = "fingerprint"
     concurrency: shapes.WholeNumber = Field(8, ge=1, le=64)
-    base_url: str | None = Field(None, json_schema_extra={"pattern": shapes.BASE_URL})
+    base_url: str | None = Field(None, json_schema_extra=shapes.BASE_URL_SCHEMA)
     upstream_model: str | None = None
     api_key_env: str | None = Field(None, json_schema_extra={"pattern": ENV_NAME})
     keep_responses: bool = False
@@ -60,7 +60,7 @@ class AvailabilityBody(BaseModel):
 
 class EndpointBody(BaseModel):
     model_config = ConfigDict(strict=True)
-    base_url: str = Field(json_schema_extra={"pattern": shapes.BASE_URL})
+    base_url: str = Field(json_schema_extra=shapes.BASE_URL_SCHEMA)
     upstream_model: str | None = None
     api_key_env: str | None = Field(None, json_schema_extra={"pattern": ENV_NAME})
 
@@ -127,10 +127,13 @@ async def upload(name: shapes.ModelName, request: Request, s: ServerState = Depe
 
 
 @models_router.post("/models/{name:path}/ask", dependencies=[Depends(require_token)])
-def ask(name: str, body: AskBody, s: ServerState = Depends(server)):
+def ask(name: shapes.ModelName, body: AskBody, s: ServerState = Depends(server)):
     """`registry ask NAME`: ask its endpoint (or body.base_url), grade and store the answers, say what they show."""
-    # a key goes only to the origin the owner bound it to (core/keys.py): checked before anything is written or sent
-    return json_response(s.serving.write(lambda: s.registry.ask(name, **body.model_dump(), keys=s.keys)))
+    # a key goes only to the origin the owner bound it to (core/keys.py): checked before anything is written or sent;
+    # a base_url other than the model's recorded endpoint is refused (409), never recorded in its place: the routing
+    # proxy sends the model's requests there. An endpoint that answers nothing: 502, nothing stored
+    return json_response(s.serving.write(lambda: s.registry.ask(name, **body.model_dump(), keys=s.keys,
+                                                                keep_endpoint=True)))
 
 
 @availability_router.get("/availability")

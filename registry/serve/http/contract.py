@@ -37,12 +37,14 @@ WHY = {400: "Bad input: one line naming the problem",
        421: "A Host the server does not serve (`serve --allowed-host`)",
        422: "A missing or ill-typed field",
        500: "A bug of the server's: one line, the details in its log",
-       502: "Every upstream in the chain failed",
+       502: "Every upstream in the chain failed (ask: the endpoint answered none of the questions)",
+       503: "The server is stopping: the request was still running when its grace after SIGTERM ran out",
        504: "The upstream did not answer in time"}
-ANY = {400, 413, 421, 422, 500}          # any operation: bad input, the guards in front of the routes, a bug
+ANY = {400, 413, 421, 422, 500, 503}     # any operation: bad input, the guards in front of the routes, a bug, a stop
 WRITE = {403, 404, 409}                  # an operation that changes state, or takes names in its body
 CONFLICT_READS = {"/portfolio"}          # reads that the registry's contents can make unanswerable (409)
 PROXY = {404, 502, 504}                  # /v1/chat/completions: an unknown model; its upstreams'
+ASKING = {"/models/{name}/ask"}          # writes that call an endpoint: 502 when it answers nothing
 
 
 def declare(app: FastAPI) -> None:
@@ -86,6 +88,8 @@ def amend(doc: dict, app: FastAPI) -> None:
                 codes.add(409)
             if path == "/v1/chat/completions":
                 codes |= PROXY
+            if path in ASKING:
+                codes.add(502)
             if token and (needs or method != "get"):
                 codes.add(401)
             shape = "OpenAIError" if path.startswith("/v1/") else "Error"

@@ -9,6 +9,7 @@ from typing import Annotated
 
 from pydantic import BeforeValidator, WithJsonSchema
 
+from registry.data import endpoints
 from registry.data.import_steps import MAX_NAME, PATH_SUFFIXES
 
 
@@ -58,4 +59,8 @@ RowText = Annotated[str, WithJsonSchema({"type": "string", "pattern": NOT_SPACES
                                                         "yet"})]
 # an uploaded results file (text/csv), as the library reads one: a header, then one row per query
 CSV_UPLOAD = "^question_id,correct\n([A-Za-z0-9_.:-]+,[01]\n)+$"
-BASE_URL = f"^[{SPACE}]*https?://[^/{SPACE}]"
+# what data/endpoints.parse_base_url takes: http(s)://host[:port][/path], space at either end stripped
+BASE_URL = f"^[{SPACE}]*({endpoints.base_url_regex()})[{SPACE}]*$"
+BASE_URL_SCHEMA = {"pattern": BASE_URL, "maxLength": endpoints.MAX_URL,
+                   "description": "an OpenAI-compatible base URL, http(s)://host[:port][/path]: no credentials, "
+                                  "query or fragment"}

@@ -27,7 +27,7 @@ from starlette.requests import Request
 # texts in one batch, and texts among them whose vector is not yet known: (with the server's token, without it)
 BATCH_TEXTS = (2_000, 200)
 BATCH_NEW_TEXTS = (256, 16)
-CHUNK = 64              # texts routed and serialised per worker-thread hop: the loop waits at most one chunk's GIL
+CHUNK = 32              # texts routed and serialised per worker-thread hop: the loop waits at most one chunk's GIL
 
 # the candidates a route answer lists unless asked (`top`; 0: every model): the most likely first, and the chosen
 # one wherever it ranks. In a registry of hundreds of models the whole list was most of an answer's bytes and time.

@@ -232,11 +232,41 @@ def test_rank_puts_the_model_that_errs_alike_first_among_well_placed_neighbours(
                          error_correlation=corr)
 
     near = [n("nearest", 0.50, 0.02), n("kin", 0.70, 0.30), n("other", 0.80, 0.01), n("far", 1.00, -0.02)]
-    ranked = rank(near, lambda: pytest.fail("well-placed pairs need no registry-wide fit"), 5000, 128)
+    ranked = rank(near, 5000, 128)
     assert [x.model for x in ranked][:2] == ["kin", "nearest"] and ranked[0].placed_by == "answers"
     # without shared answers the embedding alone orders them
     bare = [Neighbour(x.model, x.distance, embedded_from=5000) for x in near]
-    assert [x.model for x in rank(bare, lambda: None, 5000, 128)] == ["nearest", "kin", "other", "far"]
+    assert [x.model for x in rank(bare, 5000, 128)] == ["nearest", "kin", "other", "far"]
+
+
+def test_a_model_known_from_few_answers_is_placed_by_what_they_support():
+    """One ranking: junk known from 128 answers (a disagreement near an independent model's) sits below every
+    established neighbour that disagrees no more on its questions; a 128-answer copy sits right below its original;
+    an unsure query model ranks every neighbour by its disagreement's upper bound, not by its embedding."""
+    from registry.answers.neighbours import Neighbour, rank, upper_rate
+
+    def est(name, distance, corr, rate):
+        return Neighbour(name, distance, disagreement=rate, shared_queries=5000, embedded_from=5000,
+                         error_correlation=corr)
+
+    family, other = est("family", 0.40, 0.30, 0.20), est("other", 0.30, 0.05, 0.25)
+    far = est("far", 0.9, -0.05, 0.4)
+    coin = Neighbour("coin", 0.01, disagreement=0.45, shared_queries=128, embedded_from=128)
+    copy = Neighbour("copy", 0.35, disagreement=0.20, shared_queries=128, embedded_from=128)
+    kin_rates = {"coin": {"family": 0.22, "other": 0.26, "far": 0.41},
+                 "copy": {"family": 0.20, "other": 0.31, "far": 0.41}}
+    ranked = rank([coin, copy, far, family, other], 5000, 500, lambda x, others: kin_rates[x.model])
+    assert [x.model for x in ranked] == ["family", "copy", "other", "far", "coin"], [x.model for x in ranked]
+    assert ranked[1].placed_by == "few answers" and ranked[1].combined == ranked[0].combined
+    # without the neighbours' own questions to compare on, a few-answer model still never leads on its embedding
+    assert rank([Neighbour("coin", 0.01, disagreement=0.45, shared_queries=128, embedded_from=128),
+                 est("family", 0.4, 0.3, 0.2)], 5000, 500, lambda x, o: {"family": 0.2})[0].model == "family"
+    # an unsure query model: the pessimistic bound orders them; the embedding only breaks ties
+    near = [Neighbour("close-by-embedding", 0.01, disagreement=0.30, shared_queries=128, embedded_from=5000),
+            Neighbour("twin", 0.90, disagreement=0.0, shared_queries=128, embedded_from=5000),
+            Neighbour("few-shared", 0.05, disagreement=0.0, shared_queries=3, embedded_from=5000)]
+    assert [x.model for x in rank(near, 128, 500)] == ["twin", "close-by-embedding", "few-shared"]
+    assert upper_rate(0.0, 128) < 0.03 and upper_rate(0.0, 3) > 0.5 and upper_rate(0.5, 0) == 1.0
 
 
 @pytest.mark.slow

@@ -157,10 +157,11 @@ def test_interaction_is_carried_over_then_refitted_when_idle(db_copy, tmp_path):
 def test_the_served_report_says_what_the_plain_one_does(db_copy, tmp_path):
     """A served registration's report comes from memory (the snapshot and the answer book): the same neighbours,
     disagreements, held-out count and warnings as the report read from the file, for a copy of a registered model
-    (the duplicate warning) and for a new one."""
+    (the duplicate warning) and for a new one, both on probation (an established model's report is the plain one:
+    it reads error correlations)."""
     from registry.embedding.onboarding import JobOutcome
 
-    with Registry(db_copy) as reg:
+    with Registry(db_copy, probation_min=500) as reg:
         qids = _qids(reg)
         with reg.store.tx() as tx:
             donor = tx.sql("SELECT name FROM models ORDER BY name LIMIT 1")[0][0]

@@ -25,7 +25,8 @@ class Neighbour:
     shared_queries: int | None = None
     embedded_from: int | None = None    # evaluations behind its embedding (`similar` fills it in)
     combined: float | None = None       # `similar`'s ranking distance: the embedding's and the shared answers'
-    placed_by: str | None = None        # which evidence placed it (`similar`): embedding | answers | both
+    placed_by: str | None = None        # which evidence placed it (`similar`): embedding | answers | both, or
+    #                                     "few answers" (known from under probation_min: placed pessimistically)
     alias: bool = False                 # the two are recorded as one model under two names (`similar`)
     error_correlation: float | None = None   # how much they err together beyond difficulty (`similar`)
 
@@ -63,8 +64,8 @@ def by_vector(tx: Tx, db_path: str, vector, k: int, encoder_id: int, *, as_of: s
 def similar(tx: Tx, db_path: str, *, model: str | None, evals: str | None, k: int, as_of: str | None,
             min_evaluations: int, probation_min: int) -> list[Neighbour]:
     """`registry similar`: the nearest models to a registered one, or to an evaluations file's results (read, never
-    written), each with the evaluations behind its embedding. Ranked by `combined`: the embedding distance,
-    corrected by the answers the two share (`rank`)."""
+    written), each with the evaluations behind its embedding, ranked by `rank` (how much evidence each pair has
+    decides what places it)."""
     encoder_id = encoders.require_active(tx, as_of)
     vi = index.get(tx, db_path, encoder_id, as_of)
     then = evaluation_rows.first_batch_after(tx, as_of)     # the answers as they stood at `as_of`
@@ -87,86 +88,138 @@ def similar(tx: Tx, db_path: str, *, model: str | None, evals: str | None, k: in
         x.embedded_from = n[x.model][1] if x.model in n else None
     if model is not None:                # how surely the model itself is placed: the evaluations behind it
         own_n = n[model][1] if model in n else None
-    out = rank(near, lambda: scale_of(tx, vi), own_n, probation_min)[:k]
-    groups = catalog.alias_groups(tx) if model is not None else {}
     ids = {name: i for i, name in vi.names.items()}
+    out = rank(near, own_n, probation_min, kin_by_sql(tx, vi, answers, then))[:k]
+    groups = catalog.alias_groups(tx) if model is not None else {}
     root = groups.get(ids.get(model), ids.get(model))
     for x in out:
         x.alias = model is not None and groups.get(ids.get(x.model), ids.get(x.model)) == root
     return out
 
 
-@dataclass
-class Scale:
-    """The registry's embedding distance as a line in the disagreement rate of two models' answers, over its pairs
-    that share MIN_PAIR_SHARED answers: distance ~ slope * rate (through the origin: two models that never disagree
-    sit together)."""
-    slope: float
-
-
 MIN_PAIR_SHARED = 100        # a pair's disagreement is fitted only from this many shared answers
-MAX_FIT_MODELS = 200         # the fit reads the answers of at most this many models (the first by id)
 MIN_SHARED = 32              # shared answers that weigh as much as the embedding (the fingerprint's minimum too)
 
 
-def scale_of(tx: Tx, vi: index.VectorIndex) -> Scale | None:
-    """`Scale` over the indexed models (None: too few pairs, or none that disagree). Kept until a version or an
-    import changes it."""
-    newest = int(tx.sql("SELECT coalesce(max(id), 0) FROM import_batches")[0][0])
-    key = (vi.encoder_id, vi.through_version, vi.size, newest)
-    kept = tx.section("neighbour scales")
-    if key not in kept:
-        kept[key] = _fit(tx, vi)
-    return kept[key]
+def kin_by_sql(tx: Tx, vi: index.VectorIndex, answers: tuple, before_batch: int | None = None):
+    """`rank`'s `kin` for the answers (query ids, 0/1) of the query model: each other model's disagreement with them
+    on one neighbour's own questions (a read of that neighbour's questions and the others' answers there)."""
+    ids = {name: i for i, name in vi.names.items()}
+
+    def kin(x: Neighbour, others: list[str]) -> dict[str, float]:
+        mine = evaluation_rows.of_models(tx, [ids[x.model]], before_batch)["query_id"]
+        on = np.isin(answers[0], mine)
+        rates = evaluation_rows.disagreement(tx, answers[0][on], answers[1][on], [ids[o] for o in others])
+        return {vi.names[i]: r for i, (_, r) in rates.items()}
+    return kin
 
 
-def _fit(tx: Tx, vi: index.VectorIndex) -> Scale | None:
-    from registry.answers.geometry import pairwise
-    from registry.answers import disagreement
-
-    ids, vecs = vi.vectors()
-    order = np.argsort(ids)[:MAX_FIT_MODELS]
-    ids, vecs = ids[order], vecs[order]
-    res = tx.numpy(f"""SELECT model_id, query_id, correct::INT AS c
-                       FROM {evaluation_rows.current(model_ids=[int(i) for i in ids])} e""")
-    if len(ids) < 3 or not len(res["model_id"]):
-        return None
-    qids = np.unique(res["query_id"])
-    correct = np.full((len(ids), len(qids)), -1, dtype=np.int8)
-    correct[np.searchsorted(ids, res["model_id"]), np.searchsorted(qids, res["query_id"])] = res["c"]
-    rate, _ = disagreement.disagreement_matrix(correct, MIN_PAIR_SHARED)
-    iu = np.triu_indices(len(ids), 1)
-    r, d = rate[iu], pairwise(vecs)[iu]
-    keep = np.isfinite(r)
-    if keep.sum() < 3 or not r[keep].any():
-        return None
-    return Scale(float(r[keep] @ d[keep] / (r[keep] @ r[keep])))
+def of_registered(tx: Tx, db_path: str, name: str, k: int, encoder_id: int, *, answers: tuple,
+                  own_evaluations: int, probation_min: int, rates: dict | None = None) -> list[Neighbour]:
+    """A registration's table: a registered model's k nearest by `similar`'s rule (`rank`), its answers
+    (query ids, 0/1) measured against every other model's (`rates`: evaluation_rows.disagreement of them, where the
+    caller has it; an established model's are read with their error correlation, as `similar` reads them)."""
+    vi = index.get(tx, db_path, encoder_id)
+    vector = vi.vector_of(name)
+    if vector is None:
+        vector, _ = vector_of(tx, name, encoder_id)
+    established = own_evaluations >= probation_min
+    near = by_vector(tx, db_path, vector, vi.size, encoder_id, exclude={name}, answers=answers, vi=vi,
+                     rates=None if established else rates, errors=established)
+    n = catalog.current_versions(tx, encoder_id)
+    return placed(near, {m: v[1] for m, v in n.items()}, own_evaluations, probation_min, k,
+                  kin_by_sql(tx, vi, answers))
 
 
-def rank(near: list[Neighbour], scale_of: Callable[[], Scale | None], own_evaluations: int | None,
-         probation_min: int) -> list[Neighbour]:
-    """Neighbours by `combined`, the embedding distance corrected by the answers the two share (n of them, weighted
-    n / (n + MIN_SHARED) against the embedding's; with none shared, the embedding alone).
+def placed(near: list[Neighbour], embedded_from: dict[str, int], own_evaluations: int | None, probation_min: int,
+           k: int, kin: Callable[[Neighbour, list[str]], dict[str, float]] | None = None) -> list[Neighbour]:
+    """`rank` of neighbours (every other model, with their answers' rates), the first k, each with the evaluations
+    behind its embedding."""
+    for x in near:
+        x.embedded_from = embedded_from.get(x.model)
+    return rank(near, own_evaluations, probation_min, kin)[:k]
 
-    Where either is placed unsurely (on probation, or a file's results: `own_evaluations`), their disagreement
-    places it, read as a distance on the registry's line (`Scale`, fitted by `scale_of` only then: the fit reads
-    every model's answers). Where both are well placed (embedded from `probation_min` evaluations) and share
-    MIN_PAIR_SHARED answers, their error correlation does, read as a distance on this list's own line (`error_line`):
-    mistakes made together beyond difficulty tell a family apart better than the embedding or the raw rate."""
-    unsure = [bool(x.shared_queries) and min(own_evaluations or 0, x.embedded_from or 0) < probation_min
-              for x in near]
-    scale = scale_of() if any(unsure) else None
-    slope = error_line([x for x, u in zip(near, unsure) if not u])
-    for x, placed_unsurely in zip(near, unsure):
-        x.combined, x.placed_by = x.distance, "embedding"
-        if placed_unsurely and scale is not None:
-            answers = scale.slope * x.disagreement
-        elif not placed_unsurely and slope is not None and _errors_known(x):
-            answers = slope * (1 - x.error_correlation)
+
+Z = 1.96          # a model known from few answers is placed by its disagreement's upper 95% bound (Wilson)
+
+
+def upper_rate(rate: float, n: int, z: float = Z) -> float:
+    """The Wilson score interval's upper end for a rate seen on n answers (1 with none)."""
+    if not n:
+        return 1.0
+    d = 1 + z * z / n
+    centre = rate + z * z / (2 * n)
+    half = z * np.sqrt(rate * (1 - rate) / n + z * z / (4 * n * n))
+    return float(min(1.0, (centre + half) / d))
+
+
+def rank(near: list[Neighbour], own_evaluations: int | None, probation_min: int,
+         kin: Callable[[Neighbour, list[str]], dict[str, float]] | None = None) -> list[Neighbour]:
+    """One ranking for `similar` and a registration's table, in which evidence counts.
+
+    A model known from few answers (under `probation_min` behind its embedding, or a file's results) is placed by
+    what those answers can support: the upper 95% bound of its disagreement rate (`upper_rate`), never its
+    embedding, which a handful of answers place badly.
+    - The query model itself so known: every neighbour by that bound on the answers they share (`combined` is the
+      bound), the embedding breaking ties; neighbours sharing none come last.
+    - An established query model: established neighbours by `combined` (`rank_established`); each neighbour known
+      from few answers is placed below every established one that disagrees with the query model on that
+      neighbour's own questions no more than its bound (`kin`: {name: rate on those questions}); so a coin flip or
+      a constant answerer sits below the model's real relatives, and a 128-answer copy of a model right below it.
+      Its `combined` is that of the model above it (the first's, placed first): where it ranks, on the list's scale.
+    """
+    if (own_evaluations or 0) < probation_min:
+        return _rank_by_answers(near)
+    few = [(x.embedded_from or 0) < probation_min for x in near]
+    ordered = rank_established([x for x, f in zip(near, few) if not f])
+    unsure = [x for x, f in zip(near, few) if f]
+    if not unsure:
+        return ordered
+    slots: list[tuple[int, float, float, Neighbour]] = []
+    for x in unsure:
+        if not x.shared_queries:                 # nothing to place it by: after every placed model
+            x.placed_by = "embedding"
+            slots.append((len(ordered) + 1, 1.0, x.distance, x))
+            continue
+        bound = upper_rate(x.disagreement, x.shared_queries)
+        rates = kin(x, [o.model for o in ordered]) if kin is not None and ordered else {}
+        after = max((i + 1 for i, o in enumerate(ordered) if rates.get(o.model, 1.0) <= bound), default=0)
+        x.placed_by = "few answers"
+        slots.append((after, bound, x.distance, x))
+    slots.sort(key=lambda t: (t[0], t[1], t[2], t[3].model))
+    out, i = [], 0
+    for slot, _, _, x in slots:
+        while i < min(slot, len(ordered)):
+            out.append(ordered[i])
+            i += 1
+        above = out[-1] if out else (ordered[0] if ordered else None)
+        x.combined = above.combined if above is not None and x is not above else x.distance
+        out.append(x)
+    return out + ordered[i:]
+
+
+def _rank_by_answers(near: list[Neighbour]) -> list[Neighbour]:
+    for x in near:
+        if x.shared_queries:
+            x.combined, x.placed_by = round(upper_rate(x.disagreement, x.shared_queries), 4), "answers"
         else:
+            x.combined, x.placed_by = x.distance, "embedding"
+    return sorted(near, key=lambda x: (not x.shared_queries, x.combined, x.distance, x.model))
+
+
+def rank_established(near: list[Neighbour]) -> list[Neighbour]:
+    """Established neighbours of an established model by `combined`: the embedding distance corrected by the
+    answers the two share (n of them, weighted n / (n + MIN_SHARED) against the embedding's; with none shared, the
+    embedding alone). Where the two share MIN_PAIR_SHARED answers, their error correlation places them, read as a
+    distance on this list's own line (`error_line`): mistakes made together beyond difficulty tell a family apart
+    better than the embedding or the raw rate."""
+    slope = error_line(near)
+    for x in near:
+        x.combined, x.placed_by = x.distance, "embedding"
+        if slope is None or not _errors_known(x):
             continue
         w = x.shared_queries / (x.shared_queries + MIN_SHARED)
-        x.combined = round(w * answers + (1 - w) * x.distance, 4)
+        x.combined = round(w * slope * (1 - x.error_correlation) + (1 - w) * x.distance, 4)
         x.placed_by = "answers" if w >= 0.75 else "both"
     return sorted(near, key=lambda x: (x.combined, x.distance, x.model))
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from registry.answers import catalog, fingerprint, neighbours
 from registry.embedding import encoders, evidence, onboarding
 from registry.data import evaluation_rows, import_steps, ingest
-from registry.core.errors import Conflict, InputError, RegistryError, storage_problem
+from registry.core.errors import Conflict, InputError, RegistryError, check_text, storage_problem
 from registry.answers.neighbours import Neighbour
 from registry.core.transaction import Tx
 
@@ -42,11 +42,14 @@ class Staged:
 
 
 def check(name: str, metadata: dict) -> str:
-    """The name to register under, once the metadata is sound (before any transaction)."""
+    """The name to register under, once the metadata is sound (before any transaction): the name as every model
+    name is checked, the text fields as every text is (errors.text_problem)."""
     name = (name or "").strip()
     problem = import_steps.model_name_problem(name)
     if problem:
         raise InputError(problem)
+    for label in ("family", "provider", "tags"):
+        check_text(metadata.get(label), label)
     for label, value in (("params_b", metadata.get("params_b")), ("cost", metadata.get("cost"))):
         if value is not None and not (value >= 0 and value != float("inf")):
             raise InputError(f"{label} must be a non-negative number, got {value}")
@@ -168,7 +171,10 @@ def report(reg, staged: Staged, o: onboarding.JobOutcome | None, k: int = 5) -> 
             m for (m,) in tx.sql("SELECT id FROM models WHERE id <> ?", [model_id])])
         near, notes, status = [], [], "not embedded"
         if o.version is not None:
-            near = neighbours.of_model(tx, reg.path, name, k, encoders.require_active(tx), rates=rates)
+            near = neighbours.of_registered(tx, reg.path, name, k, encoders.require_active(tx),
+                                            answers=(own["query_id"], own["correct"]),
+                                            own_evaluations=o.n_evaluations, probation_min=reg.probation_min,
+                                            rates=rates)
             status = "probation" if evidence.on_probation(o.n_evaluations, reg.probation_min) else "established"
             notes = [] if status == "established" else [_probation_note(o, reg.probation_min)]
         same = fingerprint.duplicate_of(tx, model_id, rates)                                   # from its answers
@@ -182,14 +188,19 @@ def report_served(reg, snap, book, staged: Staged, o: onboarding.JobOutcome | No
     versions) and its answer book (serve/answerbook.py), both up to date with the write being reported. What `report`
     says, the same way (tests/test_writer.py compares them)."""
     model_id = book.id_of(staged.name)
-    if o is None or model_id is None:                 # nothing new was embedded, or no answers: the plain report
+    if o is None or model_id is None or not evidence.on_probation(o.n_evaluations, reg.probation_min):
+        # nothing new was embedded, no answers, or an established model (its table reads error correlations and
+        # its neighbours' own questions, as `similar` does): the plain report
         return report(reg, staged, o, k)
     rates = book.disagreement(model_id)
     near, notes, status = [], [], "not embedded"
     vector = snap.index.vector_of(staged.name) if o.version is not None else None
     if vector is not None:
-        near = neighbours.by_vector(None, reg.path, vector, k, snap.index.encoder_id, exclude={staged.name},
-                                    vi=snap.index, rates=rates)
+        # a model on probation is placed by its answers alone (neighbours.rank): the rates are all it needs
+        near = neighbours.by_vector(None, reg.path, vector, snap.index.size, snap.index.encoder_id,
+                                    exclude={staged.name}, vi=snap.index, rates=rates)
+        near = neighbours.placed(near, dict(zip(snap.pool.names, snap.pool.n_evaluations.tolist())), o.n_evaluations,
+                                 reg.probation_min, k)
         status = "probation" if evidence.on_probation(o.n_evaluations, reg.probation_min) else "established"
         notes = [] if status == "established" else [_probation_note(o, reg.probation_min)]
     same = fingerprint.duplicate_of(None, model_id, rates, book.names, book.calibration({model_id}))
@@ -230,6 +241,7 @@ def register(reg, name: str, evals: str, metadata: dict, *, k: int = 5, progress
     nothing), with `alias_of` (the user's word: it is another name of that model); onboarding; then the report in a
     read, and its same-model verdict recorded as an alias."""
     name = check(name, metadata)
+    check_text(alias_of, "alias_of")
     reg.finish_pending()
     with reg.store.tx() as tx:
         staged = stage(tx, name, evals, metadata, update, progress)

@@ -39,6 +39,17 @@ def similar(ctx, model, evals, k, as_of, as_json):
     if weak:
         notes.append(f"on probation (embedded from fewer than {reg.probation_min} evaluations, placed less surely): "
                      + ", ".join(weak))
+    if out and min(out, key=lambda x: x.distance) is not out[0]:
+        by_vector = min(out, key=lambda x: x.distance)
+        notes.append(f"{by_vector.model} is nearest by embedding ({by_vector.distance:.3f}), {out[0].model} by "
+                     f"{'the answers' if out[0].placed_by != 'embedding' else 'the ranking'}"
+                     + (f" (disagreement {out[0].disagreement:.3f} on {out[0].shared_queries} shared)"
+                        if out[0].disagreement is not None else "")
+                     + ": where two models share answers, those place them")
+    if any(x.placed_by == "few answers" for x in out):
+        notes.append("'few answers': known from too few answers to place by its embedding; listed below every "
+                     "established model that disagrees no more on its questions than its disagreement's upper 95% "
+                     "bound")
     note = "; ".join(notes) or None
     if as_json:
         emit_json({"neighbours": out, "note": note})
@@ -119,7 +130,8 @@ def fingerprint(ctx, *, evals, show_calibration, plan, n, candidates, out, seed,
 
 
 @command()
-@click.option("-k", type=int, help="Portfolio size (with --target: at most this many).")
+@click.option("-k", type=int, help="Portfolio size (default 5, as over HTTP and on the web page; with --target: at "
+                                   "most this many).")
 @click.option("--method", type=click.Choice(["kmedoids", "kcenter", "routing"]), default=None,
               help="Keep the routing (greedy by routing value on the validation queries; the default) or cover the "
                    "embedding space (kmedoids, the default without a validation split; kcenter).")
@@ -149,7 +161,8 @@ def portfolio(ctx, *, k, method, max_params, max_cost, require, exclude, target,
         return
     click.echo(f"{p.k} models by {p.method}, coverage radius {p.radius:.4f}")
     if p.share_of_pool is not None:
-        click.echo(f"routing accuracy {p.accuracy:.4f} = {p.share_of_pool:.1%} of the pool's {p.pool_accuracy:.4f}")
+        click.echo(f"routing accuracy {p.accuracy:.4f} on test (as served, among the members) = {p.share_of_pool:.1%} "
+                   f"of the pool's {p.pool_accuracy:.4f}")
     if p.note:
         click.echo(f"note: {p.note}")
     rows = [[m, len(p.clusters[m]), ", ".join(p.clusters[m][1:6]) + (" ..." if len(p.clusters[m]) > 6 else "")]

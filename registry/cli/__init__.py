@@ -28,8 +28,10 @@ COMMAND_MODULES = (db, data, models, encoders, geometry, routing, asking)
               help="The registry's DuckDB file, or a PostgreSQL URL postgresql://user@host:port/dbname "
                    "(default: $REGISTRY_DB, else registry.duckdb).")
 @click.option("--probation-min", type=click.IntRange(min=0), default=None,
-              help="Fewest evaluations behind a model's embedding for routing to choose it unasked (default 500; "
-                   "or set REGISTRY_PROBATION_MIN).")
+              help="Fewest evaluations behind a model's embedding for routing to choose it unasked (default: the "
+                   "smaller of 500 and half the median count behind the better-known half of the embeddings; or "
+                   "set REGISTRY_PROBATION_MIN).")
+@click.version_option(package_name="locus-registry", prog_name="registry")
 @click.pass_context
 def cli(ctx: click.Context, db: str | None, probation_min: int | None) -> None:
     """A model registry for LLMs: import benchmark results, embed models with LOCUS, compare and route."""

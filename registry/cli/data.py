@@ -95,7 +95,7 @@ def vectors_import(ctx, file, as_json):
 @command("draw-splits")
 @click.option("--val", default=0.1, show_default=True, help="Share of each category's new queries for validation.")
 @click.option("--test", type=float, help="Share of each category's new queries for test (--by random; default 0.1).")
-@click.option("--seed", default=0, show_default=True)
+@click.option("--seed", default=0, show_default=True, help="Seed of the random draw (--by random).")
 @click.option("--by", type=click.Choice(["random", "category"]), default="random", show_default=True,
               help="random: new queries drawn within each category; category: whole categories held out as test "
                    "(every query's split is set anew).")

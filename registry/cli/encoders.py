@@ -80,7 +80,7 @@ def stage_bars(quiet: bool):
 
 
 @command()
-@click.option("--seed", default=0, show_default=True)
+@click.option("--seed", default=0, show_default=True, help="Seed of the training run (initial weights, batches).")
 @click.option("--anchors", type=int, help="Largest anchor set per model (default: the training config's).")
 @click.option("--steps", "max_steps", type=int, help="Encoder-stage steps (default: the training config's).")
 @click.option("--epochs", type=int, help="Epochs of the first stage over every train pair (default: the config's).")
@@ -115,7 +115,8 @@ def train(ctx, *, seed, anchors, max_steps, epochs, activate, name, category_fea
 @click.option("--sample-efficiency", is_flag=True, help="Also embed every model from 32..512 evaluations.")
 @click.option("--seeds", type=int, help="Random draws per size (--sample-efficiency; default 5), or seeds of the "
                                         "held-out run (default 3).")
-@click.option("--no-baselines", is_flag=True)
+@click.option("--no-baselines", is_flag=True, help="Skip the simple routers (KNN, MF, IRT, per-category, per-source) "
+                                                    "and the best single model: the predictor's figures only.")
 @click.option("--held-out", "held_out", type=int, help="Per seed, hold K models out of training and know them only "
                                                        "from --n evaluations (trained in memory; nothing stored).")
 @click.option("--n", "n", default=128, show_default=True, help="Evaluations per held-out model (--held-out).")
@@ -164,7 +165,11 @@ def evaluate(ctx, *, split, sample_efficiency, seeds, no_baselines, held_out, n,
     if r.served:
         click.echo(f"served policy (routing as served, row `served`): {r.served['policy']}, chosen on val (hit@1 "
                    + ", ".join(f"{k} {v:.4f}" for k, v in r.served["val_hit"].items())
-                   + f"; a simple router replaces the predictor only with a gain over {r.served['margin']:.4f})")
+                   + f"; a simple router replaces the predictor only with a gain over {r.served['margin']:.4f}"
+                   + (f", and the best single model serves unless one of the others beats it by its paired margin "
+                      f"(the leader's: {r.served['margin_single']:.4f})" if "best_single" in r.served["val_hit"]
+                      else "") + ")")
+        click.echo(f"routing accuracy (as served, row `served`): {r.methods['served']['hit@1']:.4f}")
     click.echo("routing chooses: " + ", ".join(f"{m} {n}" for m, n in sorted(r.choices.items(), key=lambda kv: -kv[1])))
     for note in r.notes:
         click.echo(f"note: {note}")

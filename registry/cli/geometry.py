@@ -141,7 +141,7 @@ def fingerprint(ctx, *, evals, show_calibration, plan, n, candidates, out, seed,
 @click.option("--exclude", multiple=True, help="A model that must not be (repeatable).")
 @click.option("--target", type=float, help="Find the smallest k (up to -k, if given) reaching this share of the pool's "
                                            "routing accuracy.")
-@click.option("--seed", default=0, show_default=True)
+@click.option("--seed", default=0, show_default=True, help="Seed of the search's random restarts.")
 @click.option("--include-probation", is_flag=True, help="Let models on probation (too few evaluations) be members.")
 @click.option("--fill", is_flag=True, help="By routing value: exactly k members, even those that add nothing.")
 @AS_OF
@@ -215,7 +215,7 @@ def _skipped(down: list[str], probation: list[str] = ()) -> None:
 
 @command("map")
 @click.option("--out", default="map.png", show_default=True, type=click.Path(), help="Image file (.png, .svg, .pdf).")
-@click.option("--seed", default=0, show_default=True)
+@click.option("--seed", default=0, show_default=True, help="Seed of the 2-d layout.")
 @AS_OF
 def map_(ctx, out, seed, as_of, as_json):
     """A 2-D map of the model embeddings, coloured by family, every model labelled."""

@@ -87,8 +87,8 @@ def _parse_tags(tags: tuple[str, ...]) -> dict:
 @click.argument("name")
 @click.option("--evals", required=True, type=click.Path(), help="CSV, JSONL or Parquet: query id, correct "
               "(optional: model; text/question and options for queries the registry does not have).")
-@click.option("--family")
-@click.option("--provider")
+@click.option("--family", help="The model's family (e.g. llama-3): `similar` and the pages group by it.")
+@click.option("--provider", help="Who serves or made it (e.g. Meta).")
 @click.option("--params-b", type=float, help="Parameter count, billions.")
 @click.option("--cost", type=float, help="Price per query (any unit, the same for every model).")
 @click.option("--open-weights/--closed-weights", default=None)

@@ -92,3 +92,24 @@ def test_command_files_use_the_one_decorator(path):
                       '"--json", "as_json"', ".command(", ".group("):
         assert hand_made not in text, f"{path.name}: {hand_made} (use cli.common.command / group)"
     assert "COMMANDS = [" in text
+
+
+def test_every_option_of_every_command_says_what_it_does():
+    import click
+
+    from registry.cli import cli
+
+    missing = []
+
+    def walk(cmd, path):
+        missing.extend(f"{path} {p.opts[0]}" for p in cmd.params
+                       if isinstance(p, click.Option) and not p.hidden and not (p.help or "").strip())
+        for name, sub in getattr(cmd, "commands", {}).items():
+            walk(sub, f"{path} {name}")
+
+    walk(cli, "registry")
+    assert not missing, missing
+    from click.testing import CliRunner
+
+    out = CliRunner().invoke(cli, ["--version"])
+    assert out.exit_code == 0 and out.output.startswith("registry, version ")

@@ -18,7 +18,7 @@ from dataclasses import asdict, is_dataclass
 
 import click
 
-from registry.core.errors import RegistryError, storage_problem
+from registry.core.errors import RegistryError, storage_problem, text_problem
 
 
 def command(name: str | None = None, *, json: bool = True, group: click.Group | None = None,
@@ -29,7 +29,8 @@ def command(name: str | None = None, *, json: bool = True, group: click.Group | 
     def decorate(fn) -> click.Command:
         cmd = click.command(name, cls=cls, **attrs)(click.pass_context(handles_errors(fn)))
         if json:
-            cmd.params.append(click.Option(["--json", "as_json"], is_flag=True))
+            cmd.params.append(click.Option(["--json", "as_json"], is_flag=True,
+                                           help="Print the result as JSON (what the Python API returns)."))
         if group is not None:
             group.add_command(cmd)
         return cmd
@@ -79,54 +80,80 @@ def neighbour_rows(neighbours) -> list[list]:
 
 
 def handles_errors(fn):
-    """Our own errors, and a file or the database that cannot be written or read (a full disk), become one-line
-    click errors (exit 1), never a stack trace."""
+    """Every argument and option checked as text first (`check_arguments`); then our own errors, and a file or the
+    database that cannot be written or read (a full disk), become one-line click errors (exit 1), never a stack
+    trace. A command that fails in any way on a registry file it created removes it (`discard_new_registry`)."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
+            check_arguments(click.get_current_context(silent=True))
             return fn(*args, **kwargs)
         except RegistryError as exc:
             discard_new_registry()
             raise click.ClickException(str(exc)) from None
+        except click.exceptions.Exit as exc:          # (ctx.exit: 0 is no failure)
+            if exc.exit_code:
+                discard_new_registry()
+            raise
         except Exception as exc:
             discard_new_registry()
             problem = storage_problem(exc)
             if problem is None:
                 raise
             raise click.ClickException(problem) from None
+        except BaseException:          # (an interrupt: the new file goes, the interrupt goes on)
+            discard_new_registry()
+            raise
     return wrapper
 
 
-def open_registry(ctx: click.Context, create: bool = False):
-    """The registry named by --db; only commands that bring data in (`create`) may make a new file."""
+def check_arguments(ctx: click.Context | None) -> None:
+    """The one text rule (errors.text_problem) over every argument and option of the command and the groups above
+    it (--db included): a byte that is not UTF-8 on the command line is one line here, before anything is opened."""
+    while ctx is not None:
+        for param in ctx.command.params:
+            value = ctx.params.get(param.name)
+            for item in value if isinstance(value, (list, tuple)) else (value,):
+                label = param.opts[-1] if isinstance(param, click.Option) else param.human_readable_name
+                problem = text_problem(item, label)
+                if problem:
+                    raise click.ClickException(problem)
+        ctx = ctx.parent
+
+
+def open_registry(ctx: click.Context, create: bool = False, migrate: bool = True):
+    """The registry named by --db; only commands that bring data in (`create`) may make a new file. `migrate=False`:
+    open a file at any schema revision, unchecked (`db check`)."""
     from registry.api import Registry
     from registry.core import dialect
 
     obj = ctx.find_root().obj
     if obj.get("registry") is None:
-        new = create and not dialect.is_url(obj["db"]) and not os.path.exists(obj["db"])
-        obj["registry"] = Registry(obj["db"], create=create, probation_min=obj.get("probation_min"))
+        new = create and not dialect.is_url(obj["db"]) and not os.path.lexists(obj["db"])
+        # known before opening: a file left by a failed open (a full disk) is removed too
+        obj["new_file"] = os.path.abspath(obj["db"]) if new else None
+        obj["registry"] = Registry(obj["db"], create=create, migrate=migrate, probation_min=obj.get("probation_min"))
         ctx.call_on_close(obj["registry"].close)
-        obj["new_file"] = obj["registry"].path if new else None
     return obj["registry"]
 
 
 def discard_new_registry() -> None:
-    """A command that failed on the file it created removes it when it holds nothing: a failed first import leaves
-    no empty registry behind."""
+    """A command that failed on the file it created removes the file and its write-ahead log, whatever it got to
+    write before failing: a failed first import leaves no file behind, and its retry starts afresh. (This process
+    held DuckDB's lock on the file since it created it: no other process wrote there.)"""
     ctx = click.get_current_context(silent=True)
     obj = ctx.find_root().obj if ctx is not None else None
     path = obj.pop("new_file", None) if isinstance(obj, dict) else None
-    if path is None or obj.get("registry") is None:
+    if path is None:
         return
-    registry = obj["registry"]
-    try:
-        if registry.store.holds_rows():
-            return
-    except Exception:          # (a file we cannot read back is left as it is)
-        return
-    registry.close()
-    obj["registry"] = None
+    registry = obj.get("registry")
+    if registry is not None:
+        obj["registry"] = None
+        registry.store.cache.clear()     # (nothing of it is saved beside the file when it closes: no index)
+        try:
+            registry.store.close()
+        except Exception:        # (a connection the failure broke: its file goes all the same)
+            pass
     for leftover in (path, path + ".wal"):
-        if os.path.exists(leftover):
+        if os.path.isfile(leftover):
             os.remove(leftover)

@@ -73,7 +73,8 @@ def vectors(ctx) -> None:
 @command("export", group=vectors)
 @click.argument("file", type=click.Path())
 @click.option("--source", help="Where the vectors come from (kept in the file's metadata).")
-@click.option("--dtype", type=click.Choice(["float32", "float16"]), default="float32", show_default=True)
+@click.option("--dtype", type=click.Choice(["float32", "float16"]), default="float32", show_default=True,
+              help="Precision of the vectors written (float16: half the file, cosine to float32 above 0.9999).")
 def vectors_export(ctx, file, source, dtype, as_json):
     """Write the registry's query text vectors (content hash, text encoder, vector) to FILE."""
     r = open_registry(ctx).export_vectors(file, source=source, dtype=dtype)

@@ -39,8 +39,8 @@ def encoders_activate(ctx, encoder_id, as_json):
 
 @command("install", group=encoders, json=False)
 @click.argument("path", type=click.Path())
-@click.option("--name")
-@click.option("--activate", is_flag=True)
+@click.option("--name", help="The encoder's name in the registry (default: from the checkpoint).")
+@click.option("--activate", is_flag=True, help="Make it the active encoder (re-embeds every model).")
 def encoders_install(ctx, path, name, activate):
     """Store a LOCUS checkpoint file (safetensors) in the registry."""
     encoder_id = open_registry(ctx, create=True).install_encoder(path, name=name, activate=activate)
@@ -85,7 +85,7 @@ def stage_bars(quiet: bool):
 @click.option("--steps", "max_steps", type=int, help="Encoder-stage steps (default: the training config's).")
 @click.option("--epochs", type=int, help="Epochs of the first stage over every train pair (default: the config's).")
 @click.option("--activate", is_flag=True, help="Make the new encoder active (re-embeds every model).")
-@click.option("--name")
+@click.option("--name", help="The new encoder's name (default: one made from the training's settings).")
 @click.option("--category-features", is_flag=True,
               help="The predictor also reads each query's category: a logit offset per model and category, from z.")
 @click.option("--category-field", type=click.Choice(["category", "source", "category+source"]), default="category",
@@ -111,7 +111,8 @@ def train(ctx, *, seed, anchors, max_steps, epochs, activate, name, category_fea
 
 
 @command()
-@click.option("--split", default="test", show_default=True, type=click.Choice(["train", "val", "test"]))
+@click.option("--split", default="test", show_default=True, type=click.Choice(["train", "val", "test"]),
+              help="The split the figures are measured on.")
 @click.option("--sample-efficiency", is_flag=True, help="Also embed every model from 32..512 evaluations.")
 @click.option("--seeds", type=int, help="Random draws per size (--sample-efficiency; default 5), or seeds of the "
                                         "held-out run (default 3).")

@@ -91,7 +91,7 @@ def _parse_tags(tags: tuple[str, ...]) -> dict:
 @click.option("--provider", help="Who serves or made it (e.g. Meta).")
 @click.option("--params-b", type=float, help="Parameter count, billions.")
 @click.option("--cost", type=float, help="Price per query (any unit, the same for every model).")
-@click.option("--open-weights/--closed-weights", default=None)
+@click.option("--open-weights/--closed-weights", default=None, help="Whether its weights are published.")
 @click.option("--tag", "tags", multiple=True, help="K=V, repeatable.")
 @click.option("-k", default=5, show_default=True, help="Nearest models to show.")
 @click.option("--min-evals", default=32, show_default=True, help="Fewest evaluations to embed a model.")
@@ -157,7 +157,7 @@ def probe(ctx, model, n, out, seed, as_json):
 
 @command()
 @click.option("--all", "all_models", is_flag=True, help="Re-embed every model.")
-@click.option("--min-evals", default=32, show_default=True)
+@click.option("--min-evals", default=32, show_default=True, help="Fewest evaluations to embed a model.")
 def onboard(ctx, all_models, min_evals, as_json):
     """Run pending onboarding jobs: embed models whose evaluations changed."""
     reg = open_registry(ctx)
@@ -194,7 +194,7 @@ def history(ctx, model, as_json):
 @click.argument("model")
 @click.argument("v1", type=int, required=False)
 @click.argument("v2", type=int, required=False)
-@click.option("-k", default=5, show_default=True)
+@click.option("-k", default=5, show_default=True, help="Nearest models to compare at each version.")
 def diff(ctx, model, v1, v2, k, as_json):
     """How far a model moved between two versions, and what changed around it."""
     d = open_registry(ctx).diff(model, v1, v2, k=k)

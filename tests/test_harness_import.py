@@ -97,17 +97,19 @@ def test_inspect_logs_import_onto_registered_queries(db_copy, inspect_logs):
     r = run(db_copy, "--from", "inspect", inspect_logs["llama-twin"], inspect_logs["coin-flip"], "--json")
     assert r.exit_code == 0, r.output
     done = json.loads(r.output[r.output.index("{"):])
-    assert [m["model"] for m in done["models"]] == ["coin-flip", "llama-twin"]
+    # named with Inspect's provider ("replay/"): neither name is a registered model, and the provider may be all
+    # that tells two models apart
+    assert [m["model"] for m in done["models"]] == ["replay/coin-flip", "replay/llama-twin"]
     assert done["queries_added"] == 0 and done["evaluations_added"] == 2 * N
     assert all(m["matched"] == N and m["missing"] == 0 for m in done["models"])
-    reports = {m["model"]: m["report"] for m in done["models"]}
+    reports = {m["model"].removeprefix("replay/"): m["report"] for m in done["models"]}
     assert reports["llama-twin"]["alias_of"] == LLAMA            # its answers are "same" as Llama-3.1-70B's
     assert reports["coin-flip"]["alias_of"] is None
     assert all(rep["version"] is not None for rep in reports.values())
     with Registry(db_copy) as reg:
         with reg.store.tx() as tx:
             assert len(tx.sql("SELECT id FROM queries")) == queries_before
-        assert {m.name for m in reg.models()} >= {"llama-twin", "coin-flip"}
+        assert {m.name for m in reg.models()} >= {"replay/llama-twin", "replay/coin-flip"}
     # a re-import adds nothing
     before = snapshot(db_copy)
     r = run(db_copy, "--from", "inspect", os.path.dirname(inspect_logs["llama-twin"]))
@@ -144,6 +146,37 @@ def _repeated(log):
     twin.id = log.samples[0].id
     twin.scores["choice"].value = "I" if log.samples[0].scores["choice"].value == "C" else "C"
     log.samples.append(twin)
+
+
+def _named(model):
+    def change(log):
+        log.eval.model = model
+    return change
+
+
+def _all_errored(log):
+    log.status = "error"
+    for s in log.samples:
+        s.scores = None
+
+
+@pytest.mark.slow
+def test_two_providers_models_of_one_name_stay_two_and_a_registered_name_is_kept(db_copy, inspect_logs, tmp_path):
+    log = inspect_logs["coin-flip"]
+    logs = [rewritten(log, str(tmp_path / f"{who}.eval"), _named(f"{who}/v1")) for who in ("imposter", "newcomer")]
+    r = run(db_copy, "--from", "inspect", *logs, "--json")
+    assert r.exit_code == 0, r.output
+    assert [m["model"] for m in json.loads(r.output[r.output.index("{"):])["models"]] == ["imposter/v1", "newcomer/v1"]
+    # a provider in front of a registered model's name: that model
+    known = rewritten(log, str(tmp_path / "known.eval"), _named(f"openai/{LLAMA}"))
+    r = run(db_copy, "--from", "inspect", known, "--json", "--partial")
+    assert r.exit_code == 0 and [m["model"] for m in json.loads(r.output[r.output.index("{"):])["models"]] == [LLAMA]
+    # a log whose every sample errored: said so, nothing written
+    before = snapshot(db_copy)
+    r = CliRunner().invoke(cli, ["--db", str(db_copy), "import", "--from", "inspect", "--partial",
+                                 rewritten(log, str(tmp_path / "errored.eval"), _all_errored)])
+    assert r.exit_code == 1 and "no scored sample" in r.output and "unknown model" not in r.output, r.output
+    assert snapshot(db_copy) == before
 
 
 @pytest.mark.slow

@@ -219,8 +219,16 @@ def record_alias(reg, result: RegisterResult) -> None:
     if result.alias_of is None:
         return
     with reg.store.tx() as tx:
-        if result.model not in catalog.aliases(tx):
-            result.alias_of = catalog.set_alias(tx, result.model, result.alias_of, "registration")
+        known = catalog.aliases(tx)
+        if result.model in known:
+            return
+        root = result.alias_of
+        while root in known:              # its match is itself another name of something
+            root = known[root][0]
+        if root == result.model:          # ...of this model (two copies registered together): that verdict stands
+            result.alias_of = None
+            return
+        result.alias_of = catalog.set_alias(tx, result.model, result.alias_of, "registration")
 
 
 def _probation_note(o: onboarding.JobOutcome, minimum: int) -> str:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from registry.core.errors import InputError
 from registry.data import ingest
 from registry.data.harness import inspect_logs, lm_eval_samples
-from registry.data.harness.samples import HarnessRun
+from registry.data.harness.samples import HarnessRun, named
 from registry.data.import_steps import ImportResult, import_queries, model_name_problem
 from registry.data.staging import stage
 from registry.locus import text_encoder
@@ -69,6 +69,11 @@ def read_runs(harness: str, paths: list[str], *, model: str | None = None, score
 
 def write(tx, runs: list[HarnessRun], harness: str, progress: bool = False) -> HarnessImport:
     """The runs' new queries and their results into `tx` (InputError, nothing kept, on the first problem)."""
+    for run in runs:
+        run.model, run.provider = named(run, lambda n: bool(tx.sql("SELECT 1 FROM models WHERE name = ?", [n]))), None
+        if run.samples and run.missing == len(run.samples):
+            raise InputError(f"no scored sample: all {len(run.samples)} samples errored or were not scored, so there "
+                             f"is nothing to import for {run.model}", file=run.path)
     keyed = []          # (run, sample, text, hash)
     for run in runs:
         by_id: dict[str, tuple] = {}

@@ -42,7 +42,11 @@ def read(path: str, *, model: str | None = None, scorer: str | None = None, thre
     if not log.samples:
         raise InputError("the log holds no samples", file=path)
     task = log.eval.task
-    run = HarnessRun(path, model or model_from_provider(log.eval.model))
+    if model:
+        run = HarnessRun(path, model)
+    else:
+        name, provider = model_from_provider(log.eval.model)
+        run = HarnessRun(path, name, provider=provider)
     for s in log.samples:
         question = s.input if isinstance(s.input, str) else "\n".join(
             m.text for m in s.input if getattr(m, "role", "") == "user")

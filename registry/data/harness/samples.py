@@ -26,6 +26,8 @@ class HarnessRun:
     path: str                       # the file read
     model: str
     samples: list[Sample] = field(default_factory=list)
+    provider: str | None = None     # the harness's provider prefix of `model` (Inspect's `openai/gpt-4o`): kept in
+    #                                 the name unless the name without it is a registered model (`named`)
 
     @property
     def missing(self) -> int:
@@ -52,6 +54,15 @@ def as_correct(value, *, threshold: float | None, path: str, sample_id: str, wha
     return number >= threshold
 
 
-def model_from_provider(name: str) -> str:
-    """A harness's `provider/model` name without its provider (`openai/gpt-4o` -> `gpt-4o`)."""
-    return name.split("/", 1)[1] if "/" in name else name
+def model_from_provider(name: str) -> tuple[str, str | None]:
+    """A harness's `provider/model` name -> (the model, the provider): `openai/gpt-4o` -> ("gpt-4o", "openai");
+    `hf/meta-llama/Llama-3-8B` -> ("meta-llama/Llama-3-8B", "hf")."""
+    return (name.split("/", 1)[1], name.split("/", 1)[0]) if "/" in name else (name, None)
+
+
+def named(run: HarnessRun, registered) -> str:
+    """The registry's name for a run's model: without the provider where that is a registered model (`openai/gpt-4o`
+    is the registry's `gpt-4o`), else with it, so that `imposter/v1` and `newcomer/v1` stay two models."""
+    if run.provider is None or registered(run.model):
+        return run.model
+    return f"{run.provider}/{run.model}"

@@ -7,7 +7,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from registry.core.errors import InputError
+from registry.core.errors import InputError, Interrupted, is_interrupt
 from registry.core.lazy import lazy_modules
 from registry.core.store import Store
 from registry.core.transaction import Tx
@@ -53,14 +53,32 @@ class Registry:
         vectors, or a folder laid out like ../shared/data/mmlu-pro (its vectors too). A bad file changes nothing."""
         files = staging.files_to_import(directory, models=models, queries=queries, evaluations=evaluations,
                                         splits=splits, vectors=vectors)
-        if onboard:  # a crash may have left jobs behind: any writing command finishes them
-            self.finish_pending()
+        left = []
+        if onboard:  # a crash or an interrupt may have left jobs behind: any writing command finishes them
+            left = self.finish_pending()
         started = time.perf_counter()
-        with self.store.tx() as tx:
-            result = ingest.run_import(tx, files, progress=progress)
+        try:
+            with self.store.tx() as tx:
+                result = ingest.run_import(tx, files, progress=progress)
+        except BaseException as exc:
+            if not is_interrupt(exc):
+                raise
+            raise Interrupted("interrupted: nothing was imported (the import's transaction was rolled back)") from None
         result.seconds["import"] = round(time.perf_counter() - started, 3)
+        result.finished_pending = [o.model for o in left]
         if onboard:
-            result.onboarding = [asdict(o) for o in self.onboard(seconds=result.seconds)]
+            try:
+                result.onboarding = [asdict(o) for o in self.onboard(seconds=result.seconds)]
+            except BaseException as exc:
+                if not is_interrupt(exc):
+                    raise
+                with self.store.tx() as tx:
+                    waiting = len(outbox.pending(tx))
+                raise Interrupted(
+                    f"interrupted after the import was committed (batch {result.batch_id}: {result.models_added} "
+                    f"models, {result.queries_added} queries, {result.evaluations_added} evaluations added); "
+                    f"{waiting} model(s) are not embedded yet: `registry onboard`, or any writing command, embeds "
+                    f"them", committed=True) from None
         return result
 
     def import_harness(self, harness: str, paths: list[str], **options):
@@ -150,12 +168,12 @@ class Registry:
         with self.store.tx() as tx:
             return onboarding.estimate_stability(tx)
 
-    def finish_pending(self) -> None:
-        """Run the onboarding jobs a crash may have left behind (what every writing command does first)."""
+    def finish_pending(self) -> list[onboarding.JobOutcome]:
+        """Run the onboarding jobs a crash or an interrupt may have left behind (what every writing command does
+        first) -> their outcomes (none: nothing was pending)."""
         with self.store.tx() as tx:
             has = bool(outbox.pending(tx))
-        if has:
-            self.onboard()
+        return self.onboard() if has else []
 
     def history(self, name: str) -> versions.History:
         with self.store.tx() as tx:
@@ -240,6 +258,12 @@ class Registry:
                                        planned=planned, progress=progress)
 
     # --- the database as a whole --------------------------------------------------------------------------------
+    def check(self):
+        """What is wrong with the database's schema (`dbcheck.SchemaCheck`: `ok`, `problems`): one alembic_version
+        row, at this registry's revision (not older, not newer), every table and column there. Reads only; open
+        the registry with migrate=False to check a file at any revision."""
+        return self.store.check()
+
     def db_copy(self, dest: str, progress=None):
         """Copy this registry, every table, to `dest` (a new DuckDB file or an empty PostgreSQL database, given by
         URL), losslessly and all or nothing (`dbcopy.CopyResult`); `progress(table, rows)` hears of each table."""
@@ -304,13 +328,17 @@ class Registry:
                   max_cost: float | None = None, require=(), exclude=(), target: float | None = None,
                   seed: int = 0, as_of: str | None = None, include_probation: bool = False, fill: bool = False):
         """A few models covering the embedding space (`portfolio.Portfolio`); with `target`, the smallest k whose test
-        routing accuracy reaches that share of the whole pool's. Models on probation are members only when required
-        or with `include_probation`; by routing value (the default), members that add nothing only with `fill`."""
+        routing accuracy (as served, routing/accuracy.py) reaches that share of the whole pool's. Models on probation
+        are members only when required or with `include_probation`; by routing value (the default), members that add
+        nothing only with `fill`."""
+        from registry.routing import accuracy
+
         with self.store.tx() as tx:
             p = self.pool(tx, as_of)
             weak = set() if include_probation else p.on_probation(self.probation_min)
             return portfolio.answer(tx, p, k, method=method, max_params=max_params, max_cost=max_cost, require=require,
-                                    exclude=exclude, target=target, seed=seed, probation=weak, fill=fill)
+                                    exclude=exclude, target=target, seed=seed, probation=weak, fill=fill,
+                                    accuracy=accuracy.scorer(tx, self.probation_setting))
 
     def fallback(self, model: str, unavailable=(), k: int = 5, as_of: str | None = None,
                  include_probation: bool = False):

@@ -18,7 +18,7 @@ from dataclasses import asdict, is_dataclass
 
 import click
 
-from registry.core.errors import RegistryError, storage_problem, text_problem
+from registry.core.errors import Interrupted, RegistryError, storage_problem, text_problem
 
 
 def command(name: str | None = None, *, json: bool = True, group: click.Group | None = None,
@@ -88,6 +88,12 @@ def handles_errors(fn):
         try:
             check_arguments(click.get_current_context(silent=True))
             return fn(*args, **kwargs)
+        except Interrupted as exc:
+            if not exc.committed:
+                discard_new_registry()
+            err = click.ClickException(str(exc))
+            err.exit_code = 130
+            raise err from None
         except RegistryError as exc:
             discard_new_registry()
             raise click.ClickException(str(exc)) from None

@@ -37,6 +37,8 @@ def import_(ctx, paths, *, models, queries, evaluations, splits, vectors, harnes
     if as_json:
         emit_json(result)
         return
+    if result.finished_pending:
+        click.echo(f"embedded {len(result.finished_pending)} model(s) an earlier, interrupted run left unembedded")
     if result.already_imported:
         click.echo(f"already imported (batch {result.batch_id}): nothing added")
         return

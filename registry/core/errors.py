@@ -2,6 +2,8 @@
 into click errors, and the HTTP server into status codes."""
 from __future__ import annotations
 
+import os
+
 
 class RegistryError(Exception):
     """Base class: every message is one line a user can act on."""
@@ -88,6 +90,10 @@ class DatabaseDamaged(RegistryError):
     pass
 
 
+class DiskFull(RegistryError):
+    """The database (or its write-ahead log) could not be written for want of space: nothing was changed."""
+
+
 class SchemaMissing(RegistryError):
     pass
 
@@ -112,6 +118,41 @@ DAMAGE_SIGNS = {"Corrupt database file": "a block's checksum does not match",
                 "Corrupt WAL file": "its write-ahead log is corrupt"}
 
 
+def text_problem(value, what: str) -> str | None:
+    """Why `value` cannot be stored as text, or None: the one rule every name, metadata field and command-line
+    argument meets before it reaches the database. A lone surrogate (JSON's "\\ud800") and a command-line byte that
+    is not UTF-8 (which Python keeps as the surrogate U+DC80 + byte) have no UTF-8 form, so no file or database can
+    hold them."""
+    if not isinstance(value, str) or value.isascii():
+        return None
+    try:
+        value.encode("utf-8")
+        return None
+    except UnicodeEncodeError as exc:
+        code = ord(value[exc.start])
+        how = f"U+{code:04X} is a lone surrogate"
+        if 0xDC80 <= code <= 0xDCFF:
+            how = f"byte 0x{code - 0xDC00:02x} is not UTF-8 ({how} in Python)"
+        return f"{what} {value!r} is not valid UTF-8 text ({how}, at position {exc.start})"
+
+
+def check_text(value, what: str):
+    """`value`, once `text_problem` finds nothing wrong with it (else InputError); in a dict or list, every key and
+    value."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            check_text(k, what)
+            check_text(v, what)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            check_text(v, what)
+    else:
+        problem = text_problem(value, what)
+        if problem:
+            raise InputError(problem)
+    return value
+
+
 def damage_of(exc: BaseException) -> str | None:
     """What the database driver's error says is wrong with a damaged file (truncated, a checksum that does not
     match), or None for any other error."""
@@ -124,8 +165,60 @@ def database_damaged(path: str, exc: BaseException) -> DatabaseDamaged | None:
     what = damage_of(exc)
     if what is None:
         return None
-    return DatabaseDamaged(f"{path}: the database file is damaged ({what}); restore it from a backup or import "
-                           f"its data into a new file")
+    said = first_line(exc).removeprefix("Error: ").removeprefix("IO Error: ")
+    return DatabaseDamaged(f"{path}: the database file is damaged ({what}; DuckDB: {said}); restore it from a "
+                           f"backup or import its data into a new file")
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of a driver error's text (SQLAlchemy's wrapper unwrapped)."""
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+# what DuckDB says when another process holds the file's lock (and nothing else says: "in block at location 0"
+# of a damaged file's checksum error holds "lock" too)
+LOCK_SIGN = "Could not set lock on file"
+
+
+def is_locked(exc: BaseException) -> bool:
+    """Does the driver's error say that another process holds the database file's lock?"""
+    return LOCK_SIGN in str(exc)
+
+
+NO_SPACE = ("No space left on device", "Disk quota exceeded", "not enough space on the disk")
+
+
+def disk_full(path: str, exc: BaseException) -> DiskFull | None:
+    """DiskFull naming the database and the space left where it lives, for a driver error (or OSError) that says
+    the disk is full; else None."""
+    import errno
+    import shutil
+
+    cause = getattr(exc, "orig", None) or exc
+    if not (isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT)) \
+            and not any(sign in str(cause) for sign in NO_SPACE):
+        return None
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        free = f"{size_text(shutil.disk_usage(folder).free)} free"
+    except OSError:
+        free = "free space unknown"
+    wal = path + ".wal"
+    held = os.path.getsize(path) if os.path.isfile(path) else 0
+    held += os.path.getsize(wal) if os.path.isfile(wal) else 0
+    return DiskFull(f"{path}: no space left on the device ({free} in {folder}; the write needed more than that, "
+                    f"beside the {size_text(held)} the database and its log hold); nothing was changed: free some "
+                    f"space and run the command again")
+
+
+def size_text(n: int) -> str:
+    """Bytes in a unit a person reads: '0 B', '12.0 KiB', '3.4 MiB', '1.2 GiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
 
 
 def storage_problem(exc: BaseException) -> str | None:
@@ -197,3 +290,19 @@ def command_line(pid: int) -> list[str]:
         if os.path.basename(w) == "registry" and i < 2:
             return ["registry", *words[i + 1:]]
     return [os.path.basename(words[0]), *words[1:]] if words else []
+
+
+def is_interrupt(exc: BaseException) -> bool:
+    """Ctrl-C, however it arrives: Python's KeyboardInterrupt, or DuckDB's own stop of the query it was running
+    (InterruptException, or a RuntimeError 'Query interrupted')."""
+    return (isinstance(exc, KeyboardInterrupt) or type(exc).__name__ == "InterruptException"
+            or (isinstance(exc, RuntimeError) and str(exc).strip() == "Query interrupted"))
+
+
+class Interrupted(RegistryError):
+    """Ctrl-C (SIGINT) during a long write: the message says what was committed and what is left to do. The command
+    line exits 130, as a shell expects of an interrupted command. `committed`: some of it was (a new file stays)."""
+
+    def __init__(self, message: str, committed: bool = False):
+        super().__init__(message)
+        self.committed = committed

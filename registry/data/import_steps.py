@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from registry.data import outbox, splits
 from registry.locus import text_encoder
-from registry.core.errors import Conflict, InputError, UnknownReference
+from registry.core.errors import Conflict, InputError, UnknownReference, text_problem
 from registry.data.staging import Staged, fetch, first_bad, mirror
 from registry.core.transaction import Tx
 MAX_NAME = 200
@@ -19,10 +19,12 @@ PATH_SUFFIXES = ("/history", "/similar", "/fallback", "/evaluations", "/diff")
 
 
 def model_name_problem(name: str) -> str | None:
-    """Why `name` cannot name a model (one rule for files, the CLI and HTTP), or None: printable, at most MAX_NAME
-    characters, not ending in a suffix the API's paths use."""
+    """Why `name` cannot name a model (one rule for files, the CLI and HTTP), or None: UTF-8 text, printable, at
+    most MAX_NAME characters, not ending in a suffix the API's paths use."""
     if not name or not name.strip():
         return "empty model name"
+    if text_problem(name, "model name"):           # (a lone surrogate, a byte that is not UTF-8)
+        return text_problem(name, "model name")
     if len(name) > MAX_NAME:
         return f"model name of {len(name):,} characters (at most {MAX_NAME}): {name[:40]!r}..."
     if any(ord(ch) < 32 or 127 <= ord(ch) < 160 for ch in name):
@@ -55,6 +57,7 @@ class ImportResult:
     added_by_model: dict[str, int] = field(default_factory=dict)   # evaluations appended per model
     ignored_columns: dict[str, list[str]] = field(default_factory=dict)
     onboarding: list[dict] = field(default_factory=list)  # what the onboarding jobs did right after the import
+    finished_pending: list[str] = field(default_factory=list)  # models an earlier, interrupted run left unembedded
     seconds: dict[str, float] = field(default_factory=dict)  # wall time per step: import (its transaction, commit
     # included), onboarding (versions committed and indexed), stability
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from registry.data import vector_files
-from registry.core.errors import InputError
+from registry.core.errors import InputError, is_interrupt
 from registry.core.transaction import Tx
 # Accepted column names, first one canonical.
 COLUMNS = {
@@ -100,9 +100,12 @@ def check_path(path: str) -> None:
 
 
 def duck_error(path: str, exc: Exception) -> InputError:
-    """DuckDB's reader errors are many lines long; keep the line number and the first sentence of the problem."""
+    """DuckDB's reader errors are many lines long; keep the line number and the first sentence of the problem. DuckDB
+    stops a query on Ctrl-C itself (InterruptException): that goes on as the interrupt it is, not as a bad file."""
     import re
 
+    if is_interrupt(exc):
+        raise KeyboardInterrupt from None
     text = str(exc)
     line = re.search(r"[Ll]ine:? (\d+)", text)
     first = text.splitlines()[0]

@@ -10,6 +10,10 @@ kept.
 Constraints: `exclude`, `max_params` and `max_cost` remove models from the *eligible* members (a model whose
 params or cost is unknown is not eligible under that budget: it cannot be shown to fit); `require` forces members in.
 Every model still counts as a point to cover: clusters and radius are over the whole pool.
+
+A portfolio's routing accuracy is routing as served among its members, scored as `registry evaluate` scores it
+(routing/accuracy.py, passed in by the caller as `accuracy(member names)`; no members: the whole pool routing may
+choose, `evaluate`'s `served` hit@1): one figure on the CLI, over HTTP and on the web page.
 """
 from __future__ import annotations
 
@@ -33,9 +37,8 @@ class Portfolio:
     radius: float                                     # largest distance from any model to its nearest member
     clusters: dict[str, list[str]] = field(default_factory=dict)   # member -> models it covers (itself first)
     share_of_pool: float | None = None                # with a target: portfolio routing accuracy / the pool's
-    accuracy: float | None = None                     # hit@1 on test, routing among the members (predicted where
-                                                      #   the chosen model has no answer: portfolio.hit1)
-    pool_accuracy: float | None = None
+    accuracy: float | None = None                     # routing accuracy as served on test among the members
+    pool_accuracy: float | None = None                # the same over every model routing may choose
     note: str | None = None
     gains: dict[str, float] | None = None             # routing method: member -> what adding it (in order) added to
                                                       #   the mean over validation queries of max predicted P(correct)
@@ -241,34 +244,21 @@ def describe(p: Pool, members: list[int], method: str, note: str | None = None,
                      note=note, gains=gains)
 
 
-def hit1(probs: np.ndarray, correct: np.ndarray, members) -> float:
-    """Routing accuracy among `members`: each query goes to the member with the highest P(correct), and scores its
-    answer; where that model has no answer to the query (a partly evaluated model), its predicted P(correct) stands
-    in (counting it wrong would make a pool with such a model look worse than any of its parts)."""
-    members = np.asarray(members)
-    chosen = members[np.argmax(probs[members], axis=0)]
-    cols = np.arange(correct.shape[1])
-    got = correct[chosen, cols]
-    return float(np.where(got >= 0, got == 1, probs[chosen, cols]).mean())
-
-
-def smallest_reaching(p: Pool, method: str, eligible, required, probs, correct, *, target: float,
-                      seed: int = 0, value: np.ndarray | None = None, routable=None,
-                      at_most: int | None = None) -> Portfolio:
-    """The smallest k (up to `at_most`) whose routing accuracy reaches `target` times the whole pool's (`routable`
-    [M] bool: the models routing may choose, as the pool; default all)."""
+def smallest_reaching(p: Pool, method: str, eligible, required, *, accuracy, target: float, seed: int = 0,
+                      value: np.ndarray | None = None, at_most: int | None = None) -> Portfolio:
+    """The smallest k (up to `at_most`) whose routing accuracy (`accuracy(names)`, routing as served among them)
+    reaches `target` times the whole pool's (`accuracy(None)`: every model routing may choose)."""
     if not 0 < target <= 1:
         raise InputError(f"--target must be a share in (0, 1], got {target}")
-    if correct.shape[1] == 0:
-        raise InputError("no test queries with evaluations: --target needs a test split (query_splits)")
     if at_most is not None and at_most < max(1, len(required)):
         raise InputError(f"k={at_most} is fewer than the {max(1, len(required))} models a portfolio must hold")
-    full = hit1(probs, correct, np.flatnonzero(routable) if routable is not None and np.any(routable)
-                else np.arange(len(p.names)))
+    full = accuracy(None)
+    if full is None:
+        raise InputError("no test queries with evaluations: --target needs a test split (query_splits)")
     largest = int(eligible.sum()) if at_most is None else min(at_most, int(eligible.sum()))
     for k in range(max(1, len(required)), largest + 1):
         members, note = select(p, k, method, eligible, required, seed=seed, value=value)
-        acc = hit1(probs, correct, members)
+        acc = accuracy([p.names[m] for m in members])
         if acc >= target * full - 1e-12:
             break
     else:
@@ -281,6 +271,7 @@ def smallest_reaching(p: Pool, method: str, eligible, required, probs, correct, 
 
 
 DEFAULT_METHOD = "routing"    # the CLI, HTTP and the page alike; kmedoids where there is no validation split
+DEFAULT_K = 5                 # the size asked for when neither k nor a target is given: the CLI, HTTP, the page
 
 
 def routing_value(tx, p: Pool, method: str | None) -> tuple[str, np.ndarray | None, str | None]:
@@ -306,15 +297,14 @@ def joined(*notes) -> str | None:
 
 def answer(tx, p: Pool, k: int | None = None, *, method: str | None = None, max_params: float | None = None,
            max_cost: float | None = None, require=(), exclude=(), target: float | None = None, seed: int = 0,
-           probation=frozenset(), fill: bool = False):
-    """`Registry.portfolio`: k members by `method` (default routing), or with `target` the smallest k (with both,
-    at most k) whose predicted routing on the test split keeps that share of the pool's accuracy. `probation`: models never chosen
-    as members unless required (embedded from too few evaluations); they are still covered. By routing value, the
-    members stop before k once none adds anything, unless `fill`."""
-    from registry.answers import geometry
-
+           probation=frozenset(), fill: bool = False, accuracy=None):
+    """`Registry.portfolio`: k members by `method` (default routing; neither k nor a target: DEFAULT_K), or with
+    `target` the smallest k (with both, at most k) whose routing as served on the test split (`accuracy`, see the
+    module's note) keeps that share of the pool's. `probation`: models never chosen as members unless required
+    (embedded from too few evaluations); they are still covered. By routing value, the members stop before k once
+    none adds anything, unless `fill`."""
     if k is None and target is None:
-        raise InputError("give k or a target share (e.g. --target 0.99), or both (at most k models)")
+        k = DEFAULT_K
     meta = {n: (pb, c) for n, pb, c in tx.sql("SELECT name, params_b, cost FROM models")}
     ok, req = eligibility(p, meta, exclude, require, max_params, max_cost)
     left_out = sorted(set(probation) - set(require), key=str.casefold)
@@ -329,11 +319,10 @@ def answer(tx, p: Pool, k: int | None = None, *, method: str | None = None, max_
         members, note = select(p, k, method, ok, req, seed=seed, value=value, fill=fill)
         out = describe(p, members, method, note, value)
     else:
-        qids, correct = geometry.test_outcomes(tx, p.model_ids)
-        probs = geometry.predicted(tx, p.encoder_id, p.vectors, qids)
-        routable = np.array([n not in probation for n in p.names], dtype=bool)   # routing never picks the others
-        out = smallest_reaching(p, method, ok, req, probs, correct, target=target, seed=seed, value=value,
-                                routable=routable, at_most=k)
+        if accuracy is None:
+            raise InputError("a target share needs routing's accuracy on the test split")
+        out = smallest_reaching(p, method, ok, req, accuracy=accuracy, target=target, seed=seed, value=value,
+                                at_most=k)
     said = None
     if left_out:
         said = (f"{len(left_out)} model(s) on probation (too few evaluations) not chosen as members: "
@@ -343,20 +332,16 @@ def answer(tx, p: Pool, k: int | None = None, *, method: str | None = None, max_
 
 
 def with_share(tx, p: Pool, k: int, method: str | None = None, seed: int = 0, probation=frozenset(), *,
-               fill: bool = False) -> Portfolio:
-    """k members by `method` (no constraints but `probation`: never members, as in `answer`) with the share of the
-    pool's test routing accuracy they keep."""
-    from registry.answers import geometry
-
+               fill: bool = False, accuracy=None) -> Portfolio:
+    """k members by `method` (no constraints but `probation`: never members, as in `answer`) with their routing
+    accuracy as served on test and the share of the pool's they keep (`accuracy`: see the module's note)."""
     ok, req = np.array([n not in probation for n in p.names], dtype=bool), np.array([], dtype=int)
     method, value, fallback_note = routing_value(tx, p, method)
     members, note = select(p, k, method, ok, req, seed=seed, value=value, fill=fill)
     out = describe(p, members, method, joined(fallback_note, note), value)
-    qids, correct = geometry.test_outcomes(tx, p.model_ids)
-    if correct.shape[1]:
-        probs = geometry.predicted(tx, p.encoder_id, p.vectors, qids)
-        pool = np.flatnonzero(ok) if ok.any() else np.arange(len(p.names))      # the models routing may choose
-        acc, full = hit1(probs, correct, members), hit1(probs, correct, pool)
+    full = None if accuracy is None else accuracy(None)
+    if full is not None:
+        acc = accuracy([p.names[m] for m in members])
         out.accuracy, out.pool_accuracy = round(acc, 4), round(full, 4)
         out.share_of_pool = round(acc / full, 4) if full else None
     return out

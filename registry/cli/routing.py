@@ -21,7 +21,8 @@ def _names(values) -> list[str]:
 @command()
 @click.argument("text", required=False)
 @click.option("--file", "file_", type=click.Path(), help="Queries to route: JSONL or CSV (text, or question+options).")
-@click.option("--out", type=click.Path(), help="Decisions out: .jsonl or .csv (with --frontier: the PNG).")
+@click.option("--out", type=click.Path(), help="Decisions out: .jsonl or .csv (with --frontier: the plot, .png, .pdf "
+                                               "or .svg; without --out none is drawn).")
 @click.option("--cost-weight", type=float, help="Maximise P(correct) - L x cost.")
 @click.option("--min-prob", type=float, help="The cheapest model whose P(correct) reaches P (else the most likely).")
 @click.option("--cost-by", type=click.Choice(["cost", "params"]), default=None,
@@ -40,9 +41,16 @@ def route(ctx, *, text, file_, out, cost_weight, min_prob, cost_by, include_prob
     """Route a query (or a file of queries) to the model most likely to answer it."""
     if sum(x is not None and x is not False for x in (text, file_, frontier or None)) != 1:
         raise click.UsageError("give a query TEXT, --file, or --frontier (one of them)")
+    if out is not None and text is not None:
+        raise click.UsageError("--out writes the decisions of --file (or the plot of --frontier)")
+    if out is not None:       # before anything is routed: a file named for one format never gets another
+        from registry.data import route_files
+        from registry.routing import frontier as fr
+
+        (fr.check_plot_path if frontier else route_files.check_out_path)(out)
     reg = open_registry(ctx)
     if frontier:
-        return _frontier(reg, split, cost_by or "params", out or "frontier.png", as_json)
+        return _frontier(reg, split, cost_by or "params", out, as_json)
     options = RouteOptions(cost_weight=cost_weight, min_prob=min_prob, unavailable=tuple(_names(unavailable)),
                            log=not no_log, log_text=not no_log_text, cost_by=cost_by or "cost",
                            include_probation=include_probation)
@@ -78,7 +86,9 @@ def route(ctx, *, text, file_, out, cost_weight, min_prob, cost_by, include_prob
 
     ids, texts = route_files.read_queries(file_)
     decisions = []
-    with click.progressbar(length=len(texts), label="routing", file=sys.stderr) as bar:
+    # a bar only on a terminal: elsewhere click prints its label alone, a stray line in a log or a pipe
+    with click.progressbar(length=len(texts), label="routing", file=sys.stderr,
+                           hidden=not sys.stderr.isatty()) as bar:
         for s in range(0, len(texts), CHUNK):
             decisions += reg.route_batch(texts[s:s + CHUNK], options)
             bar.update(len(texts[s:s + CHUNK]))
@@ -112,7 +122,8 @@ def _frontier(reg, split, cost_by, png, as_json):
     from registry.routing import frontier as fr
 
     f = reg.frontier(split=split, cost_by=cost_by)
-    fr.plot(f, png)
+    if png:
+        fr.plot(f, png)
     if as_json:
         return emit_json(f)
     click.echo(f"{f.queries} {split} queries, {len(f.models)} models; cost = {f.cost_basis}")
@@ -126,11 +137,11 @@ def _frontier(reg, split, cost_by, png, as_json):
     click.echo("")
     table([[p.label, f"{p.accuracy:.4f}", "" if p.scored_accuracy is None else f"{p.scored_accuracy:.4f}",
             p.scored, f"{p.mean_cost:g}"] for p in sorted(f.single, key=lambda p: p.mean_cost)],
-          ["single model", "accuracy", "on scored", "scored", "cost"])
-    unscored = [p for p in f.single if p.coverage < 1]
-    if unscored:
-        click.echo(f"'accuracy' counts a query without a result as wrong; 'on scored' leaves those out "
-                   f"({len(unscored)} models lack results for some queries)")
+          ["single model", "accuracy", "on its own results", "its results", "cost"])
+    click.echo("accuracy: each query's choice among the models with a result for it, as `registry evaluate` "
+               "scores routing" + (f" ({len(partial)} models lack results for some queries: where one has none, "
+                                   f"its point takes the model with a result most likely right)"
+                                   if (partial := [p for p in f.single if p.coverage < 1]) else ""))
     click.echo("")
     table([[p.label, f"{p.accuracy:.4f}", f"{p.mean_cost:.4g}"] for p in f.pareto],
           ["Pareto frontier", "accuracy", "mean cost"])
@@ -147,7 +158,7 @@ def _frontier(reg, split, cost_by, png, as_json):
                    f"cost as a share of its: {got}")
     for n in f.notes:
         click.echo(f"note: {n}")
-    click.echo(f"plot: {png}")
+    click.echo(f"plot: {png}" if png else "plot: none drawn (--out f.png draws one)")
 
 
 @command("log")

@@ -86,11 +86,21 @@ def _read_csv(content: str, path: str):
     return ids, texts
 
 
+OUT_SUFFIXES = (".jsonl", ".csv")
+
+
+def check_out_path(path: str) -> None:
+    """Decisions are written only under a name that says their format: .jsonl or .csv."""
+    if Path(path).suffix.lower() not in OUT_SUFFIXES:
+        raise InputError(f"--out {path}: decisions are written as {' or '.join(OUT_SUFFIXES)} (by the name's suffix)")
+
+
 def write_decisions(path: str, ids: list[str], decisions) -> None:
+    check_out_path(path)
     out = Path(path)
     if out.suffix.lower() == ".csv":
         with out.open("w", newline="", encoding="utf-8") as f:
-            w = csv.writer(f)
+            w = csv.writer(f, lineterminator="\n")        # LF, as every other file the registry writes
             w.writerow(["id", "model", "fallback", "prob", "encoder"])
             for i, d in zip(ids, decisions):
                 prob = next((c.prob for c in d.candidates if c.model == d.model), None)

@@ -128,7 +128,8 @@ def evaluate(tx: Tx, split: str = "test", *, baselines: bool = True, sample_effi
                                   sources=_at(data.sources, idx))
         methods["served"] = dict(B.routing_report(answered(routed), ct, routed, strongest), policy=pol.name)
         scores["served"] = answered(routed)
-        served_info = {"policy": pol.name, "setting": pol.setting, "val_hit": pol.val, "margin": pol.margin}
+        served_info = {"policy": pol.name, "setting": pol.setting, "val_hit": pol.val, "margin": pol.margin,
+                       "margin_single": pol.margin_single}
     chosen = B.topk_models(routed, 1)[0]       # what routing serves: it cannot know which models have a result
     choices = {data.models[m]: int(n) for m, n in zip(*np.unique(chosen, return_counts=True))}
     if baselines:

@@ -1,12 +1,13 @@
-"""The policy routing serves, chosen on the registry's val split: the predictor with its interaction terms
-(locus/interaction.py), or one of the simple routers that sometimes beat it where questions come in templated
-families (the mean answer of the k nearest reference queries, each category's or each source's best model, MF or IRT
-over the text vectors: evaluate/pairs.py), or the blend of them all (the mean of their P(correct)-like scores).
+"""The policy routing serves, chosen on the registry's val split: the best single model, the predictor with its
+interaction terms (locus/interaction.py), or one of the simple routers that sometimes beat it where questions come in
+templated families (the mean answer of the k nearest reference queries, each category's or each source's best model,
+MF or IRT over the text vectors: evaluate/pairs.py), or the blend of them (the mean of their P(correct)-like scores).
 
 `choose` judges each on val (hit@1 among the interaction's models, each query's choice among those with a val
-answer), settings fitted on train (the interaction's val scores too), and keeps the best, the predictor unless
-another beats it by more than val's noise (MARGIN_SE paired standard errors); the kept one is then fitted on train
-and val (the reference queries, as the interaction terms are). `scores` gives its routing scores [R,N] for the
+answer), settings fitted on train (the interaction's val scores too). The best single model (the model most often
+right on train) serves unless another candidate beats it on val by more than val's noise (MARGIN_SE paired standard
+errors of their difference); among the rest, the predictor with interaction unless a simple router beats it so.
+The kept one is then fitted on train and val (the reference queries, as the interaction terms are). `scores` gives its routing scores [R,N] for the
 interaction's rows, the same way in `registry evaluate` (its `served` row) and in routing (routing/policy.py), so
 the report describes what is served. Pure numpy: routing computes it beside the interaction fit, without torch.
 """
@@ -19,7 +20,7 @@ import numpy as np
 from registry.evaluate import pairs
 from registry.locus import interaction
 
-CHOICES = ("locus_interaction", "knn", "per_category", "per_source", "mf", "irt", "blend")
+CHOICES = ("locus_interaction", "knn", "per_category", "per_source", "mf", "irt", "blend", "best_single")
 # one dimension each: every fit also runs in a routing refit (on ZeroEval, dims 4 to 32 were within one val query)
 PAIR_DIMS = {"mf": (8,), "irt": (16,)}
 KNN_KS = (5, 10, 20, 50, 100)
@@ -43,21 +44,23 @@ class ServedPolicy:
     margin: float = 0.0                               # the val gain a simple router had to exceed (MARGIN_SE)
     pair: pairs.PairModel | None = None               # mf / irt: the model fitted on train + val
     members: list = field(default_factory=list)       # blend: its member policies, each fitted on train + val
+    rank: np.ndarray | None = None                    # best_single: [R] each row's accuracy on train + val
+    margin_single: float = 0.0                        # the val gain over the best single model that the leader of
+                                                      #   the others needed (MARGIN_SE, paired with it)
 
     def describe(self) -> str:
         figures = ", ".join(f"{k} {v:.4f}" for k, v in self.val.items())
-        return f"served policy {self.name} (val hit@1: {figures}; a simple router needs +{self.margin:.4f})"
+        single = f"; the others need +{self.margin_single:.4f} over best_single" if "best_single" in self.val else ""
+        return f"served policy {self.name} (val hit@1: {figures}; a simple router needs +{self.margin:.4f}{single})"
 
 
 def val_right(scores: np.ndarray, correct: np.ndarray) -> np.ndarray:
-    """[N] bool: whether each query's choice among the models with a result for it was right; ties: lower row."""
+    """[N] bool: whether each query's choice among the models with a result for it was right (the one scoring rule,
+    interaction.answered_right); ties: lower row."""
     rows = (correct >= 0).any(axis=1)
     if not rows.any():
         return np.zeros(correct.shape[1], dtype=bool)
-    s, c = np.asarray(scores, dtype=np.float64)[rows], correct[rows]
-    s = np.where((c < 0) & (c >= 0).any(axis=0, keepdims=True), -np.inf, s)
-    top = np.argmax(s, axis=0)
-    return c[top, np.arange(c.shape[1])] == 1
+    return interaction.answered_right(np.asarray(scores, dtype=np.float64)[rows], correct[rows])
 
 
 def val_hit(scores: np.ndarray, correct: np.ndarray) -> float:
@@ -65,15 +68,15 @@ def val_hit(scores: np.ndarray, correct: np.ndarray) -> float:
     return float(val_right(scores, correct).mean()) if correct.shape[1] else 0.0
 
 
-def required_gain(judged: dict, name: str, correct: np.ndarray) -> float:
-    """The val gain over the predictor with interaction that `name` must exceed to be served: MARGIN_SE standard
-    errors of the query-by-query difference of their val hits (of a val hit@1 where either has no val scores)."""
+def required_gain(judged: dict, name: str, correct: np.ndarray, against: str = "locus_interaction") -> float:
+    """The val gain over `against` (the predictor with interaction, or the best single model) that `name` must
+    exceed to be served: MARGIN_SE standard errors of the query-by-query difference of their val hits (of a val
+    hit@1 where either has no val scores)."""
     n = correct.shape[1]
-    p = judged["locus_interaction"][0]
-    if judged[name][2] is None or judged["locus_interaction"][2] is None:
+    p = judged[against][0]
+    if judged[name][2] is None or judged[against][2] is None:
         return MARGIN_SE * float(np.sqrt(max(p * (1 - p), 1e-9) / n))
-    diff = val_right(judged[name][2], correct).astype(np.float64) \
-        - val_right(judged["locus_interaction"][2], correct)
+    diff = val_right(judged[name][2], correct).astype(np.float64) - val_right(judged[against][2], correct)
     return MARGIN_SE * float(diff.std(ddof=1) / np.sqrt(n)) if n > 1 else 0.0
 
 
@@ -109,13 +112,22 @@ def choose(fitted: interaction.Interaction, correct: np.ndarray, qvecs: np.ndarr
         return ServedPolicy("locus_interaction")
     rows, va = np.asarray(fitted.rows, dtype=np.int64), np.asarray(val_idx, dtype=np.int64)
     c = np.asarray(correct)[rows]
-    best = max(judged, key=lambda n: (round(judged[n][0], 9), -CHOICES.index(n)))
+    rest = [n for n in judged if n != "best_single"]
+    best = max(rest, key=lambda n: (round(judged[n][0], 9), -CHOICES.index(n)))
     margin = required_gain(judged, best, c[:, va])
     if judged[best][0] - judged["locus_interaction"][0] <= margin:
         best = "locus_interaction"
+    margin_single = 0.0
+    if "best_single" in judged:
+        # the best single model serves unless another candidate beats it by more than that candidate's margin
+        gains = {n: (judged[n][0] - judged["best_single"][0], required_gain(judged, n, c[:, va], "best_single"))
+                 for n in rest}
+        margin_single = gains[best][1]
+        if not any(lead > need for lead, need in gains.values()):
+            best = "best_single"
     val = {n: round(v[0], 4) for n, v in judged.items()}
     out = _build(best, judged, c, qvecs, np.sort(np.concatenate([np.asarray(train_idx, dtype=np.int64), va])))
-    out.val, out.margin = val, round(margin, 4)
+    out.val, out.margin, out.margin_single = val, round(margin, 4), round(margin_single, 4)
     return out
 
 
@@ -158,13 +170,22 @@ def candidates(fitted: interaction.Interaction, correct: np.ndarray, qvecs: np.n
     if len(members) > 1:
         s = np.mean([judged[n][2] for n in members], axis=0)
         judged["blend"] = (val_hit(s, cv), {"members": members}, s)
+    # the best single model: each row's train accuracy as its score on every query (evaluate's best single model;
+    # where the most accurate has no val answer, the next one)
+    s = np.repeat(accuracy(c[:, tr])[:, None], len(va), axis=1)
+    judged["best_single"] = (val_hit(s, cv), {}, s)
     return judged
+
+
+def accuracy(answers: np.ndarray) -> np.ndarray:
+    """[R] each row's share of right answers among its answers (0 without any)."""
+    return (answers == 1).sum(1) / np.maximum((answers >= 0).sum(1), 1)
 
 
 def _blend_members(judged: dict) -> list[str]:
     """The blend's members: every candidate with val scores, of the two group routers the better on val (a blend
     reads one query field)."""
-    names = [n for n in CHOICES if n in judged and judged[n][2] is not None and n != "blend"]
+    names = [n for n in CHOICES if n in judged and judged[n][2] is not None and n not in ("blend", "best_single")]
     groups = [n for n in ("per_category", "per_source") if n in names]
     if len(groups) == 2:
         names.remove(min(groups, key=lambda n: (judged[n][0], n == "per_category")))
@@ -179,6 +200,8 @@ def _build(name: str, judged: dict, c: np.ndarray, qvecs: np.ndarray, ref: np.nd
         out.members = [_build(n, judged, c, qvecs, ref) for n in setting["members"]]
     elif name == "knn":
         out.answers = c[:, ref].astype(np.int8)
+    elif name == "best_single":
+        out.rank = accuracy(c[:, ref])
     elif name in PAIR_DIMS:
         q_ref = np.asarray(qvecs, dtype=np.float64)[ref]
         mean, basis = pairs.components(q_ref)
@@ -221,6 +244,8 @@ def scores(policy: ServedPolicy, fitted: interaction.Interaction, routed_rows: n
         return routed_rows
     if policy.members:
         return np.mean([scores(m, fitted, routed_rows, qvecs, groups) for m in policy.members], axis=0)
+    if policy.rank is not None:                     # the best single model: each row's accuracy, everywhere
+        return np.repeat(np.asarray(policy.rank, dtype=np.float64)[:, None], len(qvecs), axis=1)
     q = np.asarray(qvecs, dtype=np.float32)
     if policy.pair is not None:
         return interaction.sigmoid(policy.pair.logits(q))
@@ -252,6 +277,7 @@ def carried(policy: ServedPolicy | None, take: np.ndarray) -> ServedPolicy | Non
     return replace(policy, answers=None if policy.answers is None else policy.answers[take],
                    table=None if policy.table is None else policy.table[take],
                    pair=None if policy.pair is None else policy.pair.rows(take),
+                   rank=None if policy.rank is None else policy.rank[take],
                    members=[carried(m, take) for m in policy.members])
 
 

@@ -2,8 +2,8 @@
 
 Arrays: qvecs [Nq,Dq] float32 (unit norm); correct [M,Nq] int8 with 1/0 and -1 = missing. A score matrix is
 [M,N] over the queries being routed (higher = route there). A missing (model, query) counts as wrong when chosen;
-`among_answered` keeps every method from choosing one where another model has a result (evaluate/ scores routing
-that way); predictor metrics (accuracy, AUC, Brier) use observed entries only.
+`among_answered` (locus/interaction.py: the one scoring rule of every routing figure) keeps every method from choosing
+one where another model has a result (evaluate/ scores routing that way); predictor metrics (accuracy, AUC, Brier) use observed entries only.
 """
 from __future__ import annotations
 
@@ -12,21 +12,14 @@ from math import comb
 import numpy as np
 import torch
 
+from registry.locus.interaction import among_answered  # noqa: F401  (the one scoring rule; B.among_answered)
+
 
 # ---------------------------------------------------------------- metrics
 
 def topk_models(scores: np.ndarray, k: int) -> np.ndarray:
     """[M,N] scores -> [k,N] model indices, best first; ties go to the lower model index (stable sort)."""
     return np.argsort(-np.asarray(scores, dtype=np.float64), axis=0, kind="stable")[:k]
-
-
-def among_answered(scores: np.ndarray, correct: np.ndarray) -> np.ndarray:
-    """scores [M,N] with every (model, query) that has no result in correct [M,N] ranked below all that have one:
-    a method then chooses among the models that could answer each query, so one partly evaluated model does not
-    count against a method that prefers it (a query no model has a result for keeps its scores)."""
-    scores = np.asarray(scores, dtype=np.float64)
-    missing = (correct < 0) & (correct >= 0).any(axis=0, keepdims=True)
-    return np.where(missing, -np.inf, scores)
 
 
 def hit_at_k(scores: np.ndarray, correct: np.ndarray, k: int = 1) -> float:

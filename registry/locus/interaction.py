@@ -55,6 +55,30 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-np.asarray(x, dtype=np.float64)))
 
 
+# --- the scoring rule of every routing figure ------------------------------------------------------------------
+# A routing choice is scored where it can be: each query's choice is made among the models with a result for it
+# (a query no model has a result for keeps its scores, and counts as wrong). `registry evaluate` (every method),
+# the served policy's val figures, `route --frontier` and a portfolio's routing accuracy all score this way.
+
+def among_answered(scores: np.ndarray, correct: np.ndarray) -> np.ndarray:
+    """scores [M,N] with every (model, query) that has no result in correct [M,N] (-1) ranked below all that have
+    one: a method then chooses among the models that could answer each query, so one partly evaluated model does
+    not count against a method that prefers it."""
+    scores = np.asarray(scores, dtype=np.float64)
+    missing = (correct < 0) & (correct >= 0).any(axis=0, keepdims=True)
+    return np.where(missing, -np.inf, scores)
+
+
+def answered_choice(scores: np.ndarray, correct: np.ndarray) -> np.ndarray:
+    """[N] each query's choice (a row) among the models with a result for it; ties: the lower row."""
+    return np.argmax(among_answered(scores, correct), axis=0)
+
+
+def answered_right(scores: np.ndarray, correct: np.ndarray) -> np.ndarray:
+    """[N] bool: whether each query's choice among the models with a result for it was right."""
+    return correct[answered_choice(scores, correct), np.arange(correct.shape[1])] == 1
+
+
 def category_offsets(logits: np.ndarray, correct: np.ndarray, cat: np.ndarray, n_cat: int,
                      l2: float = L2) -> np.ndarray:
     """b [M, n_cat]: per model and category, argmax_b sum log-likelihood(answers | sigmoid(logit + b)) - l2 b^2 / 2,

@@ -2,9 +2,11 @@
 split with known results (their stored vectors: nothing is encoded), and the Pareto frontier of all those points.
 
 Cost is one basis, said in the result: `params_b` (default; the models with a parameter count) or `cost` (the models
-with a price). A model chosen for a query it has no result for cannot be scored: each point reports its coverage
-(the share of its choices that have a result) and its accuracy on the scored queries; `accuracy` alone counts an
-unscored choice as wrong, as the routing figures of `registry evaluate` do beside their coverage.
+with a price). Every point is scored by `registry evaluate`'s rule (interaction.answered_choice): each query's choice
+among the models with a result for it, a single model's point taking, where it has none, the model with a result
+that is most likely right over the split. The scores are routing's as served (routing/accuracy.py), so at cost
+weight 0 over every model routing may choose the router's point is `evaluate`'s `served` hit@1. Each point also
+reports its first choice's coverage (the share of queries it has a result for) and its accuracy on those.
 """
 from __future__ import annotations
 
@@ -12,9 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from registry.data import evaluation_rows, query_cache
-from registry.embedding import evidence
-from registry.routing import policy
+from registry.locus import interaction
+from registry.routing import accuracy, policy
 from registry.routing.options import COST_BASES
 from registry.routing.state import State
 from registry.core.errors import InputError
@@ -30,12 +31,12 @@ SHARES = (0.95, 0.99)       # the shares of the best single model's accuracy who
 class Point:
     label: str              # "router L=..." or a model name
     cost_weight: float | None
-    accuracy: float         # right answers over every query (a choice without a result counts as wrong)
-    mean_cost: float
+    accuracy: float         # right answers over every query, each choice among the models with a result for it
+    mean_cost: float        # of the models chosen so
     models_used: int
-    scored: int = 0         # queries whose chosen model has a result
+    scored: int = 0         # queries whose first choice (the router's top model, or the single model) has a result
     coverage: float = 1.0   # scored / queries
-    scored_accuracy: float | None = None   # right answers over the scored queries
+    scored_accuracy: float | None = None   # the first choice's right answers over the scored queries
 
 
 @dataclass
@@ -60,13 +61,11 @@ def compute(tx: Tx, st: State, split: str = "test", cost_by: str = "params",
             weights: list[float] | None = None) -> Frontier:
     if cost_by not in COST_BASES:
         raise InputError(f"cost basis must be one of {', '.join(COST_BASES)}, got {cost_by!r}")
-    qids = np.array([r[0] for r in tx.sql("SELECT query_id FROM query_splits WHERE split = ? ORDER BY 1", [split])],
-                    dtype=np.int64)
-    if not len(qids):
-        raise InputError(f"no queries in split {split!r}")
+    scores = accuracy.on_split(tx, st, split)
+    qids = scores.qids
     value = st.params_b if cost_by == "params" else st.cost
     basis = "params_b" if cost_by == "params" else "cost"
-    ok = ~np.isnan(value) & evidence.candidates(st.evidence)
+    ok = ~np.isnan(value) & scores.routable
     rows = np.flatnonzero(ok)
     if not len(rows):
         raise InputError(f"no established model has {basis}: nothing to compare"
@@ -76,24 +75,26 @@ def compute(tx: Tx, st: State, split: str = "test", cost_by: str = "params",
         notes.append(f"{int((~ok).sum())} models without {basis} (or on probation) left out")
     names = [st.names[i] for i in rows]
     cost = value[rows]
-    row_of, qmat = query_cache.query_vectors(tx, qids)
-    qmat = qmat[[row_of[int(q)] for q in qids]]
-    correct = _correct_matrix(tx, names, qids)                       # [m,N] 1/0/-1
-    hashes = [r[0] for r in tx.sql("""SELECT content_hash FROM queries WHERE id IN (SELECT unnest(?::INTEGER[]))
-                                      ORDER BY id""",
-                                    [qids.tolist()])]
-    probs = policy.probabilities(st, qmat, hashes)[0][rows]
+    correct = scores.correct[rows]                                    # [m,N] 1/0/-1
+    probs = scores.probs[rows]
     sub = policy.Policy(set(), np.ones(len(rows), dtype=bool), cost, basis)
     router = []
     for w in (weights if weights is not None else DEFAULT_WEIGHTS):
         sub.cost_weight = w
-        picks = np.array([r for r, _ in policy.choose(_Rows(names), probs, sub)])
-        router.append(_point(f"router L={w:.3g}", w, correct, picks, cost))
-    single = [_point(n, None, correct, np.full(len(qids), i), cost) for i, n in enumerate(names)]
+        router.append(_point(f"router L={w:.3g}", w, correct, policy.ranking(probs, sub), cost))
+    # a single model, and where it has no result the model most likely right over the split (a fixed order, as
+    # evaluate's best single model falls back on the next best)
+    order = probs.mean(axis=1)
+    single = [_point(n, None, correct, np.where(np.arange(len(rows))[:, None] == i, 2.0, 0.0) + order[:, None], cost)
+              for i, n in enumerate(names)]
     for p in single:
         if p.coverage < 1:
-            notes.append(f"{p.label} has results for {p.scored} of {len(qids)} queries: {p.scored_accuracy:.4f} on "
-                         f"those ({p.accuracy:.4f} counting the others as wrong)")
+            on = "" if p.scored_accuracy is None else f" ({p.scored_accuracy:.4f} on those)"
+            notes.append(f"{p.label} has results for {p.scored} of {len(qids)} queries{on}; on the others its point "
+                         f"takes the model with a result most likely right")
+    if router and router[0].coverage < 1:
+        notes.append(f"the router's first choice has no result for {len(qids) - router[0].scored} queries at cost "
+                     f"weight {router[0].cost_weight:g}: each goes to its best choice with one (evaluate's rule)")
     best = max(single, key=lambda p: (p.accuracy, -p.mean_cost))
     reaching = [p for p in router if p.accuracy >= best.accuracy]
     cheapest = min(reaching, key=lambda p: p.mean_cost) if reaching else None
@@ -123,12 +124,6 @@ def reach_costs(router: list[Point], single: list[Point], best: Point) -> dict:
     return out
 
 
-@dataclass
-class _Rows:
-    """The part of a routing state `routing.choose` reads: the models' names."""
-    names: list[str]
-
-
 def pareto(points: list[Point]) -> list[Point]:
     """The points no other point beats: cheaper-or-equal and more accurate. Cheapest first, accuracy rising."""
     out: list[Point] = []
@@ -138,27 +133,27 @@ def pareto(points: list[Point]) -> list[Point]:
     return out
 
 
-def _point(label: str, w: float | None, correct: np.ndarray, picks: np.ndarray, cost: np.ndarray) -> Point:
-    got = correct[picks, np.arange(len(picks))]
-    scored = int((got >= 0).sum())
-    return Point(label, w, float((got == 1).mean()), float(cost[picks].mean()), int(len(np.unique(picks))), scored,
-                 round(scored / len(picks), 4), float((got == 1).sum() / scored) if scored else None)
+def _point(label: str, w: float | None, correct: np.ndarray, rank: np.ndarray, cost: np.ndarray) -> Point:
+    """A point scored by evaluate's rule: each query's choice the best-ranked model with a result for it."""
+    cols = np.arange(correct.shape[1])
+    picks = interaction.answered_choice(rank, correct)
+    first = correct[np.argmax(rank, axis=0), cols]                   # the first choice, with or without a result
+    scored = int((first >= 0).sum())
+    return Point(label, w, float((correct[picks, cols] == 1).mean()), float(cost[picks].mean()),
+                 int(len(np.unique(picks))), scored, round(scored / len(cols), 4),
+                 float((first == 1).sum() / scored) if scored else None)
 
 
-def _correct_matrix(tx: Tx, names: list[str], qids: np.ndarray) -> np.ndarray:
-    import pyarrow as pa
+PLOT_SUFFIXES = (".png", ".pdf", ".svg")
 
-    out = np.full((len(names), len(qids)), -1, dtype=np.int8)
-    col = {q: j for j, q in enumerate(qids.tolist())}
-    rowm = {n: i for i, n in enumerate(names)}
-    with tx.table("_front_q", pa.table({"id": qids})):
-        res = tx.sql(f"""SELECT m.name, e.query_id, e.correct::INT AS c
-                                  FROM {evaluation_rows.CURRENT} e JOIN models m ON m.id = e.model_id
-                                  WHERE e.query_id IN (SELECT id FROM _front_q)""")
-    for n, q, c in res:
-        if n in rowm:
-            out[rowm[n], col[q]] = c
-    return out
+
+def check_plot_path(path: str) -> None:
+    """A plot is written only under a name that says its format."""
+    from pathlib import Path
+
+    if Path(path).suffix.lower() not in PLOT_SUFFIXES:
+        raise InputError(f"--out {path}: the frontier's plot is written as {', '.join(PLOT_SUFFIXES)} (by the "
+                         f"name's suffix)")
 
 
 def plot(f: Frontier, path: str) -> None:

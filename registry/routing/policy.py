@@ -115,9 +115,7 @@ def choose(st: State, probs: np.ndarray, pol: Policy) -> list[tuple[int | None, 
     if not avail.any():
         return [(None, True)] * N
     if pol.min_prob is None:
-        cost = relative_cost(pol.cost, pol.eligible) if pol.cost is not None and pol.cost_weight else None
-        rank = probs - (pol.cost_weight or 0.0) * (cost[:, None] if cost is not None else 0.0)
-        rank = np.where(pol.eligible[:, None], rank, -np.inf)
+        rank = ranking(probs, pol)
         top = np.argmax(rank, axis=0)                                # ties: the lower row, as baselines do
         best = np.argmax(np.where(avail[:, None], rank, -np.inf), axis=0)
         return [(int(b), bool(not avail[t])) for t, b in zip(top, best)]
@@ -132,6 +130,14 @@ def choose(st: State, probs: np.ndarray, pol: Policy) -> list[tuple[int | None, 
         first_avail = next(i for i in order if avail[i])
         out.append((int(first_avail), bool(not avail[order[0]])))
     return out
+
+
+def ranking(probs: np.ndarray, pol: Policy) -> np.ndarray:
+    """[M,N] what a cost weight ranks by (without a minimum probability): P(correct) - weight x relative cost, the
+    models that are not candidates at -inf."""
+    cost = relative_cost(pol.cost, pol.eligible) if pol.cost is not None and pol.cost_weight else None
+    rank = probs - (pol.cost_weight or 0.0) * (cost[:, None] if cost is not None else 0.0)
+    return np.where(pol.eligible[:, None], rank, -np.inf)
 
 
 def relative_cost(cost: np.ndarray, eligible: np.ndarray) -> np.ndarray:
@@ -176,7 +182,10 @@ def decisions(st: State, probs: np.ndarray, raw: np.ndarray, picks, pol: Policy,
                      pol.eligible[order].tolist())]
         notes = [pol.note] if pol.note else []
         if row is None:
-            notes.append(f"no model available: all {int(pol.eligible.sum())} candidates are unavailable")
+            notes.append(f"no model available: all {int(pol.eligible.sum())} candidates are unavailable (marked "
+                         f"unavailable or named by the caller)" if pol.eligible.any() else
+                         f"no model available: every model is on probation (under {ev.minimum} evaluations), "
+                         f"which routing does not choose unasked (include_probation)")
         elif truncated[j]:
             notes.append(f"query longer than {query_texts.MAX_CHARS} characters: routed on its first "
                          f"{query_texts.MAX_CHARS}")

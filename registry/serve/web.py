@@ -187,15 +187,19 @@ def route_page(request: Request, q: str | None = None):
 
 
 @pages.get("/ui/portfolio", response_class=HTMLResponse)
-def portfolio_page(request: Request, k: int = Query(3, ge=1, le=1000), method: str | None = None):
+def portfolio_page(request: Request, k: int | None = Query(None, ge=1, le=1000), method: str | None = None):
     from registry.answers import portfolio
+    from registry.routing import accuracy
 
+    k = portfolio.DEFAULT_K if k is None else k       # the CLI's and HTTP's default size
     reg = _registry(request)
     result, error = None, None
     try:
         with reg.store.tx() as tx:
             pool = reg.pool(tx)
-            result = portfolio.with_share(tx, pool, k, method, probation=pool.on_probation(reg.probation_min))
+            # routing accuracy is routing as served (what `evaluate` reports as `served`), among the members
+            result = portfolio.with_share(tx, pool, k, method, probation=pool.on_probation(reg.probation_min),
+                                          accuracy=accuracy.scorer(tx, reg.probation_setting))
     except RegistryError as exc:
         error = str(exc)
     shown = result.method if result else method or portfolio.DEFAULT_METHOD

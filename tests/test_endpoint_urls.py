@@ -164,3 +164,17 @@ def test_the_proxy_answers_an_endpoint_it_cannot_build_a_request_for_with_a_502(
         assert "Traceback" not in r.text
         r = c.post(f"/models/{model}/ask", json={"n": 4, "plan": "random"}, headers=AUTH)
         assert r.status_code == 409 and "endpoints set" in r.json()["detail"], r.text
+
+
+def test_the_document_declares_what_ask_and_a_stop_answer(db_copy):
+    with TestClient(create_app(str(db_copy), token=TOKEN)) as c:
+        doc = c.get("/openapi.json").json()
+    ask = doc["paths"]["/models/{name}/ask"]["post"]
+    assert {"400", "409", "502", "503"} <= set(ask["responses"])
+    assert ask["responses"]["502"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Error"}
+    assert all("503" in op["responses"] for item in doc["paths"].values() for op in item.values())
+    body = doc["components"]["schemas"]["EndpointBody"]["properties"]["base_url"]
+    assert body["pattern"] == shapes.BASE_URL and body["maxLength"] == MAX_URL
+    chat = doc["components"]["schemas"]["ChatRequest"]
+    assert chat["if"]["properties"]["model"] == {"const": "auto"} and "contains" in chat["then"]["properties"][
+        "messages"]

@@ -144,6 +144,22 @@ def verdict(tx: Tx, model_id: int, base_url: str) -> dict | None:
     return None if f is None else {**f.__dict__, "summary": f.summary}
 
 
+def _ask(endpoint: client.Endpoint, gold: dict, chosen: list[int], **how) -> tuple[list, client.Usage]:
+    """The chosen questions asked (client.ask_all): their replies and what it took."""
+    return client.ask_all(endpoint, [(q, prompt.render(gold[q][0], gold[q][2])) for q in chosen], **how)
+
+
+def _sum(a: client.Usage, b: client.Usage) -> client.Usage:
+    """What two runs of questions took together."""
+    from dataclasses import fields
+
+    failures = dict(a.failures)
+    for why, count in b.failures.items():
+        failures[why] = failures.get(why, 0) + count
+    return client.Usage(**{f.name: getattr(a, f.name) + getattr(b, f.name) for f in fields(client.Usage)
+                           if f.name != "failures"}, failures=failures)
+
+
 def ask(reg, name: str, *, n: int = 128, plan: str = "fingerprint", concurrency: int = 8,
         base_url: str | None = None, upstream_model: str | None = None, api_key_env: str | None = None,
         keep_responses: bool = False, seed: int = 0, deadline: float = 60.0, retries: int = 4,
@@ -169,13 +185,20 @@ def ask(reg, name: str, *, n: int = 128, plan: str = "fingerprint", concurrency:
         found = tx.sql("SELECT id, cost FROM models WHERE name = ?", [name])
         model_id, price = (int(found[0][0]), found[0][1]) if found else (None, None)
         skip = answered_before(tx, model_id, endpoint.base_url) if model_id is not None else set()
-        chosen = choose(tx, name, plan, max(0, n - len(skip)), skip, seed=seed,
-                        min_answers=reg.probation_min) if n > len(skip) else []
+        wanted = max(0, n - len(skip))
+        chosen = choose(tx, name, "random", 1, skip, seed=seed, min_answers=0) if wanted else []
         gold = {int(q): (t, a, g) for q, t, a, g in tx.sql(
             f"SELECT id, text, answer, grading FROM {WITH_GOLD}")} if chosen else {}
-    prompts = [(q, prompt.render(gold[q][0], gold[q][2])) for q in chosen]
-    replies, usage = client.ask_all(endpoint, prompts, concurrency=concurrency, deadline=deadline,
-                                    retries=retries, backoff=backoff, progress=progress)
+    # one question, at random, alone first: an endpoint that answers nothing is told in a request or two, before
+    # the plan is made (a plan of thousands of questions takes minutes)
+    replies, usage = _ask(endpoint, gold, chosen, concurrency=1, deadline=deadline, retries=retries,
+                          backoff=backoff, progress=False)
+    if wanted > 1 and replies and replies[0].text is not None:
+        with reg.store.tx() as tx:
+            rest = choose(tx, name, plan, wanted - 1, skip | set(chosen), seed=seed, min_answers=reg.probation_min)
+        more, also = _ask(endpoint, gold, rest, concurrency=concurrency, deadline=deadline, retries=retries,
+                          backoff=backoff, progress=progress)
+        chosen, replies, usage = chosen + rest, replies + more, _sum(usage, also)
     graded, unparseable = [], 0
     for r in replies:
         if r.text is None:
@@ -186,7 +209,7 @@ def ask(reg, name: str, *, n: int = 128, plan: str = "fingerprint", concurrency:
         graded.append((r.key, extracted, grading.grade(extracted, answer, kind), r.text))
     if chosen and not graded:
         why = max(usage.failures, key=usage.failures.get) if usage.failures else "no reply"
-        raise EndpointFailed(f"{endpoint.base_url} answered none of the {len(chosen)} questions asked ({why}); "
+        raise EndpointFailed(f"{endpoint.base_url} answered none of the {len(chosen)} question(s) asked ({why}); "
                              f"nothing was stored")
     batch_id = None
     if graded:

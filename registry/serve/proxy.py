@@ -35,10 +35,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from registry.routing import log as route_log
 from registry.routing.options import RouteOptions
-from registry.core.errors import InputError, RegistryError
+from registry.core.errors import Conflict, InputError
 from registry.core.keys import KeyRefused, UpstreamKeys
 from registry.serve.context import require_token
-from registry.serve.http import connections
+from registry.serve.http import connections, shapes
 
 ROUTE_OPTIONS = ("cost_weight", "min_prob", "cost_by")
 # the upstream's response headers passed on (any other, a cookie or an echo of the request, is dropped)
@@ -59,12 +59,24 @@ class ChatMessage(BaseModel):
     content: str | list[dict] | None = None
 
 
+# a user message with text to route on, as JSON Schema: its content a text that is not all space, or content parts
+# of which one is such a text
+USER_TEXT = {"type": "object", "required": ["role", "content"], "properties": {
+    "role": {"const": "user"},
+    "content": {"anyOf": [{"type": "string", "pattern": shapes.NOT_BLANK}, {"type": "array", "contains": {
+        "type": "object", "required": ["type", "text"],
+        "properties": {"type": {"const": "text"}, "text": {"type": "string", "pattern": shapes.NOT_BLANK}}}}]}}}
+
+
 class ChatRequest(BaseModel):
     """An OpenAI chat completion request: its other fields (temperature, tools, ...) go upstream as sent; the
     route options are the proxy's own and are not sent on."""
     model_config = ConfigDict(extra="allow", json_schema_extra={"not": {
         "required": ["cost_weight", "min_prob"],
-        "properties": {"cost_weight": {"type": "number"}, "min_prob": {"type": "number"}}}})
+        "properties": {"cost_weight": {"type": "number"}, "min_prob": {"type": "number"}}},
+        # "auto" routes on a user message's text (last_user_text)
+        "if": {"required": ["model"], "properties": {"model": {"const": "auto"}}},
+        "then": {"properties": {"messages": {"contains": USER_TEXT}}}})
     model: str = Field(min_length=1, description='"auto" (routed), or a model with an endpoint')
     messages: list[ChatMessage] = Field(min_length=1)
     stream: bool | None = None
@@ -90,7 +102,8 @@ def last_user_text(messages) -> str:
             if isinstance(c, str) and c.strip():
                 return c
             if isinstance(c, list):
-                text = "\n".join(p.get("text", "") for p in c if isinstance(p, dict) and p.get("type") == "text")
+                text = "\n".join(p["text"] for p in c if isinstance(p, dict) and p.get("type") == "text"
+                                 and isinstance(p.get("text"), str))      # (a part whose text is no string: none)
                 if text.strip():
                     return text
     raise InputError("messages: no user message with text to route on")
@@ -225,7 +238,7 @@ def _route(serving, text: str, options: dict):
     d = routed.decisions[0]     # (only the choice is used)
     if d.model is None:
         serving.log(routed)
-        raise RegistryError(d.note or "no model available")
+        raise Conflict(d.note or "no model available")     # (every model with an endpoint is marked down)
     return [d.model] + snap.chain(d.model, set(snap.endpoints), snap.routing.down), d.fallback, routed
 
 

@@ -1,0 +1,86 @@
+"""The OpenAPI contract fuzzed at depth: schemathesis `--checks all` against a real `registry serve --token` on a
+copy of a registry, N examples per operation (tests/test_contract.py runs 20 in the slow tier; this runs 100 or
+more), with the settings in tests/schemathesis.toml (the upstream-calling operations' documented 502 / 504 are not
+counted as the server's own errors). Prints the run's last lines and one summary line: examples per operation,
+cases generated, failures, errors, seconds.
+
+    .venv/bin/python bench/probe_contract.py --db registry.duckdb [--examples 100] [--seed 20261203] [--phases ...]
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.conftest import start_server  # noqa: E402
+
+TOKEN = "c0ntract"
+CONFIG = ROOT / "tests" / "schemathesis.toml"
+
+
+def run(origin: str, examples: int, seed: int, phases: str | None, timeout: float) -> tuple[int, str]:
+    cmd = [sys.executable, "-m", "schemathesis.cli", "--config-file", str(CONFIG), "run", f"{origin}/openapi.json",
+           "--checks", "all", "--max-examples", str(examples), "--seed", str(seed), "--workers", "1",
+           "--request-timeout", "60", "--no-color", "--header", f"Authorization: Bearer {TOKEN}"]
+    if phases:
+        cmd += ["--phases", phases]
+    with tempfile.TemporaryDirectory() as cwd:          # (its run cache goes there)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    return out.returncode, out.stdout + out.stderr
+
+
+def counts(text: str) -> dict[str, int]:
+    """failures and errors from schemathesis's last line, cases generated from its summary."""
+    last = [line for line in text.splitlines() if line.startswith("=") and " in " in line]
+    tail = last[-1] if last else ""
+    got = {what: int(m[1]) if (m := re.search(rf"(\d+) {what}", tail)) else 0 for what in ("failure", "error")}
+    generated = re.search(r"(\d+) generated", text)
+    got["generated"] = int(generated[1]) if generated else 0
+    return got
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--db", default=str(ROOT / "registry.duckdb"), help="the registry to copy (never modified)")
+    ap.add_argument("--examples", type=int, default=100, help="examples per operation")
+    ap.add_argument("--seed", type=int, default=20261203)
+    ap.add_argument("--phases", default=None, help="schemathesis phases (default: all of them)")
+    ap.add_argument("--timeout", type=float, default=3600.0, help="seconds the whole run may take")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "registry.duckdb"
+        shutil.copy(args.db, db)
+        proc, origin = start_server(db, TOKEN)
+        try:
+            # the first new text loads MiniLM: once here, not inside a fuzzed request's time
+            httpx.post(f"{origin}/route", json={"text": "warm up the text encoder"}, timeout=120)
+            t0 = time.time()
+            rc, text = run(origin, args.examples, args.seed, args.phases, args.timeout)
+            seconds = time.time() - t0
+        finally:
+            proc.terminate()
+            try:
+                log, _ = proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                log, _ = proc.communicate()
+    print("\n".join(text.splitlines()[-40:]))
+    got = counts(text)
+    print(f"server log: {log.count('Traceback')} tracebacks")
+    print(f"schemathesis --checks all, {args.examples} examples per operation, seed {args.seed}"
+          f"{', phases ' + args.phases if args.phases else ''}: {got['generated']} cases generated, "
+          f"{got['failure']} failures, {got['error']} errors, exit {rc}, {seconds:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

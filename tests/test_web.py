@@ -154,4 +154,6 @@ def test_the_pages_and_the_api_docs_work_under_the_security_policy(site, browser
     assert page.locator("td .bar").first.evaluate("e => e.getBoundingClientRect().width") > 1
     page.goto(origin + "/docs")
     page.wait_for_selector("#swagger-ui .swagger-ui", timeout=20_000)      # Swagger UI started from its file
+    page.wait_for_selector("#swagger-ui .opblock", timeout=20_000)         # ...and it read the OpenAPI 3.1 document
+    assert "Unable to render" not in page.content()
     assert BLOCKED == [] and outside == []

@@ -188,22 +188,23 @@ def is_loopback(host: str) -> bool:
 DOCS_PAGE = """<!DOCTYPE html>
 <html><head><meta name="viewport" content="width=device-width, initial-scale=1.0">
 <link type="text/css" rel="stylesheet" href="/static/swagger/swagger-ui.css">
-<link rel="shortcut icon" href="/static/swagger/favicon-32x32.png"><title>{title}: API</title></head>
+<link rel="shortcut icon" href="/static/swagger/favicon.png"><title>{title}: API</title></head>
 <body><div id="swagger-ui"></div>
 <script src="/static/swagger/swagger-ui-bundle.js"></script><script src="/static/web/docs.js"></script></body></html>
 """
 
 
 def _offline_docs(app: FastAPI) -> None:
-    """/docs from the package's own Swagger UI files, started by a script file (serve/static/docs.js): FastAPI's
-    page starts it with an inline script, which the pages' Content-Security-Policy does not run."""
+    """/docs from Swagger UI 5's files (which read OpenAPI 3.1, what FastAPI writes), as the fastapi-offline package
+    ships them, started by a script file (serve/static/docs.js): FastAPI's page starts it with an inline script,
+    which the pages' Content-Security-Policy does not run."""
     import html
+    from importlib.resources import files
 
-    import swagger_ui_bundle
     from fastapi.responses import HTMLResponse
     from fastapi.staticfiles import StaticFiles
 
-    app.mount("/static/swagger", StaticFiles(directory=swagger_ui_bundle.swagger_ui_path), name="swagger")
+    app.mount("/static/swagger", StaticFiles(directory=str(files("fastapi_offline") / "static")), name="swagger")
     page = DOCS_PAGE.format(title=html.escape(app.title))
 
     @app.get("/docs", include_in_schema=False)

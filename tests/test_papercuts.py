@@ -296,3 +296,18 @@ def test_route_by_size_does_not_list_the_models_it_left_out(db_copy):
     assert set(top) <= set(named) and f"{len(named)} models without a parameter count left out" in out.output
     d = run_json(db_copy, "route", text, "--cost-by", "params", "--min-prob", "0.8", "--no-log")
     assert {c["model"] for c in d["candidates"] if not c["eligible"]} == set(named)   # the JSON marks them
+
+
+def test_the_home_page_labels_the_map_and_marks_aliases(db_copy, tmp_path):
+    with Registry(db_copy) as reg:
+        names = [m.name for m in reg.models()]
+        with reg.store.tx() as tx:
+            rows = tx.sql("""SELECT q.external_id, e.correct::INT FROM evaluations e JOIN queries q ON q.id = e.query_id
+                             JOIN models m ON m.id = e.model_id WHERE m.name = ? ORDER BY q.id""", [names[0]])
+        copy = tmp_path / "copy.csv"
+        copy.write_text("question_id,correct\n" + "".join(f"{q},{c}\n" for q, c in rows))
+        reg.register("second-name", str(copy), alias_of=names[0])
+    with TestClient(create_app(str(db_copy))) as c:
+        page = c.get("/").text
+    assert all(f'font-size="13">{n}</text>' in page for n in names)          # every dot carries its name
+    assert f'(another name of <a href="/ui/models/{names[0]}">{names[0]}</a>)' in page

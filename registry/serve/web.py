@@ -28,6 +28,7 @@ from registry.routing.options import RouteOptions
 
 HERE = Path(__file__).resolve().parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))
+MAP_LABELS = 60        # models; up to this many, every dot on the map carries its name (more would overlap to noise)
 MAP_TSNE_MAX = 300     # models; above it the page's map is a PCA (`registry map` still draws t-SNE there)
 _cache_lock = threading.Lock()   # (the values are kept in the Store's cache: `_cached`)
 
@@ -145,7 +146,7 @@ def home(request: Request):
     reg = _registry(request)
     models_ = _cached(reg, "models", lambda: request.app.state.evaluation_counts.models(reg))
     the_map = _cached(reg, "map", lambda: _map(reg))
-    return page(request, "home.html", models=models_, map=the_map, path=reg.path)
+    return page(request, "home.html", models=models_, map=the_map, path=reg.path, map_labels=MAP_LABELS)
 
 
 @pages.get("/ui/models/{name:path}/diff", response_class=HTMLResponse)

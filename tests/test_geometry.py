@@ -158,7 +158,6 @@ def test_map_draws_every_model(db_copy, tmp_path):
     (["fallback", "no-such-model"], "unknown model 'no-such-model'"),
     (["portfolio", "-k", 2, "--require", "no-such-model"], "unknown model 'no-such-model'"),
     (["portfolio", "-k", 40], "k=40 is larger than the pool"),
-    (["portfolio"], "give k or a target share (e.g. --target 0.99), or both (at most k models)"),
     (["portfolio", "-k", 2, "--max-params", 0.5], "no model fits --max-params 0.5"),
     (["fingerprint", "--evals", "FEW"], "the answers test needs 32"),
 ])

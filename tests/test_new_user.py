@@ -108,13 +108,14 @@ def test_frontier_and_evaluate_report_coverage(db_copy):
         p = next(x for x in f.single if x.label == "Llama-2-70b-hf")
         assert p.scored == n < f.queries and p.coverage == round(n / f.queries, 4)
         assert p.scored_accuracy == pytest.approx(right / n)
-        assert p.accuracy == pytest.approx(right / f.queries)          # the unscored ones count as wrong
+        # evaluate's rule (issue 51): where it has no result another model with one answers, never counted wrong
+        assert p.accuracy > right / f.queries and p.models_used > 1
         assert any("Llama-2-70b-hf has results for" in n for n in f.notes)
         report = reg.evaluate("test", baselines=False)
         locus = report.methods["locus"]
         assert 0 < locus["scored"] <= report.queries and "hit@1_scored" in locus and "coverage" in locus
     out = run(db_copy, "route", "--frontier", "--out", str(db_copy.parent / "f.png"))
-    assert out.exit_code == 0 and "on scored" in out.output and "Pareto frontier" in out.output
+    assert out.exit_code == 0 and "on its own results" in out.output and "Pareto frontier" in out.output
 
 
 # --- 3. fallback honours mark-unavailable; availability is shown --------------------------------------------------
@@ -535,15 +536,16 @@ def test_probation_left_out_of_a_portfolio_is_said_when_k_is_too_large(db_copy, 
     assert run(db_copy, "portfolio", "-k", str(n), "--include-probation").exit_code == 0
 
 
-def test_a_portfolio_scores_a_partly_evaluated_model_by_its_prediction_where_it_has_no_answer():
-    """Routing among a pool with a model that answered few test queries: where it is chosen without an answer, its
-    predicted P(correct) stands in (it counted as wrong, so a pool scored below its best member: share 1.46)."""
-    from registry.answers import portfolio
+def test_a_portfolio_scores_a_partly_evaluated_model_by_evaluates_rule_where_it_has_no_answer():
+    """Routing among a pool with a model that answered few test queries: where it has no answer, the query goes to
+    the member with one (evaluate's rule; counted as wrong, a pool scored below its best member: share 1.46)."""
+    from registry.routing.accuracy import SplitScores
 
     correct = np.array([[1, 0, 1, 1], [-1, -1, 1, -1]], dtype=np.int8)      # model 1 answered one query of four
     probs = np.array([[0.6, 0.6, 0.6, 0.6], [0.9, 0.9, 0.9, 0.9]])
-    assert portfolio.hit1(probs, correct, [0]) == 0.75
-    assert portfolio.hit1(probs, correct, [0, 1]) == pytest.approx((0.9 + 0.9 + 1 + 0.9) / 4)
+    s = SplitScores("test", np.arange(4), ["a", "b"], probs, correct, np.array([True, True]))
+    assert s.accuracy(["a"]) == 0.75 and s.accuracy(["b"]) == 0.25
+    assert s.accuracy(["a", "b"]) == s.accuracy() == 0.75          # b where it answered, a elsewhere
 
 
 def test_serve_refuses_a_port_that_cannot_exist(db_copy):

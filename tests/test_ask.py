@@ -198,3 +198,16 @@ def test_over_http_asking_cannot_send_an_unregistered_environment_variable(db_co
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_a_key_variable_that_is_not_set_is_one_line_naming_it_and_nothing_is_sent_or_kept(db_copy, upstreams,
+                                                                                          monkeypatch):
+    from .conftest import snapshot
+
+    u = upstreams(lambda text: "The answer is (A)")
+    monkeypatch.delenv("ASK_TEST_UNSET_KEY", raising=False)
+    before = snapshot(db_copy)
+    r = CliRunner().invoke(cli, ["--db", str(db_copy), "ask", "keyless", "--base-url", u.url, "-n", "4",
+                                 "--plan", "random", "--api-key-env", "ASK_TEST_UNSET_KEY"])
+    assert r.exit_code == 1 and r.output.count("\n") == 1 and "ASK_TEST_UNSET_KEY" in r.output, r.output
+    assert u.requests == 0 and snapshot(db_copy) == before

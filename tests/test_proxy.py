@@ -120,3 +120,24 @@ def test_endpoints_cli(db_copy):
     assert "no endpoint" in run("endpoints", "remove", "Yi-6B").output
     with Registry(db_copy) as reg, reg.store.tx() as tx:   # the key's value is never stored
         assert not tx.sql("SELECT 1 FROM model_endpoints WHERE api_key_env LIKE 'sk-%'")
+
+
+def test_auto_says_why_no_model_with_an_endpoint_can_be_chosen(db_copy, tmp_path):
+    """Endpoints only on models on probation: `auto` names them and why, not "all candidates are unavailable"."""
+    with Registry(db_copy) as reg:
+        text = known_text(reg)
+        with reg.store.tx() as tx:
+            rows = tx.sql("""SELECT q.external_id, e.correct::INT FROM evaluations e JOIN queries q ON q.id = e.query_id
+                             JOIN query_splits s ON s.query_id = q.id WHERE s.split = 'train' AND e.model_id =
+                             (SELECT min(id) FROM models) ORDER BY q.id LIMIT 40""")
+        names = ["newbie-a", "newbie-b"]
+        for m in names:
+            path = tmp_path / f"{m}.csv"
+            path.write_text("question_id,correct\n" + "".join(f"{q},{c}\n" for q, c in rows))
+            assert reg.register(m, str(path)).warning                 # 40 answers: on probation
+            reg.set_endpoint(m, "http://127.0.0.1:9/v1")
+    with TestClient(create_app(str(db_copy))) as c:
+        r = c.post("/v1/chat/completions", json={"model": "auto", "messages": [{"role": "user", "content": text}]})
+    message = r.json()["error"]["message"]
+    assert r.status_code == 409 and "on probation" in message and all(m in message for m in names), message
+    assert "unavailable" not in message

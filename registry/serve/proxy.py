@@ -238,6 +238,12 @@ def _route(serving, text: str, options: dict):
     d = routed.decisions[0]     # (only the choice is used)
     if d.model is None:
         serving.log(routed)
+        ev = snap.routing.evidence
+        unsure = sorted(m for m, flag in zip(snap.routing.names, ev.probation.tolist()) if flag and m in snap.endpoints)
+        if unsure and set(unsure) >= set(snap.endpoints) & set(snap.routing.names):
+            raise Conflict(f"no model to route to: every model with an endpoint ({', '.join(unsure)}) is on "
+                           f"probation (embedded from under {ev.minimum} evaluations), which `auto` does not choose; "
+                           f"give an established model an endpoint, or name a model")
         raise Conflict(d.note or "no model available")     # (every model with an endpoint is marked down)
     return [d.model] + snap.chain(d.model, set(snap.endpoints), snap.routing.down), d.fallback, routed
 

@@ -20,7 +20,8 @@ availability, endpoints, import_steps, ingest, outbox, splits, staging, vector_f
 catalog, fallback, fingerprint, geometry, maps, neighbours, portfolio, probe_plans, versions = lazy_modules(
     "registry.answers", "catalog fallback fingerprint geometry maps neighbours portfolio probe_plans versions")
 embed, encoders, evidence, index, onboarding = lazy_modules("registry.embedding", "embed encoders evidence index onboarding")
-route_log, policy, query_texts, routing_state = lazy_modules("registry.routing", "log policy query_texts state")
+route_log, policy, query_texts, routing_state, routing_accuracy = lazy_modules(
+    "registry.routing", "log policy query_texts state accuracy")
 
 
 class Registry:
@@ -327,18 +328,15 @@ class Registry:
     def portfolio(self, k: int | None = None, method: str | None = None, *, max_params: float | None = None,
                   max_cost: float | None = None, require=(), exclude=(), target: float | None = None,
                   seed: int = 0, as_of: str | None = None, include_probation: bool = False, fill: bool = False):
-        """A few models covering the embedding space (`portfolio.Portfolio`); with `target`, the smallest k whose test
-        routing accuracy (as served, routing/accuracy.py) reaches that share of the whole pool's. Models on probation
-        are members only when required or with `include_probation`; by routing value (the default), members that add
-        nothing only with `fill`."""
-        from registry.routing import accuracy
-
+        """A few models covering the embedding space (`portfolio.Portfolio`); with `target`, the smallest k whose
+        routing accuracy as served on test reaches that share of the pool's. Models on probation are members only
+        when required or with `include_probation`; by routing value, members that add nothing only with `fill`."""
         with self.store.tx() as tx:
             p = self.pool(tx, as_of)
             weak = set() if include_probation else p.on_probation(self.probation_min)
             return portfolio.answer(tx, p, k, method=method, max_params=max_params, max_cost=max_cost, require=require,
                                     exclude=exclude, target=target, seed=seed, probation=weak, fill=fill,
-                                    accuracy=accuracy.scorer(tx, self.probation_setting))
+                                    accuracy=routing_accuracy.scorer(tx, self.probation_setting))
 
     def fallback(self, model: str, unavailable=(), k: int = 5, as_of: str | None = None,
                  include_probation: bool = False):

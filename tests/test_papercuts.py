@@ -194,9 +194,10 @@ def hold(db, *argv: str):
     (("-m", "registry", "serve", "--port", "8000", "--token", "s3cret"), True),
     ((), False),                                                    # not a registry: its command line, no guess
 ])
-def test_the_lock_message_says_who_holds_the_file(db_copy, argv, server):
+def test_the_lock_message_says_who_holds_the_file(db_copy, argv, server, monkeypatch):
     from registry.core.errors import DatabaseLocked
 
+    monkeypatch.setenv("REGISTRY_BUSY_TIMEOUT", "0")       # (another command's turn is waited for: not here)
     proc = hold(db_copy, *argv)
     try:
         with pytest.raises(DatabaseLocked) as caught:

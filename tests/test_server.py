@@ -4,6 +4,7 @@ file."""
 from __future__ import annotations
 
 import html
+import json
 import shutil
 import subprocess
 import sys
@@ -140,18 +141,25 @@ def test_errors_are_clear_4xx(server):
     assert r.status_code == 400 and "Content-Type" in r.json()["detail"]
 
 
-def test_cli_refuses_in_one_line_while_served(server):
-    _, db, proc = server
+def test_cli_goes_through_the_server_while_served(server):
+    """DuckDB lets no other process open the served file: a command with an HTTP counterpart answers through the
+    server (tests/test_many_users.py has the rest), any other says in one line where the file is served."""
+    c, db, proc = server
     if str(db).startswith("postgresql://"):    # PostgreSQL: other processes read and write beside the server
         r = subprocess.run([sys.executable, "-m", "registry", "--db", str(db), "stats", "--json"], capture_output=True,
                            text=True, timeout=120)
         assert r.returncode == 0 and '"models": ' in r.stdout, r.stdout + r.stderr
         return
-    r = subprocess.run([sys.executable, "-m", "registry", "--db", str(db), "models"], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "registry", "--db", str(db), "models", "--json"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert [m["name"] for m in json.loads(r.stdout)] == [m["name"] for m in c.get("/models").json()]
+    r = subprocess.run([sys.executable, "-m", "registry", "--db", str(db), "onboard"], capture_output=True, text=True,
                        timeout=120)
     lines = (r.stdout + r.stderr).strip().splitlines()
     assert r.returncode == 1 and len(lines) == 1, lines
-    assert f"locked by process {proc.pid}" in lines[0]
+    assert f"served by process {proc.pid} at {str(c.base_url).rstrip('/')}," in lines[0]
+    assert "`registry onboard` has no HTTP counterpart" in lines[0]
 
 
 def test_a_stopped_server_commits_its_pending_log_rows(base_db, tmp_path):

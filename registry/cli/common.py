@@ -138,9 +138,27 @@ def open_registry(ctx: click.Context, create: bool = False, migrate: bool = True
         new = create and not dialect.is_url(obj["db"]) and not os.path.lexists(obj["db"])
         # known before opening: a file left by a failed open (a full disk) is removed too
         obj["new_file"] = os.path.abspath(obj["db"]) if new else None
-        obj["registry"] = Registry(obj["db"], create=create, migrate=migrate, probation_min=obj.get("probation_min"))
+        obj["registry"] = _open(ctx, lambda: Registry(obj["db"], create=create, migrate=migrate,
+                                                      probation_min=obj.get("probation_min")))
         ctx.call_on_close(obj["registry"].close)
     return obj["registry"]
+
+
+def _open(ctx: click.Context, opening):
+    """`opening()`; on a file that a `registry serve` holds, the server's HTTP API instead (serve/http/client.py:
+    the commands with an HTTP counterpart answer through it, the others say in one line that the file is served).
+    A file that another command holds is waited for, up to REGISTRY_BUSY_TIMEOUT (core/store.wait_for_lock)."""
+    from registry.core.errors import DatabaseLocked
+
+    try:
+        return opening()
+    except DatabaseLocked as exc:
+        if not exc.served:
+            raise
+        from registry.serve.http.client import through_server
+
+        remote = through_server(ctx.find_root().obj["db"], exc, ctx.command_path)
+    return remote if remote is not None else opening()     # (None: the server stopped meanwhile)
 
 
 def discard_new_registry() -> None:

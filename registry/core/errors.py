@@ -83,7 +83,12 @@ class SchemaOutdated(RegistryError):
 
 
 class DatabaseLocked(RegistryError):
-    pass
+    """Another process holds the database file. `pid`: the holder's process id, where DuckDB named it; `served`:
+    the holder is a `registry serve` (whose HTTP API can take the request instead)."""
+
+    def __init__(self, message: str, pid: int | None = None, served: bool = False):
+        super().__init__(message)
+        self.pid, self.served = pid, served
 
 
 class DatabaseDamaged(RegistryError):
@@ -264,9 +269,9 @@ def database_locked(path: str, detail: str) -> DatabaseLocked:
     shown = f" ({' '.join(' '.join(words).split())[:COMMAND_SHOWN]})" if words else ""    # one line
     if words and words[0] == "registry" and "serve" in words[1:]:
         return DatabaseLocked(f"{path}: the database is locked by process {pid.group(1)}{shown}; stop it or use its "
-                              f"HTTP API")
+                              f"HTTP API", pid=int(pid.group(1)), served=True)
     return DatabaseLocked(f"{path}: the database is locked by process {pid.group(1)}{shown}; wait for it to "
-                          f"finish or stop it")
+                          f"finish or stop it", pid=int(pid.group(1)))
 
 
 COMMAND_SHOWN = 120     # characters of the lock holder's command line a message shows

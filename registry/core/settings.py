@@ -40,6 +40,9 @@ class Settings:
     # REGISTRY_WRITER_NICE: `registry serve` only: the writer thread's nice value when the CPU is full; < 0 (a
     # boost, needs CAP_SYS_NICE, else it stays 0) lets registrations go before routes, > 0 lets routes go first
     writer_nice: int = 0
+    # REGISTRY_BUSY_TIMEOUT: seconds a process waits for a DuckDB file another registry process holds (a command
+    # line's turn, as SQLite's busy timeout), retrying with backoff, before it says the file is locked; 0: at once
+    busy_timeout: float = 30.0
 
 
 def current() -> Settings:
@@ -53,7 +56,8 @@ def current() -> Settings:
                     duckdb_threads=_number("REGISTRY_DUCKDB_THREADS", int, None, least=1),
                     threads=_number("REGISTRY_THREADS", int, Settings.threads, least=1),
                     switch_interval=_number("REGISTRY_SWITCH_INTERVAL", float, Settings.switch_interval),
-                    writer_nice=_number("REGISTRY_WRITER_NICE", int, Settings.writer_nice))
+                    writer_nice=_number("REGISTRY_WRITER_NICE", int, Settings.writer_nice),
+                    busy_timeout=_number("REGISTRY_BUSY_TIMEOUT", float, Settings.busy_timeout, least=0))
 
 
 def _number(name: str, kind: type, default, least: int | None = None):

@@ -92,8 +92,11 @@ class Store:
         self.cache: dict = {}
         # a file this process may not write (its mode, its folder, a read-only mount) is still read
         self.read_only = not create and not writable(self.path)
-        try:
-            self.con = duckdb.connect(self.path, read_only=self.read_only, config=config)
+        try:       # (another registry process's turn: waited for, `wait_for_lock`)
+            self.con = wait_for_lock(self.path, lambda: duckdb.connect(self.path, read_only=self.read_only,
+                                                                       config=config))
+        except RegistryError:
+            raise
         except Exception as exc:  # duckdb raises IOException for a held lock
             if "lock" in str(exc).lower():
                 raise database_locked(self.path, str(exc)) from None
@@ -299,6 +302,40 @@ class Store:
         if getattr(self, "_stage_con", None) is not None:
             self._stage_con.close()
             self._stage_con = None
+
+
+def wait_for_lock(path: str, connect):
+    """`connect()`, retried with backoff while another process holds the DuckDB file, as SQLite's busy timeout
+    does: two commands on one file take turns. Says once on stderr whom it waits for; past REGISTRY_BUSY_TIMEOUT
+    seconds, DatabaseLocked. A file held by a `registry serve` is not waited for (it holds the file until stopped):
+    DatabaseLocked at once, with `served` set, and the command line goes through its HTTP API."""
+    import sys
+    import time
+
+    from registry.core.errors import command_line, is_locked
+
+    timeout = settings.current().busy_timeout
+    deadline = time.monotonic() + (timeout if timeout == timeout else 0.0)      # (NaN: no wait)
+    pause, told = 0.02, False
+    while True:
+        try:
+            return connect()
+        except Exception as exc:
+            if not is_locked(exc):
+                raise
+            locked = database_locked(path, str(exc))
+            left = deadline - time.monotonic()
+            if locked.served or left <= 0:
+                raise locked from None
+            if not told:
+                words = command_line(locked.pid) if locked.pid else []
+                who = f"process {locked.pid}" if locked.pid else "another process"
+                shown = f" ({' '.join(' '.join(words).split())[:120]})" if words else ""
+                print(f"{path}: waiting for {who}{shown} to release the database (at most {timeout:g} s; "
+                      f"REGISTRY_BUSY_TIMEOUT)", file=sys.stderr, flush=True)
+                told = True
+            time.sleep(min(pause, left))
+            pause = min(2 * pause, 0.25)
 
 
 def writable(path: str) -> bool:

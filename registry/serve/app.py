@@ -31,7 +31,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from registry.api import Registry
-from registry.core import settings
+from registry.core import dialect, settings
 from registry.core.keys import UpstreamKeys
 from registry.core.errors import (Conflict, DatabaseLocked, EndpointFailed, InputError, NotFound, RegistryError,
                                    UnknownReference)
@@ -42,7 +42,7 @@ from registry.serve.routes_models import availability_router, endpoints_router, 
 from registry.serve.routes_reads import reads_router, status_router
 from registry.serve.routes_routing import routing_router
 from registry.serve.serving import Serving
-from registry.serve.http import connections, guards, listener
+from registry.serve.http import advert, connections, guards, listener
 
 MAX_BODY = 64 << 20       # bytes: the largest request body (an uploaded results file) the server reads
 # DuckDB runs a query on the thread that asks (no worker threads) unless REGISTRY_DUCKDB_THREADS says otherwise: the
@@ -72,6 +72,8 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
         await upstream.aclose()         # the proxy's client
         serving.close()                 # the writer commits what it holds first
         reg.close()
+        if not dialect.is_url(db):      # (uvicorn ends a SIGTERMed process as soon as `serve` has stopped)
+            advert.remove(db)           # the file is no longer ours: withdraw our advert, if `serve` wrote one
 
     # /docs from the package's own Swagger UI files (FastAPI's default fetches them from a CDN: blank offline)
     app = FastAPI(title="LLM model registry", version="1", description=__doc__, docs_url=None, redoc_url=None,
@@ -242,9 +244,15 @@ def serve(db: str, host: str = "127.0.0.1", port: int = 8000, token: str | None 
     threadpool_limits(config.threads)
     app = create_app(db, token, probation_min, create=False, hosts=guards.Hosts.serving(host, allowed_hosts),
                      deadlines=deadlines, keys=keys)
+    # the file is ours now: say where the command line can reach us (`<db>.serving`, serve/http/advert.py)
+    advertised = not dialect.is_url(db) and advert.write(db, advert.url_for(host, port), bool(token)) is not None
     print(f"serving {db} on http://{host}:{port} (OpenAPI at /openapi.json; writes "
           f"{'need a bearer token' if token else 'are open: no token configured'})", flush=True)
     # connections that never finish a request head are closed (serve/http/listener.py); on SIGTERM, requests still
     # running (a proxied one waiting on a slow upstream) get a few seconds, then the server stops
-    uvicorn.run(app, host=host, port=port, log_level="warning", http=listener.with_header_timeout(),
-                timeout_keep_alive=listener.KEEP_ALIVE, timeout_graceful_shutdown=listener.GRACEFUL_SHUTDOWN)
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning", http=listener.with_header_timeout(),
+                    timeout_keep_alive=listener.KEEP_ALIVE, timeout_graceful_shutdown=listener.GRACEFUL_SHUTDOWN)
+    finally:
+        if advertised:
+            advert.remove(db)

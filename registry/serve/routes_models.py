@@ -9,7 +9,7 @@ import os
 import tempfile
 
 import anyio
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -98,10 +98,24 @@ def register(body: RegisterBody, s: ServerState = Depends(server)):
 @models_router.post("/models/{name:path}/evaluations", dependencies=[Depends(require_token)],
                     openapi_extra={"requestBody": {"required": True, "content": {"text/csv": {"schema": {
                         "type": "string", "pattern": shapes.CSV_UPLOAD}}}}})
-async def upload(name: shapes.ModelName, request: Request, s: ServerState = Depends(server)):
+async def upload(name: shapes.ModelName, request: Request, s: ServerState = Depends(server), *,
+                 family: str | None = None, provider: str | None = None,
+                 params_b: float | None = Query(None, ge=0), cost: float | None = Query(None, ge=0),
+                 open_weights: bool | None = None, update: bool = False,
+                 tag: list[str] = Query([], description="K=V, repeatable: the model's tags"),
+                 k: int = Query(5, ge=1, le=1000, description="nearest models the answer lists")):
     """Upload an evaluations file as the request body (CSV, JSONL or Parquet: say which in Content-Type:
     text/csv, application/x-ndjson or application/jsonl, application/vnd.apache.parquet; application/octet-stream
-    is read as CSV)."""
+    is read as CSV); the model's metadata, as `registry register` takes it, in the query string (what `registry
+    register` sends while the server holds the file)."""
+    tags = {}
+    for t in tag:
+        if "=" not in t:
+            raise InputError(f"tag {t!r} is not K=V")
+        key, value = t.split("=", 1)
+        tags[key.strip()] = value.strip()
+    metadata = dict(family=family, provider=provider, params_b=params_b, cost=cost, open_weights=open_weights,
+                    tags=tags)
     kind = (request.headers.get("content-type") or "").split(";")[0].strip().lower()
     if kind not in UPLOAD_TYPES:
         raise InputError(f"Content-Type {kind or '(none)'} not accepted; use one of {sorted(UPLOAD_TYPES)}")
@@ -120,7 +134,7 @@ async def upload(name: shapes.ModelName, request: Request, s: ServerState = Depe
     try:
         def run():
             with rows_named("the uploaded file", path, rows=False):
-                return json_response(s.serving.register(name, path))
+                return json_response(s.serving.register(name, path, metadata, update=update, k=k))
         return await anyio.to_thread.run_sync(run)
     finally:
         os.unlink(path)

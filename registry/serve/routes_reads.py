@@ -4,6 +4,7 @@ and figures, the routing log)."""
 from __future__ import annotations
 
 import os
+from dataclasses import asdict
 from typing import Literal
 
 from fastapi import APIRouter, Body, Depends, Query
@@ -22,6 +23,13 @@ TIMESTAMP = {"anyOf": [{"type": "string", "format": "date"}, {"type": "string", 
 @reads_router.get("/models/{name:path}/similar")
 def similar(name: str, k: int = Query(5, ge=1, le=1000), s: ServerState = Depends(server)):
     return json_response(s.registry.similar(name, k=k))
+
+
+@reads_router.get("/stats")
+def stats(s: ServerState = Depends(server)):
+    """Counts of what the registry holds (`registry stats`), and `probation_min`: the fewest evaluations behind an
+    established model's embedding now (what `registry similar` notes)."""
+    return json_response({**asdict(s.registry.stats()), "probation_min": s.registry.probation_min})
 
 
 @reads_router.get("/models/{name:path}/fallback")

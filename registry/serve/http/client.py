@@ -1,0 +1,224 @@
+"""The command line's way to a DuckDB file that a `registry serve` holds: DuckDB lets no other process open it, so
+`RemoteRegistry` answers the `Registry` methods that have an HTTP counterpart (models, show, stats, similar, route,
+register, history) through the server's API, and rebuilds the library's own result dataclasses from its JSON, so
+that a command prints exactly what it prints on the file itself. Writes send `REGISTRY_TOKEN` as the bearer
+token. Anything else is one line: the file is served by process N at URL, and what to do.
+
+`through_server` finds the server from the lock (its holder's pid) and the advert beside the file (advert.py)."""
+from __future__ import annotations
+
+import gzip
+import http.client
+import json
+import time
+from dataclasses import fields
+from pathlib import Path
+from urllib.parse import quote, urlencode, urlsplit
+
+from registry.core import settings
+from registry.core.errors import Conflict, DatabaseLocked, InputError, NotFound, RegistryError
+from registry.serve.http import advert
+
+READ_TIMEOUT = 120.0        # seconds a read may take (a similar over a large registry under load)
+WRITE_TIMEOUT = 900.0       # a registration waits for the writer, an embedding and a snapshot
+CONTENT_TYPES = {".csv": "text/csv", ".tsv": "text/csv", ".jsonl": "application/x-ndjson",
+                 ".ndjson": "application/x-ndjson", ".parquet": "application/vnd.apache.parquet"}
+MIN_EVALUATIONS = 32        # the server's (embedding.MIN_EVALUATIONS): a registration asking for another is local
+
+
+def through_server(db: str, locked: DatabaseLocked, command: str = "this command") -> RemoteRegistry | None:
+    """The server holding `db` (the lock's `served` holder, found by its advert), waited for while it starts (it
+    holds the file before it listens) up to REGISTRY_BUSY_TIMEOUT. None: the holder has exited meanwhile (the
+    caller opens the file again). A server that advertises nothing: the lock's own one-line error."""
+    deadline = time.monotonic() + settings.current().busy_timeout
+    while True:
+        found = advert.read(db, pid=locked.pid)
+        if found is not None:
+            return RemoteRegistry(db, found, command)
+        if locked.pid is None or not advert.alive(locked.pid):
+            return None
+        if time.monotonic() >= deadline:
+            raise locked
+        time.sleep(0.1)
+
+
+def build(cls, raw: dict, **given):
+    """A dataclass from a JSON object, its own fields only."""
+    names = {f.name for f in fields(cls)}
+    return cls(**{**{k: v for k, v in raw.items() if k in names}, **given})
+
+
+class RemoteRegistry:
+    """A `Registry` whose file a server holds: the methods with an HTTP counterpart, answered by the server."""
+
+    def __init__(self, path: str, server: advert.Advert, command: str = "this command"):
+        self.path, self.server, self.command = path, server, command
+        self.min_evaluations = MIN_EVALUATIONS
+        self.token = settings.current().token
+        self._stats: dict | None = None
+
+    def close(self) -> None:
+        pass
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise self.unsupported()
+
+    def served(self) -> str:
+        return f"{self.path} is served by process {self.server.pid} at {self.server.url}"
+
+    def unsupported(self, what: str = "") -> RegistryError:
+        """The one line for a command (or an option of one) that the server's API does not offer."""
+        return RegistryError(f"{self.served()}, and `{self.command}`{what} has no HTTP counterpart: run it when the "
+                             f"server has stopped (or on a copy of the file), or use the server's API")
+
+    # --- reads ------------------------------------------------------------------------------------------------
+    def models(self):
+        from registry.answers.catalog import ModelInfo
+
+        return [build(ModelInfo, m) for m in self.request("GET", "/models")]
+
+    def show(self, name: str):
+        from registry.answers.catalog import ModelDetail
+
+        return build(ModelDetail, self.request("GET", f"/models/{self.quoted(name)}"))
+
+    def stats(self):
+        from registry.answers.catalog import Stats
+
+        self._stats = self.request("GET", "/stats")
+        return build(Stats, {**self._stats, "path": self.path})
+
+    @property
+    def probation_min(self) -> int:
+        if self._stats is None:
+            self._stats = self.request("GET", "/stats")
+        return int(self._stats["probation_min"])
+
+    def similar(self, model: str | None = None, k: int = 5, *, evals: str | None = None, as_of: str | None = None):
+        from registry.answers.neighbours import Neighbour
+
+        if evals is not None or as_of is not None:
+            raise self.unsupported(" with --evals" if evals is not None else " with --as-of")
+        if model is None:
+            raise InputError("give a model name or an evaluations file (not both)")
+        return [build(Neighbour, n) for n in self.request("GET", f"/models/{self.quoted(model)}/similar?k={k}")]
+
+    def embedded_from(self, names: list[str], as_of: str | None = None) -> dict[str, int]:
+        if as_of is not None:
+            raise self.unsupported(" with --as-of")
+        out = {}
+        for name in names:
+            try:
+                n = self.show(name).embedded_from
+            except NotFound:
+                continue
+            if n is not None:
+                out[name] = n
+        return out
+
+    def history(self, name: str):
+        from registry.answers.versions import History, VersionInfo
+
+        h = self.request("GET", f"/models/{self.quoted(name)}/history")
+        return History(model=h["model"], versions=[build(VersionInfo, v) for v in h["versions"]])
+
+    def route(self, query: str, options=None):
+        from registry.routing.decision import Candidate, Decision
+        from registry.routing.options import RouteOptions
+
+        options = options or RouteOptions()
+        if not options.log:
+            raise RegistryError(f"{self.served()}, which logs every route it answers: --no-log cannot be honoured "
+                                f"through it (drop --no-log, or route when the server has stopped)")
+        body = {"text": query, "cost_weight": options.cost_weight, "min_prob": options.min_prob,
+                "unavailable": list(options.unavailable) or None, "cost_by": options.cost_by,
+                "include_probation": options.include_probation, "top": options.top or 0}
+        if not options.log_text:
+            body["log_text"] = False
+        d = self.request("POST", "/route", json.dumps(body).encode(), {"Content-Type": "application/json"})
+        return build(Decision, d, candidates=[build(Candidate, c) for c in d.get("candidates", [])])
+
+    # --- writes -----------------------------------------------------------------------------------------------
+    def register(self, name: str, evals: str, *, family: str | None = None, provider: str | None = None,
+                 params_b: float | None = None, cost: float | None = None, open_weights: bool | None = None,
+                 tags: dict | None = None, k: int = 5, progress: bool = False, update: bool = False,
+                 alias_of: str | None = None):
+        """`Registry.register` as an upload of the results file (POST /models/{name}/evaluations), its metadata in
+        the query string; the server reads the file by the same rules, and its errors name the file as given."""
+        from registry.answers.neighbours import Neighbour
+        from registry.answers.registration import RegisterResult
+
+        if alias_of is not None:
+            raise self.unsupported(" with --alias-of")
+        if self.min_evaluations != MIN_EVALUATIONS:
+            raise self.unsupported(" with --min-evals")
+        self.need_token()
+        file = Path(evals)
+        plain = file.name.lower().removesuffix(".gz")
+        kind = CONTENT_TYPES.get(Path(plain).suffix, "text/csv")
+        try:
+            data = file.read_bytes()
+            if file.name.lower().endswith(".gz"):
+                data = gzip.decompress(data)
+        except (OSError, EOFError) as exc:
+            if not file.exists():
+                raise InputError("no such file", file=str(evals)) from None
+            raise InputError(f"cannot read it: {exc}", file=str(evals)) from None
+        query = [(key, str(value).lower() if isinstance(value, bool) else str(value))
+                 for key, value in (("family", family), ("provider", provider), ("params_b", params_b),
+                                    ("cost", cost), ("open_weights", open_weights)) if value is not None]
+        query += [("tag", f"{key}={value}") for key, value in (tags or {}).items()]
+        query += [("update", "true")] if update else []
+        query += [("k", str(k))]
+        r = self.request("POST", f"/models/{self.quoted(name)}/evaluations?{urlencode(query)}", data,
+                         {"Content-Type": kind}, timeout=WRITE_TIMEOUT, file=str(evals))
+        return build(RegisterResult, r, neighbours=[build(Neighbour, n) for n in r.get("neighbours", [])])
+
+    def need_token(self) -> None:
+        if self.server.token and not self.token:
+            raise RegistryError(f"{self.served()}, whose writes need its token: set REGISTRY_TOKEN to it")
+
+    # --- HTTP -------------------------------------------------------------------------------------------------
+    @staticmethod
+    def quoted(name: str) -> str:
+        return quote(name, safe="/")
+
+    def request(self, method: str, target: str, body: bytes | None = None, headers: dict | None = None, *,
+                timeout: float = READ_TIMEOUT, file: str | None = None):
+        """The server's JSON answer; an error answer raised as the library's error with the server's one line (a
+        file the server read as `the uploaded file` named as the caller gave it)."""
+        url = urlsplit(self.server.url)
+        headers = dict(headers or {})
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        deadline = time.monotonic() + settings.current().busy_timeout
+        while True:          # a server that has just started holds the file before it listens: its turn
+            conn = http.client.HTTPConnection(url.hostname, url.port, timeout=timeout)
+            try:
+                conn.request(method, target, body=body, headers=headers)
+                answer = conn.getresponse()
+                status, raw = answer.status, answer.read()
+                break
+            except ConnectionRefusedError:
+                if time.monotonic() >= deadline or not advert.alive(self.server.pid):
+                    raise RegistryError(f"{self.served()}, which does not answer (connection refused)") from None
+                time.sleep(0.1)
+            except (OSError, http.client.HTTPException) as exc:
+                raise RegistryError(f"{self.served()}, which did not answer: {exc or type(exc).__name__}") from None
+            finally:
+                conn.close()
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            data = {"detail": raw.decode(errors="replace")[:200].strip() or f"HTTP {status}"}
+        if status < 400:
+            return data
+        detail = str(data.get("detail", f"HTTP {status}")) if isinstance(data, dict) else f"HTTP {status}"
+        if file is not None:
+            detail = detail.replace("the uploaded file", file)
+        if status == 401:
+            raise RegistryError(f"{self.served()}, which refused the token in REGISTRY_TOKEN: {detail}")
+        raise {404: NotFound, 409: Conflict}.get(status, InputError if status in (400, 422) else RegistryError)(
+            detail)

@@ -1,5 +1,5 @@
-"""`registry db`: schema migrations (Alembic): upgrade, downgrade, current; and `db copy` of the whole registry to
-another database."""
+"""`registry db`: schema migrations (Alembic): upgrade, downgrade, current; `db check` of the file's schema; and
+`db copy` of the whole registry to another database."""
 from __future__ import annotations
 
 import click
@@ -56,6 +56,22 @@ def db_current(ctx, as_json):
         emit_json({"current": current, "head": head})
     else:
         click.echo(f"current: {current or '(empty)'}  head: {head}")
+
+
+@command("check", group=db)
+def db_check(ctx, as_json):
+    """Check the file's schema against this registry's: one alembic_version row, at this registry's revision (not
+    older, not newer), every table and column there. Exit 1 on a problem."""
+    result = open_registry(ctx, migrate=False).check()
+    if as_json:
+        emit_json(result)
+        if not result.ok:
+            ctx.exit(1)
+    elif not result.ok:
+        raise click.ClickException(f"{result.path}: {'; '.join(result.problems)}")
+    else:
+        click.echo(f"{result.path}: OK: schema at revision {result.revision} (this registry's newest), "
+                   f"{result.tables} tables")
 
 
 @command("copy", group=db)

@@ -10,14 +10,14 @@ way: an import commits whole or not at all.
 from __future__ import annotations
 
 import os
-import re
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from registry.core import dialect, resources, settings
+from registry.core import dbcheck, dialect, resources, settings
+from registry.core.dbcheck import head_revision
 from registry.core.errors import (NotFound, RegistryError, RowsWouldBeLost, SchemaMissing, SchemaOutdated,
-                                  database_damaged, database_locked)
+                                  database_damaged, database_locked, disk_full, is_locked)
 from registry.core.transaction import Tx, cache_section
 
 
@@ -33,24 +33,6 @@ def alembic_config(connection=None):
     if connection is not None:
         cfg.attributes["connection"] = connection
     return cfg
-
-
-def head_revision() -> str:
-    """The newest migration's revision, read from the migration files themselves (Alembic is imported only to
-    migrate: every command checks the schema, and Alembic's own reading of the scripts cost a third of a second)."""
-    revisions, parents = set(), set()
-    for path in (resources.alembic_dir() / "versions").glob("*.py"):
-        text = path.read_text(encoding="utf-8")
-        revision = re.search(r'^revision\s*=\s*["\']([^"\']+)', text, re.M)
-        down = re.search(r'^down_revision\s*=\s*["\']([^"\']+)', text, re.M)
-        if revision:
-            revisions.add(revision.group(1))
-        if down:
-            parents.add(down.group(1))
-    heads = revisions - parents
-    if len(heads) != 1:
-        raise RegistryError(f"the migrations have {len(heads)} heads, not one: {sorted(heads)}")
-    return heads.pop()
 
 
 class Store:
@@ -69,13 +51,21 @@ class Store:
         if migrate:
             try:
                 self.ensure_schema()
-            except BaseException:
+            except BaseException as exc:
                 self.close()  # release the file: nothing of ours may keep it open after a refusal
+                known = self.failure(exc)
+                if known is not None:
+                    raise known from None
                 raise
 
+    def failure(self, exc: BaseException) -> RegistryError | None:
+        """Our one-line error for a driver error that says the file is damaged or the disk is full; else None."""
+        if self.dialect != "duckdb":
+            return None
+        return database_damaged(self.path, exc) or disk_full(self.path, exc)
+
     def _open_duckdb(self, create: bool) -> None:
-        if Path(self.path).is_dir():
-            raise RegistryError(f"{self.path}: is a directory, not a database file")
+        dbcheck.not_database_file(self.path)
         if not create and not Path(self.path).exists():   # a typo must not leave an empty registry behind
             raise NotFound(f"{self.path}: no such registry (create one with `registry import DIR`, "
                            f"or give --db / REGISTRY_DB)")
@@ -98,10 +88,11 @@ class Store:
         except RegistryError:
             raise
         except Exception as exc:  # duckdb raises IOException for a held lock
-            if "lock" in str(exc).lower():
+            if is_locked(exc):
                 raise database_locked(self.path, str(exc)) from None
-            if database_damaged(self.path, exc):
-                raise database_damaged(self.path, exc) from None
+            known = self.failure(exc)
+            if known is not None:
+                raise known from None
             raise RegistryError(f"{self.path}: cannot open database: {str(exc).splitlines()[0]}") from None
 
     def _stage_db(self):
@@ -115,9 +106,11 @@ class Store:
 
     def _duckdb_config(self) -> dict:
         """What every DuckDB database of this store is opened with: the threads given to `limit_duckdb_threads`,
-        else REGISTRY_DUCKDB_THREADS when set, else DuckDB's default."""
+        else REGISTRY_DUCKDB_THREADS when set, else DuckDB's default; and never an extension fetched from the
+        network or loaded unasked (a file DuckDB takes for another engine's, SQLite's, would do both)."""
         threads = self.duckdb_threads or settings.current().duckdb_threads
-        return {} if threads is None else {"threads": threads}
+        config = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+        return config if threads is None else {**config, "threads": threads}
 
     def limit_duckdb_threads(self, threads: int) -> None:
         """Run DuckDB's queries on `threads` threads from now on (the file's database, and the in-memory one that
@@ -183,8 +176,7 @@ class Store:
             return
         head = head_revision()
         if current != head:
-            raise SchemaOutdated(f"{self.path}: schema is at revision {current}, this registry needs {head}; "
-                                 f"run `registry db upgrade`")
+            raise SchemaOutdated(dbcheck.revision_problem(self.path, current, head))
 
     def upgrade(self, revision: str = "head") -> None:
         from alembic import command
@@ -272,8 +264,9 @@ class Store:
                 cur.execute("ROLLBACK")
             except Exception:      # (a failed COMMIT has rolled back already)
                 pass
-            if database_damaged(self.path, exc):
-                raise database_damaged(self.path, exc) from None
+            known = self.failure(exc)
+            if known is not None:
+                raise known from None
             if self.read_only and "read-only mode" in str(exc):
                 raise RegistryError(f"{self.path}: opened read-only (this process may not write the file or its "
                                     f"folder), and this command writes") from None
@@ -282,6 +275,11 @@ class Store:
             tx.release()
             with self._idle_lock:
                 self._idle.append(cur)
+
+    def check(self):
+        """What is wrong with the database's schema (`dbcheck.SchemaCheck`): its revision, the migration's own
+        table, a table or column missing. Needs only an open store (migrate=False opens any revision)."""
+        return dbcheck.check(self)
 
     def holds_rows(self) -> bool:
         """Does any table of the registry hold a row (the migration's bookkeeping left out)?"""

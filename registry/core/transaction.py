@@ -6,7 +6,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from registry.core import dialect
-from registry.core.errors import RegistryError
+from registry.core.errors import RegistryError, check_text
 
 
 def cache_section(cache: dict, name: str, make=dict):
@@ -17,6 +17,18 @@ def cache_section(cache: dict, name: str, make=dict):
     if section is None:
         section = cache.setdefault(("section", name), make())     # (atomic: threads share one section)
     return section
+
+
+def texts(params) -> None:
+    """Every text among a statement's parameters must be one the database can hold (errors.text_problem), else
+    InputError: a name that was not checked where it entered is still one line, never the driver's error."""
+    for value in params or ():
+        if type(value) is str and not value.isascii():
+            check_text(value, "value")
+        elif type(value) in (list, tuple) and value and type(value[0]) is str:      # (a list of names)
+            for item in value:
+                if type(item) is str and not item.isascii():
+                    check_text(item, "value")
 
 
 @dataclass
@@ -131,6 +143,7 @@ class Tx:
     def sql(self, statement: str, params=None):
         """Run SQL (`?` placeholders) on the registry's connection and fetch all rows (none for a statement that
         returns none)."""
+        texts(params)
         if not self.postgres:
             return self.raw.execute(statement, params or []).fetchall()
         with self.raw.cursor() as cur:
@@ -139,6 +152,9 @@ class Tx:
             return cur.fetchall() if cur.description is not None else []
 
     def executemany(self, statement: str, rows) -> None:
+        rows = list(rows)
+        for row in rows:
+            texts(row)
         if not self.postgres:
             self.raw.executemany(statement, rows)
             return
@@ -147,6 +163,7 @@ class Tx:
 
     def arrow(self, statement: str, params=None):
         """Run SQL and fetch the result as a pyarrow Table (the bulk path: no Python objects per row on DuckDB)."""
+        texts(params)
         if not self.postgres:
             return self.raw.sql(statement, params=params or None).to_arrow_table()
         with self.raw.cursor() as cur:
@@ -156,6 +173,7 @@ class Tx:
 
     def numpy(self, statement: str, params=None) -> dict:
         """Run SQL and fetch the result as {column: numpy array}."""
+        texts(params)
         if not self.postgres:
             return self.raw.execute(statement, params or []).fetchnumpy()
         import numpy as np

@@ -1,0 +1,131 @@
+"""What the database's file and schema are, before and apart from using them: a path that cannot be a DuckDB
+database refused in one line, a schema revision older or newer than this registry's, and `registry db check`."""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+from registry.core import resources
+from registry.core.errors import RegistryError
+
+
+def head_revision() -> str:
+    """The newest migration's revision, read from the migration files themselves (Alembic is imported only to
+    migrate: every command checks the schema, and Alembic's own reading of the scripts cost a third of a second)."""
+    revisions, parents = migration_revisions()
+    heads = revisions - parents
+    if len(heads) != 1:
+        raise RegistryError(f"the migrations have {len(heads)} heads, not one: {sorted(heads)}")
+    return heads.pop()
+
+
+def migration_revisions() -> tuple[set[str], set[str]]:
+    """(every revision this registry's migrations know, those that another migration follows), read from the
+    migration files themselves (Alembic is imported only to migrate)."""
+    revisions, parents = set(), set()
+    for path in (resources.alembic_dir() / "versions").glob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        revision = re.search(r'^revision\s*=\s*["\']([^"\']+)', text, re.M)
+        down = re.search(r'^down_revision\s*=\s*["\']([^"\']+)', text, re.M)
+        if revision:
+            revisions.add(revision.group(1))
+        if down:
+            parents.add(down.group(1))
+    return revisions, parents
+
+
+def revision_state(current: str, head: str) -> str | None:
+    """What a schema at revision `current` is to this registry, whose newest is `head`: None when it is `head`; an
+    older one is upgraded; one this registry does not know was written by a newer registry (or another branch of
+    it), and no upgrade of ours can read it."""
+    if current == head:
+        return None
+    if current in migration_revisions()[0]:
+        return f"schema is at revision {current}, this registry needs {head}; run `registry db upgrade`"
+    return (f"schema is at revision {current}, newer than this registry knows (its newest is {head}): open it "
+            f"with the newer registry that wrote it, or upgrade this one")
+
+
+def revision_problem(path: str, current: str, head: str) -> str:
+    """`revision_state` for a file whose schema is not at `head`, naming the file."""
+    return f"{path}: {revision_state(current, head)}"
+
+
+DUCKDB_MAGIC = b"DUCK"          # bytes 8 to 12 of every DuckDB database file
+
+
+def not_database_file(path: str) -> None:
+    """Refuse (one line) a path that exists but cannot be a DuckDB database: a directory, a FIFO, a device or a
+    socket (DuckDB would wait on a FIFO for ever), a file of another format (DuckDB would take an SQLite file for
+    one to attach, a CSV file for a table), or such a write-ahead log. A file this process cannot read is left for
+    DuckDB to report."""
+    import stat
+
+    for file, what in ((path, "database file"), (path + ".wal", "write-ahead log")):
+        try:
+            mode = os.stat(file).st_mode
+        except OSError:
+            continue
+        if not stat.S_ISREG(mode):
+            kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode)
+                    else "a socket" if stat.S_ISSOCK(mode)
+                    else "a device" if stat.S_ISBLK(mode) or stat.S_ISCHR(mode) else "not a regular file")
+            raise RegistryError(f"{file}: is {kind}, not a {what}")
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(16)
+    except OSError:
+        return
+    if len(head) >= 12 and head[8:12] == DUCKDB_MAGIC:
+        return
+    what = ("an empty file" if not head else "an SQLite database" if head.startswith(b"SQLite format 3")
+            else "too short to be one" if len(head) < 12 else f"it begins with {head[:12]!r}")
+    raise RegistryError(f"{path}: not a DuckDB database ({what}); give a registry's file, or a new path to create "
+                        f"one")
+
+
+@dataclass
+class SchemaCheck:
+    """`registry db check`: the file's schema against this registry's."""
+    path: str
+    revision: str | None            # the file's (the first row of alembic_version; None: none)
+    head: str                       # this registry's newest
+    tables: int                     # the registry's tables the file holds
+    problems: list[str] = field(default_factory=list)
+    ok: bool = True
+
+
+def check(store) -> SchemaCheck:
+    """What is wrong with `store`'s schema: no alembic_version table, not exactly one row in it, a revision older
+    or newer than this registry's; where it is at this registry's revision, a table or a column the schema has that
+    the file lacks. Reads only."""
+    from registry.core.schema import Base
+
+    head = head_revision()
+    with store.tx() as tx:
+        found: dict[str, set[str]] = {}
+        for table, column in tx.sql("SELECT table_name, column_name FROM information_schema.columns "
+                                    "WHERE table_schema = current_schema()"):
+            found.setdefault(table, set()).add(column)
+        revisions = ([r[0] for r in tx.sql("SELECT version_num FROM alembic_version")]
+                     if "alembic_version" in found else [])
+    problems = []
+    if "alembic_version" not in found:
+        problems.append("no alembic_version table: the file holds no registry schema (run `registry db upgrade`)")
+    elif not revisions:
+        problems.append("alembic_version holds no revision (run `registry db upgrade`)")
+    elif len(revisions) > 1:
+        problems.append(f"alembic_version holds {len(revisions)} rows ({', '.join(map(str, revisions))}), not one")
+    for revision in dict.fromkeys(revisions):
+        state = revision_state(revision, head)
+        if state:
+            problems.append(state)
+    if head in revisions:
+        for name, table in sorted(Base.metadata.tables.items()):
+            if name not in found:
+                problems.append(f"table {name} is missing")
+                continue
+            problems += [f"table {name} lacks column {c.name}" for c in table.columns if c.name not in found[name]]
+    return SchemaCheck(store.path, revisions[0] if revisions else None, head,
+                       sum(name in found for name in Base.metadata.tables), problems, not problems)

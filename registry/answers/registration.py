@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from registry.answers import catalog, fingerprint, neighbours
 from registry.embedding import encoders, evidence, onboarding
 from registry.data import evaluation_rows, import_steps, ingest
-from registry.core.errors import Conflict, InputError, RegistryError, check_text, storage_problem
+from registry.core.errors import Conflict, DiskFull, InputError, RegistryError, check_text, storage_problem
 from registry.answers.neighbours import Neighbour
 from registry.core.transaction import Tx
 
@@ -258,7 +258,7 @@ def register(reg, name: str, evals: str, metadata: dict, *, k: int = 5, progress
     try:
         outcomes = reg.onboard()
     except Exception as exc:      # the rows are committed, their onboarding job too: say so, and how to finish
-        problem = storage_problem(exc)
+        problem = exc.reason if isinstance(exc, DiskFull) else storage_problem(exc)
         if problem is None:
             raise
         then = "when there is room" if "no space left" in problem.lower() else "to embed it"

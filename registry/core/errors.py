@@ -96,7 +96,12 @@ class DatabaseDamaged(RegistryError):
 
 
 class DiskFull(RegistryError):
-    """The database (or its write-ahead log) could not be written for want of space: nothing was changed."""
+    """The database (or its write-ahead log) could not be written for want of space: the transaction that wrote was
+    rolled back. `reason`: the driver's (or the OS's) own line, 'No space left on device' in it."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
 
 
 class SchemaMissing(RegistryError):
@@ -212,9 +217,10 @@ def disk_full(path: str, exc: BaseException) -> DiskFull | None:
     wal = path + ".wal"
     held = os.path.getsize(path) if os.path.isfile(path) else 0
     held += os.path.getsize(wal) if os.path.isfile(wal) else 0
-    return DiskFull(f"{path}: no space left on the device ({free} in {folder}; the write needed more than that, "
-                    f"beside the {size_text(held)} the database and its log hold); nothing was changed: free some "
-                    f"space and run the command again")
+    reason = (cause.strerror if isinstance(cause, OSError) and cause.strerror else first_line(cause))
+    return DiskFull(f"{path}: the disk is full ({reason}): {free} in {folder}, and the write needed more than that "
+                    f"(the database and its log hold {size_text(held)}); the write was rolled back: free some space "
+                    f"and run the command again", reason)
 
 
 def size_text(n: int) -> str:

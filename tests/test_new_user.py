@@ -278,8 +278,9 @@ def test_http_errors_and_offline_docs(db_copy):
 # --- 15. a text the registry has already embedded routes without MiniLM -----------------------------------------------
 @pytest.mark.slow
 def test_known_text_routes_without_loading_minilm(db_copy):
-    code = ("import sys; from registry import Registry; r = Registry(sys.argv[1]); d = r.route(sys.argv[2]); "
-            "r.close(); print(d.model, 'sentence_transformers' in sys.modules)")
+    code = ("import sys; from registry import Registry; from registry.locus import text_encoder; "
+            "r = Registry(sys.argv[1]); d = r.route(sys.argv[2]); r.close(); "
+            "print(d.model, bool(text_encoder.loaded()))")     # MiniLM on either backend
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
 
     def route(text):

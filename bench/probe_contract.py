@@ -1,8 +1,10 @@
 """The OpenAPI contract fuzzed at depth: schemathesis `--checks all` against a real `registry serve --token` on a
 copy of a registry, N examples per operation (tests/test_contract.py runs 20 in the slow tier; this runs 100 or
 more), with the settings in tests/schemathesis.toml (the upstream-calling operations' documented 502 / 504 are not
-counted as the server's own errors). Prints the run's last lines and one summary line: examples per operation,
-cases generated, failures, errors, seconds.
+counted as the server's own errors). Three models get an endpoint on a fake upstream on loopback first, so that
+the routing proxy's requests are routed and forwarded rather than all refused with a 404 (`--no-endpoints`: none).
+Prints the run's last lines and one summary line: examples per operation, cases generated, failures, errors,
+seconds.
 
     .venv/bin/python bench/probe_contract.py --db registry.duckdb [--examples 100] [--seed 20261203] [--phases ...]
 """
@@ -22,7 +24,9 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from registry import Registry  # noqa: E402
 from tests.conftest import start_server  # noqa: E402
+from tests.http_tools import FakeUpstream  # noqa: E402
 
 TOKEN = "c0ntract"
 CONFIG = ROOT / "tests" / "schemathesis.toml"
@@ -56,10 +60,16 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=20261203)
     ap.add_argument("--phases", default=None, help="schemathesis phases (default: all of them)")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds the whole run may take")
+    ap.add_argument("--no-endpoints", action="store_true", help="give no model an endpoint")
     args = ap.parse_args()
+    upstream = None if args.no_endpoints else FakeUpstream()
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "registry.duckdb"
         shutil.copy(args.db, db)
+        if upstream is not None:
+            with Registry(db) as reg:
+                for m in [m.name for m in reg.models()][:3]:
+                    reg.set_endpoint(m, upstream.base, upstream_model=f"up-{m}")
         proc, origin = start_server(db, TOKEN)
         try:
             # the first new text loads MiniLM: once here, not inside a fuzzed request's time
@@ -74,11 +84,17 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 log, _ = proc.communicate()
-    print("\n".join(text.splitlines()[-40:]))
+            if upstream is not None:
+                upstream.close()
+    lines = text.splitlines()
+    found = [i for i, line in enumerate(lines) if re.match(r"=+ (ERRORS|FAILURES) =+", line)]
+    print("\n".join(lines[found[0] if found else -30:]))       # what it found, then its summary
     got = counts(text)
-    print(f"server log: {log.count('Traceback')} tracebacks")
+    print(f"server log: {log.count('Traceback')} tracebacks"
+          + ("" if upstream is None else f"; the fake upstream answered {len(upstream.seen)} requests"))
     print(f"schemathesis --checks all, {args.examples} examples per operation, seed {args.seed}"
-          f"{', phases ' + args.phases if args.phases else ''}: {got['generated']} cases generated, "
+          f"{', phases ' + args.phases if args.phases else ''}"
+          f"{'' if upstream is None else ', 3 models with an endpoint'}: {got['generated']} cases generated, "
           f"{got['failure']} failures, {got['error']} errors, exit {rc}, {seconds:.0f} s")
 
 

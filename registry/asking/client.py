@@ -29,6 +29,7 @@ class Reply:
 
 
 UNREACHABLE_AFTER = 3        # refused connections, with no reply yet, after which the rest is not tried
+CONNECT_TIMEOUT = 10.0       # seconds to connect (the deadline bounds the whole reply): past it, as if refused
 
 
 @dataclass
@@ -74,7 +75,7 @@ def _post(http: httpx.Client, url: str, body: dict, endpoint: Endpoint, deadline
     """POST and read the whole reply within `deadline` seconds of wall time: a per-read timeout alone lets an
     upstream that sends a byte now and then hold a request for ever. -> (response, body bytes)."""
     end = time.monotonic() + deadline
-    with http.stream("POST", url, json=body, headers=_headers(endpoint), timeout=httpx.Timeout(deadline)) as r:
+    with http.stream("POST", url, json=body, headers=_headers(endpoint), timeout=httpx.Timeout(deadline, connect=min(deadline, CONNECT_TIMEOUT))) as r:
         chunks, size = [], 0
         for chunk in r.iter_bytes():
             size += len(chunk)
@@ -86,21 +87,22 @@ def _post(http: httpx.Client, url: str, body: dict, endpoint: Endpoint, deadline
         return r, b"".join(chunks)
 
 
-def _unreachable(usage: Usage, lock: threading.Lock) -> bool:
+def _unreachable(usage: Usage, lock: threading.Lock, after: int = UNREACHABLE_AFTER) -> bool:
     with lock:
-        return usage.refused >= UNREACHABLE_AFTER and not usage.replies
+        return usage.refused >= after and not usage.replies
 
 
 def ask_one(http: httpx.Client, endpoint: Endpoint, key, messages: list[dict], *, deadline: float,
-            retries: int, backoff: float, usage: Usage, lock: threading.Lock) -> Reply:
+            retries: int, backoff: float, usage: Usage, lock: threading.Lock,
+            unreachable_after: int = UNREACHABLE_AFTER) -> Reply:
     body = {"model": endpoint.upstream_model, "messages": messages, "temperature": 0}
     url = endpoint.base_url.rstrip("/") + ("/chat/completions" if endpoint.base_url.rstrip("/").endswith("/v1")
                                            else "/v1/chat/completions")
     reply = Reply(key, None)
     for attempt in range(retries + 1):
-        if _unreachable(usage, lock):
+        if _unreachable(usage, lock, unreachable_after):
             # an address nothing listens at is not a transient failure: its other questions are not sent
-            reply.error = f"endpoint unreachable ({usage.refused} connections refused)"
+            reply.error = f"endpoint unreachable ({usage.refused} connections refused or timed out)"
             return reply
         reply.attempts += 1
         with lock:
@@ -109,14 +111,14 @@ def ask_one(http: httpx.Client, endpoint: Endpoint, key, messages: list[dict], *
         wait = backoff * 2 ** attempt
         try:
             r, content = _post(http, url, body, endpoint, deadline)
-        except httpx.TimeoutException:
-            reply.error = f"no reply within the {deadline:g} s deadline"
-        except httpx.ConnectError:
-            reply.error = "ConnectError"
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            reply.error = type(exc).__name__
             with lock:
                 usage.refused += 1
-            if _unreachable(usage, lock):
+            if _unreachable(usage, lock, unreachable_after):
                 continue
+        except httpx.TimeoutException:
+            reply.error = f"no reply within the {deadline:g} s deadline"
         except httpx.HTTPError as exc:
             reply.error = f"{type(exc).__name__}"
         except ReplyTooLarge:
@@ -149,9 +151,11 @@ def ask_one(http: httpx.Client, endpoint: Endpoint, key, messages: list[dict], *
 
 
 def ask_all(endpoint: Endpoint, prompts: list[tuple], *, concurrency: int = 8, deadline: float = 60.0,
-            retries: int = 4, backoff: float = 0.5, progress: bool = False) -> tuple[list[Reply], Usage]:
+            retries: int = 4, backoff: float = 0.5, progress: bool = False,
+            unreachable_after: int = UNREACHABLE_AFTER) -> tuple[list[Reply], Usage]:
     """prompts: [(key, messages)] -> the replies in the same order, and what it took. KeyRefused before anything
-    is sent where the endpoint's key may not reach it."""
+    is sent where the endpoint's key may not reach it. unreachable_after: connections refused (or timed out) with
+    no reply yet after which nothing more is sent."""
     from tqdm import tqdm
 
     _headers(endpoint)
@@ -162,7 +166,7 @@ def ask_all(endpoint: Endpoint, prompts: list[tuple], *, concurrency: int = 8, d
             tqdm(total=len(prompts), disable=not progress, desc="asking", unit="q") as bar:
         def one(item):
             out = ask_one(http, endpoint, item[0], item[1], deadline=deadline, retries=retries, backoff=backoff,
-                          usage=usage, lock=lock)
+                          usage=usage, lock=lock, unreachable_after=unreachable_after)
             bar.update(1)
             return out
         replies = list(pool.map(one, prompts))

@@ -20,6 +20,7 @@ from registry.core.keys import OWNER, UpstreamKeys
 from registry.core.transaction import Tx
 
 PLANS = ("fingerprint", "probe", "random")
+PROBE_UNREACHABLE_AFTER = 2     # the first question's connections refused (or timed out) that end the run
 WITH_GOLD = "queries JOIN query_answers ON query_answers.query_id = queries.id"
 
 
@@ -192,7 +193,7 @@ def ask(reg, name: str, *, n: int = 128, plan: str = "fingerprint", concurrency:
     # one question, at random, alone first: an endpoint that answers nothing is told in a request or two, before
     # the plan is made (a plan of thousands of questions takes minutes)
     replies, usage = _ask(endpoint, gold, chosen, concurrency=1, deadline=deadline, retries=retries,
-                          backoff=backoff, progress=False)
+                          backoff=backoff, progress=False, unreachable_after=PROBE_UNREACHABLE_AFTER)
     if wanted > 1 and replies and replies[0].text is not None:
         with reg.store.tx() as tx:
             rest = choose(tx, name, plan, wanted - 1, skip | set(chosen), seed=seed, min_answers=reg.probation_min)

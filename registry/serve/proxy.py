@@ -136,10 +136,11 @@ def mount(app: FastAPI, serving, deadlines: connections.UpstreamDeadlines | None
         if not eps:     # "auto" too: there is nothing to route among
             return openai_error(f"model {body['model']!r} has no endpoint: no model has one yet "
                                 f"(`registry endpoints set MODEL --base-url URL`)", 404, "model_not_found")
-        asked = {"cost_weight": cost_weight, "min_prob": min_prob, "cost_by": cost_by}
         options = {k: body.pop(k, None) for k in ROUTE_OPTIONS}
-        options = {k: asked[k] if options[k] is None else options[k] for k in ROUTE_OPTIONS}
-        if options["cost_weight"] is not None and options["min_prob"] is not None:
+        if options["cost_weight"] is None and options["min_prob"] is None:    # the body's trade-off, else the query's
+            options["cost_weight"], options["min_prob"] = cost_weight, min_prob
+        options["cost_by"] = options["cost_by"] or cost_by
+        if options["cost_weight"] is not None and options["min_prob"] is not None:      # (both in one place)
             raise InputError("give either a cost weight or a minimum probability, not both")
         routed = None
         if body["model"] == "auto":

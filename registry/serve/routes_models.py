@@ -3,7 +3,7 @@ uploaded results file, through the writer); the availability marks (`availabilit
 sends each model's requests (`endpoints`)."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import os
 import tempfile
@@ -102,7 +102,8 @@ async def upload(name: shapes.ModelName, request: Request, s: ServerState = Depe
                  family: str | None = None, provider: str | None = None,
                  params_b: float | None = Query(None, ge=0), cost: float | None = Query(None, ge=0),
                  open_weights: bool | None = None, update: bool = False,
-                 tag: list[str] = Query([], description="K=V, repeatable: the model's tags"),
+                 tag: list[Annotated[str, Field(pattern="=")]] = Query([], description="K=V, repeatable: the "
+                                                                                    "model's tags"),
                  k: int = Query(5, ge=1, le=1000, description="nearest models the answer lists")):
     """Upload an evaluations file as the request body (CSV, JSONL or Parquet: say which in Content-Type:
     text/csv, application/x-ndjson or application/jsonl, application/vnd.apache.parquet; application/octet-stream

@@ -88,6 +88,7 @@ def amend(doc: dict, app: FastAPI) -> None:
                 codes.add(409)
             if path == "/v1/chat/completions":
                 codes |= PROXY
+                _route_options_as_one(op)
             if path in ASKING:
                 codes.add(502)
             if token and (needs or method != "get"):
@@ -97,6 +98,24 @@ def amend(doc: dict, app: FastAPI) -> None:
             for code in sorted(codes):
                 responses[str(code)] = {"description": WHY[code], "content": {
                     "application/json": {"schema": {"$ref": f"#/components/schemas/{shape}"}}}}
+
+
+ROUTE_OPTIONS = {"cost_weight": {"type": "number", "minimum": 0},
+                 "min_prob": {"type": "number", "minimum": 0, "maximum": 1},
+                 "cost_by": {"type": "string", "enum": ["cost", "params"]}}
+
+
+def _route_options_as_one(op: dict) -> None:
+    """The proxy's route options in its query string, declared as one exploded object (each option its own query
+    parameter on the wire, as before): a schema can then say that `cost_weight` and `min_prob` do not go together,
+    which separate parameters cannot."""
+    params = [p for p in op.get("parameters", []) if not (p.get("in") == "query" and p.get("name") in ROUTE_OPTIONS)]
+    op["parameters"] = params + [{
+        "name": "route_options", "in": "query", "required": False, "style": "form", "explode": True,
+        "description": "route options for model \"auto\" (`cost_weight`, `min_prob`, `cost_by`), one query parameter "
+                       "each; a body's cost_weight or min_prob replaces the query's; the two together are refused",
+        "schema": {"type": "object", "properties": ROUTE_OPTIONS, "additionalProperties": False,
+                   "not": {"required": ["cost_weight", "min_prob"]}}}]
 
 
 def _token_checks(route: APIRoute | None) -> set[str]:

@@ -7,7 +7,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from registry.core.errors import InputError, Interrupted, is_interrupt
+from registry.core.errors import InputError
 from registry.core.lazy import lazy_modules
 from registry.core.store import Store
 from registry.core.transaction import Tx
@@ -36,6 +36,11 @@ class Registry:
         self.min_evaluations = min_evaluations
         self.probation_setting = evidence.configured_min(probation_min)   # None: the registry's data sets it
 
+    def _in_tx(self, fn, *args):
+        """fn(tx, *args) in one managed transaction of its own (a read, or a write committed on success)."""
+        with self.store.tx() as tx:
+            return fn(tx, *args)
+
     def close(self) -> None:
         index.flush(self.store.cache, self.path)
         self.store.close()
@@ -54,32 +59,16 @@ class Registry:
         vectors, or a folder laid out like ../shared/data/mmlu-pro (its vectors too). A bad file changes nothing."""
         files = staging.files_to_import(directory, models=models, queries=queries, evaluations=evaluations,
                                         splits=splits, vectors=vectors)
-        left = []
-        if onboard:  # a crash or an interrupt may have left jobs behind: any writing command finishes them
-            left = self.finish_pending()
+        left = self.finish_pending() if onboard else []   # a crash or an interrupt may have left jobs behind
         started = time.perf_counter()
-        try:
+        with ingest.interruptible(self.store):           # Ctrl-C: the transaction rolls back, and says so
             with self.store.tx() as tx:
                 result = ingest.run_import(tx, files, progress=progress)
-        except BaseException as exc:
-            if not is_interrupt(exc):
-                raise
-            raise Interrupted("interrupted: nothing was imported (the import's transaction was rolled back)") from None
         result.seconds["import"] = round(time.perf_counter() - started, 3)
         result.finished_pending = [o.model for o in left]
         if onboard:
-            try:
+            with ingest.interruptible(self.store, result):    # ...or what was committed, and what is left
                 result.onboarding = [asdict(o) for o in self.onboard(seconds=result.seconds)]
-            except BaseException as exc:
-                if not is_interrupt(exc):
-                    raise
-                with self.store.tx() as tx:
-                    waiting = len(outbox.pending(tx))
-                raise Interrupted(
-                    f"interrupted after the import was committed (batch {result.batch_id}: {result.models_added} "
-                    f"models, {result.queries_added} queries, {result.evaluations_added} evaluations added); "
-                    f"{waiting} model(s) are not embedded yet: `registry onboard`, or any writing command, embeds "
-                    f"them", committed=True) from None
         return result
 
     def import_harness(self, harness: str, paths: list[str], **options):
@@ -166,8 +155,7 @@ class Registry:
 
     def estimate_stability(self) -> dict[int, float]:
         """{version id: stability} for the versions without one (embeddings of two random halves of its evaluations)."""
-        with self.store.tx() as tx:
-            return onboarding.estimate_stability(tx)
+        return self._in_tx(onboarding.estimate_stability)
 
     def finish_pending(self) -> list[onboarding.JobOutcome]:
         """Run the onboarding jobs a crash or an interrupt may have left behind (what every writing command does
@@ -177,8 +165,7 @@ class Registry:
         return self.onboard() if has else []
 
     def history(self, name: str) -> versions.History:
-        with self.store.tx() as tx:
-            return versions.history(tx, name)
+        return self._in_tx(versions.history, name)
 
     def diff(self, name: str, v1: int | None = None, v2: int | None = None, k: int = 5) -> versions.Diff:
         """How far a model moved between two versions (default: the two newest), how its nearest neighbours changed
@@ -188,8 +175,7 @@ class Registry:
 
     def recompute_version(self, name: str, version: int):
         """(stored vector, recomputed vector, digest matches) for one version: versions are reproducible."""
-        with self.store.tx() as tx:
-            return versions.recompute(tx, name, version)
+        return self._in_tx(versions.recompute, name, version)
 
     # --- encoders ---------------------------------------------------------------------------------------------
     def encoders(self) -> list[encoders.EncoderInfo]:
@@ -275,16 +261,13 @@ class Registry:
     # --- reading: models, neighbours, the embedding space ----------------------------------------------------
     def models(self) -> list[catalog.ModelInfo]:
         """Every model: evaluations, accuracy, metadata, availability, current version and evidence status."""
-        with self.store.tx() as tx:
-            return catalog.models(tx, self.probation_min)
+        return self._in_tx(catalog.models, self.probation_min)
 
     def show(self, name: str) -> catalog.ModelDetail:
-        with self.store.tx() as tx:
-            return catalog.show(tx, name, self.probation_min)
+        return self._in_tx(catalog.show, name, self.probation_min)
 
     def stats(self) -> catalog.Stats:
-        with self.store.tx() as tx:
-            return catalog.stats(tx, self.path)
+        return self._in_tx(catalog.stats, self.path)
 
     def similar(self, model: str | None = None, k: int = 5, *, evals: str | None = None,
                 as_of: str | None = None) -> list[neighbours.Neighbour]:
@@ -313,13 +296,11 @@ class Registry:
     def fingerprint_plan(self, n: int = 64, candidates=(), seed: int = 0, out: str | None = None):
         """The n queries whose answers best tell the candidate models apart (default: every model with at least the
         probation minimum of results), written to `out` for `fingerprint --evals` (`probe_plans.FingerprintPlan`)."""
-        with self.store.tx() as tx:
-            return probe_plans.fingerprint_plan(tx, n, list(candidates), seed, out, self.probation_min)
+        return self._in_tx(probe_plans.fingerprint_plan, n, list(candidates), seed, out, self.probation_min)
 
     def calibration(self, sample: int = 128, draws: int = 3):
         """How the fingerprint tests decide "same" (`fingerprint.CalibrationReport`)."""
-        with self.store.tx() as tx:
-            return fingerprint.calibration(tx, sample, draws)
+        return self._in_tx(fingerprint.calibration, sample, draws)
 
     def pool(self, tx: Tx, as_of: str | None = None):
         """The current embeddings under the active encoder (as of `as_of`), read in the caller's transaction."""
@@ -360,8 +341,7 @@ class Registry:
 
     def geometry(self, min_shared: int = 10, as_of: str | None = None):
         """Pearson and Spearman correlation of embedding distance with disagreement on test queries."""
-        with self.store.tx() as tx:
-            return geometry.correlation(tx, self.pool(tx, as_of), min_shared)
+        return self._in_tx(lambda tx: geometry.correlation(tx, self.pool(tx, as_of), min_shared))
 
     # --- routing ------------------------------------------------------------------------------------------------
     def route(self, query: str, options: RouteOptions | None = None) -> Decision:
@@ -386,36 +366,29 @@ class Registry:
             query_texts.query_vectors(query_texts.recent_vectors(tx), cut, hashes, tx=tx)
 
     def mark_unavailable(self, models: list[str], reason: str | None = None) -> list[availability.Availability]:
-        with self.store.tx() as tx:
-            return availability.set_and_list(tx, list(models), False, reason)
+        return self._in_tx(availability.set_and_list, list(models), False, reason)
 
     def mark_available(self, models: list[str], reason: str | None = None) -> list[availability.Availability]:
-        with self.store.tx() as tx:
-            return availability.set_and_list(tx, list(models), True, reason)
+        return self._in_tx(availability.set_and_list, list(models), True, reason)
 
     def availability(self) -> list[availability.Availability]:
-        with self.store.tx() as tx:
-            return availability.listing(tx)
+        return self._in_tx(availability.listing)
 
     def endpoints(self) -> list[endpoints.Endpoint]:
-        with self.store.tx() as tx:
-            return list(endpoints.current(tx).values())
+        return list(self._in_tx(endpoints.current).values())
 
     def set_endpoint(self, model: str, base_url: str, upstream_model: str | None = None,
                      api_key_env: str | None = None) -> endpoints.Endpoint:
         """Where the routing proxy forwards MODEL's requests; the API key stays in the environment (serve/proxy.py)."""
-        with self.store.tx() as tx:
-            return endpoints.set_endpoint(tx, model, base_url, upstream_model, api_key_env)
+        return self._in_tx(endpoints.set_endpoint, model, base_url, upstream_model, api_key_env)
 
     def remove_endpoint(self, model: str) -> None:
-        with self.store.tx() as tx:
-            endpoints.remove(tx, model)
+        self._in_tx(endpoints.remove, model)
 
     def routing_log(self, since: str | None = None, limit: int | None = None,
                     oldest: bool = False) -> list[route_log.LogEntry]:
         """Routing log entries, newest first (`oldest`: oldest first); `limit` keeps the first that many."""
-        with self.store.tx() as tx:
-            return route_log.read_log(tx, since, limit, oldest)
+        return self._in_tx(route_log.read_log, since, limit, oldest)
 
     def frontier(self, split: str = "test", cost_by: str = "params", weights: list[float] | None = None):
         """Accuracy vs mean cost (params_b, or cost with cost_by="cost") over a sweep of cost weights, beside every

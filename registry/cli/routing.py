@@ -177,7 +177,7 @@ def log_(ctx, since, limit, oldest, as_json):
 
 @command("mark-unavailable")
 @click.argument("models", nargs=-1, required=True)
-@click.option("--reason")
+@click.option("--reason", help="Why (kept with the mark, and shown with it).")
 def mark_unavailable(ctx, models, reason, as_json):
     """Never route to these models until marked available again."""
     _availability(open_registry(ctx).mark_unavailable(list(models), reason), as_json)
@@ -185,7 +185,7 @@ def mark_unavailable(ctx, models, reason, as_json):
 
 @command("mark-available")
 @click.argument("models", nargs=-1, required=True)
-@click.option("--reason")
+@click.option("--reason", help="Why (kept with the mark, and shown with it).")
 def mark_available(ctx, models, reason, as_json):
     """Let routing choose these models again."""
     _availability(open_registry(ctx).mark_available(list(models), reason), as_json)
@@ -200,7 +200,7 @@ def _availability(rows, as_json):
 
 @command(json=False)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Loopback unless told otherwise.")
-@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535), help="The TCP port to listen on.")
 @click.option("--token", default=None, help="Bearer token required by writing endpoints (default: $REGISTRY_TOKEN).")
 @click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME",
               help="A name clients reach the server by, besides loopback and --host (repeat; '*': any).")
@@ -209,7 +209,7 @@ def _availability(rows, as_json):
 @click.option("--upstream-key", "upstream_keys", multiple=True, metavar="NAME=URL",
               help="Let the server read API key variable NAME, for requests to URL's origin only (repeat; adds to "
                    "$REGISTRY_UPSTREAM_KEYS). Endpoints may name only these; without any, no key is sent.")
-def serve(ctx, host, port, token, allowed_hosts, upstream_deadlines, upstream_keys):
+def serve(ctx, host, port, token, *, allowed_hosts, upstream_deadlines, upstream_keys):
     """Serve the registry over HTTP (FastAPI); the server owns the database file while it runs. A non-loopback
     address needs --token (or REGISTRY_TOKEN): open writes are never served to a network."""
     from registry.core import settings

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -24,7 +25,7 @@ import numpy as np
 
 from registry.data import evaluation_import, evaluation_rows, outbox, vector_files
 from registry.locus import text_encoder
-from registry.core.errors import InputError, UnknownReference
+from registry.core.errors import InputError, Interrupted, UnknownReference, is_interrupt
 from registry.data.import_steps import ImportResult, import_models, import_queries, import_splits
 from registry.data.query_cache import query_meta
 from registry.data.staging import (COLUMNS, Columns, check_path, column_names, fetch, file_columns, mirror, sql_str,
@@ -328,3 +329,23 @@ def run_model_import(tx: Tx, model: str, path: str, progress: bool = False) -> I
     tx.stage.execute("DROP TABLE IF EXISTS _stage_evaluations; DROP TABLE IF EXISTS _stage_queries")
     _record_batch(tx, batch_id, {"evaluations": path}, files_digest({"evaluations": path}), result)
     return result
+
+
+@contextlib.contextmanager
+def interruptible(store, committed: ImportResult | None = None):
+    """Ctrl-C (Python's, or DuckDB's stop of its query) inside: Interrupted, saying what was kept. `committed`: the
+    import that had committed before (its onboarding was interrupted), else nothing was."""
+    try:
+        yield
+    except BaseException as exc:
+        if not is_interrupt(exc):
+            raise
+        if committed is None:
+            raise Interrupted("interrupted: nothing was imported (the import's transaction was rolled back)") from None
+        with store.tx() as tx:
+            waiting = len(outbox.pending(tx))
+        r = committed
+        raise Interrupted(f"interrupted after the import was committed (batch {r.batch_id}: {r.models_added} models, "
+                          f"{r.queries_added} queries, {r.evaluations_added} evaluations added); {waiting} model(s) "
+                          f"are not embedded yet: `registry onboard`, or any writing command, embeds them",
+                          committed=True) from None

@@ -141,3 +141,17 @@ def test_auto_says_why_no_model_with_an_endpoint_can_be_chosen(db_copy, tmp_path
     message = r.json()["error"]["message"]
     assert r.status_code == 409 and "on probation" in message and all(m in message for m in names), message
     assert "unavailable" not in message
+
+
+def test_a_keyed_endpoint_whose_variable_is_unset_is_never_called_keyless(db_copy, upstream, monkeypatch):
+    base, state = upstream
+    with Registry(db_copy) as reg:
+        model = reg.models()[0].name
+        reg.set_endpoint(model, base, upstream_model="keyless-check", api_key_env="PROXY_TEST_UNSET_KEY")
+    monkeypatch.delenv("PROXY_TEST_UNSET_KEY", raising=False)
+    keys = UpstreamKeys.parse([f"PROXY_TEST_UNSET_KEY={base}"])
+    seen = len(state["seen"])
+    with TestClient(create_app(str(db_copy), keys=keys)) as c:
+        r = c.post("/v1/chat/completions", json={"model": model, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 502 and "PROXY_TEST_UNSET_KEY" in r.json()["error"]["message"], r.text
+    assert len(state["seen"]) == seen                       # the upstream was never called without its key

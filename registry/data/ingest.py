@@ -25,7 +25,7 @@ import numpy as np
 
 from registry.data import evaluation_import, evaluation_rows, outbox, vector_files
 from registry.locus import text_encoder
-from registry.core.errors import InputError, Interrupted, UnknownReference, is_interrupt
+from registry.core.errors import Conflict, InputError, Interrupted, UnknownReference, is_interrupt
 from registry.data.import_steps import ImportResult, import_models, import_queries, import_splits
 from registry.data.query_cache import query_meta
 from registry.data.staging import (COLUMNS, Columns, check_path, column_names, fetch, file_columns, mirror, sql_str,
@@ -59,7 +59,7 @@ def read_answers(tx: Tx, path: str) -> Answers:
                          file=path)
     dup = fetch(tx, "SELECT qid FROM _answers GROUP BY qid HAVING count(DISTINCT c) > 1 LIMIT 1")
     if dup:
-        raise InputError(f"query {dup[0][0]!r} appears twice with different results", file=path)
+        raise Conflict(f"query {dup[0][0]!r} appears twice with different results", file=path)   # (as register says)
     mirror(tx, "queries", "query_splits")
     known = tx.stage.execute("""SELECT q.id AS qid, bool_or(a.c)::INT AS c, coalesce(any_value(s.split) = 'test', false)
                                       AS test

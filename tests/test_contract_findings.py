@@ -1,7 +1,8 @@
-"""What schemathesis found in the routing proxy at 100 examples per operation (bench/probe_contract.py), each now
-kept: route options in the body and in the query string together (the body's trade-off wins, as its options always
+"""What schemathesis found at 100 examples per operation (bench/probe_contract.py), each now kept: in the routing
+proxy, route options in the body and in the query string together (the body's trade-off wins, as its options always
 did), a content part whose text is no string (was a 500), and `auto` without a user text, which the schema now
-refuses as the server does. The real app (TestClient), a fake upstream on loopback."""
+refuses as the server does; a fingerprint's rows that contradict each other are a 409, as a registration's are (was
+a 400 for a schema-valid body). The real app (TestClient), a fake upstream on loopback."""
 from __future__ import annotations
 
 import pytest
@@ -57,3 +58,15 @@ def test_auto_without_a_user_text_is_a_400_and_the_schema_says_so(proxied):
     (options,) = [p for p in schema["paths"]["/v1/chat/completions"]["post"]["parameters"] if p["in"] == "query"]
     assert options["style"] == "form" and options["explode"] is True
     assert options["schema"]["not"] == {"required": ["cost_weight", "min_prob"]}
+
+
+def test_contradicting_rows_to_fingerprint_are_a_409_as_for_a_registration(db_copy):
+    with Registry(db_copy) as reg:
+        with reg.store.tx() as tx:
+            qid = tx.sql("SELECT external_id FROM queries ORDER BY id LIMIT 1")[0][0]
+    rows = [{"question_id": qid, "correct": 1}, {"question_id": qid, "correct": 0}]
+    with TestClient(create_app(str(db_copy), token=TOKEN)) as c:
+        r = c.post("/fingerprint", json={"evaluations": rows})
+        assert r.status_code == 409 and "appears twice with different results" in r.json()["detail"], r.text
+        r = c.post("/models", json={"name": "twice", "evaluations": rows}, headers=AUTH)
+        assert r.status_code == 409, r.text

@@ -130,7 +130,6 @@ def check_arguments(ctx: click.Context | None) -> None:
 def open_registry(ctx: click.Context, create: bool = False, migrate: bool = True):
     """The registry named by --db; only commands that bring data in (`create`) may make a new file. `migrate=False`:
     open a file at any schema revision, unchecked (`db check`)."""
-    from registry.api import Registry
     from registry.core import dialect
 
     obj = ctx.find_root().obj
@@ -138,27 +137,33 @@ def open_registry(ctx: click.Context, create: bool = False, migrate: bool = True
         new = create and not dialect.is_url(obj["db"]) and not os.path.lexists(obj["db"])
         # known before opening: a file left by a failed open (a full disk) is removed too
         obj["new_file"] = os.path.abspath(obj["db"]) if new else None
-        obj["registry"] = _open(ctx, lambda: Registry(obj["db"], create=create, migrate=migrate,
-                                                      probation_min=obj.get("probation_min")))
+        obj["registry"] = _open(ctx, obj["db"], dict(create=create, migrate=migrate,
+                                                     probation_min=obj.get("probation_min")))
         ctx.call_on_close(obj["registry"].close)
     return obj["registry"]
 
 
-def _open(ctx: click.Context, opening):
-    """`opening()`; on a file that a `registry serve` holds, the server's HTTP API instead (serve/http/client.py:
-    the commands with an HTTP counterpart answer through it, the others say in one line that the file is served).
-    A file that another command holds is waited for, up to REGISTRY_BUSY_TIMEOUT (core/store.wait_for_lock)."""
+def _open(ctx: click.Context, db: str, options: dict):
+    """`Registry(db, **options)`; on a file that a `registry serve` holds, the server's HTTP API instead
+    (serve/http/client.py: the commands with an HTTP counterpart answer through it, the others say in one line that
+    the file is served), found first by its advert beside the file, else by the lock. A file that another command
+    holds is waited for, up to REGISTRY_BUSY_TIMEOUT (core/store.wait_for_lock)."""
+    from registry.core import dialect
     from registry.core.errors import DatabaseLocked
+    from registry.serve.http.client import advertised, through_server
+
+    remote = None if dialect.is_url(db) else advertised(db, ctx.command_path)
+    if remote is not None:
+        return remote
+    from registry.api import Registry
 
     try:
-        return opening()
+        return Registry(db, **options)
     except DatabaseLocked as exc:
         if not exc.served:
             raise
-        from registry.serve.http.client import through_server
-
-        remote = through_server(ctx.find_root().obj["db"], exc, ctx.command_path)
-    return remote if remote is not None else opening()     # (None: the server stopped meanwhile)
+        remote = through_server(db, exc, ctx.command_path)
+    return remote if remote is not None else Registry(db, **options)     # (None: the server stopped meanwhile)
 
 
 def discard_new_registry() -> None:

@@ -20,7 +20,7 @@ SUFFIX = ".serving"
 class Advert:
     pid: int            # the server's process id (the DuckDB lock names the same one)
     url: str            # http://host:port, a loopback address where the server listens on every address
-    db: str             # the database file, as the server was given it
+    db: str             # the database file's absolute path
     token: bool         # its writes need `Authorization: Bearer <token>`
     started: float      # seconds since the epoch
 
@@ -46,7 +46,8 @@ def write(db: str, url: str, token: bool) -> str | None:
     -> the file's path; None where it cannot be written (a read-only folder): the command line then says the file
     is served without knowing where."""
     path = path_of(db)
-    body = json.dumps({"pid": os.getpid(), "url": url, "db": str(db), "token": bool(token), "started": time.time()})
+    body = json.dumps({"pid": os.getpid(), "url": url, "db": os.path.abspath(db), "token": bool(token),
+                       "started": time.time()})
     try:
         fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", dir=os.path.dirname(os.path.abspath(path)))
         try:

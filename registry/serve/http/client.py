@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import http.client
 import json
+import threading
 import time
 from dataclasses import fields
 from pathlib import Path
@@ -42,6 +43,29 @@ def through_server(db: str, locked: DatabaseLocked, command: str = "this command
         time.sleep(0.1)
 
 
+def advertised(db: str, command: str = "this command") -> RemoteRegistry | None:
+    """The server advertised for `db`, before the file is even opened (a command's start-up is then a third
+    shorter: no database driver): only an advert of a live `registry serve` of this very file whose port takes a
+    connection now. None otherwise: the caller opens the file, and the lock decides (`through_server`)."""
+    import os
+    import socket
+
+    from registry.core.errors import command_line
+
+    found = advert.read(db)
+    if found is None or os.path.realpath(found.db) != os.path.realpath(db):
+        return None
+    words = command_line(found.pid)
+    if not (words and words[0] == "registry" and "serve" in words[1:]):
+        return None              # (its pid now another program's)
+    url = urlsplit(found.url)
+    try:
+        socket.create_connection((url.hostname, url.port), timeout=1).close()
+    except OSError:
+        return None
+    return RemoteRegistry(db, found, command)
+
+
 def build(cls, raw: dict, **given):
     """A dataclass from a JSON object, its own fields only."""
     names = {f.name for f in fields(cls)}
@@ -56,6 +80,7 @@ class RemoteRegistry:
         self.min_evaluations = MIN_EVALUATIONS
         self.token = settings.current().token
         self._stats: dict | None = None
+        self._shown: dict = {}          # model -> ModelDetail, fetched ahead by `similar`
 
     def close(self) -> None:
         pass
@@ -103,7 +128,20 @@ class RemoteRegistry:
             raise self.unsupported(" with --evals" if evals is not None else " with --as-of")
         if model is None:
             raise InputError("give a model name or an evaluations file (not both)")
-        return [build(Neighbour, n) for n in self.request("GET", f"/models/{self.quoted(model)}/similar?k={k}")]
+        # what `registry similar` asks next (the model's own evidence, the probation minimum), fetched meanwhile
+        ahead = threading.Thread(target=self._ahead, args=(model,), daemon=True)
+        ahead.start()
+        try:
+            return [build(Neighbour, n) for n in self.request("GET", f"/models/{self.quoted(model)}/similar?k={k}")]
+        finally:
+            ahead.join()
+
+    def _ahead(self, model: str) -> None:
+        try:
+            self._shown[model] = self.show(model)
+            self.probation_min
+        except RegistryError:
+            pass        # (asked again when needed, and its error raised then)
 
     def embedded_from(self, names: list[str], as_of: str | None = None) -> dict[str, int]:
         if as_of is not None:
@@ -111,7 +149,7 @@ class RemoteRegistry:
         out = {}
         for name in names:
             try:
-                n = self.show(name).embedded_from
+                n = (self._shown.get(name) or self.show(name)).embedded_from
             except NotFound:
                 continue
             if n is not None:

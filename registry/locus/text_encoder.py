@@ -157,12 +157,30 @@ def prefer(backend: str | None) -> None:
 def backend() -> str:
     """The backend `encode` uses by default in this process: the preferred one, else 'onnx' where it can be had,
     else 'torch'."""
+    return _default_backend()
+
+
+def _default_backend() -> str:
     return _preferred or ("onnx" if load_onnx() is not None else "torch")
 
 
 def backend_note() -> str | None:
     """Why the ONNX backend is not used in this process, once it was asked for; None where it is (or unasked)."""
     return _onnx_failed
+
+
+def describe(backend: str | None = None) -> dict:
+    """Which encoder makes a vector on `backend` (None: this process's default): the name the registry stores it
+    under (one name for both backends, shown equivalent), the backend, the weights' SHA-256, and for ONNX the
+    cached graph (its file name holds the digest and the export's version)."""
+    from registry.locus.text_backends import onnxrt
+
+    backend = backend or _default_backend()
+    out = {"text_encoder": TEXT_ENCODER, "backend": backend, "weights_sha256": onnxrt.weights_digest(model_dir())}
+    if backend == "onnx":
+        out["graph"] = str(onnxrt.graph_path(model_dir()))
+        out["min_cosine_to_torch"] = ONNX_MEASURED_MIN_COSINE
+    return out
 
 
 def loaded() -> list[str]:
@@ -197,9 +215,10 @@ def _torch_encode(texts: Sequence[str], batch_size: int = 64, progress: bool = F
 
 
 class EncoderProcess:
-    """`encode` in a child process (started on first use): a MiniLM pass re-takes the GIL after each of its few
-    hundred torch ops, so inside a busy server it waits behind every other thread each time (a one-text pass took 5x
-    its bare time under load). The child has a GIL of its own; texts and vectors cross one pipe."""
+    """`encode` in a child process (started on first use), on one thread: a MiniLM pass on torch re-takes the GIL
+    after each of its few hundred ops, so inside a busy server it waits behind every other thread each time (a
+    one-text pass took 5x its bare time under load). The child has a GIL of its own; texts and vectors cross one
+    pipe. It uses the backend this process prefers (`prefer`), else its own default."""
 
     def __init__(self):
         self._conn = None

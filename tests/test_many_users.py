@@ -199,3 +199,38 @@ def test_the_busy_timeout_is_a_setting(monkeypatch):
     monkeypatch.setenv("REGISTRY_BUSY_TIMEOUT", "-1")
     with pytest.raises(InputError, match="REGISTRY_BUSY_TIMEOUT"):
         settings.current()
+
+
+def test_the_server_answers_similar_from_memory_as_the_library_does(db_copy, tmp_path):
+    """A running server ranks `similar` from its snapshot and answer book (no read of every evaluation, which took
+    seconds beside the writer under load); the answer is the library's, models known from few answers (placed by
+    their answers' bound and their kin) included."""
+    import random
+
+    from fastapi.testclient import TestClient
+
+    from registry.serve.app import create_app
+
+    with Registry(db_copy) as reg:
+        first = reg.models()[0].name
+        reg.register("few-copy", str(results_file(db_copy, tmp_path / "copy.csv", first, 48)))
+        rnd = random.Random(0)
+        coin = tmp_path / "coin.csv"
+        coin.write_text("question_id,correct\n" + "".join(
+            f"{line.split(',')[0]},{rnd.randint(0, 1)}\n"
+            for line in results_file(db_copy, tmp_path / "c.csv", first, 56).read_text().splitlines()[1:]))
+        reg.register("few-coin", str(coin))
+    app = create_app(str(db_copy))
+    with TestClient(app) as client:
+        state = app.state.server
+        names = [m.name for m in state.registry.models() if m.version is not None]
+        assert {"few-copy", "few-coin"} <= set(names)
+        placed = set()
+        for name in names:
+            for k in (3, len(names)):
+                served = state.serving.similar(name, k=k)
+                assert served == state.registry.similar(name, k=k), (name, k)
+                placed |= {x.placed_by for x in served}
+        assert "few answers" in placed and "answers" in placed
+        assert client.get(f"/models/{first}/similar?k=4").json() == json.loads(json.dumps(
+            [x.__dict__ for x in state.registry.similar(first, k=4)]))

@@ -83,14 +83,22 @@ def similar(tx: Tx, db_path: str, *, model: str | None, evals: str | None, k: in
         raise InputError(f"k must be at least 1, got {k}")
     near = by_vector(tx, db_path, vector, vi.size, encoder_id, as_of=as_of, exclude={model} if model else None,
                      answers=answers, vi=vi, errors=True, before_batch=then)
-    n = catalog.current_versions(tx, encoder_id, as_of)
-    for x in near:
-        x.embedded_from = n[x.model][1] if x.model in n else None
+    n = {name: v[1] for name, v in catalog.current_versions(tx, encoder_id, as_of).items()}
     if model is not None:                # how surely the model itself is placed: the evaluations behind it
-        own_n = n[model][1] if model in n else None
+        own_n = n.get(model)
+    return ranked(near, n, own_n, k, model=model, vi=vi, probation_min=probation_min,
+                  kin=kin_by_sql(tx, vi, answers, then), groups=catalog.alias_groups(tx) if model is not None else {})
+
+
+def ranked(near: list[Neighbour], embedded_from: dict[str, int], own_n: int | None, k: int, *, model: str | None,
+           vi: index.VectorIndex, probation_min: int, kin, groups: dict) -> list[Neighbour]:
+    """`similar`'s answer from what it read: every other model with its rates (`by_vector`), the evaluations
+    behind each embedding, the query model's own (`own_n`), `rank`'s `kin` and the alias groups
+    (catalog.alias_groups). A running server reads the same from memory (serve/serving.py)."""
+    for x in near:
+        x.embedded_from = embedded_from.get(x.model)
     ids = {name: i for i, name in vi.names.items()}
-    out = rank(near, own_n, probation_min, kin_by_sql(tx, vi, answers, then))[:k]
-    groups = catalog.alias_groups(tx) if model is not None else {}
+    out = rank(near, own_n, probation_min, kin)[:k]
     root = groups.get(ids.get(model), ids.get(model))
     for x in out:
         x.alias = model is not None and groups.get(ids.get(x.model), ids.get(x.model)) == root

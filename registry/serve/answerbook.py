@@ -161,6 +161,66 @@ class AnswerBook:
         return {int(ids[i]): (int(shared[i]), float(differ[i] / shared[i])) for i in keep.tolist()
                 if ids[i] != model_id}
 
+    def agreement(self, model_id: int, rows: int = 256) -> dict[int, tuple[int, float, float | None]]:
+        """evaluation_rows.agreement's answer from memory (what `similar` ranks by): each other model's shared
+        queries, disagreement and error correlation beyond difficulty with this one's current answers, by the same
+        formula (difficulty and ability over every model's answers on its queries, smoothed by one right and one
+        wrong). `rows`: models per numpy pass (memory stays [rows, queries])."""
+        correct, row, ids, _, _, _ = self.view()
+        if model_id not in row:
+            return {}
+        own = correct[row[model_id]]
+        cols = np.flatnonzero(own >= 0)
+        if not len(cols):
+            return {}
+        y = own[cols].astype(np.float64)
+        chunks = [(a, correct[a:a + rows, cols]) for a in range(0, len(correct), rows)]
+        col_right, col_n = np.zeros(len(cols)), np.zeros(len(cols))
+        row_right, row_n = np.zeros(len(correct)), np.zeros(len(correct))
+        for a, sub in chunks:
+            seen = sub >= 0
+            right = (sub == 1)
+            col_right += right.sum(axis=0)
+            col_n += seen.sum(axis=0)
+            row_right[a:a + len(sub)] = right.sum(axis=1)
+            row_n[a:a + len(sub)] = seen.sum(axis=1)
+        lp = np.log((col_right + 1.0) / (col_n - col_right + 1.0))                  # each question's difficulty
+        la = np.log((row_right + 1.0) / (row_n - row_right + 1.0))                  # each model's ability here
+        mid = float(la[row_n > 0].mean())
+        own_la = np.log((y.sum() + 1.0) / (len(y) - y.sum() + 1.0))
+        sy = y - 1 / (1 + np.exp(-(lp + own_la - mid)))
+        out = {}
+        for a, sub in chunks:
+            seen = sub >= 0
+            sm = np.where(seen, sub - 1 / (1 + np.exp(-(lp[None, :] + la[a:a + len(sub), None] - mid))), 0.0)
+            shared = seen.sum(axis=1)
+            differ = (seen & (sub != own[cols][None, :])).sum(axis=1)
+            num = sm @ sy
+            den = np.sqrt((sm * sm).sum(axis=1) * (seen @ (sy * sy)))
+            for i in np.flatnonzero(shared > 0).tolist():
+                m = int(ids[a + i])
+                if m != model_id:
+                    out[m] = (int(shared[i]), float(differ[i] / shared[i]),
+                              None if den[i] == 0 else float(num[i] / den[i]))
+        return out
+
+    def disagreement_on(self, model_id: int, of: int, others: list[int]) -> dict[int, float]:
+        """How often each of `others` disagrees with this model's current answers on the queries both answered
+        among those model `of` answered (`neighbours.kin_by_sql`'s rates, from memory)."""
+        correct, row, _, _, _, _ = self.view()
+        if model_id not in row or of not in row:
+            return {}
+        own = correct[row[model_id]]
+        cols = np.flatnonzero((own >= 0) & (correct[row[of]] >= 0))
+        out = {}
+        for m in others:
+            if m in row:
+                theirs = correct[row[m], cols]
+                seen = theirs >= 0
+                if seen.any():
+                    out[m] = float((seen & (theirs != own[cols])).sum() / seen.sum())
+        return out
+
     def id_of(self, name: str) -> int | None:
         return next((m for m, n in self.names.items() if n == name), None)
 

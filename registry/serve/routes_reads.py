@@ -22,7 +22,7 @@ TIMESTAMP = {"anyOf": [{"type": "string", "format": "date"}, {"type": "string", 
 
 @reads_router.get("/models/{name:path}/similar")
 def similar(name: str, k: int = Query(5, ge=1, le=1000), s: ServerState = Depends(server)):
-    return json_response(s.registry.similar(name, k=k))
+    return json_response(s.serving.similar(name, k=k))
 
 
 @reads_router.get("/stats")

@@ -135,7 +135,9 @@ def test_the_best_single_model_serves_where_no_other_policy_beats_it_on_val():
     assert "served policy best_single (val hit@1: " in pol.describe()
     s = served.scores(pol, fitted, flat[:, te], q[te], None)
     assert s.shape == (len(correct), len(te)) and np.all(np.argmax(s, axis=0) == 0)     # the strong model
-    assert np.allclose(s[:, 0], served.accuracy(correct[:, np.r_[tr, va]]))           # its P-like score
+    # its P-like score: the train accuracy that chose it on val, as evaluate's best single model ranks models
+    assert np.allclose(s[:, 0], served.accuracy(correct[:, tr]))
+    assert np.argmax(s[:, 0]) == np.argmax(B.best_single_scores(correct, tr, te)[:, 0])
     moved = served.carried(pol, np.arange(len(correct))[::-1].copy())
     assert np.allclose(served.scores(moved, fitted, flat[::-1][:, te], q[te], None), s[::-1])
     assert "best_single" not in _blend(pol)

@@ -1,7 +1,8 @@
 """HTTP JSON API over the same `Registry` (FastAPI + uvicorn). `registry serve` runs it.
 
-- The server owns the DuckDB file while it runs (DuckDB lets one process write); a CLI command started meanwhile
-  says so in one line (store.DatabaseLocked).
+- The server owns the DuckDB file while it runs (DuckDB lets one process open it) and says where it listens in
+  `<db>.serving` (serve/http/advert.py): a CLI command started meanwhile goes through its HTTP API
+  (serve/http/client.py), or says in one line that the file is served.
 - Reads never wait for writes (serve/serving.py): routes answer from an in-memory snapshot swapped whole when a write
   commits; the other reads (models, history, similar, fallback, portfolio, fingerprint) run on their own
   connections, which DuckDB serves from the last commit while a write is in progress. Every write (register,

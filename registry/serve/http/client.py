@@ -24,6 +24,12 @@ READ_TIMEOUT = 120.0        # seconds a read may take (a similar over a large re
 WRITE_TIMEOUT = 900.0       # a registration waits for the writer, an embedding and a snapshot
 CONTENT_TYPES = {".csv": "text/csv", ".tsv": "text/csv", ".jsonl": "application/x-ndjson",
                  ".ndjson": "application/x-ndjson", ".parquet": "application/vnd.apache.parquet"}
+# the Registry methods whose HTTP counterpart the command line does not call (yet): the one line names it
+ELSEWHERE = {"routing_log": "GET /log", "fallback": "GET /models/{name}/fallback", "portfolio": "GET /portfolio",
+             "mark_unavailable": "POST /availability/unavailable", "mark_available": "POST /availability/available",
+             "endpoints": "GET /endpoints", "set_endpoint": "PUT /endpoints/{model}",
+             "remove_endpoint": "DELETE /endpoints/{model}", "fingerprint": "POST /fingerprint",
+             "ask": "POST /models/{name}/ask", "route_batch": "POST /route/batch"}
 MIN_EVALUATIONS = 32        # the server's (embedding.MIN_EVALUATIONS): a registration asking for another is local
 
 
@@ -88,7 +94,16 @@ class RemoteRegistry:
     def __getattr__(self, name: str):
         if name.startswith("__"):
             raise AttributeError(name)
+        if name in ELSEWHERE:
+            return self.elsewhere(ELSEWHERE[name])
         raise self.unsupported()
+
+    def elsewhere(self, endpoint: str):
+        """A Registry method whose endpoint the command line does not call: the one line names the endpoint."""
+        def refuse(*args, **kwargs):
+            raise RegistryError(f"{self.served()}, and `{self.command}` does not go through it from the command "
+                                f"line: use its API ({endpoint}), or run the command when the server has stopped")
+        return refuse
 
     def served(self) -> str:
         return f"{self.path} is served by process {self.server.pid} at {self.server.url}"

@@ -79,32 +79,38 @@ def _route_client(origin: str, texts: list[str], stop_at: float, out) -> None:
     out.put((ok, bad, lat))
 
 
+def _watch_health(origin: str, pid: int, stop, out) -> None:
+    """/health every 20 ms and the server's RSS, from a process of its own (a thread beside the request would share
+    the sender's GIL, and time the client's JSON work as the server's)."""
+    health, rss, tree = [], [], []
+    with httpx.Client(timeout=30) as c:
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            c.get(origin + "/health")
+            health.append(time.perf_counter() - t0)
+            rss.append(rss_mib(pid))
+            tree.append(tree_rss_mib(pid))
+            time.sleep(0.02)
+    out.put((health, rss, tree))
+
+
 def under_watch(proc, origin: str, send, repeat: int = 5) -> dict:
-    """Run `send()` (the heavy request) `repeat` times, one after another, while /health is polled every 20 ms;
-    -> its answer, its mean time, /health's latencies and the server's peak RSS growth."""
-    health, peak, peak_tree = [], [rss_mib(proc.pid)], [tree_rss_mib(proc.pid)]
-    base, base_tree = peak[0], peak_tree[0]
-    done = threading.Event()
-
-    def watch():
-        with httpx.Client(timeout=30) as c:
-            while not done.is_set():
-                t0 = time.perf_counter()
-                c.get(origin + "/health")
-                health.append(time.perf_counter() - t0)
-                peak.append(rss_mib(proc.pid))
-                peak_tree.append(tree_rss_mib(proc.pid))
-                time.sleep(0.02)
-
-    w = threading.Thread(target=watch)
-    w.start()
+    """Run `send()` (the heavy request) `repeat` times, one after another, while another process polls /health
+    every 20 ms; -> its answer, its mean time, /health's latencies and the server's peak RSS growth."""
+    base, base_tree = rss_mib(proc.pid), tree_rss_mib(proc.pid)
+    ctx = mp.get_context("spawn")
+    stop, out = ctx.Event(), ctx.Queue()
+    watcher = ctx.Process(target=_watch_health, args=(origin, proc.pid, stop, out))
+    watcher.start()
+    time.sleep(1.0)                                      # (the watcher's interpreter starts)
     t0 = time.perf_counter()
     for _ in range(repeat):
         status, n = send()
     took = (time.perf_counter() - t0) / repeat
     time.sleep(0.3)
-    done.set()
-    w.join()
+    stop.set()
+    health, peak, peak_tree = out.get(timeout=60)
+    watcher.join()
     return {"status": status, "answers": n, "seconds": round(took, 2),
             "health_p50_ms": round(1000 * float(np.percentile(health, 50)), 1),
             "health_p99_ms": round(1000 * float(np.percentile(health, 99)), 1),

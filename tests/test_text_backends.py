@@ -60,6 +60,14 @@ def test_the_cache_is_keyed_by_the_weights_digest(tmp_path, monkeypatch):
     assert onnxrt.graph_path(weights) != first
 
 
+def test_a_vector_says_which_encoder_and_weights_made_it():
+    torch, onnx = text_encoder.describe("torch"), text_encoder.describe("onnx")
+    assert torch["text_encoder"] == onnx["text_encoder"] == text_encoder.TEXT_ENCODER     # shown equivalent: one name
+    assert torch["weights_sha256"] == onnx["weights_sha256"] and len(onnx["weights_sha256"]) == 64
+    assert onnx["weights_sha256"][:16] in onnx["graph"] and "graph" not in torch
+    assert onnx["min_cosine_to_torch"] >= 0.9999
+
+
 # --- with MiniLM: the slow tier --------------------------------------------------------------------------------------
 
 @pytest.mark.slow
@@ -101,3 +109,4 @@ def test_a_new_text_routes_in_a_new_process_without_torch(db_copy):
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["loaded"] == ["onnx"] and got["torch"] is False and got["heavy"] == [], got
     assert got["model"]
+

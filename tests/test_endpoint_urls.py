@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from registry.api import Registry
 from registry.cli import cli
 from registry.core.errors import EndpointFailed, InputError
-from registry.data.endpoints import MAX_URL, origin, parse_base_url
+from registry.core.keys import origin
+from registry.data.endpoints import MAX_URL, parse_base_url
 from registry.serve.app import create_app
 from registry.serve.http import shapes
 

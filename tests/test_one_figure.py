@@ -150,17 +150,9 @@ def _blend(pol) -> list[str]:
 def test_a_policy_that_beats_the_best_single_model_beyond_its_margin_still_serves():
     """Where a pair model wins on val by more than its margin over the best single model too, the rule among the
     others stands (test_served_policy's IRT world)."""
-    from registry.evaluate import served
-    from registry.locus import baselines as B
-    from registry.locus import interaction
+    from .test_served_policy import served_on_irt_world
 
-    from .test_served_policy import _irt_world
-
-    q, correct, tr, va, te = _irt_world()
-    cats = np.array(["all"] * len(q), dtype=object)
-    flat = interaction.logit(np.tile(B.model_accuracy(correct[:, tr])[:, None], (1, len(q))))
-    fitted = interaction.fit(flat, correct, q, cats, tr, va)
-    pol = served.choose(fitted, correct, q, cats, None, train_idx=tr, val_idx=va)
+    pol = served_on_irt_world()[-1]
     assert pol.name in ("mf", "irt", "blend") and pol.val[pol.name] - pol.val["best_single"] > pol.margin_single
 
 

@@ -167,18 +167,28 @@ def _irt_world(seed=0, models=12, queries=2000, dq=24):
     return q, correct, np.sort(idx[:1000]), np.sort(idx[1000:1500]), np.sort(idx[1500:])
 
 
+
+def served_on_irt_world():
+    """The IRT world with a flat predictor (each model's train accuracy everywhere), its interaction fitted and the
+    served policy chosen: -> ((q, correct, tr, va, te), categories, flat logits, fitted, policy)."""
+    from registry.evaluate import served
+    from registry.locus import baselines as B
+    from registry.locus import interaction
+
+    world = q, correct, tr, va, te = _irt_world()
+    cats = np.array(["all"] * len(q), dtype=object)
+    flat = interaction.logit(np.tile(B.model_accuracy(correct[:, tr])[:, None], (1, len(q))))
+    fitted = interaction.fit(flat, correct, q, cats, tr, va)
+    return world, cats, flat, fitted, served.choose(fitted, correct, q, cats, None, train_idx=tr, val_idx=va)
+
+
 def test_a_pair_model_is_served_where_it_wins_on_val_and_scores_the_same_after_a_carry():
     """With a flat predictor, the numpy IRT/MF pair model wins on val by more than the margin and is served; its
     scores are its own P(correct) on any query vectors; a carry onto reordered rows moves its rows along."""
     from registry.evaluate import pairs, served
     from registry.locus import baselines as B
-    from registry.locus import interaction
 
-    q, correct, tr, va, te = _irt_world()
-    cats = np.array(["all"] * len(q), dtype=object)
-    flat = interaction.logit(np.tile(B.model_accuracy(correct[:, tr])[:, None], (1, len(q))))
-    fitted = interaction.fit(flat, correct, q, cats, tr, va)
-    pol = served.choose(fitted, correct, q, cats, None, train_idx=tr, val_idx=va)
+    (q, correct, tr, va, te), cats, flat, fitted, pol = served_on_irt_world()
     assert pol.name in ("mf", "irt", "blend") and pol.val[pol.name] - pol.val["locus_interaction"] > pol.margin
     assert max(pol.val["mf"], pol.val["irt"]) > max(pol.val["knn"], pol.val["locus_interaction"])
     pair = pol if pol.pair is not None else next(m for m in pol.members if m.pair is not None)

@@ -8,9 +8,9 @@ import re
 from dataclasses import dataclass
 
 from registry.core.errors import InputError, NotFound, unknown_model
+from registry.core.keys import ENV_NAME  # noqa: F401  (the HTTP schema reads it from here)
 from registry.core.transaction import Tx
 # an environment variable's name as shells write one (POSIX: letters, digits and _, not starting with a digit)
-ENV_NAME = "^[A-Za-z_][A-Za-z0-9_]*$"
 
 
 @dataclass
@@ -33,7 +33,6 @@ IPV6 = "|".join([f"({H16}:){{6}}{LS32}", f"::({H16}:){{5}}{LS32}", f"({H16})?::(
 # a name's last label is not all digits (a host ending in a number is read as an IPv4 address)
 NAME = "([A-Za-z0-9_-]+\\.)*[0-9]*[A-Za-z_-][A-Za-z0-9_-]*"
 PORT = "(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})"
-DEFAULT_PORTS = {"http": 80, "https": 443}
 MAX_URL = 2048          # characters of a base URL
 
 
@@ -42,16 +41,22 @@ def base_url_regex() -> str:
     """The base URLs `parse_base_url` takes once stripped, as a regex that Python and ECMA engines read alike (the
     HTTP API's schema states it): http(s)://host[:port][/path], the host a name, an IPv4 address or an [IPv6
     address]; no space or control character, no credentials, query or fragment."""
-    banned = sorted({c for c in range(0x110000) if chr(c).isspace()} | set(range(0x20)) | set(range(0x7F, 0xA0))
-                    | {ord("?"), ord("#")})
-    ranges, i = [], 0
-    while i < len(banned):
+    banned = ({c for c in range(0x110000) if chr(c).isspace()} | set(range(0x20)) | set(range(0x7F, 0xA0))
+              | {ord("?"), ord("#")})
+    return f"https?://({NAME}|{IPV4}|\\[({IPV6})\\])(:{PORT})?(/[^{char_class(map(chr, banned))}]*)?"
+
+
+def char_class(chars) -> str:
+    """A regex character class body for `chars`, as \\uXXXX ranges (valid for Python, Rust and ECMA engines): what
+    the HTTP API's schema patterns are written with."""
+    codes, out, i = sorted(set(map(ord, chars))), [], 0
+    while i < len(codes):
         j = i
-        while j + 1 < len(banned) and banned[j + 1] == banned[j] + 1:
+        while j + 1 < len(codes) and codes[j + 1] == codes[j] + 1:
             j += 1
-        ranges.append(f"\\u{banned[i]:04x}" + (f"-\\u{banned[j]:04x}" if j > i else ""))
+        out.append(f"\\u{codes[i]:04x}" + (f"-\\u{codes[j]:04x}" if j > i else ""))
         i = j + 1
-    return f"https?://({NAME}|{IPV4}|\\[({IPV6})\\])(:{PORT})?(/[^{''.join(ranges)}]*)?"
+    return "".join(out)
 
 
 def parse_base_url(url: str) -> str:
@@ -91,16 +96,6 @@ def _utf8(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
-
-
-def origin(url: str) -> str:
-    """'scheme://host:port' of a base URL, lowercased, with the scheme's default port made explicit (80, 443):
-    what two URLs share when they reach the same server."""
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(parse_base_url(url))
-    host = parts.hostname
-    return f"{parts.scheme}://{f'[{host}]' if ':' in host else host}:{parts.port or DEFAULT_PORTS[parts.scheme]}"
 
 
 def checked(base_url: str, api_key_env: str | None) -> str:

@@ -13,20 +13,8 @@ from registry.data import endpoints
 from registry.data.import_steps import MAX_NAME, PATH_SUFFIXES
 
 
-def _char_class(chars: list[str]) -> str:
-    """A regex character class body for `chars`, as \\uXXXX ranges (valid for Python, Rust and ECMA engines)."""
-    codes, out, i = sorted(ord(c) for c in chars), [], 0
-    while i < len(codes):
-        j = i
-        while j + 1 < len(codes) and codes[j + 1] == codes[j] + 1:
-            j += 1
-        out.append(f"\\u{codes[i]:04x}" + (f"-\\u{codes[j]:04x}" if j > i else ""))
-        i = j + 1
-    return "".join(out)
-
-
 # what Python's str.strip() removes (the library's test for an empty text or an edge space in a name)
-SPACE = _char_class([chr(c) for c in range(sys.maxunicode + 1) if chr(c).isspace()])
+SPACE = endpoints.char_class([chr(c) for c in range(sys.maxunicode + 1) if chr(c).isspace()])
 CONTROL = "\\u0000-\\u001f\\u007f-\\u009f"                     # what a model name may not hold
 NOT_BLANK = f"[^{SPACE}]"                                       # found anywhere: a text that is not all space
 # DuckDB's trim(), which the file checks use, removes only the ASCII space

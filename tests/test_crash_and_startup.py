@@ -85,6 +85,25 @@ def test_help_and_read_commands_do_not_import_heavy_libraries(db_copy):
     assert out.stdout.strip() == ""
 
 
+def test_commands_that_do_not_train_never_import_torch(db_copy, small_data, tmp_path):
+    """Registration, similar --evals, fingerprint, show and diff run the network in numpy: a process where torch
+    (and scipy) cannot be imported runs them all."""
+    evals = tmp_path / "evals.csv"
+    con = duckdb.connect()
+    con.execute(f"""COPY (SELECT question_id AS query_id, correct FROM read_csv('{small_data}/evaluations.csv.gz')
+                    WHERE model = 'gemma-7b' ORDER BY question_id LIMIT 100) TO '{evals}' (HEADER)""")
+    con.close()
+    db = str(db_copy)
+    args = [["--db", db, "register", "numpy-only", "--evals", str(evals)],
+            ["--db", db, "similar", "--evals", str(evals)], ["--db", db, "fingerprint", "--evals", str(evals)],
+            ["--db", db, "similar", "numpy-only"], ["--db", db, "register", "numpy-only", "--evals", str(evals),
+                                                    "--update", "--family", "gemma"]]
+    blocked = "import sys; sys.modules.update(torch=None, scipy=None, sentence_transformers=None)\n"
+    out = subprocess.run([sys.executable, "-c", blocked + LIGHT_CHECK.format(args=args)], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
 @pytest.mark.slow     # trains or starts a process: seconds, the full suite runs it
 def test_python_dash_m_runs(tmp_path):
     db = tmp_path / "x.duckdb"

@@ -247,3 +247,52 @@ def test_registry_refuses_checkpoints_it_cannot_use(db_copy, tmp_path):
     listed = {e["name"]: e for e in json.loads(run("--json").output)}
     assert listed["same-weights-new-name"]["text_encoder"] == TEXT_ENCODER
     assert not listed["same-weights-new-name"]["active"]
+
+
+@pytest.mark.parametrize("cfg", [SMALL, replace(SMALL, query_bias=True, categories=("law", "math"))])
+def test_numpy_network_is_the_torch_network(cfg):
+    """Every command that does not train embeds and scores with the checkpoint's weights in numpy: the same z as
+    torch's forward pass to float32 rounding, padded sets (junk and NaN in the padding) included, and the same
+    P(correct); what numpy does not run is read from the torch model built from the same bytes."""
+    from registry.locus.checkpoint import load_numpy
+
+    torch.manual_seed(3)
+    m = LocusModel(cfg).eval()
+    with torch.no_grad():                # trained-looking weights: LayerNorms and biases away from their init
+        for p in m.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    blob = save_checkpoint(m, cfg, {"trained": "test"})
+    nm = load_numpy(blob)
+    q, y, mask = random_set(b=4, n=40, seed=2)
+    mask[1, 25:], mask[3, 7:] = False, False
+    q[1, 30], q[3, 9] = 50.0, float("nan")
+    with torch.no_grad():
+        zt = m.embed(q, y, mask).numpy()
+    zn = nm.embed(q.numpy(), y.numpy(), mask.numpy())
+    assert zn.dtype == np.float32
+    np.testing.assert_allclose(zn, zt, atol=1e-6)
+    assert not np.allclose(nm.embed(q.numpy(), 1 - y.numpy(), mask.numpy()), zt, atol=1e-3)
+    P, S = nm.row_proj(q.numpy()[0])
+    with torch.no_grad():
+        Pt, St = m.row_proj(torch.nan_to_num(q[0]))
+    np.testing.assert_allclose(P[:30], Pt.numpy()[:30], atol=1e-6)
+    names = ["law", "math", None, "art"] * 10 if cfg.categories else None
+    qs = q.numpy()[0]
+    np.testing.assert_allclose(nm.p_correct(zn, qs, names), m.p_correct(zn, qs, names), atol=1e-6)
+    assert nm.n_params() == m.n_params()          # read from the torch model, loaded on demand
+
+
+def test_shipped_encoder_embeds_alike_in_numpy_and_torch():
+    """The shipped checkpoint's sets embedded by embed_sets' numpy path (a few sets: registration) and its torch
+    path (bulk: an import's onboarding) agree to recompute's tolerance, sets of several lengths batched together."""
+    from registry.embedding import embed
+    from registry.locus.checkpoint import load_numpy
+
+    nm = load_numpy(SHIPPED.read_bytes())
+    rng = np.random.default_rng(4)
+    sets = [(0.05 * rng.standard_normal((n, nm.cfg.d_query)).astype(np.float32),
+             (rng.random(n) < 0.6).astype(np.float32)) for n in (300, 128, 90, 50)]
+    in_numpy = embed.embed_sets(nm, sets)
+    in_torch = embed.embed_sets(nm.torch_model(), sets)
+    np.testing.assert_allclose(in_numpy, in_torch, atol=1e-6)
+    assert np.linalg.norm(in_numpy[0] - in_numpy[1]) > 1e-3       # distinct sets, distinct embeddings

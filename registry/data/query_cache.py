@@ -114,20 +114,27 @@ def query_vectors(tx: Tx, query_ids: np.ndarray) -> tuple[dict[int, int], np.nda
     return row_of, mat
 
 
+def _row_proj(model, qmat: np.ndarray):
+    """(P, S) of query vectors as numpy: the numpy network's own, or a torch model's (no torch import otherwise)."""
+    if getattr(model, "torch_model", None) is not None:
+        return model.row_proj(qmat)
+    import torch
+
+    with torch.no_grad():
+        P, S = model.row_proj(torch.from_numpy(qmat))
+    return P.numpy(), S.numpy()
+
+
 def projections(tx: Tx, model, query_ids: np.ndarray):
     """(row_at, [rows, 2, D]): the encoder's input projections of the query vectors (`row_proj`, the part of the
     input layer that depends on the query alone), computed once per encoder for the vectors kept by
     `query_vectors`, and kept with them; row_at(query ids [n]) -> their rows [n] (vectorised: no Python per id)."""
-    import torch
-
     row_of, qmat = query_vectors(tx, query_ids)
     key = ("projections", id(model))
     for kept in (tx.local.get(key), tx.cache.get(key)):
         if kept is not None and kept[0] is qmat and kept[1] is model:
             return kept[3], kept[2]
-    with torch.no_grad():
-        P, S = model.row_proj(torch.from_numpy(qmat))
-    proj = torch.stack([P, S], dim=1).numpy()                                             # [rows, 2, D]
+    proj = np.stack(_row_proj(model, qmat), axis=1)                                     # [rows, 2, D]
     keys = np.fromiter(row_of.keys(), dtype=np.int64, count=len(row_of))
     vals = np.fromiter(row_of.values(), dtype=np.int64, count=len(row_of))
     order = np.argsort(keys)

@@ -197,10 +197,8 @@ def load(tx: Tx, encoder_id: int):
         tx.after_commit(lambda: tx.cache.__setitem__(key, row))
     sha, meta = row
     if sha not in _models:
-        from registry.locus.checkpoint import load_checkpoint
+        from registry.locus.checkpoint import load_numpy
 
         blob = tx.sql("SELECT weights FROM encoders WHERE id = ?", [encoder_id])[0][0]
-        model, _, _ = load_checkpoint(bytes(blob))
-        model.eval()
-        _models[sha] = model
+        _models[sha] = load_numpy(bytes(blob))      # torch only if something asks for more than numpy runs
     return _models[sha], dict(meta)

@@ -9,18 +9,21 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import asdict, fields
-
 from typing import TYPE_CHECKING
 
+from registry.locus.numpy_network import EncoderConfig
+
 if TYPE_CHECKING:                                   # torch is imported only by the functions that need it
-    from registry.locus.network import EncoderConfig, LocusModel
+    from registry.locus.network import LocusModel
+    from registry.locus.numpy_network import NumpyLocus
 
 FORMAT = "locus-checkpoint/1"
 _KEY = "locus"
 _LATER_FIELDS = {"categories": (), "category_field": "category"}   # EncoderConfig fields added after format 1 -> the default a missing one takes
 
 
-def save_checkpoint(model: "LocusModel", config: "EncoderConfig", meta: dict) -> bytes:
+
+def save_checkpoint(model: "LocusModel", config: EncoderConfig, meta: dict) -> bytes:
     from safetensors.torch import save as st_save
 
     cfg = asdict(config)
@@ -59,17 +62,31 @@ def read_header(blob: bytes) -> dict:
     return info
 
 
-def load_checkpoint(blob: bytes) -> tuple["LocusModel", "EncoderConfig", dict]:
-    from safetensors.torch import load as st_load
-
-    from registry.locus.network import EncoderConfig, LocusModel
-
+def read_config(blob: bytes) -> tuple[EncoderConfig, dict]:
+    """(config, meta) of a checkpoint, without torch; unknown config fields are a ValueError."""
     info = read_header(blob)
     known = {f.name for f in fields(EncoderConfig)}
     unknown = set(info["config"]) - known
     if unknown:
         raise ValueError(f"checkpoint config has unknown fields {sorted(unknown)}")
-    config = EncoderConfig(**info["config"])
+    return EncoderConfig(**info["config"]), info["meta"]
+
+
+def load_numpy(blob: bytes) -> "NumpyLocus":
+    """The checkpoint's network in numpy (embedding and scoring without torch); anything else it is asked for is
+    read from the torch model, loaded from the same bytes the first time."""
+    from registry.locus.numpy_network import NumpyLocus
+
+    config, _ = read_config(blob)
+    return NumpyLocus(blob, config, torch_loader=lambda b: load_checkpoint(b)[0])
+
+
+def load_checkpoint(blob: bytes) -> tuple["LocusModel", EncoderConfig, dict]:
+    from safetensors.torch import load as st_load
+
+    from registry.locus.network import LocusModel
+
+    config, meta = read_config(blob)
     model = LocusModel(config)
     try:
         tensors = st_load(bytes(blob))
@@ -85,4 +102,4 @@ def load_checkpoint(blob: bytes) -> tuple["LocusModel", "EncoderConfig", dict]:
                          + (f" ({len(wrong) - 1} more)" if len(wrong) > 1 else ""))
     model.load_state_dict(tensors, strict=True)
     model.eval()
-    return model, config, info["meta"]
+    return model, config, meta

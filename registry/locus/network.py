@@ -6,46 +6,13 @@ masks them, and they are zeroed on entry). Blocks follow the Set Transformer pap
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from registry.locus import label_columns
-from registry.locus.numpy_predictor import BLOCKS, Predictor, category_ids, category_positions, gather_offsets
-
-
-@dataclass
-class EncoderConfig:
-    d_query: int = 384     # query-vector width (MiniLM)
-    d_model: int = 128     # encoder width, and the width of z and u
-    n_inducing: int = 64   # ISAB inducing points
-    n_heads: int = 4
-    n_isab: int = 2
-    d_hidden: int = 64     # predictor MLP hidden width
-    dropout: float = 0.1
-    query_bias: bool = False  # predictor adds a per-query logit bias from u alone (difficulty)
-    categories: tuple = ()    # query-category vocabulary: logit += [z, 1] . row(category), row 0 (zero) for
-                              # a query without one or with one not listed; () = text only (every checkpoint made
-                              # before the field: it is written only when not empty). With several columns, each
-                              # name is "column:value" and a query's rows (one per column) add up
-    category_field: str = "category"   # the query column(s) the vocabulary names: "category", "source", or several
-                                       # joined by "+" ("category+source"; querylabels)
-
-    def __post_init__(self):
-        self.categories = tuple(str(c) for c in self.categories)   # JSON gives a list back
-        cols = label_columns.parse(self.category_field)
-        if cols is None:
-            raise ValueError(f"category_field must be 'category', 'source' or both joined by '+', "
-                             f"got {self.category_field!r}")
-        if len(cols) > 1 and any(c.split(":", 1)[0] not in cols or ":" not in c for c in self.categories):
-            raise ValueError(f"with category_field {self.category_field!r} every category is named 'column:value'")
-
-    @property
-    def category_columns(self) -> tuple[str, ...]:
-        return label_columns.parse(self.category_field)
+from registry.locus.numpy_network import EncoderConfig, BLOCKS, Predictor, category_ids, category_positions, gather_offsets
 
 
 class MAB(nn.Module):

@@ -39,10 +39,10 @@ def _code_digest() -> str:
 
     from registry.embedding import evidence
     from registry.evaluate import served
-    from registry.locus import interaction, numpy_predictor
+    from registry.locus import interaction, numpy_network
 
     # (routing/state.py, which builds the state, is this module's caller: loaded, and not imported back)
-    modules = (sys.modules["registry.routing.state"], served, interaction, numpy_predictor, evidence,
+    modules = (sys.modules["registry.routing.state"], served, interaction, numpy_network, evidence,
                sys.modules[__name__])
     if not _sources:
         _sources.append(hashlib.sha256(b"".join(open(m.__file__, "rb").read() for m in modules)).hexdigest())

@@ -21,7 +21,7 @@ from registry.core.transaction import Tx
 from registry.data import availability
 from registry.embedding import encoders, evidence, index
 from registry.evaluate import served as policy_mod
-from registry.locus import checkpoint, interaction, label_columns, numpy_predictor
+from registry.locus import checkpoint, interaction, label_columns, numpy_network
 from registry.routing import saved_state
 
 PREDICTIONS_KEPT = 4096     # the predictor's P(correct) rows kept per Store (one per model version and query set)
@@ -105,14 +105,14 @@ def _saved(tx: Tx, key: tuple) -> State | None:
     return st
 
 
-_predictors: dict = {}       # checkpoint digest -> numpy_predictor.Predictor, parsed once per process
+_predictors: dict = {}       # checkpoint digest -> numpy_network.Predictor, parsed once per process
 
 
-def _predictor(tx: Tx, encoder_id: int) -> numpy_predictor.Predictor:
+def _predictor(tx: Tx, encoder_id: int) -> numpy_network.Predictor:
     sha = tx.sql("SELECT weights_sha256 FROM encoders WHERE id = ?", [encoder_id])[0][0]
     if sha not in _predictors:
         blob = bytes(tx.sql("SELECT weights FROM encoders WHERE id = ?", [encoder_id])[0][0])
-        _predictors[sha] = numpy_predictor.from_checkpoint(blob, checkpoint.read_header(blob)["config"])
+        _predictors[sha] = numpy_network.from_checkpoint(blob, checkpoint.read_header(blob)["config"])
     return _predictors[sha]
 
 

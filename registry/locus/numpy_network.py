@@ -1,0 +1,252 @@
+"""The LOCUS network in numpy, from its checkpoint's weights: the set encoder's forward pass (evaluations -> z, what
+registration, onboarding and `similar --evals` run) and the correctness predictor's P(correct) (what routing scores
+with). A command that reads the weights from a checkpoint's safetensors bytes (`NumpyLocus.from_checkpoint`) embeds
+and routes without importing torch at all, and for a few queries or one small set torch's per-op overhead costs more
+than the arithmetic. network.LocusModel is the torch original (training); both are checked against each other."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from registry.locus import label_columns
+
+@dataclass
+class EncoderConfig:
+    d_query: int = 384     # query-vector width (MiniLM)
+    d_model: int = 128     # encoder width, and the width of z and u
+    n_inducing: int = 64   # ISAB inducing points
+    n_heads: int = 4
+    n_isab: int = 2
+    d_hidden: int = 64     # predictor MLP hidden width
+    dropout: float = 0.1
+    query_bias: bool = False  # predictor adds a per-query logit bias from u alone (difficulty)
+    categories: tuple = ()    # query-category vocabulary: logit += [z, 1] . row(category), row 0 (zero) for
+                              # a query without one or with one not listed; () = text only (every checkpoint made
+                              # before the field: it is written only when not empty). With several columns, each
+                              # name is "column:value" and a query's rows (one per column) add up
+    category_field: str = "category"   # the query column(s) the vocabulary names: "category", "source", or several
+                                       # joined by "+" ("category+source"; querylabels)
+
+    def __post_init__(self):
+        self.categories = tuple(str(c) for c in self.categories)   # JSON gives a list back
+        cols = label_columns.parse(self.category_field)
+        if cols is None:
+            raise ValueError(f"category_field must be 'category', 'source' or both joined by '+', "
+                             f"got {self.category_field!r}")
+        if len(cols) > 1 and any(c.split(":", 1)[0] not in cols or ":" not in c for c in self.categories):
+            raise ValueError(f"with category_field {self.category_field!r} every category is named 'column:value'")
+
+    @property
+    def category_columns(self) -> tuple[str, ...]:
+        return label_columns.parse(self.category_field)
+
+
+BLOCKS = ("q_proj", "w_z", "w_u", "w_zu", "head", "q_bias", "q_cat")   # what scores a (model, query) pair
+
+
+def gather_offsets(offsets, ids):
+    """Offsets [M, C+1] (model x category row) and ids [N] or [N, columns] -> [M, N]: each query's offset, summed
+    over its columns' rows (torch or numpy)."""
+    o = offsets[:, ids]
+    return o if ids.ndim == 1 else o.sum(-1)
+
+
+def category_positions(categories: tuple, columns: tuple) -> dict:
+    """The vocabulary's rows: one column: name -> row; several: (column's position, value) -> row (row 0: none)."""
+    if len(columns) == 1:
+        return {c: i + 1 for i, c in enumerate(categories)}
+    return {(columns.index(c.split(":", 1)[0]), c.split(":", 1)[1]): i + 1 for i, c in enumerate(categories)}
+
+
+def category_ids(names, positions: dict, n_cols: int) -> np.ndarray:
+    """Category names [N] (None, "(none)" or a name outside the vocabulary: row 0) -> ids [N] int64; with several
+    columns, names are labels (label_columns: the values joined) -> ids [N, columns]."""
+    if n_cols == 1:
+        return np.fromiter((positions.get(n, 0) if isinstance(n, str) else 0 for n in names), dtype=np.int64,
+                           count=len(names))
+    out = np.zeros((len(names), n_cols), dtype=np.int64)
+    for i, label in enumerate(names):
+        for k, v in enumerate(label_columns.split(label, n_cols)):
+            out[i, k] = positions.get((k, v), 0)
+    return out
+
+
+@dataclass
+class Predictor:
+    w: dict                               # block parameter name -> float64 array (BLOCKS' parameters)
+    query_bias: bool = False
+    categories: tuple = ()                # the vocabulary (EncoderConfig.categories); () = text only
+    category_field: str = "category"
+    positions: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self):
+        self.categories = tuple(self.categories)
+        self.columns = label_columns.parse(self.category_field) or ("category",)
+        self.positions = category_positions(self.categories, self.columns) if self.categories else {}
+
+    def category_ids(self, names) -> np.ndarray | None:
+        if names is None or not self.categories:
+            return None
+        return category_ids(names, self.positions, len(self.columns))
+
+    def scorer(self, z):
+        """(q [N,Dq], categories [N] names or None) -> P(correct) [M,N] float32 for fixed embeddings z [M,D], with
+        z's half of the predictor computed once."""
+        w = self.w
+        zd = np.asarray(z, dtype=np.float64)
+        a = zd @ w["w_z.weight"].T + w["w_z.bias"]                                # [M,Hd]
+        M, Hd = a.shape
+        Wzu = w["w_zu.weight"]                                                    # [Hd,D]
+        zw = []        # z's side of w_zu(z * u) [M*Hd,D]: built on the first batch of more queries than models
+        Wq, bq, Wu = w["q_proj.weight"], w["q_proj.bias"], w["w_u.weight"]
+        head, hb = w["head.weight"][0], float(w["head.bias"][0])
+        qb = (w["q_bias.weight"][0], float(w["q_bias.bias"][0])) if self.query_bias else None
+        E = w.get("q_cat.weight") if self.categories else None                   # [C+1,D+1] or None (text only)
+        offsets = None if E is None else zd @ E[:, :-1].T + E[:, -1]             # [M,C+1]
+
+        def fast(q, categories=None, chunk: int = 2048):
+            out = np.empty((M, len(q)), dtype=np.float32)
+            ids = self.category_ids(categories)
+            for s in range(0, len(q), chunk):
+                u = np.asarray(q[s:s + chunk], dtype=np.float64) @ Wq.T + bq     # [n,D]
+                n = len(u)
+                # w_zu(z * u)[m,h,n] = sum_d z[m,d] Wzu[h,d] u[n,d]: the same sum grouped on the smaller side, so a
+                # server's scorer (hundreds of models, a few queries per route, one scorer per snapshot) never
+                # builds the [M*Hd,D] block, and an evaluation's (thousands of queries) builds it once
+                if zw or n > M:
+                    if not zw:
+                        zw.append((zd[:, None, :] * Wzu[None]).reshape(M * Hd, -1))
+                    zu = (zw[0] @ u.T).reshape(M, Hd, n)                          # [M,Hd,n]
+                else:
+                    zu = (zd @ (u[:, None, :] * Wzu[None]).reshape(n * Hd, -1).T).reshape(M, n, Hd).transpose(0, 2, 1)
+                pre = zu + a[:, :, None] + (u @ Wu.T).T[None]
+                o = np.einsum("mhn,h->mn", np.maximum(pre, 0.0), head) + hb
+                if qb is not None:
+                    o = o + (u @ qb[0] + qb[1])[None]
+                if offsets is not None and ids is not None:
+                    o = o + gather_offsets(offsets, ids[s:s + chunk])
+                out[:, s:s + chunk] = 1.0 / (1.0 + np.exp(-o))
+            return out
+
+        return fast
+
+
+def from_checkpoint(blob: bytes, config: dict) -> Predictor:
+    """The predictor of a LOCUS checkpoint (safetensors bytes; its config from checkpoint.read_header), read with
+    safetensors' numpy loader: no torch."""
+    from safetensors.numpy import load
+
+    w = {k: v.astype(np.float64) for k, v in load(bytes(blob)).items() if k.split(".")[0] in BLOCKS}
+    return Predictor(w, query_bias=bool(config.get("query_bias", False)),
+                     categories=tuple(str(c) for c in config.get("categories", ())),
+                     category_field=config.get("category_field", "category"))
+
+
+# --- the set encoder ------------------------------------------------------------------------------------------------
+LN_EPS = 1e-5      # torch.nn.LayerNorm's default, what the checkpoints were trained with
+
+
+def _linear(w: dict, name: str, x):
+    return x @ w[name + ".weight"].T + w[name + ".bias"]
+
+
+def _layer_norm(w: dict, name: str, x):
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + LN_EPS) * w[name + ".weight"] + w[name + ".bias"]
+
+
+def _mab(w: dict, name: str, x, y, y_mask, n_heads: int):
+    # x [B,Nx,D] queries; y [B,Ny,D] keys/values; y_mask [B,Ny] bool (True = attend) or None -> [B,Nx,D]
+    B, Nx, D = x.shape
+    Ny, H = y.shape[1], n_heads
+    split = lambda t, n: t.reshape(B, n, H, D // H).transpose(0, 2, 1, 3)             # [B,H,n,D/H]
+    q, k, v = (split(_linear(w, f"{name}.{p}", t), n) for p, t, n in (("q", x, Nx), ("k", y, Ny), ("v", y, Ny)))
+    s = q @ k.transpose(0, 1, 3, 2) / math.sqrt(D // H)                                # [B,H,Nx,Ny]
+    if y_mask is not None:
+        s = np.where(y_mask[:, None, None, :], s, -np.inf)
+    s = np.exp(s - s.max(-1, keepdims=True))
+    a = (s / s.sum(-1, keepdims=True)) @ v                                             # [B,H,Nx,D/H]
+    a = a.transpose(0, 2, 1, 3).reshape(B, Nx, D)
+    h = _layer_norm(w, f"{name}.ln1", x + _linear(w, f"{name}.o", a))
+    ff = _linear(w, f"{name}.ff.2", np.maximum(_linear(w, f"{name}.ff.0", h), 0.0))
+    return _layer_norm(w, f"{name}.ln2", h + ff)                                       # [B,Nx,D]
+
+
+@dataclass
+class SetEncoder:
+    """The set encoder's forward pass (network.LocusModel.embed_proj's), in the weights' dtype (float32, as torch
+    runs it: the same set's z agrees with torch's to about 1e-7)."""
+    w: dict                               # parameter name -> array: inp, isabs.*, pma.*, out
+    d_query: int
+    n_heads: int
+    n_isab: int
+
+    def row_proj(self, q):
+        """q [...,Dq] -> (P, S) [...,D]: the query parts of the input layer (LocusModel.row_proj)."""
+        W, dq = self.w["inp.weight"], self.d_query
+        q = np.asarray(q, dtype=W.dtype)
+        return q @ W[:, :dq].T, q @ W[:, dq + 1:].T
+
+    def embed_proj(self, P, S, y, mask):
+        # P, S [B,N,D], y [B,N] 0/1, mask [B,N] bool or None -> z [B,D]
+        w = self.w
+        y = np.asarray(y, dtype=P.dtype)[..., None]                                    # [B,N,1]
+        h = P + (2 * y - 1) * S + y * w["inp.weight"][:, self.d_query] + w["inp.bias"]
+        if mask is not None:
+            if mask.all():
+                mask = None
+            else:
+                h = np.where(mask[..., None], h, 0.0).astype(P.dtype)
+        for i in range(self.n_isab):
+            ind = np.broadcast_to(w[f"isabs.{i}.inducing"], (h.shape[0], *w[f"isabs.{i}.inducing"].shape[1:]))
+            hi = _mab(w, f"isabs.{i}.mab_in", ind, h, mask, self.n_heads)              # [B,K,D]
+            h = _mab(w, f"isabs.{i}.mab_out", h, hi, None, self.n_heads)               # [B,N,D]
+        seeds = np.broadcast_to(w["pma.seeds"], (h.shape[0], *w["pma.seeds"].shape[1:]))
+        return _linear(w, "out", _mab(w, "pma.mab", seeds, h, mask, self.n_heads)[:, 0])   # [B,D]
+
+    def embed(self, q, y, mask):
+        # q [B,N,Dq], y [B,N], mask [B,N] bool -> z [B,D]
+        q = np.where(mask[..., None], q, 0.0)
+        P, S = self.row_proj(q)
+        return self.embed_proj(P, S, y, mask)
+
+
+class NumpyLocus:
+    """A checkpoint's network for every command that does not train: `cfg`, `embed`, `embed_proj`, `row_proj`,
+    `scorer`, `p_correct`, `category_ids` in numpy; anything else (a baseline's or evaluate's torch use) is read from
+    the torch model, built from the same bytes the first time it is asked for."""
+
+    def __init__(self, blob: bytes, cfg, *, torch_loader=None):
+        from safetensors.numpy import load
+
+        self.cfg = cfg
+        self._blob, self._torch_loader, self._torch = bytes(blob), torch_loader, None
+        w = load(self._blob)
+        self.encoder = SetEncoder({k: v for k, v in w.items() if k.split(".")[0] in ("inp", "isabs", "pma", "out")},
+                                  d_query=cfg.d_query, n_heads=cfg.n_heads, n_isab=cfg.n_isab)
+        self.predictor = Predictor({k: v.astype(np.float64) for k, v in w.items() if k.split(".")[0] in BLOCKS},
+                                   query_bias=cfg.query_bias, categories=cfg.categories,
+                                   category_field=cfg.category_field)
+        self.row_proj, self.embed_proj, self.embed = self.encoder.row_proj, self.encoder.embed_proj, self.encoder.embed
+        self.category_ids = self.predictor.category_ids
+        self.numpy_scorer_agrees = True      # it is the numpy scorer
+
+    def scorer(self, z):
+        return self.predictor.scorer(np.asarray(z, dtype=np.float32))
+
+    def p_correct(self, z, q, categories=None):
+        return self.scorer(z)(q, categories)
+
+    def torch_model(self):
+        """The same network as a torch LocusModel (eval mode), built once."""
+        if self._torch is None:
+            self._torch = self._torch_loader(self._blob)
+        return self._torch
+
+    def __getattr__(self, name):          # only for what numpy does not run: the torch model's own
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.torch_model(), name)

@@ -22,6 +22,7 @@ catalog, fallback, fingerprint, geometry, maps, neighbours, portfolio, probe_pla
 embed, encoders, evidence, index, onboarding = lazy_modules("registry.embedding", "embed encoders evidence index onboarding")
 route_log, policy, query_texts, routing_state, routing_accuracy = lazy_modules(
     "registry.routing", "log policy query_texts state accuracy")
+verify_uc, watch_uc = lazy_modules("registry.usecases", "verify watch")
 
 
 class Registry:
@@ -164,8 +165,7 @@ class Registry:
             has = bool(outbox.pending(tx))
         return self.onboard() if has else []
 
-    def history(self, name: str) -> versions.History:
-        return self._in_tx(versions.history, name)
+    def history(self, name: str) -> versions.History: return self._in_tx(versions.history, name)
 
     def diff(self, name: str, v1: int | None = None, v2: int | None = None, k: int = 5) -> versions.Diff:
         """How far a model moved between two versions (default: the two newest), how its nearest neighbours changed
@@ -263,11 +263,8 @@ class Registry:
         """Every model: evaluations, accuracy, metadata, availability, current version and evidence status."""
         return self._in_tx(catalog.models, self.probation_min)
 
-    def show(self, name: str) -> catalog.ModelDetail:
-        return self._in_tx(catalog.show, name, self.probation_min)
-
-    def stats(self) -> catalog.Stats:
-        return self._in_tx(catalog.stats, self.path)
+    def show(self, name: str) -> catalog.ModelDetail: return self._in_tx(catalog.show, name, self.probation_min)
+    def stats(self) -> catalog.Stats: return self._in_tx(catalog.stats, self.path)
 
     def similar(self, model: str | None = None, k: int = 5, *, evals: str | None = None,
                 as_of: str | None = None) -> list[neighbours.Neighbour]:
@@ -384,6 +381,10 @@ class Registry:
 
     def remove_endpoint(self, model: str) -> None:
         self._in_tx(endpoints.remove, model)
+
+    def claim(self, model: str, base_url: str, **o): return self._in_tx(verify_uc.claim, model, base_url, o)
+    def verify(self, model: str, **o): return verify_uc.verify(self, model, **o)
+    def watch(self, **o): return watch_uc.watch(self, **o)
 
     def routing_log(self, since: str | None = None, limit: int | None = None,
                     oldest: bool = False) -> list[route_log.LogEntry]:

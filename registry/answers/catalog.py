@@ -129,6 +129,10 @@ def alias_groups(tx: Tx) -> dict[int, int]:
                                                           row_number() OVER (PARTITION BY model_id ORDER BY id DESC) AS newest
                                                    FROM model_aliases) a
                                                WHERE newest = 1 AND alias_of IS NOT NULL""")}
+    # an endpoint claiming a model (asking/claims.py) is grouped with it as an alias is: never a distinct pair
+    of.update({int(m): int(t) for m, t in tx.sql("""SELECT model_id, claims FROM (
+                   SELECT model_id, claims, row_number() OVER (PARTITION BY model_id ORDER BY id DESC) AS newest
+                   FROM model_claims) c WHERE newest = 1 AND claims IS NOT NULL""") if int(m) not in of})
     roots = {}
     for m in of:
         root, seen = of[m], {m}

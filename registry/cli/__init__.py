@@ -13,14 +13,14 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import click  # noqa: E402
 
-from registry.cli import asking, data, db, encoders, geometry, models, routing  # noqa: E402
+from registry.cli import asking, data, db, encoders, geometry, models, routing, verify  # noqa: E402
 from registry.core import settings  # noqa: E402
 from registry.core.errors import RegistryError  # noqa: E402
 from registry.cli.common import emit_json, handles_errors, open_registry, table  # noqa: E402
 
 __all__ = ["cli", "main", "emit_json", "handles_errors", "open_registry", "table"]
 
-COMMAND_MODULES = (db, data, models, encoders, geometry, routing, asking)
+COMMAND_MODULES = (db, data, models, encoders, geometry, routing, asking, verify)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

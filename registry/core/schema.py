@@ -236,6 +236,39 @@ class AskedAnswer(Base):
     created: Mapped[datetime] = mapped_column(DateTime, server_default=func.now(), nullable=False)
 
 
+class ModelClaim(Base):
+    """Append-only, as aliases are: the newest row per model says which registered model its endpoint claims to serve
+    (claims NULL: none now), whether it is that model's reference (the official API) and whether `watch` asks it."""
+    __tablename__ = "model_claims"
+    id: Mapped[int] = _id("model_claims_id_seq")
+    model_id: Mapped[int] = mapped_column(Integer, nullable=False)
+    claims: Mapped[int | None] = mapped_column(Integer)
+    reference: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    watched: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    created: Mapped[datetime] = mapped_column(DateTime, server_default=func.now(), nullable=False)
+
+
+class WatchRound(Base):
+    """One row per claiming endpoint per `registry watch` round: its figures against the reference on the round's
+    questions, the sequential test's statistic after it, the verdict, and the event it raised (NULL: none)."""
+    __tablename__ = "watch_rounds"
+    id: Mapped[int] = _id("watch_rounds_id_seq")
+    model_id: Mapped[int] = mapped_column(Integer, nullable=False)
+    claims: Mapped[int] = mapped_column(Integer, nullable=False)
+    batch_id: Mapped[int | None] = mapped_column(Integer)         # the round's answers (NULL: nothing new asked)
+    n: Mapped[int] = mapped_column(Integer, nullable=False)        # questions both it and the reference answered
+    correct: Mapped[int] = mapped_column(Integer, nullable=False)
+    reference_correct: Mapped[int] = mapped_column(Integer, nullable=False)
+    disagreements: Mapped[int] = mapped_column(Integer, nullable=False)
+    worse: Mapped[int] = mapped_column(Integer, nullable=False)    # it wrong where the reference is right
+    better: Mapped[int] = mapped_column(Integer, nullable=False)
+    statistic: Mapped[float] = mapped_column(Float, nullable=False)
+    verdict: Mapped[str] = mapped_column(String, nullable=False)
+    event: Mapped[str | None] = mapped_column(String)
+    evidence: Mapped[dict] = mapped_column(JSON, nullable=False)
+    created: Mapped[datetime] = mapped_column(DateTime, server_default=func.now(), nullable=False)
+
+
 class RoutingState(Base):
     """A routing state as built (routing/saved_state.py), under the key that says which registry state it is of: a
     cache of derived values, rebuilt whenever missing."""

@@ -1,0 +1,87 @@
+"""`registry endpoints add` (an endpoint claiming a model), `registry verify` (is each claiming endpoint serving it
+faithfully?) and `registry watch` (and is it still?)."""
+from __future__ import annotations
+
+import click
+
+from registry.cli.common import command, emit_json, open_registry, table
+from registry.cli.routing import endpoints
+
+
+@command("add", group=endpoints)
+@click.argument("model")
+@click.option("--base-url", required=True, help="The endpoint's OpenAI-compatible base URL.")
+@click.option("--name", help="Its own model name (default MODEL@host): its answers never enter MODEL's.")
+@click.option("--upstream-model", help="The model id the endpoint knows it by (default: the name).")
+@click.option("--api-key-env", help="The NAME of the environment variable holding its API key (read per request).")
+@click.option("--reference", is_flag=True, help="It is MODEL's reference (the official API): the others are judged "
+                                                "against it.")
+@click.option("--unwatched", is_flag=True, help="`registry watch` does not ask it.")
+def endpoints_add(ctx, model, *, base_url, name, upstream_model, api_key_env, reference, unwatched, as_json):
+    """Add an endpoint that claims to serve MODEL (adding it again changes its marks)."""
+    c = open_registry(ctx).claim(model, base_url, name=name, upstream_model=upstream_model, api_key_env=api_key_env,
+                                 reference=reference, watched=not unwatched)
+    if as_json:
+        return emit_json(c)
+    click.echo(f"{c.endpoint} claims {c.model}: {c.base_url} as {c.upstream_model}"
+               + (" (the reference)" if c.reference else "") + ("" if c.watched else " (not watched)"))
+
+
+def pct(x) -> str:
+    return "" if x is None else f"{x:.1%}"
+
+
+def interval(ci) -> str:
+    return f"[{ci[0]:.1%}, {ci[1]:.1%}]" if ci else ""
+
+
+def verify_rows(result) -> list[list]:
+    rows = []
+    for e in result.endpoints:
+        v = e.verdict or {}
+        cost = "" if e.cost is None else f"{e.cost:.4f}"
+        tokens = e.prompt_tokens + e.completion_tokens
+        name = e.endpoint + (" (ref)" if e.reference else "")
+        verdict = v.get("verdict", "") + (f": {v['substitute']}" if v.get("substitute") else "")
+        rows.append([name, v.get("n", ""), f"{pct(v.get('accuracy'))} {interval(v.get('accuracy_ci'))}".strip(),
+                     pct(v.get("disagreement")), pct(v.get("self_disagreement")), pct(v.get("expected_disagreement")),
+                     "" if v.get("drop") is None else f"{v['drop']:+.1%} {interval(v.get('drop_ci'))}",
+                     verdict, tokens, cost])
+    return rows
+
+
+@command()
+@click.argument("model")
+@click.option("--endpoint", "names", multiple=True, help="Only this claiming endpoint (repeatable; the reference "
+                                                         "is always asked).")
+@click.option("-n", "n", default=256, show_default=True, help="Planned questions every endpoint answers.")
+@click.option("--repeat", default=32, show_default=True, help="Of those, asked twice to measure nondeterminism.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the plan (the same seed extends the same plan).")
+@click.option("--concurrency", default=8, show_default=True, help="Requests in flight per endpoint.")
+@click.option("--deadline", default=60.0, show_default=True, help="Seconds one request may take.")
+@click.option("--alpha", default=0.002, show_default=True, help="Each test's false-alarm rate.")
+@click.option("--min-drop", default=0.02, show_default=True, help="Accuracy drop that counts as degraded.")
+def verify(ctx, model, *, names, n, repeat, seed, concurrency, deadline, alpha, min_drop, as_json):
+    """Ask every endpoint claiming MODEL the same planned questions and say whether each serves it faithfully, or
+    degraded, or another model (exit 3 when one is not faithful)."""
+    r = open_registry(ctx).verify(model, endpoints=list(names) or None, n=n, repeat=repeat, seed=seed,
+                                  concurrency=concurrency, deadline=deadline, alpha=alpha, min_drop=min_drop,
+                                  progress=not as_json)
+    if as_json:
+        emit_json({**r.__dict__, "faithful": r.faithful})
+    else:
+        click.echo(f"{r.model}: {r.n} planned questions (+{r.repeat} repeats), template {r.template}, reference: "
+                   f"{r.reference}; {r.seconds:.1f} s")
+        if r.note:
+            click.echo(f"note: {r.note}")
+        table(verify_rows(r), ["endpoint", "n", "accuracy (95% CI)", "disagrees", "self", "allowed", "drop (95% CI)",
+                               "verdict", "tokens", "cost"])
+        for e in r.endpoints:
+            sent = f"{e.asked} sent, {e.already} answered before"
+            fails = "; ".join(f"{c} {why}" for why, c in e.failures.items())
+            click.echo(f"{e.endpoint}: {e.verdict.get('reason', '')} ({sent}{'; no answer: ' + fails if fails else ''})")
+    if not r.faithful:
+        ctx.exit(3)
+
+
+COMMANDS = [verify]

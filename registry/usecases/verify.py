@@ -1,0 +1,326 @@
+"""`registry verify X`: ask every endpoint claiming X the same planned questions under the prompt template (only those
+each has not answered yet), repeat the plan's first few to measure each one's own nondeterminism, store the answers
+(an import batch for first answers, one for repeats, with their provenance), and judge each endpoint against X's
+reference (asking/verdicts.py): faithful, degraded, substituted, differs or not conclusive, with the evidence."""
+from __future__ import annotations
+
+import hashlib
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from registry.answers import catalog, fingerprint
+from registry.asking import claims, client, grading, prompt, verdicts
+from registry.core.errors import Conflict, InputError, NotFound
+from registry.core.keys import OWNER, UpstreamKeys
+from registry.core.transaction import Tx
+from registry.data import evaluation_rows, ingest
+
+GOLD = "SELECT q.id, q.external_id, q.text, g.answer, g.grading FROM queries q JOIN query_answers g ON g.query_id = q.id"
+
+
+@dataclass
+class EndpointReport:
+    endpoint: str
+    base_url: str
+    reference: bool
+    planned: int                    # plan questions (first answers wanted) and repeats wanted
+    repeats_planned: int
+    already: int                    # plan questions and repeats not asked: answered before under the template
+    asked: int                      # requests sent now (first answers, repeats, disagreements asked again)
+    answered: int
+    unanswered: int
+    requests: int
+    retries: int
+    prompt_tokens: int
+    completion_tokens: int
+    cost: float | None
+    failures: dict = field(default_factory=dict)
+    verdict: dict = field(default_factory=dict)     # verdicts.Verdict, against the reference
+
+
+@dataclass
+class VerifyResult:
+    model: str
+    template: str
+    n: int
+    repeat: int
+    seed: int
+    reference: str                  # the reference endpoint's name, or "registered results"
+    across_prompts: bool            # the reference is X's registered results: published under another prompt
+    endpoints: list[EndpointReport]
+    batches: list[int]
+    seconds: float
+    note: str = ""
+
+    @property
+    def faithful(self) -> bool:
+        return all(e.verdict.get("verdict") == "faithful" for e in self.endpoints if not e.reference)
+
+
+@dataclass
+class Target:
+    claim: claims.Claim
+    endpoint: client.Endpoint
+    model_id: int
+    price: float | None
+
+
+def claim(tx: Tx, model: str, base_url: str, options: dict) -> claims.Claim:
+    """`registry endpoints add`: an endpoint claiming `model` (claims.add's options: name, upstream_model,
+    api_key_env, reference, watched)."""
+    return claims.add(tx, model, base_url, **options)
+
+
+def planned(candidates, n: int, seed: int) -> list[int]:
+    """The plan: the first n of the candidate questions in a seeded order (a longer plan extends a shorter one)."""
+    ids = np.array(sorted(int(q) for q in candidates), dtype=np.int64)
+    return np.random.default_rng(seed).permutation(ids)[:n].tolist()
+
+
+def counts(tx: Tx, model_id: int, base_url: str, qids: list[int]) -> dict[int, int]:
+    """How many answers the endpoint gave each of `qids` under the template."""
+    rows = tx.sql("""SELECT query_id, count(*) FROM asked_answers WHERE model_id = ? AND base_url = ? AND template = ?
+                     AND query_id IN (SELECT unnest(?::BIGINT[])) GROUP BY 1""",
+                  [model_id, base_url, prompt.TEMPLATE_VERSION, list(qids)])
+    return {int(q): int(c) for q, c in rows}
+
+
+def answers(tx: Tx, model_id: int, base_url: str, qids: list[int]) -> dict[int, list[bool]]:
+    """The endpoint's answers to each of `qids` under the template, oldest first."""
+    rows = tx.sql("""SELECT query_id, correct FROM asked_answers WHERE model_id = ? AND base_url = ? AND template = ?
+                     AND query_id IN (SELECT unnest(?::BIGINT[])) ORDER BY batch_id""",
+                  [model_id, base_url, prompt.TEMPLATE_VERSION, list(qids)])
+    out: dict[int, list[bool]] = {}
+    for q, ok in rows:
+        out.setdefault(int(q), []).append(bool(ok))
+    return out
+
+
+def targets(tx: Tx, model: str, names: list[str] | None, keys: UpstreamKeys) -> list[Target]:
+    """The endpoints to ask, the reference first, each checked (URL, key against `keys`) before anything is sent."""
+    found = claims.of_model(tx, model)
+    if not found:
+        raise Conflict(f"no endpoint claims {model!r}: add one with `registry endpoints add {model} --base-url URL "
+                       f"--name {model}@provider`")
+    known = {c.endpoint for c in found}
+    for n in names or []:
+        if n not in known:
+            raise NotFound(f"{n!r} does not claim {model!r} (its endpoints: {', '.join(sorted(known))})")
+    chosen = [c for c in found if not names or c.endpoint in names or c.reference]
+    ids = dict(tx.sql("SELECT name, id FROM models"))
+    price = dict(tx.sql("SELECT name, cost FROM models"))
+    out = []
+    for c in chosen:
+        if c.base_url is None:
+            raise Conflict(f"{c.endpoint!r} has no endpoint: set it with `registry endpoints set {c.endpoint} "
+                           f"--base-url URL`")
+        e = client.Endpoint(c.base_url, c.upstream_model or c.endpoint, c.api_key_env, keys)
+        keys.header(e.api_key_env, e.base_url)          # (read and dropped: refused here, before anything is sent)
+        out.append(Target(c, e, int(ids[c.endpoint]), price.get(c.endpoint)))
+    return out
+
+
+def ask_targets(jobs: list[tuple[Target, list[tuple]]], *, concurrency: int, progress: bool,
+                **how) -> list[tuple[list[client.Reply], client.Usage]]:
+    """Every endpoint's requests at once (each with `concurrency` of its own): the slowest endpoint sets the time."""
+    def one(job):
+        target, prompts = job
+        if not prompts:
+            return [], client.Usage()
+        return client.ask_all(target.endpoint, prompts, concurrency=concurrency, progress=progress, **how)
+    with ThreadPoolExecutor(max(1, len(jobs))) as pool:
+        return list(pool.map(one, jobs))
+
+
+def store(tx: Tx, graded: list[tuple], label: str) -> int | None:
+    """Graded answers [(target, query id, extracted, correct, text)] as one import batch of evaluations, with their
+    provenance rows. -> the batch id (None: nothing to store)."""
+    if not graded:
+        return None
+    ext = dict(tx.sql("SELECT id, external_id FROM queries"))
+    ids = dict(tx.sql("SELECT name, id FROM models"))
+    evaluated = [int(m) for (m,) in tx.sql("SELECT DISTINCT model_id FROM evaluations")]
+    result = ingest.run_rows_import(tx, [g[0].claim.endpoint for g in graded], [ext[g[1]] for g in graded],
+                                    [bool(g[3]) for g in graded], label=label, evaluated=evaluated, ids=ids)
+    if result is None:
+        raise Conflict("the answers could not be stored (one endpoint answered a question twice in one batch)")
+    tx.executemany("""INSERT INTO asked_answers (model_id, query_id, batch_id, base_url, upstream_model, template,
+                      extracted, correct, response_hash, response) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL)""",
+                   [[g[0].model_id, g[1], result.batch_id, g[0].endpoint.base_url, g[0].endpoint.upstream_model,
+                     prompt.TEMPLATE_VERSION, g[2], bool(g[3]), hashlib.sha256(g[4].encode()).hexdigest()]
+                    for g in graded])
+    return result.batch_id
+
+
+def reference_outcomes(tx: Tx, model: str, ref: Target | None, plan: list[int]) -> dict[int, bool]:
+    """The reference's first answer per plan question; without a reference endpoint, X's registered results."""
+    if ref is not None:
+        return {q: a[0] for q, a in answers(tx, ref.model_id, ref.endpoint.base_url, plan).items()}
+    return registered(tx, model, plan)
+
+
+def registered(tx: Tx, model: str, plan: list[int]) -> dict[int, bool]:
+    mid = tx.sql("SELECT id FROM models WHERE name = ?", [model])[0][0]
+    rows = evaluation_rows.of_models(tx, [mid])
+    keep = set(plan)
+    return {int(q): bool(c) for q, c in zip(rows["query_id"], rows["correct"]) if int(q) in keep}
+
+
+def candidates(tx: Tx, model: str) -> dict[int, str]:
+    """The registered models an endpoint claiming `model` might really serve: all but endpoints, `model` and its
+    aliases."""
+    names = dict(tx.sql("SELECT id, name FROM models"))
+    x = {n: i for i, n in names.items()}[model]
+    groups = catalog.alias_groups(tx)
+    root = groups.get(x, x)
+    skip = claims.claimant_ids(tx) | {m for m, g in groups.items() if g == root} | {root, x}
+    return {int(i): n for i, n in names.items() if int(i) not in skip}
+
+
+def outcomes(tx: Tx, ids: list[int], qids: list[int]) -> np.ndarray:
+    """Registered current outcomes [models, questions] (1/0, -1: none)."""
+    out = np.full((len(ids), len(qids)), -1, dtype=np.int8)
+    if not ids or not qids:
+        return out
+    rows = evaluation_rows.of_models(tx, ids)
+    row, col = {m: i for i, m in enumerate(ids)}, {q: j for j, q in enumerate(qids)}
+    for m, q, c in zip(rows["model_id"], rows["query_id"], rows["correct"]):
+        if int(q) in col:
+            out[row[int(m)], col[int(q)]] = c
+    return out
+
+
+def others_of(tx: Tx, model: str, qids: list[int], y: np.ndarray, claimed: dict[int, bool],
+              from_reference: bool) -> verdicts.Others:
+    """What the substitution and mixing tests need on the shared questions: the claimed model's outcomes, every
+    candidate's, and the fingerprint's nearest (endpoints and the claimed model's aliases aside)."""
+    cands = candidates(tx, model)
+    ids = sorted(cands)
+    mat = outcomes(tx, ids, list(qids))
+    mine = np.array([int(claimed[q]) if q in claimed else -1 for q in qids], dtype=np.int8)
+    x = int(tx.sql("SELECT id FROM models WHERE name = ?", [model])[0][0])
+    f = fingerprint.by_answers(tx, qids, y.astype(int), exclude=set(dict(tx.sql("SELECT id, name FROM models")))
+                               - set(ids) - {x})
+    nearest = None if f is None or f.match == model else f.match
+    return verdicts.Others(mine, {cands[m]: mat[i] for i, m in enumerate(ids) if (mat[i] >= 0).any()}, nearest,
+                           from_reference)
+
+
+def ask_pass(reg, model: str, jobs: list, gold: dict, reports: dict, **how) -> list[int]:
+    """One pass of requests [(target, [(query id, is_again)])] at every endpoint at once, graded and stored: first
+    answers as one import batch, second answers as another. Usage is added to `reports` (by endpoint). -> batches."""
+    prompts = [(t, [((q, again), prompt.render(gold[q][1], gold[q][3])) for q, again in asks]) for t, asks in jobs]
+    rows: dict[bool, list] = {False: [], True: []}
+    for (t, sent), (got, usage) in zip(prompts, ask_targets(prompts, **how)):
+        for r in got:
+            if r.text is not None:
+                q, again = r.key
+                extracted = grading.extract(r.text, gold[q][3])
+                rows[again].append((t, q, extracted, grading.grade(extracted, gold[q][2], gold[q][3]), r.text))
+        e = reports[t.claim.endpoint]
+        answered = sum(r.text is not None for r in got)
+        e.asked, e.answered, e.unanswered = e.asked + len(sent), e.answered + answered, e.unanswered + len(sent) - answered
+        for f in ("requests", "retries", "prompt_tokens", "completion_tokens"):
+            setattr(e, f, getattr(e, f) + getattr(usage, f))
+        for why, c in usage.failures.items():
+            e.failures[why] = e.failures.get(why, 0) + c
+        if t.price is not None:
+            e.cost = round(t.price * (e.prompt_tokens + e.completion_tokens) / 1e6, 6)
+    if not rows[False] and not rows[True]:
+        return []
+    with reg.store.tx() as tx:
+        return [b for b in (store(tx, rows[False], f"verify {model}: first answers"),
+                            store(tx, rows[True], f"verify {model}: answers again")) if b is not None]
+
+
+def second(got: dict[int, list[bool]], qids: list[int]) -> np.ndarray:
+    """Each question's second answer (1/0, -1: none)."""
+    return np.array([int(got[q][1]) if len(got.get(q, [])) > 1 else -1 for q in qids], dtype=np.int8)
+
+
+def verify(reg, model: str, *, endpoints: list[str] | None = None, n: int = 256, repeat: int = 32, seed: int = 0,
+           concurrency: int = 8, deadline: float = 60.0, retries: int = 4, backoff: float = 0.5,
+           progress: bool = False, keys: UpstreamKeys = OWNER, alpha: float = verdicts.ALPHA,
+           min_drop: float = verdicts.MIN_DROP) -> VerifyResult:
+    """`Registry.verify` over the facade `reg`. Two passes: the plan's questions (and its first `repeat` again, for
+    each side's nondeterminism), then every question where an endpoint and the reference disagree asked again of
+    both (a disagreement that nondeterminism made rarely comes back; a degradation does)."""
+    if n < 1 or repeat < 0 or concurrency < 1:
+        raise InputError(f"-n and --concurrency must be at least 1 and --repeat at least 0, got {n}, {concurrency}, "
+                         f"{repeat}")
+    if not 0 < alpha < 0.5 or not 0 <= min_drop < 1:
+        raise InputError(f"alpha must be in (0, 0.5) and min_drop in [0, 1), got {alpha} and {min_drop}")
+    started = time.perf_counter()
+    how = dict(concurrency=concurrency, progress=progress, deadline=deadline, retries=retries, backoff=backoff)
+    reg.finish_pending()
+    with reg.store.tx() as tx:
+        found = targets(tx, model, endpoints, keys)
+        gold = {int(q): (ext, t, a, g) for q, ext, t, a, g in tx.sql(GOLD)}
+        if not gold:
+            raise Conflict("no query has a gold answer: import a queries file with an answer column")
+        published = registered(tx, model, list(gold))
+        plan = planned(published if len(published) >= n else gold, n, seed)
+        published = {q: published[q] for q in plan if q in published}
+        repeats = plan[:min(repeat, len(plan))]
+        jobs = []
+        for t in found:
+            had = counts(tx, t.model_id, t.endpoint.base_url, plan)
+            first = [q for q in plan if not had.get(q)]
+            new = set(first)
+            jobs.append((t, [(q, False) for q in first] + [(q, True) for q in repeats if had.get(q, 0) + (q in new) < 2]))
+    reports = {t.claim.endpoint: EndpointReport(t.claim.endpoint, t.endpoint.base_url, t.claim.reference, len(plan),
+                                                len(repeats), 0, 0, 0, 0, 0, 0, 0, 0, None) for t in found}
+    for t, asks in jobs:
+        reports[t.claim.endpoint].already = len(plan) + len(repeats) - len(asks)
+    batches = ask_pass(reg, model, jobs, gold, reports, **how)
+    ref = next((t for t in found if t.claim.reference), None)
+    with reg.store.tx() as tx:              # pass two: the disagreements, asked again of both sides
+        base = reference_outcomes(tx, model, ref, plan)
+        got = {t.claim.endpoint: answers(tx, t.model_id, t.endpoint.base_url, plan) for t in found}
+        again: dict[str, set] = {t.claim.endpoint: set() for t in found}
+        for t in found:
+            against = published if t is ref else base
+            mine = got[t.claim.endpoint]
+            off = [q for q in plan if q in mine and q in against and mine[q][0] != against[q]]
+            again[t.claim.endpoint] |= {q for q in off if len(mine[q]) < 2}
+            if ref is not None and t is not ref:
+                theirs = got[ref.claim.endpoint]
+                again[ref.claim.endpoint] |= {q for q in off if len(theirs.get(q, [])) < 2}
+    jobs = [(t, [(q, True) for q in plan if q in again[t.claim.endpoint]]) for t in found]
+    batches += ask_pass(reg, model, jobs, gold, reports, **how)
+    if batches:
+        reg.onboard()
+    with reg.store.tx() as tx:
+        base = reference_outcomes(tx, model, ref, plan)
+        claimed = published or base
+        base_got = None if ref is None else answers(tx, ref.model_id, ref.endpoint.base_url, plan)
+        for t in found:
+            report, mine = reports[t.claim.endpoint], answers(tx, t.model_id, t.endpoint.base_url, plan)
+            against, theirs = base, base_got
+            if t is ref:                  # the yardstick itself, against the published results where there are some
+                if not published:
+                    report.verdict = {"verdict": "reference", "reason": "the yardstick the others are judged by"}
+                    continue
+                against, theirs = published, None
+            shared = [q for q in plan if q in mine and q in against]
+            y = np.array([mine[q][0] for q in shared], dtype=bool)
+            others = others_of(tx, model, shared, y, claimed, not published) if shared else None
+            sides = verdicts.Sides(y, np.array([against[q] for q in shared], dtype=bool),
+                                   self_repeats(mine, repeats), None if theirs is None else self_repeats(theirs, repeats),
+                                   second(mine, shared), None if theirs is None else second(theirs, shared))
+            report.verdict = asdict(verdicts.judge(sides, others, alpha=alpha, min_drop=min_drop))
+    note = ("" if ref is not None else f"no reference endpoint is marked: compared with {model}'s registered results, "
+            f"which may come from another prompt (a faithful endpoint then differs more than from itself)")
+    return VerifyResult(model, prompt.TEMPLATE_VERSION, len(plan), len(repeats), seed,
+                        ref.claim.endpoint if ref else "registered results", ref is None,
+                        list(reports.values()), batches, round(time.perf_counter() - started, 3), note)
+
+
+def self_repeats(got: dict[int, list[bool]], qids: list[int]) -> tuple[int, int]:
+    """(disagreements, repeats) between the first two answers to each of `qids` (the plan's random repeats: the
+    questions asked again because they disagreed would overstate it)."""
+    pairs = [got[q][:2] for q in qids if len(got.get(q, [])) >= 2]
+    return sum(a != b for a, b in pairs), len(pairs)

@@ -176,7 +176,8 @@ def read_answer(s: socket.socket) -> bytes:
 
 class ChatUpstream:
     """A fake /v1/chat/completions for `registry ask`: `answer(question_text) -> reply text` (None: hang;
-    "TRICKLE": headers, then a byte every 0.2 s), after `latency` seconds, with `throttle` 429s first."""
+    "TRICKLE": headers, then a byte every 0.2 s; "ERROR": 500), after `latency` seconds, with `throttle` 429s
+    first."""
 
     def __init__(self, answer, throttle: int = 0, retry_after: str = "0", latency: float = 0.0):
         self.answer, self.throttle, self.retry_after, self.latency = answer, throttle, retry_after, latency
@@ -206,6 +207,11 @@ class ChatUpstream:
                 reply = upstream.answer(text)
                 if reply is None:
                     time.sleep(30)
+                    return
+                if reply == "ERROR":            # a failing upstream: 500 on every request
+                    self.send_response(500)
+                    self.send_header("content-length", "0")
+                    self.end_headers()
                     return
                 if reply == "TRICKLE":          # headers at once, then a byte every 0.2 s for ever (30 s)
                     self.send_response(200)

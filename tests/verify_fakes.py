@@ -11,7 +11,6 @@ The bench (bench/verify.py) calls them in-process; the tests serve them over loo
 from __future__ import annotations
 
 import hashlib
-import random
 import threading
 
 import duckdb
@@ -45,16 +44,23 @@ class Fake:
                  cheap: dict | None = None, seed: int = 0, degrading: bool = True):
         self.book, self.noise, self.degrade, self.mix, self.cheap = book, noise, degrade, mix, cheap
         self.seed, self.degrading = seed, degrading
-        self.rng, self.lock = random.Random(seed), threading.Lock()
+        self.calls: dict[str, int] = {}
+        self.lock = threading.Lock()
+
+    def draw(self, *key) -> float:
+        """A uniform draw fixed by the key: the same question's k-th call gets the same luck whatever the order
+        concurrent requests arrive in (a test's verdicts do not depend on the threads)."""
+        h = hashlib.sha256(":".join(map(str, (self.seed, *key))).encode()).digest()
+        return int.from_bytes(h[:8], "big") / 2 ** 64
 
     def degraded(self, text: str) -> bool:
         """Whether this question is among the fixed share turned wrong (the same on every call)."""
-        h = hashlib.sha256(f"{self.seed}:{text}".encode()).digest()
-        return int.from_bytes(h[:8], "big") / 2 ** 64 < self.degrade
+        return self.draw("degrade", text) < self.degrade
 
     def outcome(self, text: str) -> tuple[str, bool] | None:
         with self.lock:
-            mixed, flip = self.rng.random() < self.mix, self.rng.random() < self.noise
+            k = self.calls[text] = self.calls.get(text, 0) + 1
+        mixed, flip = self.draw("mix", text, k) < self.mix, self.draw("flip", text, k) < self.noise
         source = self.cheap if mixed and self.cheap is not None else self.book
         if text not in source:
             return None

@@ -5,6 +5,7 @@ reference (asking/verdicts.py): faithful, degraded, substituted, differs or not 
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -147,6 +148,14 @@ def store(tx: Tx, graded: list[tuple], label: str) -> int | None:
                                     [bool(g[3]) for g in graded], label=label, evaluated=evaluated, ids=ids)
     if result is None:
         raise Conflict("the answers could not be stored (one endpoint answered a question twice in one batch)")
+    if result.batch_id is None:
+        # every outcome equal to the current one (answers again, mostly): no evaluation is added, yet the answers
+        # are a batch of their own, with their provenance
+        result.batch_id = int(tx.sql("SELECT nextval('import_batches_id_seq')")[0][0])
+        tx.sql("INSERT INTO import_batches (id, files, row_counts, digest) VALUES (?, ?, ?, ?)",
+               [result.batch_id, json.dumps({"evaluations": label}),
+                json.dumps({"evaluations_read": len(graded), "evaluations_added": 0}),
+                hashlib.sha256(f"{label}:{result.batch_id}".encode()).hexdigest()])
     tx.executemany("""INSERT INTO asked_answers (model_id, query_id, batch_id, base_url, upstream_model, template,
                       extracted, correct, response_hash, response) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL)""",
                    [[g[0].model_id, g[1], result.batch_id, g[0].endpoint.base_url, g[0].endpoint.upstream_model,

@@ -1,0 +1,193 @@
+"""`registry endpoints add` and `registry verify` against fake upstreams on loopback that the tests start, each built
+from a registered model's real MMLU-Pro answers (tests/verify_fakes.py): faithful, degraded, substituted, mixed,
+and slow, failing and rate-limited ones; the verdicts' tests on their own; every key rule of `ask`."""
+from __future__ import annotations
+
+import json
+import socket
+
+import duckdb
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from registry.api import Registry
+from registry.asking import verdicts
+from registry.cli import cli
+from registry.core.errors import Conflict, InputError, NotFound
+from registry.core.keys import KeyRefused, UpstreamKeys
+
+from . import verify_fakes as vf
+from .http_tools import ChatUpstream
+
+X, SUB, CHEAP = "gpt-4o-2024-05-13", "gemini-1.5-pro-002", "Meta-Llama-3_1-8B-Instruct"
+
+
+@pytest.fixture
+def upstreams():
+    started = []
+
+    def start(*args, **kwargs):
+        u = ChatUpstream(*args, **kwargs)
+        started.append(u)
+        return u
+    yield start
+    for u in started:
+        u.close()
+
+
+def count(db, sql: str, params=()):
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute(sql, list(params)).fetchall()
+    finally:
+        con.close()
+
+
+def x_evaluations(db) -> int:
+    return count(db, "SELECT count(*) FROM evaluations e JOIN models m ON m.id = e.model_id WHERE m.name = ?",
+                 [X])[0][0]
+
+
+def test_claims_are_kept_as_aliases_are(db_copy, upstreams):
+    u, v = upstreams(lambda t: "A"), upstreams(lambda t: "B")
+    with Registry(db_copy) as reg:
+        a = reg.claim(X, u.url, name=f"{X}@one", reference=True)
+        assert (a.model, a.reference, a.watched, a.base_url) == (X, True, True, u.url)
+        b = reg.claim(X, v.url, name=f"{X}@two", reference=True)     # the reference mark moves
+        assert b.reference
+        with reg.store.tx() as tx:
+            from registry.asking import claims
+            now = {c.endpoint: c.reference for c in claims.of_model(tx, X)}
+            assert now == {f"{X}@one": False, f"{X}@two": True}
+            claims.withdraw(tx, f"{X}@one")
+            assert [c.endpoint for c in claims.of_model(tx, X)] == [f"{X}@two"]
+        assert {m.model: m.available for m in reg.availability()}[f"{X}@two"] is False   # never routed in X's place
+        for bad, error in ((dict(name=X), InputError), (dict(name=SUB), Conflict)):
+            with pytest.raises(error):
+                reg.claim(X, u.url, **bad)
+        with pytest.raises(NotFound):
+            reg.claim("no-such-model", u.url)
+    rows = count(db_copy, "SELECT count(*), count(claims) FROM model_claims")[0]
+    assert rows == (4, 3)                             # appended, never updated: the newest row counts
+
+
+def test_endpoints_add_on_the_command_line(db_copy, upstreams):
+    u = upstreams(lambda t: "A")
+    r = CliRunner().invoke(cli, ["--db", str(db_copy), "endpoints", "add", X, "--base-url", u.url, "--name",
+                                 f"{X}@cli", "--reference", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["reference"] is True
+    r = CliRunner().invoke(cli, ["--db", str(db_copy), "endpoints", "add", "nope", "--base-url", u.url])
+    assert r.exit_code == 1 and r.output.count("\n") == 1 and "nope" in r.output
+
+
+def test_each_case_gets_its_verdict_and_asking_again_sends_nothing(db_copy, upstreams):
+    b = vf.books(db_copy, [X, SUB, CHEAP])
+    cases = {"reference": None, "faithful": None, "degraded": CHEAP, "substituted": SUB, "mixed": CHEAP}
+    ups = {k: upstreams(vf.case(b, k, X, other=o, seed=i, degrade=0.25, mix=0.5))
+           for i, (k, o) in enumerate(cases.items())}
+    before = x_evaluations(db_copy)
+    with Registry(db_copy) as reg:
+        for k, u in ups.items():
+            reg.claim(X, u.url, name=f"{X}@{k}", reference=k == "reference")
+        r = reg.verify(X, n=128, repeat=32)
+        got = {e.endpoint.split("@")[1]: e.verdict for e in r.endpoints}
+        assert got["faithful"]["verdict"] == "faithful", got["faithful"]
+        assert got["degraded"]["verdict"] == "degraded" and got["degraded"]["drop_ci"][0] > 0, got["degraded"]
+        assert got["substituted"]["verdict"] == "substituted" and got["substituted"]["substitute"] == SUB
+        assert got["mixed"]["verdict"] not in ("faithful", "not conclusive"), got["mixed"]
+        assert r.reference == f"{X}@reference" and not r.across_prompts and not r.faithful
+        for e in r.endpoints:
+            assert e.answered == e.asked and e.asked >= 128 + 32 and e.already == 0
+        sent = {k: u.requests for k, u in ups.items()}
+        again = reg.verify(X, n=128, repeat=32)
+        assert {k: u.requests for k, u in ups.items()} == sent          # nothing already answered is asked again
+        assert [e.verdict["verdict"] for e in again.endpoints] == [e.verdict["verdict"] for e in r.endpoints]
+        assert all(e.asked == 0 and e.already == 160 for e in again.endpoints)
+        reg.verify(X, n=140, repeat=32)                                  # a longer plan asks only its new questions
+        assert all(u.requests - sent[k] <= 12 * 2 + 12 for k, u in ups.items())
+    assert x_evaluations(db_copy) == before            # the endpoints' answers never enter X's own results
+    stored = count(db_copy, """SELECT count(DISTINCT batch_id), count(*) FROM asked_answers a JOIN models m
+                               ON m.id = a.model_id WHERE m.name LIKE ?""", [f"{X}@%"])[0]
+    assert stored[0] >= 2 and stored[1] >= 5 * 160
+
+
+def test_the_command_line_exits_non_zero_when_one_is_not_faithful(db_copy, upstreams):
+    b = vf.books(db_copy, [X, SUB])
+    good, bad = upstreams(vf.case(b, "faithful", X, seed=1)), upstreams(vf.case(b, "substituted", X, other=SUB))
+    with Registry(db_copy) as reg:
+        reg.claim(X, good.url, name=f"{X}@good")
+    args = ["--db", str(db_copy), "verify", X, "-n", "96", "--repeat", "16"]
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 0, r.output
+    assert "registered results" in r.output and "faithful" in r.output    # no reference: across prompts, said
+    with Registry(db_copy) as reg:
+        reg.claim(X, bad.url, name=f"{X}@bad")
+    r = CliRunner().invoke(cli, args + ["--json"])
+    assert r.exit_code == 3, r.output
+    out = json.loads(r.output)
+    assert out["faithful"] is False and out["across_prompts"] is True
+    assert {e["endpoint"]: e["verdict"]["verdict"] for e in out["endpoints"]} == {
+        f"{X}@good": "faithful", f"{X}@bad": "substituted"}
+
+
+def test_slow_failing_and_rate_limited_endpoints(db_copy, upstreams):
+    b = vf.books(db_copy, [X])
+    slow = upstreams(vf.case(b, "faithful", X, seed=2), latency=0.05)
+    busy = upstreams(vf.case(b, "faithful", X, seed=3), throttle=6, retry_after="0")
+    failing = upstreams(lambda t: "ERROR")
+    with socket.socket() as sock:                     # a port nothing listens at
+        sock.bind(("127.0.0.1", 0))
+        nowhere = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    with Registry(db_copy) as reg:
+        for name, url in (("slow", slow.url), ("busy", busy.url), ("failing", failing.url), ("nowhere", nowhere)):
+            reg.claim(X, url, name=f"{X}@{name}")
+        r = reg.verify(X, n=64, repeat=8, retries=1, backoff=0.01, deadline=5)
+    got = {e.endpoint.split("@")[1]: e for e in r.endpoints}
+    assert got["slow"].verdict["verdict"] == "faithful" and got["busy"].verdict["verdict"] == "faithful"
+    assert got["busy"].retries == 6 and got["busy"].unanswered == 0
+    for name in ("failing", "nowhere"):
+        e = got[name]
+        assert e.answered == 0 and e.verdict["verdict"] == "not conclusive" and e.failures, e
+    assert failing.requests <= 2 * 72                  # retried once per question, no more
+
+
+def test_every_key_rule_of_ask_holds(db_copy, upstreams, monkeypatch):
+    u = upstreams(lambda t: "The answer is (A)")
+    monkeypatch.setenv("VERIFY_TEST_KEY", "sk-verify-123")
+    monkeypatch.delenv("VERIFY_UNSET_KEY", raising=False)
+    with Registry(db_copy) as reg:
+        reg.claim(X, u.url, name=f"{X}@keyed", api_key_env="VERIFY_TEST_KEY")
+        # a server's bindings: a variable not bound, or bound to another origin, is refused before anything is sent
+        for keys in (UpstreamKeys.parse([]), UpstreamKeys.parse(["VERIFY_TEST_KEY=https://api.example.com"])):
+            with pytest.raises(KeyRefused):
+                reg.verify(X, n=32, repeat=0, keys=keys)
+        assert u.requests == 0
+        reg.claim(X, u.url, name=f"{X}@unset", api_key_env="VERIFY_UNSET_KEY")
+        with pytest.raises(KeyRefused, match="VERIFY_UNSET_KEY"):      # a keyed endpoint is never called keyless
+            reg.verify(X, n=32, repeat=0)
+        assert u.requests == 0
+        r = reg.verify(X, n=32, repeat=0, endpoints=[f"{X}@keyed"])
+    assert r.endpoints[0].answered == r.endpoints[0].asked >= 32 and set(u.auth) == {"Bearer sk-verify-123"}
+    assert b"sk-verify-123" not in db_copy.read_bytes()
+
+
+def test_the_tests_on_their_own():
+    rng = np.random.default_rng(0)
+    x = rng.random(256) < 0.7
+    ref, flip = x.copy(), rng.random(256) < 0.02
+    faithful = x ^ flip
+    v = verdicts.judge(verdicts.Sides(faithful, ref, (1, 32)))
+    assert v.verdict == "faithful" and v.p_drop > 0.002 and v.p_disagreement > 0.002
+    worse = faithful & ~(x & (rng.random(256) < 0.15))
+    v = verdicts.judge(verdicts.Sides(worse, ref, (1, 32)))
+    assert v.verdict == "degraded" and v.drop > 0.05 and v.drop_ci[0] > 0, v
+    v = verdicts.judge(verdicts.Sides(faithful[:20], ref[:20], (0, 8)))
+    assert v.verdict == "not conclusive" and v.more_questions == 12
+    # a disagreement that does not hold when asked again is nondeterminism, not a degradation
+    again = np.where(worse != ref, ref, worse).astype(np.int8)
+    v = verdicts.judge(verdicts.Sides(worse, ref, (1, 32), None, again))
+    assert v.verdict != "degraded" and v.worse_held == 0
+    assert verdicts.sign_p(10, 10) < 0.001 and verdicts.sign_p(0, 0) == 1.0
+    assert verdicts.wilson(0, 10)[0] == 0.0 and verdicts.flip_rate(2 * 0.02 * 0.98) == pytest.approx(0.02)

@@ -22,6 +22,7 @@ catalog, fallback, fingerprint, geometry, maps, neighbours, portfolio, probe_pla
 embed, encoders, evidence, index, onboarding = lazy_modules("registry.embedding", "embed encoders evidence index onboarding")
 route_log, policy, query_texts, routing_state, routing_accuracy = lazy_modules(
     "registry.routing", "log policy query_texts state accuracy")
+(exchange,) = lazy_modules("registry.usecases", "exchange")
 verify_uc, watch_uc = lazy_modules("registry.usecases", "verify watch")
 
 
@@ -72,11 +73,10 @@ class Registry:
                 result.onboarding = [asdict(o) for o in self.onboard(seconds=result.seconds)]
         return result
 
-    def import_harness(self, harness: str, paths: list[str], **options):
-        """Harness logs (inspect | lm-eval) imported whole, each model with `register`'s report (harness/importer)."""
-        from registry.answers import registration as r
-        from registry.data.harness import importer
-        return importer.run(self, harness, paths, answers=(r.Staged, r.report, r.record_alias), **options)
+    def import_harness(self, harness, paths, **o): return exchange.import_paths(self, paths, harness, **o)
+    def import_from(self, paths, reader=None, **o): return exchange.import_paths(self, paths, reader, **o)
+    def reader_for(self, paths: list[str]) -> str: return exchange.reader_for(paths)
+    def export_eee(self, directory: str, **o): return exchange.export_eee(self.store, directory, **o)
 
     def export_vectors(self, path: str, source: str | None = None, dtype: str = "float32"):
         """Write the query text vectors to a Parquet file other registries import (`vector_files.VectorsResult`)."""

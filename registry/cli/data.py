@@ -1,4 +1,5 @@
-"""Bringing data in: `registry import`, `registry draw-splits`, `registry vectors export|import`."""
+"""Bringing data in and out: `registry import` (any reader's format), `registry export --to eee`, `registry
+draw-splits`, `registry vectors export|import`."""
 from __future__ import annotations
 
 import click
@@ -6,31 +7,70 @@ import click
 from registry.cli.common import command, emit_json, group, open_registry
 
 
-@command("import")
+class ReaderChoice(click.Choice):
+    """--from's choices: the import table's readers (data/formats/readers.py), plugins included, read when first
+    needed, so that a command that imports nothing never scans the installed packages."""
+
+    def __init__(self):
+        self.case_sensitive = True
+
+    @property
+    def choices(self):
+        from registry.data.formats import readers
+
+        return tuple(readers.table())
+
+
+class ImportCommand(click.Command):
+    """`import`, whose help ends with the table of formats it reads, as the table says (plugins too)."""
+
+    def format_epilog(self, ctx, formatter):
+        from registry.data.formats import readers
+
+        with formatter.section("Formats (--from; without it, the one that recognises PATHS)"):
+            formatter.write_dl([(r.name, r.summary + (f" [options: {', '.join('--' + o for o in r.options)}]"
+                                                      if r.options else "") +
+                                 (f" (from {r.origin})" if r.origin != "registry" else ""))
+                                for r in readers.table().values()])
+
+
+@command("import", cls=ImportCommand)
 @click.argument("paths", nargs=-1, type=click.Path())
 @click.option("--models", type=click.Path(), help="Models CSV (model, family, provider, params_b, cost, ...).")
 @click.option("--queries", type=click.Path(), help="Queries: CSV, JSONL or Parquet (id, text, category, options...).")
 @click.option("--evaluations", type=click.Path(), help="Evaluations, long format (model, query id, correct).")
 @click.option("--splits", type=click.Path(), help="Query splits (query id, train|val|test).")
 @click.option("--vectors", type=click.Path(), help="Query text vectors (Parquet, from `registry vectors export`).")
-@click.option("--from", "harness", type=click.Choice(["inspect", "lm-eval"]),
-              help="PATHS are a harness's logs: Inspect AI logs (.eval/.json or folders), or lm-evaluation-harness "
-                   "output folders (results_*.json with samples_*.jsonl).")
-@click.option("--model", "model_name", help="With --from: the model's name (default: the log's).")
+@click.option("--from", "harness", type=ReaderChoice(), metavar="FORMAT",
+              help="Read PATHS as FORMAT (see Formats below); without it, the format that recognises them.")
+@click.option("--model", "model_name", help="With --from: the model's name (default: the file's).")
 @click.option("--scorer", help="With --from inspect: the scorer whose value is the result.")
-@click.option("--metric", help="With --from lm-eval: the metric that is the result (default: the task's first).")
+@click.option("--metric", help="With --from lm-eval or helm: the metric that is the result (lm-eval: the task's "
+                               "first; helm: exact_match for multiple choice); eee: only this evaluation name.")
 @click.option("--threshold", type=float, help="With --from: a score >= T counts as correct (for non-0/1 scores).")
 @click.option("--partial", is_flag=True, help="With --from inspect: import a log whose status is not success.")
 def import_(ctx, paths, *, models, queries, evaluations, splits, vectors, harness, model_name, scorer, metric,
             threshold, partial, as_json):
-    """Import benchmark results: a folder laid out like ../shared/data/mmlu-pro, or single files; or, with --from,
-    an evaluation harness's logs."""
+    """Import benchmark results: a folder laid out like ../shared/data/mmlu-pro, or single files; or files of
+    another format (--from FORMAT, or the one that recognises them)."""
     reg = open_registry(ctx, create=True)
-    if harness:
-        return _import_harness(reg, harness, list(paths), as_json=as_json, model=model_name, scorer=scorer,
-                               metric=metric, threshold=threshold, partial=partial)
+    one_by_one = any((models, queries, evaluations, splits, vectors))
+    detected = None
+    if not harness and paths and not one_by_one:
+        harness = detected = reg.reader_for(list(paths))
+        if not as_json:
+            click.echo(f"{', '.join(paths)}: recognised as {detected}")
+    if harness and harness != "csv":
+        if one_by_one:
+            raise click.UsageError(f"--models, --queries, --evaluations, --splits and --vectors are the csv "
+                                   f"format's, not {harness}'s")
+        return _import_harness(reg, harness, list(paths), as_json=as_json, detected=detected, model=model_name,
+                               scorer=scorer, metric=metric, threshold=threshold, partial=partial)
+    if model_name or scorer or metric or threshold is not None or partial:
+        raise click.UsageError("--model, --scorer, --metric, --threshold and --partial apply to --from FORMAT "
+                               "files, not to a csv folder")
     if len(paths) > 1:
-        raise click.UsageError("give one folder (or --from HARNESS for several logs)")
+        raise click.UsageError("give one folder (or --from FORMAT for several files)")
     directory = paths[0] if paths else None
     result = reg.import_files(models=models, queries=queries, evaluations=evaluations, splits=splits,
                               directory=directory, progress=not as_json, vectors=vectors)
@@ -51,12 +91,12 @@ def import_(ctx, paths, *, models, queries, evaluations, splits, vectors, harnes
         click.echo(f"note: {name}: columns not stored: {', '.join(cols)}")
 
 
-def _import_harness(reg, harness, paths, *, as_json, **options) -> None:
+def _import_harness(reg, harness, paths, *, as_json, detected, **options) -> None:
     from registry.cli.models import echo_register_report
 
     if not paths:
-        raise click.UsageError(f"give the {harness} logs to import")
-    done = reg.import_harness(harness, paths, progress=not as_json, **options)
+        raise click.UsageError(f"give the {harness} files to import")
+    done = reg.import_from(paths, None if detected else harness, progress=not as_json, **options)
     if as_json:
         return emit_json(done)
     click.echo(f"{harness}: {len(done.models)} models, {done.queries_added} new queries, "
@@ -65,6 +105,25 @@ def _import_harness(reg, harness, paths, *, as_json, **options) -> None:
         click.echo(f"\n{m.model} ({len(m.files)} file(s)): {m.samples} samples, {m.matched} of them registered "
                    f"queries, {m.missing} missing (errored or unscored, not imported)")
         echo_register_report(m.report)
+
+
+@command("export")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--to", "fmt", type=click.Choice(["eee"]), required=True,
+              help="eee: Every Eval Ever 0.3 (an aggregate .json and a _samples.jsonl per model, in EEE's "
+                   "data/<benchmark>/<developer>/<model>/ layout), checked against EEE's schemas.")
+@click.option("--model", "models", multiple=True, help="Only this model (repeat for more; default: every model).")
+@click.option("--source", help="Only the queries of this source (the queries' `source`, e.g. a benchmark).")
+def export(ctx, directory, *, fmt, models, source, as_json):
+    """Write every model's current evaluations to DIRECTORY in a shared format, with the question texts, the gold
+    answers where stored, and where each result came from (its import batch, or the endpoint asked)."""
+    r = open_registry(ctx).export_eee(directory, models=list(models) or None, source=source, progress=not as_json)
+    if as_json:
+        return emit_json(r)
+    v = r.validated
+    click.echo(f"{len(r.models)} models, {r.evaluations} evaluations of {r.queries} queries written to {r.directory} "
+               f"as Every Eval Ever {fmt} 0.3.0; checked against both schemas: {v['aggregates']} aggregates, "
+               f"{v['sample_lines']} sample lines ({v['shapes_checked']} shapes), {v['errors']} errors")
 
 
 @group()
@@ -121,4 +180,4 @@ def draw_splits(ctx, *, val, test, seed, by, test_categories, as_json):
                + f" drawn; {result.kept} queries kept their split; {embedded} models re-embedded")
 
 
-COMMANDS = [import_, vectors, draw_splits]
+COMMANDS = [import_, export, vectors, draw_splits]

@@ -1,6 +1,7 @@
 """What a harness reader returns: one run's model and its samples, each a question (with its options) and a result,
 read and checked, nothing written. The result rule is the same for every harness: 0/1 (C/I, true/false) as is; any
-other value is refused unless a threshold makes it one."""
+other value is refused unless a threshold makes it one. A format that knows more (Every Eval Ever, HELM) fills the
+optional fields: the query's own id and gold answer, the model's metadata, and where the run was read from."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -19,6 +20,9 @@ class Sample:
     source: str                     # the task
     category: str | None
     correct: bool | None            # None: errored or not scored (missing, not wrong)
+    answer: str | None = None       # the gold answer (a letter among the options, or the text), if the file has it
+    query_id: str | None = None     # the id the file gives the query, kept for a new query where no other has it
+    split: str | None = None        # train | val | test, for a new query, where the file says (a registry's export)
 
 
 @dataclass
@@ -28,6 +32,9 @@ class HarnessRun:
     samples: list[Sample] = field(default_factory=list)
     provider: str | None = None     # the harness's provider prefix of `model` (Inspect's `openai/gpt-4o`): kept in
     #                                 the name unless the name without it is a registered model (`named`)
+    meta: dict = field(default_factory=dict)         # a new model's metadata (family, provider, params_b, cost,
+    #                                                  open_weights, tags), as ingest.insert_new_models takes it
+    provenance: dict = field(default_factory=dict)   # what the import batch records of it (file, sha256, evaluation)
 
     @property
     def missing(self) -> int:

@@ -1,0 +1,28 @@
+"""Every Eval Ever's two JSON schemas (0.3.0, from evaleval/every_eval_ever, MIT: schemas/LICENSE), and the check
+of a record against them with the `jsonschema` package: the first error as one short line."""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+FILES = {"aggregate": "eval.schema.json", "sample": "instance_level_eval.schema.json"}
+VERSION = "0.3.0"
+
+
+@lru_cache(maxsize=None)
+def validator(kind: str):
+    import jsonschema
+
+    schema = json.loads((Path(__file__).with_name("schemas") / FILES[kind]).read_text(encoding="utf-8"))
+    return jsonschema.validators.validator_for(schema)(schema)
+
+
+def first_error(kind: str, record) -> str | None:
+    """Why `record` is not a valid `kind` ("aggregate" | "sample"), or None: where in it, and what."""
+    errors = sorted(validator(kind).iter_errors(record), key=lambda e: list(e.absolute_path))
+    if not errors:
+        return None
+    e = errors[0]
+    where = "/".join(str(p) for p in e.absolute_path) or "(top)"
+    return f"{where}: {e.message[:200]}"

@@ -1,0 +1,45 @@
+"""Results in and out in other formats: `import_paths` reads files with the reader of the import table that is named
+(or the one that recognises them) and imports them whole, each model with `register`'s report; `export_eee` writes the
+registry's current evaluations as Every Eval Ever 0.3 files, checked against EEE's schemas. The readers and the
+writer are data/formats/."""
+from __future__ import annotations
+
+from registry.answers import registration
+from registry.core.errors import InputError
+from registry.core.store import Store
+from registry.data.formats import eee_write, readers
+from registry.data.harness import importer
+
+ExportResult = eee_write.ExportResult
+
+
+def reader_for(paths: list[str]) -> str:
+    """The name of the one reader that recognises `paths` (InputError if none does, or several do)."""
+    if not paths:
+        raise InputError("give the files or folders to import")
+    return readers.detect(list(paths)).name
+
+
+def import_paths(reg, paths: list[str], reader: str | None = None, *, progress: bool = False,
+                 **options) -> importer.HarnessImport:
+    """Read `paths` with `reader` (None: the one that recognises them; `detected` says so), then write them in one
+    transaction, onboard, and report per model as `register` does. The CSV folder has its own import
+    (`Registry.import_files`): named here, it is an InputError saying so."""
+    if not paths:
+        raise InputError(f"give the {reader or ''} files to import".replace("  ", " "))
+    name = reader or reader_for(paths)
+    if readers.get(name).read is None:
+        raise InputError(f"{', '.join(paths)}: a {name} folder: import it with `registry import FOLDER` "
+                         f"(Registry.import_files)")
+    done = importer.run(reg, name, list(paths), answers=(registration.Staged, registration.report,
+                                                         registration.record_alias), progress=progress, **options)
+    done.detected = reader is None
+    return done
+
+
+def export_eee(store: Store, directory: str, *, models: list[str] | None = None, source: str | None = None,
+               progress: bool = False) -> ExportResult:
+    """Every (or each named) model's current evaluations as EEE files under `directory`, in one read transaction."""
+    with store.tx() as tx:
+        return eee_write.export(tx, directory, models=list(models) if models else None, source=source,
+                                progress=progress)

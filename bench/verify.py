@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from registry import Registry  # noqa: E402
 from registry.answers import fingerprint  # noqa: E402
-from registry.asking import grading, prompt, verdicts  # noqa: E402
+from registry.asking import grading, prompt, sequential, verdicts  # noqa: E402
 from registry.core.store import Store  # noqa: E402
 from registry.usecases import verify as uc  # noqa: E402
 from tests import verify_fakes as vf  # noqa: E402
@@ -181,6 +181,55 @@ def loopback(reg, world, latency: float = 0.2) -> None:
             u.close()
 
 
+def watch_run(world, seed: int, *, switch_at: int | None, rounds: int = 30, n: int = 64,
+              reference: str = "registered") -> list[int]:
+    """One watched endpoint over `rounds` rounds of n fresh questions, as usecases/watch asks: the round's questions,
+    then its disagreements with the reference asked again of both; -> the rounds that raised an event (1-based).
+    switch_at: the round after which it is degraded (None: faithful throughout)."""
+    order = uc.planned(world.plannable, rounds * n, 50_000 + seed)
+    fake = vf.case(world.books, "switch", X, seed=seed)
+    official = vf.case(world.books, "reference", X, seed=20_000 + seed)
+    state, events = sequential.State(), []
+    for t in range(1, rounds + 1):
+        fake.degrading = switch_at is not None and t > switch_at
+        qs = order[(t - 1) * n: t * n]
+        e = world.ask(fake, qs)
+        if reference == "registered":
+            r = world.mat[world.row[world.x], [world.col[q] for q in qs]].astype(bool)
+        else:
+            r = world.ask(official, qs)
+        off = np.flatnonzero(e != r)
+        e2 = world.ask(fake, [qs[i] for i in off])
+        held = e2 == e[off]
+        if reference != "registered":
+            held &= world.ask(official, [qs[i] for i in off]) == r[off]
+        worse = int((held & ~e[off]).sum())
+        state, alarm, _ = sequential.step(state, worse, int(held.sum()) - worse, n)
+        if alarm and state.verdict == "faithful":
+            events.append(t)
+            state.verdict = "changed"
+    return events
+
+
+def bar2(world, runs: int) -> None:
+    print(f"\nBar 2: watch, {runs} runs of 30 rounds x 64 questions per case (sequential test: alpha "
+          f"{sequential.ALPHA} per {sequential.HORIZON} rounds)")
+    for reference in ("registered", "endpoint"):
+        started = time.perf_counter()
+        false = [watch_run(world, s, switch_at=None, reference=reference) for s in range(runs)]
+        delays = []
+        for s in range(runs):
+            got = watch_run(world, s, switch_at=4, reference=reference)
+            early, late = [t for t in got if t <= 4], [t - 4 for t in got if t > 4]
+            delays.append("before the switch" if early else late[0] if late else "never")
+        within = sum(isinstance(d, int) and d <= 4 for d in delays)
+        many = [watch_run(world, s, switch_at=None, reference=reference) for s in range(runs, 10 * runs)]
+        print(f"{reference:<12} faithful: {sum(len(f) for f in false)} false events in {runs} runs; switch after round "
+              f"4 flagged within 4 rounds: {within}/{runs}; delay (rounds after the switch): "
+              f"{dict(sorted(Counter(delays).items(), key=str))}; measured: {sum(bool(f) for f in false + many)} of "
+              f"{10 * runs} faithful runs with an event ({time.perf_counter() - started:.0f} s)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--db", default="registry.duckdb")
@@ -202,6 +251,8 @@ def main() -> None:
             bar1(world, args.seeds)
         if args.only in (None, "power"):
             power(world, args.seeds)
+        if args.only in (None, "watch"):
+            bar2(world, args.seeds)
         if args.only in (None, "loopback"):
             loopback(reg, world)
     shutil.rmtree(tmp, ignore_errors=True)

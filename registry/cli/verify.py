@@ -84,4 +84,71 @@ def verify(ctx, model, *, names, n, repeat, seed, concurrency, deadline, alpha, 
         ctx.exit(3)
 
 
-COMMANDS = [verify]
+def seconds_of(every: str) -> float:
+    """'6h', '30m', '90s', '1d' or a number of seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    text = every.strip().lower()
+    try:
+        value = float(text[:-1]) * units[text[-1]] if text and text[-1] in units else float(text)
+    except ValueError:
+        value = -1
+    if value <= 0:
+        raise click.BadParameter(f"a duration such as 6h, 30m or 90s, got {every!r}", param_hint="--every")
+    return value
+
+
+def show_timeline(r) -> None:
+    table([[x.endpoint, x.round, x.at[:19], x.n, f"{pct(x.accuracy)} {interval(x.accuracy_ci)}",
+            f"{pct(x.disagreement)} {interval(x.disagreement_ci)}", f"{x.worse_held}/{x.better_held}",
+            f"{x.statistic:.2f}", x.verdict, x.event or ""] for x in r.rounds],
+          ["endpoint", "round", "at", "n", "accuracy (95% CI)", "disagrees (95% CI)", "held worse/better",
+           "test", "verdict", "event"])
+
+
+@command()
+@click.option("--once", is_flag=True, help="One round, then exit (for cron and systemd timers; the default).")
+@click.option("--every", help="A round every DURATION (6h, 30m, 90s), until interrupted.")
+@click.option("-n", "n", default=64, show_default=True, help="Fresh questions per round.")
+@click.option("--model", "models", multiple=True, help="Only the endpoints claiming this model (repeatable).")
+@click.option("--status", is_flag=True, help="Each watched endpoint's timeline so far; nothing is asked.")
+@click.option("--webhook", help="POST each event as JSON to this URL (the owner's, set at start-up).")
+@click.option("--seed", default=0, show_default=True, help="Seed of the question order the rounds rotate through.")
+@click.option("--concurrency", default=8, show_default=True, help="Requests in flight per endpoint.")
+@click.option("--deadline", default=60.0, show_default=True, help="Seconds one request may take.")
+def watch(ctx, *, once, every, n, models, status, webhook, seed, concurrency, deadline, as_json):
+    """Ask every watched endpoint a round of fresh questions and run its sequential test: a change from faithful
+    prints as one JSON line (exit 3 when a round raised one)."""
+    import json
+    import time
+
+    if once and every:
+        raise click.UsageError("give --once or --every, not both")
+    wait = seconds_of(every) if every else None
+    reg = open_registry(ctx)
+    if status:
+        r = reg.watch(status=True, models=list(models) or None)
+        return emit_json(r) if as_json else show_timeline(r)
+    raised = False
+    while True:
+        r = reg.watch(n=n, models=list(models) or None, seed=seed, concurrency=concurrency, deadline=deadline,
+                      webhook=webhook, progress=False)
+        raised = raised or bool(r.events)
+        if as_json:
+            emit_json(r)
+        else:
+            for e in r.events:
+                click.echo(json.dumps(e.__dict__, default=str))
+            for x in r.rounds:
+                click.echo(f"{x.endpoint} round {x.round}: accuracy {pct(x.accuracy)}, disagrees {pct(x.disagreement)}"
+                           f", held {x.worse_held} worse / {x.better_held} better, test {x.statistic:.2f} of 1, "
+                           f"{x.verdict}", err=True)
+        for why in r.webhook_failures:
+            click.echo(f"webhook: {why}", err=True)
+        if wait is None:
+            break
+        time.sleep(wait)
+    if raised:
+        ctx.exit(3)
+
+
+COMMANDS = [verify, watch]

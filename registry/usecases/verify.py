@@ -218,7 +218,7 @@ def others_of(tx: Tx, model: str, qids: list[int], y: np.ndarray, claimed: dict[
                            from_reference)
 
 
-def ask_pass(reg, model: str, jobs: list, gold: dict, reports: dict, **how) -> list[int]:
+def ask_pass(reg, label: str, jobs: list, gold: dict, reports: dict, **how) -> list[int]:
     """One pass of requests [(target, [(query id, is_again)])] at every endpoint at once, graded and stored: first
     answers as one import batch, second answers as another. Usage is added to `reports` (by endpoint). -> batches."""
     prompts = [(t, [((q, again), prompt.render(gold[q][1], gold[q][3])) for q, again in asks]) for t, asks in jobs]
@@ -241,8 +241,8 @@ def ask_pass(reg, model: str, jobs: list, gold: dict, reports: dict, **how) -> l
     if not rows[False] and not rows[True]:
         return []
     with reg.store.tx() as tx:
-        return [b for b in (store(tx, rows[False], f"verify {model}: first answers"),
-                            store(tx, rows[True], f"verify {model}: answers again")) if b is not None]
+        return [b for b in (store(tx, rows[False], f"{label}: first answers"),
+                            store(tx, rows[True], f"{label}: answers again")) if b is not None]
 
 
 def second(got: dict[int, list[bool]], qids: list[int]) -> np.ndarray:
@@ -284,7 +284,7 @@ def verify(reg, model: str, *, endpoints: list[str] | None = None, n: int = 256,
                                                 len(repeats), 0, 0, 0, 0, 0, 0, 0, 0, None) for t in found}
     for t, asks in jobs:
         reports[t.claim.endpoint].already = len(plan) + len(repeats) - len(asks)
-    batches = ask_pass(reg, model, jobs, gold, reports, **how)
+    batches = ask_pass(reg, f"verify {model}", jobs, gold, reports, **how)
     ref = next((t for t in found if t.claim.reference), None)
     with reg.store.tx() as tx:              # pass two: the disagreements, asked again of both sides
         base = reference_outcomes(tx, model, ref, plan)
@@ -299,7 +299,7 @@ def verify(reg, model: str, *, endpoints: list[str] | None = None, n: int = 256,
                 theirs = got[ref.claim.endpoint]
                 again[ref.claim.endpoint] |= {q for q in off if len(theirs.get(q, [])) < 2}
     jobs = [(t, [(q, True) for q in plan if q in again[t.claim.endpoint]]) for t in found]
-    batches += ask_pass(reg, model, jobs, gold, reports, **how)
+    batches += ask_pass(reg, f"verify {model}", jobs, gold, reports, **how)
     if batches:
         reg.onboard()
     with reg.store.tx() as tx:

@@ -1,0 +1,248 @@
+"""`registry watch`: one round asks every watched endpoint (and its model's reference) a rotating sample of fresh
+planned questions, asks each disagreement with the reference again of both sides, stores the answers as the round's
+own import batches, and steps each endpoint's sequential test (asking/sequential.py). A change from faithful is an
+event, with its time and evidence (the verdict's tests over the rounds since the change began); `status` reads each
+endpoint's timeline back. Events are POSTed to the owner's webhook where one is given."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from registry.asking import claims, sequential, verdicts
+from registry.core.errors import Conflict, InputError
+from registry.core.keys import OWNER, UpstreamKeys
+from registry.core.transaction import Tx
+from registry.data import endpoints
+from registry.usecases import verify as v
+
+
+@dataclass
+class Round:
+    endpoint: str
+    model: str
+    round: int
+    at: str
+    n: int
+    accuracy: float | None
+    accuracy_ci: list
+    reference_accuracy: float | None
+    disagreement: float | None
+    disagreement_ci: list
+    worse_held: int
+    better_held: int
+    statistic: float                  # the larger CUSUM as a share of its threshold (1: an event)
+    verdict: str
+    event: str | None = None
+
+
+@dataclass
+class Event:
+    endpoint: str
+    model: str
+    at: str
+    round: int
+    change: str                       # e.g. "faithful -> degraded"
+    verdict: str
+    evidence: dict = field(default_factory=dict)
+
+
+@dataclass
+class WatchResult:
+    rounds: list[Round]
+    events: list[Event]
+    asked: int = 0                    # requests sent this round (0 for status)
+    webhook_failures: list[str] = field(default_factory=list)
+
+
+def watched(tx: Tx, models: list[str] | None) -> dict[str, list[claims.Claim]]:
+    """{model: its watched endpoints, the reference first (asked whether watched or not)}."""
+    out: dict[str, list[claims.Claim]] = {}
+    for c in claims.current(tx):
+        if (c.watched or c.reference) and (not models or c.model in models):
+            out.setdefault(c.model, []).append(c)
+    return {m: cs for m, cs in out.items() if any(c.watched and not c.reference for c in cs)}
+
+
+def last_states(tx: Tx) -> dict[int, tuple[int, sequential.State, list]]:
+    """{endpoint model id: (rounds so far, its test's state, [the questions of each round])}."""
+    out = {}
+    for mid, evidence in tx.sql("SELECT model_id, evidence FROM watch_rounds ORDER BY id"):
+        e = json.loads(evidence) if isinstance(evidence, str) else evidence
+        rounds, _, qs = out.get(int(mid), (0, None, []))
+        out[int(mid)] = (rounds + 1, sequential.State(**e["state"]), qs + [e["questions"]])
+    return out
+
+
+def round_of(reg, model: str, group: list[claims.Claim], n: int, seed: int, keys: UpstreamKeys, how: dict):
+    """Ask one model's endpoints their round. -> (targets, the round's questions, requests sent)."""
+    with reg.store.tx() as tx:
+        found = v.targets(tx, model, [c.endpoint for c in group], keys)
+        gold = {int(q): (ext, t, a, g) for q, ext, t, a, g in tx.sql(v.GOLD)}
+        published = v.registered(tx, model, list(gold))
+        order = v.planned(published if len(published) >= n else gold, len(gold), seed)
+        had = {t.claim.endpoint: set(v.counts(tx, t.model_id, t.endpoint.base_url, order)) for t in found}
+    fresh = [q for q in order if any(q not in h for h in had.values())][:n]
+    if not fresh:
+        raise Conflict(f"every planned question has been asked of {model}'s endpoints: nothing fresh is left")
+    reports = {t.claim.endpoint: v.EndpointReport(t.claim.endpoint, t.endpoint.base_url, t.claim.reference, n, 0,
+                                                  0, 0, 0, 0, 0, 0, 0, 0, None) for t in found}
+    jobs = [(t, [(q, False) for q in fresh if q not in had[t.claim.endpoint]]) for t in found]
+    batches = v.ask_pass(reg, f"watch {model}", jobs, gold, reports, **how)
+    ref = next((t for t in found if t.claim.reference), None)
+    with reg.store.tx() as tx:
+        base = v.reference_outcomes(tx, model, ref, fresh)
+        got = {t.claim.endpoint: v.answers(tx, t.model_id, t.endpoint.base_url, fresh) for t in found}
+    again = {t.claim.endpoint: set() for t in found}
+    for t in found:
+        if t is ref:
+            continue
+        mine = got[t.claim.endpoint]
+        off = {q for q in fresh if q in mine and q in base and mine[q][0] != base[q]}
+        again[t.claim.endpoint] |= {q for q in off if len(mine[q]) < 2}
+        if ref is not None:
+            again[ref.claim.endpoint] |= {q for q in off if len(got[ref.claim.endpoint].get(q, [])) < 2}
+    batches += v.ask_pass(reg, f"watch {model}", [(t, [(q, True) for q in fresh if q in again[t.claim.endpoint]])
+                                                    for t in found], gold, reports, **how)
+    return found, ref, fresh, batches, sum(r.requests for r in reports.values())
+
+
+def figures(e: np.ndarray, r: np.ndarray, e2: np.ndarray, r2: np.ndarray | None) -> tuple[int, int]:
+    held = e2 == e.astype(np.int8)
+    if r2 is not None:
+        held &= r2 == r.astype(np.int8)
+    return int((~e & r & held).sum()), int((e & ~r & held).sum())
+
+
+def sides(tx: Tx, t, ref, base: dict, qids: list[int]):
+    """The endpoint's and the reference's first and second answers on `qids` (those both answered)."""
+    mine = v.answers(tx, t.model_id, t.endpoint.base_url, qids)
+    theirs = None if ref is None else v.answers(tx, ref.model_id, ref.endpoint.base_url, qids)
+    shared = [q for q in qids if q in mine and q in base]
+    e = np.array([mine[q][0] for q in shared], dtype=bool)
+    r = np.array([base[q] for q in shared], dtype=bool)
+    return shared, e, r, v.second(mine, shared), None if theirs is None else v.second(theirs, shared), mine, theirs
+
+
+def label(tx: Tx, model: str, t, ref, window: list[int], alarm: str) -> tuple[str, dict]:
+    """What the endpoint now reads as, from the verdict's tests over the rounds since the change began."""
+    base = v.reference_outcomes(tx, model, ref, window)
+    shared, e, r, e2, r2, mine, theirs = sides(tx, t, ref, base, window)
+    published = v.registered(tx, model, window)
+    others = v.others_of(tx, model, shared, e, published or base, not published)
+    got = verdicts.judge(verdicts.Sides(e, r, v.self_repeats(mine, shared),
+                                        None if theirs is None else v.self_repeats(theirs, shared), e2, r2),
+                         others, min_shared=1)
+    kind = got.verdict if got.verdict not in ("faithful", "not conclusive") else (
+        "degraded" if alarm == "drop" else "differs")
+    return kind, asdict(got)
+
+
+def watch(reg, *, n: int = 64, models: list[str] | None = None, status: bool = False, seed: int = 0,
+          keys: UpstreamKeys = OWNER, concurrency: int = 8, deadline: float = 60.0, retries: int = 4,
+          backoff: float = 0.5, progress: bool = False, webhook: str | None = None) -> WatchResult:
+    """`Registry.watch`: one round (or, with `status`, the timeline so far: nothing is asked). `webhook`: the
+    owner's URL each event is POSTed to as JSON."""
+    if n < 8:
+        raise InputError(f"-n must be at least 8 questions a round, got {n}")
+    if status:
+        return timeline(reg, models)
+    if webhook is not None:
+        webhook = endpoints.parse_base_url(webhook)
+    how = dict(concurrency=concurrency, progress=progress, deadline=deadline, retries=retries, backoff=backoff)
+    reg.finish_pending()
+    with reg.store.tx() as tx:
+        groups = watched(tx, models)
+    if not groups:
+        raise Conflict("no endpoint is watched: add one with `registry endpoints add MODEL --base-url URL`")
+    out, asked = WatchResult([], []), 0
+    for model, group in groups.items():
+        found, ref, fresh, batches, sent = round_of(reg, model, group, n, seed, keys, how)
+        asked += sent
+        with reg.store.tx() as tx:
+            states = last_states(tx)
+            base = v.reference_outcomes(tx, model, ref, fresh)
+            at = str(tx.sql("SELECT now()::TIMESTAMP")[0][0])
+            for t in found:
+                if t is ref or not t.claim.watched:
+                    continue
+                shared, e, r, e2, r2, *_ = sides(tx, t, ref, base, fresh)
+                worse, better = figures(e, r, e2, r2)
+                count, state, past = states.get(t.model_id, (0, sequential.State(), []))
+                state, alarm, evidence = sequential.step(state, worse, better, len(shared))
+                event = None
+                if alarm and state.verdict == "faithful":
+                    window = sorted({q for qs in (past + [shared])[(state.since or state.rounds) - 1:] for q in qs})
+                    kind, why = label(tx, model, t, ref, window, alarm)
+                    event = Event(t.claim.endpoint, model, at, count + 1, f"faithful -> {kind}", kind,
+                                  {**evidence, "verdict": why, "rounds": [state.since or state.rounds, count + 1]})
+                    state.verdict = kind
+                elif state.verdict != "faithful" and state.since is None:
+                    event = Event(t.claim.endpoint, model, at, count + 1, f"{state.verdict} -> faithful", "faithful",
+                                  evidence)
+                    state.verdict = "faithful"
+                row = round_row(t.claim.endpoint, model, count + 1, at, e, r, evidence, state.verdict, event)
+                tx.sql("""INSERT INTO watch_rounds (model_id, claims, batch_id, n, correct, reference_correct,
+                          disagreements, worse, better, statistic, verdict, event, evidence)
+                          VALUES (?, (SELECT id FROM models WHERE name = ?), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                          RETURNING id""",
+                       [t.model_id, model, batches[0] if batches else None, len(shared), int(e.sum()),
+                        int(r.sum()), int((e != r).sum()), worse, better, row.statistic, state.verdict,
+                        event and event.change, json.dumps({**evidence, "state": state.to_dict(), "questions": shared,
+                                                            "event": asdict(event) if event else None})])
+                out.rounds.append(row)
+                if event:
+                    out.events.append(event)
+    out.asked = asked
+    if webhook and out.events:
+        out.webhook_failures = post_events(webhook, out.events)
+    return out
+
+
+def round_row(endpoint: str, model: str, number: int, at: str, e: np.ndarray, r: np.ndarray, evidence: dict,
+              verdict: str, event: Event | None) -> Round:
+    n = len(e)
+    k, d = int(e.sum()), int((e != r).sum())
+    stat = max(evidence["s_drop"] / max(evidence["h_drop"], 1e-9), evidence["s_total"] / max(evidence["h_total"], 1e-9))
+    return Round(endpoint, model, number, at, n, round(k / n, 4) if n else None, verdicts.wilson(k, n),
+                 round(int(r.sum()) / n, 4) if n else None, round(d / n, 4) if n else None, verdicts.wilson(d, n),
+                 evidence["worse_held"], evidence["better_held"], round(min(stat, 99.0), 3), verdict,
+                 event and event.change)
+
+
+def timeline(reg, models: list[str] | None = None) -> WatchResult:
+    """Every watched endpoint's rounds so far, oldest first, with the events they raised."""
+    out = WatchResult([], [])
+    with reg.store.tx() as tx:
+        names = dict(tx.sql("SELECT id, name FROM models"))
+        rows = tx.sql("""SELECT model_id, claims, n, correct, reference_correct, disagreements, worse, better,
+                                statistic, verdict, event, evidence, created FROM watch_rounds ORDER BY id""")
+    count: dict[int, int] = {}
+    for mid, x, n, k, kr, d, w, b, stat, verdict, event, evidence, at in rows:
+        model = names[int(x)]
+        if models and model not in models:
+            continue
+        count[mid] = count.get(mid, 0) + 1
+        out.rounds.append(Round(names[int(mid)], model, count[mid], str(at), n, round(k / n, 4) if n else None,
+                                verdicts.wilson(k, n), round(kr / n, 4) if n else None, round(d / n, 4) if n else None,
+                                verdicts.wilson(d, n), w, b, stat, verdict, event))
+        e = json.loads(evidence) if isinstance(evidence, str) else evidence
+        if e.get("event"):
+            out.events.append(Event(**e["event"]))
+    return out
+
+
+def post_events(url: str, events: list[Event], timeout: float = 10.0) -> list[str]:
+    """POST each event as JSON to the owner's webhook. -> the failures, one line each (a failure stops nothing)."""
+    import httpx
+
+    failures = []
+    for ev in events:
+        try:
+            r = httpx.post(url, json=asdict(ev), timeout=timeout)
+            if r.status_code >= 400:
+                failures.append(f"{url}: HTTP {r.status_code} for the event of {ev.endpoint}")
+        except httpx.HTTPError as exc:
+            failures.append(f"{url}: {type(exc).__name__} for the event of {ev.endpoint}")
+    return failures

@@ -1,0 +1,133 @@
+"""`registry watch` against fake upstreams on loopback built from a registered model's real answers: a faithful
+endpoint raises no event, a switch (faithful for 4 rounds, then degraded) raises one with its evidence, printed as a
+JSON line and POSTed to the owner's webhook; `--status` shows the timeline; the sequential test's thresholds hold
+their false-alarm rate."""
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from registry.api import Registry
+from registry.asking import sequential
+from registry.cli import cli
+from registry.core.errors import Conflict, InputError
+
+from . import verify_fakes as vf
+from .http_tools import ChatUpstream
+
+X = "gpt-4o-2024-05-13"
+
+
+class Hook:
+    """A webhook that records every JSON body POSTed to it."""
+
+    def __init__(self):
+        self.bodies = []
+        hook = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                hook.bodies.append(json.loads(self.rfile.read(int(self.headers["content-length"]))))
+                self.send_response(204)
+                self.end_headers()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def fakes(db_copy):
+    b = vf.books(db_copy, [X])
+    faithful, switch = vf.case(b, "faithful", X, seed=1), vf.case(b, "switch", X, seed=2, degrade=0.4)
+    ups = [ChatUpstream(faithful), ChatUpstream(switch)]
+    hook = Hook()
+    with Registry(db_copy) as reg:
+        reg.claim(X, ups[0].url, name=f"{X}@steady")
+        reg.claim(X, ups[1].url, name=f"{X}@switch")
+    yield switch, ups, hook
+    for u in ups:
+        u.close()
+    hook.close()
+
+
+def test_a_switch_is_an_event_and_a_faithful_endpoint_raises_none(db_copy, fakes):
+    switch, ups, hook = fakes
+    events, printed = [], []
+    for t in range(1, 9):
+        switch.degrading = t > 4
+        r = CliRunner().invoke(cli, ["--db", str(db_copy), "watch", "--once", "-n", "16", "--webhook", hook.url])
+        assert r.exit_code in (0, 3), r.output
+        printed += [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+        assert (r.exit_code == 3) == any(e["round"] == t for e in printed)
+    events = [e for e in printed]
+    assert [e["endpoint"] for e in events] == [f"{X}@switch"], events      # none from the steady one
+    e = events[0]
+    assert 5 <= e["round"] <= 7 and e["change"] == "faithful -> degraded"
+    assert e["evidence"]["verdict"]["drop"] > 0.1 and e["evidence"]["s_drop"] > e["evidence"]["h_drop"]
+    assert [b["endpoint"] for b in hook.bodies] == [f"{X}@switch"] and hook.bodies[0]["round"] == e["round"]
+    with Registry(db_copy) as reg:
+        status = reg.watch(status=True)
+    assert len(status.rounds) == 16 and [x.endpoint for x in status.events] == [f"{X}@switch"]
+    mine = [x for x in status.rounds if x.endpoint == f"{X}@switch"]
+    assert [x.verdict for x in mine][:e["round"] - 1] == ["faithful"] * (e["round"] - 1)
+    assert mine[-1].verdict == "degraded" and sum(x.worse_held for x in mine[4:]) > sum(x.worse_held for x in mine[:4])
+    assert all(x.n == 16 and len(x.accuracy_ci) == 2 for x in status.rounds)
+    # every round its own import batches, every question fresh
+    import duckdb
+    con = duckdb.connect(str(db_copy), read_only=True)
+    per = con.execute("""SELECT m.name, count(*), count(DISTINCT a.query_id), count(DISTINCT a.batch_id)
+                         FROM asked_answers a JOIN models m ON m.id = a.model_id GROUP BY 1 ORDER BY 1""").fetchall()
+    con.close()
+    for name, answers, questions, batches in per:
+        assert questions == 8 * 16 and batches >= 8, (name, answers, questions, batches)
+    r = CliRunner().invoke(cli, ["--db", str(db_copy), "watch", "--status"])
+    assert r.exit_code == 0 and "faithful -> degraded" in r.output
+    r = CliRunner().invoke(cli, ["--db", str(db_copy), "watch", "--status", "--json"])
+    assert len(json.loads(r.output)["rounds"]) == 16
+
+
+def test_watch_needs_a_watched_endpoint_and_sane_options(db_copy):
+    with Registry(db_copy) as reg:
+        with pytest.raises(Conflict, match="no endpoint is watched"):
+            reg.watch(n=16)
+        with pytest.raises(InputError):
+            reg.watch(n=2)
+    r = CliRunner().invoke(cli, ["--db", str(db_copy), "watch", "--once", "--every", "1h"])
+    assert r.exit_code == 2
+    r = CliRunner().invoke(cli, ["--db", str(db_copy), "watch", "--every", "soon"])
+    assert r.exit_code == 2 and "--every" in r.output
+
+
+def test_the_thresholds_hold_their_false_alarm_rate():
+    """Simulated faithful runs (held disagreements Poisson(lam) per side) pass the threshold in at most ALPHA of
+    HORIZON-round runs, and a drop of 3 per round passes it within 4 rounds."""
+    lam = 0.2
+    rng = np.random.default_rng(7)
+    fired = 0
+    for _ in range(2000):
+        s = sequential.State(calm_questions=10_000, calm_held=int(2 * lam / 64 * 10_000))
+        for _ in range(sequential.HORIZON):
+            s, alarm, _ = sequential.step(s, int(rng.poisson(lam)), int(rng.poisson(lam)), 64)
+            if alarm:
+                fired += 1
+                break
+    assert fired / 2000 <= 2 * sequential.ALPHA
+    s = sequential.State()
+    for t in range(1, 5):
+        s, alarm, _ = sequential.step(s, 3, 0, 64)
+        if alarm:
+            break
+    assert alarm == "drop" and t <= 4

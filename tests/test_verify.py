@@ -135,7 +135,7 @@ def test_the_command_line_exits_non_zero_when_one_is_not_faithful(db_copy, upstr
 def test_slow_failing_and_rate_limited_endpoints(db_copy, upstreams):
     b = vf.books(db_copy, [X])
     slow = upstreams(vf.case(b, "faithful", X, seed=2), latency=0.05)
-    busy = upstreams(vf.case(b, "faithful", X, seed=3), throttle=6, retry_after="0")
+    busy = upstreams(vf.case(b, "faithful", X, seed=3), throttle=3, retry_after="0")
     failing = upstreams(lambda t: "ERROR")
     with socket.socket() as sock:                     # a port nothing listens at
         sock.bind(("127.0.0.1", 0))
@@ -143,14 +143,14 @@ def test_slow_failing_and_rate_limited_endpoints(db_copy, upstreams):
     with Registry(db_copy) as reg:
         for name, url in (("slow", slow.url), ("busy", busy.url), ("failing", failing.url), ("nowhere", nowhere)):
             reg.claim(X, url, name=f"{X}@{name}")
-        r = reg.verify(X, n=64, repeat=8, retries=1, backoff=0.01, deadline=5)
+        r = reg.verify(X, n=64, repeat=8, retries=3, backoff=0.01, deadline=5)
     got = {e.endpoint.split("@")[1]: e for e in r.endpoints}
     assert got["slow"].verdict["verdict"] == "faithful" and got["busy"].verdict["verdict"] == "faithful"
-    assert got["busy"].retries == 6 and got["busy"].unanswered == 0
+    assert got["busy"].retries == 3 and got["busy"].unanswered == 0     # however the 429s fall: answered
     for name in ("failing", "nowhere"):
         e = got[name]
         assert e.answered == 0 and e.verdict["verdict"] == "not conclusive" and e.failures, e
-    assert failing.requests <= 2 * 72                  # retried once per question, no more
+    assert failing.requests <= 4 * 72                  # retried three times per question, no more
 
 
 def test_every_key_rule_of_ask_holds(db_copy, upstreams, monkeypatch):

@@ -75,7 +75,7 @@ def last_states(tx: Tx) -> dict[int, tuple[int, sequential.State, list]]:
     return out
 
 
-def round_of(reg, model: str, group: list[claims.Claim], n: int, seed: int, keys: UpstreamKeys, how: dict):
+def round_of(reg, model: str, group: list[claims.Claim], n: int, *, seed: int, keys: UpstreamKeys, how: dict):
     """Ask one model's endpoints their round. -> (targets, the round's questions, requests sent)."""
     with reg.store.tx() as tx:
         found = v.targets(tx, model, [c.endpoint for c in group], keys)
@@ -158,7 +158,7 @@ def watch(reg, *, n: int = 64, models: list[str] | None = None, status: bool = F
         raise Conflict("no endpoint is watched: add one with `registry endpoints add MODEL --base-url URL`")
     out, asked = WatchResult([], []), 0
     for model, group in groups.items():
-        found, ref, fresh, batches, sent = round_of(reg, model, group, n, seed, keys, how)
+        found, ref, fresh, batches, sent = round_of(reg, model, group, n, seed=seed, keys=keys, how=how)
         asked += sent
         with reg.store.tx() as tx:
             states = last_states(tx)
@@ -182,7 +182,8 @@ def watch(reg, *, n: int = 64, models: list[str] | None = None, status: bool = F
                     event = Event(t.claim.endpoint, model, at, count + 1, f"{state.verdict} -> faithful", "faithful",
                                   evidence)
                     state.verdict = "faithful"
-                row = round_row(t.claim.endpoint, model, count + 1, at, e, r, evidence, state.verdict, event)
+                row = round_row(t.claim.endpoint, model, count + 1, at, e, r, evidence=evidence, verdict=state.verdict,
+                                event=event)
                 tx.sql("""INSERT INTO watch_rounds (model_id, claims, batch_id, n, correct, reference_correct,
                           disagreements, worse, better, statistic, verdict, event, evidence)
                           VALUES (?, (SELECT id FROM models WHERE name = ?), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
@@ -200,7 +201,7 @@ def watch(reg, *, n: int = 64, models: list[str] | None = None, status: bool = F
     return out
 
 
-def round_row(endpoint: str, model: str, number: int, at: str, e: np.ndarray, r: np.ndarray, evidence: dict,
+def round_row(endpoint: str, model: str, number: int, at: str, e: np.ndarray, r: np.ndarray, *, evidence: dict,
               verdict: str, event: Event | None) -> Round:
     n = len(e)
     k, d = int(e.sum()), int((e != r).sum())

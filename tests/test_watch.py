@@ -131,3 +131,41 @@ def test_the_thresholds_hold_their_false_alarm_rate():
         if alarm:
             break
     assert alarm == "drop" and t <= 4
+
+
+def test_over_http_with_the_token_through_the_writer_and_the_web_page(db_copy, monkeypatch):
+    import httpx
+
+    from .conftest import start_server
+
+    b = vf.books(db_copy, [X])
+    steady = ChatUpstream(vf.case(b, "faithful", X, seed=4))
+    monkeypatch.setenv("WATCH_TEST_SECRET", "do-not-send")
+    proc, origin = start_server(db_copy, token="t0ken")
+    auth = {"authorization": "Bearer t0ken"}
+    try:
+        body = {"base_url": steady.url, "name": f"{X}@http"}
+        assert httpx.post(f"{origin}/models/{X}/claims", json=body, timeout=30).status_code == 401
+        r = httpx.post(f"{origin}/models/{X}/claims", json={**body, "api_key_env": "WATCH_TEST_SECRET"},
+                       headers=auth, timeout=30)
+        assert r.status_code == 409 and "WATCH_TEST_SECRET" in r.json()["detail"]     # not bound: refused
+        assert httpx.get(f"{origin}/models/{X}@http", timeout=30).status_code == 404  # nothing written
+        r = httpx.post(f"{origin}/models/{X}/claims", json=body, headers=auth, timeout=30)
+        assert r.status_code == 200 and r.json()["endpoint"] == f"{X}@http", r.text
+        assert httpx.post(f"{origin}/models/{X}/verify", json={"n": 64}, timeout=30).status_code == 401
+        r = httpx.post(f"{origin}/models/{X}/verify", json={"n": 64, "repeat": 8}, headers=auth, timeout=120)
+        assert r.status_code == 200 and r.json()["faithful"] is True, r.text
+        assert httpx.post(f"{origin}/watch", json={"n": 16}, timeout=30).status_code == 401
+        for _ in range(2):
+            r = httpx.post(f"{origin}/watch", json={"n": 16}, headers=auth, timeout=120)
+            assert r.status_code == 200 and r.json()["events"] == [], r.text
+        rounds = httpx.get(f"{origin}/watch", timeout=30).json()["rounds"]
+        assert [x["round"] for x in rounds] == [1, 2] and rounds[0]["endpoint"] == f"{X}@http"
+        page = httpx.get(f"{origin}/ui/endpoints/{X}", timeout=30)
+        assert page.status_code == 200 and f"{X}@http: timeline" in page.text and "faithful" in page.text
+        assert httpx.get(f"{origin}/ui/endpoints/no-such-model", timeout=30).status_code == 404
+        assert steady.auth and set(steady.auth) == {None}          # no key was ever sent
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        steady.close()

@@ -52,6 +52,35 @@ class AskBody(BaseModel):
     deadline: float = Field(60.0, gt=0, le=3600)
 
 
+class ClaimBody(BaseModel):
+    model_config = ConfigDict(strict=True)
+    base_url: str = Field(json_schema_extra=shapes.BASE_URL_SCHEMA)
+    name: shapes.ModelName | None = None
+    upstream_model: str | None = None
+    api_key_env: str | None = Field(None, json_schema_extra={"pattern": ENV_NAME})
+    reference: bool = False
+    watched: bool = True
+
+
+class VerifyBody(BaseModel):
+    model_config = ConfigDict(strict=True)
+    endpoints: list[shapes.ModelName] | None = None
+    n: shapes.WholeNumber = Field(256, ge=1, le=100_000)
+    repeat: shapes.WholeNumber = Field(32, ge=0, le=100_000)
+    seed: shapes.WholeNumber = Field(0, ge=0, le=2**32 - 1)
+    concurrency: shapes.WholeNumber = Field(8, ge=1, le=64)
+    deadline: float = Field(60.0, gt=0, le=3600)
+
+
+class WatchBody(BaseModel):
+    model_config = ConfigDict(strict=True)
+    n: shapes.WholeNumber = Field(64, ge=8, le=100_000)
+    models: list[shapes.ModelName] | None = None
+    seed: shapes.WholeNumber = Field(0, ge=0, le=2**32 - 1)
+    concurrency: shapes.WholeNumber = Field(8, ge=1, le=64)
+    deadline: float = Field(60.0, gt=0, le=3600)
+
+
 class AvailabilityBody(BaseModel):
     model_config = ConfigDict(strict=True)
     models: list[str] = Field(min_length=1)
@@ -149,6 +178,32 @@ def ask(name: shapes.ModelName, body: AskBody, s: ServerState = Depends(server))
     # proxy sends the model's requests there. An endpoint that answers nothing: 502, nothing stored
     return json_response(s.serving.write(lambda: s.registry.ask(name, **body.model_dump(), keys=s.keys,
                                                                 keep_endpoint=True)))
+
+
+@models_router.post("/models/{name:path}/claims", dependencies=[Depends(require_token)])
+def claim(name: shapes.ModelName, body: ClaimBody, s: ServerState = Depends(server)):
+    """`registry endpoints add NAME`: an endpoint claiming NAME, a model of its own; its key only as bound."""
+    s.keys.check(body.api_key_env, body.base_url)
+    return json_response(s.serving.write(lambda: s.registry.claim(name, **body.model_dump())))
+
+
+@models_router.post("/models/{name:path}/verify", dependencies=[Depends(require_token)])
+def verify(name: shapes.ModelName, body: VerifyBody, s: ServerState = Depends(server)):
+    """`registry verify NAME`: every endpoint claiming NAME asked the same planned questions and judged."""
+    r = s.serving.write(lambda: s.registry.verify(name, **body.model_dump(), keys=s.keys))
+    return json_response({**r.__dict__, "faithful": r.faithful})
+
+
+@models_router.get("/watch")
+def watch_status(s: ServerState = Depends(server)):
+    """`registry watch --status`: every watched endpoint's rounds and events so far."""
+    return json_response(s.registry.watch(status=True))
+
+
+@models_router.post("/watch", dependencies=[Depends(require_token)])
+def watch_round(body: WatchBody, s: ServerState = Depends(server)):
+    """`registry watch --once`: one round for every watched endpoint (events in the answer and the timeline)."""
+    return json_response(s.serving.write(lambda: s.registry.watch(**body.model_dump(), keys=s.keys)))
 
 
 @availability_router.get("/availability")

@@ -210,3 +210,19 @@ def portfolio_page(request: Request, k: int | None = Query(None, ge=1, le=1000),
 @pages.get("/ui/fingerprint", response_class=HTMLResponse)
 def fingerprint_page(request: Request):
     return page(request, "fingerprint.html")
+
+
+@pages.get("/ui/endpoints/{name:path}", response_class=HTMLResponse)
+def endpoints_page(request: Request, name: str):
+    """The endpoints claiming a model, each one's watch timeline: accuracy and disagreement per round with their
+    intervals, the sequential test, verdict changes."""
+    reg = _registry(request)
+    try:
+        reg.show(name)
+        status = reg.watch(status=True, models=[name])
+    except RegistryError as exc:
+        return error_page(request, str(exc))
+    by = {}
+    for r in status.rounds:
+        by.setdefault(r.endpoint, []).append(r)
+    return page(request, "endpoints.html", model=name, claims=status.claims, rounds=by, events=status.events)

@@ -54,6 +54,7 @@ class WatchResult:
     events: list[Event]
     asked: int = 0                    # requests sent this round (0 for status)
     webhook_failures: list[str] = field(default_factory=list)
+    claims: list[claims.Claim] = field(default_factory=list)      # (status) the endpoints claiming each model
 
 
 def watched(tx: Tx, models: list[str] | None) -> dict[str, list[claims.Claim]]:
@@ -216,6 +217,7 @@ def timeline(reg, models: list[str] | None = None) -> WatchResult:
     """Every watched endpoint's rounds so far, oldest first, with the events they raised."""
     out = WatchResult([], [])
     with reg.store.tx() as tx:
+        out.claims = [c for c in claims.current(tx) if not models or c.model in models]
         names = dict(tx.sql("SELECT id, name FROM models"))
         rows = tx.sql("""SELECT model_id, claims, n, correct, reference_correct, disagreements, worse, better,
                                 statistic, verdict, event, evidence, created FROM watch_rounds ORDER BY id""")

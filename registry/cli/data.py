@@ -18,7 +18,7 @@ class ReaderChoice(click.Choice):
     def choices(self):
         from registry.data.formats import readers
 
-        return tuple(readers.table())
+        return tuple(readers.table()) + tuple(n for n in readers.BROKEN if " " not in n)
 
 
 class ImportCommand(click.Command):
@@ -31,7 +31,8 @@ class ImportCommand(click.Command):
             formatter.write_dl([(r.name, r.summary + (f" [options: {', '.join('--' + o for o in r.options)}]"
                                                       if r.options else "") +
                                  (f" (from {r.origin})" if r.origin != "registry" else ""))
-                                for r in readers.table().values()])
+                                for r in readers.table().values()]
+                               + [(name.split(" ")[0], "(not loaded) " + why) for name, why in readers.BROKEN.items()])
 
 
 @command("import", cls=ImportCommand)

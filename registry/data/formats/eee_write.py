@@ -184,7 +184,8 @@ def export(tx: Tx, directory: str, *, models: list[str] | None = None, source: s
 
 def _aggregate(name: str, meta: tuple, eid: str, stamp: str, stats: list, *, benchmark: str, developer: str) -> dict:
     family, provider, params_b, cost, open_weights, tags = meta
-    details = {"deployment_type": "unknown",
+    # registry.name marks the details as the registry's own, so that an import reads back its metadata, none too
+    details = {"deployment_type": "unknown", PREFIX + "name": name,
                "model_availability": {True: "open_weights", False: "closed_weights"}.get(open_weights, "unknown")}
     for k, v in (("family", family), ("provider", provider), ("params_b", params_b), ("cost", cost),
                  ("open_weights", None if open_weights is None else str(open_weights).lower()),

@@ -124,7 +124,7 @@ BUILTIN = (
            ("scorer", "threshold", "partial")),
     Reader("lm-eval", "lm-evaluation-harness output folders (results_*.json beside samples_*.jsonl)", _lm_eval,
            _read_lm_eval, ("metric", "threshold")),
-    Reader("eee", "Every Eval Ever 0.3 (aggregate <uuid>.json beside <uuid>_samples.jsonl, or folders of them)", _eee,
+    Reader("eee", "Every Eval Ever 0.3 (aggregate {uuid}.json beside {uuid}_samples.jsonl, or folders of them)", _eee,
            _read_eee, ("metric", "threshold")),
     Reader("helm", "HELM run folders (scenario_state.json and per_instance_stats.json)", _helm, _read_helm,
            ("metric", "threshold")),
@@ -133,42 +133,52 @@ BUILTIN = (
 _TABLE: dict[str, Reader] | None = None
 
 
-def _plugins() -> list[Reader]:
-    """The readers other packages declare; one that cannot be loaded is a one-line error naming it."""
+def _plugins() -> tuple[list[Reader], dict[str, str]]:
+    """The readers other packages declare, and {name: why} of those that do not load (kept out of the table, so
+    that one broken package does not stop every import; naming it says why)."""
     from importlib.metadata import entry_points
 
-    found = []
+    found, broken = [], {}
     for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
         try:
             obj = ep.load()
             reader = obj if isinstance(obj, Reader) else obj()
+            if not isinstance(reader, Reader) or reader.read is None:
+                raise TypeError("not a Reader with a read function")
         except Exception as exc:
-            raise InputError(f"the reader plugin {ep.name!r} ({ep.value}) does not load: "
-                             f"{type(exc).__name__}: {exc}") from None
-        if not isinstance(reader, Reader) or reader.read is None:
-            raise InputError(f"the reader plugin {ep.name!r} ({ep.value}) is not a Reader with a read function")
+            broken[ep.name] = f"the reader plugin {ep.name!r} ({ep.value}) does not load: {type(exc).__name__}: {exc}"
+            continue
         origin = getattr(ep, "dist", None)
         found.append(Reader(reader.name, reader.summary, reader.recognises, reader.read, tuple(reader.options),
                             origin=origin.name if origin is not None else ep.value))
-    return found
+    return found, broken
+
+
+BROKEN: dict[str, str] = {}     # plugins that did not load: name -> why
 
 
 def table() -> dict[str, Reader]:
-    """{name: reader}: ours first, then the plugins' (a plugin may not take a name already in the table)."""
+    """{name: reader}: ours first, then the plugins' (one taking a name already in the table is left out, and
+    naming it says why, as for one that does not load)."""
     global _TABLE
     if _TABLE is None:
         out = {r.name: r for r in BUILTIN}
-        for r in _plugins():
+        plugins, broken = _plugins()
+        for r in plugins:
             if r.name in out:
-                raise InputError(f"the reader plugin of {r.origin} is named {r.name!r}, which {out[r.name].origin} "
-                                 f"already names")
+                broken[r.name + f" ({r.origin})"] = (f"the reader plugin of {r.origin} is named {r.name!r}, which "
+                                                     f"{out[r.name].origin} already names")
+                continue
             out[r.name] = r
+        BROKEN.update(broken)
         _TABLE = out
     return _TABLE
 
 
 def get(name: str) -> Reader:
     readers = table()
+    if name in BROKEN:
+        raise InputError(BROKEN[name])
     if name not in readers:
         raise InputError(f"unknown format {name!r} (one of {', '.join(readers)})")
     return readers[name]

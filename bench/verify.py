@@ -176,6 +176,11 @@ def loopback(reg, world, latency: float = 0.2) -> None:
         again = reg.verify(X, n=256, repeat=32)
         print(f"verify again: {sum(u.requests for u in ups.values()) - sent} requests sent "
               f"({time.perf_counter() - started:.1f} s), verdicts {[e.verdict['verdict'] for e in again.endpoints]}")
+        started = time.perf_counter()
+        w = reg.watch(n=64)
+        print(f"watch --once: {len(w.rounds)} endpoints x 64 fresh questions, {w.asked} requests, "
+              f"{time.perf_counter() - started:.1f} s; events {[e.change for e in w.events]}; "
+              + ", ".join(f"{x.endpoint.split('@')[1]} {x.worse_held}/{x.better_held} held" for x in w.rounds))
     finally:
         for u in ups.values():
             u.close()

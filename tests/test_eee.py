@@ -245,3 +245,34 @@ def test_inspect_and_lm_eval_logs_come_back_from_eee_as_imported(small_data, tmp
     a, b = rows(direct), rows(back)
     assert {k: len(a[k] ^ b[k]) for k in TABLES} == {k: 0 for k in TABLES}
     assert len(b["evaluations"]) == 3 * h.N and len(b["models"]) == 3
+
+
+def test_asked_answers_go_out_with_their_endpoint_template_time_and_reply(db_copy, tmp_path):
+    from registry.asking import prompt
+    from tests.http_tools import ChatUpstream
+
+    u = ChatUpstream(lambda text: "**B**")
+    try:
+        with Registry(db_copy) as reg:
+            asked = reg.ask("asked-model", base_url=u.url, upstream_model="m1", n=20, plan="random",
+                            keep_responses=True)
+        assert asked.answered == 20
+    finally:
+        u.close()
+    out = tmp_path / "asked"
+    done = export(db_copy, out, "--model", "asked-model")
+    assert done["evaluations"] == 20
+    lines = [json.loads(x) for x in Path(done["models"][0]["samples"]).read_text().splitlines()]
+    for line in lines:
+        meta = line["metadata"]
+        assert (meta["registry.asked_endpoint"], meta["registry.asked_model"]) == (u.url, "m1")
+        assert meta["registry.asked_template"] == prompt.TEMPLATE_VERSION and meta["registry.asked_at"][:2] == "20"
+        assert meta["registry.batch"] == str(asked.batch_id)
+        assert line["output"]["raw"] == ["**B**"] and line["answer_attribution"][0]["extracted_value"] == "B"
+        assert line["evaluation"]["is_correct"] == (line["input"]["reference"] == ["B"])
+    every_line_valid(out)
+    back = tmp_path / "back.duckdb"
+    assert cli_run(back, "import", str(out)).exit_code == 0
+    a, b = rows(db_copy, {"asked-model"}), rows(back)
+    assert a["evaluations"] == b["evaluations"] and len(b["evaluations"]) == 20
+    assert a["models"] == b["models"]

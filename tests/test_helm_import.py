@@ -94,3 +94,8 @@ def test_malformed_helm_folders_are_one_line_and_change_nothing(db_copy, tmp_pat
         errors = [ln for ln in r.output.strip().splitlines() if ln.startswith("Error")]
         assert len(errors) == 1 and message in errors[0], (message, r.output)
         assert snapshot(db_copy) == before
+    # recognised (no --from), the error is as much one line (beside the progress, on stderr)
+    r = CliRunner().invoke(cli, ["--db", str(db_copy), "import", str(no_stats)])
+    errors = [ln for ln in r.output.strip().splitlines() if not ln.startswith("reading ")]
+    assert r.exit_code == 1 and len(errors) == 1 and errors[0].startswith("Error: "), r.output
+    assert "without per_instance_stats.json" in errors[0]

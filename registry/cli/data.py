@@ -58,9 +58,7 @@ def import_(ctx, paths, *, models, queries, evaluations, splits, vectors, harnes
     one_by_one = any((models, queries, evaluations, splits, vectors))
     detected = None
     if not harness and paths and not one_by_one:
-        harness = detected = reg.reader_for(list(paths))
-        if not as_json:
-            click.echo(f"{', '.join(paths)}: recognised as {detected}")
+        harness = detected = reg.reader_for(list(paths))     # (said with the result: an error stays one line)
     if harness and harness != "csv":
         if one_by_one:
             raise click.UsageError(f"--models, --queries, --evaluations, --splits and --vectors are the csv "
@@ -100,6 +98,8 @@ def _import_harness(reg, harness, paths, *, as_json, detected, **options) -> Non
     done = reg.import_from(paths, None if detected else harness, progress=not as_json, **options)
     if as_json:
         return emit_json(done)
+    if detected:
+        click.echo(f"{', '.join(paths)}: recognised as {harness}")
     click.echo(f"{harness}: {len(done.models)} models, {done.queries_added} new queries, "
                f"{done.evaluations_added} evaluations added")
     for m in done.models:

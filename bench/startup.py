@@ -28,6 +28,7 @@ from pathlib import Path
 
 KNOWN = "What is the derivative of x^2?"     # bin/build-default routes it: the registry holds its vector then
 NEW = "How many moons did the planet in this made-up question have in run {run}, {tag}?"
+AS_BEFORE = ("import torch, scipy.stats; from registry.cli import main; main()")   # what register imported
 ON_TORCH = ("import sys; from registry.locus import text_encoder; text_encoder.prefer('torch'); "
             "from registry.cli import main; main()")
 
@@ -42,6 +43,7 @@ def main() -> None:
     db = work / "registry.duckdb"
     shutil.copy(args.db, db)                 # commands that log (route) write to a copy, never the original
     registry = [sys.executable, "-m", "registry", "--db", str(db)]
+    subprocess.run(registry + ["db", "upgrade"], check=True, capture_output=True)   # (a registry built earlier)
     floor = [sys.executable, "-c", f"import duckdb; c = duckdb.connect({str(db)!r}); "
                                    "print(c.sql('SELECT count(*) FROM models').fetchall())"]
     cases = {"bare duckdb count (floor)": floor, "registry stats": registry + ["stats"],
@@ -53,6 +55,21 @@ def main() -> None:
              "registry route (a new text), ONNX Runtime": lambda run: registry + ["route", new_text(run, "onnx")],
              "registry route (a new text), torch": lambda run: [sys.executable, "-c", ON_TORCH] + registry[3:]
              + ["route", new_text(run, "torch")]}
+    evals = work / "evals128.csv"             # 128 results of a registered model, as a new model's file
+    subprocess.run([sys.executable, "-c", f"""import duckdb
+c = duckdb.connect({str(db)!r}, read_only=True)
+c.sql(\"\"\"COPY (SELECT q.external_id AS query_id, e.correct::INT AS correct FROM evaluations e
+    JOIN queries q ON q.id = e.query_id JOIN models m ON m.id = e.model_id WHERE m.name = 'DeepSeek-Coder-V2'
+    ORDER BY hash(q.external_id) LIMIT 128) TO '{evals}' (HEADER)\"\"\")"""], check=True)
+    cases.update({
+        "registry register (128 results)": lambda run: registry + ["register", f"new-{run}-{uuid.uuid4().hex[:6]}",
+                                                                   "--evals", str(evals)],
+        "registry register (128 results), torch and scipy imported as before": lambda run: (
+            [sys.executable, "-c", AS_BEFORE] + registry[3:] + ["register", f"old-{run}-{uuid.uuid4().hex[:6]}",
+                                                                "--evals", str(evals)]),
+        "registry similar --evals (128 results)": registry + ["similar", "--evals", str(evals)],
+        "registry similar --evals (128 results), torch and scipy imported as before": (
+            [sys.executable, "-c", AS_BEFORE] + registry[3:] + ["similar", "--evals", str(evals)])})
     cases = {k: v for k, v in cases.items() if args.only is None or args.only in k or "floor" in k}
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     subprocess.run(registry + ["route", KNOWN], check=True, capture_output=True, env=env)   # its vector is stored

@@ -209,3 +209,41 @@ def test_evaluate_without_a_val_split_needs_it_only_for_the_baselines(db_copy, s
         assert set(r.methods) == {"locus"} and r.models == 31
     res = CliRunner().invoke(cli, ["--db", str(db_copy), "evaluate"])
     assert res.exit_code == 1 and res.output == "Error: no queries in the val split\n", res.output
+
+
+def test_evaluate_keeps_its_baselines_and_refits_them_when_the_data_changes(db_copy, tmp_path):
+    """The second evaluate reads the baselines kept by the first (same figures); the kept scores are what it reports
+    (a kept KNN score altered here is the KNN figure it gives), and a change in the data fits them afresh."""
+    import io
+
+    def evaluate():
+        res = CliRunner().invoke(cli, ["--db", str(db_copy), "evaluate", "--split", "test", "--json"])
+        assert res.exit_code == 0, res.output
+        return json.loads(res.output)
+
+    first = evaluate()
+    with duckdb.connect(str(db_copy)) as con:
+        (key, payload), = con.execute("SELECT key, payload FROM routing_states "
+                                      "WHERE key LIKE 'evaluate-baselines/%'").fetchall()
+    with np.load(io.BytesIO(payload), allow_pickle=False) as npz:
+        kept = {k: npz[k] for k in npz.files}
+    assert {"best_single", "per_category", "knn", "mf", "irt"} <= set(kept)
+    assert evaluate() == first
+    kept["knn"] = 1.0 - kept["knn"]                   # the worst choice everywhere instead of the best
+    buf = io.BytesIO()
+    np.savez(buf, **kept)
+    with duckdb.connect(str(db_copy)) as con:
+        con.execute("UPDATE routing_states SET payload = ? WHERE key = ?", [buf.getvalue(), key])
+    altered = evaluate()
+    assert altered["methods"]["knn"]["hit@1"] < first["methods"]["knn"]["hit@1"]
+    assert altered["methods"]["irt"] == first["methods"]["irt"]
+    with Registry(db_copy) as reg:                    # new data: the kept baselines are not read
+        name = reg.models()[0].name
+        with reg.store.tx() as tx:
+            qid, correct = tx.sql("SELECT q.external_id, e.correct::INT FROM queries q JOIN query_splits s ON "
+                                  "s.query_id = q.id JOIN evaluations e ON e.query_id = q.id JOIN models m ON "
+                                  "m.id = e.model_id WHERE s.split = 'train' AND m.name = ? ORDER BY q.id LIMIT 1",
+                                  [name])[0]
+        (tmp_path / "one.csv").write_text(f"query_id,correct\n{qid},{1 - correct}\n")   # an answer changed
+        reg.register(name, str(tmp_path / "one.csv"), update=True)
+    assert evaluate()["methods"]["knn"]["hit@1"] > altered["methods"]["knn"]["hit@1"]

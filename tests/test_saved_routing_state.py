@@ -41,11 +41,11 @@ def route_in_a_new_process(db) -> dict:
 @pytest.mark.slow
 def test_a_new_process_routes_from_the_saved_state_as_the_builder_did_and_without_torch(db_copy):
     assert saved_rows(db_copy) == []
-    built = route_in_a_new_process(db_copy)          # builds the state (torch: the encoder) and saves it
-    assert built["torch"] is True
+    built = route_in_a_new_process(db_copy)          # builds the state (the network in numpy) and saves it
+    assert built["torch"] is False
     assert len(saved_rows(db_copy)) == 1
     again = route_in_a_new_process(db_copy)
-    assert again["torch"] is False                   # the predictor came from the checkpoint, in numpy
+    assert again["torch"] is False                   # the state came from the saved one
     assert [r[0] for r in again["routes"]] == [r[0] for r in built["routes"]]
     for (_, a), (_, b) in zip(again["routes"], built["routes"]):
         assert [m for m, _ in a] == [m for m, _ in b]

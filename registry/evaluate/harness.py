@@ -18,7 +18,7 @@ import numpy as np
 from registry.locus import baselines as B
 from registry.embedding import embed, encoders, evidence
 from registry.locus import interaction
-from registry.evaluate import served
+from registry.evaluate import baseline_cache, served
 from registry.core.errors import InputError, RegistryError
 from registry.core.transaction import Tx
 from registry.embedding.dataset import SPLITS, Dataset, current_embeddings, dataset, query_labels
@@ -133,36 +133,33 @@ def evaluate(tx: Tx, split: str = "test", *, baselines: bool = True, sample_effi
     chosen = B.topk_models(routed, 1)[0]       # what routing serves: it cannot know which models have a result
     choices = {data.models[m]: int(n) for m, n in zip(*np.unique(chosen, return_counts=True))}
     if baselines:
+        cache = baseline_cache.BaselineCache(tx, baseline_cache.key_text(data, split, idx, mf_seed,
+                                                                           caller=__file__))
         step("best_single")
         methods["oracle"] = {f"hit@{k}": B.oracle_hit(ct) for k in (1, 3, 5)}
-        s = B.best_single_scores(data.correct, tr, idx)
+        s, _ = cache.get("best_single", lambda: (B.best_single_scores(data.correct, tr, idx), {}))
         methods["best_single"] = B.routing_report(answered(s), ct, None, strongest)
         methods["best_single"]["model"] = data.models[int(np.argmax(s[:, 0]))]
         scores["best_single"] = answered(s)
         methods["random"] = {f"hit@{k}": B.random_hit_at_k(ct, k) for k in (1, 3, 5)}
         step("per_category")
-        s, info = B.per_category_router(data.correct, data.categories, tr, va, idx)
-        methods["per_category"] = dict(B.routing_report(answered(s), ct, None, strongest), prior=info["prior"])
-        scores["per_category"] = answered(s)
-        if data.sources is not None and len(set(data.sources[tr].tolist())) > 1:
-            s, info = B.per_category_router(data.correct, data.sources, tr, va, idx)
-            methods["per_source"] = dict(B.routing_report(answered(s), ct, None, strongest), prior=info["prior"])
-            scores["per_source"] = answered(s)
+        for name, labels in (("per_category", data.categories), ("per_source", data.sources)):
+            if name == "per_source" and (labels is None or len(set(labels[tr].tolist())) <= 1):
+                continue
+            s, info = cache.get(name, lambda labels=labels: _prior_router(data, labels, tr, va, idx))
+            methods[name] = dict(B.routing_report(answered(s), ct, None, strongest), prior=info["prior"])
+            scores[name] = answered(s)
         step("knn")
-        k, _ = B.knn_router(data.qvecs, data.correct, tr, va)
-        s = B.knn_scores(data.qvecs, data.correct, tr, idx, k)
-        methods["knn"] = dict(B.routing_report(answered(s), ct, s, strongest), k=k)
+        s, info = cache.get("knn", lambda: _knn(data, tr, va, idx))
+        methods["knn"] = dict(B.routing_report(answered(s), ct, s, strongest), k=info["k"])
         scores["knn"] = answered(s)
-        step("mf")
-        mf, info = B.mf_router(data.qvecs, data.correct, tr, va, seed=mf_seed)
-        s = B.mf_probs(mf, data.qvecs, idx)
-        methods["mf"] = dict(B.routing_report(answered(s), ct, s, strongest), dim=info["dim"])
-        scores["mf"] = answered(s)
-        step("irt")
-        irt, info = B.irt_router(data.qvecs, data.correct, tr, va, seed=mf_seed)
-        s = B.irt_probs(irt, data.qvecs, idx)
-        methods["irt"] = dict(B.routing_report(answered(s), ct, s, strongest), dim=info["dim"])
-        scores["irt"] = answered(s)
+        for name, router, probs in (("mf", B.mf_router, B.mf_probs), ("irt", B.irt_router, B.irt_probs)):
+            step(name)
+            s, info = cache.get(name, lambda router=router, probs=probs: _pair_model(data, router, probs, tr, va, idx,
+                                                                                    seed=mf_seed))
+            methods[name] = dict(B.routing_report(answered(s), ct, s, strongest), dim=info["dim"])
+            scores[name] = answered(s)
+        cache.save(encoder_id)
     if "served" in scores:
         for m, sc in scores.items():
             if m != "served":
@@ -185,6 +182,22 @@ def evaluate(tx: Tx, split: str = "test", *, baselines: bool = True, sample_effi
     if planned:
         report.planned_efficiency = planned_curve(tx, data, z, idx, seeds, sizes)
     return report
+
+
+def _prior_router(data, labels, tr, va, idx) -> tuple[np.ndarray, dict]:
+    s, info = B.per_category_router(data.correct, labels, tr, va, idx)
+    return s, {"prior": info["prior"].item() if isinstance(info["prior"], np.generic) else info["prior"]}
+
+
+def _knn(data, tr, va, idx) -> tuple[np.ndarray, dict]:
+    k, _ = B.knn_router(data.qvecs, data.correct, tr, va)
+    return B.knn_scores(data.qvecs, data.correct, tr, idx, k), {"k": int(k)}
+
+
+def _pair_model(data, router, probs, tr, va, idx, *, seed: int) -> tuple[np.ndarray, dict]:
+    """MF or IRT, its dimension chosen on val: scores on idx."""
+    model, info = router(data.qvecs, data.correct, tr, va, seed=seed)
+    return probs(model, data.qvecs, idx), {"dim": int(info["dim"])}
 
 
 def paired(served_scores: np.ndarray, other: np.ndarray, correct: np.ndarray) -> dict:

@@ -7,6 +7,7 @@ one where another model has a result (evaluate/ scores routing that way); predic
 """
 from __future__ import annotations
 
+import contextlib
 from math import comb
 
 import numpy as np
@@ -228,10 +229,29 @@ class IRT(torch.nn.Module):
         return (self.theta(m) * self.a(q)).sum(-1) - self.b(q)[:, 0]
 
 
+@contextlib.contextmanager
+def one_thread():
+    """torch on one thread for the pair models' small steps: on 2 cores a second thread gains at most 1.6x, and
+    where another process holds a core its spinning costs 5-20x (MF at 64 dimensions: 5.2 s on 2 threads when
+    quiet, 103 s beside two other jobs; 8.4 s and 9.6 s on one)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def train_pairs(make, qvecs, correct, train_idx, val_idx, dim: int, *, seed: int = 0, epochs: int = 12,
                 lr: float = 1e-3, weight_decay: float = 1e-4, batch: int = 4096) -> tuple[torch.nn.Module, dict]:
     """A pair model (MF or IRT: `make(n_models, d_query, dim)`) fitted by BCE on the observed train pairs with
     AdamW; the epoch with the best validation hit@1 (`val_hit`; ties: lower BCE) is kept."""
+    with one_thread():
+        return _train_pairs(make, qvecs, correct, train_idx, val_idx, dim, seed=seed, epochs=epochs, lr=lr,
+                            weight_decay=weight_decay, batch=batch)
+
+
+def _train_pairs(make, qvecs, correct, train_idx, val_idx, dim: int, *, seed, epochs, lr, weight_decay, batch):
     g = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     tr = np.asarray(train_idx)

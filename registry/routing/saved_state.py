@@ -64,8 +64,9 @@ def save(tx: Tx, st) -> bool:
     # (another process on the same PostgreSQL database may be saving the same state: the first one stays)
     tx.sql("INSERT INTO routing_states (key, encoder_id, payload) VALUES (?, ?, ?) ON CONFLICT (key) DO NOTHING",
            [key, int(st.encoder_id), buf.getvalue()])
-    tx.sql("""DELETE FROM routing_states WHERE key NOT IN (
-                  SELECT key FROM routing_states ORDER BY created DESC, key LIMIT ?)""", [KEPT])
+    tx.sql(f"""DELETE FROM routing_states WHERE key LIKE '{FORMAT} %' AND key NOT IN (   -- (other caches beside)
+                   SELECT key FROM routing_states WHERE key LIKE '{FORMAT} %' ORDER BY created DESC, key LIMIT ?)""",
+           [KEPT])
     return True
 
 

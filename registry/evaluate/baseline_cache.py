@@ -1,0 +1,76 @@
+"""`evaluate`'s baselines (best single, per-category, per-source, KNN, MF, IRT) kept in the registry: each one's
+scores on the evaluated split and the settings it chose on val, fitted once per state of the data they read and of
+the code that fits them, so that asking again with unchanged data costs a read (IRT alone trains for a minute on
+MMLU-Pro). Stored beside the routing state (table routing_states, a cache of derived values) under a key of their own;
+scores are saved as the arrays they were, so a figure read back is the figure fitted.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+
+from registry.core.transaction import Tx
+
+FORMAT = "evaluate-baselines/1"
+KEPT = 4              # saved baseline sets kept (one per split evaluated, and one older state): a few hundred KB each
+
+
+def key_text(data, split: str, idx: np.ndarray, seed: int, *, caller: str) -> str:
+    """The key of the baselines of `data` on `split`: everything they read (answers, splits, models, query vectors,
+    categories, sources), the split's queries, the seed, and the source of the code that fits them (locus/baselines,
+    this module, and `caller`'s file, which calls them)."""
+    from registry.locus import baselines
+
+    h = hashlib.sha256()
+    for source in (baselines.__file__, __file__, caller):
+        h.update(Path(source).read_bytes())
+    h.update(data.digest().encode())
+    for a in (data.qvecs, idx, np.asarray([seed])):
+        h.update(np.ascontiguousarray(a).tobytes())
+    for labels in (data.categories, data.sources):
+        h.update(b"\x00" if labels is None else "\x1f".join(map(str, labels)).encode())
+    return f"{FORMAT} {split} {h.hexdigest()}"
+
+
+class BaselineCache:
+    """`get(name, fit)`: a baseline's (scores, settings) as saved under the key, else `fit()`'s, kept for `save`."""
+
+    def __init__(self, tx: Tx, key: str, *, enabled: bool = True):
+        self.tx, self.key, self.found, self.fitted = tx, key, {}, {}
+        rows = tx.sql("SELECT payload FROM routing_states WHERE key = ?", [key]) if enabled else []
+        if rows:
+            with np.load(io.BytesIO(bytes(rows[0][0])), allow_pickle=False) as npz:
+                doc = json.loads(npz["__doc__"].tobytes().decode())
+                self.found = {name: (npz[name], settings) for name, settings in doc.items()}
+
+    def get(self, name: str, fit) -> tuple[np.ndarray, dict]:
+        if name in self.found:
+            return self.found[name]
+        self.fitted[name] = fit()
+        return self.fitted[name]
+
+    @property
+    def hits(self) -> list[str]:
+        return sorted(self.found)
+
+    def save(self, encoder_id: int) -> bool:
+        """Write what was fitted now beside what was read (nothing where the file is read-only or the store keeps
+        no saved state, as a server's does); the oldest saved sets beyond KEPT go."""
+        if not self.fitted or self.tx.read_only or not self.tx.save_routing_state:
+            return False
+        kept = {**self.found, **self.fitted}
+        buf = io.BytesIO()
+        doc = {name: settings for name, (_, settings) in kept.items()}
+        np.savez(buf, __doc__=np.frombuffer(json.dumps(doc).encode(), dtype=np.uint8),
+                 **{name: np.asarray(scores) for name, (scores, _) in kept.items()})
+        self.tx.sql("DELETE FROM routing_states WHERE key = ?", [self.key])
+        self.tx.sql("INSERT INTO routing_states (key, encoder_id, payload) VALUES (?, ?, ?)",
+                    [self.key, int(encoder_id), buf.getvalue()])
+        self.tx.sql(f"""DELETE FROM routing_states WHERE key LIKE '{FORMAT} %' AND key NOT IN (
+                           SELECT key FROM routing_states WHERE key LIKE '{FORMAT} %'
+                           ORDER BY created DESC, key LIMIT ?)""", [KEPT])
+        return True

@@ -63,6 +63,7 @@ def fakes(db_copy):
     hook.close()
 
 
+@pytest.mark.slow
 def test_a_switch_is_an_event_and_a_faithful_endpoint_raises_none(db_copy, fakes):
     switch, ups, hook = fakes
     events, printed = [], []
@@ -133,6 +134,7 @@ def test_the_thresholds_hold_their_false_alarm_rate():
     assert alarm == "drop" and t <= 4
 
 
+@pytest.mark.slow
 def test_over_http_with_the_token_through_the_writer_and_the_web_page(db_copy, monkeypatch):
     import httpx
 

@@ -68,8 +68,8 @@ def add(tx: Tx, model: str, base_url: str, *, name: str | None = None, upstream_
     ids = dict(tx.sql("SELECT name, id FROM models"))
     if model not in ids:
         raise unknown_model(model, list(ids))
-    if name == model:
-        raise InputError(f"an endpoint claiming {model!r} needs a name of its own (e.g. {default_name(model, url)!r}): "
+    if name == model:          # (the registry as it stands: a model of that name exists)
+        raise Conflict(f"an endpoint claiming {model!r} needs a name of its own (e.g. {default_name(model, url)!r}): "
                          f"its answers must not enter {model}'s")
     claimed = {c.endpoint: c for c in current(tx)}
     if model in claimed:

@@ -171,7 +171,8 @@ def read(agg_path: Path, samples_path: Path, *, model: str | None = None, metric
 
 
 def _sample(row, agg: dict, path: str, line: int, threshold: float | None, golds: dict) -> Sample:
-    """One line as a Sample (`golds`: the gold answers worked out so far, by reference and choices)."""
+    """One line as a Sample (`golds`: the gold answers worked out so far, by reference and choices, and the texts
+    and options seen so far)."""
     if type(row) is not dict:
         raise InputError("a sample must be a JSON object", file=path, line=line)
     sid, inp = row.get("sample_id"), row.get("input")
@@ -210,11 +211,14 @@ def _sample(row, agg: dict, path: str, line: int, threshold: float | None, golds
     meta = row.get("metadata")
     meta = meta if type(meta) is dict else {}
     own = meta.get(QUERY_ID)
+    # one copy of each question and options for all the models that answered it (a registry's worth in memory)
+    raw = golds.setdefault(raw, raw)
+    options = golds.setdefault(("options", key[1]), list(key[1])) if key[1] else None
     if own is None:
-        return Sample(sid, raw, key[1] and list(key[1]), row["evaluation_name"],
-                      meta.get("category") or meta.get("subject"), correct, answer=answer)
+        return Sample(sid, raw, options, row["evaluation_name"], meta.get("category") or meta.get("subject"),
+                      correct, answer=answer)
     split = meta.get(SPLIT)
     if split is not None and split not in ("train", "val", "test"):
         raise InputError(f"sample {sid}: {SPLIT} must be train, val or test, got {split!r}", file=path, line=line)
-    return Sample(sid, raw, key[1] and list(key[1]), meta.get(SOURCE), meta.get(CATEGORY), correct, answer=answer,
-                  query_id=own, split=split)
+    return Sample(sid, raw, options, meta.get(SOURCE), meta.get(CATEGORY), correct, answer=answer, query_id=own,
+                  split=split)

@@ -76,6 +76,8 @@ def evaluate(tx: Tx, split: str = "test", *, baselines: bool = True, sample_effi
     """`progress(method, done, total)`: told as each method starts (the CLI shows it on stderr)."""
     if split not in SPLITS:
         raise RegistryError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    if progress is not None:
+        progress("reading the evaluations and embeddings", 0, len(METHODS if baselines else METHODS[:3]))
     data = dataset(tx)
     z, excluded, encoder_id, n_behind, stab = current_embeddings(tx, data, with_evidence=True)
     # every method sees the same models: those LOCUS can score honestly and routing may choose (not on probation)
@@ -155,8 +157,10 @@ def evaluate(tx: Tx, split: str = "test", *, baselines: bool = True, sample_effi
         scores["knn"] = answered(s)
         for name, router, probs in (("mf", B.mf_router, B.mf_probs), ("irt", B.irt_router, B.irt_probs)):
             step(name)
-            s, info = cache.get(name, lambda router=router, probs=probs: _pair_model(data, router, probs, tr, va, idx,
-                                                                                    seed=mf_seed))
+            told = (None if progress is None else
+                    lambda d, i, n, name=name: progress(f"{name}, dimension {d} ({i}/{n})", *_place(name)))
+            s, info = cache.get(name, lambda router=router, probs=probs, told=told: _pair_model(
+                data, router, probs, tr, va, idx, seed=mf_seed, progress=told))
             methods[name] = dict(B.routing_report(answered(s), ct, s, strongest), dim=info["dim"])
             scores[name] = answered(s)
         cache.save(encoder_id)
@@ -194,9 +198,13 @@ def _knn(data, tr, va, idx) -> tuple[np.ndarray, dict]:
     return B.knn_scores(data.qvecs, data.correct, tr, idx, k), {"k": int(k)}
 
 
-def _pair_model(data, router, probs, tr, va, idx, *, seed: int) -> tuple[np.ndarray, dict]:
+def _place(method: str) -> tuple[int, int]:
+    return METHODS.index(method) + 1, len(METHODS)
+
+
+def _pair_model(data, router, probs, tr, va, idx, *, seed: int, progress=None) -> tuple[np.ndarray, dict]:
     """MF or IRT, its dimension chosen on val: scores on idx."""
-    model, info = router(data.qvecs, data.correct, tr, va, seed=seed)
+    model, info = router(data.qvecs, data.correct, tr, va, seed=seed, progress=progress)
     return probs(model, data.qvecs, idx), {"dim": int(info["dim"])}
 
 

@@ -290,9 +290,14 @@ def train_mf(qvecs, correct, train_idx, val_idx, dim: int, seed: int = 0, **kw) 
     return train_pairs(MF, qvecs, correct, train_idx, val_idx, dim, seed=seed, **kw)
 
 
-def _choose_dim(make, qvecs, correct, train_idx, val_idx, *, dims, seed, **kw):
-    """Dimension chosen by validation hit@1 (ties: lower validation BCE)."""
-    runs = [train_pairs(make, qvecs, correct, train_idx, val_idx, d, seed=seed, **kw) for d in dims]
+def _choose_dim(make, qvecs, correct, train_idx, val_idx, *, dims, seed, progress=None, **kw):
+    """Dimension chosen by validation hit@1 (ties: lower validation BCE); `progress(dim, i, n)` told as each
+    dimension's fit starts."""
+    runs = []
+    for i, d in enumerate(dims):
+        if progress is not None:
+            progress(d, i + 1, len(dims))
+        runs.append(train_pairs(make, qvecs, correct, train_idx, val_idx, d, seed=seed, **kw))
     model, info = max(runs, key=lambda r: (r[1]["val_hit@1"], -r[1]["val_bce"]))
     info = dict(info, val_by_dim={r[1]["dim"]: r[1]["val_hit@1"] for r in runs})
     return model, info

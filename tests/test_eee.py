@@ -276,3 +276,25 @@ def test_asked_answers_go_out_with_their_endpoint_template_time_and_reply(db_cop
     a, b = rows(db_copy, {"asked-model"}), rows(back)
     assert a["evaluations"] == b["evaluations"] and len(b["evaluations"]) == 20
     assert a["models"] == b["models"]
+
+
+@pytest.mark.slow
+def test_on_postgresql_export_and_import_give_the_same_registry(pg_server, pg_base, exported, base_db, tmp_path):
+    # out of a PostgreSQL registry, back into DuckDB
+    source = pg_server.create_db("eee_source", template=pg_base)
+    out = tmp_path / "from_pg"
+    export(source, out)
+    back = tmp_path / "back.duckdb"
+    assert cli_run(back, "import", "--from", "eee", str(out)).exit_code == 0
+    a, b = rows(base_db), rows(back)
+    assert {k: len(a[k] ^ b[k]) for k in TABLES} == {k: 0 for k in TABLES}
+    # into an empty PostgreSQL registry, and out of it again
+    target = pg_server.create_db("eee_target")
+    r = cli_run(target, "import", str(exported))
+    assert r.exit_code == 0, r.output
+    again = tmp_path / "again"
+    export(target, again)
+    back2 = tmp_path / "back2.duckdb"
+    assert cli_run(back2, "import", str(again)).exit_code == 0
+    b2 = rows(back2)
+    assert {k: len(a[k] ^ b2[k]) for k in TABLES} == {k: 0 for k in TABLES}

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from registry import Registry
 from registry.answers import catalog
+from registry.asking import claims
 from registry.core import dbcopy
 from registry.cli import cli
 from registry.core.errors import InputError, RegistryError
@@ -48,6 +49,13 @@ def full_db(db_copy):
                       SELECT m.id, q.id, b.id, 'http://127.0.0.1:9/v1', 'gpt-4o', 'mc-letter/1', 'C', true, 'ab12',
                              'The answer is (C).'
                       FROM models m, queries q, import_batches b ORDER BY m.id, q.id, b.id LIMIT 1""")
+            # (an endpoint claiming a model, and a watch round of it, as `registry endpoints add` and `watch` write)
+            claims.add(tx, "gpt-4o-2024-05-13", "https://other.example/v1", name="gpt-4o-2024-05-13@other")
+            tx.sql("""INSERT INTO watch_rounds (model_id, claims, batch_id, n, correct, reference_correct,
+                      disagreements, worse, better, statistic, verdict, event, evidence)
+                      SELECT c.id, m.id, NULL, 64, 46, 47, 3, 1, 0, 0.2, 'faithful', NULL, '{"s_drop": 0.36}'
+                      FROM models m, models c WHERE m.name = 'gpt-4o-2024-05-13'
+                      AND c.name = 'gpt-4o-2024-05-13@other'""")
     return db_copy
 
 

@@ -106,6 +106,16 @@ def test_export_validates_and_round_trips_into_an_empty_registry(base_db, export
     assert snapshot(back) == before
 
 
+def test_the_export_imported_into_the_registry_it_came_from_adds_nothing(db_copy, exported):
+    before = snapshot(db_copy)
+    r = cli_run(db_copy, "import", str(exported), "--json")
+    assert r.exit_code == 0, r.output
+    done = json.loads(r.output)
+    assert done["queries_added"] == 0 and done["evaluations_added"] == 0 and done["detected"] is True
+    assert all(m["matched"] == m["samples"] for m in done["models"])
+    assert snapshot(db_copy) == before
+
+
 def test_export_of_some_models_and_one_source(base_db, tmp_path):
     out = tmp_path / "some"
     one = duckdb.connect(str(base_db), read_only=True).execute(
@@ -195,6 +205,12 @@ def test_malformed_eee_files_are_one_line_and_change_nothing(db_copy, exported, 
     a, s = _pair(exported, tmp_path, "orphan")
     a.unlink()
     cases.append((s, "a samples file without its aggregate"))
+    a, s = _pair(exported, tmp_path, "no_samples")
+    s.unlink()
+    cases.append((a, "no samples file beside it"))
+    a, s = _pair(exported, tmp_path, "other_model")
+    _rewrite_samples(a, s, lambda ls: _line(ls, 3, lambda r: r.update(model_id="someone/else")))
+    cases.append((s, "_samples.jsonl: line 4: sample"))
     a, s = _pair(exported, tmp_path, "checksum")
     s.write_text(s.read_text().replace('"is_correct":true', '"is_correct":false', 1))
     cases.append((a, "is not the aggregate's checksum"))

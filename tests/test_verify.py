@@ -192,3 +192,22 @@ def test_the_tests_on_their_own():
     assert v.verdict != "degraded" and v.worse_held == 0
     assert verdicts.sign_p(10, 10) < 0.001 and verdicts.sign_p(0, 0) == 1.0
     assert verdicts.wilson(0, 10)[0] == 0.0 and verdicts.flip_rate(2 * 0.02 * 0.98) == pytest.approx(0.02)
+
+
+def test_on_either_database(any_db, upstreams):
+    """claims, verify and watch through the command line on DuckDB and on PostgreSQL alike."""
+    with Registry(any_db) as reg:
+        b = vf.books_from(reg, [X, SUB])
+    good, bad = upstreams(vf.case(b, "faithful", X, seed=5)), upstreams(vf.case(b, "substituted", X, other=SUB))
+    run = lambda *args: CliRunner().invoke(cli, ["--db", any_db, *args])      # noqa: E731
+    for name, u in (("good", good), ("bad", bad)):
+        r = run("endpoints", "add", X, "--base-url", u.url, "--name", f"{X}@{name}")
+        assert r.exit_code == 0, r.output
+    r = run("verify", X, "-n", "64", "--repeat", "8", "--json")
+    assert r.exit_code == 3, r.output
+    got = {e["endpoint"]: e["verdict"]["verdict"] for e in json.loads(r.output)["endpoints"]}
+    assert got == {f"{X}@good": "faithful", f"{X}@bad": "substituted"}
+    r = run("watch", "--once", "-n", "16")
+    assert r.exit_code in (0, 3), r.output
+    r = run("watch", "--status", "--json")
+    assert r.exit_code == 0 and len(json.loads(r.output)["rounds"]) == 2, r.output

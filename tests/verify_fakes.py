@@ -32,6 +32,18 @@ def books(db, models: list[str]) -> dict[str, dict[str, tuple[str, bool]]]:
     return out
 
 
+def books_from(reg, models: list[str]) -> dict[str, dict[str, tuple[str, bool]]]:
+    """`books` through a Registry (a DuckDB file or a PostgreSQL database alike)."""
+    out = {}
+    with reg.store.tx() as tx:
+        for model in models:
+            rows = tx.sql("""SELECT q.text, g.answer, e.correct FROM evaluations e JOIN queries q ON q.id = e.query_id
+                             JOIN models m ON m.id = e.model_id JOIN query_answers g ON g.query_id = q.id
+                             WHERE m.name = ? ORDER BY e.batch_id""", [model])
+            out[model] = {t: (a, bool(ok)) for t, a, ok in rows}      # (the newest batch last: it wins)
+    return out
+
+
 def reply(gold: str, right: bool) -> str:
     letter = gold if right else LETTERS[(LETTERS.index(gold) + 1) % 4]     # (never the gold letter)
     return f"Let me think. The answer is ({letter})."

@@ -181,6 +181,16 @@ def loopback(reg, world, latency: float = 0.2) -> None:
         print(f"watch --once: {len(w.rounds)} endpoints x 64 fresh questions, {w.asked} requests, "
               f"{time.perf_counter() - started:.1f} s; events {[e.change for e in w.events]}; "
               + ", ".join(f"{x.endpoint.split('@')[1]} {x.worse_held}/{x.better_held} held" for x in w.rounds))
+        switch = vf.case(world.books, "switch", X, seed=99)
+        ups["switch"] = ChatUpstream(switch, latency=latency)
+        reg.claim(X, ups["switch"].url, name=f"{X}@switch")
+        started, flagged = time.perf_counter(), None
+        for t in range(1, 9):                        # its rounds: faithful for 4, then degraded
+            switch.degrading = t > 4
+            w = reg.watch(n=64)
+            flagged = flagged or next((t for e in w.events if e.endpoint.endswith("@switch")), None)
+        print(f"switch over loopback, 8 watch rounds of 64 (all endpoints watched): its event in round {flagged} "
+              f"(switched after round 4); {time.perf_counter() - started:.0f} s")
     finally:
         for u in ups.values():
             u.close()

@@ -1,2 +1,2 @@
-"""Asking an endpoint ourselves (`registry ask`): a versioned prompt, answer extraction and grading, an API client,
-and the run that stores the graded answers and says what they show."""
+"""Asking endpoints ourselves: `registry ask` (a versioned prompt, grading, an API client, the run that stores what it
+says), and the endpoints that claim a model with the tests behind `registry verify` and `registry watch`."""

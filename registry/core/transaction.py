@@ -189,8 +189,13 @@ class Tx:
             self.raw.register(name, data)
             try:
                 yield name
-            finally:
-                self.raw.unregister(name)
+            except BaseException:
+                try:                      # an interrupted or failed statement aborted the transaction: unregistering
+                    self.raw.unregister(name)      # then fails too, and must not hide what happened
+                except Exception:
+                    pass
+                raise
+            self.raw.unregister(name)
             return
         dialect.pg_temp_table(self.raw, name, data)
         try:

@@ -76,8 +76,6 @@ def evaluate(tx: Tx, split: str = "test", *, baselines: bool = True, sample_effi
     """`progress(method, done, total)`: told as each method starts (the CLI shows it on stderr)."""
     if split not in SPLITS:
         raise RegistryError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
-    if progress is not None:
-        progress("reading the evaluations and embeddings", 0, len(METHODS if baselines else METHODS[:3]))
     data = dataset(tx)
     z, excluded, encoder_id, n_behind, stab = current_embeddings(tx, data, with_evidence=True)
     # every method sees the same models: those LOCUS can score honestly and routing may choose (not on probation)

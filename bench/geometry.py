@@ -132,7 +132,7 @@ def bench_scale(n: int, calls: int = 200, kmedoids: bool = True) -> None:
         reg.similar("synthetic-000000", k=5)                     # first call builds the index from the database
         row("scale: first `similar` (builds and saves the FAISS index)", f"{time.perf_counter() - t:.2f}s")
         with reg.store.tx() as tx:
-            vi = index.get(tx, reg.path, encoders.active_id(tx))
+            vi = index.get(tx, encoders.active_id(tx))
         rng = np.random.default_rng(1)
         picks = [f"synthetic-{i:06d}" for i in rng.integers(0, n, calls)]
         ids = {v: k for k, v in vi.names.items()}

@@ -56,7 +56,7 @@ def main() -> None:
         stab.append(time.perf_counter() - t)
         assert list(estimates) == [out[0].version_id]
         with reg.store.tx() as tx:
-            vi = index.get(tx, reg.path, encoders.active_id(tx))
+            vi = index.get(tx, encoders.active_id(tx))
             newest = tx.sql("SELECT max(id) FROM embedding_versions")[0][0]
         assert [o.outcome for o in out] == ["embedded"] and vi.names.get(max(vi.names)) == f"bench-{i}"
         assert vi.through_version == newest

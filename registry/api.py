@@ -171,7 +171,7 @@ class Registry:
         """How far a model moved between two versions (default: the two newest), how its nearest neighbours changed
         (as the registry stood at each version), and how its predicted accuracy per category changed."""
         with self.store.tx() as tx:
-            return versions.diff(tx, self.path, name, v1, v2, k)
+            return versions.diff(tx, name, v1, v2, k)
 
     def recompute_version(self, name: str, version: int):
         """(stored vector, recomputed vector, digest matches) for one version: versions are reproducible."""
@@ -273,7 +273,7 @@ class Registry:
         if (model is None) == (evals is None):
             raise InputError("give a model name or an evaluations file (not both)")
         with self.store.tx() as tx:
-            return neighbours.similar(tx, self.path, model=model, evals=evals, k=k, as_of=as_of,
+            return neighbours.similar(tx, model=model, evals=evals, k=k, as_of=as_of,
                                       min_evaluations=self.min_evaluations, probation_min=self.probation_min)
 
     def embedded_from(self, names: list[str], as_of: str | None = None) -> dict[str, int]:
@@ -287,8 +287,8 @@ class Registry:
         would pass; from shared answers, else the embedding; with its evidence (`fingerprint.Fingerprint`)."""
         with self.store.tx() as tx:
             encoder_id = encoders.require_active(tx, as_of)
-            geometry.pool(tx, self.path, encoder_id, as_of)  # an empty registry fails here, before the file is read
-            return fingerprint.identify(tx, self.path, evals, encoder_id, self.min_evaluations, as_of)
+            geometry.pool(tx, encoder_id, as_of)  # an empty registry fails here, before the file is read
+            return fingerprint.identify(tx, evals, encoder_id, self.min_evaluations, as_of)
 
     def fingerprint_plan(self, n: int = 64, candidates=(), seed: int = 0, out: str | None = None):
         """The n queries whose answers best tell the candidate models apart (default: every model with at least the
@@ -301,7 +301,7 @@ class Registry:
 
     def pool(self, tx: Tx, as_of: str | None = None):
         """The current embeddings under the active encoder (as of `as_of`), read in the caller's transaction."""
-        return geometry.pool(tx, self.path, encoders.require_active(tx, as_of), as_of)
+        return geometry.pool(tx, encoders.require_active(tx, as_of), as_of)
 
     def portfolio(self, k: int | None = None, method: str | None = None, *, max_params: float | None = None,
                   max_cost: float | None = None, require=(), exclude=(), target: float | None = None,
@@ -321,14 +321,14 @@ class Registry:
         """Substitutes for a model that is down, nearest first, skipping the models marked unavailable, those
         named in `unavailable` and those on probation unless `include_probation` (`fallback.Chain`)."""
         with self.store.tx() as tx:
-            return fallback.for_model(tx, self.path, self.pool(tx, as_of), model, unavailable=unavailable, k=k,
+            return fallback.for_model(tx, self.pool(tx, as_of), model, unavailable=unavailable, k=k,
                                       as_of=as_of, probation_min=self.probation_min,
                                       include_probation=include_probation)
 
     def fallback_all(self, unavailable=(), k: int = 5, as_of: str | None = None, include_probation: bool = False):
         """Every model's fallback chain, in one batched search (`fallback.Chains`): what a gateway loads."""
         with self.store.tx() as tx:
-            return fallback.for_all(tx, self.path, self.pool(tx, as_of), unavailable=unavailable, k=k, as_of=as_of,
+            return fallback.for_all(tx, self.pool(tx, as_of), unavailable=unavailable, k=k, as_of=as_of,
                                     probation_min=self.probation_min, include_probation=include_probation)
 
     def map(self, out: str = "map.png", seed: int = 0, as_of: str | None = None):

@@ -195,7 +195,7 @@ def test_index_sidecar_of_a_rebuilt_database_is_not_reused(base_db, tmp_path):
     con.close()
     with Registry(path) as reg, reg.store.tx() as tx:
         active = tx.sql("SELECT encoder_id FROM encoder_activations ORDER BY id DESC LIMIT 1")[0][0]
-        vi = index_mod.get(tx, reg.path, active)
+        vi = index_mod.get(tx, active)
         stamp = tx.sql("SELECT created::VARCHAR FROM embedding_versions WHERE id = ?", [vi.through_version])[0][0]
     assert vi.stamp == stamp
     with Registry(path) as reg:

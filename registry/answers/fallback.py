@@ -61,7 +61,7 @@ def chains(vi, p: Pool, k: int, unavailable=(), only: list[int] | None = None) -
     return out
 
 
-def for_model(tx, db_path: str, p: Pool, model: str, *, unavailable=(), k: int = 5, as_of: str | None = None,
+def for_model(tx, p: Pool, model: str, *, unavailable=(), k: int = 5, as_of: str | None = None,
               probation_min: int = 0, include_probation: bool = False) -> Chain:
     """A model's chain, skipping the models marked unavailable, those named in `unavailable` and, unless
     `include_probation`, those embedded from fewer than `probation_min` evaluations (routing does not trust them
@@ -70,18 +70,18 @@ def for_model(tx, db_path: str, p: Pool, model: str, *, unavailable=(), k: int =
     check_names(p, unavailable, "--unavailable")
     down = set(unavailable) | set(availability.unavailable_models(tx))
     weak = set() if include_probation else p.on_probation(probation_min) - down - {model}
-    links = chains(index.get(tx, db_path, p.encoder_id, as_of), p, k, down | weak, only=[p.names.index(model)])[model]
+    links = chains(index.get(tx, p.encoder_id, as_of), p, k, down | weak, only=[p.names.index(model)])[model]
     if not links:
         raise InputError(f"no available substitute for {model!r}: every other model is unavailable"
                          + (" or on probation (--include-probation to allow those)" if weak else ""))
     return Chain(model, links, sorted(down, key=str.casefold), sorted(weak, key=str.casefold))
 
 
-def for_all(tx, db_path: str, p: Pool, *, unavailable=(), k: int = 5, as_of: str | None = None,
+def for_all(tx, p: Pool, *, unavailable=(), k: int = 5, as_of: str | None = None,
             probation_min: int = 0, include_probation: bool = False) -> Chains:
     check_names(p, unavailable, "--unavailable")
     down = set(unavailable) | set(availability.unavailable_models(tx))
     weak = set() if include_probation else p.on_probation(probation_min) - down
-    every = chains(index.get(tx, db_path, p.encoder_id, as_of), p, k, down | weak)
+    every = chains(index.get(tx, p.encoder_id, as_of), p, k, down | weak)
     return Chains({m: every[m] for m in sorted(every, key=str.casefold)}, sorted(down, key=str.casefold),
                   sorted(weak, key=str.casefold))

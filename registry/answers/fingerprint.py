@@ -295,7 +295,7 @@ def calibration(tx: Tx, sample: int = 128, draws: int = 3) -> CalibrationReport:
     return CalibrationReport(answers, answers.thresholds(), emb)
 
 
-def identify(tx: Tx, db_path: str, path: str, encoder_id: int, min_evaluations: int,
+def identify(tx: Tx, path: str, encoder_id: int, min_evaluations: int,
              as_of: str | None = None) -> Fingerprint:
     """`Registry.fingerprint`: the answers test where the file shares queries with registered models, else the
     embedding test. Nothing is written."""
@@ -312,4 +312,4 @@ def identify(tx: Tx, db_path: str, path: str, encoder_id: int, min_evaluations: 
                          f"queries a registered model answered, the embedding {min_evaluations} outside the test "
                          f"split (`registry fingerprint --plan -n 64` lists queries to ask)", file=str(path))
     z, _ = embed.embed_file(tx, path, encoders.load(tx, encoder_id)[0], min_evaluations)
-    return by_embedding(tx, neighbours.by_vector(tx, db_path, z, 2, encoder_id, as_of=as_of), n)
+    return by_embedding(tx, neighbours.by_vector(tx, z, 2, encoder_id, as_of=as_of), n)

@@ -42,9 +42,9 @@ class Geometry:
     test_queries: int
 
 
-def pool(tx: Tx, db_path: str, encoder_id: int, as_of: str | None = None) -> Pool:
+def pool(tx: Tx, encoder_id: int, as_of: str | None = None) -> Pool:
     """Every model's current embedding under `encoder_id`, ordered by name (so results are deterministic)."""
-    vi = index.get(tx, db_path, encoder_id, as_of)
+    vi = index.get(tx, encoder_id, as_of)
     if vi.size == 0:
         raise InputError("the registry has no embedded models yet: import evaluations first (`registry import`)")
     ids, vecs = vi.vectors()

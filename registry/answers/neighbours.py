@@ -31,7 +31,7 @@ class Neighbour:
     error_correlation: float | None = None   # how much they err together beyond difficulty (`similar`)
 
 
-def by_vector(tx: Tx, db_path: str, vector, k: int, encoder_id: int, *, as_of: str | None = None,
+def by_vector(tx: Tx | None, vector, k: int, encoder_id: int, *, as_of: str | None = None,
               exclude: set[str] | None = None, answers: tuple | None = None,
               vi: index.VectorIndex | None = None, rates: dict | None = None,
               errors: bool = False, before_batch: int | None = None) -> list[Neighbour]:
@@ -39,7 +39,7 @@ def by_vector(tx: Tx, db_path: str, vector, k: int, encoder_id: int, *, as_of: s
     with `answers` (query ids, 0/1), each neighbour's disagreement with them on the queries both answered (`rates`:
     evaluation_rows.disagreement of those answers, when the caller has it already), and with `errors` their error
     correlation too (evaluation_rows.agreement: a heavier read; `before_batch`: the answers as they stood then)."""
-    vi = vi or index.get(tx, db_path, encoder_id, as_of)
+    vi = vi or index.get(tx, encoder_id, as_of)
     if vi.size == 0:
         raise InputError("the registry has no embedded models yet: import evaluations first (`registry import`)")
     if k <= 0:
@@ -61,13 +61,13 @@ def by_vector(tx: Tx, db_path: str, vector, k: int, encoder_id: int, *, as_of: s
     return out
 
 
-def similar(tx: Tx, db_path: str, *, model: str | None, evals: str | None, k: int, as_of: str | None,
+def similar(tx: Tx, *, model: str | None, evals: str | None, k: int, as_of: str | None,
             min_evaluations: int, probation_min: int) -> list[Neighbour]:
     """`registry similar`: the nearest models to a registered one, or to an evaluations file's results (read, never
     written), each with the evaluations behind its embedding, ranked by `rank` (how much evidence each pair has
     decides what places it)."""
     encoder_id = encoders.require_active(tx, as_of)
-    vi = index.get(tx, db_path, encoder_id, as_of)
+    vi = index.get(tx, encoder_id, as_of)
     then = evaluation_rows.first_batch_after(tx, as_of)     # the answers as they stood at `as_of`
     if model is not None:
         vector = vi.vector_of(model)
@@ -81,7 +81,7 @@ def similar(tx: Tx, db_path: str, *, model: str | None, evals: str | None, k: in
         answers, own_n = (a.query_ids, a.correct), int((~a.is_test).sum()) + len(a.new_texts)
     if k <= 0:
         raise InputError(f"k must be at least 1, got {k}")
-    near = by_vector(tx, db_path, vector, vi.size, encoder_id, as_of=as_of, exclude={model} if model else None,
+    near = by_vector(tx, vector, vi.size, encoder_id, as_of=as_of, exclude={model} if model else None,
                      answers=answers, vi=vi, errors=True, before_batch=then)
     n = {name: v[1] for name, v in catalog.current_versions(tx, encoder_id, as_of).items()}
     if model is not None:                # how surely the model itself is placed: the evaluations behind it
@@ -122,17 +122,17 @@ def kin_by_sql(tx: Tx, vi: index.VectorIndex, answers: tuple, before_batch: int 
     return kin
 
 
-def of_registered(tx: Tx, db_path: str, name: str, k: int, encoder_id: int, *, answers: tuple,
+def of_registered(tx: Tx, name: str, k: int, encoder_id: int, *, answers: tuple,
                   own_evaluations: int, probation_min: int, rates: dict | None = None) -> list[Neighbour]:
     """A registration's table: a registered model's k nearest by `similar`'s rule (`rank`), its answers
     (query ids, 0/1) measured against every other model's (`rates`: evaluation_rows.disagreement of them, where the
     caller has it; an established model's are read with their error correlation, as `similar` reads them)."""
-    vi = index.get(tx, db_path, encoder_id)
+    vi = index.get(tx, encoder_id)
     vector = vi.vector_of(name)
     if vector is None:
         vector, _ = vector_of(tx, name, encoder_id)
     established = own_evaluations >= probation_min
-    near = by_vector(tx, db_path, vector, vi.size, encoder_id, exclude={name}, answers=answers, vi=vi,
+    near = by_vector(tx, vector, vi.size, encoder_id, exclude={name}, answers=answers, vi=vi,
                      rates=None if established else rates, errors=established)
     n = catalog.current_versions(tx, encoder_id)
     return placed(near, {m: v[1] for m, v in n.items()}, own_evaluations, probation_min, k,
@@ -246,14 +246,14 @@ def error_line(near: list[Neighbour]) -> float | None:
     return sum(u * d for u, d in pairs) / uu if uu > 0 else None
 
 
-def of_model(tx: Tx, db_path: str, name: str, k: int, encoder_id: int, *, as_of: str | None = None,
+def of_model(tx: Tx, name: str, k: int, encoder_id: int, *, as_of: str | None = None,
              exclude: set[str] | None = None, rates: dict | None = None) -> list[Neighbour]:
     """The k nearest other models to a registered one, with their disagreement with its current evaluations."""
-    vi = index.get(tx, db_path, encoder_id, as_of)
+    vi = index.get(tx, encoder_id, as_of)
     vector = vi.vector_of(name)                                  # no SQL when indexed
     if vector is None:
         vector, _ = vector_of(tx, name, encoder_id, as_of)
-    return of_vector_as_model(tx, db_path, name, vector, k, encoder_id, as_of=as_of, exclude=exclude, vi=vi,
+    return of_vector_as_model(tx, name, vector, k, encoder_id, as_of=as_of, exclude=exclude, vi=vi,
                               rates=rates)
 
 
@@ -279,16 +279,16 @@ def vector_of(tx: Tx, name: str, encoder_id: int, as_of: str | None = None):
     return np.asarray(row[0][0], dtype=np.float32), row[0][1]
 
 
-def of_vector_as_model(tx: Tx, db_path: str, name: str, vector, k: int, encoder_id: int, *,
+def of_vector_as_model(tx: Tx, name: str, vector, k: int, encoder_id: int, *,
                        as_of: str | None = None, exclude: set[str] | None = None,
                        vi: index.VectorIndex | None = None, rates: dict | None = None) -> list[Neighbour]:
     """The k nearest other models to one of a model's own vectors (an older version, say), as the registry stood
     at `as_of`, with their disagreement with the model's current evaluations."""
-    vi = vi or index.get(tx, db_path, encoder_id, as_of)
+    vi = vi or index.get(tx, encoder_id, as_of)
     own = vi.id_of(name)
     answers = None
     if own is not None and rates is None:
         rows = evaluation_rows.of_models(tx, [own])
         answers = (rows["query_id"], rows["correct"])
-    return by_vector(tx, db_path, vector, k, encoder_id, as_of=as_of, exclude=(exclude or set()) | {name},
+    return by_vector(tx, vector, k, encoder_id, as_of=as_of, exclude=(exclude or set()) | {name},
                      answers=answers, vi=vi, rates=rates)

@@ -13,7 +13,7 @@ from registry.answers.neighbours import Neighbour
 from registry.core.transaction import Tx
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RegisterResult:
     model: str
     version: int | None
@@ -171,7 +171,7 @@ def report(reg, staged: Staged, o: onboarding.JobOutcome | None, k: int = 5) -> 
             m for (m,) in tx.sql("SELECT id FROM models WHERE id <> ?", [model_id])])
         near, notes, status = [], [], "not embedded"
         if o.version is not None:
-            near = neighbours.of_registered(tx, reg.path, name, k, encoders.require_active(tx),
+            near = neighbours.of_registered(tx, name, k, encoders.require_active(tx),
                                             answers=(own["query_id"], own["correct"]),
                                             own_evaluations=o.n_evaluations, probation_min=reg.probation_min,
                                             rates=rates)
@@ -197,7 +197,7 @@ def report_served(reg, snap, book, staged: Staged, o: onboarding.JobOutcome | No
     vector = snap.index.vector_of(staged.name) if o.version is not None else None
     if vector is not None:
         # a model on probation is placed by its answers alone (neighbours.rank): the rates are all it needs
-        near = neighbours.by_vector(None, reg.path, vector, snap.index.size, snap.index.encoder_id,
+        near = neighbours.by_vector(None, vector, snap.index.size, snap.index.encoder_id,
                                     exclude={staged.name}, vi=snap.index, rates=rates)
         near = neighbours.placed(near, dict(zip(snap.pool.names, snap.pool.n_evaluations.tolist())), o.n_evaluations,
                                  reg.probation_min, k)
@@ -238,9 +238,11 @@ def _probation_note(o: onboarding.JobOutcome, minimum: int) -> str:
 
 def _result(staged: Staged, o: onboarding.JobOutcome, near: list[Neighbour], notes: list[str], held_out: int,
             status: str, *, alias_of: str | None) -> RegisterResult:
-    return RegisterResult(staged.name, o.version, o.outcome, o.n_evaluations, o.stability, near,
-                          "; ".join(notes) or None, staged.evaluations_added, staged.queries_added, held_out, status,
-                          staged.changes, staged.results_changed, alias_of)
+    return RegisterResult(model=staged.name, version=o.version, outcome=o.outcome, n_evaluations=o.n_evaluations,
+                          stability=o.stability, neighbours=near, warning="; ".join(notes) or None,
+                          evaluations_added=staged.evaluations_added, queries_added=staged.queries_added,
+                          held_out=held_out, status=status, updated=staged.changes,
+                          results_changed=staged.results_changed, alias_of=alias_of)
 
 
 def register(reg, name: str, evals: str, metadata: dict, *, k: int = 5, progress: bool = False,

@@ -62,7 +62,7 @@ def history(tx: Tx, name: str) -> History:
     return History(name, out)
 
 
-def diff(tx: Tx, db_path: str, name: str, v1: int | None = None, v2: int | None = None, k: int = 5) -> Diff:
+def diff(tx: Tx, name: str, v1: int | None = None, v2: int | None = None, k: int = 5) -> Diff:
     rows = {r[0]: r[1:] for r in tx.sql("""
         SELECT v.version, v.encoder_id, v.vector, v.created::VARCHAR FROM embedding_versions v
         JOIN models m ON m.id = v.model_id WHERE m.name = ? ORDER BY v.version""", [name])}
@@ -82,8 +82,8 @@ def diff(tx: Tx, db_path: str, name: str, v1: int | None = None, v2: int | None 
     (e1, z1, t1), (e2, z2, t2) = rows[v1], rows[v2]
     z1, z2 = np.asarray(z1, np.float32), np.asarray(z2, np.float32)
     distance = float(np.linalg.norm(z1 - z2)) if e1 == e2 else float("nan")
-    n1 = neighbours.of_vector_as_model(tx, db_path, name, z1, k, e1, as_of=t1)
-    n2 = neighbours.of_vector_as_model(tx, db_path, name, z2, k, e2, as_of=t2)
+    n1 = neighbours.of_vector_as_model(tx, name, z1, k, e1, as_of=t1)
+    n2 = neighbours.of_vector_as_model(tx, name, z2, k, e2, as_of=t2)
     acc: dict[str, dict] = {}
     for version, enc, z in ((v1, e1, z1), (v2, e2, z2)):
         for cat, p in predicted_category_accuracy(tx, enc, z).items():

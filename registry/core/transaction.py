@@ -77,16 +77,6 @@ class Tx:
         self.after_commit(keep)
         return value
 
-    @property
-    def engine(self):
-        """A SQLAlchemy engine on this database (what Alembic migrates through); on DuckDB made on first use, its
-        connections cursors of the Store's own connection (one process may open a file only one way)."""
-        if self._engine is None:
-            from sqlalchemy import create_engine
-
-            self._engine = create_engine("duckdb:///:memory:", creator=self.con.cursor, pool_reset_on_return=None)
-        return self._engine
-
     def section(self, name: str, make=dict):
         """The Store's cache section `name` (`cache_section`)."""
         return cache_section(self.cache, name, make)

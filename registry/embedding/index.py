@@ -112,7 +112,7 @@ def _sidecar(db_path: str, encoder_id: int) -> Path | None:
     return Path(f"{db_path}.index") / f"encoder-{encoder_id}.faiss"
 
 
-def get(tx: Tx, db_path: str, encoder_id: int, as_of: str | None = None) -> VectorIndex:
+def get(tx: Tx, encoder_id: int, as_of: str | None = None) -> VectorIndex:
     """The index of the active versions under `encoder_id`, brought up to date before it answers."""
     load_faiss()
     if as_of:
@@ -125,7 +125,7 @@ def get(tx: Tx, db_path: str, encoder_id: int, as_of: str | None = None) -> Vect
     vi = tx.cache.get(("index", encoder_id))
     if vi is not None and vi.checked == generation:
         return vi                      # no version was written since it was last brought up to date
-    vi = vi or _from_sidecar(tx, db_path, encoder_id)
+    vi = vi or _from_sidecar(tx, encoder_id)
     if tx.postgres:
         # other processes append versions too, and a smaller id may commit after a larger one (reading only ids
         # above the newest applied would miss it): when the count moved, rebuild (one vector per model: cheap)
@@ -148,7 +148,7 @@ def get(tx: Tx, db_path: str, encoder_id: int, as_of: str | None = None) -> Vect
             vi._ids_by_name = None
         vi.through_version = newest
         vi.stamp = tx.sql("SELECT created::VARCHAR FROM embedding_versions WHERE id = ?", [newest])[0][0]
-        _save(vi, _sidecar(db_path, encoder_id))
+        _save(vi, _sidecar(tx.path, encoder_id))
     vi.checked = generation
     if tx.postgres:
         vi.count = count
@@ -156,11 +156,11 @@ def get(tx: Tx, db_path: str, encoder_id: int, as_of: str | None = None) -> Vect
     return vi
 
 
-def _from_sidecar(tx: Tx, db_path: str, encoder_id: int) -> VectorIndex:
+def _from_sidecar(tx: Tx, encoder_id: int) -> VectorIndex:
     """The saved index, if it belongs to this database (its newest version exists here with the same creation
     time); else an empty one."""
     faiss = load_faiss()
-    side = _sidecar(db_path, encoder_id)
+    side = _sidecar(tx.path, encoder_id)
     empty = VectorIndex(encoder_id, new_index(), {}, 0)
     if side is None or not (side.is_file() and side.with_suffix(".json").is_file()):
         return empty

@@ -54,7 +54,7 @@ class Serving:
         vector, own = vi.vector_of(name), book.id_of(name)
         if vector is None or own is None:
             return self.reg.similar(name, k=k)
-        near = neighbours.by_vector(None, self.reg.path, vector, vi.size, vi.encoder_id, exclude={name}, vi=vi,
+        near = neighbours.by_vector(None, vector, vi.size, vi.encoder_id, exclude={name}, vi=vi,
                                     rates=book.agreement(own))
         n = dict(zip(snap.pool.names, snap.pool.n_evaluations.tolist()))
         ids = {model: i for i, model in vi.names.items()}

@@ -1,13 +1,11 @@
-"""The Python API: `Registry`, a thin facade. Each public method is one managed transaction (or a few, in order) over
-the domain modules and returns their plain dataclasses; the CLI (registry/cli/) and the HTTP server mirror them.
-Each domain module is imported when a method first uses it (core/lazy.py): a command pays only for what it calls."""
+"""The Python API: `Registry`, a thin facade. Each public method is one call of a use case (registry/usecases/: it
+opens the transactions over the domain modules and returns their plain dataclasses), or one managed transaction over
+one domain function; the CLI (registry/cli/) and the HTTP server mirror them. Each module is imported when a method
+first uses it (core/lazy.py): a command pays only for what it calls."""
 from __future__ import annotations
 
-import time
-from dataclasses import asdict
 from pathlib import Path
 
-from registry.core.errors import InputError
 from registry.core.lazy import lazy_modules
 from registry.core.store import Store
 from registry.core.transaction import Tx
@@ -15,21 +13,20 @@ from registry.embedding import MIN_EVALUATIONS
 from registry.routing.decision import Decision
 from registry.routing.options import RouteOptions
 
-availability, endpoints, import_steps, ingest, outbox, splits, staging, vector_files = lazy_modules(
-    "registry.data", "availability endpoints import_steps ingest outbox splits staging vector_files")
-catalog, fallback, fingerprint, geometry, maps, neighbours, portfolio, probe_plans, versions = lazy_modules(
-    "registry.answers", "catalog fallback fingerprint geometry maps neighbours portfolio probe_plans versions")
-embed, encoders, evidence, index, onboarding = lazy_modules("registry.embedding", "embed encoders evidence index onboarding")
-route_log, policy, query_texts, routing_state, routing_accuracy = lazy_modules(
-    "registry.routing", "log policy query_texts state accuracy")
-(exchange,) = lazy_modules("registry.usecases", "exchange")
-verify_uc, watch_uc = lazy_modules("registry.usecases", "verify watch")
+availability, endpoints, import_steps, splits = lazy_modules("registry.data",
+                                                             "availability endpoints import_steps splits")
+catalog, fingerprint, neighbours, versions = lazy_modules("registry.answers", "catalog fingerprint neighbours versions")
+encoders, evidence, index, onboarding = lazy_modules("registry.embedding", "encoders evidence index onboarding")
+(route_log,) = lazy_modules("registry.routing", "log")
+ask_uc, encoders_uc, evaluate_uc, exchange, importing, models_uc = lazy_modules(
+    "registry.usecases", "ask encoders evaluate exchange importing models")
+onboard_uc, register_uc, route_uc, verify_uc, watch_uc = lazy_modules(
+    "registry.usecases", "onboard register route verify watch")
 
 
 class Registry:
     """A model registry in one DuckDB file (or a PostgreSQL database: `Registry("postgresql://...")`). `Registry(path)`
     opens (and, if new, creates) it; with `create=False` a missing file is an error (NotFound) instead."""
-    probation_min = property(lambda self: evidence.store_minimum(self.store, self.probation_setting))  # evidence.py
 
     def __init__(self, path: str | Path | None = None, migrate: bool = True,
                  min_evaluations: int = MIN_EVALUATIONS, create: bool = True, probation_min: int | None = None):
@@ -38,10 +35,22 @@ class Registry:
         self.min_evaluations = min_evaluations
         self.probation_setting = evidence.configured_min(probation_min)   # None: the registry's data sets it
 
+    @property
+    def probation_min(self) -> int:
+        """The probation minimum now, in a read of its own (the use cases read it in their own transaction)."""
+        return evidence.store_minimum(self.store, self.probation_setting)
+
     def _in_tx(self, fn, *args):
         """fn(tx, *args) in one managed transaction of its own (a read, or a write committed on success)."""
         with self.store.tx() as tx:
             return fn(tx, *args)
+
+    def _settings(self) -> dict:
+        """The registry's settings every use case that onboards or reads evidence is given."""
+        return {"min_evaluations": self.min_evaluations, "probation": self.probation_setting}
+
+    def _min(self) -> dict:
+        return {"min_evaluations": self.min_evaluations}
 
     def close(self) -> None:
         index.flush(self.store.cache, self.path)
@@ -59,46 +68,30 @@ class Registry:
                      onboard: bool = True, vectors: str | None = None) -> import_steps.ImportResult:
         """Import any of models (CSV), queries (CSV/JSONL/Parquet), evaluations (long format), splits and query text
         vectors, or a folder laid out like ../shared/data/mmlu-pro (its vectors too). A bad file changes nothing."""
-        files = staging.files_to_import(directory, models=models, queries=queries, evaluations=evaluations,
-                                        splits=splits, vectors=vectors)
-        left = self.finish_pending() if onboard else []   # a crash or an interrupt may have left jobs behind
-        started = time.perf_counter()
-        with ingest.interruptible(self.store):           # Ctrl-C: the transaction rolls back, and says so
-            with self.store.tx() as tx:
-                result = ingest.run_import(tx, files, progress=progress)
-        result.seconds["import"] = round(time.perf_counter() - started, 3)
-        result.finished_pending = [o.model for o in left]
-        if onboard:
-            with ingest.interruptible(self.store, result):    # ...or what was committed, and what is left
-                result.onboarding = [asdict(o) for o in self.onboard(seconds=result.seconds)]
-        return result
+        named = dict(models=models, queries=queries, evaluations=evaluations, splits=splits, vectors=vectors)
+        return importing.import_files(self.store, directory, named, min_evaluations=self.min_evaluations,
+                                      progress=progress, onboard=onboard)
 
-    def import_harness(self, harness, paths, **o): return exchange.import_paths(self, paths, harness, **o)
-    def import_from(self, paths, reader=None, **o): return exchange.import_paths(self, paths, reader, **o)
+    def import_harness(self, harness, paths, **o): return self.import_from(paths, harness, **o)
+    def import_from(self, paths, reader=None, **o):
+        return exchange.import_paths(self.store, paths, reader, **self._settings(), **o)
     def reader_for(self, paths: list[str]) -> str: return exchange.reader_for(paths)
     def export_eee(self, directory: str, **o): return exchange.export_eee(self.store, directory, **o)
 
     def export_vectors(self, path: str, source: str | None = None, dtype: str = "float32"):
         """Write the query text vectors to a Parquet file other registries import (`vector_files.VectorsResult`)."""
-        with self.store.tx() as tx:
-            return vector_files.export(tx, path, source, dtype)
+        return importing.export_vectors(self.store, path, source, dtype)
 
     def import_vectors(self, path: str):
         """Add a vector file's vectors, checked whole first: a bad file changes nothing (`vector_files.VectorsResult`)."""
-        with self.store.tx() as tx:
-            return vector_files.load(tx, path)
+        return importing.import_vectors(self.store, path)
 
     def draw_splits(self, val: float = 0.1, test: float | None = None, seed: int = 0, by: str = "random",
                     test_categories: list[str] | None = None) -> splits.DrawResult:
         """Give every query without a split one, drawn with `seed` per category (`val` and `test` shares, default 0.1
         each); a split, once set, is kept. `by="category"`: `test_categories` held out whole. Changed models re-embed."""
-        splits.check_draw(by, val=val, test=test, test_categories=test_categories)
-        self.finish_pending()
-        with self.store.tx() as tx:
-            result = (splits.draw(tx, val, 0.1 if test is None else test, seed) if by == "random"
-                      else splits.draw_by_category(tx, list(test_categories or []), val, seed))
-        result.onboarding = [asdict(o) for o in self.onboard()]
-        return result
+        return importing.draw_splits(self.store, val=val, test=test, seed=seed, by=by,
+                                     test_categories=test_categories, min_evaluations=self.min_evaluations)
 
     def register(self, name: str, evals: str, *, family: str | None = None, provider: str | None = None,
                  params_b: float | None = None, cost: float | None = None, open_weights: bool | None = None,
@@ -107,24 +100,20 @@ class Registry:
         """Register a model with its 0/1 results and embed it, in one call (`registration.RegisterResult`). Adding
         results to a registered model is fine; changing its metadata, or results it already has, needs
         `update=True` (old results are kept), and the result says what changed; `alias_of`: it is that model."""
-        from registry.answers import registration
-
-        return registration.register(self, name, evals, dict(family=family, provider=provider, params_b=params_b,
-                                                             cost=cost, open_weights=open_weights, tags=tags),
-                                     k=k, progress=progress, update=update, alias_of=alias_of)
+        metadata = dict(family=family, provider=provider, params_b=params_b, cost=cost, open_weights=open_weights,
+                        tags=tags)
+        return register_uc.register(self.store, name, evals, metadata, k=k, progress=progress, update=update,
+                                    alias_of=alias_of, **self._settings())
 
     def ask(self, name: str, **options):
-        """Ask NAME's endpoint (or base_url=...) questions, judge the answers (asking/run.py: an `AskResult`)."""
-        from registry.asking import run as ask_run     # (an HTTP client: only for the commands that ask)
-        return ask_run.ask(self, name, **options)
+        """Ask NAME's endpoint (or base_url=...) questions, judge the answers (usecases/ask.py: an `AskResult`)."""
+        return ask_uc.ask(self.store, name, **self._settings(), **options)
 
     def probe(self, model: str, n: int = 16, seed: int = 0, out: str | None = None):
         """The next n queries to ask a new or partly evaluated model so that its embedding and its routing settle
         fastest (`probe_plans.ProbePlan`), written to `out` (CSV or JSONL, an empty `correct` column to fill in)
         for `register`. Nothing is written to the registry."""
-        self.finish_pending()
-        with self.store.tx() as tx:
-            return probe_plans.plan(tx, model, n, seed, out)
+        return register_uc.probe(self.store, model, n, seed, out, min_evaluations=self.min_evaluations)
 
     # --- onboarding and versions ------------------------------------------------------------------------------
     def onboard(self, all_models: bool = False, stability: bool = True, seconds: dict | None = None,
@@ -132,73 +121,44 @@ class Registry:
         """Run every pending onboarding job (`all_models`: re-embed every model) and write the new versions; then,
         unless `stability` is False, estimate the stability of the versions without one (`finish_stabilities`).
         `seconds` gets each step's time; `prepared`: embeddings a server computed ahead (`onboarding.Prepared`)."""
-        seconds = {} if seconds is None else seconds
-        started = time.perf_counter()
-        with self.store.tx() as tx:
-            outcomes = onboarding.run_pending(tx, self.min_evaluations, all_models=all_models, stability=stability,
-                                              prepared=prepared)
-        seconds["onboarding"] = round(time.perf_counter() - started, 3)
-        if stability:
-            started = time.perf_counter()
-            if self.finish_stabilities(outcomes, sweep):
-                seconds["stability"] = round(time.perf_counter() - started, 3)
-        return outcomes
+        return onboard_uc.onboard(self.store, self.min_evaluations, all_models=all_models, stability=stability,
+                                  seconds=seconds, sweep=sweep, prepared=prepared)
 
     def finish_stabilities(self, outcomes: list[onboarding.JobOutcome], sweep: bool = True) -> bool:
         """After an onboarding: the new versions have their stability (run_pending's); estimate any older version's
         still without one, with `sweep` always, else only when a new version lacks its own. -> whether it ran."""
-        if not (sweep or any(o.version_id is not None and o.stability is None for o in outcomes)):
-            return False
-        estimates = self.estimate_stability()
-        for o in outcomes:
-            o.stability = estimates.get(o.version_id, o.stability)
-        return True
+        return onboard_uc.finish_stabilities(self.store, outcomes, sweep)
 
     def estimate_stability(self) -> dict[int, float]:
         """{version id: stability} for the versions without one (embeddings of two random halves of its evaluations)."""
-        return self._in_tx(onboarding.estimate_stability)
+        return onboard_uc.estimate_stability(self.store)
 
     def finish_pending(self) -> list[onboarding.JobOutcome]:
         """Run the onboarding jobs a crash or an interrupt may have left behind (what every writing command does
         first) -> their outcomes (none: nothing was pending)."""
-        with self.store.tx() as tx:
-            has = bool(outbox.pending(tx))
-        return self.onboard() if has else []
+        return onboard_uc.finish_pending(self.store, self.min_evaluations)
 
     def history(self, name: str) -> versions.History: return self._in_tx(versions.history, name)
 
     def diff(self, name: str, v1: int | None = None, v2: int | None = None, k: int = 5) -> versions.Diff:
         """How far a model moved between two versions (default: the two newest), how its nearest neighbours changed
         (as the registry stood at each version), and how its predicted accuracy per category changed."""
-        with self.store.tx() as tx:
-            return versions.diff(tx, name, v1, v2, k)
+        return self._in_tx(versions.diff, name, v1, v2, k)
 
     def recompute_version(self, name: str, version: int):
         """(stored vector, recomputed vector, digest matches) for one version: versions are reproducible."""
         return self._in_tx(versions.recompute, name, version)
 
     # --- encoders ---------------------------------------------------------------------------------------------
-    def encoders(self) -> list[encoders.EncoderInfo]:
-        with self.store.tx() as tx:
-            encoders.ensure_default(tx)
-            return encoders.listing(tx)
+    def encoders(self) -> list[encoders.EncoderInfo]: return encoders_uc.listing(self.store)
 
     def activate_encoder(self, encoder_id: int) -> list[onboarding.JobOutcome]:
         """Make an encoder active; every model is re-embedded under it (old versions stay), and it becomes active
         when their versions commit: until then (a crash meanwhile) reads answer under the previous one."""
-        with self.store.tx() as tx:
-            encoders.request_activation(tx, int(encoder_id))
-        return self.onboard()
+        return encoders_uc.activate(self.store, encoder_id, min_evaluations=self.min_evaluations)
 
     def install_encoder(self, path: str, name: str | None = None, activate: bool = False) -> int:
-        p = Path(path)
-        if not p.is_file():
-            raise InputError("no such file", file=str(path))
-        with self.store.tx() as tx:
-            encoder_id = encoders.install(tx, p.read_bytes(), name=name, source=str(path))
-        if activate:
-            self.activate_encoder(encoder_id)
-        return encoder_id
+        return encoders_uc.install(self.store, path, name, activate_it=activate, min_evaluations=self.min_evaluations)
 
     def train(self, *, seed: int = 0, anchors: int | None = None, max_steps: int | None = None,
               epochs: int | None = None, activate: bool = False, name: str | None = None, progress=None,
@@ -207,19 +167,10 @@ class Registry:
         """Train a LOCUS encoder on the registry's train split (val for model selection), store it as a checkpoint;
         returns its encoder id. `activate` makes it active (every model is re-embedded). `category_features`: the
         predictor also reads `category_field` ("category", "source", "category+source"; docs/routing.md)."""
-        from registry.embedding import dataset
-        from registry.locus import training
-
-        with self.store.tx() as tx:
-            data = dataset.dataset(tx)
-        blob, meta = training.checkpoint_from(data, seed=seed, anchors=anchors, max_steps=max_steps, epochs=epochs,
-                                              name=name, progress=progress, category_features=category_features,
-                                              category_field=category_field, category_fit=category_fit)
-        with self.store.tx() as tx:
-            encoder_id = encoders.install(tx, blob, name=meta["name"])
-        if activate:
-            self.activate_encoder(encoder_id)
-        return encoder_id
+        return encoders_uc.train(self.store, min_evaluations=self.min_evaluations, activate_it=activate, seed=seed,
+                                 anchors=anchors, max_steps=max_steps, epochs=epochs, name=name, progress=progress,
+                                 category_features=category_features, category_field=category_field,
+                                 category_fit=category_fit)
 
     def evaluate(self, split: str = "test", *, baselines: bool = True, sample_efficiency: bool = False,
                  seeds: int | None = None, held_out: int | None = None, n: int = 128,
@@ -228,21 +179,9 @@ class Registry:
         models with an up-to-date embedding (pending onboarding is finished first; the others are reported).
         `held_out=K`: per seed (default 3), K models known only from n evaluations (evaluate/heldout.py; nothing written).
         `planned` (with sample_efficiency or held_out): planned probes against random ones (locus/probe_design.py)."""
-        from registry.embedding import dataset
-        from registry.evaluate import harness, heldout
-
-        harness.check_options(split, baselines=baselines, sample_efficiency=sample_efficiency, held_out=held_out,
-                              planned=planned)
-        if held_out is not None:
-            with self.store.tx() as tx:
-                data = dataset.dataset(tx)
-            return heldout.run(data, held_out, n=n, seeds=3 if seeds is None else seeds, max_steps=max_steps,
-                               epochs=epochs, progress=progress, planned=planned)
-        self.finish_pending()
-        with self.store.tx() as tx:
-            return harness.evaluate(tx, split, baselines=baselines, sample_efficiency=sample_efficiency,
-                                       seeds=5 if seeds is None else seeds, probation_min=self.probation_min,
-                                       planned=planned, progress=progress)
+        return evaluate_uc.evaluate(self.store, split, baselines=baselines, sample_efficiency=sample_efficiency,
+                                    seeds=seeds, held_out=held_out, n=n, max_steps=max_steps, epochs=epochs,
+                                    progress=progress, planned=planned, **self._settings())
 
     # --- the database as a whole --------------------------------------------------------------------------------
     def check(self):
@@ -261,39 +200,30 @@ class Registry:
     # --- reading: models, neighbours, the embedding space ----------------------------------------------------
     def models(self) -> list[catalog.ModelInfo]:
         """Every model: evaluations, accuracy, metadata, availability, current version and evidence status."""
-        return self._in_tx(catalog.models, self.probation_min)
+        return models_uc.models(self.store, self.probation_setting)
 
-    def show(self, name: str) -> catalog.ModelDetail: return self._in_tx(catalog.show, name, self.probation_min)
+    def show(self, name: str) -> catalog.ModelDetail: return models_uc.show(self.store, name, self.probation_setting)
     def stats(self) -> catalog.Stats: return self._in_tx(catalog.stats, self.path)
 
     def similar(self, model: str | None = None, k: int = 5, *, evals: str | None = None,
                 as_of: str | None = None) -> list[neighbours.Neighbour]:
         """Nearest registered models to a registered model or to an unregistered one's results (`evals`, read only),
         with how often each disagrees with it on shared queries and each one's evaluations; k past the pool: all."""
-        if (model is None) == (evals is None):
-            raise InputError("give a model name or an evaluations file (not both)")
-        with self.store.tx() as tx:
-            return neighbours.similar(tx, model=model, evals=evals, k=k, as_of=as_of,
-                                      min_evaluations=self.min_evaluations, probation_min=self.probation_min)
+        return models_uc.similar(self.store, model, k, evals=evals, as_of=as_of, **self._settings())
 
     def embedded_from(self, names: list[str], as_of: str | None = None) -> dict[str, int]:
         """The evaluations behind each named model's current embedding (absent: not embedded)."""
-        with self.store.tx() as tx:
-            return {m: n for m, (_, n) in catalog.current_versions(tx, encoders.require_active(tx, as_of), as_of,
-                                                                   names).items()}
+        return models_uc.embedded_from(self.store, names, as_of)
 
     def fingerprint(self, evals: str, as_of: str | None = None):
         """Is the endpoint behind these results a registered model? "same" only when at most 1% of distinct models
         would pass; from shared answers, else the embedding; with its evidence (`fingerprint.Fingerprint`)."""
-        with self.store.tx() as tx:
-            encoder_id = encoders.require_active(tx, as_of)
-            geometry.pool(tx, encoder_id, as_of)  # an empty registry fails here, before the file is read
-            return fingerprint.identify(tx, evals, encoder_id, self.min_evaluations, as_of)
+        return models_uc.fingerprint(self.store, evals, min_evaluations=self.min_evaluations, as_of=as_of)
 
     def fingerprint_plan(self, n: int = 64, candidates=(), seed: int = 0, out: str | None = None):
         """The n queries whose answers best tell the candidate models apart (default: every model with at least the
         probation minimum of results), written to `out` for `fingerprint --evals` (`probe_plans.FingerprintPlan`)."""
-        return self._in_tx(probe_plans.fingerprint_plan, n, list(candidates), seed, out, self.probation_min)
+        return models_uc.fingerprint_plan(self.store, n, list(candidates), seed, out, probation=self.probation_setting)
 
     def calibration(self, sample: int = 128, draws: int = 3):
         """How the fingerprint tests decide "same" (`fingerprint.CalibrationReport`)."""
@@ -301,7 +231,7 @@ class Registry:
 
     def pool(self, tx: Tx, as_of: str | None = None):
         """The current embeddings under the active encoder (as of `as_of`), read in the caller's transaction."""
-        return geometry.pool(tx, encoders.require_active(tx, as_of), as_of)
+        return models_uc.pool(tx, as_of)
 
     def portfolio(self, k: int | None = None, method: str | None = None, *, max_params: float | None = None,
                   max_cost: float | None = None, require=(), exclude=(), target: float | None = None,
@@ -309,58 +239,46 @@ class Registry:
         """A few models covering the embedding space (`portfolio.Portfolio`); with `target`, the smallest k whose
         routing accuracy as served on test reaches that share of the pool's. Models on probation are members only
         when required or with `include_probation`; by routing value, members that add nothing only with `fill`."""
-        with self.store.tx() as tx:
-            p = self.pool(tx, as_of)
-            weak = set() if include_probation else p.on_probation(self.probation_min)
-            return portfolio.answer(tx, p, k, method=method, max_params=max_params, max_cost=max_cost, require=require,
-                                    exclude=exclude, target=target, seed=seed, probation=weak, fill=fill,
-                                    accuracy=routing_accuracy.scorer(tx, self.probation_setting))
+        return models_uc.portfolio(self.store, k, method, as_of=as_of, include_probation=include_probation,
+                                   probation=self.probation_setting, max_params=max_params, max_cost=max_cost,
+                                   require=require, exclude=exclude, target=target, seed=seed, fill=fill)
 
     def fallback(self, model: str, unavailable=(), k: int = 5, as_of: str | None = None,
                  include_probation: bool = False):
         """Substitutes for a model that is down, nearest first, skipping the models marked unavailable, those
         named in `unavailable` and those on probation unless `include_probation` (`fallback.Chain`)."""
-        with self.store.tx() as tx:
-            return fallback.for_model(tx, self.pool(tx, as_of), model, unavailable=unavailable, k=k,
-                                      as_of=as_of, probation_min=self.probation_min,
-                                      include_probation=include_probation)
+        return models_uc.fallback(self.store, model, unavailable, k, as_of=as_of, include_probation=include_probation,
+                                  probation=self.probation_setting)
 
     def fallback_all(self, unavailable=(), k: int = 5, as_of: str | None = None, include_probation: bool = False):
         """Every model's fallback chain, in one batched search (`fallback.Chains`): what a gateway loads."""
-        with self.store.tx() as tx:
-            return fallback.for_all(tx, self.pool(tx, as_of), unavailable=unavailable, k=k, as_of=as_of,
-                                    probation_min=self.probation_min, include_probation=include_probation)
+        return models_uc.fallback_all(self.store, unavailable, k, as_of=as_of, include_probation=include_probation,
+                                      probation=self.probation_setting)
 
     def map(self, out: str = "map.png", seed: int = 0, as_of: str | None = None):
         """Draw the embeddings in 2-D (PCA up to maps.PCA_MAX models, t-SNE past them), by family (`maps.MapResult`)."""
-        with self.store.tx() as tx:
-            return maps.render(self.pool(tx, as_of), dict(tx.sql("SELECT name, family FROM models")), out, seed)
+        return models_uc.map_(self.store, out, seed, as_of)
 
     def geometry(self, min_shared: int = 10, as_of: str | None = None):
         """Pearson and Spearman correlation of embedding distance with disagreement on test queries."""
-        return self._in_tx(lambda tx: geometry.correlation(tx, self.pool(tx, as_of), min_shared))
+        return models_uc.geometry(self.store, min_shared, as_of)
 
     # --- routing ------------------------------------------------------------------------------------------------
     def route(self, query: str, options: RouteOptions | None = None) -> Decision:
         """Route one query text: the model most likely to answer it (or the cost-aware choice the options ask for,
         `RouteOptions`), every candidate's P(correct) and evidence, the versions used; logged unless asked not to."""
-        if not isinstance(query, str):
-            raise InputError(f"a query must be a string, got {type(query).__name__}")
-        return self.route_batch([query], options)[0]
+        return route_uc.route(self.store, query, options, probation=self.probation_setting)
 
     def route_batch(self, texts: list[str], options: RouteOptions | None = None, *, reuse_vectors: bool = True,
                     batch_size: int = 64, progress: bool = False) -> list[Decision]:
         """Route many texts (vectors cached or stored where known, the rest MiniLM-encoded in batches) with one bulk
         log insert. `reuse_vectors=False` encodes every text (what benchmarks compare with bare MiniLM)."""
-        with self.store.tx() as tx:
-            return policy.route(tx, texts, options or RouteOptions(), reuse_vectors=reuse_vectors,
-                                batch_size=batch_size, progress=progress, probation_min=self.probation_setting)
+        return route_uc.route_batch(self.store, texts, options, probation=self.probation_setting,
+                                    reuse_vectors=reuse_vectors, batch_size=batch_size, progress=progress)
 
     def prepare_queries(self, texts: list[str]) -> None:
         """Compute and cache the texts' vectors now (the server does this outside its write lock)."""
-        cut, hashes = query_texts.clean_texts(texts)
-        with self.store.tx() as tx:
-            query_texts.query_vectors(query_texts.recent_vectors(tx), cut, hashes, tx=tx)
+        route_uc.prepare_queries(self.store, texts)
 
     def mark_unavailable(self, models: list[str], reason: str | None = None) -> list[availability.Availability]:
         return self._in_tx(availability.set_and_list, list(models), False, reason)
@@ -383,8 +301,8 @@ class Registry:
         self._in_tx(endpoints.remove, model)
 
     def claim(self, model: str, base_url: str, **o): return self._in_tx(verify_uc.claim, model, base_url, o)
-    def verify(self, model: str, **o): return verify_uc.verify(self, model, **o)
-    def watch(self, **o): return watch_uc.watch(self, **o)
+    def verify(self, model: str, **o): return verify_uc.verify(self.store, model, **self._min(), **o)
+    def watch(self, **o): return watch_uc.watch(self.store, **self._min(), **o)
 
     def routing_log(self, since: str | None = None, limit: int | None = None,
                     oldest: bool = False) -> list[route_log.LogEntry]:
@@ -394,7 +312,4 @@ class Registry:
     def frontier(self, split: str = "test", cost_by: str = "params", weights: list[float] | None = None):
         """Accuracy vs mean cost (params_b, or cost with cost_by="cost") over a sweep of cost weights, beside every
         single model, with their Pareto frontier and each point's coverage (routing/frontier.py)."""
-        from registry.routing import frontier
-
-        with self.store.tx() as tx:
-            return frontier.compute(tx, routing_state.current(tx, self.probation_setting), split, cost_by, weights)
+        return route_uc.frontier(self.store, split, cost_by, weights, probation=self.probation_setting)

@@ -236,3 +236,57 @@ def test_no_tracker_numbers_in_the_code():
     found = [f"registry/{m}:{i}: {line.strip()}" for m, p in MODULES.items()
              for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if TRACKER.search(line)]
     assert not found, "say why in words; a reader of the code cannot see the tracker:\n" + "\n".join(found)
+
+
+# What only the facade has: a parameter used for these is the `Registry` handed down under another name
+FACADE_ATTRS = {"store", "onboard", "finish_pending", "finish_stabilities", "estimate_stability", "probation_min",
+                "probation_setting", "min_evaluations", "import_files", "register", "route_batch"}
+FACADE_NAMES = {"reg", "registry"}
+
+
+def facade_uses(module: str, source: str) -> list[str]:
+    """Where a module imports the facade (`registry.api`, or `Registry` from the package: under TYPE_CHECKING too),
+    or a function takes it: a parameter annotated `Registry`, named `reg`/`registry`, or whose uses reach for what
+    only the facade has (`x.store`, `x.onboard()`, `x.finish_pending()`, `x.probation_min`...)."""
+    tree = ast.parse(source)
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [f"line {node.lineno}: imports {a.name}" for a in node.names if a.name == "registry.api"]
+        elif isinstance(node, ast.ImportFrom):
+            names = {a.name for a in node.names}
+            if node.module == "registry.api" or (node.module == "registry" and names & {"api", "Registry"}) or (
+                    node.level and node.module in (None, "api") and names & {"api", "Registry"}):
+                out.append(f"line {node.lineno}: imports {node.module or '.'}: {', '.join(sorted(names))}")
+    for fn in _functions(tree):
+        params = fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs + [a for a in (fn.args.vararg,
+                                                                                        fn.args.kwarg) if a]
+        for a in params:
+            if a.annotation is not None and re.search(r"\bRegistry\b", ast.unparse(a.annotation)):
+                out.append(f"line {fn.lineno}: {fn.name}({a.arg}: {ast.unparse(a.annotation)})")
+            elif a.arg in FACADE_NAMES:
+                out.append(f"line {fn.lineno}: {fn.name}({a.arg}): a parameter named for the facade")
+        names = {a.arg for a in params} - {"self", "cls"}
+        reached = sorted({f"{n.value.id}.{n.attr}" for n in ast.walk(fn) if isinstance(n, ast.Attribute)
+                          and isinstance(n.value, ast.Name) and n.value.id in names and n.attr in FACADE_ATTRS})
+        if reached:
+            out.append(f"line {fn.lineno}: {fn.name} uses {', '.join(reached)}: the facade's, handed down")
+    return [f"registry/{module}: {o}" for o in out]
+
+
+def test_nothing_below_the_facade_imports_or_receives_it():
+    """The use cases and every layer under them are handed a Store or a Tx and plain values, never the `Registry`:
+    an operation a reader looks for is in one layer, and calls only go down."""
+    below = [m for m in MODULES if layer_of(m) <= LAYERS.index("usecases")]
+    assert len(below) > 100 and "usecases.register" in below and "answers.registration" in below
+    found = [line for m in below for line in facade_uses(m, MODULES[m].read_text(encoding="utf-8"))]
+    assert not found, "the facade handed down:\n" + "\n".join(found)
+    # the check can fail, on each form
+    for planted in ("from registry.api import Registry\n", "def f():\n    from registry import Registry\n",
+                    "from .. import api\n", "import registry.api\n",
+                    "def f(r: 'Registry'):\n    pass\n", "def f(reg, name):\n    return name\n",
+                    "def f(owner):\n    owner.finish_pending()\n", "def f(x, *, y):\n    with x.store.tx() as tx:\n"
+                    "        return y\n", "def f(x):\n    return x.probation_min\n"):
+        assert facade_uses("answers.x", planted), planted
+    assert not facade_uses("answers.x", "from registry.core.errors import RegistryError\n"
+                                        "def f(tx, store):\n    with store.tx() as t:\n        return t.path\n")

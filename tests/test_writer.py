@@ -14,6 +14,7 @@ import pytest
 from registry import Registry
 from registry.answers import registration
 from registry.core.errors import InputError
+from registry.embedding import evidence
 from registry.serve.serving import Serving
 
 
@@ -178,10 +179,12 @@ def test_the_served_report_says_what_the_plain_one_does(db_copy, tmp_path):
             serving.close()
         book = serving.writer.book       # both were answered from it (report_served reads the file only without)
         assert all(book.id_of(r.model) is not None for r in served)
-        plain = [registration.report(reg, registration.Staged(r.model, r.updated, r.evaluations_added,
-                                                              r.queries_added, r.results_changed),
-                                     JobOutcome(r.model, r.outcome, r.version, r.n_evaluations, r.stability))
-                 for r in served]
+        with reg.store.tx() as tx:
+            plain = [registration.report(tx, registration.Staged(r.model, r.updated, r.evaluations_added,
+                                                                 r.queries_added, r.results_changed),
+                                         JobOutcome(r.model, r.outcome, r.version, r.n_evaluations, r.stability),
+                                         5, evidence.minimum(tx, reg.probation_setting))
+                     for r in served]
     assert served == plain
     assert donor in served[0].warning and "same model" in served[0].warning
     assert served[0].neighbours[0].model == donor and served[0].neighbours[0].disagreement == 0.0

@@ -1,6 +1,7 @@
-"""Registering a model (`registry register`): its metadata and results in, one transaction, refused whole when it
-would silently change a model that exists; then onboarding; then what the registry now says of it: version,
-evidence status, nearest models, and a warning where one is due."""
+"""The steps of registering a model (usecases/register.py runs them in order): its name and metadata checked, its
+metadata and results staged in a transaction, refused whole when that would silently change a model that exists
+(`stage`); then, once onboarded, what the registry says of it (`report`, or `report_served` from a server's memory):
+version, evidence status, nearest models, and a warning where one is due; its same-model verdict as an alias."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -155,43 +156,43 @@ def _changed_results(tx: Tx, name: str, batch_id: int | None, update: bool, eval
     return changed[0] if changed else 0
 
 
-def report(reg, staged: Staged, o: onboarding.JobOutcome | None, k: int = 5) -> RegisterResult:
-    """What the registry now says of a staged and onboarded model (a read): version, evidence status, nearest
+def report(tx: Tx, staged: Staged, o: onboarding.JobOutcome | None, k: int, probation_min: int) -> RegisterResult:
+    """What the registry now says of a staged and onboarded model (read in `tx`): version, evidence status, nearest
     models, warnings. `o`: its onboarding outcome (None: nothing new to embed)."""
     name = staged.name
-    with reg.store.tx() as tx:
-        if o is None:  # nothing new to embed: its current version
-            info = catalog.show(tx, name, reg.probation_min)
-            o = onboarding.JobOutcome(name, "unchanged", info.version, info.embedded_from or 0)
-        held_out = catalog.held_out(tx, name)
-        model_id = tx.sql("SELECT id FROM models WHERE name = ?", [name])[0][0]
-        # its answers against every other model's, once: the neighbours' disagreement and the duplicate test use it
-        own = evaluation_rows.of_models(tx, [model_id])
-        rates = evaluation_rows.disagreement(tx, own["query_id"], own["correct"], [
-            m for (m,) in tx.sql("SELECT id FROM models WHERE id <> ?", [model_id])])
-        near, notes, status = [], [], "not embedded"
-        if o.version is not None:
-            near = neighbours.of_registered(tx, name, k, encoders.require_active(tx),
-                                            answers=(own["query_id"], own["correct"]),
-                                            own_evaluations=o.n_evaluations, probation_min=reg.probation_min,
-                                            rates=rates)
-            status = "probation" if evidence.on_probation(o.n_evaluations, reg.probation_min) else "established"
-            notes = [] if status == "established" else [_probation_note(o, reg.probation_min)]
-        same = fingerprint.duplicate_of(tx, model_id, rates)                                   # from its answers
-        alias = catalog.aliases(tx).get(name, (None, None))[0]
+    if o is None:  # nothing new to embed: its current version
+        info = catalog.show(tx, name, probation_min)
+        o = onboarding.JobOutcome(name, "unchanged", info.version, info.embedded_from or 0)
+    held_out = catalog.held_out(tx, name)
+    model_id = tx.sql("SELECT id FROM models WHERE name = ?", [name])[0][0]
+    # its answers against every other model's, once: the neighbours' disagreement and the duplicate test use it
+    own = evaluation_rows.of_models(tx, [model_id])
+    rates = evaluation_rows.disagreement(tx, own["query_id"], own["correct"], [
+        m for (m,) in tx.sql("SELECT id FROM models WHERE id <> ?", [model_id])])
+    near, notes, status = [], [], "not embedded"
+    if o.version is not None:
+        near = neighbours.of_registered(tx, name, k, encoders.require_active(tx),
+                                        answers=(own["query_id"], own["correct"]),
+                                        own_evaluations=o.n_evaluations, probation_min=probation_min,
+                                        rates=rates)
+        status = "probation" if evidence.on_probation(o.n_evaluations, probation_min) else "established"
+        notes = [] if status == "established" else [_probation_note(o, probation_min)]
+    same = fingerprint.duplicate_of(tx, model_id, rates)                                   # from its answers
+    alias = catalog.aliases(tx).get(name, (None, None))[0]
     return _result(staged, o, near, notes + _duplicate_notes(name, same), held_out, status,
                    alias_of=alias or (same.match if same else None))
 
 
-def report_served(reg, snap, book, staged: Staged, o: onboarding.JobOutcome | None, k: int = 5) -> RegisterResult:
+def report_served(snap, book, staged: Staged, o: onboarding.JobOutcome | None, k: int,
+                  probation_min: int) -> RegisterResult | None:
     """`report` from a running server's memory, with no read: its snapshot (serve/snapshot.py: the index of current
     versions) and its answer book (serve/answerbook.py), both up to date with the write being reported. What `report`
-    says, the same way (tests/test_writer.py compares them)."""
+    says, the same way (tests/test_writer.py compares them); None where only the plain `report` can say it."""
     model_id = book.id_of(staged.name)
-    if o is None or model_id is None or not evidence.on_probation(o.n_evaluations, reg.probation_min):
+    if o is None or model_id is None or not evidence.on_probation(o.n_evaluations, probation_min):
         # nothing new was embedded, no answers, or an established model (its table reads error correlations and
         # its neighbours' own questions, as `similar` does): the plain report
-        return report(reg, staged, o, k)
+        return None
     rates = book.disagreement(model_id)
     near, notes, status = [], [], "not embedded"
     vector = snap.index.vector_of(staged.name) if o.version is not None else None
@@ -200,9 +201,9 @@ def report_served(reg, snap, book, staged: Staged, o: onboarding.JobOutcome | No
         near = neighbours.by_vector(None, vector, snap.index.size, snap.index.encoder_id,
                                     exclude={staged.name}, vi=snap.index, rates=rates)
         near = neighbours.placed(near, dict(zip(snap.pool.names, snap.pool.n_evaluations.tolist())), o.n_evaluations,
-                                 reg.probation_min, k)
-        status = "probation" if evidence.on_probation(o.n_evaluations, reg.probation_min) else "established"
-        notes = [] if status == "established" else [_probation_note(o, reg.probation_min)]
+                                 probation_min, k)
+        status = "probation" if evidence.on_probation(o.n_evaluations, probation_min) else "established"
+        notes = [] if status == "established" else [_probation_note(o, probation_min)]
     same = fingerprint.duplicate_of(None, model_id, rates, book.names, book.calibration({model_id}))
     return _result(staged, o, near, notes + _duplicate_notes(staged.name, same), book.held_out(model_id),
                    status, alias_of=same.match if same else None)
@@ -213,22 +214,21 @@ def _duplicate_notes(name: str, same: fingerprint.Fingerprint | None) -> list[st
     return [] if warning is None else [warning]
 
 
-def record_alias(reg, result: RegisterResult) -> None:
-    """A registration's same-model verdict, recorded: the model is an alias of its match, unless it already is one
-    (its user's word, or an earlier verdict, stands)."""
+def record_alias(tx: Tx, result: RegisterResult) -> None:
+    """A registration's same-model verdict, recorded in `tx`: the model is an alias of its match, unless it already
+    is one (its user's word, or an earlier verdict, stands)."""
     if result.alias_of is None:
         return
-    with reg.store.tx() as tx:
-        known = catalog.aliases(tx)
-        if result.model in known:
-            return
-        root = result.alias_of
-        while root in known:              # its match is itself another name of something
-            root = known[root][0]
-        if root == result.model:          # ...of this model (two copies registered together): that verdict stands
-            result.alias_of = None
-            return
-        result.alias_of = catalog.set_alias(tx, result.model, result.alias_of, "registration")
+    known = catalog.aliases(tx)
+    if result.model in known:
+        return
+    root = result.alias_of
+    while root in known:              # its match is itself another name of something
+        root = known[root][0]
+    if root == result.model:          # ...of this model (two copies registered together): that verdict stands
+        result.alias_of = None
+        return
+    result.alias_of = catalog.set_alias(tx, result.model, result.alias_of, "registration")
 
 
 def _probation_note(o: onboarding.JobOutcome, minimum: int) -> str:
@@ -245,27 +245,12 @@ def _result(staged: Staged, o: onboarding.JobOutcome, near: list[Neighbour], not
                           results_changed=staged.results_changed, alias_of=alias_of)
 
 
-def register(reg, name: str, evals: str, metadata: dict, *, k: int = 5, progress: bool = False,
-             update: bool = False, alias_of: str | None = None) -> RegisterResult:
-    """`Registry.register`, over the facade `reg`: the import and its checks in one transaction (a refusal changes
-    nothing), with `alias_of` (the user's word: it is another name of that model); onboarding; then the report in a
-    read, and its same-model verdict recorded as an alias."""
-    name = check(name, metadata)
-    check_text(alias_of, "alias_of")
-    reg.finish_pending()
-    with reg.store.tx() as tx:
-        staged = stage(tx, name, evals, metadata, update, progress)
-        if alias_of is not None:
-            catalog.set_alias(tx, name, alias_of, "user")
-    try:
-        outcomes = reg.onboard()
-    except Exception as exc:      # the rows are committed, their onboarding job too: say so, and how to finish
-        problem = exc.reason if isinstance(exc, DiskFull) else storage_problem(exc)
-        if problem is None:
-            raise
-        then = "when there is room" if "no space left" in problem.lower() else "to embed it"
-        raise RegistryError(f"registered {name!r} and its {staged.evaluations_added} evaluations, but embedding it "
-                            f"failed: {problem}; run `registry onboard` {then}") from None
-    result = report(reg, staged, {o.model: o for o in outcomes}.get(name), k)
-    record_alias(reg, result)
-    return result
+def onboarding_failed(exc: Exception, name: str, staged: Staged) -> RegistryError | None:
+    """The one-line error for a registration whose rows committed but whose onboarding failed for want of storage
+    (None: another failure, raised as it is): its onboarding job is committed too, so say how to finish."""
+    problem = exc.reason if isinstance(exc, DiskFull) else storage_problem(exc)
+    if problem is None:
+        return None
+    then = "when there is room" if "no space left" in problem.lower() else "to embed it"
+    return RegistryError(f"registered {name!r} and its {staged.evaluations_added} evaluations, but embedding it "
+                         f"failed: {problem}; run `registry onboard` {then}")

@@ -111,6 +111,7 @@ class _EvaluationCounts:
 
     def models(self, reg):
         from registry.answers import catalog
+        from registry.embedding import evidence
 
         with self.lock, reg.store.tx() as tx:
             newest = catalog.newest_batch(tx)
@@ -118,7 +119,7 @@ class _EvaluationCounts:
                 changed = None if self.batch < 0 else catalog.models_since(tx, self.batch)
                 self.by_model.update(catalog.evaluation_stats(tx, changed))
                 self.batch = newest
-            return catalog.models(tx, reg.probation_min, self.by_model)
+            return catalog.models(tx, evidence.minimum(tx, reg.probation_setting), self.by_model)
 
 
 pages = APIRouter(include_in_schema=False)
@@ -190,6 +191,7 @@ def route_page(request: Request, q: str | None = None):
 @pages.get("/ui/portfolio", response_class=HTMLResponse)
 def portfolio_page(request: Request, k: int | None = Query(None, ge=1, le=1000), method: str | None = None):
     from registry.answers import portfolio
+    from registry.embedding import evidence
     from registry.routing import accuracy
 
     k = portfolio.DEFAULT_K if k is None else k       # the CLI's and HTTP's default size
@@ -199,7 +201,8 @@ def portfolio_page(request: Request, k: int | None = Query(None, ge=1, le=1000),
         with reg.store.tx() as tx:
             pool = reg.pool(tx)
             # routing accuracy is routing as served (what `evaluate` reports as `served`), among the members
-            result = portfolio.with_share(tx, pool, k, method, probation=pool.on_probation(reg.probation_min),
+            weak = pool.on_probation(evidence.minimum(tx, reg.probation_setting))
+            result = portfolio.with_share(tx, pool, k, method, probation=weak,
                                           accuracy=accuracy.scorer(tx, reg.probation_setting))
     except RegistryError as exc:
         error = str(exc)

@@ -36,6 +36,7 @@ from registry.core import generation, settings
 from registry.embedding import onboarding
 from registry.routing import state as routing_state
 from registry.serve.group_commit import GroupCommit, Job
+from registry.usecases import register as register_uc
 
 LOG_FLUSH_S = 0.1           # the longest an idle writer leaves routing-log rows in memory
 MAX_GROUP = 64              # jobs staged in one transaction
@@ -100,9 +101,10 @@ class Writer:
             self._stats["prepare_ms"] += 1000 * (time.perf_counter() - t0)
         staged, outcome = job.future.result()
         t1 = time.perf_counter()
-        out = registration.report_served(self.reg, self.snapshots.current, self.book, staged, outcome, k)
+        out = register_uc.report_served(self.reg.store, self.snapshots.current, self.book, staged, outcome, k=k,
+                                        probation=self.reg.probation_setting)
         if out.alias_of is not None:          # its answers say it is another model: recorded as its alias
-            self.run(lambda: registration.record_alias(self.reg, out))
+            self.run(lambda: register_uc.record_alias(self.reg.store, out))
         self._stats["register_wait_ms"] += 1000 * (t1 - t0)
         self._stats["report_ms"] += 1000 * (time.perf_counter() - t1)
         return out

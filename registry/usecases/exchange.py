@@ -9,6 +9,8 @@ from registry.core.errors import InputError
 from registry.core.store import Store
 from registry.data.formats import eee_write, readers
 from registry.data.harness import importer
+from registry.usecases import onboard as onboard_uc
+from registry.usecases import register as register_uc
 
 ExportResult = eee_write.ExportResult
 
@@ -20,19 +22,26 @@ def reader_for(paths: list[str]) -> str:
     return readers.detect(list(paths)).name
 
 
-def import_paths(reg, paths: list[str], reader: str | None = None, *, progress: bool = False,
-                 **options) -> importer.HarnessImport:
+def import_paths(store: Store, paths: list[str], reader: str | None = None, *, min_evaluations: int,
+                 probation: int | None, progress: bool = False, **options) -> importer.HarnessImport:
     """Read `paths` with `reader` (None: the one that recognises them; `detected` says so), then write them in one
-    transaction, onboard, and report per model as `register` does. The CSV folder has its own import
-    (`Registry.import_files`): named here, it is an InputError saying so."""
+    transaction, onboard, and report per model as `register` does (`probation`: the minimum set, None: the data's).
+    The CSV folder has its own import (`Registry.import_files`): named here, it is an InputError saying so."""
     if not paths:
         raise InputError(f"give the {reader or ''} files to import".replace("  ", " "))
     name = reader or reader_for(paths)
     if readers.get(name).read is None:
         raise InputError(f"{', '.join(paths)}: a {name} folder: import it with `registry import FOLDER` "
                          f"(Registry.import_files)")
-    done = importer.run(reg, name, list(paths), answers=(registration.Staged, registration.report,
-                                                         registration.record_alias), progress=progress, **options)
+    runs = importer.read_runs(name, list(paths), progress=progress, **options)
+    onboard_uc.finish_pending(store, min_evaluations)
+    with store.tx() as tx:
+        done = importer.write(tx, runs, name, progress=progress)
+    outcomes = {o.model: o for o in onboard_uc.onboard(store, min_evaluations)}
+    for m in done.models:
+        m.outcome = outcomes.get(m.model)
+        staged = registration.Staged(m.model, {}, m.evaluations_added, m.queries_added, 0)
+        m.report = register_uc.report(store, staged, m.outcome, probation=probation)
     done.detected = reader is None
     return done
 

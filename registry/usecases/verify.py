@@ -16,8 +16,10 @@ from registry.answers import catalog, fingerprint
 from registry.asking import claims, client, grading, prompt, verdicts
 from registry.core.errors import Conflict, InputError, NotFound
 from registry.core.keys import OWNER, UpstreamKeys
+from registry.core.store import Store
 from registry.core.transaction import Tx
 from registry.data import evaluation_rows, ingest
+from registry.usecases import onboard as onboard_uc
 
 GOLD = "SELECT q.id, q.external_id, q.text, g.answer, g.grading FROM queries q JOIN query_answers g ON g.query_id = q.id"
 
@@ -136,7 +138,7 @@ def ask_targets(jobs: list[tuple[Target, list[tuple]]], *, concurrency: int, pro
         return list(pool.map(one, jobs))
 
 
-def store(tx: Tx, graded: list[tuple], label: str) -> int | None:
+def store_batch(tx: Tx, graded: list[tuple], label: str) -> int | None:
     """Graded answers [(target, query id, extracted, correct, text)] as one import batch of evaluations, with their
     provenance rows. -> the batch id (None: nothing to store)."""
     if not graded:
@@ -218,7 +220,7 @@ def others_of(tx: Tx, model: str, qids: list[int], y: np.ndarray, claimed: dict[
                            from_reference)
 
 
-def ask_pass(reg, label: str, jobs: list, gold: dict, reports: dict, **how) -> list[int]:
+def ask_pass(store: Store, label: str, jobs: list, gold: dict, reports: dict, **how) -> list[int]:
     """One pass of requests [(target, [(query id, is_again)])] at every endpoint at once, graded and stored: first
     answers as one import batch, second answers as another. Usage is added to `reports` (by endpoint). -> batches."""
     prompts = [(t, [((q, again), prompt.render(gold[q][1], gold[q][3])) for q, again in asks]) for t, asks in jobs]
@@ -240,9 +242,9 @@ def ask_pass(reg, label: str, jobs: list, gold: dict, reports: dict, **how) -> l
             e.cost = round(t.price * (e.prompt_tokens + e.completion_tokens) / 1e6, 6)
     if not rows[False] and not rows[True]:
         return []
-    with reg.store.tx() as tx:
-        return [b for b in (store(tx, rows[False], f"{label}: first answers"),
-                            store(tx, rows[True], f"{label}: answers again")) if b is not None]
+    with store.tx() as tx:
+        return [b for b in (store_batch(tx, rows[False], f"{label}: first answers"),
+                            store_batch(tx, rows[True], f"{label}: answers again")) if b is not None]
 
 
 def second(got: dict[int, list[bool]], qids: list[int]) -> np.ndarray:
@@ -250,11 +252,11 @@ def second(got: dict[int, list[bool]], qids: list[int]) -> np.ndarray:
     return np.array([int(got[q][1]) if len(got.get(q, [])) > 1 else -1 for q in qids], dtype=np.int8)
 
 
-def verify(reg, model: str, *, endpoints: list[str] | None = None, n: int = 256, repeat: int = 32, seed: int = 0,
-           concurrency: int = 8, deadline: float = 60.0, retries: int = 4, backoff: float = 0.5,
-           progress: bool = False, keys: UpstreamKeys = OWNER, alpha: float = verdicts.ALPHA,
+def verify(store: Store, model: str, *, min_evaluations: int, endpoints: list[str] | None = None, n: int = 256,
+           repeat: int = 32, seed: int = 0, concurrency: int = 8, deadline: float = 60.0, retries: int = 4,
+           backoff: float = 0.5, progress: bool = False, keys: UpstreamKeys = OWNER, alpha: float = verdicts.ALPHA,
            min_drop: float = verdicts.MIN_DROP) -> VerifyResult:
-    """`Registry.verify` over the facade `reg`. Two passes: the plan's questions (and its first `repeat` again, for
+    """`registry verify MODEL`. Two passes: the plan's questions (and its first `repeat` again, for
     each side's nondeterminism), then every question where an endpoint and the reference disagree asked again of
     both (a disagreement that nondeterminism made rarely comes back; a degradation does)."""
     if n < 1 or repeat < 0 or concurrency < 1:
@@ -264,8 +266,8 @@ def verify(reg, model: str, *, endpoints: list[str] | None = None, n: int = 256,
         raise InputError(f"alpha must be in (0, 0.5) and min_drop in [0, 1), got {alpha} and {min_drop}")
     started = time.perf_counter()
     how = dict(concurrency=concurrency, progress=progress, deadline=deadline, retries=retries, backoff=backoff)
-    reg.finish_pending()
-    with reg.store.tx() as tx:
+    onboard_uc.finish_pending(store, min_evaluations)
+    with store.tx() as tx:
         found = targets(tx, model, endpoints, keys)
         gold = {int(q): (ext, t, a, g) for q, ext, t, a, g in tx.sql(GOLD)}
         if not gold:
@@ -284,9 +286,9 @@ def verify(reg, model: str, *, endpoints: list[str] | None = None, n: int = 256,
                                                 len(repeats), 0, 0, 0, 0, 0, 0, 0, 0, None) for t in found}
     for t, asks in jobs:
         reports[t.claim.endpoint].already = len(plan) + len(repeats) - len(asks)
-    batches = ask_pass(reg, f"verify {model}", jobs, gold, reports, **how)
+    batches = ask_pass(store, f"verify {model}", jobs, gold, reports, **how)
     ref = next((t for t in found if t.claim.reference), None)
-    with reg.store.tx() as tx:              # pass two: the disagreements, asked again of both sides
+    with store.tx() as tx:              # pass two: the disagreements, asked again of both sides
         base = reference_outcomes(tx, model, ref, plan)
         got = {t.claim.endpoint: answers(tx, t.model_id, t.endpoint.base_url, plan) for t in found}
         again: dict[str, set] = {t.claim.endpoint: set() for t in found}
@@ -299,10 +301,10 @@ def verify(reg, model: str, *, endpoints: list[str] | None = None, n: int = 256,
                 theirs = got[ref.claim.endpoint]
                 again[ref.claim.endpoint] |= {q for q in off if len(theirs.get(q, [])) < 2}
     jobs = [(t, [(q, True) for q in plan if q in again[t.claim.endpoint]]) for t in found]
-    batches += ask_pass(reg, f"verify {model}", jobs, gold, reports, **how)
+    batches += ask_pass(store, f"verify {model}", jobs, gold, reports, **how)
     if batches:
-        reg.onboard()
-    with reg.store.tx() as tx:
+        onboard_uc.onboard(store, min_evaluations)
+    with store.tx() as tx:
         base = reference_outcomes(tx, model, ref, plan)
         claimed = published or base
         base_got = None if ref is None else answers(tx, ref.model_id, ref.endpoint.base_url, plan)

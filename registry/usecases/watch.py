@@ -13,8 +13,10 @@ import numpy as np
 from registry.asking import claims, sequential, verdicts
 from registry.core.errors import Conflict, InputError
 from registry.core.keys import OWNER, UpstreamKeys
+from registry.core.store import Store
 from registry.core.transaction import Tx
 from registry.data import endpoints
+from registry.usecases import onboard as onboard_uc
 from registry.usecases import verify as v
 
 
@@ -76,9 +78,9 @@ def last_states(tx: Tx) -> dict[int, tuple[int, sequential.State, list]]:
     return out
 
 
-def round_of(reg, model: str, group: list[claims.Claim], n: int, *, seed: int, keys: UpstreamKeys, how: dict):
+def round_of(store: Store, model: str, group: list[claims.Claim], n: int, *, seed: int, keys: UpstreamKeys, how: dict):
     """Ask one model's endpoints their round. -> (targets, the round's questions, requests sent)."""
-    with reg.store.tx() as tx:
+    with store.tx() as tx:
         found = v.targets(tx, model, [c.endpoint for c in group], keys)
         gold = {int(q): (ext, t, a, g) for q, ext, t, a, g in tx.sql(v.GOLD)}
         published = v.registered(tx, model, list(gold))
@@ -90,9 +92,9 @@ def round_of(reg, model: str, group: list[claims.Claim], n: int, *, seed: int, k
     reports = {t.claim.endpoint: v.EndpointReport(t.claim.endpoint, t.endpoint.base_url, t.claim.reference, n, 0,
                                                   0, 0, 0, 0, 0, 0, 0, 0, None) for t in found}
     jobs = [(t, [(q, False) for q in fresh if q not in had[t.claim.endpoint]]) for t in found]
-    batches = v.ask_pass(reg, f"watch {model}", jobs, gold, reports, **how)
+    batches = v.ask_pass(store, f"watch {model}", jobs, gold, reports, **how)
     ref = next((t for t in found if t.claim.reference), None)
-    with reg.store.tx() as tx:
+    with store.tx() as tx:
         base = v.reference_outcomes(tx, model, ref, fresh)
         got = {t.claim.endpoint: v.answers(tx, t.model_id, t.endpoint.base_url, fresh) for t in found}
     again = {t.claim.endpoint: set() for t in found}
@@ -104,7 +106,7 @@ def round_of(reg, model: str, group: list[claims.Claim], n: int, *, seed: int, k
         again[t.claim.endpoint] |= {q for q in off if len(mine[q]) < 2}
         if ref is not None:
             again[ref.claim.endpoint] |= {q for q in off if len(got[ref.claim.endpoint].get(q, [])) < 2}
-    batches += v.ask_pass(reg, f"watch {model}", [(t, [(q, True) for q in fresh if q in again[t.claim.endpoint]])
+    batches += v.ask_pass(store, f"watch {model}", [(t, [(q, True) for q in fresh if q in again[t.claim.endpoint]])
                                                     for t in found], gold, reports, **how)
     return found, ref, fresh, batches, sum(r.requests for r in reports.values())
 
@@ -140,28 +142,28 @@ def label(tx: Tx, model: str, t, ref, window: list[int], alarm: str) -> tuple[st
     return kind, asdict(got)
 
 
-def watch(reg, *, n: int = 64, models: list[str] | None = None, status: bool = False, seed: int = 0,
-          keys: UpstreamKeys = OWNER, concurrency: int = 8, deadline: float = 60.0, retries: int = 4,
-          backoff: float = 0.5, progress: bool = False, webhook: str | None = None) -> WatchResult:
-    """`Registry.watch`: one round (or, with `status`, the timeline so far: nothing is asked). `webhook`: the
+def watch(store: Store, *, min_evaluations: int, n: int = 64, models: list[str] | None = None,
+          status: bool = False, seed: int = 0, keys: UpstreamKeys = OWNER, concurrency: int = 8,
+          deadline: float = 60.0, retries: int = 4, backoff: float = 0.5, progress: bool = False, webhook: str | None = None) -> WatchResult:
+    """`registry watch`: one round (or, with `status`, the timeline so far: nothing is asked). `webhook`: the
     owner's URL each event is POSTed to as JSON."""
     if n < 8:
         raise InputError(f"-n must be at least 8 questions a round, got {n}")
     if status:
-        return timeline(reg, models)
+        return timeline(store, models)
     if webhook is not None:
         webhook = endpoints.parse_base_url(webhook)
     how = dict(concurrency=concurrency, progress=progress, deadline=deadline, retries=retries, backoff=backoff)
-    reg.finish_pending()
-    with reg.store.tx() as tx:
+    onboard_uc.finish_pending(store, min_evaluations)
+    with store.tx() as tx:
         groups = watched(tx, models)
     if not groups:
         raise Conflict("no endpoint is watched: add one with `registry endpoints add MODEL --base-url URL`")
     out, asked = WatchResult([], []), 0
     for model, group in groups.items():
-        found, ref, fresh, batches, sent = round_of(reg, model, group, n, seed=seed, keys=keys, how=how)
+        found, ref, fresh, batches, sent = round_of(store, model, group, n, seed=seed, keys=keys, how=how)
         asked += sent
-        with reg.store.tx() as tx:
+        with store.tx() as tx:
             states = last_states(tx)
             base = v.reference_outcomes(tx, model, ref, fresh)
             at = str(tx.sql("SELECT now()::TIMESTAMP")[0][0])
@@ -213,10 +215,10 @@ def round_row(endpoint: str, model: str, number: int, at: str, e: np.ndarray, r:
                  event and event.change)
 
 
-def timeline(reg, models: list[str] | None = None) -> WatchResult:
+def timeline(store: Store, models: list[str] | None = None) -> WatchResult:
     """Every watched endpoint's rounds so far, oldest first, with the events they raised."""
     out = WatchResult([], [])
-    with reg.store.tx() as tx:
+    with store.tx() as tx:
         out.claims = [c for c in claims.current(tx) if not models or c.model in models]
         names = dict(tx.sql("SELECT id, name FROM models"))
         rows = tx.sql("""SELECT model_id, claims, n, correct, reference_correct, disagreements, worse, better,

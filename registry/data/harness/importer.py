@@ -3,8 +3,8 @@ naming the file, the sample and the problem, and nothing is written); a sample w
 registered query is that query, any other becomes a new query (the file's own id for it where that is free, else
 task/sample id; its gold answer where the file has one); a new model takes the metadata the file gives; the results
 go in by the import's own bulk path, so a re-import adds nothing, and the batch records each file read (its sha256 and
-evaluation, as the reader says); then onboarding. The report per model (`register`'s) is the
-facade's, over what this returns."""
+evaluation, as the reader says). Onboarding and the report per model (`register`'s) are the use case's
+(usecases/exchange.py), over what `write` returns."""
 from __future__ import annotations
 
 import json
@@ -193,19 +193,3 @@ def _import_queries(tx, rows: list[dict], result: ImportResult, progress: bool) 
         result.texts_embedded = ingest.embed_missing_texts(tx, progress=progress, result=result)
     finally:
         os.unlink(path)
-
-
-def run(reg, harness: str, paths: list[str], *, answers: tuple, progress: bool = False, **options) -> HarnessImport:
-    """`Registry.import_harness`: read, write in one transaction, onboard, then each model's report. `answers`:
-    the answers layer's (Staged, report, record_alias) that `register` reports with, handed down by the facade."""
-    staged_type, report, record_alias = answers
-    runs = read_runs(harness, paths, progress=progress, **options)
-    reg.finish_pending()
-    with reg.store.tx() as tx:
-        done = write(tx, runs, harness, progress=progress)
-    outcomes = {o.model: o for o in reg.onboard()}
-    for m in done.models:
-        m.outcome = outcomes.get(m.model)
-        m.report = report(reg, staged_type(m.model, {}, m.evaluations_added, m.queries_added, 0), m.outcome)
-        record_alias(reg, m.report)
-    return done

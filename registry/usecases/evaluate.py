@@ -1,0 +1,30 @@
+"""`registry evaluate`: routing accuracy and predictor quality of LOCUS on a split, beside the baselines, over the
+established models with an up-to-date embedding (pending onboarding finished first), or, with `held_out`, models
+known only from a few evaluations (nothing written). The measuring is evaluate/."""
+from __future__ import annotations
+
+from registry.core.store import Store
+from registry.embedding import evidence
+from registry.usecases import onboard as onboard_uc
+
+
+def evaluate(store: Store, split: str = "test", *, min_evaluations: int, probation: int | None,
+             baselines: bool = True, sample_efficiency: bool = False, seeds: int | None = None,
+             held_out: int | None = None, n: int = 128, max_steps: int | None = None, epochs: int | None = None,
+             progress=None, planned: bool = False):
+    """`harness.Evaluation` (or, with `held_out`, `heldout.HeldOut`); options checked before any read."""
+    from registry.embedding import dataset       # (torch: only for the commands that measure)
+    from registry.evaluate import harness, heldout
+
+    harness.check_options(split, baselines=baselines, sample_efficiency=sample_efficiency, held_out=held_out,
+                          planned=planned)
+    if held_out is not None:
+        with store.tx() as tx:
+            data = dataset.dataset(tx)
+        return heldout.run(data, held_out, n=n, seeds=3 if seeds is None else seeds, max_steps=max_steps,
+                           epochs=epochs, progress=progress, planned=planned)
+    onboard_uc.finish_pending(store, min_evaluations)
+    with store.tx() as tx:
+        return harness.evaluate(tx, split, baselines=baselines, sample_efficiency=sample_efficiency,
+                                seeds=5 if seeds is None else seeds, probation_min=evidence.minimum(tx, probation),
+                                planned=planned, progress=progress)

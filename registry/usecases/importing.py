@@ -1,0 +1,57 @@
+"""`registry import` and what travels with it: the CSV/JSONL/Parquet files (or a folder laid out like MMLU-Pro) in
+one transaction and then onboarding (`import_files`); splits drawn for the queries without one (`draw_splits`); query
+text vectors out to a Parquet file and back in (`export_vectors`, `import_vectors`). A bad file changes nothing.
+Results in other formats (harness runs, Every Eval Ever) are usecases/exchange.py."""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+
+from registry.core.store import Store
+from registry.data import import_steps, ingest, splits as split_draws, staging, vector_files
+from registry.usecases import onboard as onboard_uc
+
+
+def import_files(store: Store, directory: str | None, named: dict[str, str | None], *, min_evaluations: int,
+                 progress: bool = False, onboard: bool = True) -> import_steps.ImportResult:
+    """A folder's files and those `named` ({kind: path}: models, queries, evaluations, splits, vectors), checked to
+    exist before anything, in one transaction; then, with `onboard`, the models whose evaluations changed embedded.
+    Ctrl-C: the transaction rolls back (or, during onboarding, the result says what was committed and what is left)."""
+    files = staging.files_to_import(directory, **named)
+    left = onboard_uc.finish_pending(store, min_evaluations) if onboard else []   # a crash may have left jobs behind
+    started = time.perf_counter()
+    with ingest.interruptible(store):           # Ctrl-C: the transaction rolls back, and says so
+        with store.tx() as tx:
+            result = ingest.run_import(tx, files, progress=progress)
+    result.seconds["import"] = round(time.perf_counter() - started, 3)
+    result.finished_pending = [o.model for o in left]
+    if onboard:
+        with ingest.interruptible(store, result):    # ...or what was committed, and what is left
+            result.onboarding = [asdict(o) for o in onboard_uc.onboard(store, min_evaluations,
+                                                                       seconds=result.seconds)]
+    return result
+
+
+def draw_splits(store: Store, *, val: float, test: float | None, seed: int, by: str,
+                test_categories: list[str] | None, min_evaluations: int) -> split_draws.DrawResult:
+    """Give every query without a split one (`splits.draw`, or whole categories held out with by="category"); the
+    models whose embedding input changed are re-embedded."""
+    split_draws.check_draw(by, val=val, test=test, test_categories=test_categories)
+    onboard_uc.finish_pending(store, min_evaluations)
+    with store.tx() as tx:
+        result = (split_draws.draw(tx, val, 0.1 if test is None else test, seed) if by == "random"
+                  else split_draws.draw_by_category(tx, list(test_categories or []), val, seed))
+    result.onboarding = [asdict(o) for o in onboard_uc.onboard(store, min_evaluations)]
+    return result
+
+
+def export_vectors(store: Store, path: str, source: str | None = None, dtype: str = "float32"):
+    """The query text vectors to a Parquet file other registries import (`vector_files.VectorsResult`)."""
+    with store.tx() as tx:
+        return vector_files.export(tx, path, source, dtype)
+
+
+def import_vectors(store: Store, path: str):
+    """A vector file's vectors, checked whole first: a bad file changes nothing (`vector_files.VectorsResult`)."""
+    with store.tx() as tx:
+        return vector_files.load(tx, path)

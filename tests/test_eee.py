@@ -15,9 +15,8 @@ from click.testing import CliRunner
 from registry import Registry
 from registry.cli import cli
 from registry.data.formats import eee_schema, eee_write
-from tests.conftest import snapshot
+from tests.conftest import EEE, snapshot
 
-EEE = Path(__file__).resolve().parents[2] / "shared" / "data" / "eee"
 DEMO = EEE / "fixtures" / "skill_reference_conversion" / "data"
 
 TABLES = {

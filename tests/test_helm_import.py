@@ -1,4 +1,4 @@
-"""`registry import --from helm`: HELM's own run folders (../shared/data/eee/fixtures/helm: mmlu philosophy and
+"""`registry import --from helm`: HELM's own run folders (tests/data/eee/fixtures/helm: mmlu philosophy and
 hellaswag, multiple choice; narrative_qa, free text) come in without a converter; a malformed run folder is one line
 and changes nothing."""
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner
 
 from registry.cli import cli
-from tests.conftest import snapshot
+from tests.conftest import EEE, snapshot
 
-HELM = Path(__file__).resolve().parents[2] / "shared" / "data" / "eee" / "fixtures" / "helm"
+HELM = EEE / "fixtures" / "helm"
 MMLU = HELM / "mmlu-subject=philosophy,method=multiple_choice_joint,model=openai_gpt2"
 HELLASWAG = HELM / "commonsense-dataset=hellaswag,method=multiple_choice_joint,model=eleutherai_pythia-1b-v0"
 NARRATIVE = HELM / "narrative_qa-model=openai_gpt2"

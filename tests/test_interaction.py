@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from registry import Registry, RouteOptions
 from registry.locus import baselines as B
 from registry.locus import interaction as I
+from registry.routing.served import Served
 from registry.cli import cli
 
 
@@ -234,7 +235,7 @@ def test_served_scores_from_remembered_neighbours_equal_a_fresh_search():
     assert fitted.w > 0 and fitted.k > 1
     te = sp["test"][:40]
     hashes = [f"h{i}" for i in te]
-    served = I.Served(fitted, {h: names[i] for h, i in zip(hashes[:20], te[:20])})   # half with a category
+    served = Served(fitted, {h: names[i] for h, i in zip(hashes[:20], te[:20])})   # half with a category
     cats = fitted.category_index([names[i] if j < 20 else None for j, i in enumerate(te)])
     fresh = fitted.scores(pred[:, te], q[te], cats)
     first = served.scores(pred[:, te], q[te], hashes)                     # searched, then kept

@@ -121,7 +121,7 @@ def _one_strong_model(seed=0, models=8, queries=1500, dq=16):
 
 
 def test_the_best_single_model_serves_where_no_other_policy_beats_it_on_val():
-    from registry.evaluate import served
+    from registry.routing import served
     from registry.locus import baselines as B
     from registry.locus import interaction
 

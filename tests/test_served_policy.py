@@ -114,7 +114,7 @@ def test_the_served_policy_is_chosen_on_val_and_route_serves_what_evaluate_measu
     serves (its `served` row, and every policy's val hit@1), and route serves exactly that one and says so."""
     import json
 
-    from registry.evaluate import served
+    from registry.routing import served
 
     r = json.loads(CliRunner().invoke(cli, ["--db", str(db_copy), "evaluate", "--json"]).stdout)
     val = r["served"]["val_hit"]
@@ -171,7 +171,7 @@ def _irt_world(seed=0, models=12, queries=2000, dq=24):
 def served_on_irt_world():
     """The IRT world with a flat predictor (each model's train accuracy everywhere), its interaction fitted and the
     served policy chosen: -> ((q, correct, tr, va, te), categories, flat logits, fitted, policy)."""
-    from registry.evaluate import served
+    from registry.routing import served
     from registry.locus import baselines as B
     from registry.locus import interaction
 
@@ -185,7 +185,7 @@ def served_on_irt_world():
 def test_a_pair_model_is_served_where_it_wins_on_val_and_scores_the_same_after_a_carry():
     """With a flat predictor, the numpy IRT/MF pair model wins on val by more than the margin and is served; its
     scores are its own P(correct) on any query vectors; a carry onto reordered rows moves its rows along."""
-    from registry.evaluate import pairs, served
+    from registry.routing import pairs, served
     from registry.locus import baselines as B
 
     (q, correct, tr, va, te), cats, flat, fitted, pol = served_on_irt_world()
@@ -213,7 +213,7 @@ def test_a_pair_model_is_served_where_it_wins_on_val_and_scores_the_same_after_a
 def test_pair_models_recover_abilities_where_they_exist_and_judge_on_val():
     """A fit that is told to stop by its judge keeps the best-judged steps; MF and IRT both beat a coin on held-out
     answers of an IRT world (an untrained fit would not)."""
-    from registry.evaluate import pairs, served
+    from registry.routing import pairs, served
 
     q, correct, tr, va, te = _irt_world(seed=1)
     mean, basis = pairs.components(q[tr])
@@ -233,7 +233,7 @@ def test_pair_models_recover_abilities_where_they_exist_and_judge_on_val():
 def test_pair_fits_do_not_depend_on_the_order_of_the_models():
     """Routing holds its models in id order, evaluate in name order: the same answers in another row order give
     the same fit, row for row (steps, val figure, logits), so both report the same val figures."""
-    from registry.evaluate import pairs, served
+    from registry.routing import pairs, served
 
     q, correct, tr, va, te = _irt_world(seed=2)
     take = np.random.default_rng(0).permutation(len(correct))
@@ -250,7 +250,7 @@ def test_pair_fits_do_not_depend_on_the_order_of_the_models():
 def test_the_gain_a_simple_router_needs_is_paired_standard_errors_of_its_val_difference():
     """The margin is MARGIN_SE standard errors of the query-by-query difference: two policies that agree on all but
     a few val queries need a small gain, two that disagree everywhere a large one."""
-    from registry.evaluate import served
+    from registry.routing import served
 
     n = 200
     correct = np.zeros((2, n), dtype=np.int8)

@@ -3,7 +3,7 @@
 LOCUS is scored with the models' stored current embeddings (computed from every evaluation outside the test split,
 see embedding/embed.py). Two LOCUS rows: `locus`, the predictor alone, and `locus_interaction`, what routing serves (the
 predictor's logit plus the interaction terms of locus/interaction.py, fitted on train and val exactly as routing fits
-them), and `served`, the policy routing serves (evaluate/served.py: chosen on val among that and the simple
+them), and `served`, the policy routing serves (routing/served.py: chosen on val among that and the simple
 routers), so the report describes exactly what routing will do. Every method sees the same queries, and chooses for each
 among the models with a result for it (baselines.among_answered): a model known from a few hundred results would
 otherwise be chosen where it cannot be scored, and drag down the methods that like it.
@@ -18,7 +18,8 @@ import numpy as np
 from registry.locus import baselines as B
 from registry.embedding import embed, encoders, evidence
 from registry.locus import interaction
-from registry.evaluate import baseline_cache, served
+from registry.evaluate import baseline_cache
+from registry.routing import served
 from registry.core.errors import InputError, RegistryError
 from registry.core.transaction import Tx
 from registry.embedding.dataset import SPLITS, Dataset, current_embeddings, dataset, query_labels
@@ -42,7 +43,7 @@ class EvaluationReport:
     held_out: bool = True     # False off the test split: embeddings hold its answers, KNN and MF are tuned on val
     disagree: int = 0         # queries where the models' answers differ (hit@1_disagree is on these)
     interaction: dict = field(default_factory=dict)           # a, k, w chosen on val and what val measured
-    served: dict = field(default_factory=dict)                # the policy routing serves (evaluate/served.py): its
+    served: dict = field(default_factory=dict)                # the policy routing serves (routing/served.py): its
                                                               #   name, settings and every policy's val hit@1
     notes: list[str] = field(default_factory=list)            # how the figures were made, where it matters
     planned_efficiency: dict | None = None   # --planned: planned against random probes at each n (probes.compare)

@@ -26,7 +26,7 @@ from registry.locus import baselines as B
 from registry.locus import interaction, probe_design, training
 from registry.core.errors import InputError
 from registry.embedding.dataset import Dataset, query_labels
-from registry.evaluate import served
+from registry.routing import served
 from registry.evaluate.harness import embed_subsets
 
 # Shorter than `registry train`'s default (30 teacher epochs, 240 encoder steps, 10 refit epochs, about 10 min on
@@ -55,7 +55,7 @@ NOTES = [
     "knn: each model's k nearest among the train queries it has a result for (k chosen on val)",
     "locus_interaction: LOCUS's logit plus each model's category offset and nearest-query residual "
     "(locus/interaction.py) from the visible train and val answers (a held-out model's: its n), weights chosen on val",
-    "served: routing as served (evaluate/served.py): the policy chosen on val among locus_interaction and the simple "
+    "served: routing as served (routing/served.py): the policy chosen on val among locus_interaction and the simple "
     "routers from the visible answers, as routing chooses it",
     "per_category: each category's best model by its visible answers in the category (prior chosen on val)",
     "best_single: each model's accuracy on its visible train results, as its P(correct) on every query",

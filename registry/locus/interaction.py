@@ -196,7 +196,7 @@ class Interaction:
     seen: np.ndarray                 # [R, Nref] float32: 1 where answered
     selection: dict = field(default_factory=dict)   # what validation measured (see `fit`)
     # [R, Nval] the chosen setting's routing logits on val from terms fitted on train alone (what val judged), so
-    # that the served policy can judge blends with it honestly (evaluate/served.py); None without a val split
+    # that the served policy can judge blends with it honestly (routing/served.py); None without a val split
     val_logits: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     def category_index(self, names) -> np.ndarray:
@@ -327,38 +327,3 @@ def fit(logits: np.ndarray, correct: np.ndarray, qvecs: np.ndarray, categories, 
     selection.update(models=int(len(rows)))
     return Interaction(a, k, w, names, rows, b, np.ascontiguousarray(qvecs[ref]), cat[ref], resid, seen, selection,
                        val_logits=val_logits)
-
-
-# --- as routing keeps it ---------------------------------------------------------------------------------
-@dataclass
-class Served:
-    """What routing keeps: the fitted terms for the routing state's models, and each registered query's category by
-    content hash (a routed text the registry holds is routed with its category; any other text with its
-    neighbours')."""
-    fitted: Interaction
-    category_of: dict[str, str]
-    # a text's nearest reference queries by content hash: the same text always has the same ones, and the search
-    # is most of a known text's route (bounded: cleared when full)
-    nearest: dict = field(default_factory=dict, repr=False, compare=False)
-    # the policy served on these terms, chosen on val (evaluate/served.py: ServedPolicy; None: these terms), and
-    # each registered query's value of the field it reads, by content hash
-    policy: object = None
-    policy_labels: dict = field(default_factory=dict, repr=False, compare=False)
-
-    NN_KEEP = 50_000
-
-    def scores(self, logits: np.ndarray, qvecs: np.ndarray, hashes) -> np.ndarray:
-        cats = [self.category_of.get(h) for h in hashes] if hashes is not None else [None] * logits.shape[1]
-        f = self.fitted
-        nn = None
-        if hashes is not None and len(f.ref_vecs) and len(f.rows) and (f.a or f.w) and len(hashes):
-            width = min(max(f.k, CAT_K), len(f.ref_vecs))      # enough for either use; scores takes what it needs
-            rows = [self.nearest.get(h) for h in hashes]
-            miss = [i for i, r in enumerate(rows) if r is None]
-            if miss:
-                if len(self.nearest) + len(miss) > self.NN_KEEP:
-                    self.nearest.clear()
-                for i, r in zip(miss, neighbours(f.ref_vecs, qvecs[miss], width).astype(np.int32)):
-                    rows[i] = self.nearest[hashes[i]] = r
-            nn = np.stack(rows)
-        return f.scores(logits, qvecs, f.category_index(cats), nn)

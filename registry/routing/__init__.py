@@ -1,2 +1,2 @@
-"""Which model should answer a query: the routing state, query texts and their vectors, the policy and its
-options, the routing log, and the cost-accuracy frontier."""
+"""Which model should answer a query, at run time: the routing state, the served policy and the terms as routing keeps
+them, query texts and their vectors, the decision and its options, the routing log, and the cost-accuracy frontier."""

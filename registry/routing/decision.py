@@ -29,4 +29,4 @@ class Decision:
     query_hash: str
     note: str | None = None
     cost_basis: str | None = None     # "cost" | "params_b" when the choice weighed cost, else None
-    policy: str | None = None         # the policy served (chosen on val, evaluate/served.py) and its val figures
+    policy: str | None = None         # the policy served (chosen on val, routing/served.py) and its val figures

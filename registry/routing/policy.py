@@ -25,7 +25,7 @@ import numpy as np
 from registry.core.errors import Conflict, RegistryError, unknown_model
 from registry.core.transaction import Tx
 from registry.embedding import evidence
-from registry.evaluate import served
+from registry.routing import served
 from registry.locus import interaction, text_encoder
 from registry.routing import query_texts
 from registry.routing.decision import Candidate, Decision
@@ -52,7 +52,7 @@ def probabilities(st: State, qvecs: np.ndarray, hashes: list[str] | None = None)
 
 
 def served_policy(st: State) -> str:
-    """What routing serves and its val figures, in a line (evaluate/served.py)."""
+    """What routing serves and its val figures, in a line (routing/served.py)."""
     pol = None if st.interaction is None else st.interaction.policy
     return pol.describe() if pol is not None else "served policy locus (no val split: the predictor alone)"
 

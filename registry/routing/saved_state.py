@@ -38,11 +38,13 @@ def _code_digest() -> str:
     import sys
 
     from registry.embedding import evidence
-    from registry.evaluate import served
     from registry.locus import interaction, numpy_network
+    from registry.routing import pairs, served
 
+    # what a saved state is computed by: its builder, the served policy and the terms as routing keeps them
+    # (served), the pair models a policy may hold (pairs), the method's maths, the evidence, and this module's format
     # (routing/state.py, which builds the state, is this module's caller: loaded, and not imported back)
-    modules = (sys.modules["registry.routing.state"], served, interaction, numpy_network, evidence,
+    modules = (sys.modules["registry.routing.state"], served, pairs, interaction, numpy_network, evidence,
                sys.modules[__name__])
     if not _sources:
         _sources.append(hashlib.sha256(b"".join(open(m.__file__, "rb").read() for m in modules)).hexdigest())

@@ -20,9 +20,9 @@ from registry.core.errors import RegistryError
 from registry.core.transaction import Tx
 from registry.data import availability
 from registry.embedding import encoders, evidence, index
-from registry.evaluate import served as policy_mod
 from registry.locus import checkpoint, interaction, label_columns, numpy_network
 from registry.routing import saved_state
+from registry.routing import served as policy_mod
 
 PREDICTIONS_KEPT = 4096     # the predictor's P(correct) rows kept per Store (one per model version and query set)
 FITS_KEPT = 8               # interaction fits kept per Store: a few states at most
@@ -45,7 +45,7 @@ class State:
     down: set[str] = field(default_factory=set)   # marked unavailable in the registry
     score: object = None                          # q [N,Dq] -> P(correct) [M,N] (LocusModel.scorer)
     known: frozenset = frozenset()                # every registered model's name (embedded or not)
-    interaction: interaction.Served | None = None  # the routing terms beside the predictor (locus/interaction.py)
+    interaction: policy_mod.Served | None = None  # the routing terms beside the predictor (served.Served)
     interaction_fitted: bool = True               # False: the last fit, carried over to new models (see `state`)
     category_of: dict | None = None               # content hash -> category, for an encoder whose predictor reads
                                                   #   categories (None: text only); other texts route as "none"
@@ -252,7 +252,7 @@ def _versions_written(tx: Tx, st: State, after: int) -> dict | None:
 
 
 def _interaction(tx: Tx, key: tuple, model, *, z: np.ndarray, model_ids: np.ndarray, version_ids: np.ndarray,
-                 ev: evidence.Evidence, refit: bool = True) -> tuple[interaction.Served | None, bool]:
+                 ev: evidence.Evidence, refit: bool = True) -> tuple[policy_mod.Served | None, bool]:
     """-> (terms, whether fitted for exactly these versions): `_fit`, or without `refit` the newest fit carried over
     to these models (a model it did not know gets no terms). The Store keeps the fits by `key` (encoder, versions,
     probation, splits) and the newest per encoder."""
@@ -268,7 +268,7 @@ def _interaction(tx: Tx, key: tuple, model, *, z: np.ndarray, model_ids: np.ndar
     return out, True
 
 
-def _carried(served: interaction.Served, fitted_ids: np.ndarray, model_ids: np.ndarray) -> interaction.Served:
+def _carried(served: policy_mod.Served, fitted_ids: np.ndarray, model_ids: np.ndarray) -> policy_mod.Served:
     """The fit's terms moved onto these models: a model the fit gave terms (one of its `rows`, the contenders) keeps
     them at its new position; any other model, new ones included, gets none."""
     f = served.fitted
@@ -282,7 +282,7 @@ def _carried(served: interaction.Served, fitted_ids: np.ndarray, model_ids: np.n
     if np.array_equal(at, f.rows) and np.array_equal(take, np.arange(len(f.rows))):
         return served         # (the usual case: models were only added, after the fit's, so none moved)
     # the same reference queries: the texts' nearest ones found so far stay good (the dict is shared)
-    return interaction.Served(dataclasses.replace(f, rows=at, offsets=f.offsets[take], resid=f.resid[take],
+    return policy_mod.Served(dataclasses.replace(f, rows=at, offsets=f.offsets[take], resid=f.resid[take],
                                                   seen=f.seen[take]), served.category_of, served.nearest,
                               policy_mod.carried(served.policy, take), served.policy_labels)
 
@@ -317,7 +317,7 @@ def _fit(tx: Tx, key: tuple, model, *, z: np.ndarray, model_ids: np.ndarray, ver
         raw = np.stack([kept[qkey + (int(version_ids[i]),)] for i in rows.tolist()]) if len(rows) else \
             np.zeros((0, len(data.query_ids)), dtype=np.float32)
         fitted = interaction.fit(interaction.logit(raw), correct, data.qvecs, data.categories, tr, va, rows=rows)
-        out = interaction.Served(fitted, dict(tx.sql("SELECT content_hash, coalesce(category, '(none)') FROM queries")))
+        out = policy_mod.Served(fitted, dict(tx.sql("SELECT content_hash, coalesce(category, '(none)') FROM queries")))
         out.policy = policy_mod.choose(fitted, correct, data.qvecs, data.categories, data.sources,
                                        train_idx=tr, val_idx=va)
         if policy_mod.field_of(out.policy) == "source":

@@ -1,4 +1,4 @@
-"""Pair models for the served policy (evaluate/served.py), in numpy: routing fits them beside the interaction terms and
+"""Pair models for the served policy (routing/served.py), in numpy: routing fits them beside the interaction terms and
 must not import torch (locus/baselines.py holds the torch versions that `registry evaluate` reports as baselines).
 
     MF:  logit(m, q) = u_m . (P q' + p0) + b_m                 (EmbedLLM-style matrix factorisation)

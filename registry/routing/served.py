@@ -1,7 +1,7 @@
 """The policy routing serves, chosen on the registry's val split: the best single model, the predictor with its
 interaction terms (locus/interaction.py), or one of the simple routers that sometimes beat it where questions come in
 templated families (the mean answer of the k nearest reference queries, each category's or each source's best model,
-MF or IRT over the text vectors: evaluate/pairs.py), or the blend of them (the mean of their P(correct)-like scores).
+MF or IRT over the text vectors: routing/pairs.py), or the blend of them (the mean of their P(correct)-like scores).
 
 `choose` judges each on val (hit@1 among the interaction's models, each query's choice among those with a val
 answer), settings fitted on train (the interaction's val scores too). The best single model (the model most often
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from registry.evaluate import pairs
+from registry.routing import pairs
 from registry.locus import interaction
 
 CHOICES = ("locus_interaction", "knn", "per_category", "per_source", "mf", "irt", "blend", "best_single")
@@ -288,3 +288,38 @@ def field_of(policy: ServedPolicy | None) -> str | None:
     if policy is not None and policy.members:
         return next((f for f in map(field_of, policy.members) if f), None)
     return {"per_category": "category", "per_source": "source"}.get(None if policy is None else policy.name)
+
+
+# --- the terms as routing keeps them ----------------------------------------------------------------------------
+@dataclass
+class Served:
+    """What routing keeps: the fitted terms for the routing state's models, and each registered query's category by
+    content hash (a routed text the registry holds is routed with its category; any other text with its
+    neighbours')."""
+    fitted: interaction.Interaction
+    category_of: dict[str, str]
+    # a text's nearest reference queries by content hash: the same text always has the same ones, and the search
+    # is most of a known text's route (bounded: cleared when full)
+    nearest: dict = field(default_factory=dict, repr=False, compare=False)
+    # the policy served on these terms, chosen on val (`ServedPolicy`; None: these terms), and
+    # each registered query's value of the field it reads, by content hash
+    policy: object = None
+    policy_labels: dict = field(default_factory=dict, repr=False, compare=False)
+
+    NN_KEEP = 50_000
+
+    def scores(self, logits: np.ndarray, qvecs: np.ndarray, hashes) -> np.ndarray:
+        cats = [self.category_of.get(h) for h in hashes] if hashes is not None else [None] * logits.shape[1]
+        f = self.fitted
+        nn = None
+        if hashes is not None and len(f.ref_vecs) and len(f.rows) and (f.a or f.w) and len(hashes):
+            width = min(max(f.k, interaction.CAT_K), len(f.ref_vecs))   # enough for either use; scores takes its own
+            rows = [self.nearest.get(h) for h in hashes]
+            miss = [i for i, r in enumerate(rows) if r is None]
+            if miss:
+                if len(self.nearest) + len(miss) > self.NN_KEEP:
+                    self.nearest.clear()
+                for i, r in zip(miss, interaction.neighbours(f.ref_vecs, qvecs[miss], width).astype(np.int32)):
+                    rows[i] = self.nearest[hashes[i]] = r
+            nn = np.stack(rows)
+        return f.scores(logits, qvecs, f.category_index(cats), nn)

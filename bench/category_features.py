@@ -41,10 +41,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from registry import Registry
-from registry.locus import category_rows, scoring, training  # noqa: E402
-from registry.locus import baselines as B  # noqa: E402
-from registry.locus.checkpoint import load_checkpoint, read_header, save_checkpoint  # noqa: E402
 from registry.embedding.dataset import current_embeddings, dataset, locus_probs, query_labels  # noqa: E402
+from registry.locus import baselines as B  # noqa: E402
+from registry.locus import category_rows, scoring, training  # noqa: E402
+from registry.locus.checkpoint import load_checkpoint, read_header, save_checkpoint  # noqa: E402
 
 BAR_AUC = 0.005
 

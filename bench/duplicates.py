@@ -10,13 +10,12 @@ the step and what the registry said (the calibration's closest distinct pair aft
 from __future__ import annotations
 
 import argparse
+import csv
+import gzip
 import shutil
 import sys
 import tempfile
 from pathlib import Path
-
-import csv
-import gzip
 
 import numpy as np
 

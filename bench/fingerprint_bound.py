@@ -24,9 +24,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train_locus import DATA, load_data  # noqa: E402
+
 from registry.locus import baselines as B  # noqa: E402
 from registry.locus.scoring import embed_models, model_rows, predict_proba  # noqa: E402
-from train_locus import DATA, load_data  # noqa: E402
 
 
 def pairs(rows, n, seed):

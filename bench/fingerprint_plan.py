@@ -31,9 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fingerprint_answers import matrix, verdicts  # noqa: E402
 
-
-from registry.answers import disagreement
-from registry.answers import fingerprint  # noqa: E402
+from registry.answers import (
+    disagreement,
+    fingerprint,  # noqa: E402
+)
 from registry.answers.probe_plans import separating  # noqa: E402
 
 

@@ -23,8 +23,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from registry import Registry  # noqa: E402
-from registry.embedding import encoders, embed, index
 from registry.answers import fingerprint, geometry  # noqa: E402
+from registry.embedding import embed, encoders, index
 
 ROWS: list[tuple[str, str, str]] = []
 

@@ -25,8 +25,8 @@ from sklearn.metrics import roc_auc_score
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from registry import Registry
-from registry.evaluate import heldout  # noqa: E402
 from registry.embedding.dataset import dataset  # noqa: E402
+from registry.evaluate import heldout  # noqa: E402
 from registry.evaluate.heldout import COLUMNS, cell  # noqa: E402
 
 BASELINES = ("mf", "irt", "knn", "best_single")

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from registry import Registry
-from registry.embedding import embed, encoders, index
 from registry.data import query_cache
+from registry.embedding import embed, encoders, index
 
 
 def main() -> None:

@@ -35,9 +35,9 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from registry import Registry
 from registry.embedding import encoders
-from registry.locus import probe_design  # noqa: E402
 from registry.embedding.dataset import dataset  # noqa: E402
 from registry.evaluate.harness import embed_subsets, subset_rows  # noqa: E402
+from registry.locus import probe_design  # noqa: E402
 
 
 def criterion(B, prior_prec, G, w):

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from registry.locus import baselines as B  # noqa: E402
 from registry.evaluate.harness import subset_rows  # noqa: E402
+from registry.locus import baselines as B  # noqa: E402
 
 
 def load(db: str):

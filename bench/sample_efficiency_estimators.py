@@ -27,9 +27,10 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from registry import Registry
 from registry.embedding import encoders  # noqa: E402
-from registry.locus import baselines as B  # noqa: E402
 from registry.embedding.dataset import dataset  # noqa: E402
-from registry.evaluate.harness import embed_subsets, subset_rows as draw  # noqa: E402
+from registry.evaluate.harness import embed_subsets  # noqa: E402
+from registry.evaluate.harness import subset_rows as draw
+from registry.locus import baselines as B  # noqa: E402
 
 
 def embed(model, data, rows):

@@ -94,6 +94,7 @@ def _embed_sets(model, qvecs, correct, rows):
 
 def geometry(z, correct, idx):
     from scipy.stats import pearsonr, spearmanr
+
     from registry.answers.disagreement import disagreement_matrix
     M = z.shape[0]
     iu = np.triu_indices(M, 1)

@@ -13,17 +13,18 @@ import torch
 from click.testing import CliRunner
 
 from registry import Registry, RouteOptions
-from registry.locus import label_columns
-from registry.routing import policy, state as routing_state
-from registry.locus.checkpoint import load_checkpoint, read_header, save_checkpoint
 from registry.cli import cli
-from registry.locus.network import EncoderConfig, LocusModel
-from registry.embedding.encoders import SHIPPED
 from registry.core.errors import InputError
 from registry.embedding.dataset import dataset
+from registry.embedding.encoders import SHIPPED
+from registry.locus import label_columns
 from registry.locus.category_rows import category_vocabulary
+from registry.locus.checkpoint import load_checkpoint, read_header, save_checkpoint
+from registry.locus.network import EncoderConfig, LocusModel
 from registry.locus.scoring import embed_models
 from registry.locus.training import TrainConfig, train
+from registry.routing import policy
+from registry.routing import state as routing_state
 
 torch.set_num_threads(1)
 

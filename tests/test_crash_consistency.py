@@ -15,8 +15,7 @@ from click.testing import CliRunner
 
 from registry import Registry
 from registry.cli import cli
-
-from .test_new_user import results_of, write_rows
+from tests.helpers import results_of, write_rows
 
 # the re-embedding of an activation hangs once it has begun (its first forward pass), so the kill lands between
 # the activation and the commit of its embeddings, every time

@@ -15,11 +15,12 @@ from click.testing import CliRunner
 from registry import Registry
 from registry.answers import catalog
 from registry.asking import claims
-from registry.core import dbcopy
 from registry.cli import cli
+from registry.core import dbcopy
 from registry.core.errors import InputError, RegistryError
 from registry.core.schema import Base
 from registry.core.store import Store
+
 from .conftest import any_snapshot, snapshot
 
 pytestmark = pytest.mark.slow     # PostgreSQL: the full suite runs it, the fast tier stays on DuckDB

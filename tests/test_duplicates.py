@@ -5,15 +5,10 @@ from __future__ import annotations
 
 import duckdb
 import pytest
-from click.testing import CliRunner
 
 from registry import Registry
-from registry.cli import cli
 from registry.core.errors import NotFound
-
-
-def run(db, *args):
-    return CliRunner().invoke(cli, ["--db", str(db), *args])
+from tests.helpers import run
 
 
 def non_test_results(small_data, model: str) -> list[tuple[str, int]]:

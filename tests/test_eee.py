@@ -16,6 +16,7 @@ from registry import Registry
 from registry.cli import cli
 from registry.data.formats import eee_schema, eee_write
 from tests.conftest import EEE, snapshot
+from tests.helpers import run
 
 DEMO = EEE / "fixtures" / "skill_reference_conversion" / "data"
 
@@ -41,12 +42,8 @@ def rows(db, models=None) -> dict[str, set]:
     return out
 
 
-def cli_run(db, *args):
-    return CliRunner().invoke(cli, ["--db", str(db), *args], catch_exceptions=False)
-
-
 def export(db, out, *args) -> dict:
-    r = cli_run(db, "export", "--to", "eee", str(out), *args, "--json")
+    r = run(db, "export", "--to", "eee", str(out), *args, "--json")
     assert r.exit_code == 0, r.output
     return json.loads(r.output)
 
@@ -88,7 +85,7 @@ def test_export_validates_and_round_trips_into_an_empty_registry(base_db, export
     assert line["metadata"]["registry.batch"] == "1" and "registry.batch_time" in line["metadata"]
     # into an empty registry: the same registry, row for row
     back = tmp_path / "back.duckdb"
-    r = cli_run(back, "import", str(exported))
+    r = run(back, "import", str(exported))
     assert r.exit_code == 0 and f"{exported}: recognised as eee" in r.output, r.output
     a, b = rows(base_db), rows(back)
     assert {k: len(a[k] ^ b[k]) for k in TABLES} == {k: 0 for k in TABLES}
@@ -100,14 +97,14 @@ def test_export_validates_and_round_trips_into_an_empty_registry(base_db, export
     assert len({p["file"] for p in files["read"]}) == 31 and all(len(p["samples_sha256"]) == 64 for p in files["read"])
     # a second import adds nothing
     before = snapshot(back)
-    r = cli_run(back, "import", "--from", "eee", str(exported))
+    r = run(back, "import", "--from", "eee", str(exported))
     assert r.exit_code == 0 and "0 new queries, 0 evaluations added" in r.output, r.output
     assert snapshot(back) == before
 
 
 def test_the_export_imported_into_the_registry_it_came_from_adds_nothing(db_copy, exported):
     before = snapshot(db_copy)
-    r = cli_run(db_copy, "import", str(exported), "--json")
+    r = run(db_copy, "import", str(exported), "--json")
     assert r.exit_code == 0, r.output
     done = json.loads(r.output)
     assert done["queries_added"] == 0 and done["evaluations_added"] == 0 and done["detected"] is True
@@ -140,7 +137,7 @@ def test_split_text_gives_the_stored_text_back():
 @pytest.mark.slow
 def test_the_eee_fixture_imports(tmp_path):
     db = tmp_path / "demo.duckdb"
-    r = cli_run(db, "import", str(DEMO), "--json")
+    r = run(db, "import", str(DEMO), "--json")
     assert r.exit_code == 0, r.output
     done = json.loads(r.output[r.output.index("{"):])
     assert done["harness"] == "eee" and done["detected"] is True
@@ -230,7 +227,7 @@ def test_malformed_eee_files_are_one_line_and_change_nothing(db_copy, exported, 
         assert path.parent.name in errors[0]
         assert snapshot(db_copy) == before
     # the non-binary score imports with a threshold (the line's is_correct gone, its score decides)
-    r = cli_run(db_copy, "import", "--from", "eee", str(tmp_path / "score"), "--threshold", "0.5", "--model", "m2",
+    r = run(db_copy, "import", "--from", "eee", str(tmp_path / "score"), "--threshold", "0.5", "--model", "m2",
                 "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.output[r.output.index("{"):])["models"][0]["evaluations_added"] > 100
@@ -248,15 +245,15 @@ def test_inspect_and_lm_eval_logs_come_back_from_eee_as_imported(small_data, tmp
     logs = [h.inspect_log(qs, m, tmp_path / "inspect" / m) for m in ("eee-twin", "eee-coin")]
     h.lm_eval_run(qs, "eee-lm", h.answers_of(qs, like_llama=True), tmp_path / "lm")
     direct = tmp_path / "direct.duckdb"
-    assert cli_run(direct, "import", "--from", "inspect", *logs).exit_code == 0
-    r = cli_run(direct, "import", str(tmp_path / "lm" / "out"))            # recognised: lm-eval
+    assert run(direct, "import", "--from", "inspect", *logs).exit_code == 0
+    r = run(direct, "import", str(tmp_path / "lm" / "out"))            # recognised: lm-eval
     assert r.exit_code == 0 and "recognised as lm-eval" in r.output, r.output
     out = tmp_path / "eee"
     done = export(direct, out)
     assert sorted(m["model"] for m in done["models"]) == ["eee-lm", "replay/eee-coin", "replay/eee-twin"]
     assert every_line_valid(out) == done["evaluations"] == 3 * h.N
     back = tmp_path / "back.duckdb"
-    assert cli_run(back, "import", "--from", "eee", str(out)).exit_code == 0
+    assert run(back, "import", "--from", "eee", str(out)).exit_code == 0
     a, b = rows(direct), rows(back)
     assert {k: len(a[k] ^ b[k]) for k in TABLES} == {k: 0 for k in TABLES}
     assert len(b["evaluations"]) == 3 * h.N and len(b["models"]) == 3
@@ -287,7 +284,7 @@ def test_asked_answers_go_out_with_their_endpoint_template_time_and_reply(db_cop
         assert line["evaluation"]["is_correct"] == (line["input"]["reference"] == ["B"])
     every_line_valid(out)
     back = tmp_path / "back.duckdb"
-    assert cli_run(back, "import", str(out)).exit_code == 0
+    assert run(back, "import", str(out)).exit_code == 0
     a, b = rows(db_copy, {"asked-model"}), rows(back)
     assert a["evaluations"] == b["evaluations"] and len(b["evaluations"]) == 20
     assert a["models"] == b["models"]
@@ -300,16 +297,16 @@ def test_on_postgresql_export_and_import_give_the_same_registry(pg_server, pg_ba
     out = tmp_path / "from_pg"
     export(source, out)
     back = tmp_path / "back.duckdb"
-    assert cli_run(back, "import", "--from", "eee", str(out)).exit_code == 0
+    assert run(back, "import", "--from", "eee", str(out)).exit_code == 0
     a, b = rows(base_db), rows(back)
     assert {k: len(a[k] ^ b[k]) for k in TABLES} == {k: 0 for k in TABLES}
     # into an empty PostgreSQL registry, and out of it again
     target = pg_server.create_db("eee_target")
-    r = cli_run(target, "import", str(exported))
+    r = run(target, "import", str(exported))
     assert r.exit_code == 0, r.output
     again = tmp_path / "again"
     export(target, again)
     back2 = tmp_path / "back2.duckdb"
-    assert cli_run(back2, "import", str(again)).exit_code == 0
+    assert run(back2, "import", str(again)).exit_code == 0
     b2 = rows(back2)
     assert {k: len(a[k] ^ b2[k]) for k in TABLES} == {k: 0 for k in TABLES}

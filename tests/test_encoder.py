@@ -9,16 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from click.testing import CliRunner
 
-from registry.locus.checkpoint import load_checkpoint, read_header, save_checkpoint
 from registry.cli import cli
-from registry.locus.network import EncoderConfig, LocusModel
 from registry.embedding.encoders import SHIPPED
-from registry.locus.text_encoder import TEXT_ENCODER
+from registry.locus.checkpoint import load_checkpoint, read_header, save_checkpoint
+from registry.locus.network import EncoderConfig, LocusModel
 from registry.locus.scoring import embed_models, predict_proba
 from registry.locus.stages import set_statistic
+from registry.locus.text_encoder import TEXT_ENCODER
 from registry.locus.training import TrainConfig, train
 
 from .conftest import snapshot

@@ -13,7 +13,8 @@ import duckdb
 import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from registry.api import Registry
 from registry.cli import cli

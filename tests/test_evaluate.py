@@ -13,8 +13,8 @@ import torch
 from click.testing import CliRunner
 
 from registry import Registry
-from registry.locus.checkpoint import load_checkpoint
 from registry.cli import cli
+from registry.locus.checkpoint import load_checkpoint
 
 
 def test_evaluate_json_methods_baselines_and_sample_efficiency(db_copy):

@@ -4,16 +4,11 @@ route without flags. Real registry copies (the suite's 160-question slice), the 
 from __future__ import annotations
 
 import numpy as np
-from click.testing import CliRunner
 
 from registry import Registry, RouteOptions
-from registry.cli import cli
 from registry.embedding import evidence
 from registry.locus import baselines as B
-
-
-def run(db, *args):
-    return CliRunner().invoke(cli, ["--db", str(db), *args])
+from tests.helpers import run
 
 
 def train_queries(reg) -> list[str]:

@@ -14,25 +14,13 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from click.testing import CliRunner
 
 from registry import InputError, Registry
-from registry.cli import cli
+from tests.helpers import one_line_error, run
 
 from .conftest import snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def run(db, *args):
-    return CliRunner().invoke(cli, ["--db", str(db), *map(str, args)], catch_exceptions=False)
-
-
-def one_line_error(res, code: int = 1) -> str:
-    assert res.exit_code == code, res.output
-    text = res.output.strip()
-    assert "\n" not in text and text.startswith("Error: ") and "Traceback" not in text, text
-    return text
 
 
 def registry_cli(db, *args: str | bytes, timeout: int = 120) -> subprocess.CompletedProcess:

@@ -3,30 +3,18 @@ CLI, on the session's small real registry; every figure is checked against one r
 from __future__ import annotations
 
 import itertools
-import json
 
 import duckdb
 import numpy as np
 import pytest
-from click.testing import CliRunner
 from scipy.stats import pearsonr
 
 from registry import Registry
-from registry.cli import cli
+from tests.helpers import run, run_json
 
 from .conftest import snapshot
 
 GPT = "gpt-4o-2024-05-13"
-
-
-def run(db, *args):
-    return CliRunner().invoke(cli, ["--db", str(db), *map(str, args)])
-
-
-def run_json(db, *args):
-    res = run(db, *args, "--json")
-    assert res.exit_code == 0, res.output
-    return json.loads(res.output)
 
 
 def raw_vectors(db) -> dict[str, np.ndarray]:

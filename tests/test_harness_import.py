@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from registry import Registry
 from registry.cli import cli
 from tests.conftest import snapshot
+from tests.helpers import run_import
 
 LLAMA = "Meta-Llama-3_1-70B-Instruct"
 LETTERS = "ABCDEFGHIJ"
@@ -45,17 +46,14 @@ def answers_of(qs: list[dict], like_llama: bool) -> dict[str, int]:
     return out
 
 
-def run(db, *args):
-    return CliRunner().invoke(cli, ["--db", str(db), "import", *args], catch_exceptions=False)
-
-
 # --- Inspect AI ---------------------------------------------------------------------------------------------------
 
 ANSWERS: dict[str, dict[str, int]] = {}     # model name -> question text -> option index
 
 
 def inspect_log(qs: list[dict], model: str, log_dir) -> str:
-    from inspect_ai import Task, eval as inspect_eval
+    from inspect_ai import Task
+    from inspect_ai import eval as inspect_eval
     from inspect_ai.dataset import MemoryDataset, Sample
     from inspect_ai.model import GenerateConfig, ModelAPI, ModelOutput, modelapi
     from inspect_ai.scorer import choice
@@ -94,7 +92,7 @@ def inspect_logs(small_data, tmp_path_factory):
 def test_inspect_logs_import_onto_registered_queries(db_copy, inspect_logs):
     with Registry(db_copy) as reg, reg.store.tx() as tx:
         queries_before = len(tx.sql("SELECT id FROM queries"))
-    r = run(db_copy, "--from", "inspect", inspect_logs["llama-twin"], inspect_logs["coin-flip"], "--json")
+    r = run_import(db_copy, "--from", "inspect", inspect_logs["llama-twin"], inspect_logs["coin-flip"], "--json")
     assert r.exit_code == 0, r.output
     done = json.loads(r.output[r.output.index("{"):])
     # named with Inspect's provider ("replay/"): neither name is a registered model, and the provider may be all
@@ -112,7 +110,7 @@ def test_inspect_logs_import_onto_registered_queries(db_copy, inspect_logs):
         assert {m.name for m in reg.models()} >= {"replay/llama-twin", "replay/coin-flip"}
     # a re-import adds nothing
     before = snapshot(db_copy)
-    r = run(db_copy, "--from", "inspect", os.path.dirname(inspect_logs["llama-twin"]))
+    r = run_import(db_copy, "--from", "inspect", os.path.dirname(inspect_logs["llama-twin"]))
     assert r.exit_code == 0, r.output
     assert "0 new queries, 0 evaluations added" in r.output and "nearest model" in r.output
     assert snapshot(db_copy) == before
@@ -164,12 +162,12 @@ def _all_errored(log):
 def test_two_providers_models_of_one_name_stay_two_and_a_registered_name_is_kept(db_copy, inspect_logs, tmp_path):
     log = inspect_logs["coin-flip"]
     logs = [rewritten(log, str(tmp_path / f"{who}.eval"), _named(f"{who}/v1")) for who in ("imposter", "newcomer")]
-    r = run(db_copy, "--from", "inspect", *logs, "--json")
+    r = run_import(db_copy, "--from", "inspect", *logs, "--json")
     assert r.exit_code == 0, r.output
     assert [m["model"] for m in json.loads(r.output[r.output.index("{"):])["models"]] == ["imposter/v1", "newcomer/v1"]
     # a provider in front of a registered model's name: that model
     known = rewritten(log, str(tmp_path / "known.eval"), _named(f"openai/{LLAMA}"))
-    r = run(db_copy, "--from", "inspect", known, "--json", "--partial")
+    r = run_import(db_copy, "--from", "inspect", known, "--json", "--partial")
     assert r.exit_code == 0 and [m["model"] for m in json.loads(r.output[r.output.index("{"):])["models"]] == [LLAMA]
     # a log whose every sample errored: said so, nothing written
     before = snapshot(db_copy)
@@ -202,10 +200,10 @@ def test_inspect_malformed_logs_are_one_line_and_change_nothing(db_copy, inspect
         assert args[0].split("/")[-1] in lines[0] or "scorer" in message
         assert snapshot(db_copy) == before
     # the non-binary score imports with a threshold
-    r = run(db_copy, "--from", "inspect", str(tmp_path / "score.eval"), "--threshold", "0.5", "--json")
+    r = run_import(db_copy, "--from", "inspect", str(tmp_path / "score.eval"), "--threshold", "0.5", "--json")
     assert r.exit_code == 0, r.output
     # a cancelled log with --partial: its unscored sample is missing, not wrong
-    r = run(db_copy, "--from", "inspect", str(tmp_path / "cancelled.eval"), "--partial", "--model", "partial-run",
+    r = run_import(db_copy, "--from", "inspect", str(tmp_path / "cancelled.eval"), "--partial", "--model", "partial-run",
             "--json")
     assert r.exit_code == 0, r.output
     m = json.loads(r.output[r.output.index("{"):])["models"][0]
@@ -278,7 +276,7 @@ def test_lm_eval_run_imports_onto_registered_queries(db_copy, small_data, tmp_pa
     qs = questions_and_llama(small_data)
     lm_eval_run(qs, "llama-twin-lm", answers_of(qs, like_llama=True), tmp_path / "twin")
     lm_eval_run(qs, "coin-flip-lm", answers_of(qs, like_llama=False), tmp_path / "coin")
-    r = run(db_copy, "--from", "lm-eval", str(tmp_path / "twin" / "out"), str(tmp_path / "coin" / "out"), "--json")
+    r = run_import(db_copy, "--from", "lm-eval", str(tmp_path / "twin" / "out"), str(tmp_path / "coin" / "out"), "--json")
     assert r.exit_code == 0, r.output
     done = json.loads(r.output[r.output.index("{"):])
     assert [m["model"] for m in done["models"]] == ["coin-flip-lm", "llama-twin-lm"]    # from the results files
@@ -286,7 +284,7 @@ def test_lm_eval_run_imports_onto_registered_queries(db_copy, small_data, tmp_pa
     reports = {m["model"]: m["report"] for m in done["models"]}
     assert reports["llama-twin-lm"]["alias_of"] == LLAMA and reports["coin-flip-lm"]["alias_of"] is None
     before = snapshot(db_copy)
-    r = run(db_copy, "--from", "lm-eval", str(tmp_path / "twin" / "out"))
+    r = run_import(db_copy, "--from", "lm-eval", str(tmp_path / "twin" / "out"))
     assert r.exit_code == 0 and "0 new queries, 0 evaluations added" in r.output, r.output
     assert snapshot(db_copy) == before
     r = CliRunner().invoke(cli, ["--db", str(db_copy), "import", "--from", "lm-eval", str(tmp_path / "coin" / "out"),

@@ -15,11 +15,11 @@ from click.testing import CliRunner
 from sklearn.metrics import roc_auc_score
 
 from registry import Registry
-from registry.locus import baselines as B
-from registry.evaluate import heldout
 from registry.cli import cli
 from registry.core.errors import InputError
 from registry.embedding.dataset import dataset
+from registry.evaluate import heldout
+from registry.locus import baselines as B
 
 from .conftest import snapshot
 

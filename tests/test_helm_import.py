@@ -13,15 +13,12 @@ from click.testing import CliRunner
 
 from registry.cli import cli
 from tests.conftest import EEE, snapshot
+from tests.helpers import run_import
 
 HELM = EEE / "fixtures" / "helm"
 MMLU = HELM / "mmlu-subject=philosophy,method=multiple_choice_joint,model=openai_gpt2"
 HELLASWAG = HELM / "commonsense-dataset=hellaswag,method=multiple_choice_joint,model=eleutherai_pythia-1b-v0"
 NARRATIVE = HELM / "narrative_qa-model=openai_gpt2"
-
-
-def run(db, *args):
-    return CliRunner().invoke(cli, ["--db", str(db), "import", *args], catch_exceptions=False)
 
 
 def exact_match(folder: Path) -> dict[str, bool]:
@@ -34,7 +31,7 @@ def exact_match(folder: Path) -> dict[str, bool]:
 @pytest.mark.slow
 def test_the_three_helm_runs_import(tmp_path):
     db = tmp_path / "helm.duckdb"
-    r = run(db, "--from", "helm", str(MMLU), str(HELLASWAG), "--json")
+    r = run_import(db, "--from", "helm", str(MMLU), str(HELLASWAG), "--json")
     assert r.exit_code == 0, r.output
     done = json.loads(r.output[r.output.index("{"):])
     assert [m["model"] for m in done["models"]] == ["eleutherai/pythia-1b-v0", "openai/gpt2"]
@@ -42,7 +39,7 @@ def test_the_three_helm_runs_import(tmp_path):
     # the free-text run needs its metric; named, with a threshold for a metric that is not 0/1, it imports
     r = CliRunner().invoke(cli, ["--db", str(db), "import", str(NARRATIVE)])
     assert r.exit_code == 1 and "a free-text run (adapter method 'generation'): give --metric NAME" in r.output
-    r = run(db, str(NARRATIVE), "--metric", "f1_score", "--threshold", "0.3", "--json")     # recognised: helm
+    r = run_import(db, str(NARRATIVE), "--metric", "f1_score", "--threshold", "0.3", "--json")     # recognised: helm
     assert r.exit_code == 0, r.output
     assert json.loads(r.output[r.output.index("{"):])["evaluations_added"] == 5
     con = duckdb.connect(str(db), read_only=True)

@@ -17,7 +17,6 @@ from registry import Registry
 from registry.cli import cli
 
 
-
 def versions(path) -> dict[str, int]:
     from registry.core.store import Store
     store = Store(path)
@@ -292,8 +291,8 @@ def test_long_sets_embed_unpadded_and_as_alone(base_db):
     as row numbers into a shared table: each z still equals that set's plain forward pass alone."""
     import torch
 
-    from registry.embedding import embed, encoders
     from registry.data import query_cache
+    from registry.embedding import embed, encoders
 
     with Registry(base_db) as reg, reg.store.tx() as tx:
         model, _ = encoders.load(tx, encoders.active_id(tx))

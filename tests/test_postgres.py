@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from registry import Registry
 from registry.cli import cli
 from registry.core.store import Store, head_revision
+
 from .conftest import start_server
 
 pytestmark = pytest.mark.slow     # PostgreSQL: the full suite runs it, the fast tier stays on DuckDB

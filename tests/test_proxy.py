@@ -15,9 +15,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.testclient import TestClient
 
-from registry.core.keys import UpstreamKeys
 from registry import Registry, RouteOptions
 from registry.cli import cli
+from registry.core.keys import UpstreamKeys
 from registry.serve.app import create_app
 
 

@@ -144,8 +144,8 @@ def test_an_onboarding_waits_for_the_other_process_and_does_not_redo_its_job(pg_
     """Deterministic: replica A's onboarding transaction is held open after it numbered the version; B's onboarding
     of the same pending job waits for A's lock, then finds the job done and reports A's version (without the lock B
     would number the same version and fail on the unique constraint, or write the job's result twice)."""
-    from registry.embedding import onboarding
     from registry.answers import registration
+    from registry.embedding import onboarding
 
     url = pg_server.create_db(f"t{next(_pg_names)}", template=pg_base)
     with Registry(url) as a, Registry(url) as b:

@@ -7,11 +7,10 @@ import json
 import duckdb
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 from registry import Registry, RouteOptions
-from registry.cli import cli
 from registry.core.errors import InputError, NotFound
+from tests.helpers import run
 
 Q = "What is the derivative of x^2 with respect to x?"
 
@@ -29,10 +28,6 @@ def known(reg) -> str:
     """A query text the registry already holds: routed from its stored vector, without MiniLM."""
     with reg.store.tx() as tx:
         return tx.sql("SELECT text FROM queries ORDER BY id LIMIT 1")[0][0]
-
-
-def run(db, *args):
-    return CliRunner().invoke(cli, ["--db", str(db), *args])
 
 
 def test_route_gives_every_candidate_and_logs(reg, known):

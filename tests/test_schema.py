@@ -8,6 +8,7 @@ from sqlalchemy import create_engine
 from registry import Registry, SchemaOutdated
 from registry.core.schema import Base
 from registry.core.store import Store, head_revision
+
 from .conftest import any_snapshot
 
 

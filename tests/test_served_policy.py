@@ -171,9 +171,9 @@ def _irt_world(seed=0, models=12, queries=2000, dq=24):
 def served_on_irt_world():
     """The IRT world with a flat predictor (each model's train accuracy everywhere), its interaction fitted and the
     served policy chosen: -> ((q, correct, tr, va, te), categories, flat logits, fitted, policy)."""
-    from registry.routing import served
     from registry.locus import baselines as B
     from registry.locus import interaction
+    from registry.routing import served
 
     world = q, correct, tr, va, te = _irt_world()
     cats = np.array(["all"] * len(q), dtype=object)
@@ -185,8 +185,8 @@ def served_on_irt_world():
 def test_a_pair_model_is_served_where_it_wins_on_val_and_scores_the_same_after_a_carry():
     """With a flat predictor, the numpy IRT/MF pair model wins on val by more than the margin and is served; its
     scores are its own P(correct) on any query vectors; a carry onto reordered rows moves its rows along."""
-    from registry.routing import pairs, served
     from registry.locus import baselines as B
+    from registry.routing import pairs, served
 
     (q, correct, tr, va, te), cats, flat, fitted, pol = served_on_irt_world()
     assert pol.name in ("mf", "irt", "blend") and pol.val[pol.name] - pol.val["locus_interaction"] > pol.margin

@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner
 
 from registry import Registry
-from registry.locus import text_encoder
 from registry.cli import cli
 from registry.core.errors import InputError
+from registry.locus import text_encoder
 
 from .conftest import snapshot
 

@@ -1,4 +1,4 @@
-"""One rule, one figure (issue 51, items 2, 3 and 5): `route --frontier`, the portfolio (CLI, HTTP, web page) and
+"""One rule, one figure: `route --frontier`, the portfolio (CLI, HTTP, web page) and
 `evaluate` score a routing choice by one rule (each query's choice among the models with a result for it) and show
 routing as served as "routing accuracy"; the best single model is one of the served policy's candidates. Real
 registry copies, real migrations, the CLI through click; each test failed before the change."""
@@ -7,15 +7,9 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pytest
-from click.testing import CliRunner
 
 from registry import Registry, RouteOptions
-from registry.cli import cli
-
-
-def run(db, *args):
-    return CliRunner().invoke(cli, ["--db", str(db), *args])
+from tests.helpers import run
 
 
 def _price_everyone(reg, path) -> None:
@@ -51,7 +45,7 @@ def test_the_frontier_scores_choices_without_a_result_as_evaluate_does(db_copy, 
     assert zero.accuracy >= zero.scored_accuracy * zero.scored / f.queries    # gaps re-chosen, never counted wrong
     fav = next(p for p in f.single if p.label == favourite)
     assert 0 < fav.scored < f.queries and any(f"{favourite} has results for {fav.scored} of" in n for n in f.notes)
-    assert any(f"the router's first choice has no result for" in n for n in f.notes)
+    assert any("the router's first choice has no result for" in n for n in f.notes)
 
 
 def test_route_frontier_and_file_write_only_where_out_says_and_in_its_format(db_copy, tmp_path, monkeypatch):
@@ -121,9 +115,9 @@ def _one_strong_model(seed=0, models=8, queries=1500, dq=16):
 
 
 def test_the_best_single_model_serves_where_no_other_policy_beats_it_on_val():
-    from registry.routing import served
     from registry.locus import baselines as B
     from registry.locus import interaction
+    from registry.routing import served
 
     q, correct, tr, va, te = _one_strong_model()
     cats = np.array([f"c{i % 3}" for i in range(len(q))], dtype=object)

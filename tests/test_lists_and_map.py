@@ -1,0 +1,107 @@
+"""Lists and the map: case-blind model order, distinct family colours, a map that shows structure, import batch
+ids shown as ids, left-out models not listed, the home page's labels and aliases."""
+from __future__ import annotations
+
+import numpy as np
+from fastapi.testclient import TestClient
+
+from registry import Registry
+from registry.serve.app import create_app
+from tests.helpers import run, run_json
+
+
+def test_family_colours_stay_distinct_past_the_palette():
+    from registry.answers.maps import PALETTE, family_colours
+
+    families = [f"family-{i}" for i in range(40)]
+    colours = family_colours(families)
+    assert len(set(colours.values())) == 40                                 # no two families share a colour
+    assert len(set(colours.values()) & set(PALETTE)) == len(PALETTE)       # the palette first
+    assert family_colours(families) == family_colours(reversed(families))  # the same whatever the order given
+    real = ["command-r", "deepseek", "gemini-1.5", "gemma", "gpt-4o", "jamba", "llama-2", "llama-3", "llama-3.1",
+            "mistral", "mixtral", "phi-3", "qwen1.5", "yi", "(unknown)", "a-new-family"]
+    assert len(set(family_colours(real).values())) == len(real)
+
+
+def test_the_map_of_a_small_registry_is_a_pca_that_shows_more_than_one_direction(db_copy):
+    from scipy.spatial.distance import pdist
+    from scipy.stats import pearsonr
+
+    from registry.answers import maps
+
+    with Registry(db_copy) as reg, reg.store.tx() as tx:
+        vectors = reg.pool(tx).vectors.astype(np.float64)
+    xy, method = maps.project(vectors)
+    assert method == "pca" and len(vectors) <= maps.PCA_MAX
+    drawn = (xy - xy.min(0)) / np.ptp(xy, axis=0)                 # as the plot shows it, each axis to its range
+    eig = np.linalg.eigvalsh(np.cov(drawn.T))
+    assert eig.max() / eig.sum() < 0.9                            # not a straight line (t-SNE's: 0.99 on 31 models)
+    assert pearsonr(pdist(vectors), pdist(xy))[0] > 0.95           # 2-D distances track the 128-d ones
+
+
+def rename(db, old: str, new: str) -> None:
+    import duckdb
+
+    con = duckdb.connect(str(db))
+    con.execute("UPDATE models SET name = ? WHERE name = ?", [new, old])
+    con.close()
+
+
+def test_model_lists_sort_without_regard_to_case(db_copy):
+    rename(db_copy, "Yi-6B", "api-model")
+    with Registry(db_copy) as reg:
+        reg.set_endpoint("api-model", "http://127.0.0.1:9/v1")
+        reg.set_endpoint("Yi-34B", "http://127.0.0.1:9/v1")
+    names = [m["name"] for m in run_json(db_copy, "models")]
+    assert names == sorted(names, key=str.casefold) and names != sorted(names)      # "api-model" before "Yi-34B"
+    with Registry(db_copy) as reg:
+        assert [a.model for a in reg.availability()] == names
+    assert [e["model"] for e in run_json(db_copy, "endpoints")] == ["api-model", "Yi-34B"]
+    chains = run_json(db_copy, "fallback", "--all")["chains"]
+    assert list(chains) == sorted(chains, key=str.casefold)
+
+
+def test_show_names_import_batch_ids_as_ids(db_copy):
+    out = run(db_copy, "show", "Yi-6B").output
+    line = next(ln for ln in out.splitlines() if ln.startswith("evaluations:"))
+    assert "import batch ids: 1" in line and "import batches:" not in line
+
+
+def test_route_by_size_does_not_list_the_models_it_left_out(db_copy):
+    import duckdb
+
+    from registry import RouteOptions
+
+    with Registry(db_copy) as reg, reg.store.tx() as tx:
+        text = tx.sql("SELECT text FROM queries ORDER BY id LIMIT 1")[0][0]
+    with Registry(db_copy) as reg:
+        top = [c.model for c in reg.route(text, RouteOptions(log=False)).candidates[:3]]   # the three most likely
+    con = duckdb.connect(str(db_copy))
+    con.execute(f"UPDATE models SET params_b = NULL WHERE name IN ({', '.join('?' * 3)})", top)
+    con.close()
+    out = run(db_copy, "route", text, "--cost-by", "params", "--min-prob", "0.8", "--no-log")
+    assert out.exit_code == 0, out.output
+    lines = out.output.splitlines()
+    start = next(i for i, ln in enumerate(lines) if "candidate" in ln) + 2
+    rows = [ln.split()[1] if ln.startswith("*") else ln.split()[0] for ln in lines[start:start + 5]]
+    assert not set(rows) & set(top), rows                                   # left out: not listed as candidates
+    named = next(ln for ln in lines if ln.startswith("left out (no parameter count; cost by params_b): "))
+    named = named.split(": ", 1)[1].split(", ")
+    assert set(top) <= set(named) and f"{len(named)} models without a parameter count left out" in out.output
+    d = run_json(db_copy, "route", text, "--cost-by", "params", "--min-prob", "0.8", "--no-log")
+    assert {c["model"] for c in d["candidates"] if not c["eligible"]} == set(named)   # the JSON marks them
+
+
+def test_the_home_page_labels_the_map_and_marks_aliases(db_copy, tmp_path):
+    with Registry(db_copy) as reg:
+        names = [m.name for m in reg.models()]
+        with reg.store.tx() as tx:
+            rows = tx.sql("""SELECT q.external_id, e.correct::INT FROM evaluations e JOIN queries q ON q.id = e.query_id
+                             JOIN models m ON m.id = e.model_id WHERE m.name = ? ORDER BY q.id""", [names[0]])
+        copy = tmp_path / "copy.csv"
+        copy.write_text("question_id,correct\n" + "".join(f"{q},{c}\n" for q, c in rows))
+        reg.register("second-name", str(copy), alias_of=names[0])
+    with TestClient(create_app(str(db_copy))) as c:
+        page = c.get("/").text
+    assert all(f'font-size="13">{n}</text>' in page for n in names)          # every dot carries its name
+    assert f'(another name of <a href="/ui/models/{names[0]}">{names[0]}</a>)' in page

@@ -28,7 +28,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from registry import Registry
-from registry.data import evaluation_rows
+from registry.data import current_evaluations
 from registry.answers import disagreement
 from registry.answers import fingerprint  # noqa: E402
 
@@ -38,7 +38,7 @@ NS = (32, 64, 128, 256, 512, 1024)
 def matrix(db: str):
     with Registry(db) as reg, reg.store.tx() as tx:
         res = tx.duck.execute(f"""SELECT m.name, e.model_id, e.query_id, e.correct::TINYINT AS c
-                                  FROM {evaluation_rows.CURRENT} e JOIN models m ON m.id = e.model_id""").fetchnumpy()
+                                  FROM {current_evaluations.CURRENT} e JOIN models m ON m.id = e.model_id""").fetchnumpy()
         splits = dict(tx.sql("SELECT query_id, split FROM query_splits"))
         external = dict(tx.sql("SELECT id, external_id FROM queries"))
     mids, qids = np.unique(res["model_id"]), np.unique(res["query_id"])

@@ -19,7 +19,7 @@ import duckdb
 import pyarrow as pa
 
 from registry import Registry
-from registry.data import ingest, staging
+from registry.data import import_run, input_files
 from registry.locus import text_encoder
 
 
@@ -36,7 +36,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     data = Path(args.data)
-    files = staging.files_in_dir(data)
+    files = input_files.files_in_dir(data)
     tmp = Path(tempfile.mkdtemp())
 
     ours, floor = [], []
@@ -50,7 +50,7 @@ def main() -> None:
         # ours: models + queries first (texts not embedded here: measured separately below), then the evaluations
         reg = Registry(tmp / f"reg{i}.duckdb")
         with reg.store.tx() as tx:
-            ingest.run_import(tx, {k: files[k] for k in ("models", "queries", "splits")}, embed_texts=False)
+            import_run.run_import(tx, {k: files[k] for k in ("models", "queries", "splits")}, embed_texts=False)
         t_ev, res = timed(lambda: reg.import_files(evaluations=files["evaluations"], onboard=False))
         assert res.evaluations_added == 371_244, res
         ours.append(t_ev)
@@ -59,14 +59,14 @@ def main() -> None:
     # first import of the whole folder, then the same again (texts excluded from both: never re-embedded, tested)
     reg = Registry(tmp / "whole.duckdb")
     with reg.store.tx() as tx:
-        t_first, _ = timed(lambda: ingest.run_import(tx, files, embed_texts=False))
+        t_first, _ = timed(lambda: import_run.run_import(tx, files, embed_texts=False))
     t_re, again = timed(lambda: reg.import_files(directory=str(data), onboard=False))
     assert again.already_imported
     # the same rows under another file name: the row-level path must find nothing new
     renamed = tmp / "evaluations-copy.csv.gz"
     renamed.write_bytes(Path(files["evaluations"]).read_bytes())
     with reg.store.tx() as tx:
-        t_rows, again2 = timed(lambda: ingest.run_import(tx, {"evaluations": str(renamed), "models": files["models"]},
+        t_rows, again2 = timed(lambda: import_run.run_import(tx, {"evaluations": str(renamed), "models": files["models"]},
                                                          embed_texts=False))
     assert again2.already_imported or (again2.evaluations_added == 0 and again2.models_added == 0), again2
     stats = reg.stats()
@@ -88,7 +88,7 @@ def main() -> None:
             tx.duck.execute("INSERT INTO queries (external_id, text, content_hash) SELECT h, text, h FROM qin")
             # encode= given: MiniLM embeds every text (the shipped data/ vectors, which hold these MMLU-Pro texts,
             # are only looked up on the default path and would leave nothing to embed)
-            t, n = timed(lambda: ingest.embed_missing_texts(tx, encode=text_encoder.encode))
+            t, n = timed(lambda: import_run.embed_missing_texts(tx, encode=text_encoder.encode))
             assert n == len(texts)
             ours_text.append(t)
         reg.close()

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from registry import Registry
-from registry.data import ingest, staging  # noqa: E402
+from registry.data import import_run, input_files  # noqa: E402
 from tests.pg import Server  # noqa: E402
 
 
@@ -67,7 +67,7 @@ def main() -> None:
     ap.add_argument("--data", default=str(ROOT.parent / "shared/data/mmlu-pro"))
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
-    files = staging.files_in_dir(Path(args.data))
+    files = input_files.files_in_dir(Path(args.data))
     server = Server(durable=True)
     results = []
     try:
@@ -76,7 +76,7 @@ def main() -> None:
             url = server.create_db(f"ours{i}")
             reg = Registry(url)
             with reg.store.tx() as tx:
-                ingest.run_import(tx, {k: files[k] for k in ("models", "queries", "splits")}, embed_texts=False)
+                import_run.run_import(tx, {k: files[k] for k in ("models", "queries", "splits")}, embed_texts=False)
             t_ours, res = timed(lambda: reg.import_files(evaluations=files["evaluations"], onboard=False))
             assert res.evaluations_added == 371_244, res
             with reg.store.tx() as tx:

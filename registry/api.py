@@ -13,8 +13,8 @@ from registry.embedding import MIN_EVALUATIONS
 from registry.routing.decision import Decision
 from registry.routing.options import RouteOptions
 
-availability, endpoints, import_steps, splits = lazy_modules("registry.data",
-                                                             "availability endpoints import_steps splits")
+availability, endpoints, import_models_queries, splits = lazy_modules(
+    "registry.data", "availability endpoints import_models_queries splits")
 catalog, fingerprint, neighbours, versions = lazy_modules("registry.answers", "catalog fingerprint neighbours versions")
 encoders, evidence, index, onboarding = lazy_modules("registry.embedding", "encoders evidence index onboarding")
 (route_log,) = lazy_modules("registry.routing", "log")
@@ -65,7 +65,7 @@ class Registry:
     # --- bringing data in -------------------------------------------------------------------------------------
     def import_files(self, models: str | None = None, queries: str | None = None, evaluations: str | None = None,
                      splits: str | None = None, *, directory: str | None = None, progress: bool = False,
-                     onboard: bool = True, vectors: str | None = None) -> import_steps.ImportResult:
+                     onboard: bool = True, vectors: str | None = None) -> import_models_queries.ImportResult:
         """Import any of models (CSV), queries (CSV/JSONL/Parquet), evaluations (long format), splits and query text
         vectors, or a folder laid out like ../shared/data/mmlu-pro (its vectors too). A bad file changes nothing."""
         named = dict(models=models, queries=queries, evaluations=evaluations, splits=splits, vectors=vectors)
@@ -312,4 +312,4 @@ class Registry:
     def frontier(self, split: str = "test", cost_by: str = "params", weights: list[float] | None = None):
         """Accuracy vs mean cost (params_b, or cost with cost_by="cost") over a sweep of cost weights, beside every
         single model, with their Pareto frontier and each point's coverage (routing/frontier.py)."""
-        return route_uc.frontier(self.store, split, cost_by, weights, probation=self.probation_setting)
+        return evaluate_uc.frontier(self.store, split, cost_by, weights, probation=self.probation_setting)

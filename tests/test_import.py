@@ -321,7 +321,7 @@ def test_bulk_path_appends_exactly_what_the_careful_path_does(db_copy, small_dat
     """The bulk path (one INSERT ... SELECT from the file) against the careful one (stage, check, insert): the same
     rows, models, counts and jobs, for a file with new models, a changed result of a known model, a result it
     already has, and an identical repeat."""
-    from registry.data import evaluation_import
+    from registry.data import import_evaluations
 
     q = some_query_ids(small_data, 3)
     have = duckdb.sql(f"""SELECT correct FROM read_csv('{small_data}/evaluations.csv.gz')
@@ -343,12 +343,12 @@ def test_bulk_path_appends_exactly_what_the_careful_path_does(db_copy, small_dat
     careful = tmp_path / "careful.duckdb"
     shutil.copy(db_copy, careful)
     taken = []
-    original = evaluation_import.append_evaluations
-    monkeypatch.setattr(evaluation_import, "append_evaluations",
+    original = import_evaluations.append_evaluations
+    monkeypatch.setattr(import_evaluations, "append_evaluations",
                         lambda *a, **k: taken.append(original(*a, **k)) or taken[-1])
     with Registry(db_copy) as reg:
         bulk = reg.import_files(evaluations=str(f), onboard=False)
-    monkeypatch.setattr(evaluation_import, "append_evaluations", lambda *a, **k: False)
+    monkeypatch.setattr(import_evaluations, "append_evaluations", lambda *a, **k: False)
     with Registry(careful) as reg:
         slow = reg.import_files(evaluations=str(f), onboard=False)
     assert taken == [True]

@@ -291,3 +291,60 @@ def test_nothing_below_the_facade_imports_or_receives_it():
         assert facade_uses("answers.x", planted), planted
     assert not facade_uses("answers.x", "from registry.core.errors import RegistryError\n"
                                         "def f(tx, store):\n    with store.tx() as t:\n        return t.path\n")
+
+
+ROUTE_WING = ("cli", "usecases", "routing", "locus")     # where a reader of routing should find all of it
+ROUTE_PATH_NOW = 23                                      # measured: may only go down (toward ROUTE_PATH_BAR)
+ROUTE_PATH_BAR = 8
+
+
+def _facade_target(method: str) -> str:
+    """The use-case module a one-line facade method calls (`route_uc.route(...)` -> "usecases.route")."""
+    tree = ast.parse(MODULES["api"].read_text(encoding="utf-8"))
+    lazy = {}
+    for node in tree.body:          # name = lazy_modules("registry.usecases", "a b c")
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
+                getattr(node.value.func, "id", "") == "lazy_modules":
+            package, names = (a.value for a in node.value.args)
+            targets = node.targets[0].elts if isinstance(node.targets[0], ast.Tuple) else [node.targets[0]]
+            lazy.update({t.id: f"{package.removeprefix('registry.')}.{n}" for t, n in zip(targets, names.split())})
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Registry")
+    fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == method)
+    called = {lazy[n.func.value.id] for n in ast.walk(fn) if isinstance(n, ast.Call)
+              and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name) and n.func.value.id in lazy}
+    assert len(called) == 1, f"Registry.{method} calls {called}: one use case"
+    return called.pop()
+
+
+def route_path() -> list[str]:
+    """The modules a reader opens from `registry route TEXT` to the decision: the command (cli/routing.py), the
+    facade's one-line `route`, the use case it calls, and every module that use case imports, followed on through
+    the routing wing (cli/, usecases/, routing/, locus/); a module of another folder is opened (counted) but its
+    own imports are not followed; core/ and the text encoder are neither followed nor counted."""
+    graph = imports()
+    start = _facade_target("route")
+    seen, todo = set(), [start]
+    while todo:
+        m = todo.pop()
+        if m in seen or m.startswith("core") or m.startswith("locus.text_"):
+            continue
+        seen.add(m)
+        if m.split(".")[0] in ROUTE_WING:
+            todo += list(graph.get(m, {}))
+    return sorted(seen | {"cli.routing", "api"})
+
+
+def test_from_route_to_the_decision_a_reader_opens_few_modules():
+    path = route_path()
+    assert {"cli.routing", "api", "usecases.route", "routing.policy", "routing.decision", "routing.served",
+            "locus.interaction"} <= set(path)
+    assert "evaluate" not in {m.split(".")[0] for m in path}, "routing's runtime reads nothing of evaluate/"
+    assert len(path) <= ROUTE_PATH_NOW, f"{len(path)} modules from `registry route` to the decision:\n" + "\n".join(path)
+
+
+@pytest.mark.xfail(strict=True, reason="the routing state reads its inputs through embedding/ and data/ "
+                                       "(encoders, index, evidence, dataset, availability, vector files): not yet")
+def test_route_path_meets_the_bar():
+    path = route_path()
+    outside = [m for m in path if m.split(".")[0] not in ROUTE_WING]
+    assert len(path) <= ROUTE_PATH_BAR and not outside, f"{len(path)} modules; outside {ROUTE_WING}: {outside}"

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from registry import Registry
 from registry.embedding import encoders
-from registry.data import evaluation_rows
+from registry.data import current_evaluations
 from registry.locus import probe_design
 from registry.cli import cli
 from registry.core.errors import InputError, NotFound
@@ -30,7 +30,7 @@ def answers_of(db, model: str) -> dict[str, int]:
     """A registered model's current answers: {question external id: 0/1}."""
     with Registry(db) as reg, reg.store.tx() as tx:
         mid = tx.sql("SELECT id FROM models WHERE name = ?", [model])[0][0]
-        rows = evaluation_rows.of_models(tx, [mid])
+        rows = current_evaluations.of_models(tx, [mid])
         ext = dict(tx.sql("SELECT id, external_id FROM queries"))
         return {ext[int(q)]: int(c) for q, c in zip(rows["query_id"], rows["correct"])}
 

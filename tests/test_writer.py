@@ -251,7 +251,7 @@ def test_a_snapshot_from_new_versions_is_the_one_a_full_read_gives(db_copy, tmp_
 def test_the_answer_book_follows_new_models_and_changed_results_and_old_views_stay(db_copy, tmp_path):
     """The answer book after new models (written into spare rows) and after a changed result of an existing model
     (a new buffer): every row equals the model's current answers in the file, and a view taken before is unchanged."""
-    from registry.data import evaluation_rows
+    from registry.data import current_evaluations
     from registry.serve.answerbook import AnswerBook
 
     with Registry(db_copy) as reg:
@@ -280,7 +280,7 @@ def test_the_answer_book_follows_new_models_and_changed_results_and_old_views_st
         with reg.store.tx() as tx:
             book.sync(tx)
             ids = [int(m) for (m,) in tx.sql("SELECT id FROM models")]
-            rows = evaluation_rows.of_models(tx, ids)
+            rows = current_evaluations.of_models(tx, ids)
         assert np.array_equal(view, kept)                        # a changed row: a new buffer, the old view stays
         correct, row, _, _, _, answered = book.view()
         want = np.full(correct.shape, -1, dtype=np.int8)
@@ -293,7 +293,7 @@ def test_the_answer_book_follows_new_models_and_changed_results_and_old_views_st
 def test_an_embedding_computed_ahead_is_taken_only_for_the_set_it_was_computed_from(db_copy, tmp_path):
     """onboarding.prepare computes, from a new model's rows alone, the vector and stability halves onboarding would;
     run_pending takes a Prepared only when the digest of the set it reads matches (a marked vector shows which)."""
-    from registry.data import ingest
+    from registry.data import import_run
     from registry.embedding import onboarding
 
     with Registry(db_copy) as reg:
@@ -315,7 +315,7 @@ def test_an_embedding_computed_ahead_is_taken_only_for_the_set_it_was_computed_f
                                                 (mark, mark))}
         with reg.store.tx() as tx:
             for n, p in zip(names, paths):
-                ingest.run_model_import(tx, n, p)
+                import_run.run_model_import(tx, n, p)
         with reg.store.tx() as tx:
             out = {o.model: o for o in onboarding.run_pending(tx, stability=True, prepared=given)}
         with reg.store.tx() as tx:

@@ -9,7 +9,7 @@ from registry.data import availability
 from registry.core.lazy import LazyModule
 from registry.embedding import encoders
 from registry.core.errors import InputError, unknown_model
-from registry.data.evaluation_rows import CURRENT, current
+from registry.data.current_evaluations import CURRENT, current
 from registry.core.transaction import Tx
 
 evidence = LazyModule("registry.embedding.evidence")   # (numpy: `stats` reads counts only)

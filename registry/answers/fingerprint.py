@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from registry.embedding import embed, encoders
-from registry.data import evaluation_rows
+from registry.data import current_evaluations
 from registry.answers import disagreement
 from registry.core.errors import Conflict, InputError
 from registry.core.transaction import Tx
@@ -155,7 +155,7 @@ def answer_calibration(tx: Tx, exclude: set[int] | None = None) -> AnswerCalibra
     if key in _answer_cals:
         return _answer_cals[key]
     ids = ", ".join(str(int(m[0])) for m in known) or "NULL"
-    res = tx.numpy(f"""SELECT model_id, query_id, correct::INT AS c FROM {evaluation_rows.CURRENT} e
+    res = tx.numpy(f"""SELECT model_id, query_id, correct::INT AS c FROM {current_evaluations.CURRENT} e
                               WHERE model_id IN ({ids})""")
     mids, qids = np.unique(res["model_id"]), np.unique(res["query_id"])
     keep = ~np.isin(mids, list(exclude))
@@ -229,7 +229,7 @@ def by_answers(tx: Tx | None, qids, y, *, exclude: set[int] | None = None, rates
     names = names if names is not None else dict(tx.sql("SELECT id, name FROM models"))
     others = [m for m in names if m not in (exclude or set())]
     if rates is None:
-        rates = evaluation_rows.disagreement(tx, qids, y, others)
+        rates = current_evaluations.disagreement(tx, qids, y, others)
     else:
         rates = {m: r for m, r in rates.items() if m not in (exclude or set())}
     ranked = sorted(((r, -n, m) for m, (n, r) in rates.items() if n >= MIN_SHARED))
@@ -263,7 +263,7 @@ def duplicate_of(tx: Tx | None, model_id: int, rates: dict | None = None, names:
     """`register`'s same-model test: the registered model whose answers the model's pass the 1% test against (None:
     none). `rates`: the disagreement of its current answers with the other models, when the caller has it (`names`,
     `cal`: see by_answers)."""
-    rows = evaluation_rows.of_models(tx, [model_id]) if rates is None else {"query_id": None, "correct": None}
+    rows = current_evaluations.of_models(tx, [model_id]) if rates is None else {"query_id": None, "correct": None}
     f = by_answers(tx, rows["query_id"], rows["correct"], exclude={model_id}, rates=rates, names=names, cal=cal)
     return f if f is not None and f.verdict == "same" else None
 
@@ -299,10 +299,10 @@ def identify(tx: Tx, path: str, encoder_id: int, min_evaluations: int,
              as_of: str | None = None) -> Fingerprint:
     """`Registry.fingerprint`: the answers test where the file shares queries with registered models, else the
     embedding test. Nothing is written."""
-    from registry.data import ingest
+    from registry.data import import_run
     from registry.answers import neighbours
 
-    a = ingest.read_answers(tx, path)
+    a = import_run.read_answers(tx, path)
     found = by_answers(tx, a.query_ids, a.correct)
     if found is not None:
         return found

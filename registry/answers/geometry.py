@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from registry.answers import catalog
-from registry.data import evaluation_rows, query_cache
+from registry.data import current_evaluations, query_cache
 from registry.answers import disagreement
 from registry.embedding import index
 from registry.embedding.evidence import on_probation
@@ -73,7 +73,7 @@ def test_outcomes(tx: Tx, model_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray
                                         "row": np.arange(len(model_ids), dtype=np.int64)})):
         res = tx.numpy(f"""
             SELECT p.row, e.query_id, e.correct::INT AS correct
-            FROM {evaluation_rows.CURRENT} e JOIN _pool p ON p.model_id = e.model_id
+            FROM {current_evaluations.CURRENT} e JOIN _pool p ON p.model_id = e.model_id
             JOIN query_splits s ON s.query_id = e.query_id AND s.split = 'test'""")
     qids = np.unique(np.asarray(res["query_id"], np.int64))
     correct = np.full((len(model_ids), len(qids)), -1, dtype=np.int8)

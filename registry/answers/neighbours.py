@@ -8,7 +8,7 @@ from typing import Callable
 import numpy as np
 
 from registry.answers import catalog
-from registry.data import evaluation_rows
+from registry.data import current_evaluations
 from registry.core.lazy import LazyModule
 from registry.embedding import MIN_EVALUATIONS, encoders, index
 from registry.core.errors import InputError, NotFound, unknown_model
@@ -37,8 +37,8 @@ def by_vector(tx: Tx | None, vector, k: int, encoder_id: int, *, as_of: str | No
               errors: bool = False, before_batch: int | None = None) -> list[Neighbour]:
     """The k nearest current embeddings to one vector (all of them if the pool is smaller), leaving out `exclude`;
     with `answers` (query ids, 0/1), each neighbour's disagreement with them on the queries both answered (`rates`:
-    evaluation_rows.disagreement of those answers, when the caller has it already), and with `errors` their error
-    correlation too (evaluation_rows.agreement: a heavier read; `before_batch`: the answers as they stood then)."""
+    current_evaluations.disagreement of those answers, when the caller has it already), and with `errors` their error
+    correlation too (current_evaluations.agreement: a heavier read; `before_batch`: the answers as they stood then)."""
     vi = vi or index.get(tx, encoder_id, as_of)
     if vi.size == 0:
         raise InputError("the registry has no embedded models yet: import evaluations first (`registry import`)")
@@ -51,8 +51,8 @@ def by_vector(tx: Tx | None, vector, k: int, encoder_id: int, *, as_of: str | No
     if (answers is not None or rates is not None) and out:
         if rates is None:
             others = [i for i, _ in found]
-            rates = (evaluation_rows.agreement(tx, answers[0], answers[1], others, before_batch) if errors
-                     else evaluation_rows.disagreement(tx, answers[0], answers[1], others))
+            rates = (current_evaluations.agreement(tx, answers[0], answers[1], others, before_batch) if errors
+                     else current_evaluations.disagreement(tx, answers[0], answers[1], others))
         for (i, _), n in zip(found, out):
             if i in rates:
                 n.shared_queries, n.disagreement = rates[i][0], round(rates[i][1], 4)
@@ -68,13 +68,13 @@ def similar(tx: Tx, *, model: str | None, evals: str | None, k: int, as_of: str 
     decides what places it)."""
     encoder_id = encoders.require_active(tx, as_of)
     vi = index.get(tx, encoder_id, as_of)
-    then = evaluation_rows.first_batch_after(tx, as_of)     # the answers as they stood at `as_of`
+    then = current_evaluations.first_batch_after(tx, as_of)     # the answers as they stood at `as_of`
     if model is not None:
         vector = vi.vector_of(model)
         if vector is None:
             vector, _ = vector_of(tx, model, encoder_id, as_of)
         own = vi.id_of(model) or tx.sql("SELECT id FROM models WHERE name = ?", [model])[0][0]
-        rows = evaluation_rows.of_models(tx, [own], then)
+        rows = current_evaluations.of_models(tx, [own], then)
         answers = (rows["query_id"], rows["correct"])
     else:
         vector, a = embed.embed_file(tx, evals, encoders.load(tx, encoder_id)[0], min_evaluations)
@@ -115,9 +115,9 @@ def kin_by_sql(tx: Tx, vi: index.VectorIndex, answers: tuple, before_batch: int 
     ids = {name: i for i, name in vi.names.items()}
 
     def kin(x: Neighbour, others: list[str]) -> dict[str, float]:
-        mine = evaluation_rows.of_models(tx, [ids[x.model]], before_batch)["query_id"]
+        mine = current_evaluations.of_models(tx, [ids[x.model]], before_batch)["query_id"]
         on = np.isin(answers[0], mine)
-        rates = evaluation_rows.disagreement(tx, answers[0][on], answers[1][on], [ids[o] for o in others])
+        rates = current_evaluations.disagreement(tx, answers[0][on], answers[1][on], [ids[o] for o in others])
         return {vi.names[i]: r for i, (_, r) in rates.items()}
     return kin
 
@@ -125,7 +125,7 @@ def kin_by_sql(tx: Tx, vi: index.VectorIndex, answers: tuple, before_batch: int 
 def of_registered(tx: Tx, name: str, k: int, encoder_id: int, *, answers: tuple,
                   own_evaluations: int, probation_min: int, rates: dict | None = None) -> list[Neighbour]:
     """A registration's table: a registered model's k nearest by `similar`'s rule (`rank`), its answers
-    (query ids, 0/1) measured against every other model's (`rates`: evaluation_rows.disagreement of them, where the
+    (query ids, 0/1) measured against every other model's (`rates`: current_evaluations.disagreement of them, where the
     caller has it; an established model's are read with their error correlation, as `similar` reads them)."""
     vi = index.get(tx, encoder_id)
     vector = vi.vector_of(name)
@@ -269,7 +269,7 @@ def vector_of(tx: Tx, name: str, encoder_id: int, as_of: str | None = None):
             raise unknown_model(name, catalog.names(tx))
         if as_of:
             raise NotFound(f"model {name!r} had no embedding under the active encoder as of {as_of}")
-        n = tx.sql(f"""SELECT count(*) FROM {evaluation_rows.current(model_ids=[found[0][0]])} e
+        n = tx.sql(f"""SELECT count(*) FROM {current_evaluations.current(model_ids=[found[0][0]])} e
                        LEFT JOIN query_splits s ON s.query_id = e.query_id
                        WHERE s.split IS DISTINCT FROM 'test'""")[0][0]
         if n < MIN_EVALUATIONS:
@@ -288,7 +288,7 @@ def of_vector_as_model(tx: Tx, name: str, vector, k: int, encoder_id: int, *,
     own = vi.id_of(name)
     answers = None
     if own is not None and rates is None:
-        rows = evaluation_rows.of_models(tx, [own])
+        rows = current_evaluations.of_models(tx, [own])
         answers = (rows["query_id"], rows["correct"])
     return by_vector(tx, vector, k, encoder_id, as_of=as_of, exclude=(exclude or set()) | {name},
                      answers=answers, vi=vi, rates=rates)

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from registry.embedding import encoders, index
-from registry.data import evaluation_rows, query_cache
+from registry.data import current_evaluations, query_cache
 from registry.locus import probe_design
 from registry.core.errors import InputError, unknown_model
 from registry.core.transaction import Tx
@@ -100,7 +100,7 @@ def plan(tx: Tx, name: str, n: int, seed: int = 0, out: str | None = None) -> Pr
     answered_q, answered_y = np.zeros(0, np.int64), np.zeros(0)
     asked_any = np.zeros(0, np.int64)
     if model_id is not None:
-        rows = evaluation_rows.of_models(tx, [model_id])
+        rows = current_evaluations.of_models(tx, [model_id])
         asked_any = np.asarray(rows["query_id"], dtype=np.int64)
         keep = ~meta.is_test[meta.rows(asked_any)]
         answered_q, answered_y = asked_any[keep], np.asarray(rows["correct"], dtype=np.float64)[keep]
@@ -161,7 +161,7 @@ def fingerprint_plan(tx: Tx, n: int, candidates=(), seed: int = 0, out: str | No
     if candidates:
         chosen = list(dict.fromkeys(candidates))
     else:
-        counts = dict(tx.sql(f"""SELECT m.name, count(*) FROM models m JOIN {evaluation_rows.CURRENT} e
+        counts = dict(tx.sql(f"""SELECT m.name, count(*) FROM models m JOIN {current_evaluations.CURRENT} e
                                  ON e.model_id = m.id GROUP BY m.name"""))
         chosen = sorted(m for m, c in counts.items() if c >= min_answers)
         left_out = sorted(m for m, c in counts.items() if c < min_answers)
@@ -172,7 +172,7 @@ def fingerprint_plan(tx: Tx, n: int, candidates=(), seed: int = 0, out: str | No
         raise InputError(f"at least 2 candidates are needed to separate, got {len(chosen)}"
                          + (f" ({len(left_out)} with fewer than {min_answers} answers left out: name them with "
                             f"--candidates)" if left_out else ""))
-    rows = evaluation_rows.of_models(tx, [names[c] for c in chosen])
+    rows = current_evaluations.of_models(tx, [names[c] for c in chosen])
     qids = np.unique(rows["query_id"])
     pos = {names[c]: i for i, c in enumerate(chosen)}
     A = np.full((len(chosen), len(qids)), -1, dtype=np.int8)

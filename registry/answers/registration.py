@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from registry.answers import catalog, fingerprint, neighbours
 from registry.embedding import encoders, evidence, onboarding
-from registry.data import evaluation_rows, import_steps, ingest
+from registry.data import current_evaluations, import_models_queries, import_run
 from registry.core.errors import Conflict, DiskFull, InputError, RegistryError, check_text, storage_problem
 from registry.answers.neighbours import Neighbour
 from registry.core.transaction import Tx
@@ -46,7 +46,7 @@ def check(name: str, metadata: dict) -> str:
     """The name to register under, once the metadata is sound (before any transaction): the name as every model
     name is checked, the text fields as every text is (errors.text_problem)."""
     name = (name or "").strip()
-    problem = import_steps.model_name_problem(name)
+    problem = import_models_queries.model_name_problem(name)
     if problem:
         raise InputError(problem)
     for label in ("family", "provider", "tags"):
@@ -61,7 +61,7 @@ def stage(tx: Tx, name: str, evals: str, metadata: dict, update: bool = False, p
     """The model's metadata and results into `tx`, refused whole (InputError) when it would silently change a model
     that exists. The server's writer stages many registrations in one transaction."""
     changes = _metadata(tx, name, metadata, update)
-    imported = ingest.run_model_import(tx, name, str(evals), progress=progress)
+    imported = import_run.run_model_import(tx, name, str(evals), progress=progress)
     changed = _changed_results(tx, name, imported.batch_id, update, evals)
     return Staged(name, changes, imported.evaluations_added, imported.queries_added, changed)
 
@@ -69,7 +69,7 @@ def stage(tx: Tx, name: str, evals: str, metadata: dict, update: bool = False, p
 def stage_group(tx: Tx, jobs: list[tuple], parsed: list[list[dict] | None] | None = None) -> list[Staged]:
     """Many registrations (`stage`'s (name, evals, metadata, update) each) in `tx`, for the server's writer. Those
     whose files are small JSONL of query ids and results only (what `POST /models` writes), each for a different
-    model, are imported together from memory (ingest.run_rows_import): one pass of the import's checks for the
+    model, are imported together from memory (import_run.run_rows_import): one pass of the import's checks for the
     group instead of one per registration, and no file read again by DuckDB (a group of one too). A bad row in a
     group of several refuses the group with no line named: the writer then stages each registration alone, and
     alone a bad row is read again from its file, which names the line. `parsed`: each file's `plain_rows`, where
@@ -96,10 +96,10 @@ def _stage_together(tx: Tx, jobs: list[tuple], rows: list[list[dict]], at: list[
     known = {name for _, name, _ in found}
     had_results = {name for _, name, has in found if has}
     ids = {name: int(i) for i, name, _ in found}
-    ids.update(ingest.insert_new_models(tx, {name: metadata for name, _, metadata, _ in jobs if name not in known}))
+    ids.update(import_run.insert_new_models(tx, {name: metadata for name, _, metadata, _ in jobs if name not in known}))
     changes = [_metadata(tx, name, metadata, update) if name in known else {}
                for name, _, metadata, update in jobs]
-    imported = ingest.run_rows_import(
+    imported = import_run.run_rows_import(
         tx, [name for name, model_rows in zip(names, rows) for _ in model_rows],
         [r["question_id"] for model_rows in rows for r in model_rows],
         [bool(r["correct"]) for model_rows in rows for r in model_rows], label=f"{len(jobs)} registrations",
@@ -137,7 +137,7 @@ def plain_rows(evals) -> list[dict] | None:
 
 
 def _metadata(tx: Tx, name: str, metadata: dict, update: bool) -> dict:
-    changes = ingest.upsert_model_metadata(tx, name, **metadata)
+    changes = import_run.upsert_model_metadata(tx, name, **metadata)
     if changes and not update:
         field_, (old, new) = next(iter(changes.items()))
         raise Conflict(f"{name!r} is already registered with {field_}={old!r} (given {new!r}"
@@ -147,7 +147,7 @@ def _metadata(tx: Tx, name: str, metadata: dict, update: bool) -> dict:
 
 
 def _changed_results(tx: Tx, name: str, batch_id: int | None, update: bool, evals) -> int:
-    changed = ingest.changed_results(tx, name, batch_id)
+    changed = import_run.changed_results(tx, name, batch_id)
     if changed and not update:
         qid, old, new = changed[1]
         raise Conflict(f"{changed[0]} of these results differ from the ones {name!r} already has (e.g. "
@@ -166,8 +166,8 @@ def report(tx: Tx, staged: Staged, o: onboarding.JobOutcome | None, k: int, prob
     held_out = catalog.held_out(tx, name)
     model_id = tx.sql("SELECT id FROM models WHERE name = ?", [name])[0][0]
     # its answers against every other model's, once: the neighbours' disagreement and the duplicate test use it
-    own = evaluation_rows.of_models(tx, [model_id])
-    rates = evaluation_rows.disagreement(tx, own["query_id"], own["correct"], [
+    own = current_evaluations.of_models(tx, [model_id])
+    rates = current_evaluations.disagreement(tx, own["query_id"], own["correct"], [
         m for (m,) in tx.sql("SELECT id FROM models WHERE id <> ?", [model_id])])
     near, notes, status = [], [], "not embedded"
     if o.version is not None:

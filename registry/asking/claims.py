@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 from registry.core.errors import Conflict, InputError, NotFound, text_problem, unknown_model
 from registry.core.transaction import Tx
-from registry.data import availability, endpoints, ingest
+from registry.data import availability, endpoints, import_run
 
 NEWEST = """SELECT model_id, claims, reference, watched FROM (
                 SELECT model_id, claims, reference, watched,
@@ -80,7 +80,7 @@ def add(tx: Tx, model: str, base_url: str, *, name: str | None = None, upstream_
     if name in claimed and claimed[name].model != model:
         raise Conflict(f"{name!r} claims {claimed[name].model!r}: remove that claim first")
     if name not in ids:
-        ids.update(ingest.insert_new_models(tx, {name: {}}))
+        ids.update(import_run.insert_new_models(tx, {name: {}}))
     endpoints.set_endpoint(tx, name, url, upstream_model, api_key_env)
     availability.set_available(tx, [name], False, f"an endpoint claiming {model}: verified, never routed in its place")
     if reference:

@@ -1,4 +1,4 @@
-"""Which queries are train, validation and test: set from a file (`ingest`) or drawn here with a seed.
+"""Which queries are train, validation and test: set from a file (`import_run`) or drawn here with a seed.
 
 Every figure `registry evaluate` prints is on the test split, and held-out queries never reach the encoder (see
 embedding/embed.py). So a query that enters or leaves the test split changes what every model that has it is embedded

@@ -9,7 +9,7 @@ import numpy as np
 
 from registry.core.errors import RegistryError
 from registry.core.transaction import Tx
-from registry.data import evaluation_rows, query_cache
+from registry.data import current_evaluations, query_cache
 from registry.embedding import embed, encoders, index
 from registry.locus import label_columns
 
@@ -60,7 +60,7 @@ def dataset(tx: Tx) -> Dataset:
                             "`registry draw-splits`")
     m = tx.sql("SELECT id, name FROM models ORDER BY name")
     model_ids = np.array([r[0] for r in m], dtype=np.int64)
-    ev = tx.numpy(f"SELECT model_id, query_id, correct::INT AS c FROM {evaluation_rows.CURRENT} e")
+    ev = tx.numpy(f"SELECT model_id, query_id, correct::INT AS c FROM {current_evaluations.CURRENT} e")
     qpos = {int(x): i for i, x in enumerate(q["id"])}
     mpos = {int(x): i for i, x in enumerate(model_ids)}
     correct = np.full((len(model_ids), len(q["id"])), -1, dtype=np.int8)

@@ -15,7 +15,7 @@ import numpy as np
 
 from registry.core.errors import InputError
 from registry.core.transaction import Tx
-from registry.data import evaluation_rows, query_cache
+from registry.data import current_evaluations, query_cache
 from registry.embedding import evidence
 from registry.locus import interaction
 from registry.routing import policy
@@ -71,7 +71,7 @@ def correct_matrix(tx: Tx, names: list[str], qids: np.ndarray) -> np.ndarray:
     rowm = {n: i for i, n in enumerate(names)}
     with tx.table("_acc_q", pa.table({"id": qids})):
         res = tx.sql(f"""SELECT m.name, e.query_id, e.correct::INT AS c
-                          FROM {evaluation_rows.CURRENT} e JOIN models m ON m.id = e.model_id
+                          FROM {current_evaluations.CURRENT} e JOIN models m ON m.id = e.model_id
                           WHERE e.query_id IN (SELECT id FROM _acc_q)""")
     for n, q, c in res:
         if n in rowm:

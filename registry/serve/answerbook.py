@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from registry.data import evaluation_rows
+from registry.data import current_evaluations
 from registry.answers import fingerprint
 from registry.core.transaction import Tx
 @dataclass
@@ -72,7 +72,7 @@ class AnswerBook:
                 return None
             last = max(b for _, b in newer)
             changed = [int(m) for m, _ in newer]
-        rows = evaluation_rows.of_models(tx, changed)
+        rows = current_evaluations.of_models(tx, changed)
         col = self.col        # (a set lookup per distinct query: not an array of every column, sorted, per sync)
         new_q = np.array([q for q in np.unique(rows["query_id"]).tolist() if q not in col], dtype=np.int64)
         test = {int(q) for (q,) in tx.sql("""SELECT query_id FROM query_splits WHERE split = 'test'
@@ -162,7 +162,7 @@ class AnswerBook:
                 if ids[i] != model_id}
 
     def agreement(self, model_id: int, rows: int = 256) -> dict[int, tuple[int, float, float | None]]:
-        """evaluation_rows.agreement's answer from memory (what `similar` ranks by): each other model's shared
+        """current_evaluations.agreement's answer from memory (what `similar` ranks by): each other model's shared
         queries, disagreement and error correlation beyond difficulty with this one's current answers, by the same
         formula (difficulty and ability over every model's answers on its queries, smoothed by one right and one
         wrong). `rows`: models per numpy pass (memory stays [rows, queries])."""

@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field, field_validator
 from registry.api import Registry
 from registry.core.errors import InputError
 from registry.core.keys import UpstreamKeys
-from registry.data import ingest
+from registry.data import import_run
 from registry.locus.text_encoder import MAX_OPTIONS
 from registry.serve.http.shapes import Correct, QuestionId, RowText
 from registry.serve.serving import Serving
@@ -123,7 +123,7 @@ def rows_named(what: str, path: str, rows: bool = True):
             raise
         problem = exc.problem.replace(path, what)
         if rows:        # the client sent JSON rows: a new query's text goes in the row
-            problem = problem.replace(ingest.TEXT_IN_FILE, "the row's `text` field (and `options`, if any)")
+            problem = problem.replace(import_run.TEXT_IN_FILE, "the row's `text` field (and `options`, if any)")
         kind = type(exc)        # (its status: an unknown query id is a 404, a conflict a 409)
         if exc.line is None:
             raise kind(problem, file=what) from None

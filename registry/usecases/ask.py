@@ -10,7 +10,7 @@ from registry.asking.run import AskResult
 from registry.core.errors import EndpointFailed, InputError
 from registry.core.keys import OWNER, UpstreamKeys
 from registry.core.store import Store
-from registry.data import endpoints, ingest
+from registry.data import endpoints, import_run
 from registry.embedding import evidence
 from registry.usecases import onboard as onboard_uc
 from registry.usecases import register as register_uc
@@ -73,7 +73,7 @@ def ask(store: Store, name: str, *, min_evaluations: int, probation: int | None,
         with store.tx() as tx:
             if record:
                 if not tx.sql("SELECT 1 FROM models WHERE name = ?", [name]):
-                    ingest.insert_new_models(tx, {name: {}})
+                    import_run.insert_new_models(tx, {name: {}})
                 endpoints.set_endpoint(tx, name, endpoint.base_url,
                                        None if endpoint.upstream_model == name else endpoint.upstream_model,
                                        endpoint.api_key_env)

@@ -1,6 +1,7 @@
 """`registry evaluate`: routing accuracy and predictor quality of LOCUS on a split, beside the baselines, over the
 established models with an up-to-date embedding (pending onboarding finished first), or, with `held_out`, models
-known only from a few evaluations (nothing written). The measuring is evaluate/."""
+known only from a few evaluations (nothing written); the measuring is evaluate/. `route --frontier`: routing's
+accuracy against its mean cost on a split, over a sweep of cost weights (routing/frontier.py)."""
 from __future__ import annotations
 
 from registry.core.store import Store
@@ -28,3 +29,12 @@ def evaluate(store: Store, split: str = "test", *, min_evaluations: int, probati
         return harness.evaluate(tx, split, baselines=baselines, sample_efficiency=sample_efficiency,
                                 seeds=5 if seeds is None else seeds, probation_min=evidence.minimum(tx, probation),
                                 planned=planned, progress=progress)
+
+
+def frontier(store: Store, split: str = "test", cost_by: str = "params", weights: list[float] | None = None, *,
+             probation: int | None = None):
+    """Accuracy vs mean cost over a sweep of cost weights, beside every single model (routing/frontier.py)."""
+    from registry.routing import frontier as frontiers, state
+
+    with store.tx() as tx:
+        return frontiers.compute(tx, state.current(tx, probation), split, cost_by, weights)

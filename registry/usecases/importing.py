@@ -8,25 +8,25 @@ import time
 from dataclasses import asdict
 
 from registry.core.store import Store
-from registry.data import import_steps, ingest, splits as split_draws, staging, vector_files
+from registry.data import import_models_queries, import_run, splits as split_draws, input_files, vector_files
 from registry.usecases import onboard as onboard_uc
 
 
 def import_files(store: Store, directory: str | None, named: dict[str, str | None], *, min_evaluations: int,
-                 progress: bool = False, onboard: bool = True) -> import_steps.ImportResult:
+                 progress: bool = False, onboard: bool = True) -> import_models_queries.ImportResult:
     """A folder's files and those `named` ({kind: path}: models, queries, evaluations, splits, vectors), checked to
     exist before anything, in one transaction; then, with `onboard`, the models whose evaluations changed embedded.
     Ctrl-C: the transaction rolls back (or, during onboarding, the result says what was committed and what is left)."""
-    files = staging.files_to_import(directory, **named)
+    files = input_files.files_to_import(directory, **named)
     left = onboard_uc.finish_pending(store, min_evaluations) if onboard else []   # a crash may have left jobs behind
     started = time.perf_counter()
-    with ingest.interruptible(store):           # Ctrl-C: the transaction rolls back, and says so
+    with import_run.interruptible(store):           # Ctrl-C: the transaction rolls back, and says so
         with store.tx() as tx:
-            result = ingest.run_import(tx, files, progress=progress)
+            result = import_run.run_import(tx, files, progress=progress)
     result.seconds["import"] = round(time.perf_counter() - started, 3)
     result.finished_pending = [o.model for o in left]
     if onboard:
-        with ingest.interruptible(store, result):    # ...or what was committed, and what is left
+        with import_run.interruptible(store, result):    # ...or what was committed, and what is left
             result.onboarding = [asdict(o) for o in onboard_uc.onboard(store, min_evaluations,
                                                                        seconds=result.seconds)]
     return result

@@ -1,6 +1,7 @@
 """`registry route`: query texts to the model most likely to answer each (or the cost-aware choice the options ask
 for), in one transaction that reads the routing state and logs the decisions (routing/policy.py decides); the texts'
-vectors computed ahead (`prepare_queries`: a server does it outside its write lock); the cost/accuracy frontier."""
+vectors computed ahead (`prepare_queries`: a server does it outside its write lock). `route --frontier`, a measure
+over a split, is usecases/evaluate.py."""
 from __future__ import annotations
 
 from registry.core.errors import InputError
@@ -32,12 +33,3 @@ def prepare_queries(store: Store, texts: list[str]) -> None:
     cut, hashes = query_texts.clean_texts(texts)
     with store.tx() as tx:
         query_texts.query_vectors(query_texts.recent_vectors(tx), cut, hashes, tx=tx)
-
-
-def frontier(store: Store, split: str = "test", cost_by: str = "params", weights: list[float] | None = None, *,
-             probation: int | None = None):
-    """Accuracy vs mean cost over a sweep of cost weights, beside every single model (routing/frontier.py)."""
-    from registry.routing import frontier as frontiers, state
-
-    with store.tx() as tx:
-        return frontiers.compute(tx, state.current(tx, probation), split, cost_by, weights)

@@ -18,7 +18,7 @@ from registry.core.errors import Conflict, InputError, NotFound
 from registry.core.keys import OWNER, UpstreamKeys
 from registry.core.store import Store
 from registry.core.transaction import Tx
-from registry.data import evaluation_rows, ingest
+from registry.data import current_evaluations, import_run
 from registry.usecases import onboard as onboard_uc
 
 GOLD = "SELECT q.id, q.external_id, q.text, g.answer, g.grading FROM queries q JOIN query_answers g ON g.query_id = q.id"
@@ -146,7 +146,7 @@ def store_batch(tx: Tx, graded: list[tuple], label: str) -> int | None:
     ext = dict(tx.sql("SELECT id, external_id FROM queries"))
     ids = dict(tx.sql("SELECT name, id FROM models"))
     evaluated = [int(m) for (m,) in tx.sql("SELECT DISTINCT model_id FROM evaluations")]
-    result = ingest.run_rows_import(tx, [g[0].claim.endpoint for g in graded], [ext[g[1]] for g in graded],
+    result = import_run.run_rows_import(tx, [g[0].claim.endpoint for g in graded], [ext[g[1]] for g in graded],
                                     [bool(g[3]) for g in graded], label=label, evaluated=evaluated, ids=ids)
     if result is None:
         raise Conflict("the answers could not be stored (one endpoint answered a question twice in one batch)")
@@ -175,7 +175,7 @@ def reference_outcomes(tx: Tx, model: str, ref: Target | None, plan: list[int]) 
 
 def registered(tx: Tx, model: str, plan: list[int]) -> dict[int, bool]:
     mid = tx.sql("SELECT id FROM models WHERE name = ?", [model])[0][0]
-    rows = evaluation_rows.of_models(tx, [mid])
+    rows = current_evaluations.of_models(tx, [mid])
     keep = set(plan)
     return {int(q): bool(c) for q, c in zip(rows["query_id"], rows["correct"]) if int(q) in keep}
 
@@ -196,7 +196,7 @@ def outcomes(tx: Tx, ids: list[int], qids: list[int]) -> np.ndarray:
     out = np.full((len(ids), len(qids)), -1, dtype=np.int8)
     if not ids or not qids:
         return out
-    rows = evaluation_rows.of_models(tx, ids)
+    rows = current_evaluations.of_models(tx, ids)
     row, col = {m: i for i, m in enumerate(ids)}, {q: j for j, q in enumerate(qids)}
     for m, q, c in zip(rows["model_id"], rows["query_id"], rows["correct"]):
         if int(q) in col:

@@ -18,9 +18,9 @@ import orjson
 
 from registry.core.errors import InputError, RegistryError
 from registry.core.transaction import Tx
-from registry.data import evaluation_rows
+from registry.data import current_evaluations
 from registry.data.formats import eee_read, eee_schema
-from registry.data.staging import sql_str
+from registry.data.input_files import sql_str
 from registry.locus import text_encoder
 
 PREFIX = eee_read.PREFIX
@@ -142,7 +142,7 @@ def export(tx: Tx, directory: str, *, models: list[str] | None = None, source: s
     try:
         for name in (models or list(known)):
             model_id = int(known[name])
-            current = evaluation_rows.current(model_ids=[model_id])
+            current = current_evaluations.current(model_ids=[model_id])
             stats = tx.stage.execute(f"""SELECT q.evaluation_name, count(*), avg(e.correct::INT), max(b.created)
                                         FROM {current} e JOIN _eee_queries q ON q.query_id = e.query_id
                                         LEFT JOIN import_batches b ON b.id = e.batch_id

@@ -23,7 +23,7 @@ __all__ = ["ENTRY_POINT_GROUP", "Reader", "Run", "Sample", "table", "get", "dete
 class Reader:
     """An input format. `read(paths, **options)` -> list[Run]: every file read and checked, nothing written; a problem
     is an InputError naming the file (and line). `options`: which of OPTIONS it takes (`--model` always applies).
-    `read=None`: the registry's own CSV folder, read by DuckDB's bulk path (data/staging.py) instead of into rows."""
+    `read=None`: the registry's own CSV folder, read by DuckDB's bulk path (data/input_files.py) instead of into rows."""
     name: str
     summary: str
     recognises: Callable[[list[str]], bool]
@@ -54,7 +54,7 @@ def files_under(paths: list[str]):
 
 
 def _csv_folder(paths: list[str]) -> bool:
-    from registry.data.staging import files_in_dir
+    from registry.data.input_files import files_in_dir
 
     if len(paths) != 1 or not Path(paths[0]).is_dir():
         return False

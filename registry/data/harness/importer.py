@@ -13,10 +13,10 @@ import tempfile
 from dataclasses import dataclass, field
 
 from registry.core.errors import InputError
-from registry.data import ingest, splits
+from registry.data import import_run, splits
 from registry.data.harness.samples import HarnessRun, named
-from registry.data.import_steps import ImportResult, import_queries, model_name_problem
-from registry.data.staging import stage
+from registry.data.import_models_queries import ImportResult, import_queries, model_name_problem
+from registry.data.input_files import stage
 from registry.locus import text_encoder
 
 
@@ -137,11 +137,11 @@ def write(tx, runs: list[HarnessRun], harness: str, progress: bool = False) -> H
     evaluated = [int(m) for (m,) in tx.sql("""SELECT DISTINCT model_id FROM evaluations
                                               WHERE model_id IN (SELECT unnest(?::INTEGER[]))""", [list(ids.values())])]
     meta = {run.model: run.meta for run in runs}
-    ids.update(ingest.insert_new_models(tx, {n: meta.get(n) or {} for n in names if n not in ids}))
+    ids.update(import_run.insert_new_models(tx, {n: meta.get(n) or {} for n in names if n not in ids}))
     out = HarnessImport(harness, queries_added=result.queries_added)
     if seen:
         keys = sorted(seen)
-        rows = ingest.run_rows_import(tx, [m for m, _ in keys], [q for _, q in keys], [seen[k][2] for k in keys],
+        rows = import_run.run_rows_import(tx, [m for m, _ in keys], [q for _, q in keys], [seen[k][2] for k in keys],
                                       label=f"{harness}: {len(runs)} runs", evaluated=evaluated, ids=ids)
         if rows is None:      # checked above: not expected
             raise InputError("the samples' results could not be imported")
@@ -190,6 +190,6 @@ def _import_queries(tx, rows: list[dict], result: ImportResult, progress: bool) 
             with tx.table("_harness_splits", pa.table({"qid": [q for q, _ in with_split],
                                                        "split": [sp for _, sp in with_split]})):
                 result.splits_set += splits.apply(tx, "_harness_splits", None)
-        result.texts_embedded = ingest.embed_missing_texts(tx, progress=progress, result=result)
+        result.texts_embedded = import_run.embed_missing_texts(tx, progress=progress, result=result)
     finally:
         os.unlink(path)

@@ -33,7 +33,7 @@ class HarnessRun:
     provider: str | None = None     # the harness's provider prefix of `model` (Inspect's `openai/gpt-4o`): kept in
     #                                 the name unless the name without it is a registered model (`named`)
     meta: dict = field(default_factory=dict)         # a new model's metadata (family, provider, params_b, cost,
-    #                                                  open_weights, tags), as ingest.insert_new_models takes it
+    #                                                  open_weights, tags), as import_run.insert_new_models takes it
     provenance: dict = field(default_factory=dict)   # what the import batch records of it (file, sha256, evaluation)
 
     @property

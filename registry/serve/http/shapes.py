@@ -10,7 +10,7 @@ from typing import Annotated
 from pydantic import BeforeValidator, WithJsonSchema
 
 from registry.data import endpoints
-from registry.data.import_steps import MAX_NAME, PATH_SUFFIXES
+from registry.data.import_models_queries import MAX_NAME, PATH_SUFFIXES
 
 
 # what Python's str.strip() removes (the library's test for an empty text or an edge space in a name)

@@ -1,6 +1,6 @@
 """Reading input files into the stage: which file of a folder is which, which column is which (aliases), DuckDB's
 own readers (`read_csv`, `read_json`, `read_parquet`, gzip included) into temporary tables with a line number per
-row, and DuckDB's long reader errors cut to one line naming the file and the line. data/ingest.py checks and writes what
+row, and DuckDB's long reader errors cut to one line naming the file and the line. data/import_run.py checks and writes what
 is staged here.
 
 `tx.stage` is the in-process DuckDB that reads the files: on a DuckDB registry its own connection, on PostgreSQL a

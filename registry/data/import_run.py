@@ -1,16 +1,17 @@
-"""Bulk import of models, queries, evaluations and splits, validated, in one transaction.
+"""An import run whole, in one transaction: files (models, queries, evaluations, splits), one model's file, or rows
+in memory, validated and written; the steps per kind are the import_* modules beside it, the files read by input_files.
 
-Files are read by DuckDB itself into temporary stage tables (data/staging.py), checked with a few set-based
+Files are read by DuckDB itself into temporary stage tables (data/input_files.py), checked with a few set-based
 queries, and written with `INSERT ... SELECT`: no row goes through the ORM. Any problem raises `InputError` naming
 the file, the line and the problem, and the transaction rolls back, so a failed import leaves the database exactly
-as it was. The steps per kind are data/import_steps.py (models, queries, splits) and data/evaluation_import.py
-(evaluations); here: the whole import of files, of one model's file, of rows in memory, and the per-model writes
-of a registration.
+as it was. The steps per kind are data/import_models_queries.py (models, queries, splits) and
+data/import_evaluations.py (evaluations); here: the whole import of files, of one model's file, of rows in memory,
+and the per-model writes of a registration.
 
 Files are read in `tx.stage`, the in-process DuckDB: on a DuckDB registry its own connection, so the checks join the
 registry's tables directly and rows go in with `INSERT ... SELECT`; on PostgreSQL a private DuckDB into which the
-registry rows the checks need are mirrored (`staging.mirror`), and the rows to append are computed there and copied into
-PostgreSQL with COPY (`evaluation_import`), in the import's one transaction.
+registry rows the checks need are mirrored (`input_files.mirror`), and the rows to append are computed there and copied into
+PostgreSQL with COPY (`import_evaluations`), in the import's one transaction.
 """
 from __future__ import annotations
 
@@ -23,12 +24,12 @@ from typing import Callable
 
 import numpy as np
 
-from registry.data import evaluation_import, evaluation_rows, outbox, vector_files
+from registry.data import import_evaluations, current_evaluations, outbox, vector_files
 from registry.locus import text_encoder
 from registry.core.errors import Conflict, InputError, Interrupted, UnknownReference, is_interrupt
-from registry.data.import_steps import ImportResult, import_models, import_queries, import_splits
+from registry.data.import_models_queries import ImportResult, import_models, import_queries, import_splits
 from registry.data.query_cache import query_meta
-from registry.data.staging import (COLUMNS, Columns, check_path, column_names, fetch, file_columns, mirror, sql_str,
+from registry.data.input_files import (COLUMNS, Columns, check_path, column_names, fetch, file_columns, mirror, sql_str,
                                    stage)
 from registry.core.transaction import Tx
 TEXT_IN_FILE = "a `question` column (and `options`, if any) of this file"   # where `register` finds a new text
@@ -48,10 +49,10 @@ def read_answers(tx: Tx, path: str) -> Answers:
     """A results file of one unregistered model (`similar --evals`, `fingerprint --evals`), as `register` would read
     it, but into temporary tables only: nothing of it is written to the registry."""
     check_path(path)
-    staged = evaluation_import.stage_evaluations(tx, path, "_answers", model="(file)")
+    staged = import_evaluations.stage_evaluations(tx, path, "_answers", model="(file)")
     columns = {c.strip().lower() for c in column_names(tx, path)}
     with_text = any(a in columns for a in COLUMNS["queries"]["text"])
-    evaluation_import.check_evaluations(tx, staged, None if with_text else "only results on queries the registry has "
+    import_evaluations.check_evaluations(tx, staged, None if with_text else "only results on queries the registry has "
                                         "can be compared; give the texts in a `question` column")
     models = fetch(tx, "SELECT DISTINCT model FROM _answers WHERE model <> '(file)' LIMIT 2")
     if len(models) > 1:
@@ -156,7 +157,7 @@ def changed_results(tx: Tx, name: str, batch_id: int | None):
     rows = tx.sql(f"""
         SELECT count(*) OVER (), q.external_id, o.correct::INT, e.correct::INT
         FROM evaluations e JOIN models m ON m.id = e.model_id JOIN queries q ON q.id = e.query_id
-        JOIN {evaluation_rows.current(before_batch=batch_id, model_ids=[model_id])} o
+        JOIN {current_evaluations.current(before_batch=batch_id, model_ids=[model_id])} o
              ON o.model_id = e.model_id AND o.query_id = e.query_id
         WHERE m.name = ? AND e.batch_id = ? ORDER BY q.external_id LIMIT 1""", [name, batch_id])
     return (int(rows[0][0]), tuple(rows[0][1:])) if rows else None
@@ -227,9 +228,9 @@ def run_import(tx: Tx, files: dict[str, str], progress: bool = False, embed_text
         import_models(tx, staged["models"], result)
     if "queries" in staged:
         import_queries(tx, staged["queries"], result)
-    if ev_cols is not None and not evaluation_import.append_evaluations(tx, ev_cols, batch_id, result):
-        staged["evaluations"] = evaluation_import.stage_evaluations(tx, files["evaluations"], "_stage_evaluations")
-        evaluation_import.import_evaluations(tx, staged["evaluations"], batch_id, result)   # names the first bad row
+    if ev_cols is not None and not import_evaluations.append_evaluations(tx, ev_cols, batch_id, result):
+        staged["evaluations"] = import_evaluations.stage_evaluations(tx, files["evaluations"], "_stage_evaluations")
+        import_evaluations.import_evaluations(tx, staged["evaluations"], batch_id, result)   # names the first bad row
     if "splits" in staged:
         import_splits(tx, staged["splits"], batch_id, result)
     if embed_texts and "queries" in staged:  # in the queries' transaction: no query is left without its vector
@@ -289,10 +290,10 @@ def run_rows_import(tx: Tx, model: list[str], qid: list[str], correct: list[bool
         distinct = sorted(set(qid))
         # (queries are never deleted: the ids the registry's query metadata knows are in `queries`; on DuckDB the
         # metadata is in memory, on PostgreSQL it costs a read of its own, no cheaper than the check)
-        held = evaluation_import.HeldRows(
+        held = import_evaluations.HeldRows(
             [tuple(c) for c in counts.values()], distinct, {i: n for n, i in ids.items()}, evaluated,
             queries_known=not tx.postgres and query_meta(tx).rows_of_external(distinct) is not None)
-        if not evaluation_import.append_evaluations(tx, cols, batch_id, result, held=held):
+        if not import_evaluations.append_evaluations(tx, cols, batch_id, result, held=held):
             return None
     finally:
         tx.stage.unregister("_rows_in")
@@ -316,14 +317,14 @@ def run_model_import(tx: Tx, model: str, path: str, progress: bool = False) -> I
         if fetch(tx, "SELECT count(*) FROM _stage_queries")[0][0]:
             import_queries(tx, queries, result)
             result.texts_embedded = embed_missing_texts(tx, progress=progress, result=result)
-    if not evaluation_import.append_evaluations(tx, file_columns(tx, "evaluations", path, constants={"model": model}),
+    if not import_evaluations.append_evaluations(tx, file_columns(tx, "evaluations", path, constants={"model": model}),
                                                 batch_id, result, model=model):
         # the careful path: it names the first bad row
-        staged = evaluation_import.stage_evaluations(tx, path, "_stage_evaluations", model=model)
+        staged = import_evaluations.stage_evaluations(tx, path, "_stage_evaluations", model=model)
         other = fetch(tx, f"SELECT model FROM _stage_evaluations WHERE model IS DISTINCT FROM {sql_str(model)} LIMIT 1")
         if other:
             raise InputError(f"the file holds results of model {other[0][0]!r}, not {model!r}", file=path)
-        evaluation_import.import_evaluations(tx, staged, batch_id, result, unknown_hint=(
+        import_evaluations.import_evaluations(tx, staged, batch_id, result, unknown_hint=(
             f"give its text in {TEXT_IN_FILE}, or import it first with "
             "`registry import --queries FILE`"))
     tx.stage.execute("DROP TABLE IF EXISTS _stage_evaluations; DROP TABLE IF EXISTS _stage_queries")

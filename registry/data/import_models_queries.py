@@ -1,6 +1,7 @@
-"""What an import did (`ImportResult`), and its steps for the small kinds of file: models, validated in Python;
-queries and splits, checked with set-based queries over their stage tables. Evaluations, the bulk, have
-data/evaluation_import.py; data/ingest.py runs the whole import in one transaction."""
+"""An import's steps for models, queries and splits (the small kinds of file), and what an import did
+(`ImportResult`): models validated in Python; queries and splits, checked with set-based queries over their stage
+tables. Evaluations, the bulk, have
+data/import_evaluations.py; data/import_run.py runs the whole import in one transaction."""
 from __future__ import annotations
 
 import json
@@ -11,7 +12,7 @@ from dataclasses import dataclass, field
 from registry.data import outbox, splits
 from registry.locus import text_encoder
 from registry.core.errors import Conflict, InputError, UnknownReference, text_problem
-from registry.data.staging import Staged, fetch, first_bad, mirror
+from registry.data.input_files import Staged, fetch, first_bad, mirror
 from registry.core.transaction import Tx
 MAX_NAME = 200
 # what the HTTP API puts after a model's name in a path (/models/NAME/history): a name ending so is unreachable

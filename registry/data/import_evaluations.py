@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from registry.data import evaluation_rows, outbox
+from registry.data import current_evaluations, outbox
 from registry.core.errors import Conflict, UnknownReference, editor_line
-from registry.data.import_steps import ImportResult, model_name_problem
-from registry.data.staging import Columns, Staged, duck_error, fetch, first_bad, ident, mirror, sql_str, stage
+from registry.data.import_models_queries import ImportResult, model_name_problem
+from registry.data.input_files import Columns, Staged, duck_error, fetch, first_bad, ident, mirror, sql_str, stage
 from registry.core.transaction import Tx
 TRUE_FALSE = "CASE lower(trim({c})) WHEN '1' THEN true WHEN 'true' THEN true WHEN '0' THEN false " \
              "WHEN 'false' THEN false ELSE NULL END"
@@ -39,7 +39,7 @@ def import_evaluations(tx: Tx, staged: Staged, batch_id: int, result: ImportResu
                                          WHERE m.name IN (SELECT unnest(?::VARCHAR[]))""", [names])] if names else []
     mirror(tx, "models", "queries")
     _mirror_evaluations(tx, evaluated)
-    changed = f"""LEFT JOIN {evaluation_rows.current(model_ids=evaluated)} cur ON cur.model_id = m.id
+    changed = f"""LEFT JOIN {current_evaluations.current(model_ids=evaluated)} cur ON cur.model_id = m.id
                   AND cur.query_id = q.id WHERE cur.correct IS DISTINCT FROM e.c""" if evaluated else ""
     select = f"""
         SELECT {{distinct}} m.id AS model_id, q.id AS query_id, e.c AS correct, {int(batch_id)} AS batch_id
@@ -123,7 +123,7 @@ def append_evaluations(tx: Tx, cols: Columns, batch_id: int, result: ImportResul
     known = held.evaluated if held is not None else [r[0] for r in tx.sql(
         """SELECT DISTINCT e.model_id FROM evaluations e JOIN models m ON m.id = e.model_id
            WHERE m.name IN (SELECT unnest(?::VARCHAR[]))""", [names])]
-    changed = f"""LEFT JOIN {evaluation_rows.current(model_ids=known)} cur ON cur.model_id = m.id AND cur.query_id = q.id
+    changed = f"""LEFT JOIN {current_evaluations.current(model_ids=known)} cur ON cur.model_id = m.id AND cur.query_id = q.id
                   WHERE cur.correct IS DISTINCT FROM f.c""" if known else ""
     mirror(tx, "models")
     if known and repeats:   # a file contradicting itself on a model with results: the filter below could hide a side

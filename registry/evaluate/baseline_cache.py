@@ -16,18 +16,22 @@ import numpy as np
 from registry.core.transaction import Tx
 
 FORMAT = "evaluate-baselines/1"
-KEPT = 4              # saved baseline sets kept (one per split evaluated, and one older state): a few hundred KB each
+KEPT = 6              # saved sets kept (baselines and served scores per split evaluated, and older ones): KBs each
 
 
-def key_text(data, split: str, idx: np.ndarray, seed: int, *, caller: str) -> str:
+def key_text(data, split: str, idx: np.ndarray, seed: int, *, caller: str, sources: tuple = (),
+             arrays: tuple = ()) -> str:
     """The key of the baselines of `data` on `split`: everything they read (answers, splits, models, query vectors,
     categories, sources), the split's queries, the seed, and the source of the code that fits them (locus/baselines,
-    this module, and `caller`'s file, which calls them)."""
+    this module, and `caller`'s file, which calls them); `sources` and `arrays`: more files and values read (the
+    served policy's: its modules, the embeddings and the evidence behind them)."""
     from registry.locus import baselines
 
     h = hashlib.sha256()
-    for source in (baselines.__file__, __file__, caller):
+    for source in (baselines.__file__, __file__, caller, *sources):
         h.update(Path(source).read_bytes())
+    for a in arrays:
+        h.update(np.ascontiguousarray(a).tobytes())
     h.update(data.digest().encode())
     for a in (data.qvecs, idx, np.asarray([seed])):
         h.update(np.ascontiguousarray(a).tobytes())
@@ -65,7 +69,8 @@ class BaselineCache:
         kept = {**self.found, **self.fitted}
         buf = io.BytesIO()
         doc = {name: settings for name, (_, settings) in kept.items()}
-        np.savez(buf, __doc__=np.frombuffer(json.dumps(doc).encode(), dtype=np.uint8),
+        text = json.dumps(doc, default=lambda o: o.item() if isinstance(o, np.generic) else o.tolist())
+        np.savez(buf, __doc__=np.frombuffer(text.encode(), dtype=np.uint8),
                  **{name: np.asarray(scores) for name, (scores, _) in kept.items()})
         self.tx.sql("DELETE FROM routing_states WHERE key = ?", [self.key])
         self.tx.sql("INSERT INTO routing_states (key, encoder_id, payload) VALUES (?, ?, ?)",

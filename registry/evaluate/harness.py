@@ -123,14 +123,14 @@ def evaluate(tx: Tx, split: str = "test", *, baselines: bool = True, sample_effi
                                             **{k: selection[k] for k in ("a", "k", "w")})
         scores["locus_interaction"] = answered(routed)
         step("served")
-        pol = served.choose(fitted, data.correct, data.qvecs, data.categories, data.sources, train_idx=tr,
-                            val_idx=va)
-        routed = served.as_served(pol, fitted, routed, data.qvecs[idx], categories=_at(data.categories, idx),
-                                  sources=_at(data.sources, idx))
-        methods["served"] = dict(B.routing_report(answered(routed), ct, routed, strongest), policy=pol.name)
+        kept = baseline_cache.BaselineCache(tx, baseline_cache.key_text(
+            data, split, idx, mf_seed, caller=__file__, sources=_served_sources(),
+            arrays=(z, np.asarray([encoder_id]), ev.n, ev.stability, ev.weight, np.asarray([-1 if ev.minimum is None else ev.minimum]))))
+        routed, served_info = kept.get("served", lambda routed=routed: _served(data, fitted, routed, idx, tr, va))
+        kept.save(encoder_id)
+        methods["served"] = dict(B.routing_report(answered(routed), ct, routed, strongest),
+                                 policy=served_info["policy"])
         scores["served"] = answered(routed)
-        served_info = {"policy": pol.name, "setting": pol.setting, "val_hit": pol.val, "margin": pol.margin,
-                       "margin_single": pol.margin_single}
     chosen = B.topk_models(routed, 1)[0]       # what routing serves: it cannot know which models have a result
     choices = {data.models[m]: int(n) for m, n in zip(*np.unique(chosen, return_counts=True))}
     if baselines:
@@ -185,6 +185,25 @@ def evaluate(tx: Tx, split: str = "test", *, baselines: bool = True, sample_effi
     if planned:
         report.planned_efficiency = planned_curve(tx, data, z, idx, seeds, sizes)
     return report
+
+
+def _served(data, fitted, routed, idx, tr, va) -> tuple[np.ndarray, dict]:
+    """Routing as served on idx (the policy chosen on val, as routing chooses it) and what the report says of it."""
+    pol = served.choose(fitted, data.correct, data.qvecs, data.categories, data.sources, train_idx=tr, val_idx=va)
+    routed = served.as_served(pol, fitted, routed, data.qvecs[idx], categories=_at(data.categories, idx),
+                              sources=_at(data.sources, idx))
+    return routed, {"policy": pol.name, "setting": pol.setting, "val_hit": pol.val, "margin": pol.margin,
+                    "margin_single": pol.margin_single}
+
+
+def _served_sources() -> tuple[str, ...]:
+    """The modules the served scores depend on beyond the baselines': the policy, its pair models, the interaction
+    terms, the evidence's shrinkage and the network that scores."""
+    from registry.embedding import evidence as ev_module
+    from registry.locus import numpy_network
+    from registry.routing import pairs
+
+    return tuple(m.__file__ for m in (served, pairs, interaction, ev_module, numpy_network))
 
 
 def _prior_router(data, labels, tr, va, idx) -> tuple[np.ndarray, dict]:

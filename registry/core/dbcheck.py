@@ -5,9 +5,13 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from registry.core import resources
 from registry.core.errors import RegistryError
+
+if TYPE_CHECKING:
+    from registry.core.store import Store
 
 
 def head_revision() -> str:
@@ -96,7 +100,7 @@ class SchemaCheck:
     ok: bool = True
 
 
-def check(store) -> SchemaCheck:
+def check(store: Store) -> SchemaCheck:
     """What is wrong with `store`'s schema: no alembic_version table, not exactly one row in it, a revision older
     or newer than this registry's; where it is at this registry's revision, a table or a column the schema has that
     the file lacks. Reads only."""

@@ -12,15 +12,20 @@ written with `Tx.append` (DuckDB inserts from the registered Arrow batch, Postgr
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any
+
+from sqlalchemy import Sequence
 
 from registry.core import dialect
+from registry.core.dbcheck import head_revision
 from registry.core.errors import InputError, RegistryError
 from registry.core.schema import Base
-from registry.core.store import Store, head_revision
+from registry.core.store import Store
 from registry.core.transaction import Tx
+
 BATCH_ROWS = 1 << 16           # rows per Arrow batch: bounded memory for a table of any size
 MIGRATIONS_TABLE = "alembic_version"   # written by the destination's own migration to the same head
 
@@ -137,7 +142,7 @@ def _copy_table(src: Tx, dst: Tx, table: str) -> int:
     return copied
 
 
-def _read(tx: Tx, statement: str):
+def _read(tx: Tx, statement: str) -> Iterator[Any]:
     """The statement's rows as Arrow tables of at most BATCH_ROWS rows."""
     import pyarrow as pa
 
@@ -162,7 +167,7 @@ def _advance_sequences(src: Tx, dst: Tx) -> dict[str, int]:
     source_last = dict(src.sql(dialect.SEQUENCES[src.dialect]))
     dest_last = dict(dst.sql(dialect.SEQUENCES[dst.dialect]))
     users = {col.default.name: (table.name, col.name) for table in Base.metadata.tables.values()
-             for col in table.columns if col.default is not None and hasattr(col.default, "next_value")}
+             for col in table.columns if isinstance(col.default, Sequence)}
     out = {}
     for name in sorted(source_last):
         if name not in dest_last:

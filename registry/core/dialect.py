@@ -10,6 +10,8 @@ DuckDB does (reading files, bit-string aggregates) runs in an in-process DuckDB 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 # rows cached per open database that another process can change: on PostgreSQL they are dropped at the start of
 # every transaction (DuckDB's file lock means no other process writes while a registry holds the file)
@@ -40,19 +42,20 @@ def display_url(url: str) -> str:
 _TOKEN = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\?|%")
 
 
-def pg_statement(statement: str, params=None) -> tuple[str, list | None]:
+def pg_statement(statement: str, params: Sequence[Any] | None = None) -> tuple[str, list[Any] | None]:
     """(statement, params) as psycopg takes them: `?` -> `%s` (outside quotes), every literal `%` doubled, numpy
     scalars and arrays as Python values."""
     if not params:
         return statement, None
 
-    def sub(m):   # psycopg reads % everywhere, quotes included; ? is a placeholder only outside quotes
+    # psycopg reads % everywhere, quotes included; ? is a placeholder only outside quotes
+    def sub(m: re.Match[str]) -> str:
         tok = m.group(0)
         return "%s" if tok == "?" else tok.replace("%", "%%")
     return _TOKEN.sub(sub, statement), [plain_value(p) for p in params]
 
 
-def plain_value(value):
+def plain_value(value: Any) -> Any:
     """A parameter as psycopg takes it: numpy scalars and arrays as Python values, tuples as lists."""
     if hasattr(value, "tolist") and not isinstance(value, (bytes, bytearray, memoryview)):
         return value.tolist()          # numpy scalar or array
@@ -61,7 +64,7 @@ def plain_value(value):
     return value
 
 
-def configure(cursor) -> None:
+def configure(cursor: Any) -> None:
     """Read values as DuckDB gives them: JSON as its text, numeric (avg of integers) as float."""
     from psycopg.types.numeric import FloatLoader
     from psycopg.types.string import TextLoader
@@ -72,7 +75,7 @@ def configure(cursor) -> None:
 
 
 # PostgreSQL type oid -> Arrow type, so that an empty result keeps its column types
-def _arrow_types():
+def _arrow_types() -> dict[int, Any]:
     import pyarrow as pa
 
     return {16: pa.bool_(), 20: pa.int64(), 21: pa.int16(), 23: pa.int32(), 700: pa.float32(), 701: pa.float64(),
@@ -82,7 +85,7 @@ def _arrow_types():
             1016: pa.list_(pa.int64()), 1009: pa.list_(pa.string())}
 
 
-def rows_to_arrow(cursor):
+def rows_to_arrow(cursor: Any) -> Any:
     """The rows of an executed psycopg cursor as a pyarrow Table, column by column."""
     import pyarrow as pa
 
@@ -91,14 +94,14 @@ def rows_to_arrow(cursor):
     return _rows_table(cursor.description, cursor.fetchall())
 
 
-def arrow_batches(cursor, rows: int):
+def arrow_batches(cursor: Any, rows: int) -> Iterator[Any]:
     """The rows of an executed psycopg cursor as pyarrow Tables of at most `rows` rows each (a server-side cursor
     keeps only one batch in memory: `db copy` of a large table)."""
     while batch := cursor.fetchmany(rows):
         yield _rows_table(cursor.description, batch)
 
 
-def _rows_table(description, rows):
+def _rows_table(description: Any, rows: list[Any]) -> Any:
     import pyarrow as pa
 
     types = _arrow_types()
@@ -110,7 +113,7 @@ def _rows_table(description, rows):
     return pa.Table.from_arrays(arrays, names=names)
 
 
-def _pg_type(t) -> str:
+def _pg_type(t: Any) -> str:
     import pyarrow as pa
 
     if pa.types.is_boolean(t):
@@ -130,11 +133,11 @@ def _pg_type(t) -> str:
     return "text"
 
 
-def _as_arrow(data):
+def _as_arrow(data: Any) -> Any:
     return data if hasattr(data, "column_names") else data.to_arrow_table()
 
 
-def pg_temp_table(conn, name: str, data) -> None:
+def pg_temp_table(conn: Any, name: str, data: Any) -> None:
     """A temporary table `name` holding an Arrow table's rows (dropped at the end of the transaction at the
     latest)."""
     data = _as_arrow(data)
@@ -145,7 +148,7 @@ def pg_temp_table(conn, name: str, data) -> None:
     pg_copy(conn, name, data.column_names, data)
 
 
-def pg_copy(conn, table: str, columns: list[str], data) -> None:
+def pg_copy(conn: Any, table: str, columns: list[str], data: Any) -> None:
     """Append an Arrow table's rows with COPY. Flat columns go as CSV written by Arrow's C++ writer (no Python
     object per value); a table with list columns (vectors) goes row by row through psycopg's binary COPY."""
     import pyarrow as pa
@@ -190,7 +193,7 @@ _PGCOPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + b"\x00" * 8
 _ROWS_PER_WRITE = 1 << 18
 
 
-def _copy_binary_fixed(conn, table: str, columns: list[str], data) -> bool:
+def _copy_binary_fixed(conn: Any, table: str, columns: list[str], data: Any) -> bool:
     """COPY in PostgreSQL's binary format, built with numpy (no Python object per value), when every column is a
     fixed-width number or boolean in the target table and holds no NULL: the bulk path for evaluations. -> False
     (nothing sent) otherwise."""
@@ -204,7 +207,7 @@ def _copy_binary_fixed(conn, table: str, columns: list[str], data) -> bool:
                WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped""", [table]).fetchall())
     if not all(types.get(c) in _FIXED for c in columns):
         return False
-    fields = [("n", ">i2")]
+    fields: list[tuple[str, Any]] = [("n", ">i2")]
     for i, c in enumerate(columns):
         dt = np.dtype(_FIXED[types[c]])
         fields += [(f"l{i}", ">i4"), (f"v{i}", dt)]
@@ -223,11 +226,11 @@ def _copy_binary_fixed(conn, table: str, columns: list[str], data) -> bool:
     return True
 
 
-def pg_failed(conn) -> bool:
+def pg_failed(conn: Any) -> bool:
     """Whether the connection's transaction has failed (every statement but ROLLBACK is refused)."""
     from psycopg.pq import TransactionStatus
 
-    return conn.info.transaction_status == TransactionStatus.INERROR
+    return bool(conn.info.transaction_status == TransactionStatus.INERROR)
 
 
 # `db copy`: the tables and id sequences of a registry's schema, and how to set a sequence so that the next id is

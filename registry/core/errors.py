@@ -3,6 +3,8 @@ into click errors, and the HTTP server into status codes."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
+from typing import Any
 
 
 class RegistryError(Exception):
@@ -128,7 +130,7 @@ DAMAGE_SIGNS = {"Corrupt database file": "a block's checksum does not match",
                 "Corrupt WAL file": "its write-ahead log is corrupt"}
 
 
-def text_problem(value, what: str) -> str | None:
+def text_problem(value: Any, what: str) -> str | None:
     """Why `value` cannot be stored as text, or None: the one rule every name, metadata field and command-line
     argument meets before it reaches the database. A lone surrogate (JSON's "\\ud800") and a command-line byte that
     is not UTF-8 (which Python keeps as the surrogate U+DC80 + byte) have no UTF-8 form, so no file or database can
@@ -146,7 +148,7 @@ def text_problem(value, what: str) -> str | None:
         return f"{what} {value!r} is not valid UTF-8 text ({how}, at position {exc.start})"
 
 
-def check_text(value, what: str):
+def check_text(value: Any, what: str) -> Any:
     """`value`, once `text_problem` finds nothing wrong with it (else InputError); in a dict or list, every key and
     value."""
     if isinstance(value, dict):
@@ -223,7 +225,7 @@ def disk_full(path: str, exc: BaseException) -> DiskFull | None:
                     f"and run the command again", reason)
 
 
-def size_text(n: int) -> str:
+def size_text(n: float) -> str:
     """Bytes in a unit a person reads: '0 B', '12.0 KiB', '3.4 MiB', '1.2 GiB'."""
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
@@ -248,7 +250,7 @@ def storage_problem(exc: BaseException) -> str | None:
     return text.splitlines()[0] if text else type(cause).__name__
 
 
-def unknown_model(name: str, known, where: str = "") -> NotFound:
+def unknown_model(name: str, known: Iterable[str], where: str = "") -> NotFound:
     """NotFound for a model name the registry lacks, with the names it most likely meant: those containing it
     (`gpt-4o` -> `gpt-4o-2024-05-13`), then the closest spellings."""
     import difflib

@@ -3,6 +3,7 @@ must not pay for numpy, FAISS or the routing code to print five counts."""
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 
 class LazyModule:
@@ -12,13 +13,13 @@ class LazyModule:
     def __init__(self, name: str):
         self.__dict__["__lazy_name__"] = name
 
-    def __getattr__(self, attr: str):
+    def __getattr__(self, attr: str) -> Any:
         module = self.__dict__.get("__lazy_module__")
         if module is None:
             module = self.__dict__["__lazy_module__"] = importlib.import_module(self.__lazy_name__)
         return getattr(module, attr)
 
-    def __setattr__(self, attr: str, value) -> None:    # a patch must reach the module every caller reads
+    def __setattr__(self, attr: str, value: Any) -> None:    # a patch must reach the module every caller reads
         setattr(importlib.import_module(self.__lazy_name__), attr, value)
 
     def __repr__(self) -> str:

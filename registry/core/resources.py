@@ -1,6 +1,7 @@
 """Where the files the package carries are: the Alembic migrations, the shipped encoder checkpoint and the shipped
 query vectors. A built wheel holds them inside the package (`registry/shipped/`, copied there by setup.py at build
-time); a source checkout keeps them at the repo's top level (`alembic/`, `alembic.ini`, `data/`), where they are edited."""
+time); a source checkout keeps them at the repo's top level (`alembic/`, `alembic.ini`, `data/`), where they are
+edited."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -11,14 +11,27 @@ DuckDB notes that shape this file (../shared/notes/stack-facts.md):
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import (JSON, REAL, Boolean, CheckConstraint, Double, Float, Integer, LargeBinary, Sequence, String,
-                        UniqueConstraint, func)
+from sqlalchemy import (
+    JSON,
+    REAL,
+    Boolean,
+    CheckConstraint,
+    Double,
+    Float,
+    Integer,
+    LargeBinary,
+    Sequence,
+    String,
+    UniqueConstraint,
+    func,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import ARRAY, DateTime, UserDefinedType
 
 
-class FixedVector(UserDefinedType):
+class FixedVector(UserDefinedType[Any]):
     """DuckDB FLOAT[n]: a fixed-length array, so a vector of the wrong length is refused by the database. On
     PostgreSQL: real[], its length checked by a CHECK constraint (`vector_column`, migration 0007)."""
     cache_ok = True
@@ -26,11 +39,11 @@ class FixedVector(UserDefinedType):
     def __init__(self, dim: int):
         self.dim = dim
 
-    def get_col_spec(self, **kw):
+    def get_col_spec(self, **kw: Any) -> str:
         return f"FLOAT[{self.dim}]"
 
 
-def vector_column(dim: int | None = None):
+def vector_column(dim: int | None = None) -> Any:
     """A float32 vector column: DuckDB FLOAT[dim] (FLOAT[] without dim), PostgreSQL real[]."""
     base = FixedVector(dim) if dim else ARRAY(Float)
     return base.with_variant(ARRAY(REAL), "postgresql")
@@ -40,7 +53,7 @@ class Base(DeclarativeBase):
     pass
 
 
-def _id(seq_name: str):
+def _id(seq_name: str) -> Any:
     seq = Sequence(seq_name)
     return mapped_column(Integer, seq, server_default=seq.next_value(), primary_key=True)
 
@@ -54,7 +67,7 @@ class Model(Base):
     params_b: Mapped[float | None] = mapped_column(Double)
     cost: Mapped[float | None] = mapped_column(Double)
     open_weights: Mapped[bool | None] = mapped_column(Boolean)
-    tags: Mapped[dict | None] = mapped_column(JSON)
+    tags: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created: Mapped[datetime] = mapped_column(DateTime, server_default=func.now(), nullable=False)
 
 
@@ -89,8 +102,8 @@ class TextVector(Base):
 class ImportBatch(Base):
     __tablename__ = "import_batches"
     id: Mapped[int] = _id("import_batches_id_seq")
-    files: Mapped[dict] = mapped_column(JSON, nullable=False)       # {"evaluations": "/path/file.csv.gz", ...}
-    row_counts: Mapped[dict] = mapped_column(JSON, nullable=False)  # rows read and rows added, per kind
+    files: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False)  # {"evaluations": "/path/file.csv.gz", ...}
+    row_counts: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False)  # rows read and rows added, per kind
     digest: Mapped[str] = mapped_column(String, nullable=False)     # sha256 over the files' bytes
     created: Mapped[datetime] = mapped_column(DateTime, server_default=func.now(), nullable=False)
 
@@ -119,8 +132,9 @@ class Encoder(Base):
     id: Mapped[int] = _id("encoders_id_seq")
     name: Mapped[str] = mapped_column(String, unique=True, nullable=False)
     text_encoder: Mapped[str] = mapped_column(String, nullable=False)
-    config: Mapped[dict] = mapped_column(JSON, nullable=False)
-    meta: Mapped[dict] = mapped_column(JSON, nullable=False)   # metrics, training-data digest, embedding policy
+    config: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False)
+    # metrics, training-data digest, embedding policy
+    meta: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False)
     weights: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
     weights_sha256: Mapped[str] = mapped_column(String, nullable=False)
     created: Mapped[datetime] = mapped_column(DateTime, server_default=func.now(), nullable=False)
@@ -265,7 +279,7 @@ class WatchRound(Base):
     statistic: Mapped[float] = mapped_column(Float, nullable=False)
     verdict: Mapped[str] = mapped_column(String, nullable=False)
     event: Mapped[str | None] = mapped_column(String)
-    evidence: Mapped[dict] = mapped_column(JSON, nullable=False)
+    evidence: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False)
     created: Mapped[datetime] = mapped_column(DateTime, server_default=func.now(), nullable=False)
 
 
@@ -289,7 +303,7 @@ class RoutingLog(Base):
     text: Mapped[str | None] = mapped_column(String)                  # NULL under --no-log-text
     model: Mapped[str | None] = mapped_column(String)                 # NULL when no model could be chosen
     fallback: Mapped[bool] = mapped_column(Boolean, nullable=False)
-    candidates: Mapped[list] = mapped_column(JSON, nullable=False)    # top candidates [{"model", "prob"}]
+    candidates: Mapped[list[Any]] = mapped_column(JSON, nullable=False)    # top candidates [{"model", "prob"}]
     encoder_id: Mapped[int | None] = mapped_column(Integer)
-    versions: Mapped[dict] = mapped_column(JSON, nullable=False)      # model -> embedding version used
-    options: Mapped[dict | None] = mapped_column(JSON)                # cost_weight, min_prob, unavailable
+    versions: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False)      # model -> embedding version used
+    options: Mapped[dict[str, Any] | None] = mapped_column(JSON)                # cost_weight, min_prob, unavailable

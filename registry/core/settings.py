@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from registry.core.errors import InputError
 
@@ -60,7 +61,7 @@ def current() -> Settings:
                     busy_timeout=_number("REGISTRY_BUSY_TIMEOUT", float, Settings.busy_timeout, least=0))
 
 
-def _number(name: str, kind: type, default, least: int | None = None):
+def _number(name: str, kind: type, default: Any, least: int | None = None) -> Any:
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default

@@ -10,14 +10,24 @@ way: an import commits whole or not at all.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any
 
 from registry.core import dbcheck, dialect, resources, settings
 from registry.core.dbcheck import head_revision
-from registry.core.errors import (NotFound, RegistryError, RowsWouldBeLost, SchemaMissing, SchemaOutdated,
-                                  database_damaged, database_locked, disk_full, is_locked)
+from registry.core.errors import (
+    NotFound,
+    RegistryError,
+    RowsWouldBeLost,
+    SchemaMissing,
+    SchemaOutdated,
+    database_damaged,
+    database_locked,
+    disk_full,
+    is_locked,
+)
 from registry.core.transaction import Tx, cache_section
 
 
@@ -25,7 +35,7 @@ def default_db_path() -> str:
     return settings.current().db
 
 
-def alembic_config(connection=None):
+def alembic_config(connection: Any = None) -> Any:
     from alembic.config import Config
 
     cfg = Config(str(resources.alembic_ini()))
@@ -36,7 +46,16 @@ def alembic_config(connection=None):
 
 
 class Store:
-    def __init__(self, path: str | os.PathLike | None = None, migrate: bool = True, create: bool = True):
+    # driver objects, typed loosely: DuckDB's connection (None on PostgreSQL, or once closed), the SQLAlchemy
+    # engine made on first use, idle cursors, PostgreSQL's in-memory DuckDB for files and its lock
+    con: Any
+    _engine: Any
+    _idle: list[Any]
+    _idle_lock: Any
+    _stage_con: Any
+    _stage_lock: Any
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, migrate: bool = True, create: bool = True):
         self.path = str(path or default_db_path())
         self.duckdb_threads: int | None = None      # (limit_duckdb_threads)
         self.dialect = "postgresql" if dialect.is_url(self.path) else "duckdb"
@@ -79,7 +98,7 @@ class Store:
         # rows that never change once written (encoder checkpoints, query text vectors), kept per open database:
         # while the connection is open this process holds DuckDB's file lock, so no other process writes behind
         # it; and the sections of values derived from them whose owners check them before use (`section`)
-        self.cache: dict = {}
+        self.cache: dict[Any, Any] = {}
         # a file this process may not write (its mode, its folder, a read-only mount) is still read
         self.read_only = not create and not writable(self.path)
         try:       # (another registry process's turn: waited for, `wait_for_lock`)
@@ -95,7 +114,7 @@ class Store:
                 raise known from None
             raise RegistryError(f"{self.path}: cannot open database: {str(exc).splitlines()[0]}") from None
 
-    def _stage_db(self):
+    def _stage_db(self) -> Any:
         """The in-memory DuckDB that reads files for a PostgreSQL registry (`Tx.stage`), opened on first use."""
         with self._stage_lock:
             if self._stage_con is None:
@@ -104,7 +123,7 @@ class Store:
                 self._stage_con = duckdb.connect(config=self._duckdb_config())
             return self._stage_con
 
-    def _duckdb_config(self) -> dict:
+    def _duckdb_config(self) -> dict[str, Any]:
         """What every DuckDB database of this store is opened with: the threads given to `limit_duckdb_threads`,
         else REGISTRY_DUCKDB_THREADS when set, else DuckDB's default; and never an extension fetched from the
         network or loaded unasked (a file DuckDB takes for another engine's, SQLite's, would do both)."""
@@ -142,7 +161,7 @@ class Store:
             raise RegistryError(f"{self.path}: cannot open database: {first}") from None
 
     @property
-    def engine(self):
+    def engine(self) -> Any:
         """A SQLAlchemy engine on this database (what Alembic migrates through); on DuckDB made on first use, its
         connections cursors of the Store's own connection (one process may open a file only one way)."""
         if self._engine is None:
@@ -153,7 +172,7 @@ class Store:
                                          pool_reset_on_return=None)
         return self._engine
 
-    def section(self, name: str, make=dict):
+    def section(self, name: str, make: Callable[[], Any] = dict) -> Any:
         """This Store's cache section `name` (`cache_section`)."""
         return cache_section(self.cache, name, make)
 
@@ -210,7 +229,7 @@ class Store:
             self._migrate(command.downgrade, conn, revision)
         return lost
 
-    def _migrate(self, step, conn, revision: str) -> None:
+    def _migrate(self, step: Callable[[Any, str], None], conn: Any, revision: str) -> None:
         """An Alembic command; a revision it does not know is one line."""
         from alembic.util import CommandError
 
@@ -276,7 +295,7 @@ class Store:
             with self._idle_lock:
                 self._idle.append(cur)
 
-    def check(self):
+    def check(self) -> dbcheck.SchemaCheck:
         """What is wrong with the database's schema (`dbcheck.SchemaCheck`): its revision, the migration's own
         table, a table or column missing. Needs only an open store (migrate=False opens any revision)."""
         return dbcheck.check(self)
@@ -302,7 +321,7 @@ class Store:
             self._stage_con = None
 
 
-def wait_for_lock(path: str, connect):
+def wait_for_lock(path: str, connect: Callable[[], Any]) -> Any:
     """`connect()`, retried with backoff while another process holds the DuckDB file, as SQLite's busy timeout
     does: two commands on one file take turns. Says once on stderr whom it waits for; past REGISTRY_BUSY_TIMEOUT
     seconds, DatabaseLocked. A file held by a `registry serve` is not waited for (it holds the file until stopped):
@@ -342,7 +361,7 @@ def writable(path: str) -> bool:
     return os.access(folder, os.W_OK) and (not os.path.exists(path) or os.access(path, os.W_OK))
 
 
-def table_columns(conn) -> dict[str, set[str]]:
+def table_columns(conn: Any) -> dict[str, set[str]]:
     """{table: its columns} of the database's own schema, the migration's bookkeeping table left out."""
     rows = conn.exec_driver_sql("SELECT table_name, column_name FROM information_schema.columns "
                                 "WHERE table_schema = current_schema() AND table_name <> 'alembic_version'").all()

@@ -83,13 +83,14 @@ class Registry:
         return importing.export_vectors(self.store, path, source, dtype)
 
     def import_vectors(self, path: str):
-        """Add a vector file's vectors, checked whole first: a bad file changes nothing (`vector_files.VectorsResult`)."""
+        """Add a vector file's vectors, checked whole first: a bad file changes nothing (`VectorsResult`)."""
         return importing.import_vectors(self.store, path)
 
     def draw_splits(self, val: float = 0.1, test: float | None = None, seed: int = 0, by: str = "random",
                     test_categories: list[str] | None = None) -> splits.DrawResult:
         """Give every query without a split one, drawn with `seed` per category (`val` and `test` shares, default 0.1
-        each); a split, once set, is kept. `by="category"`: `test_categories` held out whole. Changed models re-embed."""
+        each); a split, once set, is kept. `by="category"`: `test_categories` held out whole. Changed models
+        re-embed."""
         return importing.draw_splits(self.store, val=val, test=test, seed=seed, by=by,
                                      test_categories=test_categories, min_evaluations=self.min_evaluations)
 
@@ -177,7 +178,8 @@ class Registry:
                  max_steps: int | None = None, epochs: int | None = None, progress=None, planned: bool = False):
         """Routing accuracy and predictor quality of LOCUS on a split, beside the baselines, over the established
         models with an up-to-date embedding (pending onboarding is finished first; the others are reported).
-        `held_out=K`: per seed (default 3), K models known only from n evaluations (evaluate/heldout.py; nothing written).
+        `held_out=K`: per seed (default 3), K models known only from n evaluations (evaluate/heldout.py; nothing
+        written).
         `planned` (with sample_efficiency or held_out): planned probes against random ones (locus/probe_design.py)."""
         return evaluate_uc.evaluate(self.store, split, baselines=baselines, sample_efficiency=sample_efficiency,
                                     seeds=seeds, held_out=held_out, n=n, max_steps=max_steps, epochs=epochs,

@@ -7,11 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from registry.answers import catalog, fingerprint, neighbours
-from registry.embedding import encoders, evidence, onboarding
-from registry.data import current_evaluations, import_models_queries, import_run
-from registry.core.errors import Conflict, DiskFull, InputError, RegistryError, check_text, storage_problem
 from registry.answers.neighbours import Neighbour
+from registry.core.errors import Conflict, DiskFull, InputError, RegistryError, check_text, storage_problem
 from registry.core.transaction import Tx
+from registry.data import current_evaluations, import_models_queries, import_run
+from registry.embedding import encoders, evidence, onboarding
 
 
 @dataclass(kw_only=True)

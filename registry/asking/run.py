@@ -14,10 +14,10 @@ import numpy as np
 
 from registry.answers import fingerprint, probe_plans, registration
 from registry.asking import client, prompt
-from registry.data import endpoints
 from registry.core.errors import Conflict, InputError, NotFound
 from registry.core.keys import OWNER, UpstreamKeys
 from registry.core.transaction import Tx
+from registry.data import endpoints
 
 PLANS = ("fingerprint", "probe", "random")
 PROBE_UNREACHABLE_AFTER = 2     # the first question's connections refused (or timed out) that end the run

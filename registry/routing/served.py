@@ -7,9 +7,10 @@ MF or IRT over the text vectors: routing/pairs.py), or the blend of them (the me
 answer), settings fitted on train (the interaction's val scores too). The best single model (the model most often
 right on train) serves unless another candidate beats it on val by more than val's noise (MARGIN_SE paired standard
 errors of their difference); among the rest, the predictor with interaction unless a simple router beats it so.
-The kept one is then fitted on train and val (the reference queries, as the interaction terms are). `scores` gives its routing scores [R,N] for the
-interaction's rows, the same way in `registry evaluate` (its `served` row) and in routing (routing/policy.py), so
-the report describes what is served. Pure numpy: routing computes it beside the interaction fit, without torch.
+The kept one is then fitted on train and val (the reference queries, as the interaction terms are). `scores` gives
+its routing scores [R,N] for the interaction's rows, the same way in `registry evaluate` (its `served` row) and in
+routing (routing/policy.py), so the report describes what is served. `Served`: the terms and the policy as routing
+keeps them in its state. Pure numpy: routing computes it beside the interaction fit, without torch.
 """
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from registry.routing import pairs
 from registry.locus import interaction
+from registry.routing import pairs
 
 CHOICES = ("locus_interaction", "knn", "per_category", "per_source", "mf", "irt", "blend", "best_single")
 # one dimension each: every fit also runs in a routing refit (on ZeroEval, dims 4 to 32 were within one val query)

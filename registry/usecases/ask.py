@@ -18,13 +18,14 @@ from registry.usecases import register as register_uc
 
 def ask(store: Store, name: str, *, min_evaluations: int, probation: int | None, n: int = 128,
         plan: str = "fingerprint", concurrency: int = 8, base_url: str | None = None,
-        upstream_model: str | None = None, api_key_env: str | None = None, keep_responses: bool = False, seed: int = 0, deadline: float = 60.0, retries: int = 4,
+        upstream_model: str | None = None, api_key_env: str | None = None, keep_responses: bool = False,
+        seed: int = 0, deadline: float = 60.0, retries: int = 4,
         backoff: float = 0.5, progress: bool = False, k: int = 5, keys: UpstreamKeys = OWNER,
         keep_endpoint: bool = False) -> AskResult:
     """`registry ask NAME` (`probation`: the minimum set, None: the data's); keys: where an endpoint's key may go
     (a server's bindings; the command line: the owner's own); keep_endpoint: a base URL (upstream model, key) other
-    than the model's recorded endpoint is refused, not recorded in its place (the HTTP API). Raises EndpointFailed, having written nothing,
-    when the endpoint answered none of the questions asked."""
+    than the model's recorded endpoint is refused, not recorded in its place (the HTTP API). Raises EndpointFailed,
+    having written nothing, when the endpoint answered none of the questions asked."""
     from dataclasses import asdict
 
     name = registration.check(name, {})
@@ -65,7 +66,7 @@ def ask(store: Store, name: str, *, min_evaluations: int, probation: int | None,
         unparseable += extracted is None
         graded.append((r.key, extracted, grading.grade(extracted, answer, kind), r.text))
     if chosen and not graded:
-        why = max(usage.failures, key=usage.failures.get) if usage.failures else "no reply"
+        why = max(usage.failures, key=lambda why: usage.failures[why]) if usage.failures else "no reply"
         raise EndpointFailed(f"{endpoint.base_url} answered none of the {len(chosen)} question(s) asked ({why}); "
                              f"nothing was stored")
     batch_id = None

@@ -4,6 +4,7 @@ re-embeds every model under it (old versions stay)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from registry.core.errors import InputError
 from registry.core.store import Store
@@ -38,10 +39,10 @@ def install(store: Store, path: str, name: str | None = None, *, activate_it: bo
     return encoder_id
 
 
-def train(store: Store, *, min_evaluations: int, activate_it: bool = False, **options) -> int:
+def train(store: Store, *, min_evaluations: int, activate_it: bool = False, **options: Any) -> int:
     """A LOCUS encoder trained on the registry's train split (`options`: training.checkpoint_from's), stored as a
     checkpoint -> its encoder id; made active with `activate_it`."""
-    from registry.embedding import dataset       # (torch: only for the commands that train)
+    from registry.embedding import dataset  # (torch: only for the commands that train)
     from registry.locus import training
 
     with store.tx() as tx:

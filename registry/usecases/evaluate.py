@@ -4,22 +4,31 @@ known only from a few evaluations (nothing written); the measuring is evaluate/.
 accuracy against its mean cost on a split, over a sweep of cost weights (routing/frontier.py)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from registry.core.store import Store
 from registry.embedding import evidence
 from registry.usecases import onboard as onboard_uc
+
+if TYPE_CHECKING:       # (torch behind them: imported when a measure runs)
+    from registry.evaluate.harness import EvaluationReport
+    from registry.evaluate.heldout import HeldOutReport
+    from registry.routing.frontier import Frontier
 
 
 def evaluate(store: Store, split: str = "test", *, min_evaluations: int, probation: int | None,
              baselines: bool = True, sample_efficiency: bool = False, seeds: int | None = None,
              held_out: int | None = None, n: int = 128, max_steps: int | None = None, epochs: int | None = None,
-             progress=None, planned: bool = False):
+             progress: Any = None, planned: bool = False) -> EvaluationReport | HeldOutReport:
     """`harness.Evaluation` (or, with `held_out`, `heldout.HeldOut`); options checked before any read."""
-    from registry.embedding import dataset       # (torch: only for the commands that measure)
-    from registry.evaluate import harness, heldout
+    from registry.embedding import dataset  # (torch: only for the commands that measure)
+    from registry.evaluate import harness  # (heldout imports sklearn: 3 s, only for --held-out)
 
     harness.check_options(split, baselines=baselines, sample_efficiency=sample_efficiency, held_out=held_out,
                           planned=planned)
     if held_out is not None:
+        from registry.evaluate import heldout
+
         with store.tx() as tx:
             data = dataset.dataset(tx)
         return heldout.run(data, held_out, n=n, seeds=3 if seeds is None else seeds, max_steps=max_steps,
@@ -32,9 +41,10 @@ def evaluate(store: Store, split: str = "test", *, min_evaluations: int, probati
 
 
 def frontier(store: Store, split: str = "test", cost_by: str = "params", weights: list[float] | None = None, *,
-             probation: int | None = None):
+             probation: int | None = None) -> Frontier:
     """Accuracy vs mean cost over a sweep of cost weights, beside every single model (routing/frontier.py)."""
-    from registry.routing import frontier as frontiers, state
+    from registry.routing import frontier as frontiers
+    from registry.routing import state
 
     with store.tx() as tx:
         return frontiers.compute(tx, state.current(tx, probation), split, cost_by, weights)

@@ -4,6 +4,8 @@ registry's current evaluations as Every Eval Ever 0.3 files, checked against EEE
 writer are data/formats/."""
 from __future__ import annotations
 
+from typing import Any
+
 from registry.answers import registration
 from registry.core.errors import InputError
 from registry.core.store import Store
@@ -23,7 +25,7 @@ def reader_for(paths: list[str]) -> str:
 
 
 def import_paths(store: Store, paths: list[str], reader: str | None = None, *, min_evaluations: int,
-                 probation: int | None, progress: bool = False, **options) -> importer.HarnessImport:
+                 probation: int | None, progress: bool = False, **options: Any) -> importer.HarnessImport:
     """Read `paths` with `reader` (None: the one that recognises them; `detected` says so), then write them in one
     transaction, onboard, and report per model as `register` does (`probation`: the minimum set, None: the data's).
     The CSV folder has its own import (`Registry.import_files`): named here, it is an InputError saying so."""

@@ -8,7 +8,8 @@ import time
 from dataclasses import asdict
 
 from registry.core.store import Store
-from registry.data import import_models_queries, import_run, splits as split_draws, input_files, vector_files
+from registry.data import import_models_queries, import_run, input_files, vector_files
+from registry.data import splits as split_draws
 from registry.usecases import onboard as onboard_uc
 
 
@@ -45,13 +46,14 @@ def draw_splits(store: Store, *, val: float, test: float | None, seed: int, by: 
     return result
 
 
-def export_vectors(store: Store, path: str, source: str | None = None, dtype: str = "float32"):
+def export_vectors(store: Store, path: str, source: str | None = None,
+                   dtype: str = "float32") -> vector_files.VectorsResult:
     """The query text vectors to a Parquet file other registries import (`vector_files.VectorsResult`)."""
     with store.tx() as tx:
         return vector_files.export(tx, path, source, dtype)
 
 
-def import_vectors(store: Store, path: str):
+def import_vectors(store: Store, path: str) -> vector_files.VectorsResult:
     """A vector file's vectors, checked whole first: a bad file changes nothing (`vector_files.VectorsResult`)."""
     with store.tx() as tx:
         return vector_files.load(tx, path)

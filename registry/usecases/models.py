@@ -4,8 +4,14 @@ space (`portfolio`, `fallback`, `fallback_all`, `map`, `geometry`). `probation`:
 registry (None: its data sets it, read in the same transaction)."""
 from __future__ import annotations
 
-from registry.answers import catalog, fallback as fallbacks, fingerprint as fingerprints, geometry as geometries
-from registry.answers import maps, neighbours, portfolio as portfolios, probe_plans
+from collections.abc import Iterable
+from typing import Any
+
+from registry.answers import catalog, maps, neighbours, probe_plans
+from registry.answers import fallback as fallbacks
+from registry.answers import fingerprint as fingerprints
+from registry.answers import geometry as geometries
+from registry.answers import portfolio as portfolios
 from registry.core.errors import InputError
 from registry.core.store import Store
 from registry.core.transaction import Tx
@@ -61,24 +67,25 @@ def fingerprint_plan(store: Store, n: int, candidates: list[str], seed: int, out
 
 
 def portfolio(store: Store, k: int | None, method: str | None, *, as_of: str | None, include_probation: bool,
-              probation: int | None, **options) -> portfolios.Portfolio:
+              probation: int | None, **options: Any) -> portfolios.Portfolio:
     """A few models covering the embedding space (`options`: portfolio.answer's constraints and target); models on
     probation are members only when required or with `include_probation`."""
     with store.tx() as tx:
         p = pool(tx, as_of)
         weak = set() if include_probation else p.on_probation(evidence.minimum(tx, probation))
-        return portfolios.answer(tx, p, k, method=method, probation=weak,
-                                 accuracy=routing_accuracy.scorer(tx, probation), **options)
+        chosen: portfolios.Portfolio = portfolios.answer(tx, p, k, method=method, probation=weak,
+                                                         accuracy=routing_accuracy.scorer(tx, probation), **options)
+    return chosen
 
 
-def fallback(store: Store, model: str, unavailable=(), k: int = 5, *, as_of: str | None = None,
+def fallback(store: Store, model: str, unavailable: Iterable[str] = (), k: int = 5, *, as_of: str | None = None,
              include_probation: bool = False, probation: int | None = None) -> fallbacks.Chain:
     with store.tx() as tx:
         return fallbacks.for_model(tx, pool(tx, as_of), model, unavailable=unavailable, k=k, as_of=as_of,
                                    probation_min=evidence.minimum(tx, probation), include_probation=include_probation)
 
 
-def fallback_all(store: Store, unavailable=(), k: int = 5, *, as_of: str | None = None,
+def fallback_all(store: Store, unavailable: Iterable[str] = (), k: int = 5, *, as_of: str | None = None,
                  include_probation: bool = False, probation: int | None = None) -> fallbacks.Chains:
     with store.tx() as tx:
         return fallbacks.for_all(tx, pool(tx, as_of), unavailable=unavailable, k=k, as_of=as_of,
@@ -90,6 +97,6 @@ def map_(store: Store, out: str, seed: int = 0, as_of: str | None = None) -> map
         return maps.render(pool(tx, as_of), dict(tx.sql("SELECT name, family FROM models")), out, seed)
 
 
-def geometry(store: Store, min_shared: int = 10, as_of: str | None = None):
+def geometry(store: Store, min_shared: int = 10, as_of: str | None = None) -> geometries.Geometry:
     with store.tx() as tx:
         return geometries.correlation(tx, pool(tx, as_of), min_shared)

@@ -11,8 +11,8 @@ from registry.embedding import onboarding
 
 
 def onboard(store: Store, min_evaluations: int, *, all_models: bool = False, stability: bool = True,
-            seconds: dict | None = None, sweep: bool = True,
-            prepared: dict | None = None) -> list[onboarding.JobOutcome]:
+            seconds: dict[str, float] | None = None, sweep: bool = True,
+            prepared: dict[str, onboarding.Prepared] | None = None) -> list[onboarding.JobOutcome]:
     """Every pending job (`all_models`: re-embed every model) in one transaction, then, unless `stability` is
     False, `finish_stabilities`. `seconds` gets each step's time; `prepared`: embeddings a server computed ahead."""
     seconds = {} if seconds is None else seconds
@@ -35,7 +35,8 @@ def finish_stabilities(store: Store, outcomes: list[onboarding.JobOutcome], swee
         return False
     estimates = estimate_stability(store)
     for o in outcomes:
-        o.stability = estimates.get(o.version_id, o.stability)
+        if o.version_id in estimates:
+            o.stability = estimates[o.version_id]
     return True
 
 

@@ -4,6 +4,8 @@ status, nearest models, a warning where one is due) and its same-model verdict r
 how `ask` and the imports by reader report each model. `probe`: the questions to ask a model first."""
 from __future__ import annotations
 
+from typing import Any
+
 from registry.answers import catalog, probe_plans, registration
 from registry.answers.registration import RegisterResult, Staged
 from registry.core.errors import check_text
@@ -12,8 +14,9 @@ from registry.embedding import evidence, onboarding
 from registry.usecases import onboard as onboard_uc
 
 
-def register(store: Store, name: str, evals: str, metadata: dict, *, min_evaluations: int, probation: int | None,
-             k: int = 5, progress: bool = False, update: bool = False, alias_of: str | None = None) -> RegisterResult:
+def register(store: Store, name: str, evals: str, metadata: dict[str, Any], *, min_evaluations: int,
+             probation: int | None, k: int = 5, progress: bool = False, update: bool = False,
+             alias_of: str | None = None) -> RegisterResult:
     """The import and its checks in one transaction (a refusal changes nothing), with `alias_of` (the user's word:
     it is another name of that model); onboarding; then the report in a read, and its same-model verdict recorded
     as an alias. `probation`: the probation minimum set for this registry (None: its data sets it)."""
@@ -43,7 +46,7 @@ def report(store: Store, staged: Staged, o: onboarding.JobOutcome | None, *, k: 
     return result
 
 
-def report_served(store: Store, snap, book, staged: Staged, o: onboarding.JobOutcome | None, *, k: int = 5,
+def report_served(store: Store, snap: Any, book: Any, staged: Staged, o: onboarding.JobOutcome | None, *, k: int = 5,
                   probation: int | None = None) -> RegisterResult:
     """`report` from a running server's snapshot and answer book where they can say it (no read), else `report`'s
     read; the alias is not recorded here (the server's writer records it in its own turn)."""

@@ -21,7 +21,8 @@ from registry.core.transaction import Tx
 from registry.data import current_evaluations, import_run
 from registry.usecases import onboard as onboard_uc
 
-GOLD = "SELECT q.id, q.external_id, q.text, g.answer, g.grading FROM queries q JOIN query_answers g ON g.query_id = q.id"
+GOLD = ("SELECT q.id, q.external_id, q.text, g.answer, g.grading FROM queries q "
+        "JOIN query_answers g ON g.query_id = q.id")
 
 
 @dataclass
@@ -233,7 +234,8 @@ def ask_pass(store: Store, label: str, jobs: list, gold: dict, reports: dict, **
                 rows[again].append((t, q, extracted, grading.grade(extracted, gold[q][2], gold[q][3]), r.text))
         e = reports[t.claim.endpoint]
         answered = sum(r.text is not None for r in got)
-        e.asked, e.answered, e.unanswered = e.asked + len(sent), e.answered + answered, e.unanswered + len(sent) - answered
+        e.asked, e.answered = e.asked + len(sent), e.answered + answered
+        e.unanswered += len(sent) - answered
         for f in ("requests", "retries", "prompt_tokens", "completion_tokens"):
             setattr(e, f, getattr(e, f) + getattr(usage, f))
         for why, c in usage.failures.items():
@@ -281,7 +283,8 @@ def verify(store: Store, model: str, *, min_evaluations: int, endpoints: list[st
             had = counts(tx, t.model_id, t.endpoint.base_url, plan)
             first = [q for q in plan if not had.get(q)]
             new = set(first)
-            jobs.append((t, [(q, False) for q in first] + [(q, True) for q in repeats if had.get(q, 0) + (q in new) < 2]))
+            again = [(q, True) for q in repeats if had.get(q, 0) + (q in new) < 2]
+            jobs.append((t, [(q, False) for q in first] + again))
     reports = {t.claim.endpoint: EndpointReport(t.claim.endpoint, t.endpoint.base_url, t.claim.reference, len(plan),
                                                 len(repeats), 0, 0, 0, 0, 0, 0, 0, 0, None) for t in found}
     for t, asks in jobs:
@@ -320,7 +323,8 @@ def verify(store: Store, model: str, *, min_evaluations: int, endpoints: list[st
             y = np.array([mine[q][0] for q in shared], dtype=bool)
             others = others_of(tx, model, shared, y, claimed, not published) if shared else None
             sides = verdicts.Sides(y, np.array([against[q] for q in shared], dtype=bool),
-                                   self_repeats(mine, repeats), None if theirs is None else self_repeats(theirs, repeats),
+                                   self_repeats(mine, repeats),
+                                   None if theirs is None else self_repeats(theirs, repeats),
                                    second(mine, shared), None if theirs is None else second(theirs, shared))
             report.verdict = asdict(verdicts.judge(sides, others, alpha=alpha, min_drop=min_drop))
     note = ("" if ref is not None else f"no reference endpoint is marked: compared with {model}'s registered results, "

@@ -144,7 +144,8 @@ def label(tx: Tx, model: str, t, ref, window: list[int], alarm: str) -> tuple[st
 
 def watch(store: Store, *, min_evaluations: int, n: int = 64, models: list[str] | None = None,
           status: bool = False, seed: int = 0, keys: UpstreamKeys = OWNER, concurrency: int = 8,
-          deadline: float = 60.0, retries: int = 4, backoff: float = 0.5, progress: bool = False, webhook: str | None = None) -> WatchResult:
+          deadline: float = 60.0, retries: int = 4, backoff: float = 0.5, progress: bool = False,
+          webhook: str | None = None) -> WatchResult:
     """`registry watch`: one round (or, with `status`, the timeline so far: nothing is asked). `webhook`: the
     owner's URL each event is POSTed to as JSON."""
     if n < 8:

@@ -20,7 +20,6 @@ from registry.data.input_files import stage
 from registry.locus import text_encoder
 
 
-
 @dataclass
 class ModelImport:
     model: str

@@ -77,7 +77,8 @@ COMMAND_FILES = sorted(p for p in (PACKAGE / "cli").glob("*.py") if p.name not i
 
 def test_cli_attaches_exactly_the_command_modules_lists():
     modules = {m.__name__.rsplit(".", 1)[1] for m in cli_module.COMMAND_MODULES}
-    assert modules == {p.stem for p in COMMAND_FILES}, "every registry/cli/ command module is attached by registry/cli/__init__.py"
+    assert modules == {p.stem for p in COMMAND_FILES}, \
+        "every registry/cli/ command module is attached by registry/cli/__init__.py"
     listed = [c for m in cli_module.COMMAND_MODULES for c in m.COMMANDS]
     assert sorted(c.name for c in listed) == sorted(cli.commands)
     assert all(cli.commands[c.name] is c for c in listed)

@@ -113,7 +113,7 @@ def test_the_document_declares_each_error_with_its_shape(db_copy):
         shape = "OpenAIError" if path.startswith("/v1/") else "Error"
         errors = {code: r for code, r in op["responses"].items() if code >= "400"}
         assert {"400", "413", "421", "422", "500"} <= set(errors), (method, path)
-        for code, r in errors.items():
+        for r in errors.values():
             assert r["content"]["application/json"]["schema"] == {"$ref": f"#/components/schemas/{shape}"}
         assert not any(p["name"].lower() == "authorization" for p in op.get("parameters", ()))
     assert ops["post", "/models"]["security"] == [{"bearer": []}] and "401" in ops["post", "/models"]["responses"]

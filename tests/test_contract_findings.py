@@ -40,7 +40,8 @@ def chat(content, **extra) -> dict:
 
 def test_the_body_s_trade_off_wins_over_the_query_s(proxied):
     c, upstream, text = proxied
-    r = c.post("/v1/chat/completions", params={"cost_weight": 0}, json=chat(text, min_prob=0.0, cost_by="params"), headers=AUTH)
+    r = c.post("/v1/chat/completions", params={"cost_weight": 0}, json=chat(text, min_prob=0.0, cost_by="params"),
+               headers=AUTH)
     assert r.status_code == 200 and r.headers["x-registry-model"], r.text
     r = c.post("/v1/chat/completions", params={"cost_weight": 0, "min_prob": 0.5}, json=chat(text), headers=AUTH)
     assert r.status_code == 400 and "not both" in r.json()["error"]["message"]    # both in one place: refused

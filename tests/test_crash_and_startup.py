@@ -20,7 +20,8 @@ def test_sigkill_during_evaluations_import_is_all_or_nothing(db_copy, small_data
     # A big evaluations file for a new model, so the import takes long enough to be killed in the middle.
     big = tmp_path / "big.csv"
     con = duckdb.connect()
-    con.execute(f"""COPY (SELECT 'killed-model-' || (i % 400) AS model, q.question_id, (i + q.question_id) % 2 AS correct
+    con.execute(f"""COPY (SELECT 'killed-model-' || (i % 400) AS model, q.question_id,
+                           (i + q.question_id) % 2 AS correct
                     FROM range(400) t(i), read_csv('{small_data}/questions.csv.gz') q)
                     TO '{big}' (HEADER)""")
     con.close()

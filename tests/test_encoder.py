@@ -147,7 +147,10 @@ def test_checkpoint_whose_header_length_looks_like_a_pickle_loads():
     # a safetensors file starts with its header length, little-endian: it can begin with 0x80 (pickle's first byte)
     # or with "PK" (a zip's, as torch.save writes); such a checkpoint is still ours and must load
     m = small_model()
-    header_len = lambda pad: int.from_bytes(save_checkpoint(m, SMALL, {"name": "x", "pad": "p" * pad})[:8], "little")
+
+    def header_len(pad: int) -> int:
+        return int.from_bytes(save_checkpoint(m, SMALL, {"name": "x", "pad": "p" * pad})[:8], "little")
+
     for first in (b"\x80", b"PK"):
         target, modulus = int.from_bytes(first, "little"), 256 ** len(first)
         pad = (target - header_len(0)) % modulus             # one pad character = one header byte, up to alignment

@@ -62,7 +62,7 @@ def inspect_log(qs: list[dict], model: str, log_dir) -> str:
     @modelapi(name="replay")
     class Replay(ModelAPI):
         """Answers each question as ANSWERS says its model does."""
-        def __init__(self, model_name, base_url=None, api_key=None, config=GenerateConfig(), **kwargs):
+        def __init__(self, model_name, base_url=None, api_key=None, config=GenerateConfig(), **kwargs):  # noqa: B008 (inspect's own signature)
             super().__init__(model_name, base_url, api_key, [], config)
 
         async def generate(self, input, tools, tool_choice, config):
@@ -203,8 +203,8 @@ def test_inspect_malformed_logs_are_one_line_and_change_nothing(db_copy, inspect
     r = run_import(db_copy, "--from", "inspect", str(tmp_path / "score.eval"), "--threshold", "0.5", "--json")
     assert r.exit_code == 0, r.output
     # a cancelled log with --partial: its unscored sample is missing, not wrong
-    r = run_import(db_copy, "--from", "inspect", str(tmp_path / "cancelled.eval"), "--partial", "--model", "partial-run",
-            "--json")
+    r = run_import(db_copy, "--from", "inspect", str(tmp_path / "cancelled.eval"), "--partial",
+                   "--model", "partial-run", "--json")
     assert r.exit_code == 0, r.output
     m = json.loads(r.output[r.output.index("{"):])["models"][0]
     assert (m["model"], m["samples"], m["missing"], m["evaluations_added"]) == ("partial-run", N, 1, N - 1)
@@ -262,7 +262,8 @@ def lm_eval_run(qs: list[dict], model: str, answers: dict[str, int], folder) -> 
                                         "answer_index": LETTERS.index(q["answer"])}) + "\n" for q in qs))
     (folder / "task" / "mmlu_pro_slice.yaml").write_text(TASK_YAML.format(data=data))
     tracker = EvaluationTracker(output_path=str(folder / "out"))
-    results = lm_eval.simple_evaluate(model=f"replay-{model}", model_args=f"pretrained={model}", tasks=["mmlu_pro_slice"],
+    results = lm_eval.simple_evaluate(model=f"replay-{model}", model_args=f"pretrained={model}",
+                                      tasks=["mmlu_pro_slice"],
                                       task_manager=TaskManager(include_path=str(folder / "task")),
                                       log_samples=True, evaluation_tracker=tracker)
     samples = results.pop("samples")
@@ -276,7 +277,8 @@ def test_lm_eval_run_imports_onto_registered_queries(db_copy, small_data, tmp_pa
     qs = questions_and_llama(small_data)
     lm_eval_run(qs, "llama-twin-lm", answers_of(qs, like_llama=True), tmp_path / "twin")
     lm_eval_run(qs, "coin-flip-lm", answers_of(qs, like_llama=False), tmp_path / "coin")
-    r = run_import(db_copy, "--from", "lm-eval", str(tmp_path / "twin" / "out"), str(tmp_path / "coin" / "out"), "--json")
+    r = run_import(db_copy, "--from", "lm-eval", str(tmp_path / "twin" / "out"), str(tmp_path / "coin" / "out"),
+                   "--json")
     assert r.exit_code == 0, r.output
     done = json.loads(r.output[r.output.index("{"):])
     assert [m["model"] for m in done["models"]] == ["coin-flip-lm", "llama-twin-lm"]    # from the results files

@@ -259,7 +259,8 @@ def test_streamed_onboarding_matches_the_per_model_forward_pass(small_data, tmp_
     for name, *_ in stored:
         rows = con.execute("""SELECT q.external_id, e.correct::INT, t.vector FROM evaluations e
                               JOIN models m ON m.id = e.model_id JOIN queries q ON q.id = e.query_id
-                              JOIN query_splits s ON s.query_id = q.id JOIN text_vectors t ON t.content_hash = q.content_hash
+                              JOIN query_splits s ON s.query_id = q.id
+                              JOIN text_vectors t ON t.content_hash = q.content_hash
                               WHERE m.name = ? AND s.split <> 'test' ORDER BY q.external_id""", [name]).fetchall()
         sets[name] = (np.array([r[2] for r in rows], dtype=np.float32), np.array([r[1] for r in rows], np.float32),
                       hashlib.sha256(",".join(f"{r[0]}:{r[1]}" for r in rows).encode()).hexdigest())

@@ -127,7 +127,7 @@ def test_the_thresholds_hold_their_false_alarm_rate():
                 break
     assert fired / 2000 <= 2 * sequential.ALPHA
     s = sequential.State()
-    for t in range(1, 5):
+    for t in range(1, 5):     # noqa: B007 (t is read after the loop)
         s, alarm, _ = sequential.step(s, 3, 0, 64)
         if alarm:
             break

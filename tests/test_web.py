@@ -35,7 +35,8 @@ def site(base_db, small_data, tmp_path_factory):
     shutil.copy(base_db, db)
     with Registry(db) as reg:
         neighbour = reg.similar(GPT, k=1)[0].model
-        rows = duckdb.sql(f"""SELECT question_id, 1 - correct AS correct FROM read_csv('{small_data}/evaluations.csv.gz')
+        rows = duckdb.sql(f"""SELECT question_id, 1 - correct AS correct
+                              FROM read_csv('{small_data}/evaluations.csv.gz')
                               WHERE model = '{neighbour}' ORDER BY question_id LIMIT 40""").fetchall()
         f = tmp / "more.csv"
         f.write_text("question_id,correct\n" + "".join(f"{q},{c}\n" for q, c in rows))
@@ -87,7 +88,8 @@ def test_home_model_neighbour_and_diff(site, browser_page):
     assert page.locator("h1").inner_text() == neighbour
     assert page.locator("#versions tbody tr").count() == 2
     page.click("#diff-button")
-    assert "version 1 → 2" in page.locator("h1").inner_text() and page.locator("#moved").inner_text().startswith("moved")
+    assert "version 1 → 2" in page.locator("h1").inner_text()
+    assert page.locator("#moved").inner_text().startswith("moved")
     page.screenshot(path=str(SHOTS / "diff.png"), full_page=True)
     assert outside == []
 
@@ -106,7 +108,8 @@ def test_route_box_portfolio_and_fingerprint(site, browser_page, tmp_path):
     page.fill("#k", "2")
     page.select_option("#method", "routing")
     page.click("#portfolio-button")
-    assert page.locator("#members tbody tr").count() == 2 and "% of the whole pool" in page.locator("#share").inner_text()
+    assert page.locator("#members tbody tr").count() == 2
+    assert "% of the whole pool" in page.locator("#share").inner_text()
     page.screenshot(path=str(SHOTS / "portfolio.png"))
     f = tmp_path / "unknown.csv"
     f.write_text("question_id,correct\n" + "".join(

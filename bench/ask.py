@@ -60,11 +60,12 @@ def verdicts(reg, upstream: ChatUpstream, seeds: int, n: int) -> list[str]:
     """Per plan seed: the fingerprint of the endpoint's graded answers to the seed's planned questions."""
     out = []
     endpoint = client.Endpoint(upstream.url, "bench")
+    minimum = reg.probation_min          # (a read of its own: before the transaction, not inside it)
     with reg.store.tx() as tx:
         gold = {int(q): (t, a) for q, t, a in tx.sql(f"SELECT id, text, answer FROM {WITH_GOLD}")}
         ids = dict(tx.sql("SELECT external_id, id FROM queries"))
         for seed in range(seeds):
-            plan = probe_plans.fingerprint_plan(tx, n, seed=seed, min_answers=reg.probation_min)
+            plan = probe_plans.fingerprint_plan(tx, n, seed=seed, min_answers=minimum)
             qids = [ids[p.question_id] for p in plan.probes][:n]
             replies, _ = client.ask_all(endpoint, [(q, prompt.render(gold[q][0], "letter")) for q in qids],
                                         concurrency=16)

@@ -36,3 +36,35 @@ def test_an_interrupted_import_says_what_it_kept(mmlu_dir, tmp_path, after):
     assert again.returncode == 0, again.stderr
     assert "embedded 31 model(s) an earlier, interrupted run left unembedded" in again.stdout
     assert "already imported" in again.stdout
+
+
+SCAN = """
+import os, signal, sys, threading, time
+import pyarrow as pa
+from registry.core.store import Store
+from registry.core.errors import sigint_stops_statements, is_interrupt
+store = Store(sys.argv[1])
+schema = pa.schema([("x", pa.int64())])
+def batches():                                   # Python code that runs inside DuckDB's scan of the stream
+    for i in range(10_000):
+        time.sleep(0.001)
+        yield pa.record_batch([pa.array(range(i * 100, i * 100 + 100))], schema=schema)
+threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+try:
+    with sigint_stops_statements():
+        with store.tx() as tx:
+            with tx.table("src", pa.RecordBatchReader.from_batches(schema, batches())):
+                tx.sql("CREATE TEMP TABLE t AS SELECT sum(x) FROM src")
+    print("finished")
+except BaseException as e:
+    print("interrupt" if is_interrupt(e) else f"other: {type(e).__name__}")
+"""
+
+
+def test_ctrl_c_inside_duckdbs_own_calls_into_python_stops_the_statement(tmp_path):
+    """Ctrl-C while DuckDB reads an Arrow stream (its own call back into Python): the statement stops as an
+    interrupt. Raised inside that call, the KeyboardInterrupt came back as DuckDB's 'reading the stream failed'
+    error (or, inside other such calls, aborted the process)."""
+    out = subprocess.run([sys.executable, "-c", SCAN, str(tmp_path / "r.duckdb")], capture_output=True, text=True,
+                         timeout=120, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert out.returncode == 0 and out.stdout.strip() == "interrupt", (out.stdout, out.stderr[-2000:])

@@ -3,7 +3,10 @@ into click errors, and the HTTP server into status codes."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+import signal
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -310,6 +313,52 @@ def is_interrupt(exc: BaseException) -> bool:
     (InterruptException, or a RuntimeError 'Query interrupted')."""
     return (isinstance(exc, KeyboardInterrupt) or type(exc).__name__ == "InterruptException"
             or (isinstance(exc, RuntimeError) and str(exc).strip() == "Query interrupted"))
+
+
+# Ctrl-C while DuckDB runs a statement: DuckDB's own calls back into Python (an Arrow scan) cannot carry a
+# KeyboardInterrupt raised inside them (pybind11 aborts the process: SIGABRT, no message), so inside
+# `sigint_stops_statements` the statement is stopped through DuckDB instead, and the interrupt raised once it returns
+_sigint: dict[str, Any] = {"armed": False, "running": None, "pending": False}
+
+
+@contextmanager
+def sigint_stops_statements() -> Iterator[None]:
+    """While inside (on the main thread): Ctrl-C during a DuckDB statement (`statement`) interrupts that statement
+    (it raises DuckDB's 'Query interrupted'); anywhere else it is Python's KeyboardInterrupt, as always."""
+    if threading.current_thread() is not threading.main_thread() or _sigint["armed"]:
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if _sigint["running"] is None:
+            raise KeyboardInterrupt
+        _sigint["pending"] = True
+        _sigint["running"].interrupt()
+
+    previous = signal.signal(signal.SIGINT, handler)
+    _sigint.update(armed=True, pending=False)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        _sigint.update(armed=False, running=None, pending=False)
+
+
+@contextmanager
+def statement(con: Any) -> Iterator[None]:
+    """Around one DuckDB call: where Ctrl-C is deferred, it interrupts `con`, and is raised when the call returns
+    (a statement that finished before DuckDB saw the interrupt)."""
+    if not _sigint["armed"]:
+        yield
+        return
+    _sigint["running"] = con
+    try:
+        yield
+    finally:
+        _sigint["running"] = None
+    if _sigint["pending"]:
+        _sigint["pending"] = False
+        raise KeyboardInterrupt
 
 
 class Interrupted(RegistryError):

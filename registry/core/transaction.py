@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from registry.core import dialect
+from registry.core import dialect, errors
 from registry.core.errors import RegistryError, check_text
 
 
@@ -139,7 +139,8 @@ class Tx:
         returns none)."""
         texts(params)
         if not self.postgres:
-            rows: list[Any] = self.raw.execute(statement, params or []).fetchall()
+            with errors.statement(self.raw):
+                rows: list[Any] = self.raw.execute(statement, params or []).fetchall()
             return rows
         with self.raw.cursor() as cur:
             dialect.configure(cur)
@@ -151,7 +152,8 @@ class Tx:
         for row in rows:
             texts(row)
         if not self.postgres:
-            self.raw.executemany(statement, rows)
+            with errors.statement(self.raw):
+                self.raw.executemany(statement, rows)
             return
         with self.raw.cursor() as cur:
             cur.executemany(dialect.pg_statement(statement, [0])[0], [dialect.plain_value(list(r)) for r in rows])
@@ -160,7 +162,8 @@ class Tx:
         """Run SQL and fetch the result as a pyarrow Table (the bulk path: no Python objects per row on DuckDB)."""
         texts(params)
         if not self.postgres:
-            return self.raw.sql(statement, params=params or None).to_arrow_table()
+            with errors.statement(self.raw):
+                return self.raw.sql(statement, params=params or None).to_arrow_table()
         with self.raw.cursor() as cur:
             dialect.configure(cur)
             cur.execute(*dialect.pg_statement(statement, params))
@@ -170,7 +173,8 @@ class Tx:
         """Run SQL and fetch the result as {column: numpy array}."""
         texts(params)
         if not self.postgres:
-            columns: dict[str, Any] = self.raw.execute(statement, params or []).fetchnumpy()
+            with errors.statement(self.raw):
+                columns: dict[str, Any] = self.raw.execute(statement, params or []).fetchnumpy()
             return columns
         import numpy as np
 
@@ -205,12 +209,9 @@ class Tx:
         from Arrow, PostgreSQL takes them with COPY."""
         columns = columns or list(data.column_names if hasattr(data, "column_names") else data.columns)
         if not self.postgres:
-            self.raw.register("_append_in", data)
-            try:
+            with self.table("_append_in", data), errors.statement(self.raw):
                 self.raw.execute(f"INSERT INTO {table} ({', '.join(columns)}) SELECT {', '.join(columns)} "
                                  f"FROM _append_in")
-            finally:
-                self.raw.unregister("_append_in")
             return
         dialect.pg_copy(self.raw, table, columns, data)
 

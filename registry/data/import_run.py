@@ -10,28 +10,39 @@ and the per-model writes of a registration.
 
 Files are read in `tx.stage`, the in-process DuckDB: on a DuckDB registry its own connection, so the checks join the
 registry's tables directly and rows go in with `INSERT ... SELECT`; on PostgreSQL a private DuckDB into which the
-registry rows the checks need are mirrored (`input_files.mirror`), and the rows to append are computed there and copied into
-PostgreSQL with COPY (`import_evaluations`), in the import's one transaction.
+registry rows the checks need are mirrored (`input_files.mirror`), and the rows to append are computed there and
+copied into PostgreSQL with COPY (`import_evaluations`), in the import's one transaction.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
-from registry.data import import_evaluations, current_evaluations, outbox, vector_files
-from registry.locus import text_encoder
-from registry.core.errors import Conflict, InputError, Interrupted, UnknownReference, is_interrupt
-from registry.data.import_models_queries import ImportResult, import_models, import_queries, import_splits
-from registry.data.query_cache import query_meta
-from registry.data.input_files import (COLUMNS, Columns, check_path, column_names, fetch, file_columns, mirror, sql_str,
-                                   stage)
+from registry.core.errors import (Conflict, InputError, Interrupted, UnknownReference, is_interrupt,
+                                  sigint_stops_statements)
 from registry.core.transaction import Tx
+from registry.data import current_evaluations, import_evaluations, outbox, vector_files
+from registry.data.import_models_queries import ImportResult, import_models, import_queries, import_splits
+from registry.data.input_files import (
+    COLUMNS,
+    Columns,
+    check_path,
+    column_names,
+    fetch,
+    file_columns,
+    mirror,
+    sql_str,
+    stage,
+)
+from registry.data.query_cache import query_meta
+from registry.locus import text_encoder
+
 TEXT_IN_FILE = "a `question` column (and `options`, if any) of this file"   # where `register` finds a new text
 
 
@@ -65,7 +76,8 @@ def read_answers(tx: Tx, path: str) -> Answers:
     known = tx.stage.execute("""SELECT q.id AS qid, bool_or(a.c)::INT AS c, coalesce(any_value(s.split) = 'test', false)
                                       AS test
                                FROM _answers a JOIN queries q ON q.external_id = a.qid
-                               LEFT JOIN query_splits s ON s.query_id = q.id GROUP BY q.id ORDER BY q.id""").fetchnumpy()
+                               LEFT JOIN query_splits s ON s.query_id = q.id
+                               GROUP BY q.id ORDER BY q.id""").fetchnumpy()
     texts, new_c = [], []
     if with_text:
         queries = stage(tx, "queries", path, "_answer_queries")
@@ -129,7 +141,8 @@ def insert_new_models(tx: Tx, models: dict[str, dict]) -> dict[str, int]:
             "INSERT INTO models (name, tags, family, provider, params_b, cost, open_weights) VALUES "
             + ", ".join(["(?, ?::JSON, ?, ?, ?::FLOAT8, ?::FLOAT8, ?::BOOLEAN)"] * len(models)) + " RETURNING id, name",
             [x for name, m, c, p in zip(models, meta, cost, params) for x in (
-                name, json.dumps(m.get("tags") or {}), m.get("family"), m.get("provider"), p, c, m.get("open_weights"))])
+                name, json.dumps(m.get("tags") or {}), m.get("family"), m.get("provider"), p, c,
+                m.get("open_weights"))])
     else:
         with tx.table("_new_models", pa.table({
             "name": list(models), "tags": [json.dumps(m.get("tags") or {}) for m in meta],
@@ -166,7 +179,7 @@ def changed_results(tx: Tx, name: str, batch_id: int | None):
 # --- text vectors -------------------------------------------------------------------------------------------------
 
 def embed_missing_texts(tx: Tx, progress: bool = False,
-                        encode: Callable[[list[str]], "object"] | None = None,
+                        encode: Callable[[list[str]], object] | None = None,
                         result: ImportResult | None = None) -> int:
     """Give every query text a vector under the current text encoder: from the vector files shipped in data/ where
     they hold it (by content hash, so only for that very text), else embedded with MiniLM, each text exactly once.
@@ -335,9 +348,11 @@ def run_model_import(tx: Tx, model: str, path: str, progress: bool = False) -> I
 @contextlib.contextmanager
 def interruptible(store, committed: ImportResult | None = None):
     """Ctrl-C (Python's, or DuckDB's stop of its query) inside: Interrupted, saying what was kept. `committed`: the
-    import that had committed before (its onboarding was interrupted), else nothing was."""
+    import that had committed before (its onboarding was interrupted), else nothing was. Ctrl-C during a DuckDB
+    statement stops the statement (core/errors.sigint_stops_statements: never inside DuckDB's own calls)."""
     try:
-        yield
+        with sigint_stops_statements():
+            yield
     except BaseException as exc:
         if not is_interrupt(exc):
             raise

@@ -24,8 +24,14 @@ from pathlib import Path
 
 import numpy as np
 
-from registry.core.errors import (Conflict, InputError, Interrupted, UnknownReference, is_interrupt,
-                                  sigint_stops_statements)
+from registry.core.errors import (
+    Conflict,
+    InputError,
+    Interrupted,
+    UnknownReference,
+    is_interrupt,
+    sigint_stops_statements,
+)
 from registry.core.transaction import Tx
 from registry.data import current_evaluations, import_evaluations, outbox, vector_files
 from registry.data.import_models_queries import ImportResult, import_models, import_queries, import_splits

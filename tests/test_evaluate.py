@@ -223,10 +223,13 @@ def test_evaluate_keeps_its_baselines_and_refits_them_when_the_data_changes(db_c
 
     first = evaluate()
     with duckdb.connect(str(db_copy)) as con:
-        (key, payload), = con.execute("SELECT key, payload FROM routing_states "
-                                      "WHERE key LIKE 'evaluate-baselines/%'").fetchall()
-    with np.load(io.BytesIO(payload), allow_pickle=False) as npz:
-        kept = {k: npz[k] for k in npz.files}
+        rows = con.execute("SELECT key, payload FROM routing_states WHERE key LIKE 'evaluate-baselines/%'").fetchall()
+    sets = {}
+    for key, payload in rows:                         # the baselines' set, and routing as served's
+        with np.load(io.BytesIO(payload), allow_pickle=False) as npz:
+            sets[key] = {k: npz[k] for k in npz.files}
+    assert len(sets) == 2 and sorted(len(v) for v in sets.values())[0] == 2     # served: its scores and doc
+    key, kept = next((k, v) for k, v in sets.items() if "knn" in v)
     assert {"best_single", "per_category", "knn", "mf", "irt"} <= set(kept)
     assert evaluate() == first
     kept["knn"] = 1.0 - kept["knn"]                   # the worst choice everywhere instead of the best

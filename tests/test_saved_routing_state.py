@@ -26,6 +26,14 @@ print(json.dumps({"torch": "torch" in sys.modules, "routes": [[d.model, [(c.mode
 """
 
 
+@pytest.fixture
+def db_copy(db_copy):
+    """The session's registry without the routing state conftest saves in it: these tests watch it being saved."""
+    with duckdb.connect(str(db_copy)) as con:
+        con.execute("DELETE FROM routing_states")
+    return db_copy
+
+
 def saved_rows(db) -> list[tuple]:
     with duckdb.connect(str(db), read_only=True) as con:
         return con.execute("SELECT key, encoder_id, octet_length(payload) FROM routing_states").fetchall()

@@ -5,6 +5,7 @@ first uses it (core/lazy.py): a command pays only for what it calls."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from registry.core.lazy import lazy_modules
 from registry.core.store import Store
@@ -13,10 +14,21 @@ from registry.embedding import MIN_EVALUATIONS
 from registry.routing.decision import Decision
 from registry.routing.options import RouteOptions
 
-availability, endpoints, import_models_queries, splits = lazy_modules(
-    "registry.data", "availability endpoints import_models_queries splits")
-catalog, fingerprint, neighbours, versions = lazy_modules("registry.answers", "catalog fingerprint neighbours versions")
-encoders, evidence, index, onboarding = lazy_modules("registry.embedding", "encoders evidence index onboarding")
+if TYPE_CHECKING:       # the types the methods return (the modules themselves are imported when first used)
+    from registry.answers.catalog import ModelDetail, ModelInfo, Stats
+    from registry.answers.neighbours import Neighbour
+    from registry.answers.versions import Diff, History
+    from registry.data.availability import Availability
+    from registry.data.endpoints import Endpoint
+    from registry.data.import_models_queries import ImportResult
+    from registry.data.splits import DrawResult
+    from registry.embedding.encoders import EncoderInfo
+    from registry.embedding.onboarding import JobOutcome
+    from registry.routing.log import LogEntry
+
+availability, endpoints = lazy_modules("registry.data", "availability endpoints")
+catalog, fingerprint, versions = lazy_modules("registry.answers", "catalog fingerprint versions")
+evidence, index = lazy_modules("registry.embedding", "evidence index")
 (route_log,) = lazy_modules("registry.routing", "log")
 ask_uc, encoders_uc, evaluate_uc, exchange, importing, models_uc = lazy_modules(
     "registry.usecases", "ask encoders evaluate exchange importing models")
@@ -65,7 +77,7 @@ class Registry:
     # --- bringing data in -------------------------------------------------------------------------------------
     def import_files(self, models: str | None = None, queries: str | None = None, evaluations: str | None = None,
                      splits: str | None = None, *, directory: str | None = None, progress: bool = False,
-                     onboard: bool = True, vectors: str | None = None) -> import_models_queries.ImportResult:
+                     onboard: bool = True, vectors: str | None = None) -> ImportResult:
         """Import any of models (CSV), queries (CSV/JSONL/Parquet), evaluations (long format), splits and query text
         vectors, or a folder laid out like ../shared/data/mmlu-pro (its vectors too). A bad file changes nothing."""
         named = dict(models=models, queries=queries, evaluations=evaluations, splits=splits, vectors=vectors)
@@ -87,7 +99,7 @@ class Registry:
         return importing.import_vectors(self.store, path)
 
     def draw_splits(self, val: float = 0.1, test: float | None = None, seed: int = 0, by: str = "random",
-                    test_categories: list[str] | None = None) -> splits.DrawResult:
+                    test_categories: list[str] | None = None) -> DrawResult:
         """Give every query without a split one, drawn with `seed` per category (`val` and `test` shares, default 0.1
         each); a split, once set, is kept. `by="category"`: `test_categories` held out whole. Changed models
         re-embed."""
@@ -118,14 +130,14 @@ class Registry:
 
     # --- onboarding and versions ------------------------------------------------------------------------------
     def onboard(self, all_models: bool = False, stability: bool = True, seconds: dict | None = None,
-                sweep: bool = True, prepared: dict | None = None) -> list[onboarding.JobOutcome]:
+                sweep: bool = True, prepared: dict | None = None) -> list[JobOutcome]:
         """Run every pending onboarding job (`all_models`: re-embed every model) and write the new versions; then,
         unless `stability` is False, estimate the stability of the versions without one (`finish_stabilities`).
         `seconds` gets each step's time; `prepared`: embeddings a server computed ahead (`onboarding.Prepared`)."""
         return onboard_uc.onboard(self.store, self.min_evaluations, all_models=all_models, stability=stability,
                                   seconds=seconds, sweep=sweep, prepared=prepared)
 
-    def finish_stabilities(self, outcomes: list[onboarding.JobOutcome], sweep: bool = True) -> bool:
+    def finish_stabilities(self, outcomes: list[JobOutcome], sweep: bool = True) -> bool:
         """After an onboarding: the new versions have their stability (run_pending's); estimate any older version's
         still without one, with `sweep` always, else only when a new version lacks its own. -> whether it ran."""
         return onboard_uc.finish_stabilities(self.store, outcomes, sweep)
@@ -134,14 +146,14 @@ class Registry:
         """{version id: stability} for the versions without one (embeddings of two random halves of its evaluations)."""
         return onboard_uc.estimate_stability(self.store)
 
-    def finish_pending(self) -> list[onboarding.JobOutcome]:
+    def finish_pending(self) -> list[JobOutcome]:
         """Run the onboarding jobs a crash or an interrupt may have left behind (what every writing command does
         first) -> their outcomes (none: nothing was pending)."""
         return onboard_uc.finish_pending(self.store, self.min_evaluations)
 
-    def history(self, name: str) -> versions.History: return self._in_tx(versions.history, name)
+    def history(self, name: str) -> History: return self._in_tx(versions.history, name)
 
-    def diff(self, name: str, v1: int | None = None, v2: int | None = None, k: int = 5) -> versions.Diff:
+    def diff(self, name: str, v1: int | None = None, v2: int | None = None, k: int = 5) -> Diff:
         """How far a model moved between two versions (default: the two newest), how its nearest neighbours changed
         (as the registry stood at each version), and how its predicted accuracy per category changed."""
         return self._in_tx(versions.diff, name, v1, v2, k)
@@ -151,9 +163,9 @@ class Registry:
         return self._in_tx(versions.recompute, name, version)
 
     # --- encoders ---------------------------------------------------------------------------------------------
-    def encoders(self) -> list[encoders.EncoderInfo]: return encoders_uc.listing(self.store)
+    def encoders(self) -> list[EncoderInfo]: return encoders_uc.listing(self.store)
 
-    def activate_encoder(self, encoder_id: int) -> list[onboarding.JobOutcome]:
+    def activate_encoder(self, encoder_id: int) -> list[JobOutcome]:
         """Make an encoder active; every model is re-embedded under it (old versions stay), and it becomes active
         when their versions commit: until then (a crash meanwhile) reads answer under the previous one."""
         return encoders_uc.activate(self.store, encoder_id, min_evaluations=self.min_evaluations)
@@ -200,15 +212,15 @@ class Registry:
         return dbcopy.copy(self.store, dest, progress)
 
     # --- reading: models, neighbours, the embedding space ----------------------------------------------------
-    def models(self) -> list[catalog.ModelInfo]:
+    def models(self) -> list[ModelInfo]:
         """Every model: evaluations, accuracy, metadata, availability, current version and evidence status."""
         return models_uc.models(self.store, self.probation_setting)
 
-    def show(self, name: str) -> catalog.ModelDetail: return models_uc.show(self.store, name, self.probation_setting)
-    def stats(self) -> catalog.Stats: return self._in_tx(catalog.stats, self.path)
+    def show(self, name: str) -> ModelDetail: return models_uc.show(self.store, name, self.probation_setting)
+    def stats(self) -> Stats: return self._in_tx(catalog.stats, self.path)
 
     def similar(self, model: str | None = None, k: int = 5, *, evals: str | None = None,
-                as_of: str | None = None) -> list[neighbours.Neighbour]:
+                as_of: str | None = None) -> list[Neighbour]:
         """Nearest registered models to a registered model or to an unregistered one's results (`evals`, read only),
         with how often each disagrees with it on shared queries and each one's evaluations; k past the pool: all."""
         return models_uc.similar(self.store, model, k, evals=evals, as_of=as_of, **self._settings())
@@ -282,20 +294,20 @@ class Registry:
         """Compute and cache the texts' vectors now (the server does this outside its write lock)."""
         route_uc.prepare_queries(self.store, texts)
 
-    def mark_unavailable(self, models: list[str], reason: str | None = None) -> list[availability.Availability]:
+    def mark_unavailable(self, models: list[str], reason: str | None = None) -> list[Availability]:
         return self._in_tx(availability.set_and_list, list(models), False, reason)
 
-    def mark_available(self, models: list[str], reason: str | None = None) -> list[availability.Availability]:
+    def mark_available(self, models: list[str], reason: str | None = None) -> list[Availability]:
         return self._in_tx(availability.set_and_list, list(models), True, reason)
 
-    def availability(self) -> list[availability.Availability]:
+    def availability(self) -> list[Availability]:
         return self._in_tx(availability.listing)
 
-    def endpoints(self) -> list[endpoints.Endpoint]:
+    def endpoints(self) -> list[Endpoint]:
         return list(self._in_tx(endpoints.current).values())
 
     def set_endpoint(self, model: str, base_url: str, upstream_model: str | None = None,
-                     api_key_env: str | None = None) -> endpoints.Endpoint:
+                     api_key_env: str | None = None) -> Endpoint:
         """Where the routing proxy forwards MODEL's requests; the API key stays in the environment (serve/proxy.py)."""
         return self._in_tx(endpoints.set_endpoint, model, base_url, upstream_model, api_key_env)
 
@@ -307,7 +319,7 @@ class Registry:
     def watch(self, **o): return watch_uc.watch(self.store, **self._min(), **o)
 
     def routing_log(self, since: str | None = None, limit: int | None = None,
-                    oldest: bool = False) -> list[route_log.LogEntry]:
+                    oldest: bool = False) -> list[LogEntry]:
         """Routing log entries, newest first (`oldest`: oldest first); `limit` keeps the first that many."""
         return self._in_tx(route_log.read_log, since, limit, oldest)
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from registry.data import availability
-from registry.core.lazy import LazyModule
-from registry.embedding import encoders
 from registry.core.errors import InputError, unknown_model
-from registry.data.current_evaluations import CURRENT, current
+from registry.core.lazy import LazyModule
 from registry.core.transaction import Tx
+from registry.data import availability
+from registry.data.current_evaluations import CURRENT, current
+from registry.embedding import encoders
 
 evidence = LazyModule("registry.embedding.evidence")   # (numpy: `stats` reads counts only)
 
@@ -125,8 +125,8 @@ def aliases(tx: Tx) -> dict[str, tuple[str, str]]:
 def alias_groups(tx: Tx) -> dict[int, int]:
     """{model id: its group's root} for every model that is an alias (a chain of aliases followed to its end)."""
     of = {int(m): int(t) for m, t in tx.sql("""SELECT model_id, alias_of FROM (
-                                                   SELECT model_id, alias_of,
-                                                          row_number() OVER (PARTITION BY model_id ORDER BY id DESC) AS newest
+                                                   SELECT model_id, alias_of, row_number() OVER (
+                                                              PARTITION BY model_id ORDER BY id DESC) AS newest
                                                    FROM model_aliases) a
                                                WHERE newest = 1 AND alias_of IS NOT NULL""")}
     # an endpoint claiming a model (asking/claims.py) is grouped with it as an alias is: never a distinct pair
@@ -173,7 +173,8 @@ def stats(tx: Tx, path: str) -> Stats:
 def current_versions(tx: Tx, encoder_id: int, as_of: str | None = None,
                      names: list[str] | None = None) -> dict[str, tuple[int, int]]:
     """{model name: (its newest version under the encoder, the evaluations behind it)}, as the registry stood at
-    `as_of`; only the `names` given, if any. How well placed a model is (embedding/evidence.py: probation) is read here."""
+    `as_of`; only the `names` given, if any. How well placed a model is (embedding/evidence.py: probation) is read
+    here."""
     when = "AND v.created <= ?::TIMESTAMP" if as_of else ""
     only = "AND m.name IN (SELECT unnest(?::VARCHAR[]))" if names is not None else ""
     return {r[0]: (int(r[1]), int(r[2])) for r in tx.sql(f"""

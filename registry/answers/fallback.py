@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from registry.answers.geometry import Pool
+from registry.core.errors import InputError, unknown_model
 from registry.data import availability
 from registry.embedding import index
-from registry.core.errors import InputError, unknown_model
-from registry.answers.geometry import Pool
 
 
 @dataclass
@@ -25,7 +25,8 @@ class Chain:
     model: str
     chain: list[Link] = field(default_factory=list)
     unavailable: list[str] = field(default_factory=list)   # skipped: marked unavailable, or named by the caller
-    probation: list[str] = field(default_factory=list)     # skipped: embedded from too few evaluations (embedding/evidence.py)
+    # skipped: embedded from too few evaluations (embedding/evidence.py)
+    probation: list[str] = field(default_factory=list)
 
 
 @dataclass

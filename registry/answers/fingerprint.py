@@ -17,16 +17,17 @@ from __future__ import annotations
 
 import functools
 import math
-
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from registry.embedding import embed, encoders
-from registry.data import current_evaluations
 from registry.answers import disagreement
 from registry.core.errors import Conflict, InputError
 from registry.core.transaction import Tx
+from registry.data import current_evaluations
+from registry.embedding import embed, encoders
+
+
 @dataclass
 class Calibration:
     """The embedding test's calibration: each model embedded from two disjoint samples of `sample` evaluations."""
@@ -299,8 +300,8 @@ def identify(tx: Tx, path: str, encoder_id: int, min_evaluations: int,
              as_of: str | None = None) -> Fingerprint:
     """`Registry.fingerprint`: the answers test where the file shares queries with registered models, else the
     embedding test. Nothing is written."""
-    from registry.data import import_run
     from registry.answers import neighbours
+    from registry.data import import_run
 
     a = import_run.read_answers(tx, path)
     found = by_answers(tx, a.query_ids, a.correct)

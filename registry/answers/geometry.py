@@ -11,13 +11,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from registry.answers import catalog
-from registry.data import current_evaluations, query_cache
-from registry.answers import disagreement
-from registry.embedding import index
-from registry.embedding.evidence import on_probation
+from registry.answers import catalog, disagreement
 from registry.core.errors import InputError
 from registry.core.transaction import Tx
+from registry.data import current_evaluations, query_cache
+from registry.embedding import index
+from registry.embedding.evidence import on_probation
+
+
 @dataclass
 class Pool:
     encoder_id: int
@@ -27,8 +28,8 @@ class Pool:
     n_evaluations: np.ndarray | None = None   # [M] evaluations behind each embedding (None: not known here)
 
     def on_probation(self, minimum: int) -> set[str]:
-        """The models whose embedding stands on fewer than `minimum` evaluations (embedding/evidence.py): never chosen as a
-        substitute or a portfolio member unless asked, as routing never chooses them."""
+        """The models whose embedding stands on fewer than `minimum` evaluations (embedding/evidence.py): never
+        chosen as a substitute or a portfolio member unless asked, as routing never chooses them."""
         if self.n_evaluations is None:
             return set()
         return {n for n, weak in zip(self.names, on_probation(self.n_evaluations, minimum).tolist()) if weak}

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from registry.core.errors import InputError
 from registry.answers.geometry import Pool
+from registry.core.errors import InputError
 
 PCA_MAX = 100         # up to this many models, PCA (see the module docstring); past it t-SNE's neighbourhoods
 LABEL_MAX = 300       # past this many models, labels would be a solid block: points only
@@ -60,7 +60,8 @@ def _spread_labels(ax, texts, points, steps: int = 150) -> None:
         moved = False
         for i in range(len(texts)):
             d = pos[i] - pos                                  # label-label overlaps
-            over = (np.abs(d[:, 0]) < (size[i, 0] + size[:, 0]) / 2 + 2) & (np.abs(d[:, 1]) < (size[i, 1] + size[:, 1]) / 2 + 1)
+            over = ((np.abs(d[:, 0]) < (size[i, 0] + size[:, 0]) / 2 + 2)
+                    & (np.abs(d[:, 1]) < (size[i, 1] + size[:, 1]) / 2 + 1))
             over[i] = False
             dp = pos[i] - pts                                 # labels sitting on someone else's point
             hit = (np.abs(dp[:, 0]) < size[i, 0] / 2 + 3) & (np.abs(dp[:, 1]) < size[i, 1] / 2 + 3)

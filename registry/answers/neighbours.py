@@ -2,17 +2,17 @@
 the k nearest current embeddings out, from the FAISS index); by name and by an evaluations file call it."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
 from registry.answers import catalog
-from registry.data import current_evaluations
-from registry.core.lazy import LazyModule
-from registry.embedding import MIN_EVALUATIONS, encoders, index
 from registry.core.errors import InputError, NotFound, unknown_model
+from registry.core.lazy import LazyModule
 from registry.core.transaction import Tx
+from registry.data import current_evaluations
+from registry.embedding import MIN_EVALUATIONS, encoders, index
 
 embed = LazyModule("registry.embedding.embed")   # (only an evaluations file is embedded here)
 

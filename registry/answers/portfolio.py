@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from registry.core.errors import Conflict, InputError, unknown_model
 from registry.answers.geometry import Pool, pairwise
+from registry.core.errors import Conflict, InputError, unknown_model
 
 KMEDOIDS_SAMPLE = 5000
 CLARA_DRAWS = 3

@@ -2,8 +2,8 @@
 with an empty `correct` column that `register` and `fingerprint --evals` take back once it is filled in.
 
 - probe: for one model (registered or new), its answers so far are read by likelihood against the other models
-  (locus/probe_design.py), and the next queries are those that most settle its logits where routing decides. A model with
-  fewer than SEED_SIZE answers is first given random queries up to that many. Queries it has answered, and test
+  (locus/probe_design.py), and the next queries are those that most settle its logits where routing decides. A model
+  with fewer than SEED_SIZE answers is first given random queries up to that many. Queries it has answered, and test
   queries (never embedded), are never proposed. Asking in rounds (probe, evaluate, register, probe again) lets each
   round use the answers of the last; one round of n plans the rest from what is known now.
 - fingerprint plan: the queries on which the candidate models' own answers differ most evenly across pairs (each
@@ -18,11 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
-from registry.embedding import encoders, index
-from registry.data import current_evaluations, query_cache
-from registry.locus import probe_design
 from registry.core.errors import InputError, unknown_model
 from registry.core.transaction import Tx
+from registry.data import current_evaluations, query_cache
+from registry.embedding import encoders, index
+from registry.locus import probe_design
+
 FILE_SUFFIXES = (".csv", ".jsonl")
 
 

@@ -90,8 +90,9 @@ def _stage_together(tx: Tx, jobs: list[tuple], rows: list[list[dict]], at: list[
     # (a list of constants: DuckDB looks them up in the name index; a list parameter unnested is a join)
     found = tx.sql(f"SELECT id, name FROM models WHERE name IN ({', '.join('?' * len(names))})", names)
     if found:
+        ids = [i for i, _ in found]
         evaluated = {m for (m,) in tx.sql("""SELECT DISTINCT model_id FROM evaluations
-                                             WHERE model_id IN (SELECT unnest(?::INTEGER[]))""", [[i for i, _ in found]])}
+                                             WHERE model_id IN (SELECT unnest(?::INTEGER[]))""", [ids])}
         found = [(i, name, i in evaluated) for i, name in found]
     known = {name for _, name, _ in found}
     had_results = {name for _, name, has in found if has}

@@ -7,11 +7,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from registry.answers import catalog, neighbours
-from registry.embedding import encoders, onboarding
-from registry.data import query_cache
-from registry.core.errors import InputError, NotFound, unknown_model
 from registry.answers.neighbours import Neighbour
+from registry.core.errors import InputError, NotFound, unknown_model
 from registry.core.transaction import Tx
+from registry.data import query_cache
+from registry.embedding import encoders, onboarding
+
+
 @dataclass
 class VersionInfo:
     version: int

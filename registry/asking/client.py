@@ -75,7 +75,8 @@ def _post(http: httpx.Client, url: str, body: dict, endpoint: Endpoint, deadline
     """POST and read the whole reply within `deadline` seconds of wall time: a per-read timeout alone lets an
     upstream that sends a byte now and then hold a request for ever. -> (response, body bytes)."""
     end = time.monotonic() + deadline
-    with http.stream("POST", url, json=body, headers=_headers(endpoint), timeout=httpx.Timeout(deadline, connect=min(deadline, CONNECT_TIMEOUT))) as r:
+    timeout = httpx.Timeout(deadline, connect=min(deadline, CONNECT_TIMEOUT))
+    with http.stream("POST", url, json=body, headers=_headers(endpoint), timeout=timeout) as r:
         chunks, size = [], 0
         for chunk in r.iter_bytes():
             size += len(chunk)

@@ -1,10 +1,11 @@
 """What every command module shares: the `command` and `group` decorators, JSON output, tables, opening the registry.
 
 Every command file (cli_db, cli_data, cli_models, cli_encoders, cli_geometry, cli_routing) follows one pattern: it
-imports this module only (never cli/__init__.py), defines its commands with `@command(...)` and lists its top-level ones in
-`COMMANDS`; cli/__init__.py attaches them to the root group. A command defined with `@command(...)` gets, always in this order:
-its options, `--json` (parameter `as_json`, unless `json=False`), the click context as its first argument, and our
-errors (RegistryError) and I/O failures turned into one-line click errors (exit 1). Only the CLI raises click.ClickException.
+imports this module only (never cli/__init__.py), defines its commands with `@command(...)` and lists its top-level
+ones in `COMMANDS`; cli/__init__.py attaches them to the root group. A command defined with `@command(...)` gets, always
+in this order: its options, `--json` (parameter `as_json`, unless `json=False`), the click context as its first
+argument, and our errors (RegistryError) and I/O failures turned into one-line click errors (exit 1). Only the CLI
+raises click.ClickException.
 
 Start-up stays light: nothing here imports torch, sentence-transformers or faiss (the registry is opened lazily).
 """
@@ -25,7 +26,8 @@ def command(name: str | None = None, *, json: bool = True, group: click.Group | 
             cls: type[click.Command] = click.Command, **attrs):
     """The one decorator of every command: click.command(name, **attrs), a `--json` flag (as `as_json`, after the
     command's own options) when `json`, click.pass_context, and `handles_errors`. `group`: attach the command to this
-    group (a subcommand such as `db upgrade`); top-level commands are attached by cli/__init__.py from the module's COMMANDS."""
+    group (a subcommand such as `db upgrade`); top-level commands are attached by cli/__init__.py from the module's
+    COMMANDS."""
     def decorate(fn) -> click.Command:
         cmd = click.command(name, cls=cls, **attrs)(click.pass_context(handles_errors(fn)))
         if json:

@@ -12,7 +12,6 @@ import click
 from registry.cli.common import command, emit_json, neighbour_rows, open_registry, table
 from registry.core.errors import InputError
 
-
 AS_OF = click.option("--as-of", help="Answer as the registry stood at this time (ISO timestamp).")
 
 

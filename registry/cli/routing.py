@@ -1,6 +1,6 @@
 """CLI commands for routing (route, log, mark-unavailable, mark-available, serve): thin calls of the Registry's
-routing methods, defined with cli.common's `command` decorator; cli/__init__.py attaches COMMANDS to the root group. Nothing
-heavy is imported at start-up."""
+routing methods, defined with cli.common's `command` decorator; cli/__init__.py attaches COMMANDS to the root group.
+Nothing heavy is imported at start-up."""
 from __future__ import annotations
 
 import sys
@@ -200,7 +200,8 @@ def _availability(rows, as_json):
 
 @command(json=False)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Loopback unless told otherwise.")
-@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535), help="The TCP port to listen on.")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535),
+              help="The TCP port to listen on.")
 @click.option("--token", default=None, help="Bearer token required by writing endpoints (default: $REGISTRY_TOKEN).")
 @click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME",
               help="A name clients reach the server by, besides loopback and --host (repeat; '*': any).")
@@ -213,7 +214,8 @@ def serve(ctx, host, port, token, *, allowed_hosts, upstream_deadlines, upstream
     """Serve the registry over HTTP (FastAPI); the server owns the database file while it runs. A non-loopback
     address needs --token (or REGISTRY_TOKEN): open writes are never served to a network."""
     from registry.core import settings
-    from registry.serve.app import is_loopback, serve as run
+    from registry.serve.app import is_loopback
+    from registry.serve.app import serve as run
 
     if token is not None and not token.strip():     # given but blank (--token ""): never read as "no token"
         raise click.ClickException("the token is blank: give a token of printable characters, or none")

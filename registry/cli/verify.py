@@ -79,7 +79,8 @@ def verify(ctx, model, *, names, n, repeat, seed, concurrency, deadline, alpha, 
         for e in r.endpoints:
             sent = f"{e.asked} sent, {e.already} answered before"
             fails = "; ".join(f"{c} {why}" for why, c in e.failures.items())
-            click.echo(f"{e.endpoint}: {e.verdict.get('reason', '')} ({sent}{'; no answer: ' + fails if fails else ''})")
+            unanswered = "; no answer: " + fails if fails else ""
+            click.echo(f"{e.endpoint}: {e.verdict.get('reason', '')} ({sent}{unanswered})")
     if not r.faithful:
         ctx.exit(3)
 

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from registry.core.errors import InputError, unknown_model
 from registry.core.transaction import Tx
+
+
 @dataclass
 class Availability:
     model: str

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from registry.core.errors import InputError, NotFound, unknown_model
 from registry.core.keys import ENV_NAME  # noqa: F401  (the HTTP schema reads it from here)
 from registry.core.transaction import Tx
+
 # an environment variable's name as shells write one (POSIX: letters, digits and _, not starting with a digit)
 
 

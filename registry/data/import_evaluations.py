@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from registry.data import current_evaluations, outbox
 from registry.core.errors import Conflict, UnknownReference, editor_line
+from registry.core.transaction import Tx
+from registry.data import current_evaluations, outbox
 from registry.data.import_models_queries import ImportResult, model_name_problem
 from registry.data.input_files import Columns, Staged, duck_error, fetch, first_bad, ident, mirror, sql_str, stage
-from registry.core.transaction import Tx
+
 TRUE_FALSE = "CASE lower(trim({c})) WHEN '1' THEN true WHEN 'true' THEN true WHEN '0' THEN false " \
              "WHEN 'false' THEN false ELSE NULL END"
 
@@ -123,7 +124,8 @@ def append_evaluations(tx: Tx, cols: Columns, batch_id: int, result: ImportResul
     known = held.evaluated if held is not None else [r[0] for r in tx.sql(
         """SELECT DISTINCT e.model_id FROM evaluations e JOIN models m ON m.id = e.model_id
            WHERE m.name IN (SELECT unnest(?::VARCHAR[]))""", [names])]
-    changed = f"""LEFT JOIN {current_evaluations.current(model_ids=known)} cur ON cur.model_id = m.id AND cur.query_id = q.id
+    changed = f"""LEFT JOIN {current_evaluations.current(model_ids=known)} cur
+                      ON cur.model_id = m.id AND cur.query_id = q.id
                   WHERE cur.correct IS DISTINCT FROM f.c""" if known else ""
     mirror(tx, "models")
     if known and repeats:   # a file contradicting itself on a model with results: the filter below could hide a side

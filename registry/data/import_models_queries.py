@@ -8,12 +8,12 @@ import json
 import math
 from dataclasses import dataclass, field
 
-
-from registry.data import outbox, splits
-from registry.locus import text_encoder
 from registry.core.errors import Conflict, InputError, UnknownReference, text_problem
-from registry.data.input_files import Staged, fetch, first_bad, mirror
 from registry.core.transaction import Tx
+from registry.data import outbox, splits
+from registry.data.input_files import Staged, fetch, first_bad, mirror
+from registry.locus import text_encoder
+
 MAX_NAME = 200
 # what the HTTP API puts after a model's name in a path (/models/NAME/history): a name ending so is unreachable
 PATH_SUFFIXES = ("/history", "/similar", "/fallback", "/evaluations", "/diff")
@@ -203,7 +203,8 @@ def import_queries(tx: Tx, staged: Staged, result: ImportResult) -> None:
         ("external_id", pa.string()), ("source", pa.string()), ("category", pa.string()), ("text", pa.string()),
         ("content_hash", pa.string()), ("line", pa.int64()), ("answer", pa.string()), ("grading", pa.string())]))
     with tx.table("_queries_in", table):
-        clash = tx.sql("""SELECT i.line, i.external_id FROM _queries_in i JOIN queries q ON q.external_id = i.external_id
+        clash = tx.sql("""SELECT i.line, i.external_id FROM _queries_in i
+                          JOIN queries q ON q.external_id = i.external_id
                           WHERE q.content_hash <> i.content_hash ORDER BY i.line LIMIT 1""")
         if clash:
             raise Conflict(f"query id {clash[0][1]!r} is already registered with a different text",

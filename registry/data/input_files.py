@@ -1,7 +1,7 @@
 """Reading input files into the stage: which file of a folder is which, which column is which (aliases), DuckDB's
 own readers (`read_csv`, `read_json`, `read_parquet`, gzip included) into temporary tables with a line number per
-row, and DuckDB's long reader errors cut to one line naming the file and the line. data/import_run.py checks and writes what
-is staged here.
+row, and DuckDB's long reader errors cut to one line naming the file and the line. data/import_run.py checks and
+writes what is staged here.
 
 `tx.stage` is the in-process DuckDB that reads the files: on a DuckDB registry its own connection, on PostgreSQL a
 private one into which the registry rows the checks join are mirrored (`mirror`).
@@ -12,13 +12,14 @@ the record number; for Parquet, the row number.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-from registry.data import vector_files
 from registry.core.errors import InputError, is_interrupt
 from registry.core.transaction import Tx
+from registry.data import vector_files
+
 # Accepted column names, first one canonical.
 COLUMNS = {
     "models": {"name": ("model", "name"), "family": ("family",), "provider": ("provider",),

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from registry.core.transaction import Tx
+
+
 def enqueue(tx: Tx, model_ids, reason: str, batch_id: int | None = None, encoder_id: int | None = None) -> None:
     ids = sorted({int(m) for m in model_ids})
     if not ids:

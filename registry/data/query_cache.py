@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from registry.core import dialect
-from registry.locus import label_columns, text_encoder
 from registry.core.errors import NotFound
 from registry.core.transaction import Tx
+from registry.locus import label_columns, text_encoder
+
+
 @dataclass
 class QueryMeta:
     """Per query, sorted by id: what choosing and ordering a model's evaluations needs (cached per open database;
@@ -64,9 +66,10 @@ def query_meta(tx: Tx) -> QueryMeta:
     if tx.postgres:
         # "query_meta" is dropped at the start of every transaction there (other processes add queries and change
         # splits), and rebuilding it costs about 80 ms per onboarding: keep it under what it is built from instead
+        splits_hash = dialect.xor_hash(tx.dialect, 'query_id, split')
         key = tuple(tx.sql(f"""SELECT (SELECT count(*) FROM queries), (SELECT coalesce(max(id), 0) FROM queries),
                                       (SELECT count(*) FROM query_splits),
-                                      (SELECT {dialect.xor_hash(tx.dialect, 'query_id, split')} FROM query_splits)""")[0])
+                                      (SELECT {splits_hash} FROM query_splits)""")[0])
         kept = tx.cache.get("query_meta_by_key")
         if kept is not None and kept[0] == key:
             return kept[1]

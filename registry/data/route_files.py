@@ -10,8 +10,8 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from registry.locus import text_encoder
 from registry.core.errors import InputError
+from registry.locus import text_encoder
 
 
 def read_queries(path: str) -> tuple[list[str], list[str]]:

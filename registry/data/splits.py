@@ -10,9 +10,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from registry.data import outbox
 from registry.core.errors import InputError
 from registry.core.transaction import Tx
+from registry.data import outbox
+
+
 @dataclass
 class DrawResult:
     seed: int

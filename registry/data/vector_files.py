@@ -19,10 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from registry.locus import text_encoder
 from registry.core import resources
 from registry.core.errors import InputError
 from registry.core.transaction import Tx
+from registry.locus import text_encoder
+
 DATA = resources.data_dir()
 SUFFIX = ".vectors.parquet"          # shipped files: data/<name>.vectors.parquet
 DIR_FILE = "text_vectors.parquet"    # a data folder's own file, read by `registry import DIR`
@@ -60,8 +61,8 @@ def export(tx: Tx, path: str | Path, source: str | None = None, dtype: str = "fl
         "content_hash": tbl.column("content_hash"),
         "text_encoder": pa.array([text_encoder.TEXT_ENCODER] * n).dictionary_encode(),
         "vector": pa.FixedSizeListArray.from_arrays(pa.array(mat.ravel(), type=value), text_encoder.TEXT_DIM),
-    }).replace_schema_metadata({"registry.text_encoder": text_encoder.TEXT_ENCODER, "registry.dim": str(text_encoder.TEXT_DIM),
-                                "registry.source": source or ""})
+    }).replace_schema_metadata({"registry.text_encoder": text_encoder.TEXT_ENCODER,
+                                "registry.dim": str(text_encoder.TEXT_DIM), "registry.source": source or ""})
     path = Path(path)
     if path.is_dir():
         raise InputError("is a directory, not a file", file=str(path))
@@ -90,7 +91,8 @@ def read(path: str | Path) -> tuple[list[str], np.ndarray]:
     encoders = set(tbl.column("text_encoder").cast(pa.string()).unique().to_pylist())
     if encoders - {text_encoder.TEXT_ENCODER}:
         other = sorted(str(e) for e in encoders - {text_encoder.TEXT_ENCODER})[0]
-        raise InputError(f"vectors of text encoder {other!r}; this registry uses {text_encoder.TEXT_ENCODER!r}", file=path)
+        raise InputError(f"vectors of text encoder {other!r}; this registry uses {text_encoder.TEXT_ENCODER!r}",
+                         file=path)
     hashes = tbl.column("content_hash").to_pylist()
     if any(not isinstance(h, str) or len(h) != 64 for h in hashes):
         bad = next(i for i, h in enumerate(hashes) if not isinstance(h, str) or len(h) != 64)

@@ -36,7 +36,7 @@ class Dataset:
                                 f"('category+source'), not {field!r}")
         return label_columns.join([self.categories if c == "category" else self.sources for c in cols])
 
-    def without(self, drop: np.ndarray) -> "Dataset":
+    def without(self, drop: np.ndarray) -> Dataset:
         """The same dataset without the models where `drop` is True."""
         keep = ~drop
         return Dataset([n for n, k in zip(self.models, keep) if k], self.model_ids[keep], self.query_ids, self.qvecs,

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from registry.core.transaction import Tx
 from registry.data.current_evaluations import newest_per_query
 from registry.data.query_cache import projections, query_meta
-from registry.core.transaction import Tx
 from registry.embedding import MIN_EVALUATIONS
 
 
@@ -195,9 +195,9 @@ def compute(tx: Tx, model, sets: list[EvalSet]) -> np.ndarray:
 def embed_file(tx: Tx, path: str, model, min_evaluations: int = MIN_EVALUATIONS):
     """Embed an unregistered model from its results file, as onboarding would (test queries left out), reading the
     file into temporary tables only: nothing is written. -> (z [D], answers: `import_run.Answers`)"""
+    from registry.core.errors import InputError
     from registry.data import import_run, query_cache
     from registry.locus import text_encoder
-    from registry.core.errors import InputError
 
     a = import_run.read_answers(tx, path)
     keep = ~a.is_test

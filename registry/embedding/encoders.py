@@ -13,8 +13,8 @@ import json
 from dataclasses import dataclass
 
 from registry.core import resources
-from registry.core.lazy import LazyModule
 from registry.core.errors import InputError, NotFound, RegistryError
+from registry.core.lazy import LazyModule
 from registry.core.transaction import Tx
 from registry.data.outbox import enqueue
 
@@ -178,7 +178,8 @@ def require_active(tx: Tx, as_of: str | None = None) -> int:
 
 def listing(tx: Tx) -> list[EncoderInfo]:
     active = active_id(tx)
-    rows = tx.sql("""SELECT id, name, text_encoder, meta::VARCHAR, created::VARCHAR, weights_sha256, octet_length(weights)
+    rows = tx.sql("""SELECT id, name, text_encoder, meta::VARCHAR, created::VARCHAR, weights_sha256,
+                            octet_length(weights)
                      FROM encoders ORDER BY id""")
     return [EncoderInfo(id=i, name=n, text_encoder=t, active=(i == active), metrics=json.loads(m).get("metrics", {}),
                         created=c, weights_sha256=s, n_bytes=b) for i, n, t, m, c, s, b in rows]

@@ -53,7 +53,7 @@ class VectorIndex:
         model_id = self.id_of(name)
         return None if model_id is None else self.index.reconstruct(int(model_id))
 
-    def copy(self) -> "VectorIndex":
+    def copy(self) -> VectorIndex:
         faiss = load_faiss()
         return VectorIndex(self.encoder_id, faiss.clone_index(self.index), dict(self.names), self.through_version,
                            self.stamp, self.unsaved, self.checked, self.count)
@@ -85,7 +85,8 @@ def current_versions(tx: Tx, encoder_id: int, as_of: str | None = None, after_ve
     n = tbl.num_rows
     flat = tbl.column("vector").combine_chunks().flatten().to_numpy(zero_copy_only=False) if n else np.zeros(0)
     return (tbl.column("id").to_numpy(), tbl.column("model_id").to_numpy().astype(np.int64),
-            tbl.column("name").to_pylist(), flat.reshape(n, -1).astype(np.float32) if n else np.zeros((0, 128), np.float32))
+            tbl.column("name").to_pylist(),
+            flat.reshape(n, -1).astype(np.float32) if n else np.zeros((0, 128), np.float32))
 
 
 @functools.cache

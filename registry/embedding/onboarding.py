@@ -15,11 +15,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from registry.embedding import encoders
-from registry.embedding.embed import (MIN_EVALUATIONS, EvalSet, chosen, chunked_sets, compute, embed_sets, evaluation_sets, halves, projected_inputs)
 from registry.core.errors import NotFound
-from registry.data.outbox import enqueue, model_states, pending
 from registry.core.transaction import Tx
+from registry.data.outbox import enqueue, model_states, pending
+from registry.embedding import encoders
+from registry.embedding.embed import (
+    MIN_EVALUATIONS,
+    EvalSet,
+    chosen,
+    chunked_sets,
+    compute,
+    embed_sets,
+    evaluation_sets,
+    halves,
+    projected_inputs,
+)
+
+
 @dataclass
 class JobOutcome:
     model: str
@@ -240,7 +252,7 @@ def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool
 LOCK_SPACE = 0x4C4F      # pg_advisory_xact_lock(LOCK_SPACE, model id): one model's version numbering
 
 
-def _lock_models(tx: Tx, jobs: list) -> tuple[list, dict[int, "JobOutcome"]]:
+def _lock_models(tx: Tx, jobs: list) -> tuple[list, dict[int, JobOutcome]]:
     """PostgreSQL: hold each pending model's onboarding lock until this transaction ends (a transaction-level
     advisory lock per model, taken in id order so two onboardings never wait on each other in a cycle; staging
     writes take none, so they never wait on it). Then read the pending jobs again: a job another process finished
@@ -257,7 +269,7 @@ def _lock_models(tx: Tx, jobs: list) -> tuple[list, dict[int, "JobOutcome"]]:
     gone = sorted(set(first) - {j[0] for j in now})
     elsewhere: dict[int, JobOutcome] = {}
     if gone:    # finished by another process: what it did, newest job per model
-        for job_id, model_id, name, outcome, version, n in tx.sql("""
+        for _job_id, model_id, name, outcome, version, n in tx.sql("""
                 SELECT r.job_id, j.model_id, m.name, r.outcome, v.version, v.n_evaluations
                 FROM onboarding_results r JOIN onboarding_jobs j ON j.id = r.job_id JOIN models m ON m.id = j.model_id
                 LEFT JOIN embedding_versions v ON v.id = r.version_id

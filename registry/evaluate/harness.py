@@ -15,15 +15,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from registry.locus import baselines as B
-from registry.embedding import embed, encoders, evidence
-from registry.locus import interaction
-from registry.evaluate import baseline_cache
-from registry.routing import served
 from registry.core.errors import InputError, RegistryError
 from registry.core.transaction import Tx
+from registry.embedding import embed, encoders, evidence
 from registry.embedding.dataset import SPLITS, Dataset, current_embeddings, dataset, query_labels
-
+from registry.evaluate import baseline_cache
+from registry.locus import baselines as B
+from registry.locus import interaction
+from registry.routing import served
 
 
 @dataclass
@@ -38,8 +37,8 @@ class EvaluationReport:
     sample_efficiency: dict | None = None
     choices: dict[str, int] = field(default_factory=dict)     # how often routing (locus_interaction) chooses each model
     excluded: dict[str, str] = field(default_factory=dict)    # models left out of every method, and why
-    probation: dict[str, int] = field(default_factory=dict)   # on probation (embedding/evidence.py): not routed to by any
-                                                              #   method; -> evaluations behind the embedding
+    # on probation (embedding/evidence.py): not routed to by any method; -> evaluations behind the embedding
+    probation: dict[str, int] = field(default_factory=dict)
     held_out: bool = True     # False off the test split: embeddings hold its answers, KNN and MF are tuned on val
     disagree: int = 0         # queries where the models' answers differ (hit@1_disagree is on these)
     interaction: dict = field(default_factory=dict)           # a, k, w chosen on val and what val measured
@@ -125,7 +124,8 @@ def evaluate(tx: Tx, split: str = "test", *, baselines: bool = True, sample_effi
         step("served")
         kept = baseline_cache.BaselineCache(tx, baseline_cache.key_text(
             data, split, idx, mf_seed, caller=__file__, sources=_served_sources(),
-            arrays=(z, np.asarray([encoder_id]), ev.n, ev.stability, ev.weight, np.asarray([-1 if ev.minimum is None else ev.minimum]))))
+            arrays=(z, np.asarray([encoder_id]), ev.n, ev.stability, ev.weight,
+                    np.asarray([-1 if ev.minimum is None else ev.minimum]))))
         routed, served_info = kept.get("served", lambda routed=routed: _served(data, fitted, routed, idx, tr, va))
         kept.save(encoder_id)
         methods["served"] = dict(B.routing_report(answered(routed), ct, routed, strongest),

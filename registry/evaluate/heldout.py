@@ -22,12 +22,12 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 from sklearn.metrics import roc_auc_score
 
-from registry.locus import baselines as B
-from registry.locus import interaction, probe_design, training
 from registry.core.errors import InputError
 from registry.embedding.dataset import Dataset, query_labels
-from registry.routing import served
 from registry.evaluate.harness import embed_subsets
+from registry.locus import baselines as B
+from registry.locus import interaction, probe_design, training
+from registry.routing import served
 
 # Shorter than `registry train`'s default (30 teacher epochs, 240 encoder steps, 10 refit epochs, about 10 min on
 # 2 cores) so that a seed trains in a few minutes; the report names it.
@@ -35,7 +35,8 @@ TRAIN_SHORT = {"teacher_epochs": 8, "max_steps": 60, "eval_every": 20, "refit_ep
 METHODS = ("locus", "locus_interaction", "served", "locus_likelihood", "mf", "irt", "knn", "per_category",
            "best_single")
 COLUMNS = [("hit@1", "hit@1"), ("auc", "AUC"), ("n_chosen", "models chosen"),           # (metric, table heading)
-           ("differs_from_strongest", "not the strongest"), ("hit@1_disagree", "hit@1 where models disagree"), ("held_out_auc", "held-out AUC"),
+           ("differs_from_strongest", "not the strongest"), ("hit@1_disagree", "hit@1 where models disagree"),
+           ("held_out_auc", "held-out AUC"),
            ("held_out_auc_within", "within-model AUC"), ("held_out_brier", "held-out Brier"),
            ("held_out_acc_error", "acc error"), ("routed_to_held_out", "routed to held-out")]
 NOTES = [

@@ -3,7 +3,8 @@
 Arrays: qvecs [Nq,Dq] float32 (unit norm); correct [M,Nq] int8 with 1/0 and -1 = missing. A score matrix is
 [M,N] over the queries being routed (higher = route there). A missing (model, query) counts as wrong when chosen;
 `among_answered` (locus/interaction.py: the one scoring rule of every routing figure) keeps every method from choosing
-one where another model has a result (evaluate/ scores routing that way); predictor metrics (accuracy, AUC, Brier) use observed entries only.
+one where another model has a result (evaluate/ scores routing that way); predictor metrics (accuracy, AUC, Brier)
+use observed entries only.
 """
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import numpy as np
 import torch
 
 from registry.locus.interaction import among_answered  # noqa: F401  (the one scoring rule; B.among_answered)
-
 
 # ---------------------------------------------------------------- metrics
 
@@ -45,7 +45,7 @@ def random_hit_at_k(correct: np.ndarray, k: int = 1) -> float:
 
 def predictor_metrics(probs: np.ndarray, correct: np.ndarray) -> dict:
     """Accuracy (p > 0.5), ROC-AUC and Brier score of P(correct) over the observed entries."""
-    from sklearn.metrics import roc_auc_score   # here: importing sklearn costs routing's start-up 2 s otherwise
+    from sklearn.metrics import roc_auc_score  # here: importing sklearn costs routing's start-up 2 s otherwise
 
     obs = correct >= 0
     p, y = np.asarray(probs, dtype=np.float64)[obs], correct[obs].astype(np.float64)

@@ -71,7 +71,8 @@ def _scale_text_logit(model: LocusModel, scale: float) -> None:
 
 @torch.no_grad()
 def fit_category_rows(model: LocusModel, qvecs, correct, train_idx, val_idx, categories, *,
-                      field: str = "category", l2: float = 10.0, fit: str = "train", deep_l2: tuple = (10.0, 30.0, 100.0, 300.0),
+                      field: str = "category", l2: float = 10.0, fit: str = "train",
+                      deep_l2: tuple = (10.0, 30.0, 100.0, 300.0),
                       text_scales: tuple = (1.0, 0.75, 0.5, 0.25)) -> tuple[LocusModel, EncoderConfig, dict]:
     """The last stage of category features: a copy of the trained (text-only) model with one row per
     category of the train queries, so that logit += [z, 1] . row(category) (summed over the columns, for a field

@@ -19,11 +19,12 @@ if TYPE_CHECKING:                                   # torch is imported only by 
 
 FORMAT = "locus-checkpoint/1"
 _KEY = "locus"
-_LATER_FIELDS = {"categories": (), "category_field": "category"}   # EncoderConfig fields added after format 1 -> the default a missing one takes
+# EncoderConfig fields added after format 1 -> the default a missing one takes
+_LATER_FIELDS = {"categories": (), "category_field": "category"}
 
 
 
-def save_checkpoint(model: "LocusModel", config: EncoderConfig, meta: dict) -> bytes:
+def save_checkpoint(model: LocusModel, config: EncoderConfig, meta: dict) -> bytes:
     from safetensors.torch import save as st_save
 
     cfg = asdict(config)
@@ -72,7 +73,7 @@ def read_config(blob: bytes) -> tuple[EncoderConfig, dict]:
     return EncoderConfig(**info["config"]), info["meta"]
 
 
-def load_numpy(blob: bytes) -> "NumpyLocus":
+def load_numpy(blob: bytes) -> NumpyLocus:
     """The checkpoint's network in numpy (embedding and scoring without torch); anything else it is asked for is
     read from the torch model, loaded from the same bytes the first time."""
     from registry.locus.numpy_network import NumpyLocus
@@ -81,7 +82,7 @@ def load_numpy(blob: bytes) -> "NumpyLocus":
     return NumpyLocus(blob, config, torch_loader=lambda b: load_checkpoint(b)[0])
 
 
-def load_checkpoint(blob: bytes) -> tuple["LocusModel", EncoderConfig, dict]:
+def load_checkpoint(blob: bytes) -> tuple[LocusModel, EncoderConfig, dict]:
     from safetensors.torch import load as st_load
 
     from registry.locus.network import LocusModel

@@ -203,7 +203,8 @@ class Interaction:
         pos = {c: i for i, c in enumerate(self.categories)}
         return np.array([pos.get(c, -1) if c is not None else -1 for c in names], dtype=np.int64)
 
-    def scores(self, logits: np.ndarray, qvecs: np.ndarray, cat: np.ndarray, nn: np.ndarray | None = None) -> np.ndarray:
+    def scores(self, logits: np.ndarray, qvecs: np.ndarray, cat: np.ndarray,
+               nn: np.ndarray | None = None) -> np.ndarray:
         """Routing logits [M,N] from the predictor's logits [M,N], the queries' text vectors [N,Dq] and category
         indices [N] (-1: unknown). `nn`: the queries' nearest reference queries [N, >= the k used], when known."""
         out = np.array(logits, dtype=np.float64)

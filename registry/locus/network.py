@@ -12,7 +12,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from registry.locus import label_columns
-from registry.locus.numpy_network import EncoderConfig, BLOCKS, Predictor, category_ids, category_positions, gather_offsets
+from registry.locus.numpy_network import (
+    BLOCKS,
+    EncoderConfig,
+    Predictor,
+    category_ids,
+    category_positions,
+    gather_offsets,
+)
 
 
 class MAB(nn.Module):
@@ -30,7 +37,9 @@ class MAB(nn.Module):
         # x [B,Nx,D] queries; y [B,Ny,D] keys/values; y_mask [B,Ny] bool or None (all real)
         B, Nx, D = x.shape
         Ny, H = y.shape[1], self.n_heads
-        split = lambda t, n: t.view(B, n, H, D // H).transpose(1, 2)           # [B,H,n,D/H]
+        def split(t, n):
+            return t.view(B, n, H, D // H).transpose(1, 2)                    # [B,H,n,D/H]
+
         q, k, v = split(self.q(x), Nx), split(self.k(y), Ny), split(self.v(y), Ny)
         attn_mask = None if y_mask is None else y_mask[:, None, None, :]      # [B,1,1,Ny] True = attend
         a = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)     # [B,H,Nx,D/H]

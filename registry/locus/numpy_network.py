@@ -12,6 +12,7 @@ import numpy as np
 
 from registry.locus import label_columns
 
+
 @dataclass
 class EncoderConfig:
     d_query: int = 384     # query-vector width (MiniLM)
@@ -162,7 +163,9 @@ def _mab(w: dict, name: str, x, y, y_mask, n_heads: int):
     # x [B,Nx,D] queries; y [B,Ny,D] keys/values; y_mask [B,Ny] bool (True = attend) or None -> [B,Nx,D]
     B, Nx, D = x.shape
     Ny, H = y.shape[1], n_heads
-    split = lambda t, n: t.reshape(B, n, H, D // H).transpose(0, 2, 1, 3)             # [B,H,n,D/H]
+    def split(t, n):
+        return t.reshape(B, n, H, D // H).transpose(0, 2, 1, 3)                       # [B,H,n,D/H]
+
     q, k, v = (split(_linear(w, f"{name}.{p}", t), n) for p, t, n in (("q", x, Nx), ("k", y, Ny), ("v", y, Ny)))
     s = q @ k.transpose(0, 1, 3, 2) / math.sqrt(D // H)                                # [B,H,Nx,Ny]
     if y_mask is not None:

@@ -42,7 +42,7 @@ class Predictor:
         self.Wq, self.bq = w["q_proj.weight"], w["q_proj.bias"]
         self.E, self.category_ids = w.get("q_cat.weight"), model.category_ids   # category rows (None: text only)
 
-    def project(self, qvecs: np.ndarray, categories=None) -> "Queries":
+    def project(self, qvecs: np.ndarray, categories=None) -> Queries:
         """Query vectors [n,Dq] (and their categories [n], for a predictor that reads them) -> Queries."""
         u = np.asarray(qvecs, dtype=np.float64) @ self.Wq.T + self.bq
         bias = None if self.qb is None else u @ self.qb[0] + self.qb[1]
@@ -52,7 +52,7 @@ class Predictor:
             rows = rows.sum(1)
         return Queries(u, u @ self.Wu.T, bias, rows)
 
-    def logits(self, z: np.ndarray, q: "Queries") -> np.ndarray:
+    def logits(self, z: np.ndarray, q: Queries) -> np.ndarray:
         """z [D] -> logits [n]."""
         pre = q.u @ (self.Wzu * z[None]).T + q.uwu + (self.Wz @ z + self.bz)[None]
         out = np.maximum(pre, 0.0) @ self.head + self.hb
@@ -60,7 +60,7 @@ class Predictor:
             out = out + q.cat[:, :-1] @ z + q.cat[:, -1]
         return out if q.bias is None else out + q.bias
 
-    def logits_grad(self, z: np.ndarray, q: "Queries") -> tuple[np.ndarray, np.ndarray]:
+    def logits_grad(self, z: np.ndarray, q: Queries) -> tuple[np.ndarray, np.ndarray]:
         """z [D] -> (logits [n], d logit / dz [n,D])."""
         pre = q.u @ (self.Wzu * z[None]).T + q.uwu + (self.Wz @ z + self.bz)[None]     # [n,H]
         c = (pre > 0) * self.head[None]                                                # [n,H]
@@ -80,7 +80,7 @@ class Queries:
     bias: np.ndarray | None     # [n] per-query logit bias (encoders with query_bias)
     cat: np.ndarray | None = None   # [n,D+1] each query's category row (encoders with category features)
 
-    def take(self, rows) -> "Queries":
+    def take(self, rows) -> Queries:
         return Queries(self.u[rows], self.uwu[rows], None if self.bias is None else self.bias[rows],
                        None if self.cat is None else self.cat[rows])
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import copy
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -32,14 +33,14 @@ class StageData:
     q_tr: torch.Tensor                # [Ntr,Dq] the train queries'
     y_tr: torch.Tensor                # [M,Ntr] 1.0 where right
     obs_tr: torch.Tensor              # [M,Ntr] bool, observed
-    cfg: "TrainConfig"
+    cfg: TrainConfig
     rng: np.random.Generator
     progress: Callable[[dict], None] | None
     t0: float
 
     @classmethod
-    def of(cls, qvecs, correct, train_idx, val_idx, *, cfg: "TrainConfig", progress=None,
-           t0: float | None = None) -> "StageData":
+    def of(cls, qvecs, correct, train_idx, val_idx, *, cfg: TrainConfig, progress=None,
+           t0: float | None = None) -> StageData:
         q_all = torch.from_numpy(np.ascontiguousarray(qvecs, dtype=np.float32))
         tr = np.asarray(train_idx)
         c_tr = correct[:, tr]                                   # [M,Ntr]
@@ -136,7 +137,7 @@ def fit_linear_teacher(model: LocusModel, dec_params: list, data: StageData) -> 
     return lin, dict(info, kind="linear")
 
 
-def _lr_factor(cfg: "TrainConfig", step: int) -> float:
+def _lr_factor(cfg: TrainConfig, step: int) -> float:
     """Linear warm-up, then cosine decay to lr_min_frac of the peak."""
     if step <= cfg.warmup:
         return step / max(1, cfg.warmup)

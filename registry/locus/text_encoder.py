@@ -15,8 +15,8 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import Sequence
 
 import numpy as np
 

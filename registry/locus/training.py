@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from typing import Callable
 
 import numpy as np
 import torch
@@ -144,9 +144,9 @@ def checkpoint_from(data, *, seed: int = 0, anchors: int | None = None, max_step
     category_features the predictor also reads each query's value of category_field."""
     import json
 
+    from registry.core.errors import InputError, RegistryError
     from registry.locus import text_encoder
     from registry.locus.checkpoint import save_checkpoint
-    from registry.core.errors import InputError, RegistryError
 
     for flag, value in (("--anchors", anchors), ("--steps", max_steps), ("--epochs", epochs)):
         if value is not None and value < 1:

@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from registry.core.errors import InputError
+from registry.core.transaction import Tx
 from registry.locus import interaction
 from registry.routing import accuracy, policy
 from registry.routing.options import COST_BASES
 from registry.routing.state import State
-from registry.core.errors import InputError
-from registry.core.transaction import Tx
+
 # the cost weight is on the candidates' cost range (policy.relative_cost): from 1e-3 (a thousandth of a probability
 # for the whole range) to 1e4 (the cheapest model everywhere, unless another costs within 1e-4 of the range more)
 # spans the whole trade-off in any unit of price

@@ -51,7 +51,7 @@ class PairModel:
         h = q @ self.proj + self.proj0
         return self.u @ h.T + self.bias[:, None] - (q @ self.diff + self.diff0)[None]
 
-    def rows(self, take: np.ndarray) -> "PairModel":
+    def rows(self, take: np.ndarray) -> PairModel:
         return replace(self, u=self.u[take], bias=self.bias[take])
 
 

@@ -7,8 +7,8 @@ Per-query overhead is kept small by the Store's cached routing state (routing/st
 vectors (routing/query_texts.py). What a call asks for comes in one checked value (routing/options.py:
 RouteOptions); what needs the state to check (unknown model names, missing prices) is checked here.
 
-Evidence (embedding/evidence.py): each model's P(correct) is shrunk toward the established models' mean prediction by how
-uncertain its embedding is, and a model on probation (too few evaluations) is not chosen unless the caller asks.
+Evidence (embedding/evidence.py): each model's P(correct) is shrunk toward the established models' mean prediction by
+how uncertain its embedding is, and a model on probation (too few evaluations) is not chosen unless the caller asks.
 
 Costs: price and size are kept apart. Cost-aware routing (a cost weight or a minimum probability) ranks by `cost`
 when every candidate has one; by `params_b` only when asked (`cost_by="params"`), leaving out models without a
@@ -25,9 +25,8 @@ import numpy as np
 from registry.core.errors import Conflict, RegistryError, unknown_model
 from registry.core.transaction import Tx
 from registry.embedding import evidence
-from registry.routing import served
 from registry.locus import interaction, text_encoder
-from registry.routing import query_texts
+from registry.routing import query_texts, served
 from registry.routing.decision import Candidate, Decision
 from registry.routing.log import append_log, log_options, log_rows
 from registry.routing.options import RouteOptions
@@ -92,8 +91,8 @@ def policy(st: State, options: RouteOptions) -> Policy:
         missing = [n for n, e, c in zip(st.names, eligible, st.cost) if e and np.isnan(c)]
         if missing:
             raise Conflict(f"cost-aware routing needs a price for every candidate, and {len(missing)} of "
-                             f"{int(eligible.sum())} have none (e.g. {missing[0]}): set `cost` (a `cost` column in a models "
-                             f"file, `registry import --models FILE`), or rank by size with --cost-by params")
+                             f"{int(eligible.sum())} have none (e.g. {missing[0]}): set `cost` (a `cost` column in a "
+                             f"models file, `registry import --models FILE`), or rank by size with --cost-by params")
         cost, basis = st.cost, "cost"
     else:
         sized = ~np.isnan(st.params_b)

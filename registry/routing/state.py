@@ -228,10 +228,10 @@ def with_new_versions(tx: Tx, st: State, registered: set[str] = frozenset()) -> 
 
 def _versions_written(tx: Tx, st: State, after: int) -> dict | None:
     """`with_new_versions`' read, from what this transaction wrote (onboarding.run_pending and
-    import_run.insert_new_models note it on the transaction): the server's writer builds the next snapshot in the transaction that
-    wrote the versions. None (read them) unless they are exactly the versions that read would give: all under st's
-    encoder and past st's newest, as many as the file holds there (one count), and each model's cost and size known
-    (st's, or its registration's)."""
+    import_run.insert_new_models note it on the transaction): the server's writer builds the next snapshot in the
+    transaction that wrote the versions. None (read them) unless they are exactly the versions that read would give:
+    all under st's encoder and past st's newest, as many as the file holds there (one count), and each model's cost and
+    size known (st's, or its registration's)."""
     written = tx.notes.versions_written
     if not written or any(enc != st.encoder_id or vid <= after for vid, *_, enc in written):
         return None

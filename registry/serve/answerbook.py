@@ -14,9 +14,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from registry.data import current_evaluations
 from registry.answers import fingerprint
 from registry.core.transaction import Tx
+from registry.data import current_evaluations
+
+
 @dataclass
 class _Changes:
     """What a sync read: the models whose answers changed, their current answers, the queries new to the book."""
@@ -50,7 +52,7 @@ class AnswerBook:
         """Read again the answers of every model with evaluations newer than the last sync -> how many models."""
         return self.apply(self.read(tx))
 
-    def read(self, tx: Tx) -> "_Changes | None":
+    def read(self, tx: Tx) -> _Changes | None:
         """`sync`'s reads, without changing the book: the writer reads in the transaction that wrote the rows and
         applies what it read once that has committed (the book never holds a write that was rolled back)."""
         if tx.postgres:
@@ -86,7 +88,7 @@ class AnswerBook:
             named.update(tx.sql("SELECT id, name FROM models WHERE id IN (SELECT unnest(?::INTEGER[]))", [unnamed]))
         return _Changes(changed, rows, new_q, test, named, int(last), new_batches)
 
-    def apply(self, ch: "_Changes | None") -> int:
+    def apply(self, ch: _Changes | None) -> int:
         """What `read` found, into the book -> how many models changed. Only the writer changes the book, so
         nothing moved between the read and this."""
         if ch is None:
@@ -113,9 +115,11 @@ class AnswerBook:
                 buf[:correct.shape[0], :correct.shape[1]] = correct
                 correct = buf[:len(row)]
                 correct[r] = -1
-            correct[np.fromiter((row[m] for m in rows["model_id"].tolist()), dtype=np.int64, count=len(rows["model_id"])),
-                    np.fromiter((col[q] for q in rows["query_id"].tolist()), dtype=np.int64, count=len(rows["query_id"]))] = \
-                rows["correct"]
+            at_row = np.fromiter((row[m] for m in rows["model_id"].tolist()), dtype=np.int64,
+                                 count=len(rows["model_id"]))
+            at_col = np.fromiter((col[q] for q in rows["query_id"].tolist()), dtype=np.int64,
+                                 count=len(rows["query_id"]))
+            correct[at_row, at_col] = rows["correct"]
             ids = np.zeros(len(row), dtype=np.int64)
             ids[list(row.values())] = list(row.keys())
             test_col = np.concatenate([self.test, np.array([int(q) in test for q in new_q.tolist()], dtype=bool)])

@@ -33,17 +33,23 @@ from starlette.exceptions import HTTPException
 
 from registry.api import Registry
 from registry.core import dialect, settings
+from registry.core.errors import (
+    Conflict,
+    DatabaseLocked,
+    EndpointFailed,
+    InputError,
+    NotFound,
+    RegistryError,
+    UnknownReference,
+)
 from registry.core.keys import UpstreamKeys
-from registry.core.errors import (Conflict, DatabaseLocked, EndpointFailed, InputError, NotFound, RegistryError,
-                                   UnknownReference)
 from registry.serve import proxy, web
 from registry.serve.context import ServerState
-from registry.serve.http import contract
+from registry.serve.http import advert, connections, contract, guards, listener
 from registry.serve.routes_models import availability_router, endpoints_router, models_router
 from registry.serve.routes_reads import reads_router, status_router
 from registry.serve.routes_routing import routing_router
 from registry.serve.serving import Serving
-from registry.serve.http import advert, connections, guards, listener
 
 MAX_BODY = 64 << 20       # bytes: the largest request body (an uploaded results file) the server reads
 # DuckDB runs a query on the thread that asks (no worker threads) unless REGISTRY_DUCKDB_THREADS says otherwise: the
@@ -86,7 +92,8 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
     _offline_docs(app)
     web.mount(app)      # the pages at / (serve/web.py)
     _add_routes(app, web.pages)
-    upstream = proxy.mount(app, serving, deadlines, keys)    # the OpenAI-compatible routing proxy at /v1 (serve/proxy.py)
+    # the OpenAI-compatible routing proxy at /v1 (serve/proxy.py)
+    upstream = proxy.mount(app, serving, deadlines, keys)
     _error_handlers(app)
     # (the suffixed reads, /models/{name}/similar and /fallback, before the bare /models/{name} of the models)
     for router in (status_router, reads_router, models_router, availability_router, endpoints_router,

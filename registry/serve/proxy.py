@@ -33,10 +33,10 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from registry.routing import log as route_log
-from registry.routing.options import RouteOptions
 from registry.core.errors import Conflict, InputError
 from registry.core.keys import KeyRefused, UpstreamKeys
+from registry.routing import log as route_log
+from registry.routing.options import RouteOptions
 from registry.serve.context import require_token
 from registry.serve.http import connections, shapes
 

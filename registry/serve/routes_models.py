@@ -3,19 +3,18 @@ uploaded results file, through the writer); the availability marks (`availabilit
 sends each model's requests (`endpoints`)."""
 from __future__ import annotations
 
-from typing import Annotated, Literal
-
 import os
 import tempfile
+from typing import Annotated, Literal
 
 import anyio
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from registry.core.errors import Conflict, InputError
-from registry.serve.context import EvalRow, ServerState, json_response, require_token, rows_file, rows_named, server
+from registry.core.errors import InputError
 from registry.data.endpoints import ENV_NAME
+from registry.serve.context import EvalRow, ServerState, json_response, require_token, rows_file, rows_named, server
 from registry.serve.http import shapes
 
 UPLOAD_TYPES = {"text/csv": ".csv", "application/x-ndjson": ".jsonl", "application/jsonl": ".jsonl",

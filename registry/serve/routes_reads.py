@@ -9,8 +9,7 @@ from typing import Literal
 
 from fastapi import APIRouter, Body, Depends, Query
 
-from registry.serve.context import (EvalRow, ServerState, json_response, require_token, rows_file, rows_named,
-                                    server)
+from registry.serve.context import EvalRow, ServerState, json_response, require_token, rows_file, rows_named, server
 
 reads_router = APIRouter()
 status_router = APIRouter()

@@ -16,13 +16,13 @@ import anyio
 from fastapi import APIRouter, Depends, HTTPException
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.requests import Request
 
-from registry.routing.options import RouteOptions
 from registry.routing.decision import Decision
+from registry.routing.options import RouteOptions
 from registry.serve.context import ServerState, is_authorized, json_response, server
 from registry.serve.http.shapes import Text, WholeNumber
 from registry.serve.serving import Serving
-from starlette.requests import Request
 
 # texts in one batch, and texts among them whose vector is not yet known: (with the server's token, without it)
 BATCH_TEXTS = (2_000, 200)

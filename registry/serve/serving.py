@@ -1,6 +1,6 @@
 """A registry being served (`registry serve`, the proxy): reads answer from the current in-memory snapshot
-(serve/snapshot.py), every write goes through the one writer (serve/writer.py), and new query texts are encoded in shared
-batches. What the HTTP layer calls; it holds no lock a read could wait on.
+(serve/snapshot.py), every write goes through the one writer (serve/writer.py), and new query texts are encoded in
+shared batches. What the HTTP layer calls; it holds no lock a read could wait on.
 """
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from registry.routing.decision import Decision
 from registry.routing.options import RouteOptions
 from registry.serve.snapshot import QueryVectors, Snapshots
 from registry.serve.writer import Writer
-
 
 TIMES_KEPT = 10_000     # the newest request times kept per kind (GET /health: inside the server, p50 and p99)
 
@@ -85,7 +84,8 @@ class Serving:
 
     def stats(self) -> dict:
         inside = {k: {"n": len(v), "p50_ms": round(1000 * float(np.percentile(v, 50)), 2),
-                      "p99_ms": round(1000 * float(np.percentile(v, 99)), 2)} for k, v in list(self._times.items()) if v}
+                      "p99_ms": round(1000 * float(np.percentile(v, 99)), 2)}
+                  for k, v in list(self._times.items()) if v}
         return {"snapshot": self.snapshots.current.generation, "writer": self.writer.stats(), "inside": inside,
                 "text_batches": self.vectors.batcher.batches, "texts_encoded": self.vectors.batcher.texts,
                 "text_encode_ms": round(1000 * self.vectors.batcher.encode_s, 1),

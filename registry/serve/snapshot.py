@@ -14,12 +14,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from registry.data import endpoints
 from registry.answers import fallback
-from registry.embedding import index
-from registry.routing import query_texts, state as routing_state
-from registry.locus import text_encoder
 from registry.answers.geometry import Pool
+from registry.data import endpoints
+from registry.embedding import index
+from registry.locus import text_encoder
+from registry.routing import query_texts
+from registry.routing import state as routing_state
 
 
 @dataclass(frozen=True)
@@ -93,9 +94,9 @@ class Snapshots:
 
 
 class QueryVectors:
-    """Query text -> vector for a server: the Store's LRU of routed texts, then the registry's stored vectors (held in memory, up to
-    KEEP of them, so that a known text routes without a read), then MiniLM through a dynamic batcher, so that new
-    texts arriving together share one pass."""
+    """Query text -> vector for a server: the Store's LRU of routed texts, then the registry's stored vectors (held in
+    memory, up to KEEP of them, so that a known text routes without a read), then MiniLM through a dynamic batcher, so
+    that new texts arriving together share one pass."""
 
     KEEP = 500_000            # 384 float32 each: 0.8 GB at most; a larger registry reads the rest when asked
 
@@ -110,7 +111,8 @@ class QueryVectors:
                                          encode=self.batcher.encode)
 
     def known(self, texts: list[str]) -> bool:
-        """Whether every text's vector is at hand (held in memory or recently routed): routing them waits for nothing."""
+        """Whether every text's vector is at hand (held in memory or recently routed): routing them waits for
+        nothing."""
         hashes = [text_encoder.content_hash(t) for t in texts if isinstance(t, str)]
         return len(hashes) == len(texts) and all(h in self._known or self.recent.has(h) for h in hashes)
 

@@ -283,8 +283,8 @@ def verify(store: Store, model: str, *, min_evaluations: int, endpoints: list[st
             had = counts(tx, t.model_id, t.endpoint.base_url, plan)
             first = [q for q in plan if not had.get(q)]
             new = set(first)
-            again = [(q, True) for q in repeats if had.get(q, 0) + (q in new) < 2]
-            jobs.append((t, [(q, False) for q in first] + again))
+            repeat_asks = [(q, True) for q in repeats if had.get(q, 0) + (q in new) < 2]
+            jobs.append((t, [(q, False) for q in first] + repeat_asks))
     reports = {t.claim.endpoint: EndpointReport(t.claim.endpoint, t.endpoint.base_url, t.claim.reference, len(plan),
                                                 len(repeats), 0, 0, 0, 0, 0, 0, 0, 0, None) for t in found}
     for t, asks in jobs:

@@ -70,7 +70,7 @@ def watched(tx: Tx, models: list[str] | None) -> dict[str, list[claims.Claim]]:
 
 def last_states(tx: Tx) -> dict[int, tuple[int, sequential.State, list]]:
     """{endpoint model id: (rounds so far, its test's state, [the questions of each round])}."""
-    out = {}
+    out: dict[int, tuple[int, sequential.State, list]] = {}
     for mid, evidence in tx.sql("SELECT model_id, evidence FROM watch_rounds ORDER BY id"):
         e = json.loads(evidence) if isinstance(evidence, str) else evidence
         rounds, _, qs = out.get(int(mid), (0, None, []))
@@ -97,7 +97,7 @@ def round_of(store: Store, model: str, group: list[claims.Claim], n: int, *, see
     with store.tx() as tx:
         base = v.reference_outcomes(tx, model, ref, fresh)
         got = {t.claim.endpoint: v.answers(tx, t.model_id, t.endpoint.base_url, fresh) for t in found}
-    again = {t.claim.endpoint: set() for t in found}
+    again: dict[str, set[int]] = {t.claim.endpoint: set() for t in found}
     for t in found:
         if t is ref:
             continue
@@ -213,7 +213,7 @@ def round_row(endpoint: str, model: str, number: int, at: str, e: np.ndarray, r:
     return Round(endpoint, model, number, at, n, round(k / n, 4) if n else None, verdicts.wilson(k, n),
                  round(int(r.sum()) / n, 4) if n else None, round(d / n, 4) if n else None, verdicts.wilson(d, n),
                  evidence["worse_held"], evidence["better_held"], round(min(stat, 99.0), 3), verdict,
-                 event and event.change)
+                 None if event is None else event.change)
 
 
 def timeline(store: Store, models: list[str] | None = None) -> WatchResult:

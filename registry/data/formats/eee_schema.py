@@ -3,14 +3,14 @@ of a record against them with the `jsonschema` package: the first error as one s
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 FILES = {"aggregate": "eval.schema.json", "sample": "instance_level_eval.schema.json"}
 VERSION = "0.3.0"
 
 
-@lru_cache(maxsize=None)
+@cache
 def validator(kind: str):
     import jsonschema
 

@@ -7,12 +7,13 @@ function returning one), as simonw/llm's plugins do; found with importlib.metada
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from registry.core.errors import InputError
-from registry.data.harness.samples import HarnessRun as Run, Sample    # what a reader returns (re-exported for plugins)
+from registry.data.harness.samples import HarnessRun as Run  # what a reader returns (re-exported for plugins)
+from registry.data.harness.samples import Sample
 
 ENTRY_POINT_GROUP = "locus_registry.readers"
 OPTIONS = ("model", "scorer", "metric", "threshold", "partial")     # the import options a reader may take
@@ -23,7 +24,8 @@ __all__ = ["ENTRY_POINT_GROUP", "Reader", "Run", "Sample", "table", "get", "dete
 class Reader:
     """An input format. `read(paths, **options)` -> list[Run]: every file read and checked, nothing written; a problem
     is an InputError naming the file (and line). `options`: which of OPTIONS it takes (`--model` always applies).
-    `read=None`: the registry's own CSV folder, read by DuckDB's bulk path (data/input_files.py) instead of into rows."""
+    `read=None`: the registry's own CSV folder, read by DuckDB's bulk path (data/input_files.py) instead of into
+    rows."""
     name: str
     summary: str
     recognises: Callable[[list[str]], bool]

@@ -97,7 +97,7 @@ def write(tx, runs: list[HarnessRun], harness: str, progress: bool = False) -> H
     taken = dict(tx.sql("""SELECT external_id, content_hash FROM queries
                            WHERE external_id IN (SELECT unnest(?::VARCHAR[]))""", [wanted])) if wanted else {}
     new_queries, new_hash, qid_of, id_of_hash = {}, {}, {}, {}
-    for i, run, s, text, h in keyed:
+    for i, _run, s, _text, h in keyed:
         own = s.query_id
         if own and taken.get(own) == h:             # the file's own id, registered with this very text
             qid = own

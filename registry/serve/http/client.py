@@ -154,7 +154,7 @@ class RemoteRegistry:
     def _ahead(self, model: str) -> None:
         try:
             self._shown[model] = self.show(model)
-            self.probation_min
+            _ = self.probation_min          # (read ahead too: the property keeps what it read)
         except RegistryError:
             pass        # (asked again when needed, and its error raised then)
 

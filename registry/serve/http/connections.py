@@ -43,7 +43,7 @@ class UpstreamDeadlines:
         return dict(self.per_model).get(model, self.default)
 
     @classmethod
-    def parse(cls, specs: tuple[str, ...] | list[str]) -> "UpstreamDeadlines":
+    def parse(cls, specs: tuple[str, ...] | list[str]) -> UpstreamDeadlines:
         """From `NAME=SECONDS` (every endpoint) and `MODEL:NAME=SECONDS` (one model's; it starts from the settings
         for every endpoint, whichever order they are given in). A bad one: InputError naming it."""
         default, per_model = {}, {}

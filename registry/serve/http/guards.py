@@ -57,7 +57,7 @@ class Hosts:
     any_ip: bool = False           # bound to every interface: any IP address (a literal cannot be re-pointed)
 
     @classmethod
-    def serving(cls, bound: str, allowed: tuple[str, ...] | list[str] = ()) -> "Hosts":
+    def serving(cls, bound: str, allowed: tuple[str, ...] | list[str] = ()) -> Hosts:
         extra = frozenset(h.strip().lower().strip("[]").rstrip(".") for h in allowed)
         wildcard = bound.strip().strip("[]") in WILDCARD_BINDS
         names = set(LOOPBACK_NAMES) | extra | (set() if wildcard else {bound.strip().lower().strip("[]")})

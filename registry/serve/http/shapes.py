@@ -12,7 +12,6 @@ from pydantic import BeforeValidator, WithJsonSchema
 from registry.data import endpoints
 from registry.data.import_models_queries import MAX_NAME, PATH_SUFFIXES
 
-
 # what Python's str.strip() removes (the library's test for an empty text or an edge space in a name)
 SPACE = endpoints.char_class([chr(c) for c in range(sys.maxunicode + 1) if chr(c).isspace()])
 CONTROL = "\\u0000-\\u001f\\u007f-\\u009f"                     # what a model name may not hold

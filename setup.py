@@ -10,7 +10,8 @@ HERE = Path(__file__).resolve().parent
 SHIPPED = [("alembic.ini", "alembic.ini"), ("alembic/env.py", "alembic/env.py"),
            ("alembic/script.py.mako", "alembic/script.py.mako")]
 SHIPPED += [(f"alembic/versions/{p.name}",) * 2 for p in sorted((HERE / "alembic" / "versions").glob("*.py"))]
-SHIPPED += [(f"data/{p.name}",) * 2 for p in sorted((HERE / "data").iterdir()) if p.suffix in (".safetensors", ".parquet")]
+SHIPPED += [(f"data/{p.name}",) * 2 for p in sorted((HERE / "data").iterdir())
+            if p.suffix in (".safetensors", ".parquet")]
 
 
 class BuildWithShipped(build_py):

@@ -3,9 +3,10 @@
 The registry passes its open SQLAlchemy connection in `config.attributes["connection"]` (DuckDB allows one
 read-write connection configuration per file and process). From the shell: `alembic -x db=registry.duckdb upgrade head`.
 """
-from alembic import context
 from alembic.ddl.impl import DefaultImpl
 from sqlalchemy import create_engine
+
+from alembic import context
 
 
 class DuckDBImpl(DefaultImpl):

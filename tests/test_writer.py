@@ -214,8 +214,9 @@ def test_a_snapshot_from_new_versions_is_the_one_a_full_read_gives(db_copy, tmp_
         qids = _qids(reg)
         with reg.store.tx() as tx:
             existing = tx.sql("SELECT name FROM models ORDER BY name LIMIT 1")[0][0]
-            flipped = tx.sql("""SELECT q.external_id, NOT e.correct FROM evaluations e JOIN models m ON m.id = e.model_id
-                                JOIN queries q ON q.id = e.query_id WHERE m.name = ? ORDER BY q.id LIMIT 5""",
+            flipped = tx.sql("""SELECT q.external_id, NOT e.correct FROM evaluations e
+                                JOIN models m ON m.id = e.model_id JOIN queries q ON q.id = e.query_id
+                                WHERE m.name = ? ORDER BY q.id LIMIT 5""",
                              [existing])
         more = tmp_path / "more.jsonl"
         more.write_text("".join(json.dumps({"question_id": q, "correct": int(c)}) + "\n" for q, c in flipped))

@@ -28,9 +28,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from registry import Registry
+from registry.answers import disagreement, fingerprint
 from registry.data import current_evaluations
-from registry.answers import disagreement
-from registry.answers import fingerprint  # noqa: E402
 
 NS = (32, 64, 128, 256, 512, 1024)
 

@@ -36,11 +36,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from registry import Registry, RouteOptions
+from registry.embedding.dataset import dataset  # noqa: E402
 from registry.evaluate import heldout
-from registry.routing import policy, state as routing_state
 from registry.locus import training  # noqa: E402
 from registry.locus.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
-from registry.embedding.dataset import dataset  # noqa: E402
+from registry.routing import policy
+from registry.routing import state as routing_state
 
 ROWS = [("locus", "LOCUS"), ("locus_interaction", "LOCUS+interaction"), ("knn", "KNN"), ("mf", "MF"),
         ("irt", "IRT"), ("per_category", "per-category"), ("best_single", "best single")]

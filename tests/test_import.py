@@ -88,28 +88,30 @@ def _write(tmp_path, name, content: bytes | str):
 
 def bad_inputs(tmp_path, qids):
     q0, q1 = qids[0], qids[1]
-    good_gz = gzip.compress(f"model,question_id,correct\nm,{q0},1\nm,{q1},0\n".encode() * 200)
+    H = "model,question_id,correct\n"          # the evaluations header
+    good_gz = gzip.compress(f"{H}m,{q0},1\nm,{q1},0\n".encode() * 200)
     cases = {
         "missing column": ("evaluations", _write(tmp_path, "a.csv", f"model,question_id,correctness\nm,{q0},1\n"),
                            "a.csv: line 1: missing column 'correct'"),
         "misspelled column": ("evaluations", _write(tmp_path, "b.csv", f"modle,question_id,correct\nm,{q0},1\n"),
                               "b.csv: line 1: missing column 'model'"),
-        "value outside 0/1": ("evaluations", _write(tmp_path, "c.csv", f"model,question_id,correct\nm,{q0},1\nm,{q1},2\n"),
+        "value outside 0/1": ("evaluations", _write(tmp_path, "c.csv", f"{H}m,{q0},1\nm,{q1},2\n"),
                               "c.csv: line 3: correct must be 0, 1, true or false, got '2'"),
-        "unknown query id": ("evaluations", _write(tmp_path, "d.csv", f"model,question_id,correct\nm,{q0},1\nm,99999999,1\n"),
+        "unknown query id": ("evaluations", _write(tmp_path, "d.csv", f"{H}m,{q0},1\nm,99999999,1\n"),
                              "d.csv: line 3: unknown query id '99999999'"),
-        "same pair twice": ("evaluations", _write(tmp_path, "e.csv", f"model,question_id,correct\nm,{q0},1\nx,{q1},1\nm,{q0},0\n"),
-                            "e.csv: line 4: model 'm', query '{}' appears twice with different results (lines 2 and 4)".format(q0)),
+        "same pair twice": ("evaluations", _write(tmp_path, "e.csv", f"{H}m,{q0},1\nx,{q1},1\nm,{q0},0\n"),
+                            f"e.csv: line 4: model 'm', query '{q0}' appears twice with different results "
+                            f"(lines 2 and 4)"),
         "empty file": ("evaluations", _write(tmp_path, "f.csv", ""), "f.csv: file is empty"),
-        "only a header": ("evaluations", _write(tmp_path, "g.csv", "model,question_id,correct\n"),
+        "only a header": ("evaluations", _write(tmp_path, "g.csv", H),
                           "g.csv: no rows (only a header)"),
         "truncated gzip": ("evaluations", _write(tmp_path, "h.csv.gz", good_gz[: len(good_gz) // 2]),
                            "h.csv.gz: truncated or corrupt gzip file"),
-        "invalid utf-8": ("evaluations", _write(tmp_path, "i.csv", b"model,question_id,correct\nm,1,1\n\xff\xfem,2,1\n"),
+        "invalid utf-8": ("evaluations", _write(tmp_path, "i.csv", H.encode() + b"m,1,1\n\xff\xfem,2,1\n"),
                           "i.csv: line 3: invalid UTF-8"),
-        "empty model name": ("evaluations", _write(tmp_path, "j.csv", f"model,question_id,correct\nm,{q0},1\n ,{q1},1\n"),
+        "empty model name": ("evaluations", _write(tmp_path, "j.csv", f"{H}m,{q0},1\n ,{q1},1\n"),
                              "j.csv: line 3: empty model name"),
-        "NaN": ("evaluations", _write(tmp_path, "k.csv", f"model,question_id,correct\nm,{q0},NaN\n"),
+        "NaN": ("evaluations", _write(tmp_path, "k.csv", f"{H}m,{q0},NaN\n"),
                 "k.csv: line 2: correct must be 0, 1, true or false, got 'NaN'"),
         "NaN parameter count": ("models", _write(tmp_path, "l.csv", "model,params_b\na,7\nb,nan\n"),
                                 "l.csv: line 3: params_b must be a non-negative finite number, got 'nan'"),
@@ -118,7 +120,8 @@ def bad_inputs(tmp_path, qids):
         "bad JSONL line": ("queries", _write(tmp_path, "m.jsonl", '{"id": "z1", "text": "hi"}\nnot json\n'),
                            "m.jsonl: line 2: not valid JSON"),
     }
-    cases["unknown split name"] = ("splits", _write(tmp_path, "o.csv", f"question_id,split\n{q0},train\n{q1},holdout\n"),
+    splits = f"question_id,split\n{q0},train\n{q1},holdout\n"
+    cases["unknown split name"] = ("splits", _write(tmp_path, "o.csv", splits),
                                    "o.csv: line 3: split must be train, val or test, got 'holdout'")
     pq.write_table(pa.table({"model": ["m", "m"], "question_id": [q0, q1], "correct": ["yes", "no"]}),
                    tmp_path / "n.parquet")
@@ -165,7 +168,8 @@ def test_bad_file_in_a_directory_import_changes_nothing(any_db, small_data, tmp_
     """A good questions file beside a bad evaluations file: the whole import rolls back, queries included."""
     d = tmp_path / "dir"
     d.mkdir()
-    (d / "questions.csv").write_text('question_id,question,options,category\nnewq,"What is 2+2?","[""3"",""4""]",math\n')
+    (d / "questions.csv").write_text('question_id,question,options,category\n'
+                                     'newq,"What is 2+2?","[""3"",""4""]",math\n')
     (d / "evaluations.csv").write_text("model,question_id,correct\nm,newq,maybe\n")
     before = any_snapshot(any_db)
     with Registry(any_db) as reg:

@@ -1,4 +1,4 @@
-"""Issue 20: routing that uses the model-by-question interaction (locus/interaction.py), on tiny synthetic data where the
+"""Routing that uses the model-by-question interaction (locus/interaction.py), on tiny synthetic data where the
 truth is planted, then on the session's real registry: what `registry evaluate` measures is what `registry route`
 serves, the report says what routing used, and `registry draw-splits --by category` holds whole categories out."""
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pytest
 from click.testing import CliRunner
 
 from registry import Registry, RouteOptions
+from registry.cli import cli
 from registry.locus import baselines as B
 from registry.locus import interaction as I
 from registry.routing.served import Served
-from registry.cli import cli
 
 
 def world(n=3000, models=4, cats=3, planted=True, seed=0, local=False):

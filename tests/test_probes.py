@@ -12,14 +12,13 @@ import torch
 from click.testing import CliRunner
 
 from registry import Registry
-from registry.embedding import encoders
-from registry.data import current_evaluations
-from registry.locus import probe_design
 from registry.cli import cli
 from registry.core.errors import InputError, NotFound
+from registry.data import current_evaluations
+from registry.embedding import encoders
 from registry.embedding.dataset import dataset
-
 from registry.evaluate.harness import embed_subsets
+from registry.locus import probe_design
 
 from .conftest import snapshot
 

@@ -54,7 +54,8 @@ def history(tx: Tx, name: str) -> History:
         FROM embedding_versions v JOIN models m ON m.id = v.model_id JOIN encoders e ON e.id = v.encoder_id
         LEFT JOIN version_stability s ON s.version_id = v.id
         WHERE m.name = ? ORDER BY v.version""", [name])
-    out, last = [], {}
+    out: list = []
+    last: dict = {}
     for version, enc, enc_id, n, created, reason, batch, stab, digest, vec in rows:
         vec = np.asarray(vec, dtype=np.float32)
         moved = None if enc_id not in last else round(float(np.linalg.norm(vec - last[enc_id])), 4)

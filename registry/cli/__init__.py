@@ -5,7 +5,6 @@ one module per command group (each attached from its COMMANDS list, each built w
 from __future__ import annotations
 
 import os
-import sys
 
 # numpy's BLAS on one thread (before numpy loads; a user's own setting wins): a command's products are small, and
 # beside faiss's or torch's OpenMP pool its threads spun so that a 31 x 12,032 product took 1.7 s instead of 10 ms
@@ -53,4 +52,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -85,7 +85,8 @@ def chunked_sets(tx: Tx, model_ids, through_batch: int, max_set: int | None = No
     ids = ", ".join(map(str, model_ids))
     rows = dict(tx.sql(f"""SELECT model_id, count(*) FROM evaluations WHERE model_id IN ({ids})
                            AND batch_id <= {int(through_batch)} GROUP BY model_id"""))
-    chunk, n = [], 0
+    chunk: list = []
+    n = 0
     for m in model_ids:
         if chunk and n + rows.get(m, 0) > chunk_rows:
             yield evaluation_sets(tx, chunk, through_batch, max_set)

@@ -238,7 +238,7 @@ class LocusModel(nn.Module):
         if len(cols) == 1:
             picks = [None, *names[:3]]
         else:
-            first = {}
+            first: dict = {}
             for c in names:
                 first.setdefault(c.split(":", 1)[0], c.split(":", 1)[1])
             vals = [first.get(c, "") for c in cols]

@@ -118,7 +118,7 @@ def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: Train
         enc = fit_encoder(model, groups, lin, data)
         refit_info = refit_predictor(model, dec_params, data) if cfg.refit_epochs > 0 else {}
         model.eval()
-        category_info = {}
+        category_info: dict = {}
         if cfg.category_features:
             model, ecfg, category_info = fit_category_rows(
                 model, qvecs, correct, data.train_idx, val_idx, categories, field=cfg.category_field,

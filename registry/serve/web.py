@@ -225,7 +225,7 @@ def endpoints_page(request: Request, name: str):
         status = reg.watch(status=True, models=[name])
     except RegistryError as exc:
         return error_page(request, str(exc))
-    by = {}
+    by: dict = {}
     for r in status.rounds:
         by.setdefault(r.endpoint, []).append(r)
     return page(request, "endpoints.html", model=name, claims=status.claims, rounds=by, events=status.events)

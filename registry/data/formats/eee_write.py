@@ -74,7 +74,8 @@ def _queries(tx: Tx, source: str | None):
                      FROM queries q LEFT JOIN query_answers a ON a.query_id = q.id
                      LEFT JOIN query_splits s ON s.query_id = q.id"""
                   + (" WHERE q.source = ?" if source else "") + " ORDER BY q.id", [source] if source else None)
-    cols = {k: [] for k in ("query_id", "sample_id", "evaluation_name", "raw", "choices", "reference", "meta")}
+    cols: dict[str, list] = {k: [] for k in ("query_id", "sample_id", "evaluation_name", "raw", "choices",
+                                             "reference", "meta")}
     whole = 0
     for qid, ext, src, cat, text, h, answer, grading, split in rows:
         question, choices = split_text(text)

@@ -219,3 +219,20 @@ def pg_snapshot(url: str) -> dict[str, tuple]:
 
 def any_snapshot(db) -> dict[str, tuple]:
     return pg_snapshot(db) if str(db).startswith("postgresql://") else snapshot(Path(db))
+
+
+@pytest.fixture
+def upstreams():
+    """start(...) -> a fake OpenAI-compatible upstream on loopback (tests/http_tools.ChatUpstream), closed after the
+    test."""
+    from .http_tools import ChatUpstream
+
+    started = []
+
+    def start(*args, **kwargs):
+        u = ChatUpstream(*args, **kwargs)
+        started.append(u)
+        return u
+    yield start
+    for u in started:
+        u.close()

@@ -16,8 +16,6 @@ from registry.asking import grading, prompt
 from registry.cli import cli
 from registry.core.errors import EndpointFailed
 
-from .http_tools import ChatUpstream
-
 LETTERS = "ABCDEFGHIJ"
 
 
@@ -30,19 +28,6 @@ def as_model(db, model: str):
     con.close()
     book = {t: a if ok else LETTERS[(LETTERS.index(a) + 1) % 4] for t, a, ok in rows}
     return lambda text: f"Let me think. The answer is ({book[text]})." if text in book else "The answer is (A)."
-
-
-@pytest.fixture
-def upstreams():
-    started = []
-
-    def start(*args, **kwargs):
-        u = ChatUpstream(*args, **kwargs)
-        started.append(u)
-        return u
-    yield start
-    for u in started:
-        u.close()
 
 
 def test_extraction_reads_the_usual_forms():

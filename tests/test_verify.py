@@ -18,22 +18,8 @@ from registry.core.errors import Conflict, NotFound
 from registry.core.keys import KeyRefused, UpstreamKeys
 
 from . import verify_fakes as vf
-from .http_tools import ChatUpstream
 
 X, SUB, CHEAP = "gpt-4o-2024-05-13", "gemini-1.5-pro-002", "Meta-Llama-3_1-8B-Instruct"
-
-
-@pytest.fixture
-def upstreams():
-    started = []
-
-    def start(*args, **kwargs):
-        u = ChatUpstream(*args, **kwargs)
-        started.append(u)
-        return u
-    yield start
-    for u in started:
-        u.close()
 
 
 def count(db, sql: str, params=()):

@@ -60,7 +60,7 @@ def route_agreement(db: Path, split: str) -> dict:
     from registry import Registry
     from registry.locus import text_encoder
     from registry.routing import policy, query_texts
-    from registry.routing.options import RouteOptions
+    from registry.routing.decision import RouteOptions
 
     opts = RouteOptions(log=False)
     with Registry(db) as reg:

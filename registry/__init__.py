@@ -12,7 +12,7 @@ def __getattr__(name: str):
 
         return Registry
     if name == "RouteOptions":
-        from registry.routing.options import RouteOptions
+        from registry.routing.decision import RouteOptions
 
         return RouteOptions
     raise AttributeError(f"module 'registry' has no attribute {name!r}")

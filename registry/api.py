@@ -11,8 +11,7 @@ from registry.core.lazy import lazy_modules
 from registry.core.store import Store
 from registry.core.transaction import Tx
 from registry.embedding import MIN_EVALUATIONS
-from registry.routing.decision import Decision
-from registry.routing.options import RouteOptions
+from registry.routing.decision import Decision, RouteOptions
 
 if TYPE_CHECKING:       # the types the methods return (the modules themselves are imported when first used)
     from registry.answers.catalog import ModelDetail, ModelInfo, Stats

@@ -8,7 +8,7 @@ import sys
 import click
 
 from registry.cli.common import command, emit_json, group, num, open_registry, table
-from registry.routing.options import RouteOptions
+from registry.routing.decision import RouteOptions
 
 CHUNK = 256  # texts per batch call: the progress bar moves per chunk; each chunk is one transaction and one log insert
 

@@ -2,23 +2,23 @@
 
 The header metadata holds one key (safetensors keeps metadata in a hash map, so with several keys their order in the
 file could vary between processes); its JSON is written with sorted keys, so saving the same model twice, or saving a
-loaded checkpoint again, gives the same bytes. Reading the header (read_header) never imports torch.
+loaded checkpoint again, gives the same bytes. The header is read by numpy_network.read_header, which never imports
+torch (what routing reads a checkpoint with); this module is the torch side: saving a model, and loading one (to
+train, or behind load_numpy's network for what numpy does not run).
 """
 from __future__ import annotations
 
 import json
-import struct
 from dataclasses import asdict, fields
 from typing import TYPE_CHECKING
 
-from registry.locus.numpy_network import EncoderConfig
+# (read_header is the numpy network's, which reads a checkpoint without torch; imported here for this module's readers)
+from registry.locus.numpy_network import FORMAT, HEADER_KEY, EncoderConfig, read_header
 
 if TYPE_CHECKING:                                   # torch is imported only by the functions that need it
     from registry.locus.network import LocusModel
     from registry.locus.numpy_network import NumpyLocus
 
-FORMAT = "locus-checkpoint/1"
-_KEY = "locus"
 # EncoderConfig fields added after format 1 -> the default a missing one takes
 _LATER_FIELDS = {"categories": (), "category_field": "category"}
 
@@ -34,33 +34,7 @@ def save_checkpoint(model: LocusModel, config: EncoderConfig, meta: dict) -> byt
     header = {"format": FORMAT, "config": cfg, "meta": meta}
     text = json.dumps(header, sort_keys=True, separators=(",", ":"), allow_nan=False)
     tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
-    return st_save(tensors, metadata={_KEY: text})
-
-
-def read_header(blob: bytes) -> dict:
-    """{"format", "config", "meta"} from the safetensors JSON header, checked by hand before any tensor is parsed;
-    anything else raises ValueError. Needs neither torch nor safetensors."""
-    if not isinstance(blob, (bytes, bytearray, memoryview)):
-        raise ValueError("checkpoint must be bytes")
-    blob = bytes(blob)
-    (n,) = struct.unpack("<Q", blob[:8]) if len(blob) >= 8 else (0,)
-    if n == 0 or 8 + n > len(blob) or blob[8:9] != b"{":
-        # the structure is checked first: a safetensors header length can itself start with 0x80 or "PK"
-        if blob[:1] == b"\x80" or blob[:2] == b"PK":
-            raise ValueError("checkpoint is a pickle / torch.save file, not safetensors; refusing to load it")
-        raise ValueError("not a safetensors checkpoint (too short)" if len(blob) < 8 else
-                         "not a safetensors checkpoint (bad header)")
-    try:
-        header = json.loads(blob[8:8 + n].decode("utf-8"))
-        text = header["__metadata__"][_KEY]
-        info = json.loads(text)
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ValueError(f"not a LOCUS safetensors checkpoint: {e}") from None
-    if not isinstance(info, dict) or info.get("format") != FORMAT:
-        raise ValueError(f"unknown checkpoint format {info.get('format') if isinstance(info, dict) else info!r}")
-    if not isinstance(info.get("config"), dict) or not isinstance(info.get("meta"), dict):
-        raise ValueError("checkpoint header lacks its config or meta object")
-    return info
+    return st_save(tensors, metadata={HEADER_KEY: text})
 
 
 def read_config(blob: bytes) -> tuple[EncoderConfig, dict]:

@@ -5,7 +5,9 @@ and routes without importing torch at all, and for a few queries or one small se
 than the arithmetic. network.LocusModel is the torch original (training); both are checked against each other."""
 from __future__ import annotations
 
+import json
 import math
+import struct
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -134,8 +136,38 @@ class Predictor:
         return fast
 
 
+FORMAT = "locus-checkpoint/1"      # a checkpoint's header (checkpoint.py writes it)
+HEADER_KEY = "locus"
+
+
+def read_header(blob: bytes) -> dict:
+    """{"format", "config", "meta"} from the safetensors JSON header, checked by hand before any tensor is parsed;
+    anything else raises ValueError. Needs neither torch nor safetensors."""
+    if not isinstance(blob, (bytes, bytearray, memoryview)):
+        raise ValueError("checkpoint must be bytes")
+    blob = bytes(blob)
+    (n,) = struct.unpack("<Q", blob[:8]) if len(blob) >= 8 else (0,)
+    if n == 0 or 8 + n > len(blob) or blob[8:9] != b"{":
+        # the structure is checked first: a safetensors header length can itself start with 0x80 or "PK"
+        if blob[:1] == b"\x80" or blob[:2] == b"PK":
+            raise ValueError("checkpoint is a pickle / torch.save file, not safetensors; refusing to load it")
+        raise ValueError("not a safetensors checkpoint (too short)" if len(blob) < 8 else
+                         "not a safetensors checkpoint (bad header)")
+    try:
+        header = json.loads(blob[8:8 + n].decode("utf-8"))
+        text = header["__metadata__"][HEADER_KEY]
+        info = json.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ValueError(f"not a LOCUS safetensors checkpoint: {e}") from None
+    if not isinstance(info, dict) or info.get("format") != FORMAT:
+        raise ValueError(f"unknown checkpoint format {info.get('format') if isinstance(info, dict) else info!r}")
+    if not isinstance(info.get("config"), dict) or not isinstance(info.get("meta"), dict):
+        raise ValueError("checkpoint header lacks its config or meta object")
+    return info
+
+
 def from_checkpoint(blob: bytes, config: dict) -> Predictor:
-    """The predictor of a LOCUS checkpoint (safetensors bytes; its config from checkpoint.read_header), read with
+    """The predictor of a LOCUS checkpoint (safetensors bytes; its config from read_header), read with
     safetensors' numpy loader: no torch."""
     from safetensors.numpy import load
 

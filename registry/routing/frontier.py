@@ -18,7 +18,7 @@ from registry.core.errors import InputError
 from registry.core.transaction import Tx
 from registry.locus import interaction
 from registry.routing import accuracy, policy
-from registry.routing.options import COST_BASES
+from registry.routing.decision import COST_BASES
 from registry.routing.state import State
 
 # the cost weight is on the candidates' cost range (policy.relative_cost): from 1e-3 (a thousandth of a probability

@@ -7,8 +7,7 @@ from dataclasses import dataclass
 
 from registry.core.errors import InputError
 from registry.core.transaction import Tx
-from registry.routing.decision import Decision
-from registry.routing.options import RouteOptions
+from registry.routing.decision import Decision, RouteOptions
 
 LOG_TOP = 5            # candidates kept in the routing log
 LOG_COLUMNS = ("query_hash", "text", "model", "fallback", "candidates", "encoder_id", "versions", "options")

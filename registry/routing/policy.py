@@ -4,7 +4,7 @@ registry's answers) added to its logit -> a choice (most likely, cost-aware, or 
 unavailable model.
 
 Per-query overhead is kept small by the Store's cached routing state (routing/state.py) and its LRU of routed texts'
-vectors (routing/query_texts.py). What a call asks for comes in one checked value (routing/options.py:
+vectors (routing/query_texts.py). What a call asks for comes in one checked value (routing/decision.py:
 RouteOptions); what needs the state to check (unknown model names, missing prices) is checked here.
 
 Evidence (embedding/evidence.py): each model's P(correct) is shrunk toward the established models' mean prediction by
@@ -27,9 +27,8 @@ from registry.core.transaction import Tx
 from registry.embedding import evidence
 from registry.locus import interaction, text_encoder
 from registry.routing import query_texts, served
-from registry.routing.decision import Candidate, Decision
+from registry.routing.decision import Candidate, Decision, RouteOptions
 from registry.routing.log import append_log, log_options, log_rows
-from registry.routing.options import RouteOptions
 from registry.routing.state import State, current
 
 

@@ -20,7 +20,7 @@ from registry.core.errors import RegistryError
 from registry.core.transaction import Tx
 from registry.data import availability
 from registry.embedding import encoders, evidence, index
-from registry.locus import checkpoint, interaction, label_columns, numpy_network
+from registry.locus import interaction, label_columns, numpy_network
 from registry.routing import saved_state
 from registry.routing import served as policy_mod
 
@@ -112,7 +112,7 @@ def _predictor(tx: Tx, encoder_id: int) -> numpy_network.Predictor:
     sha = tx.sql("SELECT weights_sha256 FROM encoders WHERE id = ?", [encoder_id])[0][0]
     if sha not in _predictors:
         blob = bytes(tx.sql("SELECT weights FROM encoders WHERE id = ?", [encoder_id])[0][0])
-        _predictors[sha] = numpy_network.from_checkpoint(blob, checkpoint.read_header(blob)["config"])
+        _predictors[sha] = numpy_network.from_checkpoint(blob, numpy_network.read_header(blob)["config"])
     return _predictors[sha]
 
 

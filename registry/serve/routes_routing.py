@@ -18,8 +18,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 
-from registry.routing.decision import Decision
-from registry.routing.options import RouteOptions
+from registry.routing.decision import Decision, RouteOptions
 from registry.serve.context import ServerState, is_authorized, json_response, server
 from registry.serve.http.shapes import Text, WholeNumber
 from registry.serve.serving import Serving

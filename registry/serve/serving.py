@@ -9,8 +9,7 @@ from collections import deque
 import numpy as np
 
 from registry.routing import policy
-from registry.routing.decision import Decision
-from registry.routing.options import RouteOptions
+from registry.routing.decision import Decision, RouteOptions
 from registry.serve.snapshot import QueryVectors, Snapshots
 from registry.serve.writer import Writer
 

@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from registry.core import dialect
 from registry.core.errors import RegistryError
-from registry.routing.options import RouteOptions
+from registry.routing.decision import RouteOptions
 
 HERE = Path(__file__).resolve().parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))

@@ -7,8 +7,7 @@ from __future__ import annotations
 from registry.core.errors import InputError
 from registry.core.store import Store
 from registry.routing import policy, query_texts
-from registry.routing.decision import Decision
-from registry.routing.options import RouteOptions
+from registry.routing.decision import Decision, RouteOptions
 
 
 def route(store: Store, query: str, options: RouteOptions | None = None, *, probation: int | None = None) -> Decision:

@@ -178,8 +178,7 @@ class RemoteRegistry:
         return History(model=h["model"], versions=[build(VersionInfo, v) for v in h["versions"]])
 
     def route(self, query: str, options=None):
-        from registry.routing.decision import Candidate, Decision
-        from registry.routing.options import RouteOptions
+        from registry.routing.decision import Candidate, Decision, RouteOptions
 
         options = options or RouteOptions()
         if not options.log:

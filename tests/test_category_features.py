@@ -17,10 +17,10 @@ from registry.cli import cli
 from registry.core.errors import InputError
 from registry.embedding.dataset import dataset
 from registry.embedding.encoders import SHIPPED
-from registry.locus import label_columns
 from registry.locus.category_rows import category_vocabulary
 from registry.locus.checkpoint import load_checkpoint, read_header, save_checkpoint
 from registry.locus.network import EncoderConfig, LocusModel
+from registry.locus.numpy_network import LABEL_SEP, join_labels
 from registry.locus.scoring import embed_models
 from registry.locus.training import TrainConfig, train
 from registry.routing import policy
@@ -250,7 +250,7 @@ def test_two_column_checkpoint_round_trips_and_adds_both_rows():
     loaded, cfg2, _ = load_checkpoint(blob)
     assert cfg2 == model.cfg and cfg2.category_columns == ("category", "source")
     assert save_checkpoint(loaded, cfg2, meta) == blob
-    sep = label_columns.SEP
+    sep = LABEL_SEP
     labels = [f"math{sep}theorem-math", f"law{sep}ori-law", f"math{sep}", f"cooking{sep}stemez-math"]
     assert loaded.category_ids(labels).tolist() == [[2, 5], [1, 3], [2, 0], [0, 4]]
     # a label of the category alone reads as having no source
@@ -298,7 +298,7 @@ def test_fit_category_rows_with_two_columns():
     q, cats, src, correct, tr, va = _toy_two_columns()
     torch.manual_seed(0)
     model = LocusModel(TOY).eval()
-    labels = label_columns.join([cats, src])
+    labels = join_labels([cats, src])
     out, ecfg, info = fit_category_rows(model, q, correct, tr, va, labels, field="category+source",
                                         deep_l2=(1.0, 30.0), text_scales=(1.0, 0.5))
     assert ecfg.category_field == "category+source"
@@ -344,7 +344,7 @@ def test_registry_routes_with_category_and_source(db_copy, tmp_path):
         path = tmp_path / "two.safetensors"
         path.write_bytes(save_checkpoint(model, model.cfg, dict(meta, name="category-and-source")))
         reg.install_encoder(str(path), activate=True)
-        label = f"{cat}{label_columns.SEP}{src}"
+        label = f"{cat}{LABEL_SEP}{src}"
         with reg.store.tx() as tx:
             assert query_cache.query_categories(tx, [data.query_ids[j]], model).tolist() == [label]
             z, _, _ = current_embeddings(tx, data)
@@ -352,7 +352,7 @@ def test_registry_routes_with_category_and_source(db_copy, tmp_path):
         dec = reg.route_batch([texts[int(data.query_ids[j])]], RouteOptions(log=False))[0]
         got = np.array([{c.model: c.raw_prob for c in dec.candidates}[n] for n in data.models])
         np.testing.assert_allclose(got, model.p_correct(z, data.qvecs[[j]], [label])[:, 0], atol=2e-6)
-        for partial in (cat, f"{label_columns.SEP}{src}"):              # either column alone moves P differently
+        for partial in (cat, f"{LABEL_SEP}{src}"):              # either column alone moves P differently
             assert not np.allclose(got, model.p_correct(z, data.qvecs[[j]], [partial])[:, 0], atol=1e-4)
         assert 0 < reg.evaluate(baselines=False).methods["locus"]["hit@1"] <= 1
     with Registry(db_copy) as reg, reg.store.tx() as tx:

@@ -297,7 +297,7 @@ def test_nothing_below_the_facade_imports_or_receives_it():
 
 
 ROUTE_WING = ("cli", "usecases", "routing", "locus")     # where a reader of routing should find all of it
-ROUTE_PATH_NOW = 20                                      # measured: may only go down (toward ROUTE_PATH_BAR)
+ROUTE_PATH_NOW = 19                                      # measured: may only go down (toward ROUTE_PATH_BAR)
 ROUTE_PATH_BAR = 8
 
 

@@ -15,7 +15,8 @@ import numpy as np
 from registry.core import dialect
 from registry.core.errors import NotFound
 from registry.core.transaction import Tx
-from registry.locus import label_columns, text_encoder
+from registry.locus import text_encoder
+from registry.locus.numpy_network import label_columns, label_sql
 
 
 @dataclass
@@ -153,21 +154,21 @@ def projections(tx: Tx, model, query_ids: np.ndarray):
 
 def query_categories(tx: Tx, query_ids, model=None, field: str = "category") -> np.ndarray | None:
     """The categories [n] of these registry query ids (None where a query has none): their labels under `field`
-    (querylabels: one query column, or several joined), or under the model's category_field; None when `model` is
-    given and reads none (a text-only encoder: nothing is read). Not cached: a query's metadata can be corrected by
-    a later import."""
+    (numpy_network.label_columns: one query column, or several joined), or under the model's category_field; None
+    when `model` is given and reads none (a text-only encoder: nothing is read). Not cached: a query's metadata can
+    be corrected by a later import."""
     import pyarrow as pa
 
     if model is not None:
         if not model.cfg.categories:
             return None
         field = model.cfg.category_field
-    if label_columns.parse(field) is None:
+    if label_columns(field) is None:
         raise NotFound(f"queries have no column {field!r} to read as categories")
     ids = np.asarray(query_ids, dtype=np.int64)
     tx.duck.register("_qcat", pa.table({"id": np.unique(ids)}))
     try:
-        found = dict(tx.duck.execute(f"SELECT q.id, {label_columns.sql(field, 'q')} FROM _qcat i "
+        found = dict(tx.duck.execute(f"SELECT q.id, {label_sql(field, 'q')} FROM _qcat i "
                                      "JOIN queries q ON q.id = i.id").fetchall())
     finally:
         tx.duck.unregister("_qcat")

@@ -11,7 +11,7 @@ from registry.core.errors import RegistryError
 from registry.core.transaction import Tx
 from registry.data import current_evaluations, query_cache
 from registry.embedding import embed, encoders, index
-from registry.locus import label_columns
+from registry.locus.numpy_network import join_labels, label_columns
 
 SPLITS = ("train", "val", "test")
 
@@ -29,12 +29,12 @@ class Dataset:
 
     def query_field(self, field: str) -> np.ndarray:
         """[Nq] the queries' values of a metadata column a predictor may read as categories, or their
-        labels under several columns ("category+source": querylabels)."""
-        cols = label_columns.parse(field)
+        labels under several columns ("category+source": numpy_network.label_columns)."""
+        cols = label_columns(field)
         if cols is None or ("source" in cols and self.sources is None):
             raise RegistryError(f"category features read the query column 'category', 'source' or both "
                                 f"('category+source'), not {field!r}")
-        return label_columns.join([self.categories if c == "category" else self.sources for c in cols])
+        return join_labels([self.categories if c == "category" else self.sources for c in cols])
 
     def without(self, drop: np.ndarray) -> Dataset:
         """The same dataset without the models where `drop` is True."""

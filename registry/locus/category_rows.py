@@ -7,9 +7,9 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from registry.locus import label_columns
 from registry.locus.baselines import hit_at_k, predictor_metrics
 from registry.locus.network import EncoderConfig, LocusModel
+from registry.locus.numpy_network import NO_LABEL, label_columns, split_label
 from registry.locus.scoring import embed_models
 
 
@@ -21,12 +21,12 @@ def category_vocabulary(categories, train_idx, field: str = "category") -> tuple
 
     if categories is None:
         raise InputError("category features need the queries' categories")
-    cols = label_columns.parse(field) or (field,)
+    cols = label_columns(field) or (field,)
     labels = np.asarray(categories, dtype=object)[np.asarray(train_idx)].tolist()
     if len(cols) == 1:
-        names = sorted({c for c in labels if isinstance(c, str) and c != label_columns.NONE})
+        names = sorted({c for c in labels if isinstance(c, str) and c != NO_LABEL})
     else:
-        values = [label_columns.split(c, len(cols)) for c in labels]
+        values = [split_label(c, len(cols)) for c in labels]
         names = [f"{col}:{v}" for k, col in enumerate(cols) for v in sorted({vs[k] for vs in values} - {None})]
     if not names:
         raise InputError("category features need categories, and no train query has one")

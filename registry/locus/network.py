@@ -11,9 +11,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from registry.locus import label_columns
 from registry.locus.numpy_network import (
     BLOCKS,
+    LABEL_SEP,
     EncoderConfig,
     Predictor,
     category_ids,
@@ -130,8 +130,9 @@ class LocusModel(nn.Module):
 
     def category_ids(self, names) -> np.ndarray | None:
         """Category names [N] (None, "(none)" or a name outside the vocabulary: row 0) -> ids [N] int64, or None for
-        a text-only model or when no names are given. With several columns, names are labels (querylabels: the
-        values joined) -> ids [N, columns], each column's row 0 where its value is missing or unknown."""
+        a text-only model or when no names are given. With several columns, names are labels
+        (numpy_network.join_labels: the values joined) -> ids [N, columns], each column's row 0 where its value is
+        missing or unknown."""
         if names is None or not self.cfg.categories:
             return None
         return category_ids(names, self._cat_pos, len(self.cfg.category_columns))
@@ -242,5 +243,5 @@ class LocusModel(nn.Module):
             for c in names:
                 first.setdefault(c.split(":", 1)[0], c.split(":", 1)[1])
             vals = [first.get(c, "") for c in cols]
-            picks = [None, label_columns.SEP.join(vals), vals[0]]
+            picks = [None, LABEL_SEP.join(vals), vals[0]]
         return picks[:4] + [None] * (4 - len(picks[:4]))

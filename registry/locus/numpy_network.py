@@ -2,7 +2,9 @@
 registration, onboarding and `similar --evals` run) and the correctness predictor's P(correct) (what routing scores
 with). A command that reads the weights from a checkpoint's safetensors bytes (`NumpyLocus.from_checkpoint`) embeds
 and routes without importing torch at all, and for a few queries or one small set torch's per-op overhead costs more
-than the arithmetic. network.LocusModel is the torch original (training); both are checked against each other."""
+than the arithmetic. network.LocusModel is the torch original (training); both are checked against each other.
+A checkpoint's header is read here too (`read_header`, no torch), and a query's label, what the predictor reads as
+its category (`label_columns`, `label_sql`, `join_labels`, `split_label`)."""
 from __future__ import annotations
 
 import json
@@ -12,7 +14,43 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from registry.locus import label_columns
+# --- a query's label: what the predictor reads as its category ---------------------------------------------------
+# Its values of the metadata columns a predictor may read, one column ("category", "source") or several read together
+# ("category+source": the source's offsets fitted on top of the category's, category_rows.fit_category_rows). A label
+# is one string either way, so every reader of labels (routing's content hash -> label map, the evaluation arrays,
+# the probes) passes it on as it did a category name: several columns' values are joined by LABEL_SEP, and only the
+# predictor (`category_ids`) splits them.
+LABEL_FIELDS = ("category", "source")   # the query columns a predictor may read
+LABEL_SEP = "\x1f"                       # joins one query's values of several columns (ASCII unit separator)
+NO_LABEL = "(none)"                     # the evaluation arrays' name for a missing value (Dataset): no category
+
+
+def label_columns(field: str) -> tuple[str, ...] | None:
+    """"category", "source" or columns joined by "+" (each once) -> the columns in order; None if not valid."""
+    cols = tuple(str(field).split("+"))
+    return cols if all(c in LABEL_FIELDS for c in cols) and len(set(cols)) == len(cols) else None
+
+
+def label_sql(field: str, alias: str = "") -> str:
+    """The SQL expression of a query's label (a field `label_columns` accepts): the column itself for one column,
+    the values joined by LABEL_SEP (a missing one as '') for several."""
+    cols = [f"{alias}.{c}" if alias else c for c in label_columns(field)]
+    return cols[0] if len(cols) == 1 else " || chr(31) || ".join(f"coalesce({c}, '')" for c in cols)
+
+
+def join_labels(columns) -> np.ndarray:
+    """Several columns' values [N] each -> the labels [N] (object); a single column is returned as it is."""
+    if len(columns) == 1:
+        return columns[0]
+    return np.array([LABEL_SEP.join("" if v is None else str(v) for v in vals) for vals in zip(*columns)], dtype=object)
+
+
+def split_label(label, n: int) -> list:
+    """A label of n columns -> its n values (None where missing or not a string; a label with fewer parts is
+    read as having the first ones)."""
+    parts = label.split(LABEL_SEP) if isinstance(label, str) else []
+    parts = [p if p not in ("", NO_LABEL) else None for p in parts[:n]]
+    return parts + [None] * (n - len(parts))
 
 
 @dataclass
@@ -30,11 +68,11 @@ class EncoderConfig:
                               # before the field: it is written only when not empty). With several columns, each
                               # name is "column:value" and a query's rows (one per column) add up
     category_field: str = "category"   # the query column(s) the vocabulary names: "category", "source", or several
-                                       # joined by "+" ("category+source"; querylabels)
+                                       # joined by "+" ("category+source"; label_columns)
 
     def __post_init__(self):
         self.categories = tuple(str(c) for c in self.categories)   # JSON gives a list back
-        cols = label_columns.parse(self.category_field)
+        cols = label_columns(self.category_field)
         if cols is None:
             raise ValueError(f"category_field must be 'category', 'source' or both joined by '+', "
                              f"got {self.category_field!r}")
@@ -43,7 +81,7 @@ class EncoderConfig:
 
     @property
     def category_columns(self) -> tuple[str, ...]:
-        return label_columns.parse(self.category_field)
+        return label_columns(self.category_field)
 
 
 BLOCKS = ("q_proj", "w_z", "w_u", "w_zu", "head", "q_bias", "q_cat")   # what scores a (model, query) pair
@@ -65,13 +103,13 @@ def category_positions(categories: tuple, columns: tuple) -> dict:
 
 def category_ids(names, positions: dict, n_cols: int) -> np.ndarray:
     """Category names [N] (None, "(none)" or a name outside the vocabulary: row 0) -> ids [N] int64; with several
-    columns, names are labels (label_columns: the values joined) -> ids [N, columns]."""
+    columns, names are labels (join_labels: the values joined) -> ids [N, columns]."""
     if n_cols == 1:
         return np.fromiter((positions.get(n, 0) if isinstance(n, str) else 0 for n in names), dtype=np.int64,
                            count=len(names))
     out = np.zeros((len(names), n_cols), dtype=np.int64)
     for i, label in enumerate(names):
-        for k, v in enumerate(label_columns.split(label, n_cols)):
+        for k, v in enumerate(split_label(label, n_cols)):
             out[i, k] = positions.get((k, v), 0)
     return out
 
@@ -86,7 +124,7 @@ class Predictor:
 
     def __post_init__(self):
         self.categories = tuple(self.categories)
-        self.columns = label_columns.parse(self.category_field) or ("category",)
+        self.columns = label_columns(self.category_field) or ("category",)
         self.positions = category_positions(self.categories, self.columns) if self.categories else {}
 
     def category_ids(self, names) -> np.ndarray | None:

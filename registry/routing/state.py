@@ -20,7 +20,7 @@ from registry.core.errors import RegistryError
 from registry.core.transaction import Tx
 from registry.data import availability
 from registry.embedding import encoders, evidence, index
-from registry.locus import interaction, label_columns, numpy_network
+from registry.locus import interaction, numpy_network
 from registry.routing import saved_state
 from registry.routing import served as policy_mod
 
@@ -139,9 +139,10 @@ def _build(tx: Tx, key: tuple, refit: bool = True) -> State:
     fit_key = (encoder_id, tuple(int(v) for v in vids), tuple(ev.probation.tolist()), key[-2])
     served, fitted = _interaction(tx, fit_key, model, z=vecs, model_ids=np.asarray(mids, dtype=np.int64),
                                   version_ids=np.asarray(vids), ev=ev, refit=refit)
-    category_of = None        # the field is valid (EncoderConfig checks it with querylabels.parse)
+    category_of = None        # the field is valid (EncoderConfig checks it with numpy_network.label_columns)
     if model.cfg.categories:
-        category_of = dict(tx.sql(f"SELECT content_hash, {label_columns.sql(model.cfg.category_field)} FROM queries"))
+        label = numpy_network.label_sql(model.cfg.category_field)
+        category_of = dict(tx.sql(f"SELECT content_hash, {label} FROM queries"))
     return State(key=key, encoder_id=encoder_id, encoder_name=enc_name, model=model, names=list(names),
                  model_ids=np.asarray(mids, dtype=np.int64),
                  versions=np.array([about[int(v)][0] for v in vids], dtype=np.int64),

@@ -28,6 +28,7 @@ if TYPE_CHECKING:       # the types the methods return (the modules themselves a
 availability, endpoints = lazy_modules("registry.data", "availability endpoints")
 catalog, fingerprint, versions = lazy_modules("registry.answers", "catalog fingerprint versions")
 evidence, index = lazy_modules("registry.embedding", "evidence index")
+(probation_rule,) = lazy_modules("registry.locus", "evidence")
 (route_log,) = lazy_modules("registry.routing", "log")
 ask_uc, encoders_uc, evaluate_uc, exchange, importing, models_uc = lazy_modules(
     "registry.usecases", "ask encoders evaluate exchange importing models")
@@ -44,7 +45,7 @@ class Registry:
         self.store = Store(path, migrate=migrate, create=create)
         self.path = self.store.path
         self.min_evaluations = min_evaluations
-        self.probation_setting = evidence.configured_min(probation_min)   # None: the registry's data sets it
+        self.probation_setting = probation_rule.configured_min(probation_min)   # None: the registry's data sets it
 
     @property
     def probation_min(self) -> int:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from registry import Registry, RouteOptions
-from registry.embedding import evidence
 from registry.locus import baselines as B
+from registry.locus import evidence
 from tests.helpers import run
 
 

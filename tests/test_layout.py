@@ -346,9 +346,12 @@ def test_from_route_to_the_decision_a_reader_opens_few_modules():
         "\n".join(path)
 
 
-@pytest.mark.xfail(strict=True, reason="the routing state reads its inputs through embedding/ and data/ "
-                                       "(encoders, index, evidence, dataset, availability, vector files): not yet")
+@pytest.mark.xfail(strict=True, reason="`route` builds a stale routing state itself, reading the registry "
+                                       "through embedding/ and data/ (encoders, index, dataset, availability), and "
+                                       "keeps routed texts' vectors through data/vector_files: not yet")
 def test_route_path_meets_the_bar():
+    """The facade (api.py) counts as the use-case layer here: it is that layer's list of one-line calls, the file a
+    reader passes through from the command to the use case, with nothing of routing's own in it."""
     path = route_path()
-    outside = [m for m in path if m.split(".")[0] not in ROUTE_WING]
+    outside = [m for m in path if m.split(".")[0] not in ROUTE_WING and m != "api"]
     assert len(path) <= ROUTE_PATH_BAR and not outside, f"{len(path)} modules; outside {ROUTE_WING}: {outside}"

@@ -7,7 +7,7 @@ import pytest
 from registry.core import settings
 from registry.core.errors import InputError
 from registry.core.store import Store
-from registry.embedding import evidence
+from registry.locus import evidence
 
 VARIABLES = ("REGISTRY_DB", "REGISTRY_PROBATION_MIN", "REGISTRY_DUCKDB_THREADS", "REGISTRY_THREADS",
              "REGISTRY_SWITCH_INTERVAL", "REGISTRY_WRITER_NICE", "REGISTRY_TOKEN")

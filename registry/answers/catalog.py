@@ -12,7 +12,7 @@ from registry.data import availability
 from registry.data.current_evaluations import CURRENT, current
 from registry.embedding import encoders
 
-evidence = LazyModule("registry.embedding.evidence")   # (numpy: `stats` reads counts only)
+evidence = LazyModule("registry.locus.evidence")   # (numpy: `stats` reads counts only)
 
 
 @dataclass
@@ -173,7 +173,7 @@ def stats(tx: Tx, path: str) -> Stats:
 def current_versions(tx: Tx, encoder_id: int, as_of: str | None = None,
                      names: list[str] | None = None) -> dict[str, tuple[int, int]]:
     """{model name: (its newest version under the encoder, the evaluations behind it)}, as the registry stood at
-    `as_of`; only the `names` given, if any. How well placed a model is (embedding/evidence.py: probation) is read
+    `as_of`; only the `names` given, if any. How well placed a model is (locus/evidence.py: probation) is read
     here."""
     when = "AND v.created <= ?::TIMESTAMP" if as_of else ""
     only = "AND m.name IN (SELECT unnest(?::VARCHAR[]))" if names is not None else ""

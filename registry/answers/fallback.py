@@ -25,7 +25,7 @@ class Chain:
     model: str
     chain: list[Link] = field(default_factory=list)
     unavailable: list[str] = field(default_factory=list)   # skipped: marked unavailable, or named by the caller
-    # skipped: embedded from too few evaluations (embedding/evidence.py)
+    # skipped: embedded from too few evaluations (locus/evidence.py)
     probation: list[str] = field(default_factory=list)
 
 

@@ -16,7 +16,7 @@ from registry.core.errors import InputError
 from registry.core.transaction import Tx
 from registry.data import current_evaluations, query_cache
 from registry.embedding import index
-from registry.embedding.evidence import on_probation
+from registry.locus.evidence import on_probation
 
 
 @dataclass
@@ -28,7 +28,7 @@ class Pool:
     n_evaluations: np.ndarray | None = None   # [M] evaluations behind each embedding (None: not known here)
 
     def on_probation(self, minimum: int) -> set[str]:
-        """The models whose embedding stands on fewer than `minimum` evaluations (embedding/evidence.py): never
+        """The models whose embedding stands on fewer than `minimum` evaluations (locus/evidence.py): never
         chosen as a substitute or a portfolio member unless asked, as routing never chooses them."""
         if self.n_evaluations is None:
             return set()

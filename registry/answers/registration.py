@@ -11,7 +11,8 @@ from registry.answers.neighbours import Neighbour
 from registry.core.errors import Conflict, DiskFull, InputError, RegistryError, check_text, storage_problem
 from registry.core.transaction import Tx
 from registry.data import current_evaluations, import_models_queries, import_run
-from registry.embedding import encoders, evidence, onboarding
+from registry.embedding import encoders, onboarding
+from registry.locus import evidence
 
 
 @dataclass(kw_only=True)
@@ -26,7 +27,7 @@ class RegisterResult:
     evaluations_added: int
     queries_added: int
     held_out: int = 0                   # current evaluations on test queries: kept, never embedded
-    status: str = "not embedded"        # established | probation | not embedded (embedding/evidence.py)
+    status: str = "not embedded"        # established | probation | not embedded (locus/evidence.py)
     updated: dict = field(default_factory=dict)   # metadata field -> [old, new] (with update=True)
     results_changed: int = 0            # results that superseded different stored ones (with update=True)
     alias_of: str | None = None         # the model it is recorded as another name of (its answers or its user said)

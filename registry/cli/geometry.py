@@ -25,7 +25,7 @@ def similar(ctx, model, evals, k, as_of, as_json):
     their shared answers where they have some, else by the embedding ('placed by'; 'ranked at': the two combined;
     'errs alike': the correlation of their mistakes beyond the questions' difficulty, which places two well-placed
     models)."""
-    from registry.embedding.evidence import on_probation
+    from registry.locus.evidence import on_probation
 
     reg = open_registry(ctx)
     out = reg.similar(model, k=k, evals=evals, as_of=as_of)

@@ -21,7 +21,7 @@ class Settings:
     # PostgreSQL URL postgresql://user@host:port/dbname (the CLI's --db reads the same variable)
     db: str = DEFAULT_DB
     # REGISTRY_PROBATION_MIN: the fewest evaluations behind a model's embedding for routing to choose it unasked;
-    # None: the library's own default (embedding/evidence.py, 500). The CLI's --probation-min wins over it.
+    # None: the library's own default (locus/evidence.py, 500). The CLI's --probation-min wins over it.
     probation_min: int | None = None
     # REGISTRY_DUCKDB_THREADS: the worker threads DuckDB runs each query on, in every DuckDB database the registry
     # opens (its file, and the in-memory one that reads files for a PostgreSQL registry); None: DuckDB's own

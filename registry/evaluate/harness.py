@@ -17,11 +17,11 @@ import numpy as np
 
 from registry.core.errors import InputError, RegistryError
 from registry.core.transaction import Tx
-from registry.embedding import embed, encoders, evidence
+from registry.embedding import embed, encoders
 from registry.embedding.dataset import SPLITS, Dataset, current_embeddings, dataset, query_labels
 from registry.evaluate import baseline_cache
 from registry.locus import baselines as B
-from registry.locus import interaction
+from registry.locus import evidence, interaction
 from registry.routing import served
 
 
@@ -37,7 +37,7 @@ class EvaluationReport:
     sample_efficiency: dict | None = None
     choices: dict[str, int] = field(default_factory=dict)     # how often routing (locus_interaction) chooses each model
     excluded: dict[str, str] = field(default_factory=dict)    # models left out of every method, and why
-    # on probation (embedding/evidence.py): not routed to by any method; -> evaluations behind the embedding
+    # on probation (locus/evidence.py): not routed to by any method; -> evaluations behind the embedding
     probation: dict[str, int] = field(default_factory=dict)
     held_out: bool = True     # False off the test split: embeddings hold its answers, KNN and MF are tuned on val
     disagree: int = 0         # queries where the models' answers differ (hit@1_disagree is on these)
@@ -199,7 +199,7 @@ def _served(data, fitted, routed, idx, tr, va) -> tuple[np.ndarray, dict]:
 def _served_sources() -> tuple[str, ...]:
     """The modules the served scores depend on beyond the baselines': the policy, its pair models, the interaction
     terms, the evidence's shrinkage and the network that scores."""
-    from registry.embedding import evidence as ev_module
+    from registry.locus import evidence as ev_module
     from registry.locus import numpy_network
     from registry.routing import pairs
 

@@ -16,8 +16,7 @@ import numpy as np
 from registry.core.errors import InputError
 from registry.core.transaction import Tx
 from registry.data import current_evaluations, query_cache
-from registry.embedding import evidence
-from registry.locus import interaction
+from registry.locus import evidence, interaction
 from registry.routing import policy
 from registry.routing.state import State
 

@@ -7,7 +7,7 @@ Per-query overhead is kept small by the Store's cached routing state (routing/st
 vectors (routing/query_texts.py). What a call asks for comes in one checked value (routing/decision.py:
 RouteOptions); what needs the state to check (unknown model names, missing prices) is checked here.
 
-Evidence (embedding/evidence.py): each model's P(correct) is shrunk toward the established models' mean prediction by
+Evidence (locus/evidence.py): each model's P(correct) is shrunk toward the established models' mean prediction by
 how uncertain its embedding is, and a model on probation (too few evaluations) is not chosen unless the caller asks.
 
 Costs: price and size are kept apart. Cost-aware routing (a cost weight or a minimum probability) ranks by `cost`
@@ -24,8 +24,7 @@ import numpy as np
 
 from registry.core.errors import Conflict, RegistryError, unknown_model
 from registry.core.transaction import Tx
-from registry.embedding import evidence
-from registry.locus import interaction, text_encoder
+from registry.locus import evidence, interaction, text_encoder
 from registry.routing import query_texts, served
 from registry.routing.decision import Candidate, Decision, RouteOptions
 from registry.routing.log import append_log, log_options, log_rows

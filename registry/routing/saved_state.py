@@ -37,8 +37,7 @@ def _code_digest() -> str:
     import hashlib
     import sys
 
-    from registry.embedding import evidence
-    from registry.locus import interaction, numpy_network
+    from registry.locus import evidence, interaction, numpy_network
     from registry.routing import pairs, served
 
     # what a saved state is computed by: its builder, the served policy and the terms as routing keeps them

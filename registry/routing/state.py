@@ -1,6 +1,6 @@
 """The routing state: what routing reads of the registry, kept in the Store's cache (a section of it) and rebuilt
 only when the registry changed in a way that matters to routing. It holds the loaded encoder, the current z matrix,
-the models' costs, the persistent availability flags, their evidence (embedding/evidence.py) and the interaction
+the models' costs, the persistent availability flags, their evidence (locus/evidence.py) and the interaction
 terms fitted beside the predictor (locus/interaction.py: category offsets and nearest-query residuals from the
 registry's answers).
 
@@ -19,8 +19,8 @@ from registry.core import dialect
 from registry.core.errors import RegistryError
 from registry.core.transaction import Tx
 from registry.data import availability
-from registry.embedding import encoders, evidence, index
-from registry.locus import interaction, numpy_network
+from registry.embedding import encoders, index
+from registry.locus import evidence, interaction, numpy_network
 from registry.routing import saved_state
 from registry.routing import served as policy_mod
 

@@ -180,3 +180,14 @@ def test_the_document_declares_what_ask_and_a_stop_answer(db_copy):
     chat = doc["components"]["schemas"]["ChatRequest"]
     assert chat["if"]["properties"]["model"] == {"const": "auto"} and "contains" in chat["then"]["properties"][
         "messages"]
+
+
+def test_the_space_characters_the_rules_name_are_every_one_python_strips():
+    """The schema's patterns and the base-URL rule name space by a scan that stops early: it must find every code
+    point str.isspace() takes, in this Python's Unicode."""
+    import sys
+
+    from registry.data import endpoints
+
+    every = tuple(chr(c) for c in range(sys.maxunicode + 1) if chr(c).isspace())
+    assert endpoints.space_chars() == every and len(every) >= 25

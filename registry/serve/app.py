@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 
 from fastapi import APIRouter, FastAPI
@@ -240,14 +241,17 @@ def serve(db: str, host: str = "127.0.0.1", port: int = 8000, token: str | None 
     sys.setswitchinterval(config.switch_interval)
     # One thread per numeric call (torch, faiss, numpy's BLAS): requests already run side by side, and a pool's idle
     # thread spinning for work takes the core another request needed (OpenBLAS's took 0.6 of a core under load)
-    import torch
+    # (torch is loaded only by what trains, e.g. a bulk onboarding: it takes OMP_NUM_THREADS when it loads, so the
+    # server does not import it, 1.5 s, just to set its threads)
+    os.environ["OMP_NUM_THREADS"] = str(config.threads)
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(config.threads)
     from threadpoolctl import threadpool_limits
 
     from registry.embedding.index import load_faiss
 
     faiss = load_faiss()            # (then its threads are the server's)
 
-    torch.set_num_threads(config.threads)
     faiss.omp_set_num_threads(config.threads)
     threadpool_limits(config.threads)
     app = create_app(db, token, probation_min, create=False, hosts=guards.Hosts.serving(host, allowed_hosts),

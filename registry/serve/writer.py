@@ -60,6 +60,7 @@ class Writer:
         self._log_rows: list[tuple] = []
         self._log_vectors: dict[str, np.ndarray] = {}
         self._stopping = False
+        self._stopped = threading.Event()     # set by close: wakes the helper threads' waits at once
         self._stats = {"cycles": 0, "groups": 0, "jobs": 0, "log_rows": 0, "longest_cycle_ms": 0.0,
                        "stage_ms": 0.0, "onboard_ms": 0.0, "refresh_ms": 0.0,     # totals: where the cycles go
                        #   (refresh: the answer book's sync and the new snapshot)
@@ -128,6 +129,8 @@ class Writer:
     def close(self) -> None:
         """Finish what is queued (the log rows too), then stop."""
         self._stopping = True
+        self._stopped.set()
+        self._stale.set()            # (the refitter waits on it: woken, it sees the stop)
         self._jobs.put(None)
         self._thread.join(timeout=60)
         for thread in self._helpers:     # a refit still reading must end before the registry closes its file
@@ -204,10 +207,10 @@ class Writer:
         most once every REFIT_S and never above the readers' priority: the writer never waits for a fit."""
         self._set_nice(max(self.nice, 0))
         while not self._stopping:
-            if not self._stale.wait(timeout=1.0):
+            if not self._stale.wait(timeout=1.0) or self._stopping:
                 continue
             if time.monotonic() - self._last_refit < self.refit_every_s:
-                time.sleep(1.0)                 # not yet due: look again (the writer may be stopping)
+                self._stopped.wait(1.0)         # not yet due: look again (the writer may be stopping)
                 continue
             self._stale.clear()
             self._last_refit = time.monotonic()
@@ -224,7 +227,8 @@ class Writer:
         behind this server's own registrations. The writer's refresh takes the same lock, so snapshots are
         swapped in the order they were read."""
         while not self._stopping:
-            time.sleep(self.poll_s)
+            if self._stopped.wait(self.poll_s):
+                break
             try:
                 if self.commits.generation() == self.commits.seen or self._stopping:
                     continue

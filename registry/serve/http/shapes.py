@@ -4,7 +4,6 @@ requests from the document, such as schemathesis, then sends nothing that the se
 from __future__ import annotations
 
 import re
-import sys
 from typing import Annotated
 
 from pydantic import BeforeValidator, WithJsonSchema
@@ -13,7 +12,7 @@ from registry.data import endpoints
 from registry.data.import_models_queries import MAX_NAME, PATH_SUFFIXES
 
 # what Python's str.strip() removes (the library's test for an empty text or an edge space in a name)
-SPACE = endpoints.char_class([chr(c) for c in range(sys.maxunicode + 1) if chr(c).isspace()])
+SPACE = endpoints.char_class(endpoints.space_chars())
 CONTROL = "\\u0000-\\u001f\\u007f-\\u009f"                     # what a model name may not hold
 NOT_BLANK = f"[^{SPACE}]"                                       # found anywhere: a text that is not all space
 # DuckDB's trim(), which the file checks use, removes only the ASCII space

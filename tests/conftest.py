@@ -22,11 +22,20 @@ EEE = SHARED.parent / "eee"   # Every Eval Ever's schemas and fixtures, HELM run
 N_QUESTIONS = 160
 
 
+# The fast tier (`-m "not slow"`, the inner loop) must stay under a minute on 2 cores: a test that runs MiniLM or
+# starts a `registry serve` process of its own is in the slow tier (both checked here; a module's tests may share
+# one server, started by a module fixture), as are tests that take about a second or more there (fitting every
+# baseline, waiting out a slow upstream, exporting and importing the whole slice)
+_running = {"slow": True}         # whether the test now running is in the slow tier (True between tests)
+
+
 @pytest.fixture(autouse=True)
 def _fast_tier_stays_fast(request, monkeypatch):
     """A test outside the slow tier must not run MiniLM (the tier's budget is a minute): it fails here, naming the
     fix. Every text encoding in this process goes through textvec.encode, which is watched."""
     from registry.locus import text_encoder
+
+    _running["slow"] = request.node.get_closest_marker("slow") is not None
 
     encoded = []
     original = text_encoder.encode
@@ -38,6 +47,7 @@ def _fast_tier_stays_fast(request, monkeypatch):
 
     monkeypatch.setattr(text_encoder, "encode", watched)
     yield
+    _running["slow"] = True
     if encoded and request.node.get_closest_marker("slow") is None:
         pytest.fail(f"this test ran MiniLM on {sum(encoded)} texts: mark it @pytest.mark.slow, or use texts the "
                     f"registry already holds")
@@ -121,6 +131,9 @@ def start_server(db: Path, token: str | None = None, args: tuple[str, ...] = ())
 
     import httpx
 
+    if not _running["slow"]:
+        pytest.fail("this test starts a server process of its own (2 s or more): mark it @pytest.mark.slow, or "
+                    "share its module's server (a module fixture)")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -38,6 +38,7 @@ def test_extraction_reads_the_usual_forms():
     assert grading.grade("hello", "Hello", "exact") is True
 
 
+@pytest.mark.slow
 def test_import_stores_gold_answers_with_their_grading(db_copy):
     con = duckdb.connect(str(db_copy), read_only=True)
     kinds = con.execute("SELECT grading, count(*) FROM query_answers GROUP BY 1").fetchall()
@@ -68,6 +69,7 @@ def test_an_endpoint_answering_as_a_registered_model_is_same_as_it(db_copy, upst
     assert rows == (140, 2, prompt.TEMPLATE_VERSION, 0)        # raw text only with keep_responses
 
 
+@pytest.mark.slow
 def test_an_endpoint_right_at_random_is_not_called_same(db_copy, upstreams):
     rng = random.Random(3)
     u = upstreams(lambda text: f"Answer: {rng.choice('ABCD')}")
@@ -87,6 +89,7 @@ def test_429_is_retried_and_the_run_completes(db_copy, upstreams):
     assert (again.asked, again.already, u.requests) == (0, 20, 24)
 
 
+@pytest.mark.slow
 def test_unparseable_answers_are_counted_and_graded_wrong(db_copy, upstreams):
     u = upstreams(lambda text: "I would rather not say.")
     with Registry(db_copy) as reg:
@@ -112,6 +115,7 @@ def test_a_hanging_upstream_is_given_up_and_its_questions_left_unanswered(db_cop
     assert stored == 0                                # nothing answered: not even the model was written
 
 
+@pytest.mark.slow
 def test_a_trickling_upstream_is_given_up_at_the_deadline_of_the_whole_reply(db_copy, upstreams):
     u = upstreams(lambda text: "TRICKLE")
     started = time.perf_counter()
@@ -145,6 +149,7 @@ def test_the_key_is_read_from_the_environment_and_never_stored(db_copy, upstream
     assert b"sk-secret-123" not in db_copy.read_bytes()
 
 
+@pytest.mark.slow
 def test_over_http_asking_needs_the_token(db_copy, upstreams):
     import httpx
 
@@ -166,6 +171,7 @@ def test_over_http_asking_needs_the_token(db_copy, upstreams):
         proc.wait(30)
 
 
+@pytest.mark.slow
 def test_over_http_asking_cannot_send_an_unregistered_environment_variable(db_copy, upstreams, monkeypatch):
     import httpx
 

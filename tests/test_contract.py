@@ -105,6 +105,7 @@ def _document(db, token) -> dict:
         app.state.server.registry.close()
 
 
+@pytest.mark.slow
 def test_the_document_declares_each_error_with_its_shape(db_copy):
     doc = _document(db_copy, TOKEN)
     assert "HTTPValidationError" not in json.dumps(doc)       # FastAPI's list of problems, which is never sent

@@ -86,6 +86,7 @@ def test_help_and_read_commands_do_not_import_heavy_libraries(db_copy):
     assert out.stdout.strip() == ""
 
 
+@pytest.mark.slow
 def test_commands_that_do_not_train_never_import_torch(db_copy, small_data, tmp_path):
     """Registration, similar --evals, fingerprint, show and diff run the network in numpy: a process where torch
     (and scipy) cannot be imported runs them all."""

@@ -68,6 +68,7 @@ def as_unprivileged(cmd: list[str]) -> list[str]:
     return [setpriv, "--bounding-set=-all", "--inh-caps=-all", *cmd]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["file", "folder"])
 def test_read_commands_read_a_file_they_may_not_write(base_db, tmp_path, where):
     folder = tmp_path / "ro"

@@ -26,6 +26,7 @@ def write_rows(path, rows):
     return str(path)
 
 
+@pytest.mark.slow
 def test_a_duplicate_is_recorded_as_an_alias_and_blinds_neither_fingerprint_nor_warning(db_copy, small_data,
                                                                                           tmp_path):
     with Registry(db_copy) as reg:

@@ -68,6 +68,7 @@ def exported(base_db, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_export_validates_and_round_trips_into_an_empty_registry(base_db, exported, tmp_path):
     files = sorted(exported.rglob("*"))
     assert len([f for f in files if f.name.endswith("_samples.jsonl")]) == 31
@@ -102,6 +103,7 @@ def test_export_validates_and_round_trips_into_an_empty_registry(base_db, export
     assert snapshot(back) == before
 
 
+@pytest.mark.slow
 def test_the_export_imported_into_the_registry_it_came_from_adds_nothing(db_copy, exported):
     before = snapshot(db_copy)
     r = run(db_copy, "import", str(exported), "--json")
@@ -184,6 +186,7 @@ def _line(lines, i, change):
     return lines
 
 
+@pytest.mark.slow
 def test_malformed_eee_files_are_one_line_and_change_nothing(db_copy, exported, tmp_path):
     cases = []
     a, s = _pair(exported, tmp_path, "bad_json")

@@ -72,6 +72,7 @@ def test_a_base_url_is_parsed_before_it_is_stored():
     assert origin("http://[::1]:9/v1") == "http://[::1]:9"
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.from_regex(shapes.BASE_URL, fullmatch=True))
 def test_every_base_url_the_schema_allows_is_taken(url):
@@ -123,6 +124,7 @@ def test_ask_of_a_model_that_exists_does_not_rewrite_its_endpoint_when_nothing_a
     assert endpoint_rows(db_copy) == before
 
 
+@pytest.mark.slow
 def test_over_http_an_endpoint_that_answers_nothing_is_a_502_and_ask_never_replaces_an_endpoint(db_copy):
     model = a_model(db_copy)
     up = ChatUpstream(lambda text: "The answer is (A)")

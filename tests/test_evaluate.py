@@ -17,6 +17,7 @@ from registry.cli import cli
 from registry.locus.checkpoint import load_checkpoint
 
 
+@pytest.mark.slow
 def test_evaluate_json_methods_baselines_and_sample_efficiency(db_copy):
     res = CliRunner().invoke(cli, ["--db", str(db_copy), "evaluate", "--split", "test", "--sample-efficiency",
                                    "--seeds", "2", "--json"])
@@ -117,6 +118,7 @@ def test_train_shows_one_progress_bar_per_stage_with_val_hit(db_copy):
     assert "stored" in out
 
 
+@pytest.mark.slow
 def test_evaluate_leaves_out_models_without_an_up_to_date_embedding(db_copy, small_data, tmp_path):
     """A model with too few evaluations has no embedding; one whose queries then move into the test split keeps an
     embedding built partly from test answers. Neither may be scored: both are left out of every method, and said."""
@@ -211,6 +213,7 @@ def test_evaluate_without_a_val_split_needs_it_only_for_the_baselines(db_copy, s
     assert res.exit_code == 1 and res.output == "Error: no queries in the val split\n", res.output
 
 
+@pytest.mark.slow
 def test_evaluate_keeps_its_baselines_and_refits_them_when_the_data_changes(db_copy, tmp_path):
     """The second evaluate reads the baselines kept by the first (same figures); the kept scores are what it reports
     (a kept KNN score altered here is the KNN figure it gives), and a change in the data fits them afresh."""

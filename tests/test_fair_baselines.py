@@ -4,6 +4,7 @@ route without flags. Real registry copies (the suite's 160-question slice), the 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from registry import Registry, RouteOptions
 from registry.locus import baselines as B
@@ -31,6 +32,7 @@ def test_a_choice_falls_among_the_models_with_a_result():
     assert B.hit_at_k(masked, correct, 1) == 2 / 3 and B.hit_at_k(scores, correct, 1) == 1 / 3
 
 
+@pytest.mark.slow
 def test_a_partly_evaluated_model_does_not_drag_the_baselines(db_copy, tmp_path):
     """A model right on every train query it answered, and without a test result: each method would choose it on
     the test split, where it cannot be scored. Chosen among the models that could answer, the baselines that fit

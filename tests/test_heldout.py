@@ -117,6 +117,7 @@ def test_hidden_answers_never_reach_a_method_and_every_method_reads_the_drawn_ro
         assert not np.allclose(probs3[m][held], probs[m][held]), m
 
 
+@pytest.mark.slow
 def test_report_recomputes_from_the_raw_rows(small, seed_run):
     path, _ = small
     data, report, probs, held, rows = seed_run

@@ -75,6 +75,7 @@ def chat(text: str, model: str = "auto", **extra) -> dict:
 
 # --- bodies and the token --------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_chunked_write_without_the_token_is_refused_before_its_body_is_read(served):
     proc, origin, *_ = served
     before = rss_mib(proc.pid)
@@ -86,6 +87,7 @@ def test_a_chunked_write_without_the_token_is_refused_before_its_body_is_read(se
     assert rss_mib(proc.pid) - before < 128
 
 
+@pytest.mark.slow
 def test_a_chunked_body_over_the_limit_is_refused_as_it_arrives(served):
     proc, origin, *_ = served
     status, headers, body, sent = chunked_post(origin, "/route", 200 * MiB, AUTH)
@@ -111,6 +113,7 @@ def test_a_chunked_body_over_the_limit_is_refused_as_it_arrives(served):
     assert httpx.get(origin + "/health").status_code == 200
 
 
+@pytest.mark.slow
 def test_a_route_batch_is_bounded_before_it_is_routed(served):
     """A batch's size is bounded by who sends it (texts, and texts never seen, which cost a MiniLM pass each): a
     million texts without the token is refused at the head, and the largest allowed batch is answered whole."""
@@ -162,6 +165,7 @@ def test_the_log_and_a_logged_text_need_the_token(served):
 
 # --- Host, Origin and the pages' headers ------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_foreign_host_cannot_write_even_without_a_token(open_server):
     _, origin = open_server
     rebind = {"Host": "rebind.attacker.example", "Origin": "http://rebind.attacker.example"}
@@ -190,6 +194,7 @@ def down(origin: str) -> set[str]:
     return {a["model"] for a in httpx.get(origin + "/availability").json() if not a["available"]}
 
 
+@pytest.mark.slow
 def test_an_allowed_host_is_served_and_every_response_carries_the_security_headers(served):
     _, origin, *_ = served
     assert httpx.get(origin + "/health", headers={"Host": "registry.example:8443"}).status_code == 200
@@ -206,6 +211,7 @@ def test_an_allowed_host_is_served_and_every_response_carries_the_security_heade
 
 # --- deadlines on the upstreams ---------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_trickling_upstream_falls_back_for_auto_and_is_504_when_named(served):
     _, origin, upstream, text, models = served
     upstream.modes[f"up-{models[0]}"] = "trickle"

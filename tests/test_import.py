@@ -226,6 +226,7 @@ def current_versions(path) -> dict[str, tuple]:
     return out
 
 
+@pytest.mark.slow
 def test_splits_imported_later_re_embed_without_the_test_queries(base_db, unsplit_db, small_data, tmp_path):
     """Held-out queries never reach the encoder: splits that arrive after the evaluations re-embed every model they
     touch, to the very vectors a registry that had the splits from the start holds."""

@@ -110,6 +110,7 @@ def test_neighbours_are_the_most_similar_first():
 
 
 # --- the real registry ------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_evaluate_reports_what_routing_uses_and_route_serves_what_evaluate_measured(db_copy):
     res = CliRunner().invoke(cli, ["--db", str(db_copy), "evaluate", "--json"])
     assert res.exit_code == 0, res.output
@@ -138,6 +139,7 @@ def test_evaluate_reports_what_routing_uses_and_route_serves_what_evaluate_measu
     assert r["disagree"] == int(dis.sum()) and 0 < r["disagree"] < len(rows)
 
 
+@pytest.mark.slow
 def test_draw_splits_by_category_holds_whole_categories_out(db_copy):
     con = duckdb.connect(str(db_copy), read_only=True)
     cats = [c for (c,) in con.execute("SELECT category FROM queries GROUP BY 1 ORDER BY count(*) DESC, 1 LIMIT 2")

@@ -7,6 +7,7 @@ from `registry route` to its decision are counted."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -68,6 +69,7 @@ def _resolve(module: str, node: ast.ImportFrom) -> list[str]:
     return found
 
 
+@functools.cache          # (parsing every module takes a second or more: once per run; callers only read it)
 def imports() -> dict[str, dict[str, int]]:
     """module -> {imported registry module: first line}, imports inside functions included; an import under
     `if TYPE_CHECKING:` never runs and is left out."""

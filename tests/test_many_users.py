@@ -128,6 +128,7 @@ def hold(db, seconds: float, *argv: str):
     return proc
 
 
+@pytest.mark.slow
 def test_a_command_waits_its_turn_on_a_held_file(db_copy):
     proc = hold(db_copy, 1.5)
     try:
@@ -201,6 +202,7 @@ def test_the_busy_timeout_is_a_setting(monkeypatch):
         settings.current()
 
 
+@pytest.mark.slow
 def test_the_server_answers_similar_from_memory_as_the_library_does(db_copy, tmp_path):
     """A running server ranks `similar` from its snapshot and answer book (no read of every evaluation, which took
     seconds beside the writer under load); the answer is the library's, models known from few answers (placed by

@@ -160,6 +160,7 @@ def test_as_of_answers_as_the_registry_stood_then(any_db, small_data, tmp_path):
     assert as_of == before and now != before
 
 
+@pytest.mark.slow
 def test_activating_another_encoder_reembeds_everything_and_keeps_old_versions(any_db):
     with Registry(any_db) as reg:
         old = reg.encoders()
@@ -221,6 +222,7 @@ def test_sigkill_during_import_and_onboarding(db_copy, small_data, tmp_path):
     assert done == 5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fuse_max, passes", [(64, 1), (0, 2)])
 def test_streamed_onboarding_matches_the_per_model_forward_pass(small_data, tmp_path, monkeypatch, fuse_max, passes):
     """Onboarding streams models through in chunks of evaluations and gathers each batch's rows from the shared

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from registry.cli import cli
@@ -93,6 +94,7 @@ def test_import_without_from_says_which_reader(db_copy, small_data, tmp_path):
     assert snapshot(db_copy) == before
 
 
+@pytest.mark.slow
 def test_a_reader_from_another_package_is_listed_and_imports(db_copy, small_data, tmp_path):
     from tests.test_harness_import import questions_and_llama
 

@@ -191,6 +191,7 @@ def test_cli_route_file_log_and_errors(db_copy, tmp_path):
     assert r.exit_code == 1 and "no model available" in r.output
 
 
+@pytest.mark.slow
 def test_frontier(db_copy, tmp_path):
     png = tmp_path / "f.png"
     r = run(db_copy, "route", "--frontier", "--split", "test", "--out", str(png))

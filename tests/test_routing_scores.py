@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from registry import Registry, RouteOptions
 from tests.helpers import run
@@ -150,6 +151,7 @@ def test_a_policy_that_beats_the_best_single_model_beyond_its_margin_still_serve
     assert pol.name in ("mf", "irt", "blend") and pol.val[pol.name] - pol.val["best_single"] > pol.margin_single
 
 
+@pytest.mark.slow
 def test_route_and_evaluate_serve_the_best_single_model_where_it_leads(db_copy, small_data, tmp_path):
     """A registry whose strongest model is right on 96% of its questions: evaluate and route serve it, and say so."""
     import duckdb

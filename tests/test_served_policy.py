@@ -109,6 +109,7 @@ def _served_choices(db) -> tuple[dict, list]:
     return out, decisions
 
 
+@pytest.mark.slow
 def test_the_served_policy_is_chosen_on_val_and_route_serves_what_evaluate_measured(db_copy, monkeypatch):
     """evaluate judges the predictor with interaction and the simple routers on val, reports which one routing
     serves (its `served` row, and every policy's val hit@1), and route serves exactly that one and says so."""

@@ -100,6 +100,7 @@ def test_each_case_gets_its_verdict_and_asking_again_sends_nothing(db_copy, upst
     assert stored[0] >= 2 and stored[1] >= 5 * 160
 
 
+@pytest.mark.slow
 def test_the_command_line_exits_non_zero_when_one_is_not_faithful(db_copy, upstreams):
     b = vf.books(db_copy, [X, SUB])
     good, bad = upstreams(vf.case(b, "faithful", X, seed=1)), upstreams(vf.case(b, "substituted", X, other=SUB))
@@ -119,6 +120,7 @@ def test_the_command_line_exits_non_zero_when_one_is_not_faithful(db_copy, upstr
         f"{X}@good": "faithful", f"{X}@bad": "substituted"}
 
 
+@pytest.mark.slow
 def test_slow_failing_and_rate_limited_endpoints(db_copy, upstreams):
     b = vf.books(db_copy, [X])
     slow = upstreams(vf.case(b, "faithful", X, seed=2), latency=0.05)
@@ -140,6 +142,7 @@ def test_slow_failing_and_rate_limited_endpoints(db_copy, upstreams):
     assert failing.requests <= 4 * 72                  # retried three times per question, no more
 
 
+@pytest.mark.slow
 def test_every_key_rule_of_ask_holds(db_copy, upstreams, monkeypatch):
     u = upstreams(lambda t: "The answer is (A)")
     monkeypatch.setenv("VERIFY_TEST_KEY", "sk-verify-123")
@@ -180,6 +183,7 @@ def test_the_tests_on_their_own():
     assert verdicts.wilson(0, 10)[0] == 0.0 and verdicts.flip_rate(2 * 0.02 * 0.98) == pytest.approx(0.02)
 
 
+@pytest.mark.slow
 def test_on_either_database(any_db, upstreams):
     """claims, verify and watch through the command line on DuckDB and on PostgreSQL alike."""
     with Registry(any_db) as reg:

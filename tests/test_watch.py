@@ -112,6 +112,7 @@ def test_watch_needs_a_watched_endpoint_and_sane_options(db_copy):
     assert r.exit_code == 2 and "--every" in r.output
 
 
+@pytest.mark.slow
 def test_the_thresholds_hold_their_false_alarm_rate():
     """Simulated faithful runs (held disagreements Poisson(lam) per side) pass the threshold in at most ALPHA of
     HORIZON-round runs, and a drop of 3 per round passes it within 4 rounds."""

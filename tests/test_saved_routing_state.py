@@ -4,6 +4,7 @@ never code."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -93,3 +94,70 @@ def test_a_saved_state_names_only_the_registrys_own_classes():
         saved_state._decode({"$dataclass": "subprocess:Popen", "fields": {"args": ["true"]}}, {})
     with pytest.raises(TypeError):
         saved_state._encode(object(), {})
+
+
+def state_of(db):
+    """The routing state a new Store builds or reads for the file (saving it, as the first route of a process does)."""
+    from registry.routing import state
+
+    with Registry(db) as reg:
+        with reg.store.tx() as tx:
+            return state.current(tx)
+
+
+def mark_saved_fit(db) -> None:
+    """The saved state's interaction weight `a` set to 123 (no fit picks it): a state that shows it took the fit."""
+    import dataclasses
+
+    from registry.routing import state
+
+    with Registry(db) as reg:
+        with reg.store.tx() as tx:
+            (key,) = [k for (k,) in tx.sql("SELECT key FROM routing_states WHERE key LIKE 'routing-state/%'")]
+            fields = saved_state.load(tx, state.current(tx).key)
+            served = fields["interaction"]
+            marked = dataclasses.replace(served, fitted=dataclasses.replace(served.fitted, a=123.0))
+            tx.sql("DELETE FROM routing_states WHERE key = ?", [key])
+            saved_state.save(tx, state.State(**{**fields, "interaction": marked}, model=None, score=None))
+
+
+@pytest.mark.slow
+def test_a_registration_that_leaves_the_contenders_as_they_were_takes_the_saved_fit(db_copy, small_data, tmp_path):
+    """A model on probation is no contender: the state after its registration has the same fit and policy inputs, and
+    takes them from the saved state instead of fitting them again (seconds on a full registry); it routes exactly as
+    a state built with nothing saved. A registration that changes the contenders fits anew."""
+    from tests.helpers import invented
+
+    state_of(db_copy)                                           # built and saved
+    with Registry(db_copy) as reg:
+        reg.register("thin", str(invented(small_data, tmp_path, n=40)))    # 40 < 64: on probation
+    scratch = tmp_path / "scratch.duckdb"
+    shutil.copy(db_copy, scratch)
+    with duckdb.connect(str(scratch)) as con:
+        con.execute("DELETE FROM routing_states")
+    taken, fresh = state_of(db_copy), state_of(scratch)
+    assert taken.names == fresh.names and "thin" in taken.names and taken.evidence.probation[taken.names.index("thin")]
+    assert taken.interaction.inputs == fresh.interaction.inputs
+    a, b = taken.interaction.fitted, fresh.interaction.fitted
+    assert (a.a, a.k, a.w, a.categories) == (b.a, b.k, b.w, b.categories)
+    for name in ("rows", "offsets", "ref_vecs", "resid", "seen"):
+        assert np.array_equal(getattr(a, name), getattr(b, name)), name
+    assert taken.interaction.policy.name == fresh.interaction.policy.name
+    with duckdb.connect(str(db_copy), read_only=True) as con:
+        texts = [t for (t,) in con.execute("SELECT text FROM queries ORDER BY id LIMIT 40").fetchall()]
+    routes = {}
+    for db in (db_copy, scratch):
+        with Registry(db) as reg:
+            routes[db] = [(d.model, [(c.model, c.prob) for c in d.candidates]) for d in reg.route_batch(texts)]
+    assert routes[db_copy] == routes[scratch]
+    # the fit is taken, not computed again: a mark on the saved fit shows through the next registration's state
+    mark_saved_fit(db_copy)
+    with Registry(db_copy) as reg:
+        reg.register("thin-too", str(invented(small_data, tmp_path, n=30)))
+    assert state_of(db_copy).interaction.fitted.a == 123.0
+    # a strong model with enough evaluations is a contender: the inputs change and the terms are fitted anew
+    with Registry(db_copy) as reg:
+        reg.register("strong", str(invented(small_data, tmp_path, n=160)))
+    refit = state_of(db_copy)
+    assert not refit.evidence.probation[refit.names.index("strong")]
+    assert refit.interaction.fitted.a != 123.0 and refit.interaction.inputs != taken.interaction.inputs

@@ -82,6 +82,29 @@ def load(tx: Tx, key: tuple) -> dict | None:
     return {name: _decode(v, arrays) for name, v in doc.items()}
 
 
+def load_newest_field(tx: Tx, name: str):
+    """One field of the newest state saved by this code (under any key), or None: what a state built anew may
+    take from it where its inputs are the same (state._reusable_fit). Only that field's arrays are read."""
+    rows = tx.sql("SELECT payload FROM routing_states WHERE key LIKE ? ORDER BY created DESC, key LIMIT 1",
+                  [f"{FORMAT} {_code_digest()} %"])
+    if not rows:
+        return None
+    with np.load(io.BytesIO(bytes(rows[0][0])), allow_pickle=False) as npz:
+        doc = json.loads(npz["__doc__"].tobytes().decode())
+        return _decode(doc[name], _Lazy(npz)) if name in doc else None
+
+
+class _Lazy(dict):
+    """An .npz's arrays, each read when a decoded field asks for it."""
+
+    def __init__(self, npz):
+        super().__init__()
+        self.npz = npz
+
+    def __missing__(self, key):
+        return self.npz[key]
+
+
 def _encode(obj, arrays: dict):
     if isinstance(obj, np.ndarray):
         if obj.dtype == object:

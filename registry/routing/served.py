@@ -306,6 +306,8 @@ class Served:
     # each registered query's value of the field it reads, by content hash
     policy: object = None
     policy_labels: dict = field(default_factory=dict, repr=False, compare=False)
+    # a digest of everything the fit and the policy were computed from (state.py): the same inputs give them again
+    inputs: str = ""
 
     NN_KEEP = 50_000
 

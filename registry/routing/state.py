@@ -83,6 +83,7 @@ def current(tx: Tx, probation_min: int | None = None, *, refit: bool = True) -> 
         return st
     st = _saved(tx, key)
     if st is None:
+        _reusable_fit(tx)
         st = _build(tx, key, refit)
         # (saved only as fitted, and where the numpy predictor agreed with torch's: what a saved state scores with)
         if st.interaction_fitted and st.model.numpy_scorer_agrees:
@@ -103,6 +104,29 @@ def _saved(tx: Tx, key: tuple) -> State | None:
     tx.section("routing fits")[fit_key] = st.interaction
     tx.section("routing newest fit")[st.encoder_id] = (np.asarray(st.model_ids), st.interaction)
     return st
+
+
+def _reusable_fit(tx: Tx) -> None:
+    """The newest saved state's fit and policy, offered to `_fit` by their inputs: after a registration that leaves
+    the contenders as they were (a model on probation is none), the first route computes exactly them again, so
+    it takes them (the fit and the policy's choice were most of its seconds)."""
+    served = saved_state.load_newest_field(tx, "interaction")
+    if served is not None and served.inputs:
+        tx.section("routing fits by inputs")[served.inputs] = (served.fitted, served.policy)
+
+
+def _fit_inputs(encoder_id: int, rows: np.ndarray, model_ids: np.ndarray, version_ids: np.ndarray, data,
+                correct: np.ndarray) -> str:
+    """A digest of what `_fit` computes the terms and the policy from: the encoder, the contenders (their positions,
+    models, versions and answers) and the queries (ids, vectors, labels, splits)."""
+    import hashlib
+
+    h = hashlib.sha256(repr((encoder_id, rows.tolist(), model_ids[rows].tolist(),
+                             version_ids[rows].tolist())).encode())
+    for a in (correct[rows], data.query_ids, data.qvecs, data.splits["train"], data.splits["val"]):
+        h.update(np.ascontiguousarray(a).tobytes())
+    h.update(repr((list(data.categories), None if data.sources is None else list(data.sources))).encode())
+    return h.hexdigest()
 
 
 _predictors: dict = {}       # checkpoint digest -> numpy_network.Predictor, parsed once per process
@@ -307,20 +331,28 @@ def _fit(tx: Tx, key: tuple, model, *, z: np.ndarray, model_ids: np.ndarray, ver
         correct = data.correct[[pos[int(m)] for m in model_ids]]
         tr, va = data.splits["train"], data.splits["val"]
         rows = interaction.contenders(correct, tr, va, evidence.candidates(ev))
-        kept = tx.section("routing predictions")   # (encoder, queries, version) -> the predictor's P(correct) row
-        qkey = (key[0], data.query_ids.tobytes())
-        todo = [i for i in rows.tolist() if qkey + (int(version_ids[i]),) not in kept]
-        if todo:
-            fresh = model.scorer(z[todo])(data.qvecs, query_labels(data, model))
-            if len(kept) + len(todo) > PREDICTIONS_KEPT:
-                kept.clear()
-            kept.update({qkey + (int(version_ids[i]),): fresh[j] for j, i in enumerate(todo)})
-        raw = np.stack([kept[qkey + (int(version_ids[i]),)] for i in rows.tolist()]) if len(rows) else \
-            np.zeros((0, len(data.query_ids)), dtype=np.float32)
-        fitted = interaction.fit(interaction.logit(raw), correct, data.qvecs, data.categories, tr, va, rows=rows)
-        out = policy_mod.Served(fitted, dict(tx.sql("SELECT content_hash, coalesce(category, '(none)') FROM queries")))
-        out.policy = policy_mod.choose(fitted, correct, data.qvecs, data.categories, data.sources,
-                                       train_idx=tr, val_idx=va)
+        inputs = _fit_inputs(key[0], rows, model_ids, version_ids, data, correct)
+        done = tx.section("routing fits by inputs")
+        if inputs not in done:
+            kept = tx.section("routing predictions")  # (encoder, queries, version) -> the predictor's P(correct) row
+            qkey = (key[0], data.query_ids.tobytes())
+            todo = [i for i in rows.tolist() if qkey + (int(version_ids[i]),) not in kept]
+            if todo:
+                fresh = model.scorer(z[todo])(data.qvecs, query_labels(data, model))
+                if len(kept) + len(todo) > PREDICTIONS_KEPT:
+                    kept.clear()
+                kept.update({qkey + (int(version_ids[i]),): fresh[j] for j, i in enumerate(todo)})
+            raw = np.stack([kept[qkey + (int(version_ids[i]),)] for i in rows.tolist()]) if len(rows) else \
+                np.zeros((0, len(data.query_ids)), dtype=np.float32)
+            fitted = interaction.fit(interaction.logit(raw), correct, data.qvecs, data.categories, tr, va, rows=rows)
+            if len(done) >= FITS_KEPT:
+                done.clear()
+            done[inputs] = (fitted, policy_mod.choose(fitted, correct, data.qvecs, data.categories, data.sources,
+                                                      train_idx=tr, val_idx=va))
+        fitted, policy = done[inputs]
+        out = policy_mod.Served(fitted, dict(tx.sql("SELECT content_hash, coalesce(category, '(none)') FROM queries")),
+                                inputs=inputs)
+        out.policy = policy
         if policy_mod.field_of(out.policy) == "source":
             out.policy_labels = dict(tx.sql("SELECT content_hash, coalesce(source, '(none)') FROM queries"))
         elif policy_mod.field_of(out.policy) == "category":

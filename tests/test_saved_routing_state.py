@@ -161,3 +161,36 @@ def test_a_registration_that_leaves_the_contenders_as_they_were_takes_the_saved_
     refit = state_of(db_copy)
     assert not refit.evidence.probation[refit.names.index("strong")]
     assert refit.interaction.fitted.a != 123.0 and refit.interaction.inputs != taken.interaction.inputs
+
+
+def test_moving_queries_between_train_and_val_gives_a_new_state_and_a_new_fit(db_copy, small_data, tmp_path):
+    """Splits laid out in id order (every train query before every val query), then the boundary moved by two: the
+    state's key and its fit's inputs both change (DuckDB's hash of several columns is linear in them, so an XOR of
+    row hashes missed two queries moved together; train's and val's ids hashed end to end missed where one ends),
+    and the state routes as one built with nothing saved."""
+    with duckdb.connect(str(db_copy), read_only=True) as con:
+        ids = [q for (q,) in con.execute("""SELECT q.external_id FROM queries q JOIN query_splits s ON s.query_id = q.id
+                                            WHERE s.split <> 'test' ORDER BY q.id""").fetchall()]
+    cut = len(ids) * 3 // 4
+
+    def split_at(n: int) -> None:
+        path = tmp_path / f"splits{n}.csv"
+        path.write_text("question_id,split\n" + "".join(f"{q},{'train' if i < n else 'val'}\n"
+                                                        for i, q in enumerate(ids)))
+        with Registry(db_copy) as reg:
+            reg.import_files(splits=str(path))
+
+    split_at(cut)
+    before = state_of(db_copy)
+    split_at(cut - 2)
+    after = state_of(db_copy)
+    assert after.key != before.key and after.interaction.inputs != before.interaction.inputs
+    scratch = tmp_path / "scratch.duckdb"
+    shutil.copy(db_copy, scratch)
+    with duckdb.connect(str(scratch)) as con:
+        con.execute("DELETE FROM routing_states")
+    fresh = state_of(scratch)
+    assert fresh.interaction.inputs == after.interaction.inputs
+    assert (after.interaction.fitted.a, after.interaction.fitted.w) == (fresh.interaction.fitted.a,
+                                                                        fresh.interaction.fitted.w)
+    assert np.array_equal(after.interaction.fitted.resid, fresh.interaction.fitted.resid)

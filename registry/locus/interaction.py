@@ -159,7 +159,8 @@ _val_nn: dict[bytes, np.ndarray] = {}     # the val queries' neighbours among tr
 def _neighbours_cached(ref_vecs: np.ndarray, qvecs: np.ndarray, k: int) -> np.ndarray:
     import hashlib
 
-    key = hashlib.sha1(ref_vecs.tobytes() + qvecs.tobytes() + str(k).encode()).digest()
+    # (the shapes too: the same vectors cut elsewhere between reference and query are another question)
+    key = hashlib.sha1(ref_vecs.tobytes() + qvecs.tobytes() + repr((ref_vecs.shape, qvecs.shape, k)).encode()).digest()
     if key not in _val_nn:
         if len(_val_nn) >= 4:
             _val_nn.clear()

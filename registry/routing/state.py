@@ -124,7 +124,9 @@ def _fit_inputs(encoder_id: int, rows: np.ndarray, model_ids: np.ndarray, versio
     h = hashlib.sha256(repr((encoder_id, rows.tolist(), model_ids[rows].tolist(),
                              version_ids[rows].tolist())).encode())
     for a in (correct[rows], data.query_ids, data.qvecs, data.splits["train"], data.splits["val"]):
-        h.update(np.ascontiguousarray(a).tobytes())
+        a = np.ascontiguousarray(a)
+        h.update(repr((a.dtype.str, a.shape)).encode())     # (where train ends and val begins, among others)
+        h.update(a.tobytes())
     h.update(repr((list(data.categories), None if data.sources is None else list(data.sources))).encode())
     return h.hexdigest()
 
@@ -333,7 +335,8 @@ def _fit(tx: Tx, key: tuple, model, *, z: np.ndarray, model_ids: np.ndarray, ver
         rows = interaction.contenders(correct, tr, va, evidence.candidates(ev))
         inputs = _fit_inputs(key[0], rows, model_ids, version_ids, data, correct)
         done = tx.section("routing fits by inputs")
-        if inputs not in done:
+        taken = done.get(inputs)
+        if taken is None:
             kept = tx.section("routing predictions")  # (encoder, queries, version) -> the predictor's P(correct) row
             qkey = (key[0], data.query_ids.tobytes())
             todo = [i for i in rows.tolist() if qkey + (int(version_ids[i]),) not in kept]
@@ -345,11 +348,12 @@ def _fit(tx: Tx, key: tuple, model, *, z: np.ndarray, model_ids: np.ndarray, ver
             raw = np.stack([kept[qkey + (int(version_ids[i]),)] for i in rows.tolist()]) if len(rows) else \
                 np.zeros((0, len(data.query_ids)), dtype=np.float32)
             fitted = interaction.fit(interaction.logit(raw), correct, data.qvecs, data.categories, tr, va, rows=rows)
+            taken = (fitted, policy_mod.choose(fitted, correct, data.qvecs, data.categories, data.sources,
+                                               train_idx=tr, val_idx=va))
             if len(done) >= FITS_KEPT:
                 done.clear()
-            done[inputs] = (fitted, policy_mod.choose(fitted, correct, data.qvecs, data.categories, data.sources,
-                                                      train_idx=tr, val_idx=va))
-        fitted, policy = done[inputs]
+            done[inputs] = taken
+        fitted, policy = taken
         out = policy_mod.Served(fitted, dict(tx.sql("SELECT content_hash, coalesce(category, '(none)') FROM queries")),
                                 inputs=inputs)
         out.policy = policy

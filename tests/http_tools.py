@@ -4,6 +4,7 @@ server's resident memory; and a fake chat upstream for `registry ask` (a threadi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import select
 import socket
@@ -243,3 +244,25 @@ class ChatUpstream:
     def close(self):
         self.server.shutdown()
         self.server.server_close()
+
+
+@contextlib.contextmanager
+def serving(app):
+    """An ASGI app (a fake upstream written with FastAPI) served by uvicorn in a thread on a free loopback port:
+    -> its origin, http://127.0.0.1:PORT; stopped on exit."""
+    import uvicorn
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 20
+    while not server.started and time.time() < deadline:
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

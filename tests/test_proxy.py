@@ -4,12 +4,8 @@ models, streaming pass-through, keys from the environment, endpoints through the
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 
 import pytest
-import uvicorn
 from click.testing import CliRunner
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -20,11 +16,7 @@ from registry.cli import cli
 from registry.core.keys import UpstreamKeys
 from registry.serve.app import create_app
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from .http_tools import serving
 
 
 @pytest.fixture(scope="module")
@@ -49,16 +41,8 @@ def upstream():
         return {"id": "x", "object": "chat.completion", "model": body["model"],
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": f"from {body['model']}"}}]}
 
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 20
-    while not server.started and time.time() < deadline:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}/v1", state
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serving(app) as origin:
+        yield f"{origin}/v1", state
 
 
 def known_text(reg) -> str:

@@ -1,18 +1,15 @@
 """The routing proxy's errors: in the OpenAI shape, and the routing log says who answered."""
 from __future__ import annotations
 
-import socket
-import threading
-import time
-
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
 
 from registry import Registry
 from registry.serve.app import create_app
+
+from .http_tools import serving
 
 
 @pytest.fixture
@@ -29,18 +26,8 @@ def upstream():
         return {"id": "x", "object": "chat.completion", "model": body["model"],
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": f"from {body['model']}"}}]}
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 20
-    while not server.started and time.time() < deadline:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}/v1", failing
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serving(app) as origin:
+        yield f"{origin}/v1", failing
 
 
 def openai_shaped(r, status: int) -> str:

@@ -84,7 +84,7 @@ def load(tx: Tx, key: tuple) -> dict | None:
 
 def load_newest_field(tx: Tx, name: str):
     """One field of the newest state saved by this code (under any key), or None: what a state built anew may
-    take from it where its inputs are the same (state._reusable_fit). Only that field's arrays are read."""
+    take from it where its inputs are the same (state.py's saved fit). Only that field's arrays are read."""
     rows = tx.sql("SELECT payload FROM routing_states WHERE key LIKE ? ORDER BY created DESC, key LIMIT 1",
                   [f"{FORMAT} {_code_digest()} %"])
     if not rows:

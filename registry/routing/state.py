@@ -83,7 +83,6 @@ def current(tx: Tx, probation_min: int | None = None, *, refit: bool = True) -> 
         return st
     st = _saved(tx, key)
     if st is None:
-        _reusable_fit(tx)
         st = _build(tx, key, refit)
         # (saved only as fitted, and where the numpy predictor agreed with torch's: what a saved state scores with)
         if st.interaction_fitted and st.model.numpy_scorer_agrees:
@@ -106,13 +105,12 @@ def _saved(tx: Tx, key: tuple) -> State | None:
     return st
 
 
-def _reusable_fit(tx: Tx) -> None:
-    """The newest saved state's fit and policy, offered to `_fit` by their inputs: after a registration that leaves
-    the contenders as they were (a model on probation is none), the first route computes exactly them again, so
-    it takes them (the fit and the policy's choice were most of its seconds)."""
+def _saved_fit(tx: Tx, inputs: str) -> tuple | None:
+    """The newest saved state's (fit, policy) where they were computed from exactly `inputs`: after a registration
+    that leaves the contenders as they were (a model on probation is none), the first route would compute them
+    again (the fit and the policy's choice were most of its seconds)."""
     served = saved_state.load_newest_field(tx, "interaction")
-    if served is not None and served.inputs:
-        tx.section("routing fits by inputs")[served.inputs] = (served.fitted, served.policy)
+    return (served.fitted, served.policy) if served is not None and served.inputs == inputs else None
 
 
 def _fit_inputs(encoder_id: int, rows: np.ndarray, model_ids: np.ndarray, version_ids: np.ndarray, data,
@@ -335,7 +333,7 @@ def _fit(tx: Tx, key: tuple, model, *, z: np.ndarray, model_ids: np.ndarray, ver
         rows = interaction.contenders(correct, tr, va, evidence.candidates(ev))
         inputs = _fit_inputs(key[0], rows, model_ids, version_ids, data, correct)
         done = tx.section("routing fits by inputs")
-        taken = done.get(inputs)
+        taken = done.get(inputs) or _saved_fit(tx, inputs)
         if taken is None:
             kept = tx.section("routing predictions")  # (encoder, queries, version) -> the predictor's P(correct) row
             qkey = (key[0], data.query_ids.tobytes())
@@ -350,6 +348,7 @@ def _fit(tx: Tx, key: tuple, model, *, z: np.ndarray, model_ids: np.ndarray, ver
             fitted = interaction.fit(interaction.logit(raw), correct, data.qvecs, data.categories, tr, va, rows=rows)
             taken = (fitted, policy_mod.choose(fitted, correct, data.qvecs, data.categories, data.sources,
                                                train_idx=tr, val_idx=va))
+        if inputs not in done:
             if len(done) >= FITS_KEPT:
                 done.clear()
             done[inputs] = taken

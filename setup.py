@@ -1,5 +1,6 @@
-"""The build step pyproject.toml cannot say: copy the migrations, alembic.ini and the shipped data into the package
-(`registry/shipped/`), so that a wheel works outside the checkout (registry/core/resources.py finds them there)."""
+"""The build step pyproject.toml cannot say: copy the migrations, alembic.ini, the shipped encoder and vectors and the
+example dataset into the package (`registry/shipped/`), so that a wheel works outside the checkout
+(registry/core/resources.py finds them there)."""
 import shutil
 from pathlib import Path
 
@@ -12,6 +13,8 @@ SHIPPED = [("alembic.ini", "alembic.ini"), ("alembic/env.py", "alembic/env.py"),
 SHIPPED += [(f"alembic/versions/{p.name}",) * 2 for p in sorted((HERE / "alembic" / "versions").glob("*.py"))]
 SHIPPED += [(f"data/{p.name}",) * 2 for p in sorted((HERE / "data").iterdir())
             if p.suffix in (".safetensors", ".parquet")]
+# the example dataset (MMLU-Pro, Apache-2.0, its LICENSE and README beside it): `registry import --example`
+SHIPPED += [(f"data/mmlu-pro/{p.name}",) * 2 for p in sorted((HERE / "data" / "mmlu-pro").iterdir()) if p.is_file()]
 
 
 class BuildWithShipped(build_py):

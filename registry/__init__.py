@@ -1,7 +1,9 @@
 """registry: an embedded-database model registry for LLMs, built on the LOCUS method."""
 from registry.core.errors import DatabaseLocked, InputError, NotFound, RegistryError, SchemaOutdated
+from registry.core.resources import example_data
 
-__all__ = ["Registry", "RouteOptions", "RegistryError", "InputError", "NotFound", "SchemaOutdated", "DatabaseLocked"]
+__all__ = ["Registry", "RouteOptions", "RegistryError", "InputError", "NotFound", "SchemaOutdated", "DatabaseLocked",
+           "example_data"]
 
 
 def __getattr__(name: str):

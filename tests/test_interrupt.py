@@ -12,7 +12,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("after", [2.0, 6.0])
+@pytest.mark.parametrize("after", [0.5, 1.0, 2.0, 6.0])
 def test_an_interrupted_import_says_what_it_kept(mmlu_dir, tmp_path, after):
     db = tmp_path / "r.duckdb"
     cmd = [sys.executable, "-m", "registry", "--db", str(db), "import", str(mmlu_dir)]

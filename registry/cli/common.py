@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import json as json_
 import math
-import os
 from dataclasses import asdict, is_dataclass
 
 import click
@@ -109,10 +108,21 @@ def handles_errors(fn):
             if problem is None:
                 raise
             raise click.ClickException(problem) from None
-        except BaseException:          # (an interrupt: the new file goes, the interrupt goes on)
+        except KeyboardInterrupt:     # (outside a write that says what it committed: see `interrupted`)
+            raise interrupted(discard_new_registry()) from None
+        except BaseException:
             discard_new_registry()
             raise
     return wrapper
+
+
+def interrupted(removed: str | None = None) -> click.ClickException:
+    """Ctrl-C where no write of this command was under way to say what it committed: exit 130, in one line (a file
+    this command created and left empty is removed, and said)."""
+    err = click.ClickException("interrupted" + (f": nothing was committed ({removed} was new and is removed)"
+                                                if removed else ""))
+    err.exit_code = 130
+    return err
 
 
 def check_arguments(ctx: click.Context | None) -> None:
@@ -132,16 +142,15 @@ def check_arguments(ctx: click.Context | None) -> None:
 def open_registry(ctx: click.Context, create: bool = False, migrate: bool = True):
     """The registry named by --db; only commands that bring data in (`create`) may make a new file. `migrate=False`:
     open a file at any schema revision, unchecked (`db check`)."""
-    from registry.core import dialect
 
     obj = ctx.find_root().obj
     if obj.get("registry") is None:
-        new = create and not dialect.is_url(obj["db"]) and not os.path.lexists(obj["db"])
-        # known before opening: a file left by a failed open (a full disk) is removed too
-        obj["new_file"] = os.path.abspath(obj["db"]) if new else None
-        obj["registry"] = _open(ctx, obj["db"], dict(create=create, migrate=migrate,
-                                                     probation_min=obj.get("probation_min")))
-        ctx.call_on_close(obj["registry"].close)
+        reg = _open(ctx, obj["db"], dict(create=create, migrate=migrate, probation_min=obj.get("probation_min")))
+        obj["registry"] = reg
+        store = getattr(reg, "store", None)        # (None: the server's HTTP API answers)
+        # only a file this process's connection created is its to remove on failure (`discard_new_registry`)
+        obj["new_file"] = store if store is not None and store.created else None
+        ctx.call_on_close(reg.close)
     return obj["registry"]
 
 
@@ -168,23 +177,15 @@ def _open(ctx: click.Context, db: str, options: dict):
     return remote if remote is not None else Registry(db, **options)     # (None: the server stopped meanwhile)
 
 
-def discard_new_registry() -> None:
-    """A command that failed on the file it created removes the file and its write-ahead log, whatever it got to
-    write before failing: a failed first import leaves no file behind, and its retry starts afresh. (This process
-    held DuckDB's lock on the file since it created it: no other process wrote there.)"""
+def discard_new_registry() -> str | None:
+    """A command that failed on the file it created removes the file and its write-ahead log if nothing was committed
+    to it (no table holds a row): a failed first import leaves no file behind, and its retry starts afresh. A file
+    another process created, or one holding committed rows, is never removed (core/new_files.py). -> the path
+    removed, if any."""
     ctx = click.get_current_context(silent=True)
     obj = ctx.find_root().obj if ctx is not None else None
-    path = obj.pop("new_file", None) if isinstance(obj, dict) else None
-    if path is None:
-        return
-    registry = obj.get("registry")
-    if registry is not None:
-        obj["registry"] = None
-        registry.store.cache.clear()     # (nothing of it is saved beside the file when it closes: no index)
-        try:
-            registry.store.close()
-        except Exception:        # (a connection the failure broke: its file goes all the same)
-            pass
-    for leftover in (path, path + ".wal"):
-        if os.path.isfile(leftover):
-            os.remove(leftover)
+    store = obj.pop("new_file", None) if isinstance(obj, dict) else None
+    if store is None:
+        return None
+    obj["registry"] = None
+    return store.path if store.discard_if_created() else None

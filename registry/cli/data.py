@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from registry.cli.common import command, emit_json, group, open_registry
+from registry.core.errors import Interrupted
 
 
 class ReaderChoice(click.Choice):
@@ -50,15 +51,26 @@ class ImportCommand(click.Command):
                                "first; helm: exact_match for multiple choice); eee: only this evaluation name.")
 @click.option("--threshold", type=float, help="With --from: a score >= T counts as correct (for non-0/1 scores).")
 @click.option("--partial", is_flag=True, help="With --from inspect: import a log whose status is not success.")
+@click.option("--example", is_flag=True, help="Import the example dataset the package carries (31 models' real "
+                                              "MMLU-Pro results, Apache-2.0) instead of PATHS.")
 def import_(ctx, paths, *, models, queries, evaluations, splits, vectors, harness, model_name, scorer, metric,
-            threshold, partial, as_json):
-    """Import benchmark results: a folder laid out like ../shared/data/mmlu-pro, or single files; or files of
+            threshold, partial, example, as_json):
+    """Import benchmark results: a folder laid out like data/mmlu-pro, or single files; or files of
     another format (--from FORMAT, or the one that recognises them)."""
-    reg = open_registry(ctx, create=True)
-    one_by_one = any((models, queries, evaluations, splits, vectors))
-    detected = None
-    if not harness and paths and not one_by_one:
-        harness = detected = reg.reader_for(list(paths))     # (said with the result: an error stays one line)
+    if example:
+        if paths or any((models, queries, evaluations, splits, vectors, harness)):
+            raise click.UsageError("--example imports the example dataset alone: give no PATHS or file options")
+        from registry.core.resources import example_data
+
+        paths = (str(example_data()),)
+    try:
+        reg = open_registry(ctx, create=True)
+        one_by_one = any((models, queries, evaluations, splits, vectors))
+        detected = None
+        if not harness and paths and not one_by_one:
+            harness = detected = reg.reader_for(list(paths))     # (said with the result: an error stays one line)
+    except KeyboardInterrupt:
+        raise Interrupted("interrupted before the import began: nothing was imported") from None
     if harness and harness != "csv":
         if one_by_one:
             raise click.UsageError(f"--models, --queries, --evaluations, --splits and --vectors are the csv "
@@ -71,6 +83,7 @@ def import_(ctx, paths, *, models, queries, evaluations, splits, vectors, harnes
     if len(paths) > 1:
         raise click.UsageError("give one folder (or --from FORMAT for several files)")
     directory = paths[0] if paths else None
+    path = ctx.find_root().obj["db"]
     result = reg.import_files(models=models, queries=queries, evaluations=evaluations, splits=splits,
                               directory=directory, progress=not as_json, vectors=vectors)
     if as_json:
@@ -78,8 +91,12 @@ def import_(ctx, paths, *, models, queries, evaluations, splits, vectors, harnes
         return
     if result.finished_pending:
         click.echo(f"embedded {len(result.finished_pending)} model(s) an earlier, interrupted run left unembedded")
+    holds = (f"{path}: {result.holds['models']:,} models, {result.holds['queries']:,} queries, "
+             f"{result.holds['evaluations']:,} evaluations" if result.holds else "")
     if result.already_imported:
         click.echo(f"already imported (batch {result.batch_id}): nothing added")
+        if holds:
+            click.echo(holds)
         return
     click.echo(f"batch {result.batch_id}: {result.models_added} models added ({result.models_updated} updated), "
                f"{result.queries_added} queries, {result.evaluations_added} evaluations "
@@ -88,6 +105,8 @@ def import_(ctx, paths, *, models, queries, evaluations, splits, vectors, harnes
                f"vector files" + (f", {result.vectors_loaded} vectors loaded" if result.vectors_loaded else ""))
     for name, cols in result.ignored_columns.items():
         click.echo(f"note: {name}: columns not stored: {', '.join(cols)}")
+    if holds:
+        click.echo(holds)
 
 
 def _import_harness(reg, harness, paths, *, as_json, detected, **options) -> None:

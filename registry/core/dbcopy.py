@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy import Sequence
 
 from registry.core import dialect
-from registry.core.dbcheck import head_revision
+from registry.core.database_file import head_revision
 from registry.core.errors import InputError, RegistryError
 from registry.core.schema import Base
 from registry.core.store import Store

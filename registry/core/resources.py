@@ -1,7 +1,7 @@
-"""Where the files the package carries are: the Alembic migrations, the shipped encoder checkpoint and the shipped
-query vectors. A built wheel holds them inside the package (`registry/shipped/`, copied there by setup.py at build
-time); a source checkout keeps them at the repo's top level (`alembic/`, `alembic.ini`, `data/`), where they are
-edited."""
+"""Where the files the package carries are: the Alembic migrations, the shipped encoder checkpoint, the shipped
+query vectors and the example dataset (MMLU-Pro, `example_data`). A built wheel holds them inside the package
+(`registry/shipped/`, copied there by setup.py at build time); a source checkout keeps them at the repo's top level
+(`alembic/`, `alembic.ini`, `data/`), where they are edited."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -26,3 +26,9 @@ def alembic_dir() -> Path:
 
 def data_dir() -> Path:
     return base() / "data"
+
+
+def example_data() -> Path:
+    """The example dataset's folder (31 models' real MMLU-Pro results, Apache-2.0): what `registry import --example`
+    and `bin/build-default` import."""
+    return data_dir() / "mmlu-pro"

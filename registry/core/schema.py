@@ -1,7 +1,7 @@
 """The registry's tables, as SQLAlchemy ORM classes. The schema itself is built only by the Alembic migrations in
 `alembic/versions/`; a test checks that what they build equals what these classes describe.
 
-DuckDB notes that shape this file (../shared/notes/stack-facts.md):
+DuckDB notes that shape this file (the stack's known quirks):
 - no SERIAL/IDENTITY: integer keys come from a named Sequence with a server default;
 - no database-level foreign keys: DuckDB forbids ALTERing a referenced table and checks every bulk row, so later
   migrations could only ever add tables. References are kept by our code, inside one transaction per operation;

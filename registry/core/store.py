@@ -15,8 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from registry.core import dbcheck, dialect, resources, settings
-from registry.core.dbcheck import head_revision
+from registry.core import database_file, dialect, resources, settings
+from registry.core.database_file import folder_lock, head_revision, remove_files, wait_for_lock, writable
 from registry.core.errors import (
     NotFound,
     RegistryError,
@@ -60,6 +60,8 @@ class Store:
         self.duckdb_threads: int | None = None      # (limit_duckdb_threads)
         self.dialect = "postgresql" if dialect.is_url(self.path) else "duckdb"
         self.create, self.read_only = create, False
+        self.created = False        # this Store's connection created the DuckDB file (`discard_if_created`)
+        self.commit_failed = False  # a COMMIT failed on this connection (a full disk)
         # a routing state built here is saved for the next process (routing/saved_state.py); a server, whose
         # threads build states side by side and keep them in memory, turns it off
         self.save_routing_state = True
@@ -71,7 +73,8 @@ class Store:
             try:
                 self.ensure_schema()
             except BaseException as exc:
-                self.close()  # release the file: nothing of ours may keep it open after a refusal
+                # release the file: nothing of ours may keep it open after a refusal; one it created goes
+                self.discard_if_created()
                 known = self.failure(exc)
                 if known is not None:
                     raise known from None
@@ -84,7 +87,7 @@ class Store:
         return database_damaged(self.path, exc) or disk_full(self.path, exc)
 
     def _open_duckdb(self, create: bool) -> None:
-        dbcheck.not_database_file(self.path)
+        database_file.not_database_file(self.path)
         if not create and not Path(self.path).exists():   # a typo must not leave an empty registry behind
             raise NotFound(f"{self.path}: no such registry (create one with `registry import DIR`, "
                            f"or give --db / REGISTRY_DB)")
@@ -101,9 +104,24 @@ class Store:
         self.cache: dict[Any, Any] = {}
         # a file this process may not write (its mode, its folder, a read-only mount) is still read
         self.read_only = not create and not writable(self.path)
+        def connect() -> Any:
+            # under the folder's lock: whether the file existed before this connection is this process's to know
+            with folder_lock(self.path):
+                existed = os.path.exists(self.path)
+                if not existed and not create:      # (removed by its creator while we waited)
+                    raise NotFound(f"{self.path}: no such registry (create one with `registry import DIR`, "
+                                   f"or give --db / REGISTRY_DB)")
+                try:
+                    con = duckdb.connect(self.path, read_only=self.read_only, config=config)
+                except BaseException:
+                    if not existed:     # what a failed create left (a full disk): ours, and nobody else's yet
+                        remove_files(self.path)
+                    raise
+                self.created = not existed
+                return con
+
         try:       # (another registry process's turn: waited for, `wait_for_lock`)
-            self.con = wait_for_lock(self.path, lambda: duckdb.connect(self.path, read_only=self.read_only,
-                                                                       config=config))
+            self.con = wait_for_lock(self.path, connect)
         except RegistryError:
             raise
         except Exception as exc:  # duckdb raises IOException for a held lock
@@ -195,7 +213,7 @@ class Store:
             return
         head = head_revision()
         if current != head:
-            raise SchemaOutdated(dbcheck.revision_problem(self.path, current, head))
+            raise SchemaOutdated(database_file.revision_problem(self.path, current, head))
 
     def upgrade(self, revision: str = "head") -> None:
         from alembic import command
@@ -277,7 +295,11 @@ class Store:
                 save_routing_state=self.save_routing_state)
         try:
             yield tx
-            cur.execute("COMMIT")
+            try:
+                cur.execute("COMMIT")
+            except BaseException:
+                self.commit_failed = True      # (DuckDB may show the failed commit's rows: `discard_if_created`)
+                raise
         except BaseException as exc:
             try:
                 cur.execute("ROLLBACK")
@@ -295,10 +317,10 @@ class Store:
             with self._idle_lock:
                 self._idle.append(cur)
 
-    def check(self) -> dbcheck.SchemaCheck:
-        """What is wrong with the database's schema (`dbcheck.SchemaCheck`): its revision, the migration's own
+    def check(self) -> database_file.SchemaCheck:
+        """What is wrong with the database's schema (`database_file.SchemaCheck`): its revision, the migration's own
         table, a table or column missing. Needs only an open store (migrate=False opens any revision)."""
-        return dbcheck.check(self)
+        return database_file.check(self)
 
     def holds_rows(self) -> bool:
         """Does any table of the registry hold a row (the migration's bookkeeping left out)?"""
@@ -306,6 +328,29 @@ class Store:
             tables = [r[0] for r in tx.sql("SELECT table_name FROM information_schema.tables WHERE table_schema = "
                                            "current_schema() AND table_name <> 'alembic_version'")]
             return any(tx.sql(f'SELECT EXISTS (SELECT 1 FROM "{t}")')[0][0] for t in tables)
+
+    def discard_if_created(self) -> bool:
+        """Close; and if this Store's connection created the DuckDB file and no table holds a row, remove the file
+        and its write-ahead log (under `folder_lock`, before any other process can open it). -> removed.
+        A file that holds rows stays: something was committed to it (unless a commit failed here, a full disk: what
+        the file shows then is not what was reported)."""
+        if not self.created or getattr(self, "con", None) is None:
+            self.close()
+            return False
+        self.cache.clear()      # (nothing of it is saved beside the file when it closes: no index)
+        with folder_lock(self.path):
+            try:
+                keep = not self.commit_failed and self.current_revision() is not None and self.holds_rows()
+            except Exception:     # (a connection the failure broke, a full disk: nothing readable was committed)
+                keep = False
+            try:
+                self.close()
+            except Exception:
+                pass
+            if not keep:
+                remove_files(self.path)
+        self.created = False
+        return not keep
 
     def close(self) -> None:
         if self._engine is not None:
@@ -319,46 +364,6 @@ class Store:
         if getattr(self, "_stage_con", None) is not None:
             self._stage_con.close()
             self._stage_con = None
-
-
-def wait_for_lock(path: str, connect: Callable[[], Any]) -> Any:
-    """`connect()`, retried with backoff while another process holds the DuckDB file, as SQLite's busy timeout
-    does: two commands on one file take turns. Says once on stderr whom it waits for; past REGISTRY_BUSY_TIMEOUT
-    seconds, DatabaseLocked. A file held by a `registry serve` is not waited for (it holds the file until stopped):
-    DatabaseLocked at once, with `served` set, and the command line goes through its HTTP API."""
-    import sys
-    import time
-
-    from registry.core.errors import command_line, is_locked
-
-    timeout = settings.current().busy_timeout
-    deadline = time.monotonic() + (timeout if timeout == timeout else 0.0)      # (NaN: no wait)
-    pause, told = 0.02, False
-    while True:
-        try:
-            return connect()
-        except Exception as exc:
-            if not is_locked(exc):
-                raise
-            locked = database_locked(path, str(exc))
-            left = deadline - time.monotonic()
-            if locked.served or left <= 0:
-                raise locked from None
-            if not told:
-                words = command_line(locked.pid) if locked.pid else []
-                who = f"process {locked.pid}" if locked.pid else "another process"
-                shown = f" ({' '.join(' '.join(words).split())[:120]})" if words else ""
-                print(f"{path}: waiting for {who}{shown} to release the database (at most {timeout:g} s; "
-                      f"REGISTRY_BUSY_TIMEOUT)", file=sys.stderr, flush=True)
-                told = True
-            time.sleep(min(pause, left))
-            pause = min(2 * pause, 0.25)
-
-
-def writable(path: str) -> bool:
-    """May this process write the DuckDB file (a new one: create it) and its folder (the write-ahead log)?"""
-    folder = os.path.dirname(os.path.abspath(path))
-    return os.access(folder, os.W_OK) and (not os.path.exists(path) or os.access(path, os.W_OK))
 
 
 def table_columns(conn: Any) -> dict[str, set[str]]:

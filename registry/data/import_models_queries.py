@@ -61,6 +61,8 @@ class ImportResult:
     finished_pending: list[str] = field(default_factory=list)  # models an earlier, interrupted run left unembedded
     seconds: dict[str, float] = field(default_factory=dict)  # wall time per step: import (its transaction, commit
     # included), onboarding (versions committed and indexed), stability
+    holds: dict[str, int] = field(default_factory=dict)   # what the registry holds after it: models, queries,
+    # evaluations (current ones)
 
 
 # --- per kind -----------------------------------------------------------------------------------------------------

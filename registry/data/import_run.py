@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -351,22 +351,31 @@ def run_model_import(tx: Tx, model: str, path: str, progress: bool = False) -> I
     return result
 
 
+@dataclass
+class Committed:
+    """What an import had committed when it was interrupted (`interruptible`): its result once its transaction
+    committed, else None."""
+    result: ImportResult | None = None
+
+
 @contextlib.contextmanager
-def interruptible(store, committed: ImportResult | None = None):
-    """Ctrl-C (Python's, or DuckDB's stop of its query) inside: Interrupted, saying what was kept. `committed`: the
-    import that had committed before (its onboarding was interrupted), else nothing was. Ctrl-C during a DuckDB
-    statement stops the statement (core/errors.sigint_stops_statements: never inside DuckDB's own calls)."""
+def interruptible(store) -> Iterator[Committed]:
+    """Ctrl-C (Python's, or DuckDB's stop of its query) inside: Interrupted, saying what was kept. The caller sets
+    the yielded `Committed.result` once its import commits (its onboarding may then be interrupted); until then
+    nothing was. Ctrl-C during a DuckDB statement stops the statement (core/errors.sigint_stops_statements: never
+    inside DuckDB's own calls)."""
+    done = Committed()
     try:
         with sigint_stops_statements():
-            yield
+            yield done
     except BaseException as exc:
         if not is_interrupt(exc):
             raise
-        if committed is None:
+        r = done.result
+        if r is None:
             raise Interrupted("interrupted: nothing was imported (the import's transaction was rolled back)") from None
         with store.tx() as tx:
             waiting = len(outbox.pending(tx))
-        r = committed
         raise Interrupted(f"interrupted after the import was committed (batch {r.batch_id}: {r.models_added} models, "
                           f"{r.queries_added} queries, {r.evaluations_added} evaluations added); {waiting} model(s) "
                           f"are not embedded yet: `registry onboard`, or any writing command, embeds them",

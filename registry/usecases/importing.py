@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict
 
+from registry.answers import catalog
 from registry.core.store import Store
 from registry.data import import_models_queries, import_run, input_files, vector_files
 from registry.data import splits as split_draws
@@ -19,17 +20,20 @@ def import_files(store: Store, directory: str | None, named: dict[str, str | Non
     exist before anything, in one transaction; then, with `onboard`, the models whose evaluations changed embedded.
     Ctrl-C: the transaction rolls back (or, during onboarding, the result says what was committed and what is left)."""
     files = input_files.files_to_import(directory, **named)
-    left = onboard_uc.finish_pending(store, min_evaluations) if onboard else []   # a crash may have left jobs behind
-    started = time.perf_counter()
-    with import_run.interruptible(store):           # Ctrl-C: the transaction rolls back, and says so
+    with import_run.interruptible(store) as done:     # Ctrl-C: says what was committed, and what is left
+        left = onboard_uc.finish_pending(store, min_evaluations) if onboard else []   # a crash left jobs behind
+        started = time.perf_counter()
         with store.tx() as tx:
             result = import_run.run_import(tx, files, progress=progress)
-    result.seconds["import"] = round(time.perf_counter() - started, 3)
-    result.finished_pending = [o.model for o in left]
-    if onboard:
-        with import_run.interruptible(store, result):    # ...or what was committed, and what is left
+        done.result = result
+        result.seconds["import"] = round(time.perf_counter() - started, 3)
+        result.finished_pending = [o.model for o in left]
+        if onboard:
             result.onboarding = [asdict(o) for o in onboard_uc.onboard(store, min_evaluations,
                                                                        seconds=result.seconds)]
+        with store.tx() as tx:     # what the registry holds now (two imports at once: the other's rows too)
+            s = catalog.stats(tx, store.path)
+        result.holds = {"models": s.models, "queries": s.queries, "evaluations": s.evaluations}
     return result
 
 

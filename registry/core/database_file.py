@@ -1,14 +1,23 @@
-"""What the database's file and schema are, before and apart from using them: a path that cannot be a DuckDB
-database refused in one line, a schema revision older or newer than this registry's, and `registry db check`."""
+"""The database's file and schema, apart from using them: a path that cannot be a DuckDB database refused in one
+line, a schema revision older or newer than this registry's, `registry db check`; and the file beside other
+processes: waiting for another's turn (`wait_for_lock`), creating and removing it safely (`folder_lock`).
+
+Two commands started together on one new path must never lose each other's work: only the process whose connection
+created the file may remove it, it removes it only while still holding DuckDB's lock on it, and only if nothing was
+committed to it (store.Store.discard_if_created). Every open of a DuckDB file by the registry, and every such removal,
+runs under an exclusive lock on the file's folder (`folder_lock`), so no other process can open the path between the
+creator's close and its removal, and "did the file exist before this connection" has one answer."""
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from registry.core import resources
-from registry.core.errors import RegistryError
+from registry.core import resources, settings
+from registry.core.errors import RegistryError, database_locked
 
 if TYPE_CHECKING:
     from registry.core.store import Store
@@ -133,3 +142,74 @@ def check(store: Store) -> SchemaCheck:
             problems += [f"table {name} lacks column {c.name}" for c in table.columns if c.name not in found[name]]
     return SchemaCheck(store.path, revisions[0] if revisions else None, head,
                        sum(name in found for name in Base.metadata.tables), problems, not problems)
+
+
+@contextmanager
+def folder_lock(path: str) -> Iterator[None]:
+    """An exclusive flock on the folder holding `path` while inside (held for an open or a removal: milliseconds).
+    Where the folder cannot be opened or locked (no fcntl, a folder this process may not read), nothing is locked."""
+    try:
+        import fcntl
+    except ImportError:          # (not POSIX: no lock, as before)
+        yield
+        return
+    try:
+        fd = os.open(os.path.dirname(os.path.abspath(path)) or ".", os.O_RDONLY)
+    except OSError:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        yield
+    finally:
+        os.close(fd)        # (closing the descriptor releases the lock)
+
+
+def remove_files(path: str) -> None:
+    """The database file and its write-ahead log (the caller holds `folder_lock` and has closed its connection)."""
+    for leftover in (path, path + ".wal"):
+        if os.path.isfile(leftover):
+            os.remove(leftover)
+
+
+def wait_for_lock(path: str, connect: Callable[[], Any]) -> Any:
+    """`connect()`, retried with backoff while another process holds the DuckDB file, as SQLite's busy timeout
+    does: two commands on one file take turns. Says once on stderr whom it waits for; past REGISTRY_BUSY_TIMEOUT
+    seconds, DatabaseLocked. A file held by a `registry serve` is not waited for (it holds the file until stopped):
+    DatabaseLocked at once, with `served` set, and the command line goes through its HTTP API."""
+    import sys
+    import time
+
+    from registry.core.errors import command_line, is_locked
+
+    timeout = settings.current().busy_timeout
+    deadline = time.monotonic() + (timeout if timeout == timeout else 0.0)      # (NaN: no wait)
+    pause, told = 0.02, False
+    while True:
+        try:
+            return connect()
+        except Exception as exc:
+            if not is_locked(exc):
+                raise
+            locked = database_locked(path, str(exc))
+            left = deadline - time.monotonic()
+            if locked.served or left <= 0:
+                raise locked from None
+            if not told:
+                words = command_line(locked.pid) if locked.pid else []
+                who = f"process {locked.pid}" if locked.pid else "another process"
+                shown = f" ({' '.join(' '.join(words).split())[:120]})" if words else ""
+                print(f"{path}: waiting for {who}{shown} to release the database (at most {timeout:g} s; "
+                      f"REGISTRY_BUSY_TIMEOUT)", file=sys.stderr, flush=True)
+                told = True
+            time.sleep(min(pause, left))
+            pause = min(2 * pause, 0.25)
+
+
+def writable(path: str) -> bool:
+    """May this process write the DuckDB file (a new one: create it) and its folder (the write-ahead log)?"""
+    folder = os.path.dirname(os.path.abspath(path))
+    return os.access(folder, os.W_OK) and (not os.path.exists(path) or os.access(path, os.W_OK))

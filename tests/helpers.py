@@ -21,7 +21,7 @@ def run_json(db, *args, **kwargs) -> dict | list:
     """`run` with --json, which must succeed: its printed JSON."""
     res = run(db, *args, "--json", **kwargs)
     assert res.exit_code == 0, res.output
-    return json.loads(res.output)
+    return json.loads(res.stdout)     # (progress lines go to stderr)
 
 
 def run_import(db, *args, **kwargs) -> Result:

@@ -81,4 +81,4 @@ def test_a_bad_as_of_is_one_line_and_the_cost_advice_works(db_copy, tmp_path):
     models = write_rows(tmp_path / "models.csv", [(n, 1.0 + i) for i, n in enumerate(names)], header="model,cost")
     assert run(db_copy, "import", "--models", str(models)).exit_code == 0
     out = run(db_copy, "route", stored, "--cost-weight", "0.1", "--no-log", "--json")   # did what it says
-    assert out.exit_code == 0 and json.loads(out.output)["cost_basis"] == "cost", out.output
+    assert out.exit_code == 0 and json.loads(out.stdout)["cost_basis"] == "cost", out.output

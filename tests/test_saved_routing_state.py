@@ -194,3 +194,21 @@ def test_moving_queries_between_train_and_val_gives_a_new_state_and_a_new_fit(db
     assert (after.interaction.fitted.a, after.interaction.fitted.w) == (fresh.interaction.fitted.a,
                                                                         fresh.interaction.fitted.w)
     assert np.array_equal(after.interaction.fitted.resid, fresh.interaction.fitted.resid)
+
+
+def test_a_route_that_builds_the_routing_state_says_so_first(db_copy, small_data, tmp_path):
+    """The first route after a registration that adds a contender builds the state (seconds): it says so on stderr
+    before it starts; a route with nothing registered since says nothing."""
+    from tests.helpers import invented, run
+
+    with Registry(db_copy) as reg, reg.store.tx() as tx:     # (a text the registry holds: routed without MiniLM)
+        text = tx.sql("SELECT text FROM queries ORDER BY id LIMIT 1")[0][0]
+    first = run(db_copy, "route", text)
+    assert first.exit_code == 0, first.output
+    again = run(db_copy, "route", text)
+    assert again.exit_code == 0 and "building the routing state" not in again.stderr, again.stderr
+    reg = run(db_copy, "register", "a-new-contender", "--evals", invented(small_data, tmp_path, n=150))
+    assert reg.exit_code == 0, reg.output
+    after = run(db_copy, "route", text)
+    assert after.exit_code == 0, after.output
+    assert "routing: building the routing state" in after.stderr and "building" not in after.stdout, after.stderr

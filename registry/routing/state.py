@@ -11,6 +11,7 @@ to date after registrations from the versions they wrote (`with_new_versions`) i
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -83,6 +84,9 @@ def current(tx: Tx, probation_min: int | None = None, *, refit: bool = True) -> 
         return st
     st = _saved(tx, key)
     if st is None:
+        if tx.save_routing_state:       # (a command, not a server: its user waits on this, seconds)
+            print("routing: building the routing state (the registry changed since it was last built; once, "
+                  "seconds)", file=sys.stderr, flush=True)
         st = _build(tx, key, refit)
         # (saved only as fitted, and where the numpy predictor agreed with torch's: what a saved state scores with)
         if st.interaction_fitted and st.model.numpy_scorer_agrees:

@@ -25,6 +25,8 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from fastapi import APIRouter, FastAPI
 from fastapi.exception_handlers import http_exception_handler
@@ -61,10 +63,11 @@ SHOWN_ERRORS = 5          # validation problems a 422 lists
 
 def create_app(db: str, token: str | None = None, probation_min: int | None = None, create: bool = True, *,
                hosts: guards.Hosts | None = None, deadlines: connections.UpstreamDeadlines | None = None,
-               keys: UpstreamKeys | None = None) -> FastAPI:
+               keys: UpstreamKeys | None = None, on_ready: Callable[[float], Any] | None = None) -> FastAPI:
     """hosts: the names a request's Host may give (`serve` passes those it serves; None, for an app called in
     process, checks none); deadlines: of the proxy's upstream attempts; keys: the API key variables the server may
-    read and where each may go (None: none, so no key is ever sent)."""
+    read and where each may go (None: none, so no key is ever sent); on_ready: called with the seconds the warm-up
+    took (serving.Serving: /health answers while it warms)."""
     keys = keys or UpstreamKeys({})
     if token is not None and not token.strip():    # nobody could send it: every write would be refused
         raise InputError("the token is blank: give a token of printable characters, or none")
@@ -72,7 +75,7 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
     threads = settings.current().duckdb_threads
     reg.store.limit_duckdb_threads(DUCKDB_THREADS if threads is None else threads)
     reg.store.save_routing_state = False        # its threads build states side by side; it keeps them in memory
-    serving = Serving(reg)      # (the Store's connection keeps a DuckDB file open and locked while we serve)
+    serving = Serving(reg, on_ready=on_ready)   # (the Store's connection keeps the DuckDB file locked while we serve)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
@@ -255,11 +258,14 @@ def serve(db: str, host: str = "127.0.0.1", port: int = 8000, token: str | None 
     faiss.omp_set_num_threads(config.threads)
     threadpool_limits(config.threads)
     app = create_app(db, token, probation_min, create=False, hosts=guards.Hosts.serving(host, allowed_hosts),
-                     deadlines=deadlines, keys=keys)
+                     deadlines=deadlines, keys=keys,
+                     on_ready=lambda s: print(f"ready: the routing state is built and the writer runs ({s:.1f} s)",
+                                              flush=True))
     # the file is ours now: say where the command line can reach us (`<db>.serving`, serve/http/advert.py)
     advertised = not dialect.is_url(db) and advert.write(db, advert.url_for(host, port), bool(token)) is not None
     print(f"serving {db} on http://{host}:{port} (OpenAPI at /openapi.json; writes "
-          f"{'need a bearer token' if token else 'are open: no token configured'})", flush=True)
+          f"{'need a bearer token' if token else 'are open: no token configured'}); warming up: GET /health says "
+          f"when it is ready", flush=True)
     # connections that never finish a request head are closed (serve/http/listener.py); on SIGTERM, requests still
     # running (a proxied one waiting on a slow upstream) get a few seconds, then the server stops
     try:

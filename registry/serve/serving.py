@@ -4,10 +4,15 @@ shared batches. What the HTTP layer calls; it holds no lock a read could wait on
 """
 from __future__ import annotations
 
+import threading
+import time
 from collections import deque
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
+from registry.core.errors import RegistryError
 from registry.routing import policy
 from registry.routing.decision import Decision, RouteOptions
 from registry.serve.snapshot import QueryVectors, Snapshots
@@ -17,12 +22,56 @@ TIMES_KEPT = 10_000     # the newest request times kept per kind (GET /health: i
 
 
 class Serving:
-    def __init__(self, reg):
+    """What the HTTP layer calls. Its parts (the first snapshot, which builds the routing state, seconds; the held
+    query vectors; the writer) are made by a warm-up thread, so that a server answers /health at once and says it is
+    warming (`stats`); anything else waits for them."""
+
+    def __init__(self, reg, *, on_ready: Callable[[float], Any] | None = None):
         self.reg = reg
-        self.snapshots = Snapshots(reg)
-        self.vectors = QueryVectors(reg)
-        self.writer = Writer(reg, self.snapshots, on_new_queries=self.vectors.reload)
         self._times: dict[str, deque] = {}
+        self._ready = threading.Event()
+        self._failed: BaseException | None = None
+        self.warming = "building the routing state"     # what the warm-up is doing (None once ready)
+        self._started = time.perf_counter()
+        self._on_ready = on_ready
+        self._warm = threading.Thread(target=self._warm_up, daemon=True, name="registry-warm-up")
+        self._warm.start()
+
+    def _warm_up(self) -> None:
+        try:
+            self._snapshots = Snapshots(self.reg)
+            self.warming = "loading the query vectors"
+            self._vectors = QueryVectors(self.reg)
+            self.warming = "starting the writer"
+            self._writer = Writer(self.reg, self._snapshots, on_new_queries=self._vectors.reload)
+        except BaseException as exc:       # (every request then says why, `_parts`)
+            self._failed = exc
+        finally:
+            self.warming = None
+            self._ready.set()
+        if self._on_ready is not None and self._failed is None:
+            self._on_ready(time.perf_counter() - self._started)
+
+    def wait_ready(self) -> None:
+        """Until the warm-up is done; its failure, if it failed."""
+        self._ready.wait()
+        if self._failed is not None:
+            raise RegistryError(f"the server could not start serving: {self._failed}") from None
+
+    @property
+    def snapshots(self) -> Snapshots:
+        self.wait_ready()
+        return self._snapshots
+
+    @property
+    def vectors(self) -> QueryVectors:
+        self.wait_ready()
+        return self._vectors
+
+    @property
+    def writer(self) -> Writer:
+        self.wait_ready()
+        return self._writer
 
     def route(self, texts: list[str], options: RouteOptions) -> list[Decision]:
         """`Registry.route_batch` from the current snapshot; the log rows go to the writer (not waited for)."""
@@ -82,13 +131,21 @@ class Serving:
         self._times.setdefault(kind, deque(maxlen=TIMES_KEPT)).append(seconds)
 
     def stats(self) -> dict:
+        if not self._ready.is_set():        # (GET /health while warming: what it is doing, nothing that waits)
+            return {"ready": False, "warming": self.warming,
+                    "warming_s": round(time.perf_counter() - self._started, 1)}
+        if self._failed is not None:
+            return {"ready": False, "failed": str(self._failed)}
         inside = {k: {"n": len(v), "p50_ms": round(1000 * float(np.percentile(v, 50)), 2),
                       "p99_ms": round(1000 * float(np.percentile(v, 99)), 2)}
                   for k, v in list(self._times.items()) if v}
-        return {"snapshot": self.snapshots.current.generation, "writer": self.writer.stats(), "inside": inside,
+        return {"ready": True, "snapshot": self.snapshots.current.generation, "writer": self.writer.stats(),
+                "inside": inside,
                 "text_batches": self.vectors.batcher.batches, "texts_encoded": self.vectors.batcher.texts,
                 "text_encode_ms": round(1000 * self.vectors.batcher.encode_s, 1),
                 "text_wait_ms": round(1000 * self.vectors.batcher.wait_s_total, 1)}
 
     def close(self) -> None:
-        self.writer.close()
+        self._ready.wait()
+        if self._failed is None:
+            self._writer.close()

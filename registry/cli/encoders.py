@@ -203,6 +203,8 @@ def method_steps(quiet: bool):
     import time
 
     start = time.monotonic()
+    if not quiet:     # (reading the registry and its query vectors comes first: seconds on a large one)
+        click.echo("evaluate: reading the registry's models, queries and answers", err=True)
 
     def progress(method, done, total):
         if not quiet:

@@ -4,7 +4,11 @@ text vectors out to a Parquet file and back in (`export_vectors`, `import_vector
 Results in other formats (harness runs, Every Eval Ever) are usecases/exchange.py."""
 from __future__ import annotations
 
+import contextlib
+import sys
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict
 
 from registry.answers import catalog
@@ -23,11 +27,14 @@ def import_files(store: Store, directory: str | None, named: dict[str, str | Non
     with import_run.interruptible(store) as done:     # Ctrl-C: says what was committed, and what is left
         left = onboard_uc.finish_pending(store, min_evaluations) if onboard else []   # a crash left jobs behind
         started = time.perf_counter()
-        with store.tx() as tx:
+        with _announced(progress, f"import: reading {', '.join(sorted(files))} (one transaction)"), store.tx() as tx:
             result = import_run.run_import(tx, files, progress=progress)
         done.result = result
         result.seconds["import"] = round(time.perf_counter() - started, 3)
         result.finished_pending = [o.model for o in left]
+        if onboard and result.affected_models:
+            _say(progress, f"import: committed in {result.seconds['import']:.1f} s; embedding "
+                           f"{len(result.affected_models)} model(s) whose evaluations changed")
         if onboard:
             result.onboarding = [asdict(o) for o in onboard_uc.onboard(store, min_evaluations,
                                                                        seconds=result.seconds)]
@@ -35,6 +42,27 @@ def import_files(store: Store, directory: str | None, named: dict[str, str | Non
             s = catalog.stats(tx, store.path)
         result.holds = {"models": s.models, "queries": s.queries, "evaluations": s.evaluations}
     return result
+
+
+def _say(progress: bool, line: str) -> None:
+    """A step of a long import, on stderr (what it is doing before it does it)."""
+    if progress:
+        print(line, file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _announced(progress: bool, line: str, after_s: float = 1.0) -> Iterator[None]:
+    """`line` on stderr if the step inside is still running after `after_s` (a quick step, or a bad file refused at
+    once, prints nothing but its result)."""
+    timer = threading.Timer(after_s, _say, (progress, line)) if progress else None
+    if timer is not None:
+        timer.daemon = True
+        timer.start()
+    try:
+        yield
+    finally:
+        if timer is not None:
+            timer.cancel()
 
 
 def draw_splits(store: Store, *, val: float, test: float | None, seed: int, by: str,

@@ -162,8 +162,10 @@ def test_a_stale_advert_is_ignored(db_copy):
     is not followed; the lock's own line says who holds the file."""
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    Path(str(db_copy) + ".serving").write_text(json.dumps({"pid": dead.pid, "url": "http://127.0.0.1:9",
-                                                           "db": str(db_copy), "token": False, "started": 0}))
+    fd = os.open(str(db_copy) + ".serving", os.O_WRONLY | os.O_CREAT, 0o600)    # (as a server writes it)
+    os.write(fd, json.dumps({"pid": dead.pid, "url": "http://127.0.0.1:9", "db": str(db_copy), "token": False,
+                             "started": 0, "secret": "s" * 64}).encode())
+    os.close(fd)
     proc = hold(db_copy, 30, "-m", "registry", "serve", "--port", "9")
     try:
         r = cli(db_copy, "stats", env={"REGISTRY_BUSY_TIMEOUT": "0.5"})
@@ -179,13 +181,15 @@ def test_the_advert_is_written_whole_and_withdrawn_only_by_its_writer(tmp_path):
     from registry.serve.http import advert
 
     db = str(tmp_path / "r.duckdb")
-    assert advert.write(db, advert.url_for("0.0.0.0", 8000), True) == db + ".serving"
+    assert advert.write(db, advert.url_for("0.0.0.0", 8000), True, "s" * 64) == db + ".serving"
     found = advert.read(db, pid=os.getpid())
-    assert found is not None and found.url == "http://127.0.0.1:8000" and found.token
+    assert found is not None and found.url == "http://127.0.0.1:8000" and found.token and found.secret == "s" * 64
+    assert os.stat(db + ".serving").st_mode & 0o777 == 0o600            # its secret: the owner's alone
     assert advert.read(db, pid=os.getpid() + 1) is None                  # not the lock's holder
     assert advert.url_for("::", 80) == "http://[::1]:80"
     assert [p.name for p in tmp_path.iterdir()] == ["r.duckdb.serving"]  # no temporary file left
-    Path(db + ".serving").write_text(json.dumps({"pid": 1, "url": "http://x:1"}))
+    Path(db + ".serving").write_text(json.dumps({"pid": 1, "url": "http://x:1", "secret": "t" * 64}))
+    os.chmod(db + ".serving", 0o600)
     advert.remove(db)                                                     # another process's: kept
     assert Path(db + ".serving").exists()
 

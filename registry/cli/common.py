@@ -147,7 +147,9 @@ def open_registry(ctx: click.Context, create: bool = False, migrate: bool = True
     if obj.get("registry") is None:
         reg = _open(ctx, obj["db"], dict(create=create, migrate=migrate, probation_min=obj.get("probation_min")))
         obj["registry"] = reg
-        store = getattr(reg, "store", None)        # (None: the server's HTTP API answers)
+        from registry.serve.http.client import RemoteRegistry
+
+        store = None if isinstance(reg, RemoteRegistry) else reg.store     # (a server's HTTP API answers)
         # only a file this process's connection created is its to remove on failure (`discard_new_registry`)
         obj["new_file"] = store if store is not None and store.created else None
         ctx.call_on_close(reg.close)

@@ -262,7 +262,10 @@ def serve(db: str, host: str = "127.0.0.1", port: int = 8000, token: str | None 
                      on_ready=lambda s: print(f"ready: the routing state is built and the writer runs ({s:.1f} s)",
                                               flush=True))
     # the file is ours now: say where the command line can reach us (`<db>.serving`, serve/http/advert.py)
-    advertised = not dialect.is_url(db) and advert.write(db, advert.url_for(host, port), bool(token)) is not None
+    secret = advert.new_secret()
+    app.state.advert_secret = secret      # (what GET /serving/proof proves: only the file's owner can read it)
+    advertised = (not dialect.is_url(db)
+                  and advert.write(db, advert.url_for(host, port), bool(token), secret) is not None)
     print(f"serving {db} on http://{host}:{port} (OpenAPI at /openapi.json; writes "
           f"{'need a bearer token' if token else 'are open: no token configured'}); warming up: GET /health says "
           f"when it is ready", flush=True)

@@ -7,9 +7,11 @@ import os
 from dataclasses import asdict
 from typing import Literal
 
-from fastapi import APIRouter, Body, Depends, Query
+from fastapi import APIRouter, Body, Depends, Query, Request
 
+from registry.core.errors import NotFound
 from registry.serve.context import EvalRow, ServerState, json_response, require_token, rows_file, rows_named, server
+from registry.serve.http import advert
 
 reads_router = APIRouter()
 status_router = APIRouter()
@@ -61,6 +63,16 @@ def fingerprint(evaluations: list[EvalRow] = Body(..., embed=True, min_length=1)
             return json_response(s.registry.fingerprint(path))
     finally:
         os.unlink(path)
+
+
+@status_router.get("/serving/proof", include_in_schema=False)
+def serving_proof(request: Request, nonce: str = Query(..., min_length=16, max_length=128)):
+    """The answer to the command line's challenge (serve/http/advert.py): proves this server wrote the advert beside
+    the file it serves. Nothing secret leaves: an HMAC of the caller's nonce. 404 where the server advertised none."""
+    secret = getattr(request.app.state, "advert_secret", None)
+    if not secret:
+        raise NotFound("this server advertises no database file")
+    return {"proof": advert.proof(secret, nonce, request.app.state.server.registry.path)}
 
 
 @status_router.get("/health")

@@ -34,14 +34,21 @@ MIN_EVALUATIONS = 32        # the server's (embedding.MIN_EVALUATIONS): a regist
 
 
 def through_server(db: str, locked: DatabaseLocked, command: str = "this command") -> RemoteRegistry | None:
-    """The server holding `db` (the lock's `served` holder, found by its advert), waited for while it starts (it
-    holds the file before it listens) up to REGISTRY_BUSY_TIMEOUT. None: the holder has exited meanwhile (the
-    caller opens the file again). A server that advertises nothing: the lock's own one-line error."""
+    """The server holding `db` (the lock's `served` holder, found by its advert and proven, `proven`), waited for
+    while it starts (it holds the file before it listens) up to REGISTRY_BUSY_TIMEOUT. None: the holder has exited
+    meanwhile (the caller opens the file again). A server that advertises nothing, or cannot prove its advert: the
+    lock's own one-line error, and nothing sent."""
     deadline = time.monotonic() + settings.current().busy_timeout
+    quiet = False
     while True:
-        found = advert.read(db, pid=locked.pid)
+        found = advert.read(db, pid=locked.pid, quiet=quiet)
+        quiet = True         # (an odd advert is said once)
         if found is not None:
-            return RemoteRegistry(db, found, command)
+            if proven(db, found, until=deadline):
+                return RemoteRegistry(db, found, command)
+            raise DatabaseLocked(f"{locked}; its advert ({advert.path_of(db)}) names {found.url}, which did not "
+                                 f"prove it holds this database: nothing was sent there", pid=locked.pid,
+                                 served=locked.served) from None
         if locked.pid is None or not advert.alive(locked.pid):
             return None
         if time.monotonic() >= deadline:
@@ -51,10 +58,10 @@ def through_server(db: str, locked: DatabaseLocked, command: str = "this command
 
 def advertised(db: str, command: str = "this command") -> RemoteRegistry | None:
     """The server advertised for `db`, before the file is even opened (a command's start-up is then a third
-    shorter: no database driver): only an advert of a live `registry serve` of this very file whose port takes a
-    connection now. None otherwise: the caller opens the file, and the lock decides (`through_server`)."""
+    shorter: no database driver): only a proven advert (`proven`) of a live `registry serve` of this very file.
+    None otherwise: the caller opens the file, and the lock decides (`through_server`)."""
     import os
-    import socket
+    import sys
 
     from registry.core.errors import command_line
 
@@ -64,12 +71,64 @@ def advertised(db: str, command: str = "this command") -> RemoteRegistry | None:
     words = command_line(found.pid)
     if not (words and words[0] == "registry" and "serve" in words[1:]):
         return None              # (its pid now another program's)
-    url = urlsplit(found.url)
-    try:
-        socket.create_connection((url.hostname, url.port), timeout=1).close()
-    except OSError:
+    if not proven(db, found, until=time.monotonic() + 2.0):
+        print(f"{advert.path_of(db)}: ignored: {found.url} did not prove it holds this database; nothing was sent "
+              f"there", file=sys.stderr, flush=True)
         return None
     return RemoteRegistry(db, found, command)
+
+
+PROOF_S = 5.0          # the most one challenge may take, all of it (a server that drips bytes gets no longer)
+
+
+def proven(db: str, found: advert.Advert, *, until: float) -> bool:
+    """Whether the server at the advert's URL answers a fresh challenge with the advert's secret (advert.proof): a
+    GET with nothing of ours in it (no token, no file), its answer read within PROOF_S seconds and 4 KiB. A refused
+    connection is tried again until `until` while the advertised process lives (a server that has just started
+    holds the file before it listens)."""
+    import hmac
+    import secrets
+    import socket
+
+    if not found.secret:
+        return False
+    nonce = secrets.token_hex(16)
+    url = urlsplit(found.url)
+    if url.scheme != "http" or not url.hostname or not url.port:
+        return False
+    host = url.hostname
+    request = (f"GET /serving/proof?nonce={nonce} HTTP/1.1\r\nHost: {url.netloc}\r\nConnection: close\r\n"
+               f"\r\n").encode()
+    while True:
+        stop = time.monotonic() + PROOF_S
+        try:
+            with socket.create_connection((host, url.port), timeout=PROOF_S) as sock:
+                sock.sendall(request)
+                raw = b""
+                while len(raw) <= 4096:
+                    left = stop - time.monotonic()
+                    if left <= 0:
+                        return False
+                    sock.settimeout(left)
+                    chunk = sock.recv(4097 - len(raw))
+                    if not chunk:
+                        break
+                    raw += chunk
+            break
+        except ConnectionRefusedError:
+            if time.monotonic() >= until or not advert.alive(found.pid):
+                return False
+            time.sleep(0.1)
+        except OSError:
+            return False
+    head, _, body = raw.partition(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.1 200") or len(raw) > 4096:
+        return False
+    try:
+        answer = json.loads(body)["proof"]
+    except (ValueError, KeyError, TypeError):
+        return False
+    return isinstance(answer, str) and hmac.compare_digest(answer, advert.proof(found.secret, nonce, db))
 
 
 def build(cls, raw: dict, **given):

@@ -31,7 +31,7 @@ class Serving:
         self._times: dict[str, deque] = {}
         self._ready = threading.Event()
         self._failed: BaseException | None = None
-        self.warming = "building the routing state"     # what the warm-up is doing (None once ready)
+        self.warming: str | None = "building the routing state"    # what the warm-up does (None once ready)
         self._started = time.perf_counter()
         self._on_ready = on_ready
         self._warm = threading.Thread(target=self._warm_up, daemon=True, name="registry-warm-up")

@@ -132,7 +132,8 @@ def read(db: str, pid: int | None = None, check_alive: bool = True, quiet: bool 
     return found
 
 
-def _ignored(path: str, why: str, quiet: bool) -> None:
+def _ignored(path: str, why: str, quiet: bool) -> Advert | None:
+    """None, having said why on stderr (unless `quiet`)."""
     if not quiet:
         print(f"{path}: ignored: {why}; the command opens the database itself", file=sys.stderr, flush=True)
     return None

@@ -235,11 +235,22 @@ class ChatUpstream:
                 self.end_headers()
                 self.wfile.write(out)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._handler = Handler
+        self._listen(0)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def _listen(self, port: int) -> None:
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), self._handler)
         self.server.daemon_threads = True
         # (a short poll: shutdown waits out one, and every test closes its upstream)
         threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def down(self):
+        """An outage: nothing listens at the URL (connections refused) until `up`."""
+        self.close()
+
+    def up(self):
+        self._listen(int(self.url.rsplit(":", 1)[1]))
 
     def close(self):
         self.server.shutdown()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
@@ -24,10 +25,12 @@ X = "gpt-4o-2024-05-13"
 
 
 class Hook:
-    """A webhook that records every JSON body POSTed to it."""
+    """A webhook that records every JSON body POSTed to it; it answers with `statuses` in turn (then 204), or, with
+    `drip`, sends a byte every 0.5 s and never finishes."""
 
-    def __init__(self):
-        self.bodies = []
+    def __init__(self, statuses: list[int] | None = None, drip: bool = False):
+        self.bodies, self.taken = [], []       # every body POSTed; those answered 2xx
+        self.statuses = list(statuses or [])
         hook = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -35,8 +38,27 @@ class Hook:
                 pass
 
             def do_POST(self):
-                hook.bodies.append(json.loads(self.rfile.read(int(self.headers["content-length"]))))
-                self.send_response(204)
+                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                hook.bodies.append(body)
+                if drip:
+                    self.send_response(200)
+                    self.send_header("content-length", "1000")
+                    self.end_headers()
+                    for _ in range(60):
+                        try:
+                            self.wfile.write(b" ")
+                            self.wfile.flush()
+                        except OSError:
+                            return
+                        time.sleep(0.5)
+                    return
+                status = hook.statuses.pop(0) if hook.statuses else 204
+                if 200 <= status < 300:
+                    hook.taken.append(body)
+                self.send_response(status)
+                if 300 <= status < 400:
+                    self.send_header("location", "http://127.0.0.1:9/elsewhere")
+                self.send_header("content-length", "0")
                 self.end_headers()
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -172,3 +194,63 @@ def test_over_http_with_the_token_through_the_writer_and_the_web_page(db_copy, m
         proc.terminate()
         proc.wait(30)
         steady.close()
+
+
+@pytest.mark.slow
+def test_an_outage_is_one_unreachable_event_never_degraded_and_every_event_reaches_the_webhook(db_copy, fakes):
+    """The steady endpoint down for 6 rounds: its rounds say unreachable, one event says so, none says degraded,
+    and coming back is one event. The webhook answers 500 five times, then 200: the outage event, kept undelivered
+    after its round's three tries, goes in the next round, and each event arrives once."""
+    switch, ups, _ = fakes
+    switch.degrading = False
+    hook = Hook(statuses=[500] * 5)
+    steady = f"{X}@steady"
+    rounds, events = [], []
+    try:
+        with Registry(db_copy) as reg:
+            for t in range(1, 11):
+                if t == 3:
+                    ups[0].down()
+                if t == 9:
+                    ups[0].up()
+                r = reg.watch(n=16, webhook=hook.url, retries=0)
+                rounds += [x for x in r.rounds if x.endpoint == steady]
+                events += [e for e in r.events if e.endpoint == steady]
+    finally:
+        hook.close()
+    verdicts = [x.verdict for x in rounds]
+    assert verdicts[2:8] == ["unreachable"] * 6 and "degraded" not in verdicts, verdicts
+    assert all("answered none" in x.note for x in rounds[2:8]), [x.note for x in rounds]
+    assert [e.change for e in events] == ["faithful -> unreachable", "unreachable -> faithful"], events
+    taken = [(b["endpoint"], b["change"]) for b in hook.taken]
+    assert taken == [(steady, "faithful -> unreachable"), (steady, "unreachable -> faithful")], hook.bodies
+    assert len({b["delivery"] for b in hook.taken}) == 2
+    assert len(hook.bodies) == 3 + 3 + 1          # 3 tries in round 3, 3 in round 4 (the third taken), 1 for the last
+    with Registry(db_copy) as reg, reg.store.tx() as tx:
+        assert tx.sql("SELECT count(*) FROM watch_deliveries WHERE delivered IS NULL")[0][0] == 0
+
+
+@pytest.mark.parametrize("kind", ["drip", "redirect", "refused"])
+def test_a_webhook_that_does_not_take_an_event_keeps_it_and_never_stalls(db_copy, kind):
+    from registry.asking import webhook
+
+    hook = Hook(drip=True) if kind == "drip" else Hook(statuses=[302] * 9) if kind == "redirect" else None
+    url = hook.url if hook else "http://127.0.0.1:9/hook"
+    try:
+        with Registry(db_copy) as reg:
+            with reg.store.tx() as tx:
+                tx.sql("INSERT INTO watch_deliveries (url, event) VALUES (?, ?) RETURNING id",
+                       [url, json.dumps({"endpoint": "e", "change": "faithful -> degraded"})])
+            t0 = time.monotonic()
+            failures = webhook.deliver(reg.store, url, budget=2.0)
+            took = time.monotonic() - t0
+            with reg.store.tx() as tx:
+                kept = tx.sql("SELECT attempts, last_error FROM watch_deliveries WHERE delivered IS NULL")
+    finally:
+        if hook:
+            hook.close()
+    assert took < 3.5, took
+    assert len(failures) == 1 and "kept, and sent again next round" in failures[0], failures
+    assert len(kept) == 1 and kept[0][0] >= 1
+    assert {"drip": "no answer within", "redirect": "redirected (HTTP 302)", "refused": "ConnectError"}[kind] in \
+        failures[0], failures

@@ -134,6 +134,9 @@ def ask_one(http: httpx.Client, endpoint: Endpoint, key, messages: list[dict], *
             elif r.status_code >= 400:
                 reply.error = f"HTTP {r.status_code}"
                 return reply                            # a refusal: asking again would get the same
+            elif r.status_code >= 300:                  # (never followed: a key goes only where its owner said)
+                reply.error = f"redirected (HTTP {r.status_code}): not an answer"
+                return reply
             else:
                 data = None
                 try:

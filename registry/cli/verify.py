@@ -130,6 +130,7 @@ def watch(ctx, *, once, every, n, models, status, webhook, seed, concurrency, de
         r = reg.watch(status=True, models=list(models) or None)
         return emit_json(r) if as_json else show_timeline(r)
     raised = False
+    start = time.monotonic()
     while True:
         r = reg.watch(n=n, models=list(models) or None, seed=seed, concurrency=concurrency, deadline=deadline,
                       webhook=webhook, progress=False)
@@ -140,14 +141,17 @@ def watch(ctx, *, once, every, n, models, status, webhook, seed, concurrency, de
             for e in r.events:
                 click.echo(json.dumps(e.__dict__, default=str))
             for x in r.rounds:
-                click.echo(f"{x.endpoint} round {x.round}: accuracy {pct(x.accuracy)}, disagrees {pct(x.disagreement)}"
+                click.echo(f"{x.endpoint} round {x.round}: {x.verdict}, {x.note}" if x.note else
+                           f"{x.endpoint} round {x.round}: accuracy {pct(x.accuracy)}, disagrees {pct(x.disagreement)}"
                            f", held {x.worse_held} worse / {x.better_held} better, test {x.statistic:.2f} of 1, "
                            f"{x.verdict}", err=True)
         for why in r.webhook_failures:
             click.echo(f"webhook: {why}", err=True)
         if wait is None:
             break
-        time.sleep(wait)
+        # by the clock, not after each round: a slow round (a webhook's budget spent) does not push the later ones
+        late = (time.monotonic() - start) % wait
+        time.sleep(wait - late)
     if raised:
         ctx.exit(3)
 

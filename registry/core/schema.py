@@ -26,6 +26,7 @@ from sqlalchemy import (
     String,
     UniqueConstraint,
     func,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import ARRAY, DateTime, UserDefinedType
@@ -280,6 +281,19 @@ class WatchRound(Base):
     verdict: Mapped[str] = mapped_column(String, nullable=False)
     event: Mapped[str | None] = mapped_column(String)
     evidence: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False)
+    created: Mapped[datetime] = mapped_column(DateTime, server_default=func.now(), nullable=False)
+
+
+class WatchDelivery(Base):
+    """One row per event `registry watch` raised for a webhook: kept undelivered (`delivered` NULL) until the webhook
+    takes it, each round sending what is still undelivered first."""
+    __tablename__ = "watch_deliveries"
+    id: Mapped[int] = _id("watch_deliveries_id_seq")
+    url: Mapped[str] = mapped_column(String, nullable=False)
+    event: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False)
+    attempts: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    last_error: Mapped[str | None] = mapped_column(String)
+    delivered: Mapped[datetime | None] = mapped_column(DateTime)
     created: Mapped[datetime] = mapped_column(DateTime, server_default=func.now(), nullable=False)
 
 

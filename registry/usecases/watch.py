@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from registry.asking import claims, sequential, verdicts
+from registry.asking import webhook as deliveries
 from registry.core.errors import Conflict, InputError
 from registry.core.keys import OWNER, UpstreamKeys
 from registry.core.store import Store
@@ -37,6 +38,7 @@ class Round:
     statistic: float                  # the larger CUSUM as a share of its threshold (1: an event)
     verdict: str
     event: str | None = None
+    note: str = ""                    # why a round judged nothing (unreachable, or the reference answered nothing)
 
 
 @dataclass
@@ -68,18 +70,19 @@ def watched(tx: Tx, models: list[str] | None) -> dict[str, list[claims.Claim]]:
     return {m: cs for m, cs in out.items() if any(c.watched and not c.reference for c in cs)}
 
 
-def last_states(tx: Tx) -> dict[int, tuple[int, sequential.State, list]]:
-    """{endpoint model id: (rounds so far, its test's state, [the questions of each round])}."""
-    out: dict[int, tuple[int, sequential.State, list]] = {}
-    for mid, evidence in tx.sql("SELECT model_id, evidence FROM watch_rounds ORDER BY id"):
+def last_states(tx: Tx) -> dict[int, tuple[int, sequential.State, list, str]]:
+    """{endpoint model id: (rounds so far, its test's state, [the questions of each round], its last verdict)}."""
+    out: dict[int, tuple[int, sequential.State, list, str]] = {}
+    for mid, evidence, verdict in tx.sql("SELECT model_id, evidence, verdict FROM watch_rounds ORDER BY id"):
         e = json.loads(evidence) if isinstance(evidence, str) else evidence
-        rounds, _, qs = out.get(int(mid), (0, None, []))
-        out[int(mid)] = (rounds + 1, sequential.State(**e["state"]), qs + [e["questions"]])
+        rounds, _, qs, _ = out.get(int(mid), (0, None, [], ""))
+        out[int(mid)] = (rounds + 1, sequential.State(**e["state"]), qs + [e["questions"]], verdict)
     return out
 
 
 def round_of(store: Store, model: str, group: list[claims.Claim], n: int, *, seed: int, keys: UpstreamKeys, how: dict):
-    """Ask one model's endpoints their round. -> (targets, the round's questions, requests sent)."""
+    """Ask one model's endpoints their round. -> (targets, the reference, the round's questions, batches, requests
+    sent, each endpoint's report)."""
     with store.tx() as tx:
         found = v.targets(tx, model, [c.endpoint for c in group], keys)
         gold = {int(q): (ext, t, a, g) for q, ext, t, a, g in tx.sql(v.GOLD)}
@@ -108,7 +111,7 @@ def round_of(store: Store, model: str, group: list[claims.Claim], n: int, *, see
             again[ref.claim.endpoint] |= {q for q in off if len(got[ref.claim.endpoint].get(q, [])) < 2}
     batches += v.ask_pass(store, f"watch {model}", [(t, [(q, True) for q in fresh if q in again[t.claim.endpoint]])
                                                     for t in found], gold, reports, **how)
-    return found, ref, fresh, batches, sum(r.requests for r in reports.values())
+    return found, ref, fresh, batches, sum(r.requests for r in reports.values()), reports
 
 
 def figures(e: np.ndarray, r: np.ndarray, e2: np.ndarray, r2: np.ndarray | None) -> tuple[int, int]:
@@ -162,7 +165,7 @@ def watch(store: Store, *, min_evaluations: int, n: int = 64, models: list[str] 
         raise Conflict("no endpoint is watched: add one with `registry endpoints add MODEL --base-url URL`")
     out, asked = WatchResult([], []), 0
     for model, group in groups.items():
-        found, ref, fresh, batches, sent = round_of(store, model, group, n, seed=seed, keys=keys, how=how)
+        found, ref, fresh, batches, sent, reports = round_of(store, model, group, n, seed=seed, keys=keys, how=how)
         asked += sent
         with store.tx() as tx:
             states = last_states(tx)
@@ -173,9 +176,21 @@ def watch(store: Store, *, min_evaluations: int, n: int = 64, models: list[str] 
                     continue
                 shared, e, r, e2, r2, *_ = sides(tx, t, ref, base, fresh)
                 worse, better = figures(e, r, e2, r2)
-                count, state, past = states.get(t.model_id, (0, sequential.State(), []))
+                count, state, past, last = states.get(t.model_id, (0, sequential.State(), [], None))
+                report = reports[t.claim.endpoint]
+                if not shared:       # nothing to judge: the test is not stepped (no answer is no evidence)
+                    row, event = silent_round(t.claim.endpoint, model, count + 1, at, report, ref=ref, state=state,
+                                              last=last)
+                    record(tx, t, model, batches, row, state=state, event=event,
+                           evidence={"questions": [], "unanswered": report.unanswered, "failures": report.failures})
+                    out.rounds.append(row)
+                    out.events += [event] if event else []
+                    continue
                 state, alarm, evidence = sequential.step(state, worse, better, len(shared))
                 event = None
+                if last == UNREACHABLE:
+                    event = Event(t.claim.endpoint, model, at, count + 1, f"{UNREACHABLE} -> {state.verdict}",
+                                  state.verdict, {"answered": report.answered})
                 if alarm and state.verdict == "faithful":
                     window = sorted({q for qs in (past + [shared])[(state.since or state.rounds) - 1:] for q in qs})
                     kind, why = label(tx, model, t, ref, window, alarm)
@@ -188,21 +203,55 @@ def watch(store: Store, *, min_evaluations: int, n: int = 64, models: list[str] 
                     state.verdict = "faithful"
                 row = round_row(t.claim.endpoint, model, count + 1, at, e, r, evidence=evidence, verdict=state.verdict,
                                 event=event)
-                tx.sql("""INSERT INTO watch_rounds (model_id, claims, batch_id, n, correct, reference_correct,
-                          disagreements, worse, better, statistic, verdict, event, evidence)
-                          VALUES (?, (SELECT id FROM models WHERE name = ?), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-                          RETURNING id""",
-                       [t.model_id, model, batches[0] if batches else None, len(shared), int(e.sum()),
-                        int(r.sum()), int((e != r).sum()), worse, better, row.statistic, state.verdict,
-                        event and event.change, json.dumps({**evidence, "state": state.to_dict(), "questions": shared,
-                                                            "event": asdict(event) if event else None})])
+                record(tx, t, model, batches, row, state=state, evidence={**evidence, "questions": shared}, event=event,
+                       e=e, r=r)
                 out.rounds.append(row)
                 if event:
                     out.events.append(event)
+            if webhook:       # (kept with the rounds, in their transaction: an event is never raised and lost)
+                for event in out.events:
+                    if event.model == model:
+                        tx.sql("INSERT INTO watch_deliveries (url, event) VALUES (?, ?) RETURNING id",
+                               [webhook, json.dumps(asdict(event), default=str)])
     out.asked = asked
-    if webhook and out.events:
-        out.webhook_failures = post_events(webhook, out.events)
+    if webhook:
+        out.webhook_failures = deliveries.deliver(store, webhook)
     return out
+
+
+UNREACHABLE = "unreachable"
+
+
+def silent_round(endpoint: str, model: str, number: int, at: str, report, *, ref, state, last: str | None):
+    """A round with no question both sides answered: the endpoint answered nothing (unreachable: an outage event on
+    its first such round), or the reference endpoint did not (not conclusive). -> (round, event or None)."""
+    down = report.answered == 0
+    verdict = UNREACHABLE if down else "not conclusive"
+    why = ", ".join(f"{k} x{c}" for k, c in report.failures.items()) or "no answer"
+    event = None
+    if down and last != UNREACHABLE:
+        event = Event(endpoint, model, at, number, f"{state.verdict} -> {UNREACHABLE}", UNREACHABLE,
+                      {"asked": report.asked, "answered": 0, "failures": report.failures})
+    reason = (f"answered none of {report.asked} requests ({why})" if down else
+              f"the reference {ref.claim.endpoint if ref else ''} answered none of them")
+    row = Round(endpoint, model, number, at, 0, None, [], None, None, [], 0, 0, 0.0, verdict,
+                None if event is None else event.change, note=reason)
+    return row, event
+
+
+def record(tx: Tx, t, model: str, batches: list[int], row: Round, *, state: sequential.State, evidence: dict,
+           event: Event | None, e: np.ndarray | None = None, r: np.ndarray | None = None) -> None:
+    """The round's row in watch_rounds, the test's state after it (unchanged by a silent round) with it."""
+    e = np.zeros(0, dtype=bool) if e is None else e
+    r = np.zeros(0, dtype=bool) if r is None else r
+    tx.sql("""INSERT INTO watch_rounds (model_id, claims, batch_id, n, correct, reference_correct,
+              disagreements, worse, better, statistic, verdict, event, evidence)
+              VALUES (?, (SELECT id FROM models WHERE name = ?), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+              RETURNING id""",
+           [t.model_id, model, batches[0] if batches else None, len(e), int(e.sum()), int(r.sum()),
+            int((e != r).sum()), row.worse_held, row.better_held, row.statistic, row.verdict,
+            event and event.change, json.dumps({**evidence, "state": state.to_dict(),
+                                                "event": asdict(event) if event else None}, default=str)])
 
 
 def round_row(endpoint: str, model: str, number: int, at: str, e: np.ndarray, r: np.ndarray, *, evidence: dict,
@@ -237,18 +286,3 @@ def timeline(store: Store, models: list[str] | None = None) -> WatchResult:
         if e.get("event"):
             out.events.append(Event(**e["event"]))
     return out
-
-
-def post_events(url: str, events: list[Event], timeout: float = 10.0) -> list[str]:
-    """POST each event as JSON to the owner's webhook. -> the failures, one line each (a failure stops nothing)."""
-    import httpx
-
-    failures = []
-    for ev in events:
-        try:
-            r = httpx.post(url, json=asdict(ev), timeout=timeout)
-            if r.status_code >= 400:
-                failures.append(f"{url}: HTTP {r.status_code} for the event of {ev.endpoint}")
-        except httpx.HTTPError as exc:
-            failures.append(f"{url}: {type(exc).__name__} for the event of {ev.endpoint}")
-    return failures

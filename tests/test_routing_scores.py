@@ -170,7 +170,7 @@ def test_route_and_evaluate_serve_the_best_single_model_where_it_leads(db_copy, 
     with Registry(db_copy) as reg:
         text = _test_texts(reg)[0]
     out = run(db_copy, "route", text, "--no-log")
-    assert out.exit_code == 0 and out.output.startswith(strong) and "served policy best_single" in out.output
+    assert out.exit_code == 0 and out.stdout.startswith(strong) and "served policy best_single" in out.stdout
     text_report = run(db_copy, "evaluate", "--split", "test", "--no-baselines")
     assert f"routing accuracy (as served, row `served`): {report['methods']['served']['hit@1']:.4f}" \
         in text_report.stdout

@@ -132,10 +132,13 @@ def evaluate(ctx, *, split, sample_efficiency, seeds, no_baselines, held_out, n,
     if held_out is None and (max_steps is not None or epochs is not None):
         raise click.UsageError("--steps and --epochs set the training of a --held-out run")
     progress, close = stage_bars(as_json)
-    r = open_registry(ctx).evaluate(split, baselines=not no_baselines, sample_efficiency=sample_efficiency,
-                                    seeds=seeds, held_out=held_out, n=n, max_steps=max_steps, epochs=epochs,
-                                    progress=progress if held_out is not None else method_steps(as_json),
-                                    planned=planned)
+    steps = method_steps(as_json)
+    try:
+        r = open_registry(ctx).evaluate(split, baselines=not no_baselines, sample_efficiency=sample_efficiency,
+                                        seeds=seeds, held_out=held_out, n=n, max_steps=max_steps, epochs=epochs,
+                                        progress=progress if held_out is not None else steps, planned=planned)
+    finally:
+        steps.cancel()
     close()
     if as_json:
         emit_json(r)
@@ -199,16 +202,24 @@ def evaluate(ctx, *, split, sample_efficiency, seeds, no_baselines, held_out, n,
 
 
 def method_steps(quiet: bool):
-    """progress(method, done, total) for `evaluate`: a line on stderr as each method starts (none with --json)."""
+    """progress(method, done, total) for `evaluate`: a line on stderr as each method starts (none with --json), and
+    one saying it reads the registry if its first method has not started within a second (`progress.cancel()` when
+    the command ends: a refusal that comes at once prints only itself)."""
+    import threading
     import time
 
     start = time.monotonic()
-    if not quiet:     # (reading the registry and its query vectors comes first: seconds on a large one)
-        click.echo("evaluate: reading the registry's models, queries and answers", err=True)
+    reading = threading.Timer(1.0, lambda: click.echo("evaluate: reading the registry's models, queries and "
+                                                      "answers", err=True))
+    reading.daemon = True
+    if not quiet:
+        reading.start()
 
     def progress(method, done, total):
+        reading.cancel()
         if not quiet:
             click.echo(f"evaluate: {method} ({done}/{total}, {time.monotonic() - start:.0f} s)", err=True)
+    progress.cancel = reading.cancel      # type: ignore[attr-defined]
     return progress
 
 

@@ -234,6 +234,11 @@ def route(tx: Tx, texts: list[str], options: RouteOptions, *, reuse_vectors: boo
     unless `options.log` is false (texts routed for the first time keep their vectors, when their text is logged)."""
     if not texts:
         return []
+    if options.unavailable:       # (refused before the state is built, which may take seconds)
+        known = [r[0] for r in tx.sql("SELECT name FROM models")]
+        unknown = sorted(set(options.unavailable) - set(known))
+        if unknown:
+            raise unknown_model(unknown[0], known, " in unavailable models")
     recent = query_texts.recent_vectors(tx)
     r = route_texts(current(tx, probation_min), texts,
                     lambda cut, hashes, fresh: query_texts.query_vectors(

@@ -22,6 +22,7 @@ def route_batch(store: Store, texts: list[str], options: RouteOptions | None = N
                 reuse_vectors: bool = True, batch_size: int = 64, progress: bool = False) -> list[Decision]:
     """One `Decision` per text (vectors cached or stored where known, the rest encoded in batches), with one bulk
     log insert. `reuse_vectors=False` encodes every text (what benchmarks compare with the bare text encoder)."""
+    query_texts.clean_texts(texts)       # (a bad text refused before anything is built or read)
     with store.tx() as tx:
         return policy.route(tx, texts, options or RouteOptions(), reuse_vectors=reuse_vectors,
                             batch_size=batch_size, progress=progress, probation_min=probation)

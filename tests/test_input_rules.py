@@ -89,3 +89,23 @@ def test_names_one_rule_for_the_cli_files_and_http(db_copy, tmp_path, small_data
                                                                    for q, c in rows]}, headers=AUTH)
     assert r.status_code == 400 and problem in r.json()["detail"], r.text
     assert counts(db_copy) == before
+
+
+@pytest.mark.parametrize("value", ["NaN", "nan", "Infinity", "-inf", float("nan"), float("inf")])
+@pytest.mark.parametrize("threshold", [None, 0.5])
+def test_a_score_that_is_not_a_finite_number_is_refused_in_one_line(value, threshold):
+    """JSON readers and float() take NaN and Infinity: a harness score so written is no result, with or without a
+    threshold (NaN >= T is false: it was stored as wrong; inf >= T as right)."""
+    from registry.data.harness.samples import as_correct
+
+    with pytest.raises(InputError) as caught:
+        as_correct(value, threshold=threshold, path="run.jsonl", sample_id="s1", what="evaluation.score")
+    assert "not a finite number" in str(caught.value) and "run.jsonl" in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_threshold_that_is_not_finite_is_refused(tmp_path):
+    r = CliRunner().invoke(cli, ["--db", str(tmp_path / "r.duckdb"), "import", "--from", "helm", "x",
+                                 "--threshold", "nan"])
+    assert r.exit_code == 2 and "--threshold must be a finite number" in r.output
+    assert not (tmp_path / "r.duckdb").exists()

@@ -129,6 +129,9 @@ def test_errors_are_clear_4xx(server):
     assert r.status_code == 422 and r.json()["detail"] == "missing field 'evaluations'"
     assert c.get("/models/no-such-model").status_code == 404
     assert c.get("/models/no-such-model").json()["detail"] == "unknown model 'no-such-model'"
+    for path in ("claims", "verify", "ask", "evaluations"):        # a wrong method, not a model named ".../claims"
+        r = c.get(f"/models/gpt-4o-2024-05-13/{path}")
+        assert r.status_code == 405 and r.headers["allow"] == "POST", (path, r.status_code, r.text)
     r = c.post("/route", json={"text": Q, "unavailable": ["no-such-model"]})
     assert r.status_code == 404 and "no-such-model" in r.json()["detail"]
     r = c.post("/route", json={"text": "  "})

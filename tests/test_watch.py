@@ -175,6 +175,9 @@ def test_over_http_with_the_token_through_the_writer_and_the_web_page(db_copy, m
                        headers=auth, timeout=30)
         assert r.status_code == 409 and "WATCH_TEST_SECRET" in r.json()["detail"]     # not bound: refused
         assert httpx.get(f"{origin}/models/{X}@http", timeout=30).status_code == 404  # nothing written
+        r = httpx.post(f"{origin}/models/{X}/claims", json={**body, "reference": True}, headers=auth, timeout=30)
+        assert r.status_code == 403 and "the owner's" in r.json()["detail"]          # the reference mark: not here
+        assert httpx.get(f"{origin}/models/{X}@http", timeout=30).status_code == 404
         r = httpx.post(f"{origin}/models/{X}/claims", json=body, headers=auth, timeout=30)
         assert r.status_code == 200 and r.json()["endpoint"] == f"{X}@http", r.text
         assert httpx.post(f"{origin}/models/{X}/verify", json={"n": 64}, timeout=30).status_code == 401
@@ -254,3 +257,16 @@ def test_a_webhook_that_does_not_take_an_event_keeps_it_and_never_stalls(db_copy
     assert len(kept) == 1 and kept[0][0] >= 1
     assert {"drip": "no answer within", "redirect": "redirected (HTTP 302)", "refused": "ConnectError"}[kind] in \
         failures[0], failures
+
+
+def test_a_webhook_url_may_carry_a_query_but_nothing_odd():
+    from registry.data.endpoints import parse_webhook_url
+
+    assert parse_webhook_url("https://Hooks.Example.com/services/T1?token=abc&x=1") == \
+        "https://hooks.example.com/services/T1?token=abc&x=1"
+    for bad, why in [("https://h.example/x#frag", "fragment"), ("https://h.example/x?", "query is empty"),
+                     ("https://h.example/x?a b", "spaces"), ("ftp://h.example/x?a=1", "http:// or https://"),
+                     ("https://user:pw@h.example/x?a=1", "credentials")]:
+        with pytest.raises(InputError) as caught:
+            parse_webhook_url(bad)
+        assert why in str(caught.value), (bad, str(caught.value))

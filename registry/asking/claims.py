@@ -7,9 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from registry.core.errors import Conflict, InputError, NotFound, text_problem, unknown_model
+from registry.core.errors import Conflict, InputError, NotFound, unknown_model
 from registry.core.transaction import Tx
 from registry.data import availability, endpoints, import_run
+from registry.data.import_models_queries import MAX_NAME, model_name_problem
+
+MAX_CLAIMS = 16       # endpoints claiming one model: each asked in every verify and watch round
 
 NEWEST = """SELECT model_id, claims, reference, watched FROM (
                 SELECT model_id, claims, reference, watched,
@@ -62,12 +65,18 @@ def add(tx: Tx, model: str, base_url: str, *, name: str | None = None, upstream_
     reference (any other loses the mark)."""
     url = endpoints.checked(base_url, api_key_env)
     name = (name or default_name(model, url)).strip()
-    problem = text_problem(name, "the endpoint's name") if name else "the endpoint's name is empty"
+    problem = model_name_problem(name) if name else "the endpoint's name is empty"
     if problem:
-        raise InputError(problem)
+        raise InputError(f"the endpoint's name: {problem}")
+    if upstream_model is not None and (model_name_problem(upstream_model) or len(upstream_model) > MAX_NAME):
+        raise InputError(f"--upstream-model: {model_name_problem(upstream_model)}")
     ids = dict(tx.sql("SELECT name, id FROM models"))
     if model not in ids:
         raise unknown_model(model, list(ids))
+    others = [c for c in current(tx) if c.model == model and c.endpoint != name]
+    if len(others) >= MAX_CLAIMS:
+        raise Conflict(f"{model!r} has {len(others)} claiming endpoints, the most a model may have: remove one first "
+                       f"(`registry endpoints remove NAME`)")
     if name == model:          # (the registry as it stands: a model of that name exists)
         raise Conflict(f"an endpoint claiming {model!r} needs a name of its own (e.g. {default_name(model, url)!r}): "
                          f"its answers must not enter {model}'s")

@@ -2,6 +2,8 @@
 draw-splits`, `registry vectors export|import`."""
 from __future__ import annotations
 
+import math
+
 import click
 
 from registry.cli.common import command, emit_json, group, open_registry
@@ -57,6 +59,8 @@ def import_(ctx, paths, *, models, queries, evaluations, splits, vectors, harnes
             threshold, partial, example, as_json):
     """Import benchmark results: a folder laid out like data/mmlu-pro, or single files; or files of
     another format (--from FORMAT, or the one that recognises them)."""
+    if threshold is not None and not math.isfinite(threshold):
+        raise click.UsageError(f"--threshold must be a finite number, got {threshold}")
     if example:
         if paths or any((models, queries, evaluations, splits, vectors, harness)):
             raise click.UsageError("--example imports the example dataset alone: give no PATHS or file options")

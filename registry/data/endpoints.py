@@ -101,6 +101,18 @@ def parse_base_url(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc.lower()}{parts.path}".rstrip("/")
 
 
+def parse_webhook_url(url: str) -> str:
+    """A webhook's URL: a base URL's rules (parse_base_url), except that a query is kept (services such as chat
+    webhooks carry their token there). Raises InputError, one line."""
+    text = (url or "").strip()
+    head, mark, query = text.partition("?")
+    if "#" in text:
+        raise InputError(f"webhook URL {text!r} has a fragment (#...)")
+    if mark and (not query or any(c.isspace() or ord(c) < 32 for c in query)):
+        raise InputError(f"webhook URL {text!r}: its query is empty or holds spaces or control characters")
+    return parse_base_url(head) + (f"?{query}" if mark else "")
+
+
 def _utf8(text: str) -> bool:
     try:
         text.encode("utf-8")         # (a lone surrogate is no character)

@@ -16,7 +16,10 @@ from registry.locus import text_encoder
 
 MAX_NAME = 200
 # what the HTTP API puts after a model's name in a path (/models/NAME/history): a name ending so is unreachable
-PATH_SUFFIXES = ("/history", "/similar", "/fallback", "/evaluations", "/diff")
+PATH_SUFFIXES = ("/history", "/similar", "/fallback", "/evaluations", "/diff", "/ask", "/claims", "/verify")
+# characters that reorder or hide the text around them where a terminal or a page shows a name (U+202E shows
+# "abc\u202Efdp.exe" as "abcexe.pdf")
+BIDI_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 
 
 def model_name_problem(name: str) -> str | None:
@@ -28,7 +31,7 @@ def model_name_problem(name: str) -> str | None:
         return text_problem(name, "model name")
     if len(name) > MAX_NAME:
         return f"model name of {len(name):,} characters (at most {MAX_NAME}): {name[:40]!r}..."
-    if any(ord(ch) < 32 or 127 <= ord(ch) < 160 for ch in name):
+    if any(ord(ch) < 32 or 127 <= ord(ch) < 160 or ch in BIDI_CONTROLS for ch in name):
         return f"model name {name!r} holds a control character (a name must be printable)"
     if name != name.strip():
         return f"model name {name!r} starts or ends with a space"

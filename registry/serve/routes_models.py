@@ -11,6 +11,7 @@ import anyio
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException
 
 from registry.core.errors import InputError
 from registry.data.endpoints import ENV_NAME
@@ -105,8 +106,14 @@ def history(name: str, s: ServerState = Depends(server)):
     return json_response(s.registry.history(name))
 
 
+POST_ONLY = ("evaluations", "ask", "claims", "verify")     # /models/{name}/... paths a GET may not take
+
+
 @models_router.get("/models/{name:path}")
 def show(name: str, s: ServerState = Depends(server)):
+    # (a name never ends in a path suffix: GET /models/X/claims is the wrong method on a path, not a model)
+    if "/" in name and name.rsplit("/", 1)[1] in POST_ONLY:
+        raise HTTPException(405, "Method Not Allowed")
     return json_response(s.registry.show(name))
 
 
@@ -181,7 +188,11 @@ def ask(name: shapes.ModelName, body: AskBody, s: ServerState = Depends(server))
 
 @models_router.post("/models/{name:path}/claims", dependencies=[Depends(require_token)])
 def claim(name: shapes.ModelName, body: ClaimBody, s: ServerState = Depends(server)):
-    """`registry endpoints add NAME`: an endpoint claiming NAME, a model of its own; its key only as bound."""
+    """`registry endpoints add NAME`: an endpoint claiming NAME, a model of its own; its key only as bound. The
+    reference mark (what every verdict is judged against) is the owner's, set from the command line: 403 here."""
+    if body.reference:
+        raise HTTPException(403, "the reference mark is the owner's: set it with `registry endpoints add MODEL "
+                                 "--base-url URL --reference` on the registry's own machine")
     s.keys.check(body.api_key_env, body.base_url)
     return json_response(s.serving.write(lambda: s.registry.claim(name, **body.model_dump())))
 

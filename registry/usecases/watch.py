@@ -156,7 +156,7 @@ def watch(store: Store, *, min_evaluations: int, n: int = 64, models: list[str] 
     if status:
         return timeline(store, models)
     if webhook is not None:
-        webhook = endpoints.parse_base_url(webhook)
+        webhook = endpoints.parse_webhook_url(webhook)
     how = dict(concurrency=concurrency, progress=progress, deadline=deadline, retries=retries, backoff=backoff)
     onboard_uc.finish_pending(store, min_evaluations)
     with store.tx() as tx:

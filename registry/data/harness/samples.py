@@ -4,6 +4,7 @@ other value is refused unless a threshold makes it one. A format that knows more
 optional fields: the query's own id and gold answer, the model's metadata, and where the run was read from."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from registry.core.errors import InputError
@@ -53,6 +54,8 @@ def as_correct(value, *, threshold: float | None, path: str, sample_id: str, wha
         number = float(value)
     except (TypeError, ValueError):
         raise InputError(f"sample {sample_id}: {what} {value!r} is not a number or C/I", file=path) from None
+    if not math.isfinite(number):          # (Python's float() and JSON readers take "NaN" and "Infinity")
+        raise InputError(f"sample {sample_id}: {what} {value!r} is not a finite number", file=path)
     if number in (0.0, 1.0) and threshold is None:
         return number == 1.0
     if threshold is None:

@@ -104,3 +104,22 @@ def test_the_cli_reads_the_environment_through_settings_only(clean_env, db_copy)
     clean_env.setenv("REGISTRY_PROBATION_MIN", "-3x")
     out = CliRunner().invoke(cli, ["models"])
     assert out.exit_code == 1 and "REGISTRY_PROBATION_MIN must be a whole number" in out.output
+
+
+def test_the_token_comes_from_a_file_and_a_bad_file_is_one_line(tmp_path, monkeypatch):
+    token = tmp_path / "token"
+    token.write_text("t0ken-from-a-file\n# anything after the first line is not read\n")
+    monkeypatch.delenv("REGISTRY_TOKEN", raising=False)
+    monkeypatch.setenv("REGISTRY_TOKEN_FILE", str(token))
+    assert settings.current().token == "t0ken-from-a-file"
+    monkeypatch.setenv("REGISTRY_TOKEN", "from-the-environment")          # the variable itself wins
+    assert settings.current().token == "from-the-environment"
+    monkeypatch.delenv("REGISTRY_TOKEN")
+    for bad, why in [(tmp_path / "missing", "cannot be read"), (tmp_path, "not a regular file"),
+                     (tmp_path / "blank", "holds no token")]:
+        if bad.name == "blank":
+            bad.write_text("\n")
+        monkeypatch.setenv("REGISTRY_TOKEN_FILE", str(bad))
+        with pytest.raises(InputError) as caught:
+            settings.current()
+        assert why in str(caught.value) and "REGISTRY_TOKEN_FILE" in str(caught.value)

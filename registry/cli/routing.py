@@ -202,7 +202,10 @@ def _availability(rows, as_json):
 @click.option("--host", default="127.0.0.1", show_default=True, help="Loopback unless told otherwise.")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535),
               help="The TCP port to listen on.")
-@click.option("--token", default=None, help="Bearer token required by writing endpoints (default: $REGISTRY_TOKEN).")
+@click.option("--token", default=None, help="Bearer token required by writing endpoints (default: $REGISTRY_TOKEN). "
+                                            "Shown by `ps`: prefer --token-file or the environment.")
+@click.option("--token-file", type=click.Path(dir_okay=False), default=None,
+              help="A file whose first line is the token (default: $REGISTRY_TOKEN_FILE).")
 @click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME",
               help="A name clients reach the server by, besides loopback and --host (repeat; '*': any).")
 @click.option("--upstream-deadline", "upstream_deadlines", multiple=True, metavar="[MODEL:]NAME=SECONDS",
@@ -210,7 +213,7 @@ def _availability(rows, as_json):
 @click.option("--upstream-key", "upstream_keys", multiple=True, metavar="NAME=URL",
               help="Let the server read API key variable NAME, for requests to URL's origin only (repeat; adds to "
                    "$REGISTRY_UPSTREAM_KEYS). Endpoints may name only these; without any, no key is sent.")
-def serve(ctx, host, port, token, *, allowed_hosts, upstream_deadlines, upstream_keys):
+def serve(ctx, host, port, token, *, token_file, allowed_hosts, upstream_deadlines, upstream_keys):
     """Serve the registry over HTTP (FastAPI); the server owns the database file while it runs. A non-loopback
     address needs --token (or REGISTRY_TOKEN): open writes are never served to a network."""
     from registry.core import settings
@@ -219,7 +222,9 @@ def serve(ctx, host, port, token, *, allowed_hosts, upstream_deadlines, upstream
 
     if token is not None and not token.strip():     # given but blank (--token ""): never read as "no token"
         raise click.ClickException("the token is blank: give a token of printable characters, or none")
-    token = token or settings.current().token
+    if token is not None and token_file is not None:
+        raise click.UsageError("give --token or --token-file, not both")
+    token = token or settings.token_from_file(token_file, "--token-file") or settings.current().token
     if not token and not is_loopback(host):
         click.echo(f"Error: refusing to serve {host} without a token: writes would be open to the network; "
                    f"give --token (or REGISTRY_TOKEN), or bind 127.0.0.1", err=True)

@@ -27,7 +27,9 @@ class Settings:
     # opens (its file, and the in-memory one that reads files for a PostgreSQL registry); None: DuckDB's own
     # default (one per core) for the CLI and the library, 1 for `registry serve` (serve/app.py)
     duckdb_threads: int | None = None
-    # REGISTRY_TOKEN: `registry serve` only: the bearer token writing endpoints need (the CLI's --token wins)
+    # REGISTRY_TOKEN: the bearer token a server's writing endpoints need (serve's --token or --token-file wins), and
+    # what a command sends a server it goes through; REGISTRY_TOKEN_FILE: a file holding it (not on any command
+    # line, where `ps` shows it), read where REGISTRY_TOKEN is unset
     token: str | None = None
     # REGISTRY_UPSTREAM_KEYS: `registry serve` only: NAME=URL,NAME=URL: the environment variables holding upstream
     # API keys that the server may read, each bound to the one origin its key may reach (the CLI's --upstream-key
@@ -51,7 +53,8 @@ def current() -> Settings:
     env = os.environ
     return Settings(db=env.get("REGISTRY_DB") or DEFAULT_DB,
                     probation_min=_number("REGISTRY_PROBATION_MIN", int, None),
-                    token=env.get("REGISTRY_TOKEN") or None,
+                    token=env.get("REGISTRY_TOKEN") or token_from_file(env.get("REGISTRY_TOKEN_FILE") or None,
+                                                                       "REGISTRY_TOKEN_FILE"),
                     upstream_keys=tuple(p.strip() for p in env.get("REGISTRY_UPSTREAM_KEYS", "").split(",")
                                         if p.strip()),
                     duckdb_threads=_number("REGISTRY_DUCKDB_THREADS", int, None, least=1),
@@ -72,3 +75,23 @@ def _number(name: str, kind: type, default: Any, least: int | None = None) -> An
     if least is not None and value < least:
         raise InputError(f"{name} must be at least {least}, got {raw!r}")
     return value
+
+
+def token_from_file(path: str | None, label: str) -> str | None:
+    """The token in `path`: its first line, stripped (a regular file of at most 4 KiB). None where no path is given;
+    InputError, one line, for a file that cannot be one."""
+    if path is None:
+        return None
+    import stat
+
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > 4096:
+            raise InputError(f"{label}: {path}: not a regular file of at most 4 KiB")
+        with open(path, encoding="utf-8") as fh:
+            token = fh.readline().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{label}: {path}: cannot be read ({getattr(exc, 'strerror', None) or exc})") from None
+    if not token:
+        raise InputError(f"{label}: {path}: holds no token (its first line is blank)")
+    return token

@@ -57,6 +57,10 @@ def full_db(db_copy):
                       SELECT c.id, m.id, NULL, 64, 46, 47, 3, 1, 0, 0.2, 'faithful', NULL, '{"s_drop": 0.36}'
                       FROM models m, models c WHERE m.name = 'gpt-4o-2024-05-13'
                       AND c.name = 'gpt-4o-2024-05-13@other'""")
+            # (an event kept for a webhook that has not taken it yet, as `watch --webhook` keeps it)
+            tx.sql("""INSERT INTO watch_deliveries (url, event, attempts, last_error)
+                      VALUES ('https://hooks.example/x?k=1', '{"change": "faithful -> unreachable"}', 3, 'HTTP 500')
+                      RETURNING id""")
     return db_copy
 
 

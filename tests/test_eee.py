@@ -313,3 +313,25 @@ def test_on_postgresql_export_and_import_give_the_same_registry(pg_server, pg_ba
     assert run(back2, "import", str(again)).exit_code == 0
     b2 = rows(back2)
     assert {k: len(a[k] ^ b2[k]) for k in TABLES} == {k: 0 for k in TABLES}
+
+
+@pytest.mark.slow
+def test_an_export_that_did_not_finish_is_refused_on_import(exported, tmp_path):
+    """The manifest is written last: a copy of an export without it (interrupted between two models), or with an
+    aggregate it does not list (left by an earlier, unfinished export), is one line on import, nothing imported."""
+    manifest = json.loads((exported / "registry-export.manifest").read_text())
+    assert manifest["complete"] and len(manifest["models"]) == 31
+    cut = tmp_path / "cut"
+    shutil.copytree(exported, cut)
+    (cut / "registry-export.manifest").unlink()
+    stray = tmp_path / "stray"
+    shutil.copytree(exported, stray)
+    listed = json.loads((stray / "registry-export.manifest").read_text())
+    listed["models"].pop(next(iter(listed["models"])))
+    (stray / "registry-export.manifest").write_text(json.dumps(listed))
+    for folder, why in ((cut, "did not finish"), (stray, "not in its export's registry-export.manifest")):
+        back = tmp_path / f"{folder.name}.duckdb"
+        r = run(back, "import", "--from", "eee", str(folder))
+        lines = [ln for ln in r.output.splitlines() if ln.startswith("Error")]
+        assert r.exit_code == 1 and len(lines) == 1 and why in lines[0], r.output
+        assert not back.exists()

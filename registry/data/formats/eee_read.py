@@ -37,6 +37,8 @@ def aggregates(paths: list[str]) -> list[tuple[Path, Path]]:
         else:
             raise InputError("no such file or folder", file=p)
         for f in files:
+            if f.name in (MANIFEST, MANIFEST + ".tmp"):
+                continue
             if f.name.endswith("_samples.jsonl"):
                 agg = f.with_name(f.name.removesuffix("_samples.jsonl") + ".json")
                 if not agg.is_file():
@@ -45,6 +47,31 @@ def aggregates(paths: list[str]) -> list[tuple[Path, Path]]:
             elif f.suffix == ".json":
                 found.setdefault(f, f.with_name(f.stem + "_samples.jsonl"))
     return sorted(found.items())
+
+
+MANIFEST = "registry-export.manifest"   # JSON, not .json: no EEE reader takes it for an aggregate
+OWN = "locus-registry"                # the source organisation its aggregates name
+
+
+def check_finished(agg: Path) -> None:
+    """An aggregate this registry exported must come from an export that finished: its manifest (four folders up, at
+    the export's root: data/<benchmark>/<developer>/<model>/) names it. InputError, one line, otherwise."""
+    try:
+        head = json.loads(agg.read_bytes())
+        own = head.get("source_metadata", {}).get("source_organization_name") == OWN
+    except (OSError, ValueError, AttributeError):
+        return                                     # (what is wrong with it is read() to say)
+    if not own or len(agg.parents) < 5 or agg.parents[3].name != "data":    # (a pair taken out of its export)
+        return
+    root = agg.parents[4]
+    try:
+        listed = set(json.loads((root / MANIFEST).read_bytes()).get("models", {}).values())
+    except (OSError, ValueError, AttributeError):
+        raise InputError(f"written by an export of this registry that did not finish (no {MANIFEST} at {root}): it "
+                         f"may lack models; export again", file=str(agg)) from None
+    if str(agg.relative_to(root)) not in listed:
+        raise InputError(f"not in its export's {MANIFEST} (at {root}): left by another, unfinished export; export "
+                         f"again", file=str(agg))
 
 
 def digest(path: Path) -> str:
@@ -112,6 +139,8 @@ def read_all(paths: list[str], *, model: str | None = None, metric: str | None =
     pairs = aggregates(paths)
     if not pairs:
         raise InputError("no Every Eval Ever aggregate (.json) found", file=paths[0] if paths else None)
+    for agg, _ in pairs:
+        check_finished(agg)
     runs, golds = [], {}
     for i, (agg, samples) in enumerate(pairs, 1):
         if progress:

@@ -24,7 +24,7 @@ from registry.data.input_files import sql_str
 from registry.locus import text_encoder
 
 PREFIX = eee_read.PREFIX
-LIBRARY = "locus-registry"
+LIBRARY = eee_read.OWN
 _OPTION = re.compile(r"\n\(([A-Z])\) ")
 
 
@@ -138,6 +138,7 @@ def export(tx: Tx, directory: str, *, models: list[str] | None = None, source: s
     if not queries.num_rows:
         raise InputError(f"no query of source {source!r}" if source else "the registry holds no query")
     result = ExportResult(str(out), queries=queries.num_rows, unsplit_texts=whole)
+    (out / eee_read.MANIFEST).unlink(missing_ok=True)     # (an earlier export's: this one is not finished yet)
     stamp = str(int(time.time()))
     tx.stage.register("_eee_queries", queries)
     try:
@@ -180,7 +181,18 @@ def export(tx: Tx, directory: str, *, models: list[str] | None = None, source: s
     started = time.perf_counter()
     result.validated = validate([(Path(m.aggregate), Path(m.samples)) for m in result.models], tx.stage)
     result.seconds["validate"] = round(time.perf_counter() - started, 3)
+    write_manifest(out, result)
     return result
+
+
+def write_manifest(out: Path, result: ExportResult) -> None:
+    """The export's manifest, written last and atomically: its presence says the export finished; an import of a
+    folder of this registry's aggregates without it says the export was interrupted (eee_read.check_finished)."""
+    body = {"library": LIBRARY, "complete": True, "evaluations": result.evaluations,
+            "models": {m.model: str(Path(m.aggregate).relative_to(out)) for m in result.models}}
+    tmp = out / (eee_read.MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(body, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    tmp.replace(out / eee_read.MANIFEST)
 
 
 def _aggregate(name: str, meta: tuple, eid: str, stamp: str, stats: list, *, benchmark: str, developer: str) -> dict:

@@ -36,7 +36,7 @@ def one(db: str) -> dict:
     port = free_port()
     t0 = time.monotonic()
     proc = subprocess.Popen([REGISTRY, "--db", db, "serve", "--port", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+                            stderr=subprocess.PIPE, text=True)
     first = ready = None
     try:
         while time.monotonic() - t0 < 180:
@@ -47,7 +47,8 @@ def one(db: str) -> dict:
                     ready = time.monotonic() - t0
                     break
             except httpx.HTTPError:
-                pass
+                if proc.poll() is not None:
+                    raise SystemExit(f"serve exited {proc.returncode}: {proc.stderr.read().strip()[-500:]}")
             time.sleep(0.05)
         t1 = time.monotonic()
         page = httpx.get(f"http://127.0.0.1:{port}/", timeout=120)

@@ -95,12 +95,15 @@ def _unreachable(usage: Usage, lock: threading.Lock, after: int = UNREACHABLE_AF
 
 def ask_one(http: httpx.Client, endpoint: Endpoint, key, messages: list[dict], *, deadline: float,
             retries: int, backoff: float, usage: Usage, lock: threading.Lock,
-            unreachable_after: int = UNREACHABLE_AFTER) -> Reply:
+            unreachable_after: int = UNREACHABLE_AFTER, cancel: threading.Event | None = None) -> Reply:
     body = {"model": endpoint.upstream_model, "messages": messages, "temperature": 0}
     url = endpoint.base_url.rstrip("/") + ("/chat/completions" if endpoint.base_url.rstrip("/").endswith("/v1")
                                            else "/v1/chat/completions")
     reply = Reply(key, None)
     for attempt in range(retries + 1):
+        if cancel is not None and cancel.is_set():
+            reply.error = "cancelled"
+            return reply
         if _unreachable(usage, lock, unreachable_after):
             # an address nothing listens at is not a transient failure: its other questions are not sent
             reply.error = f"endpoint unreachable ({usage.refused} connections refused or timed out)"
@@ -122,6 +125,11 @@ def ask_one(http: httpx.Client, endpoint: Endpoint, key, messages: list[dict], *
             reply.error = f"no reply within the {deadline:g} s deadline"
         except httpx.HTTPError as exc:
             reply.error = f"{type(exc).__name__}"
+        except RuntimeError:         # (the client closed under the request: cancelled)
+            if cancel is None or not cancel.is_set():
+                raise
+            reply.error = "cancelled"
+            return reply
         except ReplyTooLarge:
             reply.error = f"a reply over {MAX_REPLY_BYTES:,} bytes"
             return reply
@@ -150,30 +158,51 @@ def ask_one(http: httpx.Client, endpoint: Endpoint, key, messages: list[dict], *
                 reply.error = None
                 return reply
         if attempt < retries:
-            time.sleep(wait)
+            if cancel is not None:
+                cancel.wait(wait)
+            else:
+                time.sleep(wait)
     return reply
 
 
 def ask_all(endpoint: Endpoint, prompts: list[tuple], *, concurrency: int = 8, deadline: float = 60.0,
             retries: int = 4, backoff: float = 0.5, progress: bool = False,
-            unreachable_after: int = UNREACHABLE_AFTER) -> tuple[list[Reply], Usage]:
+            unreachable_after: int = UNREACHABLE_AFTER,
+            cancel: threading.Event | None = None) -> tuple[list[Reply], Usage]:
     """prompts: [(key, messages)] -> the replies in the same order, and what it took. KeyRefused before anything
     is sent where the endpoint's key may not reach it. unreachable_after: connections refused (or timed out) with
-    no reply yet after which nothing more is sent."""
+    no reply yet after which nothing more is sent. `cancel` set (a client that hung up, a server stopping): nothing
+    more is sent, and requests under way are cut (their connections closed): their replies say "cancelled"."""
     from tqdm import tqdm
 
     _headers(endpoint)
 
     usage, lock = Usage(), threading.Lock()
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    done = threading.Event()
     with httpx.Client(limits=limits) as http, ThreadPoolExecutor(max(1, concurrency)) as pool, \
             tqdm(total=len(prompts), disable=not progress, desc="asking", unit="q") as bar:
         def one(item):
+            if cancel is not None and cancel.is_set():
+                return Reply(item[0], None, error="cancelled")
             out = ask_one(http, endpoint, item[0], item[1], deadline=deadline, retries=retries, backoff=backoff,
-                          usage=usage, lock=lock, unreachable_after=unreachable_after)
+                          usage=usage, lock=lock, unreachable_after=unreachable_after, cancel=cancel)
+            if cancel is not None and cancel.is_set() and out.text is None:
+                out.error = "cancelled"
             bar.update(1)
             return out
-        replies = list(pool.map(one, prompts))
+
+        def cut(cancel: threading.Event) -> None:    # (closing the client ends the requests it has under way)
+            while not done.wait(0.1):
+                if cancel.is_set():
+                    http.close()
+                    return
+        if cancel is not None:
+            threading.Thread(target=cut, args=(cancel,), daemon=True, name="registry-ask-cancel").start()
+        try:
+            replies = list(pool.map(one, prompts))
+        finally:
+            done.set()
     for r in replies:
         usage.prompt_tokens += r.prompt_tokens
         usage.completion_tokens += r.completion_tokens

@@ -7,6 +7,7 @@ A round spends at most BUDGET_S seconds on the webhook, all attempts together: a
 answers, delays a round by that much and no more."""
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -26,9 +27,11 @@ def pending(tx: Tx, url: str) -> list[tuple[int, dict]]:
 
 
 def deliver(store: Any, url: str, *, budget: float = BUDGET_S, attempts: int = ATTEMPTS,
-            backoff: float = BACKOFF_S) -> list[str]:
+            backoff: float = BACKOFF_S, write: Any = None) -> list[str]:
     """POST every undelivered event for `url`, in order, within `budget` seconds. -> the failures, one line each
-    (the first event that cannot be delivered stops the round's deliveries: order is kept)."""
+    (the first event that cannot be delivered stops the round's deliveries: order is kept). `write` runs each
+    delivery's record (a server's writer; else here)."""
+    write = write or (lambda fn: fn())
     with store.tx() as tx:
         queue = pending(tx, url)
     stop = time.monotonic() + budget
@@ -47,16 +50,20 @@ def deliver(store: Any, url: str, *, budget: float = BUDGET_S, attempts: int = A
             pause = min(backoff * 2 ** attempt, stop - time.monotonic())
             if attempt < attempts - 1 and pause > 0:
                 time.sleep(pause)
-        with store.tx() as tx:
-            tx.sql("UPDATE watch_deliveries SET attempts = attempts + ?, last_error = ?, "
-                   "delivered = CASE WHEN ? THEN now()::TIMESTAMP ELSE NULL END WHERE id = ?",
-                   [tries, error, error is None, delivery])
+        write(functools.partial(_record, store, delivery, tries, error))
         if error is not None:
             failures.append(f"{url}: {error} for the event of {event.get('endpoint')} ({event.get('change')}); "
                             f"kept, and sent again next round" + (f" with {len(queue) - len(failures) - 1} later "
                                                                   f"event(s)" if len(queue) > 1 else ""))
             break
     return failures
+
+
+def _record(store: Any, delivery: int, tries: int, error: str | None) -> None:
+    with store.tx() as tx:
+        tx.sql("UPDATE watch_deliveries SET attempts = attempts + ?, last_error = ?, "
+               "delivered = CASE WHEN ? THEN now()::TIMESTAMP ELSE NULL END WHERE id = ?",
+               [tries, error, error is None, delivery])
 
 
 def post(url: str, body: dict, seconds: float) -> str | None:

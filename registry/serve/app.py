@@ -49,6 +49,7 @@ from registry.core.keys import UpstreamKeys
 from registry.serve import proxy, web
 from registry.serve.context import ServerState
 from registry.serve.http import advert, connections, contract, guards, listener
+from registry.serve.http.asking_budget import AskingBusy
 from registry.serve.routes_models import availability_router, endpoints_router, models_router
 from registry.serve.routes_reads import reads_router, status_router
 from registry.serve.routes_routing import routing_router
@@ -80,6 +81,7 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
     @contextlib.asynccontextmanager
     async def lifespan(_app):
         yield
+        _app.state.server.asking.cancel_all()     # (asking stops first: nothing more is sent or waited for)
         await upstream.aclose()         # the proxy's client
         serving.close()                 # the writer commits what it holds first
         reg.close()
@@ -141,6 +143,12 @@ def _error_handlers(app: FastAPI) -> None:
     @app.exception_handler(EndpointFailed)      # an endpoint `ask` asked answered nothing: a bad gateway
     async def _ef(request, exc):
         return _error(request.url.path, str(exc), 502)
+
+    @app.exception_handler(AskingBusy)
+    async def _busy(request, exc):
+        response = _error(request.url.path, str(exc), 429)
+        response.headers["retry-after"] = "30"
+        return response
 
     @app.exception_handler(RegistryError)
     async def _re(request, exc):

@@ -8,7 +8,7 @@ import hmac
 import json
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -21,6 +21,7 @@ from registry.core.errors import InputError
 from registry.core.keys import UpstreamKeys
 from registry.data import import_run
 from registry.locus.text_encoder import MAX_OPTIONS
+from registry.serve.http.asking_budget import AskingBudget
 from registry.serve.http.shapes import Correct, QuestionId, RowText
 from registry.serve.serving import Serving
 
@@ -32,6 +33,7 @@ class ServerState:
     token: str | None        # writing endpoints need `Authorization: Bearer <token>`; None: writes are open
     max_body: int            # bytes: the largest request body the server reads
     keys: UpstreamKeys = UpstreamKeys({})    # the API key variables it may read, and where each may go
+    asking: AskingBudget = field(default_factory=AskingBudget)     # asking endpoints: how much at once
 
 
 async def server(request: Request) -> ServerState:

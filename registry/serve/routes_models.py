@@ -39,17 +39,21 @@ class RegisterBody(BaseModel):
     update: bool = False
 
 
+MAX_QUESTIONS = 2048      # questions one asking request may ask (verify: of each endpoint, repeats besides)
+MAX_DEADLINE = 120.0      # seconds one upstream request may take
+
+
 class AskBody(BaseModel):
     model_config = ConfigDict(strict=True)
-    n: shapes.WholeNumber = Field(128, ge=1, le=100_000)
+    n: shapes.WholeNumber = Field(128, ge=1, le=MAX_QUESTIONS)
     plan: Literal["fingerprint", "probe", "random"] = "fingerprint"
-    concurrency: shapes.WholeNumber = Field(8, ge=1, le=64)
+    concurrency: shapes.WholeNumber = Field(8, ge=1, le=16)
     base_url: str | None = Field(None, json_schema_extra=shapes.BASE_URL_SCHEMA)
     upstream_model: str | None = None
     api_key_env: str | None = Field(None, json_schema_extra={"pattern": ENV_NAME})
     keep_responses: bool = False
     seed: shapes.WholeNumber = Field(0, ge=0, le=2**32 - 1)
-    deadline: float = Field(60.0, gt=0, le=3600)
+    deadline: float = Field(60.0, gt=0, le=MAX_DEADLINE)
 
 
 class ClaimBody(BaseModel):
@@ -65,20 +69,20 @@ class ClaimBody(BaseModel):
 class VerifyBody(BaseModel):
     model_config = ConfigDict(strict=True)
     endpoints: list[shapes.ModelName] | None = None
-    n: shapes.WholeNumber = Field(256, ge=1, le=100_000)
-    repeat: shapes.WholeNumber = Field(32, ge=0, le=100_000)
+    n: shapes.WholeNumber = Field(256, ge=1, le=MAX_QUESTIONS)
+    repeat: shapes.WholeNumber = Field(32, ge=0, le=256)
     seed: shapes.WholeNumber = Field(0, ge=0, le=2**32 - 1)
-    concurrency: shapes.WholeNumber = Field(8, ge=1, le=64)
-    deadline: float = Field(60.0, gt=0, le=3600)
+    concurrency: shapes.WholeNumber = Field(8, ge=1, le=16)
+    deadline: float = Field(60.0, gt=0, le=MAX_DEADLINE)
 
 
 class WatchBody(BaseModel):
     model_config = ConfigDict(strict=True)
-    n: shapes.WholeNumber = Field(64, ge=8, le=100_000)
+    n: shapes.WholeNumber = Field(64, ge=8, le=MAX_QUESTIONS)
     models: list[shapes.ModelName] | None = None
     seed: shapes.WholeNumber = Field(0, ge=0, le=2**32 - 1)
-    concurrency: shapes.WholeNumber = Field(8, ge=1, le=64)
-    deadline: float = Field(60.0, gt=0, le=3600)
+    concurrency: shapes.WholeNumber = Field(8, ge=1, le=16)
+    deadline: float = Field(60.0, gt=0, le=MAX_DEADLINE)
 
 
 class AvailabilityBody(BaseModel):
@@ -177,13 +181,15 @@ async def upload(name: shapes.ModelName, request: Request, s: ServerState = Depe
 
 
 @models_router.post("/models/{name:path}/ask", dependencies=[Depends(require_token)])
-def ask(name: shapes.ModelName, body: AskBody, s: ServerState = Depends(server)):
+async def ask(name: shapes.ModelName, body: AskBody, request: Request, s: ServerState = Depends(server)):
     """`registry ask NAME`: ask its endpoint (or body.base_url), grade and store the answers, say what they show."""
     # a key goes only to the origin the owner bound it to (core/keys.py): checked before anything is written or sent;
     # a base_url other than the model's recorded endpoint is refused (409), never recorded in its place: the routing
     # proxy sends the model's requests there. An endpoint that answers nothing: 502, nothing stored
-    return json_response(s.serving.write(lambda: s.registry.ask(name, **body.model_dump(), keys=s.keys,
-                                                                keep_endpoint=True)))
+    # (asked on a thread of its own in the server's asking budget; the writer takes only its transactions)
+    options = {**body.model_dump(), "concurrency": min(body.concurrency, s.asking.share)}
+    return json_response(await s.asking.run(request, lambda cancel: s.registry.ask(
+        name, **options, keys=s.keys, keep_endpoint=True, write=s.serving.write, cancel=cancel)))
 
 
 @models_router.post("/models/{name:path}/claims", dependencies=[Depends(require_token)])
@@ -198,9 +204,11 @@ def claim(name: shapes.ModelName, body: ClaimBody, s: ServerState = Depends(serv
 
 
 @models_router.post("/models/{name:path}/verify", dependencies=[Depends(require_token)])
-def verify(name: shapes.ModelName, body: VerifyBody, s: ServerState = Depends(server)):
-    """`registry verify NAME`: every endpoint claiming NAME asked the same planned questions and judged."""
-    r = s.serving.write(lambda: s.registry.verify(name, **body.model_dump(), keys=s.keys))
+async def verify(name: shapes.ModelName, body: VerifyBody, request: Request, s: ServerState = Depends(server)):
+    """`registry verify NAME`: every endpoint claiming NAME asked the same planned questions and judged (in the
+    server's asking budget, outside its writer; a client that hangs up stops it)."""
+    r = await s.asking.run(request, lambda cancel: s.registry.verify(
+        name, **body.model_dump(), keys=s.keys, write=s.serving.write, cancel=cancel, max_in_flight=s.asking.share))
     return json_response({**r.__dict__, "faithful": r.faithful})
 
 
@@ -211,9 +219,11 @@ def watch_status(s: ServerState = Depends(server)):
 
 
 @models_router.post("/watch", dependencies=[Depends(require_token)])
-def watch_round(body: WatchBody, s: ServerState = Depends(server)):
-    """`registry watch --once`: one round for every watched endpoint (events in the answer and the timeline)."""
-    return json_response(s.serving.write(lambda: s.registry.watch(**body.model_dump(), keys=s.keys)))
+async def watch_round(body: WatchBody, request: Request, s: ServerState = Depends(server)):
+    """`registry watch --once`: one round for every watched endpoint (events in the answer and the timeline), in the
+    server's asking budget, outside its writer."""
+    return json_response(await s.asking.run(request, lambda cancel: s.registry.watch(
+        **body.model_dump(), keys=s.keys, write=s.serving.write, cancel=cancel, max_in_flight=s.asking.share)))
 
 
 @availability_router.get("/availability")

@@ -4,6 +4,10 @@ then embed the model and say what its answers show: the fingerprint verdict, nea
 questions worth asking (the steps: asking/run.py)."""
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+from typing import Any
+
 from registry.answers import probe_plans, registration
 from registry.asking import grading, prompt, run
 from registry.asking.run import AskResult
@@ -14,6 +18,7 @@ from registry.data import endpoints, import_run
 from registry.embedding import evidence
 from registry.usecases import onboard as onboard_uc
 from registry.usecases import register as register_uc
+from registry.usecases.verify import own_thread, stop_if_cancelled
 
 
 def ask(store: Store, name: str, *, min_evaluations: int, probation: int | None, n: int = 128,
@@ -21,11 +26,13 @@ def ask(store: Store, name: str, *, min_evaluations: int, probation: int | None,
         upstream_model: str | None = None, api_key_env: str | None = None, keep_responses: bool = False,
         seed: int = 0, deadline: float = 60.0, retries: int = 4,
         backoff: float = 0.5, progress: bool = False, k: int = 5, keys: UpstreamKeys = OWNER,
-        keep_endpoint: bool = False) -> AskResult:
+        keep_endpoint: bool = False, write: Callable[[Callable[[], Any]], Any] = own_thread,
+        cancel: threading.Event | None = None) -> AskResult:
     """`registry ask NAME` (`probation`: the minimum set, None: the data's); keys: where an endpoint's key may go
     (a server's bindings; the command line: the owner's own); keep_endpoint: a base URL (upstream model, key) other
     than the model's recorded endpoint is refused, not recorded in its place (the HTTP API). Raises EndpointFailed,
-    having written nothing, when the endpoint answered none of the questions asked."""
+    having written nothing, when the endpoint answered none of the questions asked. A server passes `write` and
+    `cancel` (verify.verify's: the asking runs outside its writer)."""
     from dataclasses import asdict
 
     name = registration.check(name, {})
@@ -33,7 +40,7 @@ def ask(store: Store, name: str, *, min_evaluations: int, probation: int | None,
         raise InputError(f"--plan must be one of {', '.join(run.PLANS)}, got {plan!r}")
     if n < 1 or concurrency < 1:
         raise InputError(f"-n and --concurrency must be at least 1, got {n} and {concurrency}")
-    onboard_uc.finish_pending(store, min_evaluations)
+    write(lambda: onboard_uc.finish_pending(store, min_evaluations))
     # nothing is written until the endpoint has answered: a URL that cannot be asked, or an endpoint that answers
     # nothing, leaves the registry as it was (no new model, no endpoint recorded or replaced)
     with store.tx() as tx:
@@ -49,13 +56,14 @@ def ask(store: Store, name: str, *, min_evaluations: int, probation: int | None,
     # one question, at random, alone first: an endpoint that answers nothing is told in a request or two, before
     # the plan is made (a plan of thousands of questions takes minutes)
     replies, usage = run.ask_questions(endpoint, gold, chosen, concurrency=1, deadline=deadline, retries=retries,
-                                       backoff=backoff, progress=False, unreachable_after=run.PROBE_UNREACHABLE_AFTER)
+                                       backoff=backoff, progress=False, unreachable_after=run.PROBE_UNREACHABLE_AFTER,
+                                       cancel=cancel)
     if wanted > 1 and replies and replies[0].text is not None:
         with store.tx() as tx:
             rest = run.choose(tx, name, plan, wanted - 1, skip | set(chosen), seed=seed,
                               min_answers=evidence.minimum(tx, probation))
         more, also = run.ask_questions(endpoint, gold, rest, concurrency=concurrency, deadline=deadline,
-                                       retries=retries, backoff=backoff, progress=progress)
+                                       retries=retries, backoff=backoff, progress=progress, cancel=cancel)
         chosen, replies, usage = chosen + rest, replies + more, run.total_usage(usage, also)
     graded, unparseable = [], 0
     for r in replies:
@@ -71,22 +79,25 @@ def ask(store: Store, name: str, *, min_evaluations: int, probation: int | None,
                              f"nothing was stored")
     batch_id = None
     if graded:
-        with store.tx() as tx:
-            if record:
-                if not tx.sql("SELECT 1 FROM models WHERE name = ?", [name]):
-                    import_run.insert_new_models(tx, {name: {}})
-                endpoints.set_endpoint(tx, name, endpoint.base_url,
-                                       None if endpoint.upstream_model == name else endpoint.upstream_model,
-                                       endpoint.api_key_env)
-            batch_id = run.store_answers(tx, name, graded, endpoint, keep_responses)
-            model_id = int(tx.sql("SELECT id FROM models WHERE name = ?", [name])[0][0])
+        def stored() -> tuple[int | None, int]:
+            with store.tx() as tx:
+                if record:
+                    if not tx.sql("SELECT 1 FROM models WHERE name = ?", [name]):
+                        import_run.insert_new_models(tx, {name: {}})
+                    endpoints.set_endpoint(tx, name, endpoint.base_url,
+                                           None if endpoint.upstream_model == name else endpoint.upstream_model,
+                                           endpoint.api_key_env)
+                return (run.store_answers(tx, name, graded, endpoint, keep_responses),
+                        int(tx.sql("SELECT id FROM models WHERE name = ?", [name])[0][0]))
+        batch_id, model_id = write(stored)
+    stop_if_cancelled(cancel)
     tokens = usage.prompt_tokens + usage.completion_tokens
     result = AskResult(name, endpoint.base_url, endpoint.upstream_model, prompt.TEMPLATE_VERSION, plan, n,
                        len(skip), len(chosen), len(graded), sum(g[2] for g in graded), unparseable,
                        len(chosen) - len(graded), usage.requests, usage.retries, usage.prompt_tokens,
                        usage.completion_tokens, None if price is None else round(price * tokens / 1e6, 6),
                        batch_id, usage.failures)
-    outcomes = onboard_uc.onboard(store, min_evaluations)
+    outcomes = write(lambda: onboard_uc.onboard(store, min_evaluations))
     if model_id is None:                              # a new model with nothing to ask: nothing was written
         return result
     with store.tx() as tx:

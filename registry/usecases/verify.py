@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 
 from registry.answers import catalog, fingerprint
 from registry.asking import claims, client, grading, prompt, verdicts
-from registry.core.errors import Conflict, InputError, NotFound
+from registry.core.errors import Conflict, InputError, Interrupted, NotFound
 from registry.core.keys import OWNER, UpstreamKeys
 from registry.core.store import Store
 from registry.core.transaction import Tx
@@ -221,9 +224,22 @@ def others_of(tx: Tx, model: str, qids: list[int], y: np.ndarray, claimed: dict[
                            from_reference)
 
 
-def ask_pass(store: Store, label: str, jobs: list, gold: dict, reports: dict, **how) -> list[int]:
+def own_thread(fn: Callable[[], Any]) -> Any:
+    """How a write runs where no server's writer takes it: here, now."""
+    return fn()
+
+
+def stop_if_cancelled(cancel: threading.Event | None) -> None:
+    if cancel is not None and cancel.is_set():
+        raise Interrupted("cancelled: the asking stopped (the client hung up, or the server is stopping); the "
+                          "answers stored so far are kept")
+
+
+def ask_pass(store: Store, label: str, jobs: list, gold: dict, reports: dict, *,
+             write: Callable[[Callable[[], Any]], Any] = own_thread, **how) -> list[int]:
     """One pass of requests [(target, [(query id, is_again)])] at every endpoint at once, graded and stored: first
-    answers as one import batch, second answers as another. Usage is added to `reports` (by endpoint). -> batches."""
+    answers as one import batch, second answers as another, in one short transaction that `write` runs (a server's
+    writer: the asking itself never holds it). Usage is added to `reports` (by endpoint). -> batches."""
     prompts = [(t, [((q, again), prompt.render(gold[q][1], gold[q][3])) for q, again in asks]) for t, asks in jobs]
     rows: dict[bool, list] = {False: [], True: []}
     for (t, sent), (got, usage) in zip(prompts, ask_targets(prompts, **how)):
@@ -243,10 +259,16 @@ def ask_pass(store: Store, label: str, jobs: list, gold: dict, reports: dict, **
         if t.price is not None:
             e.cost = round(t.price * (e.prompt_tokens + e.completion_tokens) / 1e6, 6)
     if not rows[False] and not rows[True]:
+        stop_if_cancelled(how.get("cancel"))
         return []
-    with store.tx() as tx:
-        return [b for b in (store_batch(tx, rows[False], f"{label}: first answers"),
-                            store_batch(tx, rows[True], f"{label}: answers again")) if b is not None]
+
+    def stored() -> list[int]:
+        with store.tx() as tx:
+            return [b for b in (store_batch(tx, rows[False], f"{label}: first answers"),
+                                store_batch(tx, rows[True], f"{label}: answers again")) if b is not None]
+    batches = write(stored)
+    stop_if_cancelled(how.get("cancel"))      # (what came back before is kept)
+    return batches
 
 
 def second(got: dict[int, list[bool]], qids: list[int]) -> np.ndarray:
@@ -257,20 +279,27 @@ def second(got: dict[int, list[bool]], qids: list[int]) -> np.ndarray:
 def verify(store: Store, model: str, *, min_evaluations: int, endpoints: list[str] | None = None, n: int = 256,
            repeat: int = 32, seed: int = 0, concurrency: int = 8, deadline: float = 60.0, retries: int = 4,
            backoff: float = 0.5, progress: bool = False, keys: UpstreamKeys = OWNER, alpha: float = verdicts.ALPHA,
-           min_drop: float = verdicts.MIN_DROP) -> VerifyResult:
+           min_drop: float = verdicts.MIN_DROP, write: Callable[[Callable[[], Any]], Any] = own_thread,
+           cancel: threading.Event | None = None, max_in_flight: int | None = None) -> VerifyResult:
     """`registry verify MODEL`. Two passes: the plan's questions (and its first `repeat` again, for
     each side's nondeterminism), then every question where an endpoint and the reference disagree asked again of
-    both (a disagreement that nondeterminism made rarely comes back; a degradation does)."""
+    both (a disagreement that nondeterminism made rarely comes back; a degradation does). A server passes `write`
+    (its writer runs each write, a short transaction: the asking runs on the request's thread), `cancel` (set when
+    the client hangs up or the server stops) and `max_in_flight` (requests under way at once, all endpoints)."""
     if n < 1 or repeat < 0 or concurrency < 1:
         raise InputError(f"-n and --concurrency must be at least 1 and --repeat at least 0, got {n}, {concurrency}, "
                          f"{repeat}")
     if not 0 < alpha < 0.5 or not 0 <= min_drop < 1:
         raise InputError(f"alpha must be in (0, 0.5) and min_drop in [0, 1), got {alpha} and {min_drop}")
     started = time.perf_counter()
-    how = dict(concurrency=concurrency, progress=progress, deadline=deadline, retries=retries, backoff=backoff)
-    onboard_uc.finish_pending(store, min_evaluations)
+    how = dict(concurrency=concurrency, progress=progress, deadline=deadline, retries=retries, backoff=backoff,
+               cancel=cancel)
+    write(lambda: onboard_uc.finish_pending(store, min_evaluations))
     with store.tx() as tx:
         found = targets(tx, model, endpoints, keys)
+    if max_in_flight is not None:
+        how["concurrency"] = max(1, min(concurrency, max_in_flight // max(1, len(found))))
+    with store.tx() as tx:
         gold = {int(q): (ext, t, a, g) for q, ext, t, a, g in tx.sql(GOLD)}
         if not gold:
             raise Conflict("no query has a gold answer: import a queries file with an answer column")
@@ -289,7 +318,7 @@ def verify(store: Store, model: str, *, min_evaluations: int, endpoints: list[st
                                                 len(repeats), 0, 0, 0, 0, 0, 0, 0, 0, None) for t in found}
     for t, asks in jobs:
         reports[t.claim.endpoint].already = len(plan) + len(repeats) - len(asks)
-    batches = ask_pass(store, f"verify {model}", jobs, gold, reports, **how)
+    batches = ask_pass(store, f"verify {model}", jobs, gold, reports, write=write, **how)
     ref = next((t for t in found if t.claim.reference), None)
     with store.tx() as tx:              # pass two: the disagreements, asked again of both sides
         base = reference_outcomes(tx, model, ref, plan)
@@ -304,9 +333,9 @@ def verify(store: Store, model: str, *, min_evaluations: int, endpoints: list[st
                 theirs = got[ref.claim.endpoint]
                 again[ref.claim.endpoint] |= {q for q in off if len(theirs.get(q, [])) < 2}
     jobs = [(t, [(q, True) for q in plan if q in again[t.claim.endpoint]]) for t in found]
-    batches += ask_pass(store, f"verify {model}", jobs, gold, reports, **how)
+    batches += ask_pass(store, f"verify {model}", jobs, gold, reports, write=write, **how)
     if batches:
-        onboard_uc.onboard(store, min_evaluations)
+        write(lambda: onboard_uc.onboard(store, min_evaluations))
     with store.tx() as tx:
         base = reference_outcomes(tx, model, ref, plan)
         claimed = published or base

@@ -5,8 +5,12 @@ event, with its time and evidence (the verdict's tests over the rounds since the
 endpoint's timeline back. Events are POSTed to the owner's webhook where one is given."""
 from __future__ import annotations
 
+import functools
 import json
+import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -148,75 +152,87 @@ def label(tx: Tx, model: str, t, ref, window: list[int], alarm: str) -> tuple[st
 def watch(store: Store, *, min_evaluations: int, n: int = 64, models: list[str] | None = None,
           status: bool = False, seed: int = 0, keys: UpstreamKeys = OWNER, concurrency: int = 8,
           deadline: float = 60.0, retries: int = 4, backoff: float = 0.5, progress: bool = False,
-          webhook: str | None = None) -> WatchResult:
+          webhook: str | None = None, write: Callable[[Callable[[], Any]], Any] = v.own_thread,
+          cancel: threading.Event | None = None, max_in_flight: int | None = None) -> WatchResult:
     """`registry watch`: one round (or, with `status`, the timeline so far: nothing is asked). `webhook`: the
-    owner's URL each event is POSTed to as JSON."""
+    owner's URL each event is POSTed to as JSON. A server passes `write` and `cancel` (verify.verify's)."""
     if n < 8:
         raise InputError(f"-n must be at least 8 questions a round, got {n}")
     if status:
         return timeline(store, models)
     if webhook is not None:
         webhook = endpoints.parse_webhook_url(webhook)
-    how = dict(concurrency=concurrency, progress=progress, deadline=deadline, retries=retries, backoff=backoff)
-    onboard_uc.finish_pending(store, min_evaluations)
+    how = dict(concurrency=concurrency, progress=progress, deadline=deadline, retries=retries, backoff=backoff,
+               cancel=cancel, write=write)
+    write(lambda: onboard_uc.finish_pending(store, min_evaluations))
     with store.tx() as tx:
         groups = watched(tx, models)
     if not groups:
         raise Conflict("no endpoint is watched: add one with `registry endpoints add MODEL --base-url URL`")
     out, asked = WatchResult([], []), 0
     for model, group in groups.items():
+        if max_in_flight is not None:      # (the model's endpoints share what the server allows at once)
+            how["concurrency"] = max(1, min(concurrency, max_in_flight // max(1, len(group))))
         found, ref, fresh, batches, sent, reports = round_of(store, model, group, n, seed=seed, keys=keys, how=how)
         asked += sent
-        with store.tx() as tx:
-            states = last_states(tx)
-            base = v.reference_outcomes(tx, model, ref, fresh)
-            at = str(tx.sql("SELECT now()::TIMESTAMP")[0][0])
-            for t in found:
-                if t is ref or not t.claim.watched:
-                    continue
-                shared, e, r, e2, r2, *_ = sides(tx, t, ref, base, fresh)
-                worse, better = figures(e, r, e2, r2)
-                count, state, past, last = states.get(t.model_id, (0, sequential.State(), [], None))
-                report = reports[t.claim.endpoint]
-                if not shared:       # nothing to judge: the test is not stepped (no answer is no evidence)
-                    row, event = silent_round(t.claim.endpoint, model, count + 1, at, report, ref=ref, state=state,
-                                              last=last)
-                    record(tx, t, model, batches, row, state=state, event=event,
-                           evidence={"questions": [], "unanswered": report.unanswered, "failures": report.failures})
-                    out.rounds.append(row)
-                    out.events += [event] if event else []
-                    continue
-                state, alarm, evidence = sequential.step(state, worse, better, len(shared))
-                event = None
-                if last == UNREACHABLE:
-                    event = Event(t.claim.endpoint, model, at, count + 1, f"{UNREACHABLE} -> {state.verdict}",
-                                  state.verdict, {"answered": report.answered})
-                if alarm and state.verdict == "faithful":
-                    window = sorted({q for qs in (past + [shared])[(state.since or state.rounds) - 1:] for q in qs})
-                    kind, why = label(tx, model, t, ref, window, alarm)
-                    event = Event(t.claim.endpoint, model, at, count + 1, f"faithful -> {kind}", kind,
-                                  {**evidence, "verdict": why, "rounds": [state.since or state.rounds, count + 1]})
-                    state.verdict = kind
-                elif state.verdict != "faithful" and state.since is None:
-                    event = Event(t.claim.endpoint, model, at, count + 1, f"{state.verdict} -> faithful", "faithful",
-                                  evidence)
-                    state.verdict = "faithful"
-                row = round_row(t.claim.endpoint, model, count + 1, at, e, r, evidence=evidence, verdict=state.verdict,
-                                event=event)
-                record(tx, t, model, batches, row, state=state, evidence={**evidence, "questions": shared}, event=event,
-                       e=e, r=r)
-                out.rounds.append(row)
-                if event:
-                    out.events.append(event)
-            if webhook:       # (kept with the rounds, in their transaction: an event is never raised and lost)
-                for event in out.events:
-                    if event.model == model:
-                        tx.sql("INSERT INTO watch_deliveries (url, event) VALUES (?, ?) RETURNING id",
-                               [webhook, json.dumps(asdict(event), default=str)])
+        write(functools.partial(judge_round, store, model, found, ref, fresh, batches, reports, out=out,
+                                webhook=webhook))
     out.asked = asked
     if webhook:
-        out.webhook_failures = deliveries.deliver(store, webhook)
+        out.webhook_failures = deliveries.deliver(store, webhook, write=write)
     return out
+
+
+def judge_round(store: Store, model: str, found: list, ref, fresh: list[int], batches: list[int], reports: dict, *,
+                out: WatchResult, webhook: str | None) -> None:
+    """The round's verdicts: each watched endpoint's test stepped, its row and any event stored (with the event's
+    delivery, for a webhook), in one transaction (a server's writer runs it); rounds and events added to `out`."""
+    with store.tx() as tx:
+        states = last_states(tx)
+        base = v.reference_outcomes(tx, model, ref, fresh)
+        at = str(tx.sql("SELECT now()::TIMESTAMP")[0][0])
+        for t in found:
+            if t is ref or not t.claim.watched:
+                continue
+            shared, e, r, e2, r2, *_ = sides(tx, t, ref, base, fresh)
+            worse, better = figures(e, r, e2, r2)
+            count, state, past, last = states.get(t.model_id, (0, sequential.State(), [], None))
+            report = reports[t.claim.endpoint]
+            if not shared:       # nothing to judge: the test is not stepped (no answer is no evidence)
+                row, event = silent_round(t.claim.endpoint, model, count + 1, at, report, ref=ref, state=state,
+                                          last=last)
+                record(tx, t, model, batches, row, state=state, event=event,
+                       evidence={"questions": [], "unanswered": report.unanswered, "failures": report.failures})
+                out.rounds.append(row)
+                out.events += [event] if event else []
+                continue
+            state, alarm, evidence = sequential.step(state, worse, better, len(shared))
+            event = None
+            if last == UNREACHABLE:
+                event = Event(t.claim.endpoint, model, at, count + 1, f"{UNREACHABLE} -> {state.verdict}",
+                              state.verdict, {"answered": report.answered})
+            if alarm and state.verdict == "faithful":
+                window = sorted({q for qs in (past + [shared])[(state.since or state.rounds) - 1:] for q in qs})
+                kind, why = label(tx, model, t, ref, window, alarm)
+                event = Event(t.claim.endpoint, model, at, count + 1, f"faithful -> {kind}", kind,
+                              {**evidence, "verdict": why, "rounds": [state.since or state.rounds, count + 1]})
+                state.verdict = kind
+            elif state.verdict != "faithful" and state.since is None:
+                event = Event(t.claim.endpoint, model, at, count + 1, f"{state.verdict} -> faithful", "faithful",
+                              evidence)
+                state.verdict = "faithful"
+            row = round_row(t.claim.endpoint, model, count + 1, at, e, r, evidence=evidence, verdict=state.verdict,
+                            event=event)
+            record(tx, t, model, batches, row, state=state, evidence={**evidence, "questions": shared}, event=event,
+                   e=e, r=r)
+            out.rounds.append(row)
+            if event:
+                out.events.append(event)
+        if webhook:       # (kept with the rounds, in their transaction: an event is never raised and lost)
+            for event in out.events:
+                if event.model == model:
+                    tx.sql("INSERT INTO watch_deliveries (url, event) VALUES (?, ?) RETURNING id",
+                           [webhook, json.dumps(asdict(event), default=str)])
 
 
 UNREACHABLE = "unreachable"

@@ -36,6 +36,7 @@ WHY = {400: "Bad input: one line naming the problem",
        413: "The request body is over the server's limit",
        421: "A Host the server does not serve (`serve --allowed-host`)",
        422: "A missing or ill-typed field",
+       429: "The server is already asking endpoints for as many requests as it takes at once: send it again later",
        500: "A bug of the server's: one line, the details in its log",
        502: "Every upstream in the chain failed (ask: the endpoint answered none of the questions)",
        503: "The server is stopping: the request was still running when its grace after SIGTERM ran out",
@@ -45,6 +46,7 @@ WRITE = {403, 404, 409}                  # an operation that changes state, or t
 CONFLICT_READS = {"/portfolio"}          # reads that the registry's contents can make unanswerable (409)
 PROXY = {404, 502, 504}                  # /v1/chat/completions: an unknown model; its upstreams'
 ASKING = {"/models/{name}/ask"}          # writes that call an endpoint: 502 when it answers nothing
+BUDGETED = {"/models/{name}/ask", "/models/{name}/verify", "/watch"}   # asking, in the server's budget: 429
 
 
 def declare(app: FastAPI) -> None:
@@ -91,6 +93,8 @@ def amend(doc: dict, app: FastAPI) -> None:
                 _route_options_as_one(op)
             if path in ASKING:
                 codes.add(502)
+            if path in BUDGETED and method == "post":
+                codes.add(429)
             if token and (needs or method != "get"):
                 codes.add(401)
             shape = "OpenAIError" if path.startswith("/v1/") else "Error"

@@ -55,7 +55,9 @@ def claimant_ids(tx: Tx) -> set[int]:
 
 
 def default_name(model: str, base_url: str) -> str:
-    return f"{model}@{urlsplit(base_url).hostname}"
+    """model@host, the model's part cut so that the whole keeps to the name rule's length."""
+    host = f"@{urlsplit(base_url).hostname}"[:MAX_NAME // 2]
+    return model[:MAX_NAME - len(host)].rstrip() + host
 
 
 def add(tx: Tx, model: str, base_url: str, *, name: str | None = None, upstream_model: str | None = None,
@@ -64,15 +66,15 @@ def add(tx: Tx, model: str, base_url: str, *, name: str | None = None, upstream_
     unavailable so that routing never chooses it in X's place), its endpoint, the claim; `reference`: it becomes X's
     reference (any other loses the mark)."""
     url = endpoints.checked(base_url, api_key_env)
+    ids = dict(tx.sql("SELECT name, id FROM models"))
+    if model not in ids:
+        raise unknown_model(model, list(ids))
     name = (name or default_name(model, url)).strip()
     problem = model_name_problem(name) if name else "the endpoint's name is empty"
     if problem:
         raise InputError(f"the endpoint's name: {problem}")
     if upstream_model is not None and (model_name_problem(upstream_model) or len(upstream_model) > MAX_NAME):
         raise InputError(f"--upstream-model: {model_name_problem(upstream_model)}")
-    ids = dict(tx.sql("SELECT name, id FROM models"))
-    if model not in ids:
-        raise unknown_model(model, list(ids))
     others = [c for c in current(tx) if c.model == model and c.endpoint != name]
     if len(others) >= MAX_CLAIMS:
         raise Conflict(f"{model!r} has {len(others)} claiming endpoints, the most a model may have: remove one first "

@@ -28,7 +28,7 @@ import click  # noqa: E402
 from registry.cli import asking, data, db, encoders, geometry, models, routing, verify  # noqa: E402
 from registry.cli.common import emit_json, handles_errors, interrupted, open_registry, table  # noqa: E402
 from registry.core import settings  # noqa: E402
-from registry.core.errors import RegistryError  # noqa: E402
+from registry.core.errors import RegistryError, forget_sigint, raise_interrupt  # noqa: E402
 
 __all__ = ["cli", "main", "emit_json", "handles_errors", "open_registry", "table"]
 
@@ -72,8 +72,19 @@ for _module in COMMAND_MODULES:
 
 
 def main() -> None:
-    signal.signal(signal.SIGINT, signal.default_int_handler)     # from here Ctrl-C is KeyboardInterrupt
-    cli(prog_name="registry")
+    forget_sigint()
+    signal.signal(signal.SIGINT, raise_interrupt)      # from here Ctrl-C is KeyboardInterrupt (and noted)
+    try:
+        cli(prog_name="registry")
+    except SystemExit as exc:
+        # an interrupt said and exited 130 for: CPython 3.11 remembers a KeyboardInterrupt once raised through code
+        # it ran from a string (a dataclass's generated methods, say) and would end the process by SIGINT at exit
+        # whatever the exit code; the command has closed what it opened, so it leaves now, with 130
+        if exc.code == 130:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(130)
+        raise
 
 
 if __name__ == "__main__":

@@ -18,7 +18,14 @@ from dataclasses import asdict, is_dataclass
 
 import click
 
-from registry.core.errors import Interrupted, RegistryError, storage_problem, text_problem
+from registry.core.errors import (
+    Interrupted,
+    RegistryError,
+    is_interrupt,
+    sigint_seen,
+    storage_problem,
+    text_problem,
+)
 
 
 def command(name: str | None = None, *, json: bool = True, group: click.Group | None = None,
@@ -88,7 +95,13 @@ def handles_errors(fn):
     def wrapper(*args, **kwargs):
         try:
             check_arguments(click.get_current_context(silent=True))
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            if sigint_seen():      # (Ctrl-C came, and was lost where Python could not raise it: say it came)
+                raise interrupted(finished=True)
+            return result
+        except click.ClickException:
+            discard_new_registry()
+            raise
         except Interrupted as exc:
             if not exc.committed:
                 discard_new_registry()
@@ -103,6 +116,8 @@ def handles_errors(fn):
                 discard_new_registry()
             raise
         except Exception as exc:
+            if is_interrupt(exc) or sigint_seen():     # (DuckDB's stop of a statement Ctrl-C came during, say)
+                raise interrupted(discard_new_registry()) from None
             discard_new_registry()
             problem = storage_problem(exc)
             if problem is None:
@@ -116,11 +131,12 @@ def handles_errors(fn):
     return wrapper
 
 
-def interrupted(removed: str | None = None) -> click.ClickException:
+def interrupted(removed: str | None = None, *, finished: bool = False) -> click.ClickException:
     """Ctrl-C where no write of this command was under way to say what it committed: exit 130, in one line (a file
-    this command created and left empty is removed, and said)."""
+    this command created and left empty is removed, and said; `finished`: the command had done all it prints)."""
     err = click.ClickException("interrupted" + (f": nothing was committed ({removed} was new and is removed)"
-                                                if removed else ""))
+                                                if removed else ": the command had finished, and what it printed "
+                                                "above was committed" if finished else ""))
     err.exit_code = 130
     return err
 

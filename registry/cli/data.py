@@ -7,7 +7,7 @@ import math
 import click
 
 from registry.cli.common import command, emit_json, group, open_registry
-from registry.core.errors import Interrupted
+from registry.core.errors import Interrupted, is_interrupt, sigint_seen
 
 
 class ReaderChoice(click.Choice):
@@ -73,7 +73,9 @@ def import_(ctx, paths, *, models, queries, evaluations, splits, vectors, harnes
         detected = None
         if not harness and paths and not one_by_one:
             harness = detected = reg.reader_for(list(paths))     # (said with the result: an error stays one line)
-    except KeyboardInterrupt:
+    except BaseException as exc:
+        if not is_interrupt(exc) and not sigint_seen():
+            raise
         raise Interrupted("interrupted before the import began: nothing was imported") from None
     if harness and harness != "csv":
         if one_by_one:

@@ -318,7 +318,25 @@ def is_interrupt(exc: BaseException) -> bool:
 # Ctrl-C while DuckDB runs a statement: DuckDB's own calls back into Python (an Arrow scan) cannot carry a
 # KeyboardInterrupt raised inside them (pybind11 aborts the process: SIGABRT, no message), so inside
 # `sigint_stops_statements` the statement is stopped through DuckDB instead, and the interrupt raised once it returns
-_sigint: dict[str, Any] = {"armed": False, "running": None, "pending": False}
+_sigint: dict[str, Any] = {"armed": False, "running": None, "pending": False, "seen": False}
+
+
+def raise_interrupt(signum: int, frame: Any) -> None:
+    """The command line's SIGINT handler: KeyboardInterrupt, as Python's own, and a note that Ctrl-C came
+    (`sigint_seen`): raised where Python cannot pass it on (a garbage collector's callback), it is lost, and the
+    command would finish as if it had not come."""
+    _sigint["seen"] = True
+    raise KeyboardInterrupt
+
+
+def forget_sigint() -> None:
+    """A new command begins (a process may run several: a test's, a library user's)."""
+    _sigint["seen"] = False
+
+
+def sigint_seen() -> bool:
+    """Whether Ctrl-C came in this process (under `raise_interrupt` or `sigint_stops_statements`)."""
+    return bool(_sigint["seen"])
 
 
 @contextmanager
@@ -330,6 +348,7 @@ def sigint_stops_statements() -> Iterator[None]:
         return
 
     def handler(signum: int, frame: Any) -> None:
+        _sigint["seen"] = True
         if _sigint["running"] is None:
             raise KeyboardInterrupt
         _sigint["pending"] = True
@@ -354,6 +373,11 @@ def statement(con: Any) -> Iterator[None]:
     _sigint["running"] = con
     try:
         yield
+    except BaseException:
+        if _sigint["pending"]:         # (the statement failed because it was interrupted: that is what goes on)
+            _sigint["pending"] = False
+            raise KeyboardInterrupt from None
+        raise
     finally:
         _sigint["running"] = None
     if _sigint["pending"]:

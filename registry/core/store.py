@@ -297,7 +297,7 @@ class Store:
             yield tx
             try:
                 cur.execute("COMMIT")
-            except BaseException:
+            except Exception:      # (not an interrupt that came as it ran: the COMMIT itself did not fail)
                 self.commit_failed = True      # (DuckDB may show the failed commit's rows: `discard_if_created`)
                 raise
         except BaseException as exc:

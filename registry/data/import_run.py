@@ -30,6 +30,7 @@ from registry.core.errors import (
     Interrupted,
     UnknownReference,
     is_interrupt,
+    sigint_seen,
     sigint_stops_statements,
 )
 from registry.core.transaction import Tx
@@ -354,8 +355,10 @@ def run_model_import(tx: Tx, model: str, path: str, progress: bool = False) -> I
 @dataclass
 class Committed:
     """What an import had committed when it was interrupted (`interruptible`): its result once its transaction
-    committed, else None."""
+    committed, else None; `files`: what it imports, by whose digest a batch committed as the interrupt came (during
+    the COMMIT itself, before the caller could record it) is found."""
     result: ImportResult | None = None
+    files: dict[str, str] | None = None
 
 
 @contextlib.contextmanager
@@ -369,9 +372,22 @@ def interruptible(store) -> Iterator[Committed]:
         with sigint_stops_statements():
             yield done
     except BaseException as exc:
-        if not is_interrupt(exc):
+        if not is_interrupt(exc) and not sigint_seen():    # (after Ctrl-C, a failure it caused is the interrupt)
             raise
         r = done.result
+        if r is None and done.files is not None:
+            try:
+                digest = files_digest(done.files)
+            except OSError:             # (a file that cannot be read was never imported)
+                digest = None
+            with store.tx() as tx:
+                found = tx.sql("SELECT id, row_counts FROM import_batches WHERE digest = ? ORDER BY id DESC LIMIT 1",
+                               [digest]) if digest else []
+            if found:
+                counts = json.loads(found[0][1]) if isinstance(found[0][1], str) else found[0][1]
+                r = ImportResult(batch_id=int(found[0][0]), models_added=counts.get("models_added", 0),
+                                 queries_added=counts.get("queries_added", 0),
+                                 evaluations_added=counts.get("evaluations_added", 0))
         if r is None:
             raise Interrupted("interrupted: nothing was imported (the import's transaction was rolled back)") from None
         with store.tx() as tx:

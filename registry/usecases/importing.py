@@ -25,6 +25,7 @@ def import_files(store: Store, directory: str | None, named: dict[str, str | Non
     Ctrl-C: the transaction rolls back (or, during onboarding, the result says what was committed and what is left)."""
     files = input_files.files_to_import(directory, **named)
     with import_run.interruptible(store) as done:     # Ctrl-C: says what was committed, and what is left
+        done.files = files
         left = onboard_uc.finish_pending(store, min_evaluations) if onboard else []   # a crash left jobs behind
         started = time.perf_counter()
         with _announced(progress, f"import: reading {', '.join(sorted(files))} (one transaction)"), store.tx() as tx:

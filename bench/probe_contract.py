@@ -6,7 +6,7 @@ the routing proxy's requests are routed and forwarded rather than all refused wi
 Prints the run's last lines and one summary line: examples per operation, cases generated, failures, errors,
 seconds.
 
-    .venv/bin/python bench/probe_contract.py --db registry.duckdb [--examples 100] [--seed 20261203] [--phases ...]
+    .venv/bin/python bench/probe_contract.py --db registry.duckdb [--examples 100] [--seed 1 2 3] [--phases ...]
 """
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--db", default=str(ROOT / "registry.duckdb"), help="the registry to copy (never modified)")
     ap.add_argument("--examples", type=int, default=100, help="examples per operation")
-    ap.add_argument("--seed", type=int, default=20261203)
+    ap.add_argument("--seed", type=int, nargs="+", default=[20261203], help="one run per seed, on one server")
     ap.add_argument("--phases", default=None, help="schemathesis phases (default: all of them)")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds the whole run may take")
     ap.add_argument("--no-endpoints", action="store_true", help="give no model an endpoint")
@@ -74,9 +74,11 @@ def main() -> None:
         try:
             # the first new text loads MiniLM: once here, not inside a fuzzed request's time
             httpx.post(f"{origin}/route", json={"text": "warm up the text encoder"}, timeout=120)
-            t0 = time.time()
-            rc, text = run(origin, args.examples, args.seed, args.phases, args.timeout)
-            seconds = time.time() - t0
+            runs = []
+            for seed in args.seed:
+                t0 = time.time()
+                rc, text = run(origin, args.examples, seed, args.phases, args.timeout)
+                runs.append((seed, rc, text, time.time() - t0, threads_of(proc.pid)))
         finally:
             proc.terminate()
             try:
@@ -86,16 +88,25 @@ def main() -> None:
                 log, _ = proc.communicate()
             if upstream is not None:
                 upstream.close()
-    lines = text.splitlines()
-    found = [i for i, line in enumerate(lines) if re.match(r"=+ (ERRORS|FAILURES) =+", line)]
-    print("\n".join(lines[found[0] if found else -30:]))       # what it found, then its summary
-    got = counts(text)
+    for seed, rc, text, seconds, threads in runs:
+        lines = text.splitlines()
+        found = [i for i, line in enumerate(lines) if re.match(r"=+ (ERRORS|FAILURES) =+", line)]
+        print("\n".join(lines[found[0] if found else -30:]))       # what it found, then its summary
+        got = counts(text)
+        print(f"schemathesis --checks all, {args.examples} examples per operation, seed {seed}"
+              f"{', phases ' + args.phases if args.phases else ''}"
+              f"{'' if upstream is None else ', 3 models with an endpoint'}: {got['generated']} cases generated, "
+              f"{got['failure']} failures, {got['error']} errors, exit {rc}, {seconds:.0f} s; server threads "
+              f"after it: {threads}")
     print(f"server log: {log.count('Traceback')} tracebacks"
           + ("" if upstream is None else f"; the fake upstream answered {len(upstream.seen)} requests"))
-    print(f"schemathesis --checks all, {args.examples} examples per operation, seed {args.seed}"
-          f"{', phases ' + args.phases if args.phases else ''}"
-          f"{'' if upstream is None else ', 3 models with an endpoint'}: {got['generated']} cases generated, "
-          f"{got['failure']} failures, {got['error']} errors, exit {rc}, {seconds:.0f} s")
+
+
+def threads_of(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    return -1
 
 
 if __name__ == "__main__":

@@ -102,6 +102,7 @@ def look_alike(db, seconds: float = 60):
     return proc
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="planting another user's file needs root (chown)")
 def test_another_users_advert_gets_nothing(db_copy, listener):
     """Planted by another user in a shared folder, naming a live `registry serve` look-alike: ignored in one line;
@@ -141,6 +142,7 @@ def test_a_rewritten_advert_whose_server_cannot_prove_it_gets_no_token_and_no_fi
     assert listener.leaked() == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero", "malformed", "world-readable", "huge"])
 def test_odd_adverts_are_one_line_and_never_hang(db_copy, listener, kind):
     path = str(db_copy) + ".serving"

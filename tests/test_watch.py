@@ -233,6 +233,7 @@ def test_an_outage_is_one_unreachable_event_never_degraded_and_every_event_reach
         assert tx.sql("SELECT count(*) FROM watch_deliveries WHERE delivered IS NULL")[0][0] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["drip", "redirect", "refused"])
 def test_a_webhook_that_does_not_take_an_event_keeps_it_and_never_stalls(db_copy, kind):
     from registry.asking import webhook

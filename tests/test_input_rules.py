@@ -109,3 +109,23 @@ def test_a_threshold_that_is_not_finite_is_refused(tmp_path):
                                  "--threshold", "nan"])
     assert r.exit_code == 2 and "--threshold must be a finite number" in r.output
     assert not (tmp_path / "r.duckdb").exists()
+
+
+@pytest.mark.parametrize("fmt", ["eee", "helm"])
+def test_json_nested_past_pythons_limit_is_one_line_and_changes_nothing(tmp_path, fmt):
+    deep = "[" * 100_000 + "]" * 100_000
+    if fmt == "eee":
+        folder = tmp_path / "eee"
+        folder.mkdir()
+        (folder / "a.json").write_text('{"schema_version": "0.3.0", "x": ' + deep + "}")
+    else:
+        folder = tmp_path / "helm" / "run"
+        folder.mkdir(parents=True)
+        for name in ("run_spec", "scenario", "scenario_state", "per_instance_stats", "stats"):
+            (folder / f"{name}.json").write_text(deep)
+        folder = folder.parent
+    db = tmp_path / "r.duckdb"
+    r = CliRunner().invoke(cli, ["--db", str(db), "import", "--from", fmt, str(folder)])
+    lines = [ln for ln in r.output.splitlines() if ln.startswith("Error")]
+    assert r.exit_code == 1 and len(lines) == 1 and "nests its JSON deeper" in lines[0], r.output
+    assert "Traceback" not in r.output and not db.exists()

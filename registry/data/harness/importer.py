@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 from dataclasses import dataclass, field
 
@@ -56,7 +57,14 @@ def read_runs(harness: str, paths: list[str], *, progress: bool = False, **optio
     if wrong:
         raise InputError(f"--{wrong[0]} does not apply to {harness} (it takes: "
                          f"{', '.join('--' + o for o in ('model',) + tuple(reader.options))})")
-    runs = list(reader.read(list(paths), progress=progress, **given))
+    try:
+        runs = list(reader.read(list(paths), progress=progress, **given))
+    except RecursionError:      # (JSON nested past Python's recursion limit: no results file is)
+        raise InputError(f"a file nests its JSON deeper than {sys.getrecursionlimit():,} levels: not a {harness} "
+                         f"file", file=", ".join(paths)) from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"invalid UTF-8 at byte {exc.start} (the file must be UTF-8 encoded)",
+                         file=", ".join(paths)) from None
     for run in runs:
         problem = model_name_problem(run.model)
         if problem:

@@ -48,7 +48,7 @@ def one(db: str) -> dict:
                     break
             except httpx.HTTPError:
                 if proc.poll() is not None:
-                    raise SystemExit(f"serve exited {proc.returncode}: {proc.stderr.read().strip()[-500:]}")
+                    raise SystemExit(f"serve exited {proc.returncode}: {proc.stderr.read().strip()[-500:]}") from None
             time.sleep(0.05)
         t1 = time.monotonic()
         page = httpx.get(f"http://127.0.0.1:{port}/", timeout=120)

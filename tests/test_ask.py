@@ -145,7 +145,7 @@ def test_the_key_is_read_from_the_environment_and_never_stored(db_copy, upstream
                                       "--plan", "random", "--api-key-env", "ASK_TEST_KEY", "--json"])
     assert result.exit_code == 0, result.output
     assert set(u.auth) == {"Bearer sk-secret-123"}
-    assert "sk-secret-123" not in result.output and json.loads(result.output)["answered"] == 8
+    assert "sk-secret-123" not in result.output and json.loads(result.stdout)["answered"] == 8
     assert b"sk-secret-123" not in db_copy.read_bytes()
 
 

@@ -214,7 +214,7 @@ def test_train_category_features_flag(db_copy, field):
     res = CliRunner().invoke(cli, ["--db", str(db_copy), "train", "--category-features", "--category-field", field,
                                    "--steps", "2", "--epochs", "1", "--json"])
     assert res.exit_code == 0, res.output
-    info = json.loads(res.output)
+    info = json.loads(res.stdout)
     with Registry(db_copy) as reg, reg.store.tx() as tx:
         cfg = json.loads(tx.sql("SELECT config::VARCHAR FROM encoders WHERE id = ?", [info["id"]])[0][0])
         data = dataset(tx)
@@ -366,7 +366,7 @@ def test_train_category_and_source_flag(db_copy):
     res = CliRunner().invoke(cli, ["--db", str(db_copy), "train", "--category-features", "--category-field",
                                    "category+source", "--steps", "2", "--epochs", "1", "--json"])
     assert res.exit_code == 0, res.output
-    info = json.loads(res.output)
+    info = json.loads(res.stdout)
     with Registry(db_copy) as reg, reg.store.tx() as tx:
         cfg = json.loads(tx.sql("SELECT config::VARCHAR FROM encoders WHERE id = ?", [info["id"]])[0][0])
         data = dataset(tx)

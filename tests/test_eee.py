@@ -45,7 +45,7 @@ def rows(db, models=None) -> dict[str, set]:
 def export(db, out, *args) -> dict:
     r = run(db, "export", "--to", "eee", str(out), *args, "--json")
     assert r.exit_code == 0, r.output
-    return json.loads(r.output)
+    return json.loads(r.stdout)
 
 
 def every_line_valid(directory: Path) -> int:
@@ -108,7 +108,7 @@ def test_the_export_imported_into_the_registry_it_came_from_adds_nothing(db_copy
     before = snapshot(db_copy)
     r = run(db_copy, "import", str(exported), "--json")
     assert r.exit_code == 0, r.output
-    done = json.loads(r.output)
+    done = json.loads(r.stdout)
     assert done["queries_added"] == 0 and done["evaluations_added"] == 0 and done["detected"] is True
     assert all(m["matched"] == m["samples"] for m in done["models"])
     assert snapshot(db_copy) == before

@@ -22,7 +22,7 @@ def test_evaluate_json_methods_baselines_and_sample_efficiency(db_copy):
     res = CliRunner().invoke(cli, ["--db", str(db_copy), "evaluate", "--split", "test", "--sample-efficiency",
                                    "--seeds", "2", "--json"])
     assert res.exit_code == 0, res.output
-    r = json.loads(res.output)
+    r = json.loads(res.stdout)
     m = r["methods"]
     for name in ("locus", "knn", "mf", "irt"):
         assert {"hit@1", "hit@3", "hit@5", "auc"} <= set(m[name]), name
@@ -89,7 +89,7 @@ def test_train_cli_options_reach_the_config_and_the_same_seed_gives_the_same_che
         res = CliRunner().invoke(cli, ["--db", str(db_copy), "train", "--seed", "1", "--steps", "2", "--epochs", "1",
                                        "--anchors", "64", "--json"])
         assert res.exit_code == 0, res.output
-        runs.append(json.loads(res.output))
+        runs.append(json.loads(res.stdout))
     a, b = runs
     wall = [r["metrics"].pop("wall_s") for r in runs]         # the only figure allowed to differ
     assert a["id"] != b["id"] and a["metrics"] == b["metrics"] and min(wall) > 0
@@ -141,7 +141,7 @@ def test_evaluate_leaves_out_models_without_an_up_to_date_embedding(db_copy, sma
     assert res.exit_code == 0 and "left out: thin: " in res.output and "left out: tiny: " in res.output, res.output
     assert r.held_out and "not held out" not in res.output
     res = CliRunner().invoke(cli, ["--db", str(db_copy), "evaluate", "--split", "val", "--no-baselines", "--json"])
-    assert res.exit_code == 0 and json.loads(res.output)["held_out"] is False, res.output
+    assert res.exit_code == 0 and json.loads(res.stdout)["held_out"] is False, res.output
 
 
 def test_evaluate_on_a_registry_of_three_models_and_few_queries(small_data, tmp_path):
@@ -222,7 +222,7 @@ def test_evaluate_keeps_its_baselines_and_refits_them_when_the_data_changes(db_c
     def evaluate():
         res = CliRunner().invoke(cli, ["--db", str(db_copy), "evaluate", "--split", "test", "--json"])
         assert res.exit_code == 0, res.output
-        return json.loads(res.output)
+        return json.loads(res.stdout)
 
     first = evaluate()
     with duckdb.connect(str(db_copy)) as con:

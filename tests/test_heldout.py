@@ -49,7 +49,7 @@ def test_held_out_cli_json_and_table_write_nothing(db_copy):
     res = CliRunner().invoke(cli, ["--db", str(db_copy), "evaluate", "--held-out", "3", "--n", "31", "--seeds", "2",
                                    *TINY, "--json"])
     assert res.exit_code == 0, res.output
-    r = json.loads(res.output)
+    r = json.loads(res.stdout)
     assert (r["held_out"], r["n"], r["seeds"], r["models"]) == (3, 31, [0, 1], 31)
     assert r["train_config"]["max_steps"] == 2 and r["train_config"]["teacher_epochs"] == 1
     assert r["train_config"]["refit_epochs"] == heldout.TRAIN_SHORT["refit_epochs"]

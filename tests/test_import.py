@@ -258,7 +258,7 @@ def test_draw_splits_per_category_seeded_kept_and_re_embedded(unsplit_db, small_
     res = CliRunner().invoke(cli, ["--db", str(a), "draw-splits", "--val", "0.1", "--test", "0.2", "--seed", "3",
                                    "--json"])
     assert res.exit_code == 0, res.output
-    r = json.loads(res.output)
+    r = json.loads(res.stdout)
     cats = duckdb.sql(f"""SELECT coalesce(category, '') AS c, count(*) AS n
                           FROM read_csv('{small_data}/questions.csv.gz') GROUP BY 1""").fetchall()
     assert r["kept"] == 0 and sum(r["drawn"].values()) == N_QUESTIONS

@@ -114,7 +114,7 @@ def test_neighbours_are_the_most_similar_first():
 def test_evaluate_reports_what_routing_uses_and_route_serves_what_evaluate_measured(db_copy):
     res = CliRunner().invoke(cli, ["--db", str(db_copy), "evaluate", "--json"])
     assert res.exit_code == 0, res.output
-    r = json.loads(res.output)
+    r = json.loads(res.stdout)
     m = r["methods"]
     for name in ("locus", "locus_interaction", "knn", "mf", "irt", "per_category", "best_single"):
         assert {"n_chosen", "differs_from_strongest", "hit@1_disagree"} <= set(m[name]), name
@@ -149,7 +149,7 @@ def test_draw_splits_by_category_holds_whole_categories_out(db_copy):
     res = CliRunner().invoke(cli, ["--db", str(db_copy), "draw-splits", "--by", "category", "--test-categories",
                                    ",".join(cats), "--seed", "3", "--json"])
     assert res.exit_code == 0, res.output
-    out = json.loads(res.output)
+    out = json.loads(res.stdout)
     assert out["by"] == "category" and out["test_categories"] == sorted(cats) and out["changed"] > 0
     con = duckdb.connect(str(db_copy), read_only=True)
     rows = con.execute("""SELECT coalesce(q.category, ''), s.split, count(*) FROM queries q
@@ -177,7 +177,7 @@ def test_draw_splits_by_category_holds_whole_categories_out(db_copy):
     # the report on that split: routing on categories the training never saw (their offsets come from neighbours)
     res = CliRunner().invoke(cli, ["--db", str(db_copy), "evaluate", "--json"])
     assert res.exit_code == 0, res.output
-    r = json.loads(res.output)
+    r = json.loads(res.stdout)
     assert sorted(r["per_category"]) == sorted(cats) and "locus_interaction" in r["methods"]
 
 

@@ -109,7 +109,7 @@ def test_register_embeds_and_reports_neighbours(any_db, small_data, tmp_path):
     out = CliRunner().invoke(cli, ["--db", str(any_db), "register", "llama-twin", "--evals", str(f),
                                    "--family", "llama-2", "--params-b", "7", "--tag", "origin=test", "--json"])
     assert out.exit_code == 0, out.output
-    r = json.loads(out.output)
+    r = json.loads(out.stdout)
     assert r["model"] == "llama-twin" and r["version"] == 1 and r["outcome"] == "embedded"
     assert r["neighbours"][0]["model"] == "Llama-2-7b-hf"       # its very answers: the same model
     assert r["neighbours"][0]["disagreement"] == 0.0

@@ -151,7 +151,7 @@ def test_fingerprint_plan_separates_and_round_trips(db_copy, tmp_path):
     res = CliRunner().invoke(cli, ["--db", str(db_copy), "fingerprint", "--plan", "-n", "40", "--out", str(out),
                                    "--json"])
     assert res.exit_code == 0, res.output
-    p = json.loads(res.output)
+    p = json.loads(res.stdout)
     assert len(p["probes"]) == 40 and len(p["candidates"]) == 31 and p["file"] == str(out)
     # the least separated pair is separated more often than the least separated pair of random queries
     assert p["separated"] > p["random_separated"]
@@ -279,7 +279,7 @@ def test_evaluate_planned_compares_designs_on_the_same_draws(db_copy):
     res = CliRunner().invoke(cli, ["--db", str(db_copy), "evaluate", "--sample-efficiency", "--planned", "--seeds",
                                    "2", "--no-baselines", "--json"])
     assert res.exit_code == 0, res.output
-    r = json.loads(res.output)
+    r = json.loads(res.stdout)
     pe = r["planned_efficiency"]
     assert set(pe) == {"32", "64", "128", "256", "512"} and pe["32"]["draws"] == 2
     for n in pe:

@@ -33,7 +33,7 @@ def test_register_existing_name_needs_update(db_copy, small_data, tmp_path):
     assert snapshot(db_copy) == before
     out = run(db_copy, "register", "gpt-4o-2024-05-13", "--evals", str(f), "--family", "yi", "--update", "--json")
     assert out.exit_code == 0, out.output
-    r = json.loads(out.output)
+    r = json.loads(out.stdout)
     assert r["updated"] == {"family": ["gpt-4o", "yi"]} and r["results_changed"] > 0
     # adding results to a model that lacks them needs no --update
     with Registry(db_copy) as reg:
@@ -102,7 +102,7 @@ def test_a_new_tag_on_a_registered_model_is_a_change_like_any_other(db_copy, sma
     out = run(db_copy, "register", model, "--evals", str(f), "--tag", "team=eval")
     assert out.exit_code == 1 and "tags.team=None" in out.output and "--update" in out.output, out.output
     out = run(db_copy, "register", model, "--evals", str(f), "--tag", "team=eval", "--update", "--json")
-    assert out.exit_code == 0 and json.loads(out.output)["updated"] == {"tags.team": [None, "eval"]}, out.output
+    assert out.exit_code == 0 and json.loads(out.stdout)["updated"] == {"tags.team": [None, "eval"]}, out.output
     with Registry(db_copy) as reg:
         assert reg.show(model).tags["team"] == "eval"
 

@@ -153,7 +153,7 @@ def test_cli_route_file_log_and_errors(db_copy, tmp_path):
     assert r.exit_code == 0, r.output
     assert "P(correct)" in r.output and len([ln for ln in r.output.splitlines() if "0." in ln]) >= 5
     r = run(db_copy, "route", Q, "--json", "--no-log-text", "--cost-weight", "0.01", "--cost-by", "params")
-    d = json.loads(r.output)
+    d = json.loads(r.stdout)
     assert {"model", "fallback", "candidates", "encoder", "versions"} <= set(d) and len(d["candidates"]) == 31
     queries = tmp_path / "q.jsonl"
     queries.write_text('{"id": "a", "text": "What is 2+2?"}\n\n{"question": "Capital of Peru?", '
@@ -169,7 +169,7 @@ def test_cli_route_file_log_and_errors(db_copy, tmp_path):
     r = run(db_copy, "route", "--file", str(csv_in), "--out", str(tmp_path / "r.csv"))
     assert r.exit_code == 0 and (tmp_path / "r.csv").read_text().count("\n") == 3
     r = run(db_copy, "log", "--json")
-    log = json.loads(r.output)
+    log = json.loads(r.stdout)
     assert len(log) == 7 and log[5]["text"] is None and log[6]["text"] == Q   # newest first
     assert run(db_copy, "mark-unavailable", "Yi-6B").exit_code == 0
     assert "Yi-6B" in run(db_copy, "mark-unavailable", "Yi-34B").output

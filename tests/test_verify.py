@@ -63,7 +63,7 @@ def test_endpoints_add_on_the_command_line(db_copy, upstreams):
     r = CliRunner().invoke(cli, ["--db", str(db_copy), "endpoints", "add", X, "--base-url", u.url, "--name",
                                  f"{X}@cli", "--reference", "--json"])
     assert r.exit_code == 0, r.output
-    assert json.loads(r.output)["reference"] is True
+    assert json.loads(r.stdout)["reference"] is True
     r = CliRunner().invoke(cli, ["--db", str(db_copy), "endpoints", "add", "nope", "--base-url", u.url])
     assert r.exit_code == 1 and r.output.count("\n") == 1 and "nope" in r.output
 
@@ -114,7 +114,7 @@ def test_the_command_line_exits_non_zero_when_one_is_not_faithful(db_copy, upstr
         reg.claim(X, bad.url, name=f"{X}@bad")
     r = CliRunner().invoke(cli, args + ["--json"])
     assert r.exit_code == 3, r.output
-    out = json.loads(r.output)
+    out = json.loads(r.stdout)
     assert out["faithful"] is False and out["across_prompts"] is True
     assert {e["endpoint"]: e["verdict"]["verdict"] for e in out["endpoints"]} == {
         f"{X}@good": "faithful", f"{X}@bad": "substituted"}
@@ -195,9 +195,9 @@ def test_on_either_database(any_db, upstreams):
         assert r.exit_code == 0, r.output
     r = run("verify", X, "-n", "64", "--repeat", "8", "--json")
     assert r.exit_code == 3, r.output
-    got = {e["endpoint"]: e["verdict"]["verdict"] for e in json.loads(r.output)["endpoints"]}
+    got = {e["endpoint"]: e["verdict"]["verdict"] for e in json.loads(r.stdout)["endpoints"]}
     assert got == {f"{X}@good": "faithful", f"{X}@bad": "substituted"}
     r = run("watch", "--once", "-n", "16")
     assert r.exit_code in (0, 3), r.output
     r = run("watch", "--status", "--json")
-    assert r.exit_code == 0 and len(json.loads(r.output)["rounds"]) == 2, r.output
+    assert r.exit_code == 0 and len(json.loads(r.stdout)["rounds"]) == 2, r.output

@@ -119,7 +119,7 @@ def test_a_switch_is_an_event_and_a_faithful_endpoint_raises_none(db_copy, fakes
     r = CliRunner().invoke(cli, ["--db", str(db_copy), "watch", "--status"])
     assert r.exit_code == 0 and "faithful -> degraded" in r.output
     r = CliRunner().invoke(cli, ["--db", str(db_copy), "watch", "--status", "--json"])
-    assert len(json.loads(r.output)["rounds"]) == 16
+    assert len(json.loads(r.stdout)["rounds"]) == 16
 
 
 def test_watch_needs_a_watched_endpoint_and_sane_options(db_copy):

@@ -73,8 +73,6 @@ def add(tx: Tx, model: str, base_url: str, *, name: str | None = None, upstream_
     problem = model_name_problem(name) if name else "the endpoint's name is empty"
     if problem:
         raise InputError(f"the endpoint's name: {problem}")
-    if upstream_model is not None and (model_name_problem(upstream_model) or len(upstream_model) > MAX_NAME):
-        raise InputError(f"--upstream-model: {model_name_problem(upstream_model)}")
     others = [c for c in current(tx) if c.model == model and c.endpoint != name]
     if len(others) >= MAX_CLAIMS:
         raise Conflict(f"{model!r} has {len(others)} claiming endpoints, the most a model may have: remove one first "

@@ -133,6 +133,12 @@ def checked(base_url: str, api_key_env: str | None) -> str:
 def set_endpoint(tx: Tx, model: str, base_url: str, upstream_model: str | None = None,
                  api_key_env: str | None = None) -> Endpoint:
     base_url = checked(base_url, api_key_env)
+    if upstream_model is not None:          # (the model-name rule: what every list and page shows stays one line)
+        from registry.data.import_models_queries import model_name_problem
+
+        problem = model_name_problem(upstream_model)
+        if problem:
+            raise InputError(f"--upstream-model: {problem}")
     mid = _model_id(tx, model)
     tx.sql("""INSERT INTO model_endpoints (model_id, base_url, upstream_model, api_key_env) VALUES (?, ?, ?, ?)
               RETURNING id""", [mid, base_url, upstream_model, api_key_env])

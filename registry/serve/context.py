@@ -97,6 +97,14 @@ class EvalRow(BaseModel):
     text: RowText | None = None
     options: list[str] | None = Field(None, max_length=MAX_OPTIONS)
 
+    @field_validator("text")
+    @classmethod
+    def _text_holds_something(cls, v):
+        # (the schema's: a text given is not all spaces, even for a query the registry has, whose text it ignores)
+        if v is not None and not v.strip(" "):
+            raise ValueError("a row's text, when given, must not be empty or only spaces")
+        return v
+
 
 def json_response(obj: Any) -> Response:
     """A result as JSON (dataclasses as objects), serialised by orjson in C: FastAPI's own encoder walks every value

@@ -49,7 +49,7 @@ class AskBody(BaseModel):
     plan: Literal["fingerprint", "probe", "random"] = "fingerprint"
     concurrency: shapes.WholeNumber = Field(8, ge=1, le=16)
     base_url: str | None = Field(None, json_schema_extra=shapes.BASE_URL_SCHEMA)
-    upstream_model: str | None = None
+    upstream_model: shapes.ModelName | None = None
     api_key_env: str | None = Field(None, json_schema_extra={"pattern": ENV_NAME})
     keep_responses: bool = False
     seed: shapes.WholeNumber = Field(0, ge=0, le=2**32 - 1)
@@ -60,7 +60,7 @@ class ClaimBody(BaseModel):
     model_config = ConfigDict(strict=True)
     base_url: str = Field(json_schema_extra=shapes.BASE_URL_SCHEMA)
     name: shapes.ModelName | None = None
-    upstream_model: str | None = None
+    upstream_model: shapes.ModelName | None = None
     api_key_env: str | None = Field(None, json_schema_extra={"pattern": ENV_NAME})
     reference: bool = False
     watched: bool = True
@@ -94,7 +94,7 @@ class AvailabilityBody(BaseModel):
 class EndpointBody(BaseModel):
     model_config = ConfigDict(strict=True)
     base_url: str = Field(json_schema_extra=shapes.BASE_URL_SCHEMA)
-    upstream_model: str | None = None
+    upstream_model: shapes.ModelName | None = None
     api_key_env: str | None = Field(None, json_schema_extra={"pattern": ENV_NAME})
 
 

@@ -175,15 +175,15 @@ def watch(store: Store, *, min_evaluations: int, n: int = 64, models: list[str] 
             how["concurrency"] = max(1, min(concurrency, max_in_flight // max(1, len(group))))
         found, ref, fresh, batches, sent, reports = round_of(store, model, group, n, seed=seed, keys=keys, how=how)
         asked += sent
-        write(functools.partial(judge_round, store, model, found, ref, fresh, batches, reports, out=out,
-                                webhook=webhook))
+        write(functools.partial(judge_round, store, model, found, ref, fresh, batches=batches, reports=reports,
+                                out=out, webhook=webhook))
     out.asked = asked
     if webhook:
         out.webhook_failures = deliveries.deliver(store, webhook, write=write)
     return out
 
 
-def judge_round(store: Store, model: str, found: list, ref, fresh: list[int], batches: list[int], reports: dict, *,
+def judge_round(store: Store, model: str, found: list, ref, fresh: list[int], *, batches: list[int], reports: dict,
                 out: WatchResult, webhook: str | None) -> None:
     """The round's verdicts: each watched endpoint's test stepped, its row and any event stored (with the event's
     delivery, for a webhook), in one transaction (a server's writer runs it); rounds and events added to `out`."""

@@ -13,7 +13,8 @@ from registry.data.import_models_queries import MAX_NAME, PATH_SUFFIXES
 
 # what Python's str.strip() removes (the library's test for an empty text or an edge space in a name)
 SPACE = endpoints.char_class(endpoints.space_chars())
-CONTROL = "\\u0000-\\u001f\\u007f-\\u009f"                     # what a model name may not hold
+CONTROL = ("\\u0000-\\u001f\\u007f-\\u009f"                    # what a model name may not hold: controls,
+           "\\u061c\\u200e\\u200f\\u202a-\\u202e\\u2066-\\u2069")     # and the marks that reorder text
 NOT_BLANK = f"[^{SPACE}]"                                       # found anywhere: a text that is not all space
 # DuckDB's trim(), which the file checks use, removes only the ASCII space
 NOT_SPACES = "[^ ]"

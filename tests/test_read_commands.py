@@ -82,3 +82,21 @@ def test_a_bad_as_of_is_one_line_and_the_cost_advice_works(db_copy, tmp_path):
     assert run(db_copy, "import", "--models", str(models)).exit_code == 0
     out = run(db_copy, "route", stored, "--cost-weight", "0.1", "--no-log", "--json")   # did what it says
     assert out.exit_code == 0 and json.loads(out.stdout)["cost_basis"] == "cost", out.output
+
+
+@pytest.mark.slow
+def test_a_reader_that_went_away_is_no_error(db_copy):
+    """`registry models | head`: the reader closed its end (here before the first line): no "Error: Broken pipe", no
+    traceback; click ends it quietly."""
+    import os
+    import subprocess
+    import sys
+
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run([sys.executable, "-m", "registry", "--db", str(db_copy), "models"], stdout=write,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert "Broken pipe" not in done.stderr and "Traceback" not in done.stderr, done.stderr

@@ -115,6 +115,8 @@ def handles_errors(fn):
             if exc.exit_code:
                 discard_new_registry()
             raise
+        except BrokenPipeError:       # (`registry models | head`: the reader has all it wanted; click ends quietly)
+            raise
         except Exception as exc:
             if is_interrupt(exc) or sigint_seen():     # (DuckDB's stop of a statement Ctrl-C came during, say)
                 raise interrupted(discard_new_registry()) from None

@@ -13,8 +13,11 @@ SHIPPED = [("alembic.ini", "alembic.ini"), ("alembic/env.py", "alembic/env.py"),
 SHIPPED += [(f"alembic/versions/{p.name}",) * 2 for p in sorted((HERE / "alembic" / "versions").glob("*.py"))]
 SHIPPED += [(f"data/{p.name}",) * 2 for p in sorted((HERE / "data").iterdir())
             if p.suffix in (".safetensors", ".parquet")]
-# the example dataset (MMLU-Pro, Apache-2.0, its LICENSE and README beside it): `registry import --example`
-SHIPPED += [(f"data/mmlu-pro/{p.name}",) * 2 for p in sorted((HERE / "data" / "mmlu-pro").iterdir()) if p.is_file()]
+# the example dataset (MMLU-Pro, Apache-2.0, its LICENSE and README beside it), read from the shared data beside the
+# checkout (never committed) when a wheel is built there: `registry import --example`
+EXAMPLE = HERE.parent / "shared" / "data" / "mmlu-pro"
+SHIPPED += [(EXAMPLE / p.name, f"data/mmlu-pro/{p.name}") for p in sorted(EXAMPLE.iterdir()) if p.is_file()] \
+    if EXAMPLE.is_dir() else []
 
 
 class BuildWithShipped(build_py):

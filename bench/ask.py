@@ -8,7 +8,7 @@ Bar 2: with 200 ms per upstream request, `Registry.ask` of 128 questions end to 
 embedding, verdict) on a copy of the registry; asking again with the same -n sends no request; an upstream that
 answers 429 (Retry-After: 1) to its first 8 requests is retried and the run completes.
 
-    .venv/bin/python bench/ask.py --db registry.duckdb [--seeds 100] [--data data/mmlu-pro]
+    .venv/bin/python bench/ask.py --db registry.duckdb [--seeds 100] [--data ../shared/data/mmlu-pro]
 """
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def verdicts(reg, upstream: ChatUpstream, seeds: int, n: int) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--db", default="registry.duckdb")
-    ap.add_argument("--data", default=str(Path(__file__).resolve().parents[1] / "data/mmlu-pro"))
+    ap.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared/data/mmlu-pro"))
     ap.add_argument("--seeds", type=int, default=100)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-ask-"))

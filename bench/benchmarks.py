@@ -3,7 +3,7 @@ routers - 0.005 and above the best single model; the predictor's AUC at least KN
 
     .venv/bin/python bench/benchmarks.py DIR... [--seeds 0 1 2] [--work W] [--json]
 
-For each dataset folder (the registry's input layout: data/mmlu-pro, or one built by bench/devdata.py):
+For each dataset folder (the registry's input layout: shared/data/mmlu-pro, or one built by bench/devdata.py):
 `registry --db W/<name>.duckdb import DIR` (kept in W and reused when it is there already), then per seed a copy of
 it: `registry train --seed S --activate` and `registry evaluate --split test --json`, all as real CLI subprocesses.
 The table gives hit@1 (and AUC where the method has probabilities) of: served (the policy routing serves, with its

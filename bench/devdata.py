@@ -1,5 +1,5 @@
 """Development datasets beyond MMLU-Pro, built from public per-question results into the registry's input layout
-(the files and columns of data/mmlu-pro: models.csv, questions.csv.gz, evaluations.csv.gz, splits.csv).
+(the files and columns of shared/data/mmlu-pro: models.csv, questions.csv.gz, evaluations.csv.gz, splits.csv).
 
     python bench/devdata.py zeroeval --source /path/to/ZeroEval --out /work/devdata/zeroeval [--seed 0]
 

@@ -5,7 +5,7 @@ Meta-Llama-3_1-70B-Instruct's own non-test results; then fingerprint 300 of Mist
 results, register 700 of Qwen1.5-72B-Chat's as `api-model` (its warning), and ask `similar my-new-model`. Each row:
 the step and what the registry said (the calibration's closest distinct pair after each registration).
 
-    .venv/bin/python bench/duplicates.py [--db /work/main/registry.duckdb] [--data data/mmlu-pro]
+    .venv/bin/python bench/duplicates.py [--db /work/main/registry.duckdb] [--data /work/shared/data/mmlu-pro]
 """
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def neighbours(near, label: str) -> list[tuple[str, str]]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--db", default="/work/main/registry.duckdb")
-    ap.add_argument("--data", default="data/mmlu-pro")
+    ap.add_argument("--data", default="/work/shared/data/mmlu-pro")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp())
     db = tmp / "registry.duckdb"

@@ -1,7 +1,7 @@
 """Every Eval Ever out and in, side by side with the plain folder import, in one run (each step a `registry`
 command in its own process, as a user runs it):
 
-  1. `registry import data/mmlu-pro` into an empty registry (the yardstick);
+  1. `registry import ../shared/data/mmlu-pro` into an empty registry (the yardstick);
   2. `registry export --to eee DIR` of a copy of the default registry (registry.duckdb: 31 models, 371,244
      evaluations; the copy brought to the current schema first, untimed);
   3. `registry import DIR` (no --from: the reader recognises EEE) into an empty registry;
@@ -26,7 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 REGISTRY = str(ROOT / ".venv" / "bin" / "registry")
-MMLU = ROOT / "data" / "mmlu-pro"
+MMLU = ROOT.parent / "shared" / "data" / "mmlu-pro"
 
 TABLES = {
     "models": "SELECT name, family, provider, params_b, cost, open_weights, tags::VARCHAR FROM models",

@@ -141,7 +141,7 @@ def bar3(db: str, names, external, correct, is_test) -> None:
     name from 128 random non-test evaluations; any same-model claim is counted."""
     import duckdb
 
-    data = Path(__file__).resolve().parents[1] / "data" / "mmlu-pro"
+    data = Path(__file__).resolve().parents[2] / "shared" / "data" / "mmlu-pro"
     tmp = Path(tempfile.mkdtemp())
     rng = np.random.default_rng(1)
     order = rng.permutation(len(names))

@@ -1,7 +1,7 @@
 """Bars 1-5 of issue 5 on the MMLU-Pro data (fixed test split): fingerprint, geometry, portfolio, fallback, scale.
 
     .venv/bin/python bench/geometry.py --db registry.duckdb          # a registry built from the full data
-    .venv/bin/python bench/geometry.py --data data/mmlu-pro --build /tmp/full.duckdb
+    .venv/bin/python bench/geometry.py --data ../shared/data/mmlu-pro --build /tmp/full.duckdb
     .venv/bin/python bench/geometry.py --db X --only scale --scale-n 100000
 
 Building the full registry embeds 12,032 question texts with MiniLM (10-20 minutes on 2 cores).
@@ -173,7 +173,7 @@ def bench_scale(n: int, calls: int = 200, kmedoids: bool = True) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--db", help="an existing registry built from the MMLU-Pro data")
-    ap.add_argument("--data", default=str(Path(__file__).resolve().parents[1] / "data" / "mmlu-pro"))
+    ap.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared" / "data" / "mmlu-pro"))
     ap.add_argument("--build", help="build a registry from --data at this path first")
     ap.add_argument("--only", nargs="*", default=["fingerprint", "geometry", "portfolio", "fallback", "scale"])
     ap.add_argument("--scale-n", type=int, default=100_000)

@@ -3,7 +3,7 @@
     .venv/bin/python bench/import_safety.py together --procs 2 4 --rounds 20
     .venv/bin/python bench/import_safety.py sigint --at 0.5 1 2 3 5 8 [--repeat 2]
 
-together: per round, N `registry import data/mmlu-pro` processes into one new path, released at one instant (each
+together: per round, N `registry import ../shared/data/mmlu-pro` processes into one new path, released at one instant (each
 sleeps until a common start time, then execs the command); then the file must exist, hold 31 models and 371,244
 evaluations (`registry stats --json`), pass `registry db check`, and every process that exited 0 must have printed
 what the file holds. sigint: one import into a new file, SIGINT at T seconds: exit 130 and one line on stderr saying
@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 REGISTRY = str(ROOT / ".venv" / "bin" / "registry")
-DATA = str(ROOT / "data" / "mmlu-pro")
+DATA = str(ROOT.parent / "shared" / "data" / "mmlu-pro")
 MODELS, EVALUATIONS = 31, 371_244
 HOLDS = f"{MODELS} models, 12,032 queries, {EVALUATIONS:,} evaluations"
 # (the command itself, started at a common instant: sleep until then, then exec)

@@ -5,7 +5,7 @@
 - re-import of the same three files, against the first import;
 - query-text embedding in questions per second, our path against a bare sentence-transformers `encode`.
 
-Usage: .venv/bin/python bench/import_speed.py [--data data/mmlu-pro] [--texts 512] [--repeat 3]
+Usage: .venv/bin/python bench/import_speed.py [--data ../shared/data/mmlu-pro] [--texts 512] [--repeat 3]
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def timed(fn):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--data", default=str(Path(__file__).resolve().parents[1] / "data/mmlu-pro"))
+    ap.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared/data/mmlu-pro"))
     ap.add_argument("--texts", type=int, default=512)
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()

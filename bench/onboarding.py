@@ -7,7 +7,7 @@
    model) and how long.
 3. Versions after import / re-import / 100 new evaluations for one model.
 
-Usage: .venv/bin/python bench/onboarding.py --db REGISTRY (a registry built from data/mmlu-pro; copied,
+Usage: .venv/bin/python bench/onboarding.py --db REGISTRY (a registry built from ../shared/data/mmlu-pro; copied,
 not changed) [--repeat 15]
 """
 from __future__ import annotations

@@ -10,7 +10,7 @@ A throwaway PostgreSQL (tests/pg.py; default durability: fsync on) holds, per re
 - COPY (stored rows): context. The rows as the registry stores them (model_id, query_id, correct, batch_id), already
   in memory, COPYed into a table shaped like `evaluations`.
 
-Usage: .venv/bin/python bench/pg_import.py [--data data/mmlu-pro] [--repeat 3]
+Usage: .venv/bin/python bench/pg_import.py [--data ../shared/data/mmlu-pro] [--repeat 3]
 """
 from __future__ import annotations
 

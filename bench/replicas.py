@@ -1,6 +1,6 @@
 """Two `registry serve` replicas on one PostgreSQL database under load (issue 14, bar 3), for real over loopback.
 
-A throwaway PostgreSQL (tests/pg.py, fsync on) gets the whole MMLU-Pro registry (data/mmlu-pro: 31
+A throwaway PostgreSQL (tests/pg.py, fsync on) gets the whole MMLU-Pro registry (../shared/data/mmlu-pro: 31
 models, 12,032 questions, 371,244 evaluations, splits; the questions' MiniLM vectors are exported from a DuckDB
 registry built from the same data, `--vectors-from`, so the import does not run MiniLM again), then two servers run
 on it, A and B. N client processes for D seconds (bench/load.py's client mix, half of them on each server):

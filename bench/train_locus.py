@@ -26,7 +26,7 @@ from registry.locus.network import EncoderConfig  # noqa: E402
 from registry.locus.scoring import embed_models, embed_rows, predict_proba  # noqa: E402
 from registry.locus.training import TrainConfig, train  # noqa: E402
 
-DATA = Path("data/mmlu-pro")
+DATA = Path("/work/shared/data/mmlu-pro")
 
 
 def load_registry_data(db: str):

@@ -79,7 +79,7 @@ class Registry:
                      splits: str | None = None, *, directory: str | None = None, progress: bool = False,
                      onboard: bool = True, vectors: str | None = None) -> ImportResult:
         """Import any of models (CSV), queries (CSV/JSONL/Parquet), evaluations (long format), splits and query text
-        vectors, or a folder laid out like data/mmlu-pro (its vectors too). A bad file changes nothing."""
+        vectors, or a folder laid out like ../shared/data/mmlu-pro (its vectors too). A bad file changes nothing."""
         named = dict(models=models, queries=queries, evaluations=evaluations, splits=splits, vectors=vectors)
         return importing.import_files(self.store, directory, named, min_evaluations=self.min_evaluations,
                                       progress=progress, onboard=onboard)
@@ -199,7 +199,7 @@ class Registry:
 
     # --- the database as a whole --------------------------------------------------------------------------------
     def check(self):
-        """What is wrong with the database's schema (`database_file.SchemaCheck`: `ok`, `problems`): one alembic_version
+        """What is wrong with the database's schema (`dbcheck.SchemaCheck`: `ok`, `problems`): one alembic_version
         row, at this registry's revision (not older, not newer), every table and column there. Reads only; open
         the registry with migrate=False to check a file at any revision."""
         return self.store.check()

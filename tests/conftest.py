@@ -1,4 +1,4 @@
-"""Shared fixtures: a small slice of the real MMLU-Pro data (the repository's data/mmlu-pro), and a
+"""Shared fixtures: a small slice of the real MMLU-Pro data (read from ../shared, never copied into the repo), and a
 registry built from it once per session (real DuckDB file, real migrations, real MiniLM vectors); each test gets its
 own copy of that file."""
 from __future__ import annotations
@@ -16,9 +16,9 @@ from registry import Registry
 # production probation minimum of 500: established at 64 here; the probation tests set their own minimum.
 os.environ.setdefault("REGISTRY_PROBATION_MIN", "64")
 
-REPO_DATA = Path(__file__).resolve().parents[1] / "data"
-SHARED = Path(os.environ.get("REGISTRY_TEST_DATA", REPO_DATA / "mmlu-pro"))
-EEE = REPO_DATA / "eee"   # Every Eval Ever's schemas and fixtures, HELM run folders among them
+SHARED = Path(os.environ.get("REGISTRY_TEST_DATA",
+                             Path(__file__).resolve().parents[2] / "shared" / "data" / "mmlu-pro"))
+EEE = SHARED.parent / "eee"   # Every Eval Ever's schemas and fixtures, HELM run folders among them
 N_QUESTIONS = 160
 
 
@@ -56,7 +56,7 @@ def _fast_tier_stays_fast(request, monkeypatch):
 @pytest.fixture(scope="session")
 def mmlu_dir() -> Path:
     if not SHARED.is_dir():  # fail, not skip: a suite that skips its data tests proves nothing
-        pytest.fail(f"MMLU-Pro data not found at {SHARED} (the repository's data/mmlu-pro, or REGISTRY_TEST_DATA)")
+        pytest.fail(f"MMLU-Pro data not found at {SHARED} (set REGISTRY_TEST_DATA)")
     return SHARED
 
 

@@ -1,4 +1,4 @@
-"""`registry import --from helm`: HELM's own run folders (tests/data/eee/fixtures/helm: mmlu philosophy and
+"""`registry import --from helm`: HELM's own run folders (../shared/data/eee/fixtures/helm: mmlu philosophy and
 hellaswag, multiple choice; narrative_qa, free text) come in without a converter; a malformed run folder is one line
 and changes nothing."""
 from __future__ import annotations

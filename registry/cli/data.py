@@ -57,7 +57,7 @@ class ImportCommand(click.Command):
                                               "MMLU-Pro results, Apache-2.0) instead of PATHS.")
 def import_(ctx, paths, *, models, queries, evaluations, splits, vectors, harness, model_name, scorer, metric,
             threshold, partial, example, as_json):
-    """Import benchmark results: a folder laid out like data/mmlu-pro, or single files; or files of
+    """Import benchmark results: a folder laid out like ../shared/data/mmlu-pro, or single files; or files of
     another format (--from FORMAT, or the one that recognises them)."""
     if threshold is not None and not math.isfinite(threshold):
         raise click.UsageError(f"--threshold must be a finite number, got {threshold}")

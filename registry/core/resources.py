@@ -30,5 +30,8 @@ def data_dir() -> Path:
 
 def example_data() -> Path:
     """The example dataset's folder (31 models' real MMLU-Pro results, Apache-2.0): what `registry import --example`
-    and `bin/build-default` import."""
-    return data_dir() / "mmlu-pro"
+    imports. A wheel carries it; a checkout reads the shared data beside it (../shared/data/mmlu-pro, never
+    committed)."""
+    if base() == INSTALLED:
+        return INSTALLED / "data" / "mmlu-pro"
+    return CHECKOUT.parent / "shared" / "data" / "mmlu-pro"

@@ -53,7 +53,7 @@ class Staged:
 # --- locating and reading files ----------------------------------------------------------------------------------
 
 def files_in_dir(directory: str | Path) -> dict[str, str]:
-    """A folder laid out like data/mmlu-pro: models.csv, questions.csv.gz, evaluations.csv.gz, splits.csv."""
+    """A folder laid out like ../shared/data/mmlu-pro: models.csv, questions.csv.gz, evaluations.csv.gz, splits.csv."""
     directory = Path(directory)
     if not directory.is_dir():
         raise InputError("not a directory", file=str(directory))

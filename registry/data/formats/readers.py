@@ -120,7 +120,7 @@ def _each(files: list[str], progress: bool):
 
 
 BUILTIN = (
-    Reader("csv", "a folder laid out like data/mmlu-pro (models.csv, questions.csv.gz, "
+    Reader("csv", "a folder laid out like ../shared/data/mmlu-pro (models.csv, questions.csv.gz, "
            "evaluations.csv.gz, splits.csv)", _csv_folder, None),
     Reader("inspect", "Inspect AI eval logs (.eval or .json, or folders of them)", _inspect, _read_inspect,
            ("scorer", "threshold", "partial")),

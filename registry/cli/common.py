@@ -200,7 +200,7 @@ def _open(ctx: click.Context, db: str, options: dict):
 def discard_new_registry() -> str | None:
     """A command that failed on the file it created removes the file and its write-ahead log if nothing was committed
     to it (no table holds a row): a failed first import leaves no file behind, and its retry starts afresh. A file
-    another process created, or one holding committed rows, is never removed (core/new_files.py). -> the path
+    another process created, or one holding committed rows, is never removed (core/database_file.py). -> the path
     removed, if any."""
     ctx = click.get_current_context(silent=True)
     obj = ctx.find_root().obj if ctx is not None else None

@@ -89,8 +89,7 @@ class Store:
     def _open_duckdb(self, create: bool) -> None:
         database_file.not_database_file(self.path)
         if not create and not Path(self.path).exists():   # a typo must not leave an empty registry behind
-            raise NotFound(f"{self.path}: no such registry (create one with `registry import DIR`, "
-                           f"or give --db / REGISTRY_DB)")
+            raise self._no_such_registry()
         import threading
 
         import duckdb
@@ -109,8 +108,7 @@ class Store:
             with folder_lock(self.path):
                 existed = os.path.exists(self.path)
                 if not existed and not create:      # (removed by its creator while we waited)
-                    raise NotFound(f"{self.path}: no such registry (create one with `registry import DIR`, "
-                                   f"or give --db / REGISTRY_DB)")
+                    raise self._no_such_registry()
                 try:
                     con = duckdb.connect(self.path, read_only=self.read_only, config=config)
                 except BaseException:
@@ -131,6 +129,10 @@ class Store:
             if known is not None:
                 raise known from None
             raise RegistryError(f"{self.path}: cannot open database: {str(exc).splitlines()[0]}") from None
+
+    def _no_such_registry(self) -> NotFound:
+        return NotFound(f"{self.path}: no such registry (create one with `registry import DIR`, or give --db / "
+                        f"REGISTRY_DB)")
 
     def _stage_db(self) -> Any:
         """The in-memory DuckDB that reads files for a PostgreSQL registry (`Tx.stage`), opened on first use."""

@@ -184,7 +184,7 @@ def test_inspect_malformed_logs_are_one_line_and_change_nothing(db_copy, inspect
     data = open(log, "rb").read()
     truncated.write_bytes(data[:len(data) // 2])
     cases = [
-        ([str(truncated)], "not a readable Inspect log"),
+        ([str(truncated)], "not a readable zip archive"),
         ([rewritten(log, str(tmp_path / "empty.eval"), _no_samples)], "holds no samples"),
         ([rewritten(log, str(tmp_path / "score.eval"), _score_07)], "is not 0 or 1 (give --threshold"),
         ([rewritten(log, str(tmp_path / "twice.json"), _repeated)], "appears twice with two different results"),

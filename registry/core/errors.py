@@ -3,6 +3,7 @@ into click errors, and the HTTP server into status codes."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 from collections.abc import Iterable, Iterator
@@ -38,13 +39,18 @@ def editor_line(path: str, line: int) -> int:
     name = str(path).lower()
     bare = name.removesuffix(".gz")
     if bare.endswith((".jsonl", ".ndjson")):
-        try:
-            with (gzip.open if name.endswith(".gz") else open)(path, "rt", encoding="utf-8", errors="replace") as fh:
-                records = 0
-                for at, text in enumerate(fh, 1):
-                    records += bool(text.strip())
-                    if records == line:
-                        return at
+        try:        # (in pieces of a MiB: a hostile file's one line may be a gigabyte long)
+            with (gzip.open if name.endswith(".gz") else open)(path, "rb") as fh:
+                records, at, blank = 0, 1, True
+                for piece in iter(lambda: fh.readline(1 << 20), b""):
+                    blank = blank and not piece.strip()
+                    if piece.endswith(b"\n"):
+                        records += not blank
+                        if not blank and records == line:
+                            return at
+                        at, blank = at + 1, True
+                if not blank and records + 1 == line:
+                    return at
         except (OSError, EOFError):
             pass
         return line
@@ -250,7 +256,8 @@ def storage_problem(exc: BaseException) -> str | None:
     elif type(cause).__name__ not in ("IOException", "DiskFull"):
         return None
     text = str(cause).strip()
-    return text.splitlines()[0] if text else type(cause).__name__
+    inner = re.search(r'"exception_message":\s*"((?:[^"\\]|\\.)*)"', text)    # (DuckDB's I/O errors carry JSON)
+    return inner.group(1).replace('\\"', '"') if inner else text.splitlines()[0] if text else type(cause).__name__
 
 
 def unknown_model(name: str, known: Iterable[str], where: str = "") -> NotFound:
@@ -270,8 +277,6 @@ def database_locked(path: str, detail: str) -> DatabaseLocked:
     """DatabaseLocked for a file another process holds (`detail`: the database's own message), saying what is
     known of the holder: its PID and, where /proc lets us read it, its command line; the HTTP API is suggested only
     when the holder is a `registry serve`."""
-    import re
-
     pid = re.search(r"PID (\d+)", detail)
     if not pid:
         return DatabaseLocked(f"{path}: the database is locked by another process; wait for it to finish or stop "
@@ -291,8 +296,6 @@ COMMAND_SHOWN = 120     # characters of the lock holder's command line a message
 def command_line(pid: int) -> list[str]:
     """A process's command line from /proc (empty where unreadable), a registry process's as `registry ARGS`
     (`python -m registry ...` and the console script alike), a token given on it hidden."""
-    import os
-
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             words = [w.decode(errors="replace") for w in f.read().split(b"\0") if w]

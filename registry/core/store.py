@@ -82,7 +82,7 @@ class Store:
 
     def failure(self, exc: BaseException) -> RegistryError | None:
         """Our one-line error for a driver error that says the file is damaged or the disk is full; else None."""
-        if self.dialect != "duckdb":
+        if self.dialect != "duckdb" or isinstance(exc, RegistryError):     # (ours already says what failed)
             return None
         return database_damaged(self.path, exc) or disk_full(self.path, exc)
 

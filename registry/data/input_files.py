@@ -171,6 +171,9 @@ def sql_str(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
+HEADER_LIMIT = 16 << 20     # bytes: a header is a few hundred; a hostile file's first line may be a gigabyte
+
+
 def csv_header(path: str) -> tuple[list[str], str]:
     """The header's column names and the delimiter, read by us: cheaper than DuckDB's sniffer on a big gzip file."""
     import csv
@@ -179,9 +182,11 @@ def csv_header(path: str) -> tuple[list[str], str]:
     opener = gzip.open if path.lower().endswith(".gz") else open
     try:
         with opener(path, "rb") as fh:
-            raw = fh.readline()
+            raw = fh.readline(HEADER_LIMIT + 1)
     except (OSError, EOFError):
         raise InputError("truncated or corrupt gzip file", file=path) from None
+    if len(raw) > HEADER_LIMIT:
+        raise InputError(f"the header line is longer than {HEADER_LIMIT >> 20} MB: not a header", file=path, line=1)
     try:
         header = raw.decode("utf-8-sig").rstrip("\r\n")
     except UnicodeDecodeError:

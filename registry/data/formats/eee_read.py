@@ -15,6 +15,7 @@ import orjson
 
 from registry.core.errors import InputError
 from registry.data.formats import eee_schema
+from registry.data.harness import file_limits
 from registry.data.harness.samples import HarnessRun, Sample, as_correct
 
 READS = "0.3."          # schema versions read: 0.3.x
@@ -57,16 +58,16 @@ def check_finished(agg: Path) -> None:
     """An aggregate this registry exported must come from an export that finished: its manifest (four folders up, at
     the export's root: data/<benchmark>/<developer>/<model>/) names it. InputError, one line, otherwise."""
     try:
-        head = json.loads(agg.read_bytes())
+        head = file_limits.json_document(agg)
         own = head.get("source_metadata", {}).get("source_organization_name") == OWN
-    except (OSError, ValueError, AttributeError):
+    except (InputError, AttributeError):
         return                                     # (what is wrong with it is read() to say)
     if not own or len(agg.parents) < 5 or agg.parents[3].name != "data":    # (a pair taken out of its export)
         return
     root = agg.parents[4]
     try:
-        listed = set(json.loads((root / MANIFEST).read_bytes()).get("models", {}).values())
-    except (OSError, ValueError, AttributeError):
+        listed = set(file_limits.json_document(root / MANIFEST).get("models", {}).values())
+    except (InputError, AttributeError):
         raise InputError(f"written by an export of this registry that did not finish (no {MANIFEST} at {root}): it "
                          f"may lack models; export again", file=str(agg)) from None
     if str(agg.relative_to(root)) not in listed:
@@ -83,16 +84,7 @@ def digest(path: Path) -> str:
 
 
 def load_aggregate(path: Path) -> dict:
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise InputError(f"cannot read it ({exc.strerror})", file=str(path)) from None
-    try:
-        agg = json.loads(raw)
-    except UnicodeDecodeError:
-        raise InputError("invalid UTF-8 (the file must be UTF-8 encoded)", file=str(path)) from None
-    except json.JSONDecodeError as exc:
-        raise InputError(f"not valid JSON ({exc.msg}, column {exc.colno})", file=str(path), line=exc.lineno) from None
+    agg = file_limits.json_document(path)
     if not isinstance(agg, dict) or "evaluation_results" not in agg:
         raise InputError("not an Every Eval Ever aggregate (no evaluation_results)", file=str(path))
     version = agg.get("schema_version")
@@ -176,23 +168,16 @@ def read(agg_path: Path, samples_path: Path, *, model: str | None = None, metric
     runs: dict[str, HarnessRun] = {}
     golds = {} if golds is None else golds
     path = str(samples_path)
-    with open(samples_path, "rb") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = orjson.loads(line)
-            except orjson.JSONDecodeError as exc:
-                raise InputError(f"not valid JSON ({str(exc).split(':')[0]})", file=path, line=line_no) from None
-            sample = _sample(row, agg, path, line_no, threshold, golds)
-            ev = row["evaluation_name"]
-            if metric and metric not in (ev, row.get("evaluation_result_id")):
-                continue
-            run = runs.get(ev)
-            if run is None:
-                run = runs[ev] = HarnessRun(path, name, meta=meta,
-                                            provenance={**provenance, "evaluation": ev})
-            run.samples.append(sample)
+    for line_no, row in file_limits.json_lines(samples_path, loads=orjson.loads):
+        sample = _sample(row, agg, path, line_no, threshold, golds)
+        ev = row["evaluation_name"]
+        if metric and metric not in (ev, row.get("evaluation_result_id")):
+            continue
+        run = runs.get(ev)
+        if run is None:
+            run = runs[ev] = HarnessRun(path, name, meta=meta,
+                                        provenance={**provenance, "evaluation": ev})
+        run.samples.append(sample)
     if not runs:
         what = f" of evaluation {metric!r}" if metric else ""
         raise InputError(f"the samples file holds no samples{what}", file=path)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import orjson
 
-from registry.core.errors import InputError, RegistryError
+from registry.core.errors import InputError, RegistryError, storage_problem
 from registry.core.transaction import Tx
 from registry.data import current_evaluations
 from registry.data.formats import eee_read, eee_schema
@@ -141,6 +141,7 @@ def export(tx: Tx, directory: str, *, models: list[str] | None = None, source: s
     (out / eee_read.MANIFEST).unlink(missing_ok=True)     # (an earlier export's: this one is not finished yet)
     stamp = str(int(time.time()))
     tx.stage.register("_eee_queries", queries)
+    name = ""
     try:
         for name in (models or list(known)):
             model_id = int(known[name])
@@ -175,14 +176,34 @@ def export(tx: Tx, directory: str, *, models: list[str] | None = None, source: s
             aggregate.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
             result.models.append(ExportedModel(name, str(aggregate), str(samples), rows))
             result.evaluations += rows
+    except Exception as exc:
+        problem = storage_problem(exc)
+        if problem is None:
+            raise
+        raise ExportFailed(f"{out}: the export stopped while writing {name} ({problem}); {len(result.models)} models "
+                           f"were written and no {eee_read.MANIFEST}, so no import takes the folder for a complete "
+                           f"export: free the space (or fix the folder) and export again") from None
     finally:
-        tx.stage.unregister("_eee_queries")
+        try:
+            tx.stage.unregister("_eee_queries")
+        except Exception:       # (a failed statement has aborted the stage's transaction: nothing to unregister)
+            pass
     result.seconds["write"] = round(time.perf_counter() - started, 3)
     started = time.perf_counter()
     result.validated = validate([(Path(m.aggregate), Path(m.samples)) for m in result.models], tx.stage)
     result.seconds["validate"] = round(time.perf_counter() - started, 3)
-    write_manifest(out, result)
+    try:
+        write_manifest(out, result)
+    except OSError as exc:
+        raise ExportFailed(f"{out}: every model was written but not the {eee_read.MANIFEST} ({storage_problem(exc)}), "
+                           f"so no import takes the folder for a complete export: free the space and export "
+                           f"again") from None
     return result
+
+
+class ExportFailed(RegistryError):
+    """A write under the export folder failed (a full disk, a folder gone read-only): what was written is left,
+    without the manifest that would call it complete."""
 
 
 def write_manifest(out: Path, result: ExportResult) -> None:

@@ -6,10 +6,10 @@ needs `--metric` (and `--threshold` for a metric that is not 0/1). Only the firs
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 from registry.core.errors import InputError
+from registry.data.harness import file_limits
 from registry.data.harness.samples import HarnessRun, Sample, as_correct
 
 STATE, STATS, SPEC = "scenario_state.json", "per_instance_stats.json", "run_spec.json"
@@ -33,15 +33,7 @@ def run_folders(paths: list[str]) -> list[Path]:
 
 
 def load(path: Path):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except UnicodeDecodeError:
-        raise InputError("invalid UTF-8 (the file must be UTF-8 encoded)", file=str(path)) from None
-    except json.JSONDecodeError as exc:
-        raise InputError(f"not valid JSON ({exc.msg}, column {exc.colno})", file=str(path), line=exc.lineno) from None
-    except OSError as exc:
-        raise InputError(f"cannot read it ({exc.strerror})", file=str(path)) from None
+    return file_limits.json_document(path)
 
 
 def read_all(paths: list[str], *, model: str | None = None, metric: str | None = None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from registry.core.errors import InputError
+from registry.data.harness import file_limits
 from registry.data.harness.samples import HarnessRun, Sample, as_correct, model_from_provider
 
 
@@ -31,6 +32,10 @@ def read(path: str, *, model: str | None = None, scorer: str | None = None, thre
         from inspect_ai.log import read_eval_log
     except ImportError:
         raise InputError("reading Inspect logs needs inspect_ai: pip install 'locus-registry[harness]'") from None
+    if path.endswith(".eval"):
+        file_limits.check_archive(path)
+    else:
+        file_limits.check_size(path)
     try:
         log = read_eval_log(path)
     except Exception as exc:      # a truncated zip, a JSON that is no log: Inspect's reader says which

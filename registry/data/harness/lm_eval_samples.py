@@ -3,10 +3,10 @@ the model and its tasks, each `samples_<task>_<time>.jsonl` beside it holds one 
 document (question, choices) and its metric values. Plain JSON: read without importing lm_eval."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from registry.core.errors import InputError
+from registry.data.harness import file_limits
 from registry.data.harness.samples import HarnessRun, Sample, as_correct
 
 QUESTION_KEYS = ("question", "query", "input", "prompt", "text", "problem", "sentence")
@@ -57,11 +57,7 @@ def _primary_metric(results: dict, task: str, path: str) -> str:
 def read(path: str, *, model: str | None = None, metric: str | None = None,
          threshold: float | None = None) -> list[HarnessRun]:
     """One run per task of the results file (all of one model)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            results = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise InputError(f"not a readable lm-evaluation-harness results file ({exc})", file=path) from None
+    results = file_limits.json_document(path)
     if not isinstance(results, dict) or not isinstance(results.get("configs"), dict):
         raise InputError("not an lm-evaluation-harness results file (no configs)", file=path)
     name = model or _model_name(results, path)
@@ -75,15 +71,10 @@ def read(path: str, *, model: str | None = None, metric: str | None = None,
                              f"--log_samples)", file=path)
         key = metric or _primary_metric(results, task, path)
         run = HarnessRun(str(sample_file), name)
-        with open(sample_file, encoding="utf-8") as f:
-            for line_no, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except ValueError:
-                    raise InputError("not a JSON line", file=str(sample_file), line=line_no) from None
-                run.samples.append(_sample(row, task, group_of.get(task), key, threshold, str(sample_file)))
+        for line_no, row in file_limits.json_lines(sample_file):
+            if not isinstance(row, dict):
+                raise InputError("a line that is not a JSON object", file=str(sample_file), line=line_no)
+            run.samples.append(_sample(row, task, group_of.get(task), key, threshold, str(sample_file)))
         if not run.samples:
             raise InputError("the samples file holds no samples", file=str(sample_file))
         runs.append(run)

@@ -92,7 +92,7 @@ def main() -> None:
             time.sleep(0.2)
         third = client.post(f"/models/{X}/verify", json={"n": 8}, headers=AUTH).status_code
 
-    times: dict[str, list[float]] = {"registration": [], "read": [], "page": []}
+    times: dict[str, list[float]] = {"registration": [], "read": [], "page": [], "page /": [], "page /ui/models/X": []}
     failures: list[str] = []
     stop = time.monotonic() + args.seconds
     peak = [threads0, rss0]
@@ -110,7 +110,9 @@ def main() -> None:
             elif kind == "read":
                 r = c.get(("/models", "/stats", f"/models/{X}/similar")[k % 3])
             else:
-                r = c.get(("/", f"/ui/models/{X}")[k % 2])
+                path = ("/", f"/ui/models/{X}")[(k // 4) % 2]
+                r = c.get(path)
+                times["page " + path.replace(X, "X")].append(time.monotonic() - t0)
             times[kind].append(time.monotonic() - t0)
             if r.status_code != 200:
                 failures.append(f"{kind} {r.status_code}")

@@ -178,10 +178,13 @@ def read_answer(s: socket.socket) -> bytes:
 class ChatUpstream:
     """A fake /v1/chat/completions for `registry ask`: `answer(question_text) -> reply text` (None: hang;
     "TRICKLE": headers, then a byte every 0.2 s; "ERROR": 500), after `latency` seconds, with `throttle` 429s
-    first."""
+    first; its answers name `served_model` (default: the model asked for) and bill `bill` times the prompt's
+    bytes / 4 as prompt tokens (default: 10 tokens)."""
 
-    def __init__(self, answer, throttle: int = 0, retry_after: str = "0", latency: float = 0.0):
+    def __init__(self, answer, throttle: int = 0, retry_after: str = "0", latency: float = 0.0,
+                 served_model: str | None = None, bill: float | None = None):
         self.answer, self.throttle, self.retry_after, self.latency = answer, throttle, retry_after, latency
+        self.served_model, self.bill = served_model, bill
         self.requests, self.auth = 0, []
         self.lock = threading.Lock()
         upstream = self
@@ -227,8 +230,11 @@ class ChatUpstream:
                             return
                         time.sleep(0.2)
                     return
-                out = json.dumps({"choices": [{"message": {"role": "assistant", "content": reply}}],
-                                  "usage": {"prompt_tokens": 10, "completion_tokens": 2}}).encode()
+                sent = len(body["messages"][0]["content"].encode())
+                billed = 10 if upstream.bill is None else round(upstream.bill * (sent / 4 + 12))   # (+ the template)
+                out = json.dumps({"model": upstream.served_model or body.get("model"),
+                                  "choices": [{"message": {"role": "assistant", "content": reply}}],
+                                  "usage": {"prompt_tokens": billed, "completion_tokens": 2}}).encode()
                 self.send_response(200)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(out)))

@@ -101,6 +101,23 @@ def test_each_case_gets_its_verdict_and_asking_again_sends_nothing(db_copy, upst
 
 
 @pytest.mark.slow
+def test_an_upstream_naming_another_model_or_billing_double_is_flagged_on_its_first_answer(db_copy, upstreams):
+    b = vf.books(db_copy, [X])
+    honest = vf.case(b, "faithful", X, seed=1)
+    ups = {"honest": upstreams(honest, bill=1.0), "dated": upstreams(honest, served_model=X + "-2024-06-01"),
+           "renamed": upstreams(honest, served_model="gpt-4o-mini"), "double": upstreams(honest, bill=2.0)}
+    with Registry(db_copy) as reg:
+        for k, u in ups.items():
+            reg.claim(X, u.url, name=f"{X}@{k}", upstream_model=X)
+        r = reg.verify(X, n=1, repeat=0)          # one question: one answer each
+    flags = {e.endpoint.split("@")[1]: e.flags for e in r.endpoints}
+    assert flags["honest"] == [] and flags["dated"] == [], flags
+    assert len(flags["renamed"]) == 1 and "answered as 'gpt-4o-mini'" in flags["renamed"][0], flags
+    assert len(flags["double"]) == 1 and "2.0 times" in flags["double"][0], flags
+    assert all(e.answered == 1 for e in r.endpoints) and not r.faithful
+
+
+@pytest.mark.slow
 def test_the_command_line_exits_non_zero_when_one_is_not_faithful(db_copy, upstreams):
     b = vf.books(db_copy, [X, SUB])
     good, bad = upstreams(vf.case(b, "faithful", X, seed=1)), upstreams(vf.case(b, "substituted", X, other=SUB))

@@ -70,6 +70,8 @@ def calibrate(tx: Tx, sample: int = 128, draws: int = 3, seed: int = 0) -> Calib
     kept = tx.section("fingerprint calibrations")
     if key in kept:
         return kept[key]
+    if len(kept) >= 4:          # (older versions' calibrations: a server registering all day must not keep them all)
+        kept.clear()
     model, meta = encoders.load(tx, encoder_id)
     ids = [r[0] for r in tx.sql("SELECT DISTINCT model_id FROM embedding_versions WHERE encoder_id = ? ORDER BY 1",
                                 [encoder_id])]   # a fixed order: DISTINCT alone comes back in any order

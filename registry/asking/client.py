@@ -26,6 +26,8 @@ class Reply:
     attempts: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    served_model: str | None = None     # the `model` the answer names (a provider may name a dated snapshot)
+    prompt_bytes: int = 0               # UTF-8 bytes of the prompt sent (the billing check's yardstick)
 
 
 UNREACHABLE_AFTER = 3        # refused connections, with no reply yet, after which the rest is not tried
@@ -152,9 +154,13 @@ def ask_one(http: httpx.Client, endpoint: Endpoint, key, messages: list[dict], *
                     reply.text = str(data["choices"][0]["message"]["content"] or "")
                 except (ValueError, KeyError, IndexError, TypeError):
                     reply.text = ""                       # a reply, but no text in it: graded unparseable
-                got = (data.get("usage") or {}) if isinstance(data, dict) else {}
-                reply.prompt_tokens = int(got.get("prompt_tokens") or 0)
-                reply.completion_tokens = int(got.get("completion_tokens") or 0)
+                usage_of = data.get("usage") if isinstance(data, dict) else None
+                got: dict = usage_of if isinstance(usage_of, dict) else {}
+                named = data.get("model") if isinstance(data, dict) else None
+                reply.served_model = named[:200] if isinstance(named, str) else None
+                reply.prompt_bytes = sum(len(str(m.get("content", "")).encode()) for m in messages)
+                reply.prompt_tokens, reply.completion_tokens = (_count(got.get("prompt_tokens")),
+                                                                _count(got.get("completion_tokens")))
                 reply.error = None
                 return reply
         if attempt < retries:
@@ -163,6 +169,12 @@ def ask_one(http: httpx.Client, endpoint: Endpoint, key, messages: list[dict], *
             else:
                 time.sleep(wait)
     return reply
+
+
+def _count(value) -> int:
+    """A token count as an upstream reports it; anything that is not a whole number >= 0 counts as none."""
+    return value if type(value) is int and value >= 0 else int(value) if type(value) is float and value >= 0 \
+        and value.is_integer() else 0
 
 
 def ask_all(endpoint: Endpoint, prompts: list[tuple], *, concurrency: int = 8, deadline: float = 60.0,

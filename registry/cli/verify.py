@@ -81,6 +81,8 @@ def verify(ctx, model, *, names, n, repeat, seed, concurrency, deadline, alpha, 
             fails = "; ".join(f"{c} {why}" for why, c in e.failures.items())
             unanswered = "; no answer: " + fails if fails else ""
             click.echo(f"{e.endpoint}: {e.verdict.get('reason', '')} ({sent}{unanswered})")
+            for flag in e.flags:
+                click.echo(f"{e.endpoint}: flagged: {flag}")
     if not r.faithful:
         ctx.exit(3)
 

@@ -88,7 +88,9 @@ class QueryAnswer(Base):
     __tablename__ = "query_answers"
     query_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     answer: Mapped[str] = mapped_column(String, nullable=False)
-    grading: Mapped[str] = mapped_column(String, nullable=False)    # "letter" (multiple choice) | "exact"
+    # the answer kind (asking/grading.py): letter | letters | number | expression | text ("exact": written before
+    # the kinds were told apart; its kind is read from the answer)
+    grading: Mapped[str] = mapped_column(String, nullable=False)
 
 
 class TextVector(Base):

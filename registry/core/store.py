@@ -148,7 +148,7 @@ class Store:
         else REGISTRY_DUCKDB_THREADS when set, else DuckDB's default; and never an extension fetched from the
         network or loaded unasked (a file DuckDB takes for another engine's, SQLite's, would do both)."""
         threads = self.duckdb_threads or settings.current().duckdb_threads
-        config = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+        config: dict[str, Any] = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
         return config if threads is None else {**config, "threads": threads}
 
     def limit_duckdb_threads(self, threads: int) -> None:

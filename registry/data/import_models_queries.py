@@ -228,14 +228,15 @@ def import_queries(tx: Tx, staged: Staged, result: ImportResult) -> None:
 
 
 def gold_answer(raw, options: list) -> tuple[str | None, str | None]:
-    """A query's gold answer and how to grade it: a letter among its options is graded by letter (multiple
-    choice); any other answer by exact match of the trimmed text."""
+    """A query's gold answer and its kind, which says how a reply is graded (data/formats/answer_kinds.py): a
+    letter among its options, a set of them, a number, an expression or a text."""
+    from registry.data.formats import answer_kinds
+
     answer = "" if raw is None else str(raw).strip()
     if not answer:
         return None, None
-    if options and len(answer) == 1 and "A" <= answer.upper() < chr(ord("A") + len(options)):
-        return answer.upper(), "letter"
-    return answer, "exact"
+    kind = answer_kinds.answer_kind(answer, len(options or []))
+    return (answer.strip("()").upper() if kind == "letter" else answer), kind
 
 
 def import_splits(tx: Tx, staged: Staged, batch_id: int, result: ImportResult) -> None:

@@ -113,19 +113,23 @@ def residuals(adjusted: np.ndarray, correct: np.ndarray) -> tuple[np.ndarray, np
     return r.astype(np.float32), obs.astype(np.float32)
 
 
+CHUNK = 256     # queries per similarity block in `neighbours`
+
+
 def neighbours(ref_vecs: np.ndarray, qvecs: np.ndarray, k: int) -> np.ndarray:
     """[N,k] indices of the k reference vectors most cosine-similar to each query (vectors are unit norm), most
     similar first; ties by index."""
     k = min(k, len(ref_vecs))
     out = np.empty((len(qvecs), k), dtype=np.int64)
-    for s in range(0, len(qvecs), 1024):                       # chunks keep the [n, Nref] similarity small
-        q = np.asarray(qvecs[s:s + 1024], dtype=np.float32)
+    # chunks keep the [n, Nref] similarity and argpartition's int64 copy of it small (40 MB at 10,000 references)
+    for s in range(0, len(qvecs), CHUNK):
+        q = np.asarray(qvecs[s:s + CHUNK], dtype=np.float32)
         # a few queries (a route): einsum's own loop, 0.8 ms for 10,000 references, where a multi-threaded BLAS
         # matrix-vector product took 12 ms on 2 busy cores; many (evaluate, fitting): the BLAS product
         sims = np.einsum("nd,md->nm", q, ref_vecs) if len(q) <= 16 else q @ ref_vecs.T
         part = np.argpartition(-sims, k - 1, axis=1)[:, :k]
         order = np.lexsort((part, -np.take_along_axis(sims, part, axis=1)), axis=1)
-        out[s:s + 1024] = np.take_along_axis(part, order, axis=1)
+        out[s:s + CHUNK] = np.take_along_axis(part, order, axis=1)
     return out
 
 

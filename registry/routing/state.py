@@ -26,7 +26,7 @@ from registry.routing import saved_state
 from registry.routing import served as policy_mod
 
 PREDICTIONS_KEPT = 4096     # the predictor's P(correct) rows kept per Store (one per model version and query set)
-FITS_KEPT = 8               # interaction fits kept per Store: a few states at most
+FITS_KEPT = 2               # interaction fits kept per Store: the served one and the next (each tens of MB)
 
 
 @dataclass

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from pathlib import Path
 
 from fastapi import APIRouter, FastAPI, Query, Request
@@ -29,7 +30,8 @@ from registry.routing.decision import RouteOptions
 HERE = Path(__file__).resolve().parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))
 MAP_LABELS = 60        # models; up to this many, every dot on the map carries its name (more would overlap to noise)
-MAP_TSNE_MAX = 300     # models; above it the page's map is a PCA (`registry map` still draws t-SNE there)
+MAP_TSNE_MAX = 100     # models; above it the page's map is a PCA (`registry map` still draws t-SNE there): a t-SNE
+#                        of 300 takes seconds of both cores, redrawn as models join
 _cache_lock = threading.Lock()   # (the values are kept in the Store's cache: `_cached`)
 
 
@@ -44,22 +46,71 @@ _KEYS = {   # what each cached value depends on
 }
 
 
-def _cached(reg, what: str, build):
-    """A value derived from the registry, kept in its Store's cache until what it depends on changes (_KEYS)."""
+def _key(reg, what: str) -> tuple:
+    """What the value `what` depends on, as it is now (_KEYS)."""
     with reg.store.tx() as tx:
         sql = re.sub(r"\{h:([^}]*)\}", lambda m: dialect.xor_hash(tx.dialect, m.group(1)), _KEYS[what])
         if tx.postgres:   # other processes commit too, not in id order: the counts as well as the newest ids
             sql += (", (SELECT count(*) FROM embedding_versions), (SELECT count(*) FROM import_batches),"
                     " (SELECT count(*) FROM model_availability)")
-        key = (what,) + tuple(tx.sql(sql)[0])
+        return (what,) + tuple(tx.sql(sql)[0])
+
+
+def _cached(reg, what: str, build):
+    """A value derived from the registry, kept in its Store's cache until what it depends on changes (only the
+    newest: a server that registers all day keeps one of each)."""
+    key = _key(reg, what)
     kept = reg.store.section("web pages")
     with _cache_lock:
-        if key in kept:
-            return kept[key]
+        if what in kept and kept[what][0] == key:
+            return kept[what][1]
     value = build()
     with _cache_lock:
-        kept[key] = value
+        kept[what] = (key, value)
     return value
+
+
+class _MapDrawer:
+    """The home page's map, drawn off the request (one per app): a t-SNE of a few hundred models takes seconds, so
+    while the registry changes a page shows the newest map drawn, saying so, and the next is drawn in the background,
+    one drawing at a time, and none sooner after the last than twice its time (under a stream of registrations the
+    drawing would otherwise take a core from every other request). Only a page with no map drawn yet waits for one."""
+    WAIT = 0.3          # seconds a page waits for a drawing under way before showing the map it has
+
+    def __init__(self):
+        self.key: tuple | None = None
+        self.value: dict | None = None
+        self.drawing: threading.Thread | None = None
+        self.rest_until = 0.0       # (monotonic) no new drawing before
+        self.lock = threading.Lock()
+
+    def get(self, reg) -> tuple[dict, bool]:
+        """(the map, whether it is the registry's map now)."""
+        key = _key(reg, "map")
+        with self.lock:
+            if key == self.key and self.value is not None:
+                return self.value, True
+            idle = self.drawing is None or not self.drawing.is_alive()
+            if self.value is not None and (not idle or time.monotonic() < self.rest_until):
+                return self.value, False
+            if idle:
+                self.drawing = threading.Thread(target=self._draw, args=(reg, key), name="map drawing", daemon=True)
+                self.drawing.start()
+            drawing, first = self.drawing, self.value is None
+        if drawing is not None:
+            drawing.join(timeout=None if first else self.WAIT)
+        with self.lock:
+            return self.value or {"points": [], "families": [], "method": None}, self.key == key
+
+    def _draw(self, reg, key: tuple) -> None:
+        started = time.monotonic()
+        try:
+            value = _map(reg)
+        except Exception:           # (a page then shows the map it has; the next page tries again)
+            return
+        with self.lock:
+            self.key, self.value = key, value
+            self.rest_until = time.monotonic() + 2 * (time.monotonic() - started)
 
 
 def _map(reg) -> dict:
@@ -129,6 +180,7 @@ def mount(app: FastAPI) -> None:
     """The pages' static files, and HTTP errors under /ui/ answered as pages (the app adds the `pages` themselves)."""
     app.mount("/static/web", StaticFiles(directory=str(HERE / "static")), name="web")
     app.state.evaluation_counts = _EvaluationCounts()
+    app.state.map_drawer = _MapDrawer()
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
@@ -146,8 +198,9 @@ def _registry(request: Request):
 def home(request: Request):
     reg = _registry(request)
     models_ = _cached(reg, "models", lambda: request.app.state.evaluation_counts.models(reg))
-    the_map = _cached(reg, "map", lambda: _map(reg))
-    return page(request, "home.html", models=models_, map=the_map, path=reg.path, map_labels=MAP_LABELS)
+    the_map, current = request.app.state.map_drawer.get(reg)
+    return page(request, "home.html", models=models_, map=the_map, map_current=current, path=reg.path,
+                map_labels=MAP_LABELS)
 
 
 @pages.get("/ui/models/{name:path}/diff", response_class=HTMLResponse)
@@ -170,7 +223,7 @@ def model_page(request: Request, name: str):
     near, chain, note = [], [], None
     if detail.version is not None:
         try:
-            near = reg.similar(name, k=8)
+            near = request.app.state.server.serving.similar(name, k=8)    # (what GET /models/X/similar answers)
             chain = reg.fallback(name, k=5).chain
         except RegistryError as exc:
             note = str(exc)

@@ -69,8 +69,8 @@ def ask(store: Store, name: str, *, min_evaluations: int, probation: int | None,
     for r in replies:
         if r.text is None:
             continue                                  # no reply: unanswered, asked again next time
-        _, answer, kind = gold[r.key]
-        extracted = grading.extract(r.text, kind)
+        text, answer, kind = gold[r.key]
+        extracted = grading.extract(r.text, kind, options=grading.options_in(text), gold=answer)
         unparseable += extracted is None
         graded.append((r.key, extracted, grading.grade(extracted, answer, kind), r.text))
     if chosen and not graded:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from registry.answers import catalog, fingerprint
-from registry.asking import claims, client, grading, prompt, verdicts
+from registry.asking import claims, client, grading, prompt, served_checks, verdicts
 from registry.core.errors import Conflict, InputError, Interrupted, NotFound
 from registry.core.keys import OWNER, UpstreamKeys
 from registry.core.store import Store
@@ -46,6 +46,7 @@ class EndpointReport:
     cost: float | None
     failures: dict = field(default_factory=dict)
     verdict: dict = field(default_factory=dict)     # verdicts.Verdict, against the reference
+    flags: list = field(default_factory=list)       # the served checks' lines (asking/served_checks.py)
 
 
 @dataclass
@@ -64,7 +65,7 @@ class VerifyResult:
 
     @property
     def faithful(self) -> bool:
-        return all(e.verdict.get("verdict") == "faithful" for e in self.endpoints if not e.reference)
+        return all(e.verdict.get("verdict") == "faithful" and not e.flags for e in self.endpoints if not e.reference)
 
 
 @dataclass
@@ -246,9 +247,11 @@ def ask_pass(store: Store, label: str, jobs: list, gold: dict, reports: dict, *,
         for r in got:
             if r.text is not None:
                 q, again = r.key
-                extracted = grading.extract(r.text, gold[q][3])
+                extracted = grading.extract(r.text, gold[q][3], options=grading.options_in(gold[q][1]),
+                                            gold=gold[q][2])
                 rows[again].append((t, q, extracted, grading.grade(extracted, gold[q][2], gold[q][3]), r.text))
         e = reports[t.claim.endpoint]
+        e.flags += [f for f in served_checks.flags(t.endpoint.upstream_model, got) if f not in e.flags]
         answered = sum(r.text is not None for r in got)
         e.asked, e.answered = e.asked + len(sent), e.answered + answered
         e.unanswered += len(sent) - answered

@@ -1,0 +1,142 @@
+"""How a registered model's answers explain an endpoint's, allowing for another configuration (pure numpy/scipy).
+
+The null `verify` judges against is "the claimed model under another prompt, temperature or precision": the endpoint
+answers question i right with probability
+
+    P(e_i = 1) = sigmoid(a + b * (2 y_i - 1) + c * logit(pi_i))
+
+where y_i is the model's registered outcome, pi_i its chance on that question from a Rasch fit of every registered
+model's results (pi = sigmoid(ability - difficulty)), `a` the endpoint's ability shift, `b` how closely it repeats the
+model's own answers, `c` how much the question's difficulty for that model still counts. A rerun keeps `b` high and
+flips where pi is near one half; a prompt shift moves `a`; both stay this model. Each registered model M gets the same
+three-parameter fit to its own y and pi, so the fits are compared on equal terms: another model explains the answers
+better when its log-likelihood beats the claimed model's by more than chance allows (Vuong's test for two non-nested
+models, one-sided). A share of answers from M is a mixture of the two fits (its weight by maximum likelihood; the
+likelihood-ratio statistic against weight 0 is half chi-square(0), half chi-square(1))."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+EPS = 1e-6
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.clip(x, -30, 30)))
+
+
+def difficulty(results: np.ndarray) -> np.ndarray:
+    """Each question's Rasch difficulty from a models x questions matrix of 1/0 (-1: none): the logit of how often
+    the models miss it, smoothed by one right and one wrong answer (a question every model gets right stays finite)."""
+    seen = results >= 0
+    right = ((results == 1) & seen).sum(axis=0)
+    asked = seen.sum(axis=0)
+    share = (right + 1.0) / (asked + 2.0)
+    return -np.log(share / (1 - share))
+
+
+def chances(y: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """A model's chance on each question, sigmoid(ability - difficulty), its ability the one whose chances add up
+    to its right answers (a few Newton steps); y: 1/0 (-1: none)."""
+    seen = y >= 0
+    k = float((y[seen] == 1).sum())
+    n = int(seen.sum())
+    if n == 0:
+        return np.full(len(b), 0.5)
+    target = min(max(k, 0.5), n - 0.5)
+    theta = 0.0
+    for _ in range(30):
+        p = sigmoid(theta - b[seen])
+        step = (target - p.sum()) / max(float((p * (1 - p)).sum()), 1e-9)
+        theta += step
+        if abs(step) < 1e-8:
+            break
+    return sigmoid(theta - b)
+
+
+@dataclass
+class Fit:
+    params: np.ndarray          # (a, b, c)
+    loglik: np.ndarray          # each question's log-likelihood of the endpoint's answer
+    p: np.ndarray               # each question's P(right) under the fit
+
+    @property
+    def total(self) -> float:
+        return float(self.loglik.sum())
+
+
+def design(y: np.ndarray, pi: np.ndarray) -> np.ndarray:
+    """[1, 2y - 1, logit(pi)]: the fit's inputs, one row a question (a question the model was not asked: y = 0.5
+    in effect, its own answer unknown)."""
+    sign = np.where(y < 0, 0.0, 2.0 * (y == 1) - 1.0)
+    lp = np.log(np.clip(pi, EPS, 1 - EPS) / np.clip(1 - pi, EPS, 1))
+    return np.column_stack([np.ones(len(y)), sign, lp])
+
+
+def fit(e: np.ndarray, y: np.ndarray, pi: np.ndarray, ridge: float = 0.05) -> Fit:
+    """The three-parameter logistic fit of the endpoint's answers e (1/0) to a model's (y, pi), by Newton's method
+    with a small ridge (a perfect separation stays finite)."""
+    x = design(y, pi)
+    e = e.astype(float)
+    w = np.zeros(3)
+    for _ in range(50):
+        p = sigmoid(x @ w)
+        grad = x.T @ (e - p) - ridge * w
+        hess = (x * (p * (1 - p))[:, None]).T @ x + ridge * np.eye(3)
+        step = np.linalg.solve(hess, grad)
+        w += step
+        if np.abs(step).max() < 1e-7:
+            break
+    p = np.clip(sigmoid(x @ w), EPS, 1 - EPS)
+    return Fit(w, e * np.log(p) + (1 - e) * np.log(1 - p), p)
+
+
+def vuong(better: Fit, worse: Fit) -> tuple[float, float]:
+    """(z, one-sided p) that `better` explains the answers better than `worse` (Vuong 1989): the mean per-question
+    log-likelihood difference over its standard error."""
+    from scipy.stats import norm
+
+    d = better.loglik - worse.loglik
+    n = len(d)
+    sd = float(d.std(ddof=1)) if n > 1 else 0.0
+    if sd < 1e-12:
+        return 0.0, 1.0
+    z = float(d.sum()) / (sd * math.sqrt(n))
+    return z, float(norm.sf(z))
+
+
+def mixture(e: np.ndarray, mine: Fit, other: Fit) -> tuple[float, float]:
+    """(weight, p): the share of answers best explained as the other model's, and the p-value of the likelihood
+    ratio against none (half chi-square(0), half chi-square(1))."""
+    from scipy.stats import chi2
+
+    e = e.astype(float)
+    pa, pb = mine.p, other.p
+    la = e * pa + (1 - e) * (1 - pa)           # each answer's likelihood under each fit
+    lb = e * pb + (1 - e) * (1 - pb)
+    w = 0.0
+    for _ in range(200):                        # EM on the weight alone
+        r = w * lb / np.maximum((1 - w) * la + w * lb, 1e-300)
+        new = float(r.mean())
+        if abs(new - w) < 1e-7:
+            w = new
+            break
+        w = new
+    if w <= 0.0:
+        return 0.0, 1.0
+    stat = 2.0 * float(np.log(((1 - w) * la + w * lb) / la).sum())
+    return w, 0.5 * float(chi2.sf(max(stat, 0.0), 1)) if stat > 0 else 1.0
+
+
+def attachment(f: Fit, e: np.ndarray, y: np.ndarray, pi: np.ndarray) -> tuple[float, float]:
+    """(b, one-sided p) that the endpoint repeats the model's own answers beyond what their difficulty says (b > 0),
+    from the fit's Wald statistic."""
+    from scipy.stats import norm
+
+    x = design(y, pi)
+    p = f.p
+    cov = np.linalg.pinv((x * (p * (1 - p))[:, None]).T @ x)
+    se = math.sqrt(max(float(cov[1, 1]), 1e-12))
+    return float(f.params[1]), float(norm.sf(f.params[1] / se))

@@ -148,7 +148,7 @@ def test_the_eee_fixture_imports(tmp_path):
     got = rows(db)
     assert {q[:4] for q in got["queries"]} == {("demo-source.demo_bench/demo_0001", "demo-source.demo_bench",
                                                 "arithmetic", "What is 2 + 2?")}
-    assert got["answers"] == {("demo-source.demo_bench/demo_0001", "4", "number")}     # (the gold 4: graded as a number)
+    assert got["answers"] == {("demo-source.demo_bench/demo_0001", "4", "number")}     # (graded as a number)
     assert got["evaluations"] == {("demo-org/demo-model", "demo-source.demo_bench/demo_0001", True)}
     con = duckdb.connect(str(db), read_only=True)
     files = json.loads(con.execute("SELECT files FROM import_batches").fetchall()[0][0])

@@ -1,21 +1,26 @@
-"""Is an endpoint serving the model it claims faithfully? The tests behind `registry verify`'s verdicts, on 0/1
-outcomes of the endpoint and the reference on the same questions (pure numpy/scipy: the bench runs them as they are).
+"""Is an endpoint serving the model it claims faithfully? The verdict of `registry verify` (and of watch's events, the
+endpoint page and HTTP: this one function), from 0/1 outcomes of the endpoint and the reference on the same questions
+and every registered model's results there (pure numpy/scipy: the bench runs it as it is). The null is "the claimed
+model under another configuration" (asking/answer_models.py): its own answers, an ability shift, flips where the
+question is uncertain for it. In order:
 
-- degraded: right less often than the reference, beyond chance and by at least MIN_DROP past what nondeterminism
-  alone takes off, with the drop's 95% interval. The chance test is McNemar's (exact, one-sided) on the discordant
-  pairs that held when both sides were asked the question again: a disagreement that one side's nondeterminism made
-  rarely comes back, a degradation does, and under "faithful" both directions stay symmetric;
-- substituted: the fingerprint's nearest registered model is another, and it explains the answers better than the
-  claimed one (a sign test on the questions where the two registered models' outcomes differ);
-- mixed: on the questions where the claimed model and some model M differ, the endpoint sides with M more than the
-  reference does (a sign test on the pairs where one of them sides with M; against fixed registered results, which
-  never waver, a one-sided Fisher test of its disagreement there against elsewhere), Bonferroni over every M;
-- differs: its disagreement with the reference is beyond what the two sides' own nondeterminism allows. A side that
-  flips each outcome with probability e disagrees with itself at s = 2e(1-e) on a repeat; two faithful sides then
-  disagree at d0 = eA + eR - 2 eA eR. s is read from repeats (a few dozen, so smoothed by one disagreement in two
-  repeats and its uncertainty carried into the test's variance);
-- faithful: none of these at ALPHA each (the false-alarm rate over all three is measured by bench/verify.py);
-- not conclusive: too few shared questions, or another model nearest without the evidence to say so.
+- substituted: a registered model explains the answers better than the claimed one at any ability shift (Vuong's
+  test of the two three-parameter fits, one-sided, Bonferroni over the models tried); named;
+- mixed: a share of the answers is best explained as another model's (a two-fit mixture against the claimed fit
+  alone, the same correction);
+- unknown: neither the claimed model's own answers nor any registered model's explain the endpoint's beyond what the
+  questions' difficulty does (no fit's attachment to its model's answers is positive at 5%);
+- degraded: right less often than the reference, the lower end of the drop's 95% interval past `tolerance` (a drop
+  judged on its point estimate would call a real 2.0-point drop degraded half the time);
+- configuration: the claimed model explains the answers best, yet they differ from the reference beyond what the two
+  sides' own nondeterminism allows (another prompt, temperature or precision). A side that flips each outcome with
+  probability e disagrees with itself at s = 2e(1-e) on a repeat; two faithful sides then disagree at
+  d0 = eA + eR - 2 eA eR (s read from repeats, smoothed, its uncertainty carried into the test's variance);
+- faithful: none of these;
+- not conclusive: too few shared questions.
+The false-alarm rates, measured on nulls as messy as the world (reruns and prompt shifts simulated from question
+difficulty across registered models, accuracy shifts up to 10 points, public quantized runs), are
+bench/verify_nulls.py's, in BENCHMARKS.md.
 """
 from __future__ import annotations
 
@@ -24,8 +29,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-ALPHA = 0.002          # per test; three tests: a faithful endpoint is called otherwise in well under 1% of samples
-MIN_DROP = 0.02        # accuracy points a drop must reach to be called degraded
+ALPHA = 0.002          # per test, Bonferroni over the models a test tries
+TOLERANCE = 0.02       # accuracy points a drop's 95% interval must clear to be called degraded
+MIN_DROP = TOLERANCE   # (the name the options had before)
+ATTACHED = 0.05        # a fit "attaches" to its model's answers when b > 0 at this level (unknown when none does)
 MIN_SHARED = 32        # shared questions under which no verdict is given
 Z95 = 1.959964
 
@@ -44,7 +51,7 @@ class Sides:
 
 @dataclass
 class Verdict:
-    verdict: str                        # faithful | degraded | substituted | differs | not conclusive
+    verdict: str                        # VERDICTS
     reason: str
     n: int                              # questions both the endpoint and the reference answered
     accuracy: float | None
@@ -61,19 +68,22 @@ class Verdict:
     drop_ci: list = field(default_factory=list)
     worse: int = 0                      # discordant: the endpoint wrong where the reference is right
     better: int = 0
-    worse_held: int = 0                 # of those, the ones both sides repeated when asked again
-    better_held: int = 0
-    noise_drop: float = 0.0             # the drop the two sides' nondeterminism alone would make
-    p_drop: float | None = None
-    nearest: str | None = None          # the fingerprint's nearest registered model
-    p_substituted: float | None = None  # sign test: sides with the nearest rather than the claimed model
+    shift: float | None = None          # the claimed model's fitted ability shift (logits: + more often right)
+    attachment: float | None = None     # how closely it repeats the claimed model's own answers (the fit's b)
+    p_attachment: float | None = None
+    nearest: str | None = None          # the registered model that explains the answers best (the claimed one: None)
+    p_substituted: float | None = None  # Vuong's test of the nearest against the claimed, Bonferroni over the models
     substitute: str | None = None
-    leaning: str | None = None          # the model it sides with most beyond the reference (partly answered as)
-    leaning_share: float | None = None  # about that share of its answers, where the two models differ
-    p_mixed: float | None = None        # that leaning's p-value, Bonferroni over the models tried
+    leaning: str | None = None          # the model whose mixture with the claimed one explains the answers best
+    leaning_share: float | None = None  # that mixture's weight: about that share of the answers is the other's
+    p_mixed: float | None = None        # that mixture's likelihood ratio's p-value, Bonferroni over the models
+    models_tried: int = 0
     more_questions: int | None = None   # where not conclusive: about how many more would likely decide
     alpha: float = ALPHA
-    min_drop: float = MIN_DROP
+    tolerance: float = TOLERANCE
+
+
+VERDICTS = ("faithful", "configuration", "degraded", "substituted", "mixed", "unknown", "not conclusive")
 
 
 def wilson(k: int, n: int, z: float = Z95) -> list:
@@ -128,38 +138,11 @@ class Others:
     claimed_is_reference: bool = False      # no registered results: the reference's answers stand in
 
 
-def substitution_test(e: np.ndarray, claimed: np.ndarray, other: np.ndarray) -> tuple[int, int, float]:
-    """On the questions where the two models' outcomes differ: (sides with other, sides with claimed, one-sided p)."""
-    split = (claimed >= 0) & (other >= 0) & (claimed != other)
-    k = int((e[split] == other[split]).sum())
-    return k, int(split.sum()) - k, sign_p(k, int(split.sum()))
-
-
-def leaning_test(e: np.ndarray, r: np.ndarray, claimed: np.ndarray, other: np.ndarray,
-                 fixed: bool) -> tuple[float, float]:
-    """Does the endpoint side with `other` more than the reference does? -> (the excess share, one-sided p)."""
-    from scipy.stats import hypergeom
-
-    both = (claimed >= 0) & (other >= 0)
-    split = both & (claimed != other)
-    m = int(split.sum())
-    if m == 0:
-        return 0.0, 1.0
-    if fixed:                     # the reference never wavers: its disagreement where they differ vs elsewhere
-        off = e != claimed.astype(bool)
-        a, total, rest = int(off[split].sum()), int(off[both].sum()), int(both.sum())
-        share = a / m - (total - a) / max(1, rest - m)
-        return share, float(hypergeom.sf(a - 1, rest, total, m)) if a else 1.0
-    u = int(((e == other) & (r != other))[split].sum())
-    w = int(((r == other) & (e != other))[split].sum())
-    return (u - w) / m, sign_p(u, u + w)
-
-
-def judge(sides: Sides, others: Others | None = None, *, alpha: float = ALPHA, min_drop: float = MIN_DROP,
+def judge(sides: Sides, others: Others | None = None, *, alpha: float = ALPHA, tolerance: float = TOLERANCE,
           min_shared: int = MIN_SHARED) -> Verdict:
     e, r = np.asarray(sides.endpoint, dtype=bool), np.asarray(sides.reference, dtype=bool)
     n = len(e)
-    v = Verdict("not conclusive", "", n, None, alpha=alpha, min_drop=min_drop)
+    v = Verdict("not conclusive", "", n, None, alpha=alpha, tolerance=tolerance)
     sr, rr = sides.self_repeats, sides.reference_repeats
     v.self_repeats, v.self_disagreement = sr[1], (round(sr[0] / sr[1], 4) if sr[1] else None)
     if rr is not None:
@@ -178,56 +161,65 @@ def judge(sides: Sides, others: Others | None = None, *, alpha: float = ALPHA, m
     drop = (worse - better) / n
     se = math.sqrt(max(0.0, disagree - (worse - better) ** 2 / n)) / n
     v.drop, v.drop_ci = round(drop, 4), [round(drop - Z95 * se, 4), round(drop + Z95 * se, 4)]
-    # the discordant pairs that held when both sides were asked again (a fixed reference holds by itself):
-    # nondeterminism rarely repeats itself, a degradation does, and under "faithful" both kinds stay symmetric
-    held = np.ones(n, dtype=bool)
-    if sides.endpoint_again is not None:
-        held &= np.asarray(sides.endpoint_again) == e.astype(np.int8)
-        if rr is not None and sides.reference_again is not None:
-            held &= np.asarray(sides.reference_again) == r.astype(np.int8)
-    v.worse_held, v.better_held = int((~e & r & held).sum()), int((e & ~r & held).sum())
-    v.p_drop = sign_p(v.worse_held, v.worse_held + v.better_held)
-    # the drop nondeterminism alone makes (a side that flips more is right less often), under the effect asked for
-    (sa, _), (sb, _) = smoothed(sr), smoothed(rr)
-    v.noise_drop = round((flip_rate(sa) - flip_rate(sb)) * (2 * kr / n - 1), 4)
-    with_nearest = with_claimed = 0
-    if others is not None and others.claimed is not None:
-        v.nearest = others.nearest
-        if others.nearest is not None and others.nearest in others.models:
-            with_nearest, with_claimed, v.p_substituted = substitution_test(e, others.claimed,
-                                                                            others.models[others.nearest])
-        fixed = rr is None or others.claimed_is_reference
-        tried = {m: leaning_test(e, r, others.claimed, o, fixed) for m, o in others.models.items()}
-        if tried:
-            best = min(tried, key=lambda m: (tried[m][1], -tried[m][0]))
-            v.leaning, v.leaning_share = best, round(tried[best][0], 4)
-            v.p_mixed = min(1.0, tried[best][1] * len(tried))
+    explained = _explain(v, e, r, others, alpha)
     if v.p_substituted is not None and v.p_substituted < alpha:
-        v.verdict, v.substitute = "substituted", others.nearest
-        v.reason = (f"answers as {others.nearest}: where it and the claimed model differ, sides with "
-                    f"{others.nearest} {with_nearest} times of {with_nearest + with_claimed} (p={v.p_substituted:.2g})")
-    elif v.p_drop < alpha and drop - max(0.0, v.noise_drop) >= min_drop:
-        v.verdict = "degraded"
-        v.reason = (f"right {drop:.1%} less often than the reference (95% CI {v.drop_ci[0]:.1%} to {v.drop_ci[1]:.1%};"
-                    f" of the disagreements that held when asked again, {v.worse_held} worse vs {v.better_held} "
-                    f"better, McNemar p={v.p_drop:.2g})")
+        v.verdict, v.substitute = "substituted", v.nearest
+        v.reason = (f"answers as {v.nearest}: it explains the answers better than the claimed model at any ability "
+                    f"shift (Vuong p={v.p_substituted:.2g}, Bonferroni over {v.models_tried} models)")
     elif v.p_mixed is not None and v.p_mixed < alpha:
         v.verdict = "mixed"
-        v.reason = (f"partly answered as {v.leaning}: where it and the claimed model differ, sides with {v.leaning} "
-                    f"about {v.leaning_share:.0%} more often than the reference (p={v.p_mixed:.2g}, Bonferroni over "
-                    f"{len(others.models)} models)")
+        v.reason = (f"partly answered as {v.leaning}: about {v.leaning_share:.0%} of the answers are best explained as "
+                    f"its (p={v.p_mixed:.2g}, Bonferroni over {v.models_tried} models)")
+    elif explained is False:
+        v.verdict = "unknown"
+        v.reason = (f"neither the claimed model's answers nor any registered model's explain the endpoint's beyond "
+                    f"the questions' difficulty (attachment p={v.p_attachment:.2g})")
+    elif v.drop_ci[0] > tolerance:
+        v.verdict = "degraded"
+        v.reason = (f"right {drop:.1%} less often than the reference (95% CI {v.drop_ci[0]:.1%} to {v.drop_ci[1]:.1%}, "
+                    f"beyond the {tolerance:.1%} tolerance)")
     elif v.p_disagreement < alpha:
-        v.verdict = "differs"
-        v.reason = (f"disagrees with the reference on {disagree / n:.1%}, its nondeterminism allows {d0:.1%} "
-                    f"(p={v.p_disagreement:.2g}), yet neither less accurate nor nearer another model")
-    elif v.p_substituted is not None:
-        v.reason = f"nearest registered model is {others.nearest}, not significantly (p={v.p_substituted:.2g})"
-        v.more_questions = more_needed(n, v.p_substituted, alpha)
+        v.verdict = "configuration"
+        v.reason = (f"the claimed model under another configuration: disagrees with the reference on "
+                    f"{disagree / n:.1%} where nondeterminism allows {d0:.1%} (p={v.p_disagreement:.2g}), and no "
+                    f"registered model explains it better; accuracy {-drop:+.1%}")
     else:
         v.verdict = "faithful"
         v.reason = (f"disagrees with the reference on {disagree / n:.1%}, its nondeterminism allows {d0:.1%} "
-                    f"(p={v.p_disagreement:.2g}); accuracy drop {drop:+.1%} (p={v.p_drop:.2g})")
+                    f"(p={v.p_disagreement:.2g}); accuracy {-drop:+.1%} (95% CI of the drop {v.drop_ci[0]:.1%} to "
+                    f"{v.drop_ci[1]:.1%})")
     return v
+
+
+def _explain(v: Verdict, e: np.ndarray, r: np.ndarray, others: Others | None, alpha: float) -> bool | None:
+    """Fill v's model comparison (answer_models.py); -> whether some registered model's own answers explain the
+    endpoint's (None: nothing to compare with)."""
+    from registry.asking import answer_models as am
+
+    claimed = r.astype(np.int8) if others is None or others.claimed is None else np.asarray(others.claimed)
+    models = {} if others is None else {m: np.asarray(o) for m, o in others.models.items()}
+    if not models:
+        return None
+    b = am.difficulty(np.vstack([claimed] + list(models.values())))
+    pi = am.chances(claimed, b)
+    mine = am.fit(e, claimed, pi)
+    v.shift = round(float(mine.params[0]), 4)
+    v.attachment, v.p_attachment = (round(x, 6) for x in am.attachment(mine, e, claimed, pi))
+    attached = v.p_attachment < ATTACHED
+    fits, tests, mixes = {}, {}, {}
+    for m, y in models.items():
+        pm = am.chances(y, b)
+        fits[m] = am.fit(e, y, pm)
+        tests[m] = am.cox(mine, fits[m], e) if fits[m].total > mine.total else (0.0, 1.0)
+        mixes[m] = am.mixture(e, mine, fits[m])
+        attached = attached or am.attachment(fits[m], e, y, pm)[1] < ATTACHED
+    v.models_tried = len(models)
+    best = max(tests, key=lambda m: tests[m][0])
+    if tests[best][0] > 0:
+        v.nearest, v.p_substituted = best, min(1.0, tests[best][1] * len(models))
+    lean = min(mixes, key=lambda m: (mixes[m][1], -mixes[m][0]))
+    v.leaning, v.leaning_share, v.p_mixed = lean, round(mixes[lean][0], 4), min(1.0, mixes[lean][1] * len(models))
+    return attached
 
 
 def more_needed(n: int, p: float, alpha: float) -> int | None:

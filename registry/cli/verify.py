@@ -60,12 +60,13 @@ def verify_rows(result) -> list[list]:
 @click.option("--concurrency", default=8, show_default=True, help="Requests in flight per endpoint.")
 @click.option("--deadline", default=60.0, show_default=True, help="Seconds one request may take.")
 @click.option("--alpha", default=0.002, show_default=True, help="Each test's false-alarm rate.")
-@click.option("--min-drop", default=0.02, show_default=True, help="Accuracy drop that counts as degraded.")
-def verify(ctx, model, *, names, n, repeat, seed, concurrency, deadline, alpha, min_drop, as_json):
+@click.option("--tolerance", "--min-drop", default=0.02, show_default=True,
+              help="Accuracy drop tolerated: degraded only when the drop's 95% interval lies beyond it.")
+def verify(ctx, model, *, names, n, repeat, seed, concurrency, deadline, alpha, tolerance, as_json):
     """Ask every endpoint claiming MODEL the same planned questions and say whether each serves it faithfully, or
     degraded, or another model (exit 3 when one is not faithful)."""
     r = open_registry(ctx).verify(model, endpoints=list(names) or None, n=n, repeat=repeat, seed=seed,
-                                  concurrency=concurrency, deadline=deadline, alpha=alpha, min_drop=min_drop,
+                                  concurrency=concurrency, deadline=deadline, alpha=alpha, tolerance=tolerance,
                                   progress=not as_json)
     if as_json:
         emit_json({**r.__dict__, "faithful": r.faithful})

@@ -1,7 +1,8 @@
 """`registry verify X`: ask every endpoint claiming X the same planned questions under the prompt template (only those
 each has not answered yet), repeat the plan's first few to measure each one's own nondeterminism, store the answers
 (an import batch for first answers, one for repeats, with their provenance), and judge each endpoint against X's
-reference (asking/verdicts.py): faithful, degraded, substituted, differs or not conclusive, with the evidence."""
+reference (asking/verdicts.py): faithful, configuration, degraded, substituted, mixed, unknown or not conclusive, with
+the evidence."""
 from __future__ import annotations
 
 import hashlib
@@ -282,7 +283,7 @@ def second(got: dict[int, list[bool]], qids: list[int]) -> np.ndarray:
 def verify(store: Store, model: str, *, min_evaluations: int, endpoints: list[str] | None = None, n: int = 256,
            repeat: int = 32, seed: int = 0, concurrency: int = 8, deadline: float = 60.0, retries: int = 4,
            backoff: float = 0.5, progress: bool = False, keys: UpstreamKeys = OWNER, alpha: float = verdicts.ALPHA,
-           min_drop: float = verdicts.MIN_DROP, write: Callable[[Callable[[], Any]], Any] = own_thread,
+           tolerance: float = verdicts.TOLERANCE, write: Callable[[Callable[[], Any]], Any] = own_thread,
            cancel: threading.Event | None = None, max_in_flight: int | None = None) -> VerifyResult:
     """`registry verify MODEL`. Two passes: the plan's questions (and its first `repeat` again, for
     each side's nondeterminism), then every question where an endpoint and the reference disagree asked again of
@@ -292,8 +293,8 @@ def verify(store: Store, model: str, *, min_evaluations: int, endpoints: list[st
     if n < 1 or repeat < 0 or concurrency < 1:
         raise InputError(f"-n and --concurrency must be at least 1 and --repeat at least 0, got {n}, {concurrency}, "
                          f"{repeat}")
-    if not 0 < alpha < 0.5 or not 0 <= min_drop < 1:
-        raise InputError(f"alpha must be in (0, 0.5) and min_drop in [0, 1), got {alpha} and {min_drop}")
+    if not 0 < alpha < 0.5 or not 0 <= tolerance < 1:
+        raise InputError(f"alpha must be in (0, 0.5) and tolerance in [0, 1), got {alpha} and {tolerance}")
     started = time.perf_counter()
     how = dict(concurrency=concurrency, progress=progress, deadline=deadline, retries=retries, backoff=backoff,
                cancel=cancel)
@@ -358,7 +359,7 @@ def verify(store: Store, model: str, *, min_evaluations: int, endpoints: list[st
                                    self_repeats(mine, repeats),
                                    None if theirs is None else self_repeats(theirs, repeats),
                                    second(mine, shared), None if theirs is None else second(theirs, shared))
-            report.verdict = asdict(verdicts.judge(sides, others, alpha=alpha, min_drop=min_drop))
+            report.verdict = asdict(verdicts.judge(sides, others, alpha=alpha, tolerance=tolerance))
     note = ("" if ref is not None else f"no reference endpoint is marked: compared with {model}'s registered results, "
             f"which may come from another prompt (a faithful endpoint then differs more than from itself)")
     return VerifyResult(model, prompt.TEMPLATE_VERSION, len(plan), len(repeats), seed,

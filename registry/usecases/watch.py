@@ -145,7 +145,7 @@ def label(tx: Tx, model: str, t, ref, window: list[int], alarm: str) -> tuple[st
                                         None if theirs is None else v.self_repeats(theirs, shared), e2, r2),
                          others, min_shared=1)
     kind = got.verdict if got.verdict not in ("faithful", "not conclusive") else (
-        "degraded" if alarm == "drop" else "differs")
+        "degraded" if alarm == "drop" else "configuration")
     return kind, asdict(got)
 
 

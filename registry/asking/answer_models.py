@@ -126,25 +126,26 @@ def cox(null: Fit, other: Fit, e: np.ndarray) -> tuple[float, float]:
 
 def mixture(e: np.ndarray, mine: Fit, other: Fit) -> tuple[float, float]:
     """(weight, p): the share of answers best explained as the other model's, and the p-value of the likelihood
-    ratio against none (half chi-square(0), half chi-square(1))."""
+    ratio against none (half chi-square(0), half chi-square(1)). The log-likelihood is concave in the weight: no
+    share at all where its slope at 0 is not positive, else Newton's steps inside [0, 1]."""
     from scipy.stats import chi2
 
     e = e.astype(float)
-    pa, pb = mine.p, other.p
-    la = e * pa + (1 - e) * (1 - pa)           # each answer's likelihood under each fit
-    lb = e * pb + (1 - e) * (1 - pb)
+    la = e * mine.p + (1 - e) * (1 - mine.p)        # each answer's likelihood under each fit
+    lb = e * other.p + (1 - e) * (1 - other.p)
+    g = (lb - la) / la
+    if g.sum() <= 0:
+        return 0.0, 1.0
     w = 0.5
-    for _ in range(500):                        # EM on the weight alone (from the middle: 0 is a fixed point)
-        r = w * lb / np.maximum((1 - w) * la + w * lb, 1e-300)
-        new = float(r.mean())
-        if abs(new - w) < 1e-7:
-            w = new
+    for _ in range(50):
+        t = (lb - la) / ((1 - w) * la + w * lb)
+        step = t.sum() / max(float((t * t).sum()), 1e-12)
+        new = min(1.0, max(0.0, w + step))
+        if abs(new - w) < 1e-9:
             break
         w = new
-    if w <= 1e-4:
-        return 0.0, 1.0
     stat = 2.0 * float(np.log(((1 - w) * la + w * lb) / la).sum())
-    return w, 0.5 * float(chi2.sf(max(stat, 0.0), 1)) if stat > 0 else 1.0
+    return w, (0.5 * float(chi2.sf(stat, 1)) if stat > 0 else 1.0)
 
 
 def attachment(f: Fit, e: np.ndarray, y: np.ndarray, pi: np.ndarray) -> tuple[float, float]:

@@ -315,6 +315,7 @@ class Registry:
         self._in_tx(endpoints.remove, model)
 
     def claim(self, model: str, base_url: str, **o): return self._in_tx(verify_uc.claim, model, base_url, o)
+    def claims(self): return self._in_tx(verify_uc.claims.current)
     def verify(self, model: str, **o): return verify_uc.verify(self.store, model, **self._min(), **o)
     def watch(self, **o): return watch_uc.watch(self.store, **self._min(), **o)
 

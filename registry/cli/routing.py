@@ -239,11 +239,15 @@ def endpoints(ctx, as_json):
     """Where the routing proxy (/v1/chat/completions) forwards each model's requests (subcommands: set, remove)."""
     if ctx.invoked_subcommand is not None:
         return
-    rows = open_registry(ctx).endpoints()
+    reg = open_registry(ctx)
+    rows = reg.endpoints()
     if as_json:
         return emit_json(rows)
-    table([[e.model, e.base_url, e.upstream_model, e.api_key_env or ""] for e in rows],
-          ["model", "base URL", "upstream model", "API key from"])
+    by = {c.endpoint: c for c in reg.claims()}      # an endpoint that claims a model: which, and its marks
+    table([[e.model, by[e.model].model if e.model in by else "", e.base_url, e.upstream_model, e.api_key_env or "",
+            ("yes" if by[e.model].reference else "") if e.model in by else "",
+            ("yes" if by[e.model].watched else "no") if e.model in by else ""] for e in rows],
+          ["model", "claims", "base URL", "upstream model", "API key from", "reference", "watched"])
 
 
 @command("set", group=endpoints)

@@ -266,8 +266,8 @@ def unknown_model(name: str, known: Iterable[str], where: str = "") -> NotFound:
     import difflib
 
     known = sorted(set(known))
-    low = name.lower()
-    guesses = [k for k in known if low and low in k.lower()]
+    bare = re.sub(r"[^0-9a-z]", "", name.lower())        # (`gpt4o` is `gpt-4o-2024-05-13` without its dashes)
+    guesses = [k for k in known if bare and bare in re.sub(r"[^0-9a-z]", "", k.lower())]
     guesses += [k for k in difflib.get_close_matches(name, known, n=3, cutoff=0.5) if k not in guesses]
     hint = f"; did you mean {' or '.join(repr(g) for g in guesses[:3])}?" if guesses else ""
     return NotFound(f"unknown model {name!r}{where}{hint}")

@@ -89,7 +89,7 @@ class UpstreamKeys:
         key = os.environ.get(variable, "").strip()
         if not key:
             raise KeyRefused(f"the API key variable {variable} is not set in "
-                             f"{'this' if self.owner else 'the server'}'s environment: set it "
+                             f"{'this command' if self.owner else 'the server'}'s environment: set it "
                              f"{'' if self.owner else 'before `registry serve` '}or give the endpoint another one")
         return {"authorization": f"Bearer {key}"}
 

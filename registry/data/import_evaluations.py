@@ -238,12 +238,12 @@ def check_evaluations(tx: Tx, staged: Staged, unknown_hint: str | None = UNKNOWN
     if unknown_hint is None:
         return
     mirror(tx, "queries")
-    unknown = fetch(tx, f"""SELECT qid FROM (SELECT DISTINCT qid FROM {t})
-                         WHERE qid NOT IN (SELECT external_id FROM queries) LIMIT 1""")
-    if unknown:
-        first_bad(tx, staged, f"qid = {sql_str(unknown[0][0])}",
-                   "unknown query id {value} (" + unknown_hint.replace("{", "{{").replace("}", "}}") + ")", "qid",
-                  error=UnknownReference)
+    unknown = fetch(tx, f"""SELECT {staged.line_sql} AS l, qid, count(*) OVER () FROM {t}
+                         WHERE qid NOT IN (SELECT external_id FROM queries) ORDER BY l LIMIT 1""")
+    if unknown:         # the first by line, and how many rows more: a wrong file is seldom wrong on one line
+        line, qid, rows = unknown[0]
+        more = f"; {rows - 1:,} more rows name unknown ids" if rows > 1 else ""
+        raise UnknownReference(f"unknown query id {qid!r}{more} ({unknown_hint})", file=staged.path, line=int(line))
 
 
 

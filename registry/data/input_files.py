@@ -52,11 +52,15 @@ class Staged:
 
 # --- locating and reading files ----------------------------------------------------------------------------------
 
+ONE_FILE = ("a file, where the csv format is a folder (models.csv, questions.csv.gz, evaluations.csv.gz, splits.csv); "
+            "one model's results (question_id,correct) are registered with `registry register NAME --evals FILE`")
+
+
 def files_in_dir(directory: str | Path) -> dict[str, str]:
     """A folder laid out like ../shared/data/mmlu-pro: models.csv, questions.csv.gz, evaluations.csv.gz, splits.csv."""
     directory = Path(directory)
     if not directory.is_dir():
-        raise InputError("not a directory", file=str(directory))
+        raise InputError(ONE_FILE if directory.is_file() else "not a directory", file=str(directory))
     found: dict[str, str] = {}
     for kind, stems in DIR_FILES.items():
         for stem in stems:
@@ -187,6 +191,9 @@ def csv_header(path: str) -> tuple[list[str], str]:
         raise InputError("truncated or corrupt gzip file", file=path) from None
     if len(raw) > HEADER_LIMIT:
         raise InputError(f"the header line is longer than {HEADER_LIMIT >> 20} MB: not a header", file=path, line=1)
+    if raw.startswith((b"PK\x03\x04", b"\xd0\xcf\x11\xe0")):     # zip (.xlsx, .ods) or OLE2 (.xls)
+        raise InputError("a spreadsheet workbook (or another archive), not a CSV file: save the sheet as CSV (UTF-8) "
+                         "and give that file", file=path)
     try:
         header = raw.decode("utf-8-sig").rstrip("\r\n")
     except UnicodeDecodeError:

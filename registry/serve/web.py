@@ -263,6 +263,14 @@ def portfolio_page(request: Request, k: int | None = Query(None, ge=1, le=1000),
     return page(request, "portfolio.html", p=result, k=k, method=shown, methods=portfolio.METHODS, error=error)
 
 
+@pages.get("/favicon.ico")
+def favicon():
+    """The icon browsers ask for whatever the page says (the pages name /static/web/favicon.svg)."""
+    from fastapi.responses import FileResponse
+
+    return FileResponse(HERE / "static" / "favicon.svg", media_type="image/svg+xml")
+
+
 @pages.get("/ui/fingerprint", response_class=HTMLResponse)
 def fingerprint_page(request: Request):
     return page(request, "fingerprint.html")

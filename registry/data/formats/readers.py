@@ -195,6 +195,10 @@ def detect(paths: list[str]) -> Reader:
     for r in table().values():
         if r.recognises(list(paths)):
             return r
+    if len(paths) == 1 and Path(paths[0]).is_file() and paths[0].lower().endswith((".csv", ".csv.gz", ".tsv")):
+        from registry.data.input_files import ONE_FILE
+
+        raise InputError(ONE_FILE, file=paths[0])
     raise InputError(f"no reader recognises {', '.join(paths)} (readers: {', '.join(table())}): give --from FORMAT")
 
 

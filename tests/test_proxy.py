@@ -24,7 +24,7 @@ def upstream():
     """A fake OpenAI upstream: answers "from <model>", fails with 500 for the models in `failing`, records the
     requests it got (model, Authorization header)."""
     app = FastAPI()
-    state = {"failing": set(), "seen": []}
+    state = {"failing": set(), "seen": [], "ignore_stream": False}
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
@@ -32,7 +32,7 @@ def upstream():
         state["seen"].append((body["model"], request.headers.get("authorization")))
         if body["model"] in state["failing"]:
             return JSONResponse({"error": "down"}, status_code=500)
-        if body.get("stream"):
+        if body.get("stream") and not state["ignore_stream"]:
             def events():
                 for word in ("from", body["model"]):
                     yield f"data: {json.dumps({'choices': [{'delta': {'content': word}}]})}\n\n"
@@ -87,6 +87,28 @@ def test_proxy_routes_falls_back_and_streams(db_copy, upstream, monkeypatch):
         assert bad.status_code == 422 and "messages" in bad.json()["error"]["message"]
         log = c.get("/log", params={"limit": 1}).json()[0]
         assert log["text"] is None                                        # the prompt's hash only
+
+
+def test_a_stream_asked_of_an_upstream_that_ignores_stream_still_streams(db_copy, upstream):
+    base, state = upstream
+    with Registry(db_copy) as reg:
+        text = known_text(reg)
+        choice = reg.route(text, RouteOptions(log=False)).model
+        reg.set_endpoint(choice, base, upstream_model=f"up-{choice}")
+    state["ignore_stream"], state["failing"] = True, set()
+    try:
+        with TestClient(create_app(str(db_copy))) as c:
+            msg = {"model": "auto", "stream": True, "messages": [{"role": "user", "content": text}]}
+            with c.stream("POST", "/v1/chat/completions", json=msg) as s:
+                body = "".join(s.iter_text())
+                kind = s.headers["content-type"]
+    finally:
+        state["ignore_stream"] = False
+    events = [ln.removeprefix("data: ") for ln in body.split("\n\n") if ln]
+    assert kind.startswith("text/event-stream") and events[-1] == "[DONE]" and len(events) == 2, body
+    chunk = json.loads(events[0])
+    assert chunk["object"] == "chat.completion.chunk"
+    assert chunk["choices"][0]["delta"]["content"] == f"from up-{choice}"
 
 
 def test_endpoints_cli(db_copy):

@@ -191,6 +191,7 @@ def mount(app: FastAPI, serving, deadlines: connections.UpstreamDeadlines | None
                 if secret and secret.encode() in answer:
                     answer = answer.replace(secret.encode(), b"[key]")
                 return Response(answer, status_code=status, headers=out)
+            out["content-type"] = "text/event-stream"    # (also where the upstream answered in one JSON body)
             return StreamingResponse(answer, status_code=attempt.response.status_code, headers=out,
                                      background=_closer(attempt))
         if routed is not None:
@@ -279,13 +280,31 @@ async def _attempt(attempt, stream: bool):
     resp = await attempt.start()
     if resp.status_code >= 500:
         raise UpstreamFailed(f"upstream answered {resp.status_code}")
-    if stream and resp.status_code < 400:      # (a refusal's body is read whole: it is passed on in our words)
+    whole_json = "application/json" in resp.headers.get("content-type", "")     # (it ignored `stream`)
+    if stream and resp.status_code < 400 and not whole_json:   # (a refusal is read whole: passed on in our words)
         return attempt.relay(await attempt.chunk() or b"")
     content = await attempt.body()
     await attempt.close()
     if resp.status_code == 200:
         try:
-            json.loads(content)
+            whole = json.loads(content)
         except (ValueError, RecursionError):
             raise UpstreamFailed("upstream answered 200 with a body that is not JSON") from None
+        if stream:      # an upstream that ignored `stream`: its answer as one chunk and the end, as a client expects
+            return _one_chunk(as_event_stream(whole))
     return content
+
+
+def as_event_stream(answer) -> bytes:
+    """A whole chat completion as OpenAI's stream of it: one `chat.completion.chunk` carrying each choice's message
+    as its delta (and the usage), then `[DONE]`."""
+    answer = answer if isinstance(answer, dict) else {}
+    choices = [{"index": c.get("index", i), "delta": c.get("message") or {}, "finish_reason": c.get("finish_reason")}
+               for i, c in enumerate(answer.get("choices") or []) if isinstance(c, dict)]
+    chunk = {k: answer[k] for k in ("id", "created", "model", "system_fingerprint", "usage") if k in answer}
+    chunk.update(object="chat.completion.chunk", choices=choices)
+    return f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode()
+
+
+async def _one_chunk(data: bytes):
+    yield data

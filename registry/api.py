@@ -32,8 +32,8 @@ evidence, index = lazy_modules("registry.embedding", "evidence index")
 (route_log,) = lazy_modules("registry.routing", "log")
 ask_uc, encoders_uc, evaluate_uc, exchange, importing, models_uc = lazy_modules(
     "registry.usecases", "ask encoders evaluate exchange importing models")
-onboard_uc, register_uc, route_uc, verify_uc, watch_uc = lazy_modules(
-    "registry.usecases", "onboard register route verify watch")
+onboard_uc, register_uc, route_uc, verify_uc, watch_uc, verdicts_uc = lazy_modules(
+    "registry.usecases", "onboard register route verify watch endpoint_verdicts")
 
 
 class Registry:
@@ -316,6 +316,12 @@ class Registry:
 
     def claim(self, model: str, base_url: str, **o): return self._in_tx(verify_uc.claim, model, base_url, o)
     def claims(self): return self._in_tx(verify_uc.claims.current)
+
+    def endpoint_verdicts(self, model: str) -> dict:
+        """{endpoint: its verdict now} for every endpoint claiming MODEL: what `verify` and each `watch` round
+        report, on the answers since the endpoint's last verdict change (usecases/endpoint_verdicts.py)."""
+        self.show(model)        # (an unknown model: NotFound, with suggestions)
+        return self._in_tx(verdicts_uc.of_model, model)
     def verify(self, model: str, **o): return verify_uc.verify(self.store, model, **self._min(), **o)
     def watch(self, **o): return watch_uc.watch(self.store, **self._min(), **o)
 

@@ -61,7 +61,7 @@ def test_the_three_helm_runs_import(tmp_path):
                                            WHERE q.external_id LIKE 'mmlu%/id147'""").fetchall()[0]
     assert text.endswith("(C) internalmeaning\n(D) meaning in an afterlife") and (answer, grading) == ("C", "letter")
     assert con.execute("""SELECT a.grading, q.category FROM queries q JOIN query_answers a ON a.query_id = q.id
-                          WHERE q.external_id = 'narrative_qa/id1413'""").fetchall() == [("exact", None)]
+                          WHERE q.external_id = 'narrative_qa/id1413'""").fetchall() == [("text", None)]
     files = json.loads(con.execute("SELECT files FROM import_batches ORDER BY id LIMIT 1").fetchall()[0][0])
     assert {p["evaluation"] for p in files["read"]} == {"mmlu:subject=philosophy,method=multiple_choice_joint",
                                                         "commonsense:dataset=hellaswag,method=multiple_choice_joint"}

@@ -118,6 +118,40 @@ def test_an_upstream_naming_another_model_or_billing_double_is_flagged_on_its_fi
 
 
 @pytest.mark.slow
+def test_verify_watch_the_page_and_http_give_one_verdict(db_copy, upstreams):
+    import re
+
+    from fastapi.testclient import TestClient
+
+    from registry.serve.app import create_app
+
+    b = vf.books(db_copy, [X, SUB])
+    ups = {k: upstreams(vf.case(b, k, X, other=o, seed=i)) for i, (k, o) in
+           enumerate((("faithful", None), ("substituted", SUB)))}
+    with Registry(db_copy) as reg:
+        for k, u in ups.items():
+            reg.claim(X, u.url, name=f"{X}@{k}")
+        r = reg.verify(X, n=96, repeat=16)
+        said = {e.endpoint: e.verdict["verdict"] for e in r.endpoints}
+        assert said[f"{X}@substituted"] == "substituted", said
+        assert {e: v["verdict"] for e, v in reg.endpoint_verdicts(X).items()} == said
+        before = {k: u.requests for k, u in ups.items()}
+        w = reg.watch(n=32)
+        rounds = {x.endpoint: x.verdict for x in w.rounds}
+        now = {e: v["verdict"] for e, v in reg.endpoint_verdicts(X).items()}
+        assert rounds == now, (rounds, now)
+        with reg.store.tx() as tx:         # watch asked only fresh questions: none answered three times
+            assert tx.sql("""SELECT coalesce(max(c), 0) FROM (SELECT count(*) AS c FROM asked_answers
+                             GROUP BY model_id, query_id)""")[0][0] <= 2
+        assert all(u.requests - before[k] <= 2 * 32 for k, u in ups.items())
+    with TestClient(create_app(str(db_copy))) as c:
+        over_http = {e: v["verdict"] for e, v in c.get(f"/models/{X}/verdicts").json().items()}
+        html = c.get(f"/ui/endpoints/{X}").text
+    on_page = dict(re.findall(r'<td class="verdict-now" data-endpoint="([^"]+)">([^<]*)</td>', html))
+    assert over_http == now and on_page == now, (over_http, on_page, now)
+
+
+@pytest.mark.slow
 def test_the_command_line_exits_non_zero_when_one_is_not_faithful(db_copy, upstreams):
     b = vf.books(db_copy, [X, SUB])
     good, bad = upstreams(vf.case(b, "faithful", X, seed=1)), upstreams(vf.case(b, "substituted", X, other=SUB))

@@ -105,7 +105,8 @@ def test_a_switch_is_an_event_and_a_faithful_endpoint_raises_none(db_copy, fakes
         status = reg.watch(status=True)
     assert len(status.rounds) == 16 and [x.endpoint for x in status.events] == [f"{X}@switch"]
     mine = [x for x in status.rounds if x.endpoint == f"{X}@switch"]
-    assert [x.verdict for x in mine][:e["round"] - 1] == ["faithful"] * (e["round"] - 1)
+    # each round says the verdict on the answers so far: the first 16 are too few for one
+    assert set(x.verdict for x in mine[:e["round"] - 1]) <= {"faithful", "not conclusive"}, mine
     assert mine[-1].verdict == "degraded" and sum(x.worse_held for x in mine[4:]) > sum(x.worse_held for x in mine[:4])
     assert all(x.n == 16 and len(x.accuracy_ci) == 2 for x in status.rounds)
     # every round its own import batches, every question fresh

@@ -110,6 +110,12 @@ def history(name: str, s: ServerState = Depends(server)):
     return json_response(s.registry.history(name))
 
 
+@models_router.get("/models/{name:path}/verdicts")
+def endpoint_verdicts(name: str, s: ServerState = Depends(server)):
+    """Each endpoint claiming the model and its verdict now (what `registry verify` and `watch` report)."""
+    return json_response(s.registry.endpoint_verdicts(name))
+
+
 POST_ONLY = ("evaluations", "ask", "claims", "verify")     # /models/{name}/... paths a GET may not take
 
 

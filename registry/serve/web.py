@@ -284,9 +284,11 @@ def endpoints_page(request: Request, name: str):
     try:
         reg.show(name)
         status = reg.watch(status=True, models=[name])
+        now = reg.endpoint_verdicts(name) if status.claims else {}
     except RegistryError as exc:
         return error_page(request, str(exc))
     by: dict = {}
     for r in status.rounds:
         by.setdefault(r.endpoint, []).append(r)
-    return page(request, "endpoints.html", model=name, claims=status.claims, rounds=by, events=status.events)
+    return page(request, "endpoints.html", model=name, claims=status.claims, rounds=by, events=status.events,
+                now=now)

@@ -16,14 +16,25 @@ from typing import Any
 
 import numpy as np
 
-from registry.answers import catalog, fingerprint
 from registry.asking import claims, client, grading, prompt, served_checks, verdicts
 from registry.core.errors import Conflict, InputError, Interrupted, NotFound
 from registry.core.keys import OWNER, UpstreamKeys
 from registry.core.store import Store
 from registry.core.transaction import Tx
-from registry.data import current_evaluations, import_run
+from registry.data import import_run
+from registry.usecases import endpoint_verdicts
 from registry.usecases import onboard as onboard_uc
+from registry.usecases.endpoint_verdicts import (  # noqa: F401 (watch reads them here too)
+    DISAGREEMENTS,
+    Target,
+    answers,
+    counts,
+    others_of,
+    reference_outcomes,
+    registered,
+    second,
+    self_repeats,
+)
 
 GOLD = ("SELECT q.id, q.external_id, q.text, g.answer, g.grading FROM queries q "
         "JOIN query_answers g ON g.query_id = q.id")
@@ -69,14 +80,6 @@ class VerifyResult:
         return all(e.verdict.get("verdict") == "faithful" and not e.flags for e in self.endpoints if not e.reference)
 
 
-@dataclass
-class Target:
-    claim: claims.Claim
-    endpoint: client.Endpoint
-    model_id: int
-    price: float | None
-
-
 def claim(tx: Tx, model: str, base_url: str, options: dict) -> claims.Claim:
     """`registry endpoints add`: an endpoint claiming `model` (claims.add's options: name, upstream_model,
     api_key_env, reference, watched)."""
@@ -87,25 +90,6 @@ def planned(candidates, n: int, seed: int) -> list[int]:
     """The plan: the first n of the candidate questions in a seeded order (a longer plan extends a shorter one)."""
     ids = np.array(sorted(int(q) for q in candidates), dtype=np.int64)
     return np.random.default_rng(seed).permutation(ids)[:n].tolist()
-
-
-def counts(tx: Tx, model_id: int, base_url: str, qids: list[int]) -> dict[int, int]:
-    """How many answers the endpoint gave each of `qids` under the template."""
-    rows = tx.sql("""SELECT query_id, count(*) FROM asked_answers WHERE model_id = ? AND base_url = ? AND template = ?
-                     AND query_id IN (SELECT unnest(?::BIGINT[])) GROUP BY 1""",
-                  [model_id, base_url, prompt.TEMPLATE_VERSION, list(qids)])
-    return {int(q): int(c) for q, c in rows}
-
-
-def answers(tx: Tx, model_id: int, base_url: str, qids: list[int]) -> dict[int, list[bool]]:
-    """The endpoint's answers to each of `qids` under the template, oldest first."""
-    rows = tx.sql("""SELECT query_id, correct FROM asked_answers WHERE model_id = ? AND base_url = ? AND template = ?
-                     AND query_id IN (SELECT unnest(?::BIGINT[])) ORDER BY batch_id""",
-                  [model_id, base_url, prompt.TEMPLATE_VERSION, list(qids)])
-    out: dict[int, list[bool]] = {}
-    for q, ok in rows:
-        out.setdefault(int(q), []).append(bool(ok))
-    return out
 
 
 def targets(tx: Tx, model: str, names: list[str] | None, keys: UpstreamKeys) -> list[Target]:
@@ -172,60 +156,6 @@ def store_batch(tx: Tx, graded: list[tuple], label: str) -> int | None:
     return result.batch_id
 
 
-def reference_outcomes(tx: Tx, model: str, ref: Target | None, plan: list[int]) -> dict[int, bool]:
-    """The reference's first answer per plan question; without a reference endpoint, X's registered results."""
-    if ref is not None:
-        return {q: a[0] for q, a in answers(tx, ref.model_id, ref.endpoint.base_url, plan).items()}
-    return registered(tx, model, plan)
-
-
-def registered(tx: Tx, model: str, plan: list[int]) -> dict[int, bool]:
-    mid = tx.sql("SELECT id FROM models WHERE name = ?", [model])[0][0]
-    rows = current_evaluations.of_models(tx, [mid])
-    keep = set(plan)
-    return {int(q): bool(c) for q, c in zip(rows["query_id"], rows["correct"]) if int(q) in keep}
-
-
-def candidates(tx: Tx, model: str) -> dict[int, str]:
-    """The registered models an endpoint claiming `model` might really serve: all but endpoints, `model` and its
-    aliases."""
-    names = dict(tx.sql("SELECT id, name FROM models"))
-    x = {n: i for i, n in names.items()}[model]
-    groups = catalog.alias_groups(tx)
-    root = groups.get(x, x)
-    skip = claims.claimant_ids(tx) | {m for m, g in groups.items() if g == root} | {root, x}
-    return {int(i): n for i, n in names.items() if int(i) not in skip}
-
-
-def outcomes(tx: Tx, ids: list[int], qids: list[int]) -> np.ndarray:
-    """Registered current outcomes [models, questions] (1/0, -1: none)."""
-    out = np.full((len(ids), len(qids)), -1, dtype=np.int8)
-    if not ids or not qids:
-        return out
-    rows = current_evaluations.of_models(tx, ids)
-    row, col = {m: i for i, m in enumerate(ids)}, {q: j for j, q in enumerate(qids)}
-    for m, q, c in zip(rows["model_id"], rows["query_id"], rows["correct"]):
-        if int(q) in col:
-            out[row[int(m)], col[int(q)]] = c
-    return out
-
-
-def others_of(tx: Tx, model: str, qids: list[int], y: np.ndarray, claimed: dict[int, bool],
-              from_reference: bool) -> verdicts.Others:
-    """What the substitution and mixing tests need on the shared questions: the claimed model's outcomes, every
-    candidate's, and the fingerprint's nearest (endpoints and the claimed model's aliases aside)."""
-    cands = candidates(tx, model)
-    ids = sorted(cands)
-    mat = outcomes(tx, ids, list(qids))
-    mine = np.array([int(claimed[q]) if q in claimed else -1 for q in qids], dtype=np.int8)
-    x = int(tx.sql("SELECT id FROM models WHERE name = ?", [model])[0][0])
-    f = fingerprint.by_answers(tx, qids, y.astype(int), exclude=set(dict(tx.sql("SELECT id, name FROM models")))
-                               - set(ids) - {x})
-    nearest = None if f is None or f.match == model else f.match
-    return verdicts.Others(mine, {cands[m]: mat[i] for i, m in enumerate(ids) if (mat[i] >= 0).any()}, nearest,
-                           from_reference)
-
-
 def own_thread(fn: Callable[[], Any]) -> Any:
     """How a write runs where no server's writer takes it: here, now."""
     return fn()
@@ -273,11 +203,6 @@ def ask_pass(store: Store, label: str, jobs: list, gold: dict, reports: dict, *,
     batches = write(stored)
     stop_if_cancelled(how.get("cancel"))      # (what came back before is kept)
     return batches
-
-
-def second(got: dict[int, list[bool]], qids: list[int]) -> np.ndarray:
-    """Each question's second answer (1/0, -1: none)."""
-    return np.array([int(got[q][1]) if len(got.get(q, [])) > 1 else -1 for q in qids], dtype=np.int8)
 
 
 def verify(store: Store, model: str, *, min_evaluations: int, endpoints: list[str] | None = None, n: int = 256,
@@ -337,7 +262,7 @@ def verify(store: Store, model: str, *, min_evaluations: int, endpoints: list[st
                 theirs = got[ref.claim.endpoint]
                 again[ref.claim.endpoint] |= {q for q in off if len(theirs.get(q, [])) < 2}
     jobs = [(t, [(q, True) for q in plan if q in again[t.claim.endpoint]]) for t in found]
-    batches += ask_pass(store, f"verify {model}", jobs, gold, reports, write=write, **how)
+    batches += ask_pass(store, f"verify {model}, {DISAGREEMENTS}", jobs, gold, reports, write=write, **how)
     if batches:
         write(lambda: onboard_uc.onboard(store, min_evaluations))
     with store.tx() as tx:
@@ -352,6 +277,9 @@ def verify(store: Store, model: str, *, min_evaluations: int, endpoints: list[st
                     report.verdict = {"verdict": "reference", "reason": "the yardstick the others are judged by"}
                     continue
                 against, theirs = published, None
+            else:           # the verdict now, on every answer since its last change (what watch, the page and HTTP say)
+                report.verdict = endpoint_verdicts.verdict_now(tx, model, t, ref, alpha=alpha, tolerance=tolerance)
+                continue
             shared = [q for q in plan if q in mine and q in against]
             y = np.array([mine[q][0] for q in shared], dtype=bool)
             others = others_of(tx, model, shared, y, claimed, not published) if shared else None
@@ -367,8 +295,3 @@ def verify(store: Store, model: str, *, min_evaluations: int, endpoints: list[st
                         list(reports.values()), batches, round(time.perf_counter() - started, 3), note)
 
 
-def self_repeats(got: dict[int, list[bool]], qids: list[int]) -> tuple[int, int]:
-    """(disagreements, repeats) between the first two answers to each of `qids` (the plan's random repeats: the
-    questions asked again because they disagreed would overstate it)."""
-    pairs = [got[q][:2] for q in qids if len(got.get(q, [])) >= 2]
-    return sum(a != b for a, b in pairs), len(pairs)

@@ -21,6 +21,7 @@ from registry.core.keys import OWNER, UpstreamKeys
 from registry.core.store import Store
 from registry.core.transaction import Tx
 from registry.data import endpoints
+from registry.usecases import endpoint_verdicts
 from registry.usecases import onboard as onboard_uc
 from registry.usecases import verify as v
 
@@ -113,8 +114,8 @@ def round_of(store: Store, model: str, group: list[claims.Claim], n: int, *, see
         again[t.claim.endpoint] |= {q for q in off if len(mine[q]) < 2}
         if ref is not None:
             again[ref.claim.endpoint] |= {q for q in off if len(got[ref.claim.endpoint].get(q, [])) < 2}
-    batches += v.ask_pass(store, f"watch {model}", [(t, [(q, True) for q in fresh if q in again[t.claim.endpoint]])
-                                                    for t in found], gold, reports, **how)
+    jobs = [(t, [(q, True) for q in fresh if q in again[t.claim.endpoint]]) for t in found]
+    batches += v.ask_pass(store, f"watch {model}, {v.DISAGREEMENTS}", jobs, gold, reports, **how)
     return found, ref, fresh, batches, sum(r.requests for r in reports.values()), reports
 
 
@@ -135,18 +136,10 @@ def sides(tx: Tx, t, ref, base: dict, qids: list[int]):
     return shared, e, r, v.second(mine, shared), None if theirs is None else v.second(theirs, shared), mine, theirs
 
 
-def label(tx: Tx, model: str, t, ref, window: list[int], alarm: str) -> tuple[str, dict]:
-    """What the endpoint now reads as, from the verdict's tests over the rounds since the change began."""
-    base = v.reference_outcomes(tx, model, ref, window)
-    shared, e, r, e2, r2, mine, theirs = sides(tx, t, ref, base, window)
-    published = v.registered(tx, model, window)
-    others = v.others_of(tx, model, shared, e, published or base, not published)
-    got = verdicts.judge(verdicts.Sides(e, r, v.self_repeats(mine, shared),
-                                        None if theirs is None else v.self_repeats(theirs, shared), e2, r2),
-                         others, min_shared=1)
-    kind = got.verdict if got.verdict not in ("faithful", "not conclusive") else (
-        "degraded" if alarm == "drop" else "configuration")
-    return kind, asdict(got)
+def round_batch(tx: Tx, model_id: int, number: int, current: int | None) -> int:
+    """The first batch of the endpoint's round `number` (the round being judged: `current`)."""
+    rows = [b for (b,) in tx.sql("SELECT batch_id FROM watch_rounds WHERE model_id = ? ORDER BY id", [model_id])]
+    return int(rows[number - 1] or 0) if number <= len(rows) else int(current or 0)
 
 
 def watch(store: Store, *, min_evaluations: int, n: int = 64, models: list[str] | None = None,
@@ -211,18 +204,27 @@ def judge_round(store: Store, model: str, found: list, ref, fresh: list[int], *,
             if last == UNREACHABLE:
                 event = Event(t.claim.endpoint, model, at, count + 1, f"{UNREACHABLE} -> {state.verdict}",
                               state.verdict, {"answered": report.answered})
+            first = batches[0] if batches else None
+            now = None
             if alarm and state.verdict == "faithful":
-                window = sorted({q for qs in (past + [shared])[(state.since or state.rounds) - 1:] for q in qs})
-                kind, why = label(tx, model, t, ref, window, alarm)
-                event = Event(t.claim.endpoint, model, at, count + 1, f"faithful -> {kind}", kind,
-                              {**evidence, "verdict": why, "rounds": [state.since or state.rounds, count + 1]})
-                state.verdict = kind
+                # the test saw a change: the verdict on the answers since it began says what it is (one that reads
+                # faithful raises nothing yet: the test goes on gathering)
+                since = round_batch(tx, t.model_id, state.since or state.rounds, first)
+                now = endpoint_verdicts.verdict_now(tx, model, t, ref, since=since)
+                if now["verdict"] not in ("faithful", "not conclusive"):
+                    event = Event(t.claim.endpoint, model, at, count + 1, f"faithful -> {now['verdict']}",
+                                  now["verdict"], {**evidence, "verdict": now, "since_batch": since,
+                                                   "rounds": [state.since or state.rounds, count + 1]})
+                    state.verdict = now["verdict"]
             elif state.verdict != "faithful" and state.since is None:
+                now = endpoint_verdicts.verdict_now(tx, model, t, ref, since=first or 0)
                 event = Event(t.claim.endpoint, model, at, count + 1, f"{state.verdict} -> faithful", "faithful",
-                              evidence)
+                              {**evidence, "verdict": now, "since_batch": first or 0})
                 state.verdict = "faithful"
-            row = round_row(t.claim.endpoint, model, count + 1, at, e, r, evidence=evidence, verdict=state.verdict,
-                            event=event)
+            if event is None or event.verdict == UNREACHABLE or "unreachable" in event.change:
+                now = endpoint_verdicts.verdict_now(tx, model, t, ref)     # (the evidence since the last change)
+            row = round_row(t.claim.endpoint, model, count + 1, at, e, r, evidence=evidence,
+                            verdict=now["verdict"] if now else state.verdict, event=event)
             record(tx, t, model, batches, row, state=state, evidence={**evidence, "questions": shared}, event=event,
                    e=e, r=r)
             out.rounds.append(row)

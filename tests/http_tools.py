@@ -18,7 +18,8 @@ class FakeUpstream:
     """An OpenAI-compatible upstream on a free loopback port. How it answers a request is set per upstream model id
     (`modes[model]`, "ok" by default):
     - "ok": a chat completion naming the model;
-    - "trickle": the headers at once, then one byte of the body every `gap` seconds;
+    - "trickle": the headers at once, then one byte of the body every `gap` seconds ("trickle-stream": the same
+      as an event stream);
     - "notjson": 200 with an HTML page;
     - "echo": 401 whose body and `X-Echo` header repeat the request's Authorization (an upstream leaking its key).
     `seen` records (model, Authorization) of every request; `open` counts connections still held."""
@@ -48,8 +49,9 @@ class FakeUpstream:
             body = json.loads(await reader.readexactly(int(fields.get("content-length", "0"))))
             self.seen.append((body["model"], fields.get("authorization")))
             mode = self.modes.get(body["model"], "ok")
-            if mode == "trickle":
-                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n")
+            if mode in ("trickle", "trickle-stream"):
+                kind = b"text/event-stream" if mode == "trickle-stream" else b"application/json"
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: " + kind + b"\r\ncontent-length: 1000\r\n\r\n")
                 for _ in range(1000):
                     writer.write(b" ")
                     await writer.drain()

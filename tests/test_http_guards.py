@@ -223,6 +223,11 @@ def test_a_trickling_upstream_falls_back_for_auto_and_is_504_when_named(served):
         t0 = time.time()
         r = httpx.post(origin + "/v1/chat/completions", json=chat(text, models[0]), headers=AUTH, timeout=30)
         assert r.status_code == 504 and "stalled" in r.json()["error"]["message"] and time.time() - t0 < 5
+        t0 = time.time()       # a stream asked of an upstream that answers in one JSON body, stalled: a 504
+        r = httpx.post(origin + "/v1/chat/completions", json=chat(text, models[0], stream=True), headers=AUTH,
+                       timeout=30)
+        assert r.status_code == 504 and "stalled" in r.json()["error"]["message"] and time.time() - t0 < 5
+        upstream.modes[f"up-{models[0]}"] = "trickle-stream"
         t0 = time.time()       # a stream that stalls once begun: it ends (short), and is not held open
         r = httpx.post(origin + "/v1/chat/completions", json=chat(text, models[0], stream=True), headers=AUTH,
                        timeout=30)

@@ -31,6 +31,7 @@ from registry import Registry  # noqa: E402
 from registry.answers import fingerprint  # noqa: E402
 from registry.asking import grading, prompt, sequential, verdicts  # noqa: E402
 from registry.core.store import Store  # noqa: E402
+from registry.usecases import endpoint_verdicts  # noqa: E402
 from registry.usecases import verify as uc  # noqa: E402
 from tests import verify_fakes as vf  # noqa: E402
 
@@ -47,7 +48,7 @@ class World:
             self.names = dict(tx.sql("SELECT id, name FROM models"))
             self.ids = sorted(self.names)
             self.qids = sorted(self.gold)
-            self.mat = uc.outcomes(tx, self.ids, self.qids)
+            self.mat = endpoint_verdicts.outcomes(tx, self.ids, self.qids)
             self.cal = fingerprint.answer_calibration(tx)
             self.x = {n: i for i, n in self.names.items()}[X]
         self.col = {q: j for j, q in enumerate(self.qids)}

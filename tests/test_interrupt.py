@@ -69,3 +69,36 @@ def test_ctrl_c_inside_duckdbs_own_calls_into_python_stops_the_statement(tmp_pat
     out = subprocess.run([sys.executable, "-c", SCAN, str(tmp_path / "r.duckdb")], capture_output=True, text=True,
                          timeout=120, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert out.returncode == 0 and out.stdout.strip() == "interrupt", (out.stdout, out.stderr[-2000:])
+
+
+def test_ctrl_c_inside_a_garbage_collectors_callback_prints_no_traceback():
+    """A SIGINT that lands in a weakref callback cannot be raised there: Python hands it to sys.unraisablehook,
+    which the command line keeps quiet (the command then says it was interrupted, once)."""
+    import io
+    import weakref
+    from contextlib import redirect_stderr
+
+    from registry.cli import quiet_interrupt
+
+    class Thing:
+        pass
+
+    def callback(_):
+        raise KeyboardInterrupt
+
+    before = sys.unraisablehook
+    sys.unraisablehook = quiet_interrupt
+    err = io.StringIO()
+    try:
+        with redirect_stderr(err):
+            t = Thing()
+            ref = weakref.ref(t, callback)
+            del t                           # the callback runs now and raises: an unraisable KeyboardInterrupt
+        assert ref() is None and err.getvalue() == ""
+        with redirect_stderr(err):          # any other unraisable is still printed
+            t = Thing()
+            ref = weakref.ref(t, lambda _: 1 / 0)
+            del t
+        assert "ZeroDivisionError" in err.getvalue()
+    finally:
+        sys.unraisablehook = before

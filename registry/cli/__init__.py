@@ -71,8 +71,16 @@ for _module in COMMAND_MODULES:
         cli.add_command(_command)
 
 
+def quiet_interrupt(unraisable) -> None:
+    """Python's hook for an exception it cannot raise (one in a garbage collector's callback): Ctrl-C there is not
+    printed as a traceback, the command says it was interrupted (errors.sigint_seen); any other, as Python would."""
+    if not isinstance(unraisable.exc_value, KeyboardInterrupt):
+        sys.__unraisablehook__(unraisable)
+
+
 def main() -> None:
     forget_sigint()
+    sys.unraisablehook = quiet_interrupt
     signal.signal(signal.SIGINT, raise_interrupt)      # from here Ctrl-C is KeyboardInterrupt (and noted)
     try:
         cli(prog_name="registry")

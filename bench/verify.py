@@ -4,7 +4,7 @@
 Bar 1 (simulated in-process from the request on, 100 plan seeds per case): each seed plans n questions as `verify`
 does (usecases/verify.planned), renders each as the client would, has the fake answer it, extracts and grades the
 reply, repeats the plan's first 32, and judges the endpoint with the same code as `verify` (asking/verdicts.judge,
-the fingerprint's nearest model from the same by_answers). Two references: X's registered results (no reference
+every other registered model beside it). Two references: X's registered results (no reference
 endpoint marked) and a marked reference endpoint that is itself nondeterministic (2% flips). Then the power curve.
 Bar 2 (watch): the sequential test (asking/sequential.py) over 30 rounds of 64 questions, 100 runs of a faithful
 endpoint and 100 of a switch (faithful 4 rounds, then degraded).
@@ -28,7 +28,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from registry import Registry  # noqa: E402
-from registry.answers import fingerprint  # noqa: E402
 from registry.asking import grading, prompt, sequential, verdicts  # noqa: E402
 from registry.core.store import Store  # noqa: E402
 from registry.usecases import endpoint_verdicts  # noqa: E402
@@ -49,7 +48,6 @@ class World:
             self.ids = sorted(self.names)
             self.qids = sorted(self.gold)
             self.mat = endpoint_verdicts.outcomes(tx, self.ids, self.qids)
-            self.cal = fingerprint.answer_calibration(tx)
             self.x = {n: i for i, n in self.names.items()}[X]
         self.col = {q: j for j, q in enumerate(self.qids)}
         self.row = {m: i for i, m in enumerate(self.ids)}
@@ -70,18 +68,11 @@ class World:
             out.append(grading.grade(got, answer, kind))
         return np.array(out, dtype=bool)
 
-    def judge(self, e, qids, ref, ref_repeats, self_pairs, e2, r2, alpha=verdicts.ALPHA) -> verdicts.Verdict:
-        cols = [self.col[q] for q in qids]
-        sub = self.mat[:, cols]
-        rates = {}
-        for i, m in enumerate(self.ids):
-            has = sub[i] >= 0
-            if has.sum():
-                rates[m] = (int(has.sum()), float((sub[i][has] != e[has]).mean()))
-        f = fingerprint.by_answers(None, qids, e.astype(int), rates=rates, names=self.names, cal=self.cal)
+    def judge(self, e, qids, ref, ref_repeats, self_pairs, alpha=verdicts.ALPHA) -> verdicts.Verdict:
+        sub = self.mat[:, [self.col[q] for q in qids]]
         others = verdicts.Others(sub[self.row[self.x]], {self.names[m]: sub[self.row[m]] for m in self.ids
-                                                          if m != self.x}, None if f.match == X else f.match)
-        return verdicts.judge(verdicts.Sides(e, ref, self_pairs, ref_repeats, e2, r2), others, alpha=alpha)
+                                                          if m != self.x})
+        return verdicts.judge(verdicts.Sides(e, ref, self_pairs, ref_repeats), others, alpha=alpha)
 
 
 def one(world, kind, seed, n, *, reference: str, repeat: int = 32, degrade: float = 0.10, alpha=verdicts.ALPHA):
@@ -107,7 +98,7 @@ def one(world, kind, seed, n, *, reference: str, repeat: int = 32, degrade: floa
             e2[i] = world.ask(fake, [plan[i]])[0]
         if r2 is not None and r2[i] < 0:
             r2[i] = world.ask(official, [plan[i]])[0]
-    return world.judge(e, plan, ref, ref_pairs, pairs, e2, r2, alpha=alpha)
+    return world.judge(e, plan, ref, ref_pairs, pairs, alpha=alpha)     # (the second pass: as verify asks it)
 
 
 def bar1(world, seeds: int, n: int = 256) -> None:

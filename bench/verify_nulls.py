@@ -88,17 +88,16 @@ def rerun(y: np.ndarray, u: np.ndarray, rng, *, disagree: float, shift: float) -
     return e
 
 
-def repeats(e: np.ndarray, u: np.ndarray, rng) -> tuple[np.ndarray, tuple[int, int]]:
-    """The plan's first REPEAT questions asked again: each flips with a chance rising with u (3% on average)."""
-    again = np.full(len(e), -1, dtype=np.int8)
+def repeats(e: np.ndarray, u: np.ndarray, rng) -> tuple[int, int]:
+    """(disagreements, repeats) of the plan's first REPEAT questions asked again: each flips with a chance rising
+    with u (3% on average)."""
     k = min(REPEAT, len(e))
     flip = rng.random(k) < 0.03 * (u[:k] + 0.02) / (u.mean() + 0.02)
-    again[:k] = np.where(flip, ~e[:k], e[:k])
-    return again, (int(flip.sum()), k)
+    return int(flip.sum()), k
 
 
-def judge(e, y, others: dict, again, self_rep) -> verdicts.Verdict:
-    sides = verdicts.Sides(e, y.astype(bool), self_rep, None, again, None)
+def judge(e, y, others: dict, self_rep) -> verdicts.Verdict:
+    sides = verdicts.Sides(e, y.astype(bool), self_rep)
     return verdicts.judge(sides, verdicts.Others(y.astype(np.int8), others))
 
 
@@ -130,9 +129,9 @@ def null_cases(models, mat, cat, acc, seeds: int, n: int) -> list[dict]:
                         e[sel] = rerun(y[sel], u[sel], rng, disagree=disagree, shift=s)
             else:
                 e = rerun(y, u, rng, disagree=disagree, shift=rng.uniform(*spec))
-            again, rep = repeats(e, u, rng)
+            rep = repeats(e, u, rng)
             others = {models[m]: mat[m, plan] for m in range(len(models)) if m != x}
-            got[judge(e, y, others, again, rep).verdict] += 1
+            got[judge(e, y, others, rep).verdict] += 1
         row = {"case": name, "runs": seeds, **dict(got), "false": sum(got[k] for k in FALSE)}
         row["bar"] = (row["false"] <= max(1, seeds // 100) and
                       (got["degraded"] <= 5 * seeds / 100 if "within tolerance" in name or "same" in name else True))
@@ -151,9 +150,9 @@ def substitute_cases(models, mat, acc, seeds: int, n: int) -> list[dict]:
             rng = np.random.default_rng(10_000 + seed)
             plan = rng.permutation(mat.shape[1])[:n]
             e = rerun(mat[b, plan], u_all[plan], rng, disagree=0.08, shift=0.0)
-            again, rep = repeats(e, u_all[plan], rng)
+            rep = repeats(e, u_all[plan], rng)
             others = {models[m]: mat[m, plan] for m in range(len(models)) if m != a}
-            v = judge(e, mat[a, plan], others, again, rep)
+            v = judge(e, mat[a, plan], others, rep)
             verdict_counts[v.verdict] += 1
             got_sub += v.verdict == "substituted"
             named += v.verdict == "substituted" and v.substitute == models[b]
@@ -178,9 +177,7 @@ def quantized_cases(seeds: int, n: int) -> list[dict]:
             rng = np.random.default_rng(20_000 + seed)
             plan = rng.permutation(len(base))[:min(n, len(base))]
             e, y = mat[r][plan].astype(bool), base[plan]
-            again = np.full(len(e), -1, dtype=np.int8)
-            again[:REPEAT] = e[:REPEAT]
-            got[judge(e, y, {}, again, (0, REPEAT)).verdict] += 1
+            got[judge(e, y, {}, (0, REPEAT)).verdict] += 1    # (a replayed run repeats itself)
         drop = float(base.mean() - mat[r].mean())
         three = "w3" in r
         row = {"case": f"MATH-500 {r} vs bf16 (drop {drop:.1%})", "runs": seeds, **dict(got),

@@ -10,9 +10,10 @@ model's results (pi = sigmoid(ability - difficulty)), `a` the endpoint's ability
 model's own answers, `c` how much the question's difficulty for that model still counts. A rerun keeps `b` high and
 flips where pi is near one half; a prompt shift moves `a`; both stay this model. Each registered model M gets the same
 three-parameter fit to its own y and pi, so the fits are compared on equal terms: another model explains the answers
-better when its log-likelihood beats the claimed model's by more than chance allows (Vuong's test for two non-nested
-models, one-sided). A share of answers from M is a mixture of the two fits (its weight by maximum likelihood; the
-likelihood-ratio statistic against weight 0 is half chi-square(0), half chi-square(1))."""
+better when its log-likelihood beats the claimed model's by more than chance allows were the answers the claimed
+model's (Cox's test of non-nested models, one-sided). A share of answers from M is a mixture of the two fits (its
+weight by maximum likelihood; the likelihood-ratio statistic against weight 0 is half chi-square(0), half
+chi-square(1))."""
 from __future__ import annotations
 
 import math
@@ -93,24 +94,11 @@ def fit(e: np.ndarray, y: np.ndarray, pi: np.ndarray, ridge: float = 0.05) -> Fi
     return Fit(w, e * np.log(p) + (1 - e) * np.log(1 - p), p)
 
 
-def vuong(better: Fit, worse: Fit) -> tuple[float, float]:
-    """(z, one-sided p) that `better` explains the answers better than `worse` (Vuong 1989): the mean per-question
-    log-likelihood difference over its standard error."""
-    from scipy.stats import norm
-
-    d = better.loglik - worse.loglik
-    n = len(d)
-    sd = float(d.std(ddof=1)) if n > 1 else 0.0
-    if sd < 1e-12:
-        return 0.0, 1.0
-    z = float(d.sum()) / (sd * math.sqrt(n))
-    return z, float(norm.sf(z))
-
-
 def cox(null: Fit, other: Fit, e: np.ndarray) -> tuple[float, float]:
     """(z, one-sided p) of Cox's test of the null fit against another, non-nested one: the log-likelihood ratio of
     the other over the null, against its mean and variance were the answers drawn from the null fit (each answer a
-    Bernoulli of the null's chance; Cox 1961). More powerful than Vuong's where the null is the model under test."""
+    Bernoulli of the null's chance; Cox 1961). Vuong's test of the two, tried first, named 65 of 98 similar pairs
+    where this names all 98 (bench/verify_nulls.py): the null here is the model under test."""
     from scipy.stats import norm
 
     p0, p1 = null.p, other.p

@@ -4,8 +4,9 @@ and every registered model's results there (pure numpy/scipy: the bench runs it 
 model under another configuration" (asking/answer_models.py): its own answers, an ability shift, flips where the
 question is uncertain for it. In order:
 
-- substituted: a registered model explains the answers better than the claimed one at any ability shift (Vuong's
-  test of the two three-parameter fits, one-sided, Bonferroni over the models tried); named;
+- substituted: a registered model explains the answers better than the claimed one at any ability shift (Cox's
+  test of the claimed model's three-parameter fit against the other's, one-sided, Bonferroni over the models tried);
+  named;
 - mixed: a share of the answers is best explained as another model's (a two-fit mixture against the claimed fit
   alone, the same correction);
 - unknown: neither the claimed model's own answers nor any registered model's explain the endpoint's beyond what the
@@ -31,7 +32,6 @@ import numpy as np
 
 ALPHA = 0.002          # per test, Bonferroni over the models a test tries
 TOLERANCE = 0.02       # accuracy points a drop's 95% interval must clear to be called degraded
-MIN_DROP = TOLERANCE   # (the name the options had before)
 ATTACHED = 0.05        # a fit "attaches" to its model's answers when b > 0 at this level (unknown when none does)
 MIN_SHARED = 32        # shared questions under which no verdict is given
 Z95 = 1.959964
@@ -45,8 +45,6 @@ class Sides:
     reference: np.ndarray
     self_repeats: tuple[int, int] = (0, 0)
     reference_repeats: tuple[int, int] | None = None
-    endpoint_again: np.ndarray | None = None     # each question's second answer (1/0, -1: not asked again)
-    reference_again: np.ndarray | None = None
 
 
 @dataclass
@@ -72,7 +70,7 @@ class Verdict:
     attachment: float | None = None     # how closely it repeats the claimed model's own answers (the fit's b)
     p_attachment: float | None = None
     nearest: str | None = None          # the registered model that explains the answers best (the claimed one: None)
-    p_substituted: float | None = None  # Vuong's test of the nearest against the claimed, Bonferroni over the models
+    p_substituted: float | None = None  # Cox's test of the claimed against the nearest, Bonferroni over the models
     substitute: str | None = None
     leaning: str | None = None          # the model whose mixture with the claimed one explains the answers best
     leaning_share: float | None = None  # that mixture's weight: about that share of the answers is the other's
@@ -130,12 +128,10 @@ def disagreement_test(disagree: int, n: int, mine, theirs) -> tuple[float, float
 
 @dataclass
 class Others:
-    """Registered outcomes on the shared questions (1/0, -1: none): the claimed model's (None: it has none), the
-    other candidate models' by name, and the fingerprint's nearest among them (None: the claimed model itself)."""
+    """Registered outcomes on the shared questions (1/0, -1: none): the claimed model's (None: it has none; the
+    reference's answers stand in) and the other candidate models' by name."""
     claimed: np.ndarray | None
     models: dict = field(default_factory=dict)
-    nearest: str | None = None
-    claimed_is_reference: bool = False      # no registered results: the reference's answers stand in
 
 
 def judge(sides: Sides, others: Others | None = None, *, alpha: float = ALPHA, tolerance: float = TOLERANCE,
@@ -165,7 +161,7 @@ def judge(sides: Sides, others: Others | None = None, *, alpha: float = ALPHA, t
     if v.p_substituted is not None and v.p_substituted < alpha:
         v.verdict, v.substitute = "substituted", v.nearest
         v.reason = (f"answers as {v.nearest}: it explains the answers better than the claimed model at any ability "
-                    f"shift (Vuong p={v.p_substituted:.2g}, Bonferroni over {v.models_tried} models)")
+                    f"shift (Cox p={v.p_substituted:.2g}, Bonferroni over {v.models_tried} models)")
     elif v.p_mixed is not None and v.p_mixed < alpha:
         v.verdict = "mixed"
         v.reason = (f"partly answered as {v.leaning}: about {v.leaning_share:.0%} of the answers are best explained as "

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from registry.answers import catalog, fingerprint
+from registry.answers import catalog
 from registry.asking import claims, client, prompt, verdicts
 from registry.core.transaction import Tx
 from registry.data import current_evaluations
@@ -83,20 +83,14 @@ def outcomes(tx: Tx, ids: list[int], qids: list[int]) -> np.ndarray:
     return out
 
 
-def others_of(tx: Tx, model: str, qids: list[int], y: np.ndarray, claimed: dict[int, bool],
-              from_reference: bool) -> verdicts.Others:
-    """What the substitution and mixing tests need on the shared questions: the claimed model's outcomes, every
-    candidate's, and the fingerprint's nearest (endpoints and the claimed model's aliases aside)."""
+def others_of(tx: Tx, model: str, qids: list[int], claimed: dict[int, bool]) -> verdicts.Others:
+    """What the substitution and mixing tests need on the shared questions: the claimed model's outcomes and every
+    candidate's (endpoints and the claimed model's aliases aside)."""
     cands = candidates(tx, model)
     ids = sorted(cands)
     mat = outcomes(tx, ids, list(qids))
     mine = np.array([int(claimed[q]) if q in claimed else -1 for q in qids], dtype=np.int8)
-    x = int(tx.sql("SELECT id FROM models WHERE name = ?", [model])[0][0])
-    f = fingerprint.by_answers(tx, qids, y.astype(int), exclude=set(dict(tx.sql("SELECT id, name FROM models")))
-                               - set(ids) - {x})
-    nearest = None if f is None or f.match == model else f.match
-    return verdicts.Others(mine, {cands[m]: mat[i] for i, m in enumerate(ids) if (mat[i] >= 0).any()}, nearest,
-                           from_reference)
+    return verdicts.Others(mine, {cands[m]: mat[i] for i, m in enumerate(ids) if (mat[i] >= 0).any()})
 
 
 def second(got: dict[int, list[bool]], qids: list[int]) -> np.ndarray:
@@ -161,10 +155,9 @@ def verdict_now(tx: Tx, model: str, t: Target, ref: Target | None, *, alpha: flo
     shared = [q for q in qids if q in base]
     e = np.array([mine[q][0] for q in shared], dtype=bool)
     r = np.array([base[q] for q in shared], dtype=bool)
-    others = others_of(tx, model, shared, e, published or base, not published) if shared else None
+    others = others_of(tx, model, shared, published or base) if shared else None
     sides = verdicts.Sides(e, r, pairs(mine, mine_again & set(shared)),
-                           None if theirs is None else pairs(theirs, theirs_again & set(shared)),
-                           second(mine, shared), None if theirs is None else second(theirs, shared))
+                           None if theirs is None else pairs(theirs, theirs_again & set(shared)))
     out = asdict(verdicts.judge(sides, others, alpha=alpha, tolerance=tolerance))
     out["since_batch"] = start
     return out

@@ -266,28 +266,20 @@ def verify(store: Store, model: str, *, min_evaluations: int, endpoints: list[st
     if batches:
         write(lambda: onboard_uc.onboard(store, min_evaluations))
     with store.tx() as tx:
-        base = reference_outcomes(tx, model, ref, plan)
-        claimed = published or base
-        base_got = None if ref is None else answers(tx, ref.model_id, ref.endpoint.base_url, plan)
         for t in found:
-            report, mine = reports[t.claim.endpoint], answers(tx, t.model_id, t.endpoint.base_url, plan)
-            against, theirs = base, base_got
-            if t is ref:                  # the yardstick itself, against the published results where there are some
-                if not published:
-                    report.verdict = {"verdict": "reference", "reason": "the yardstick the others are judged by"}
-                    continue
-                against, theirs = published, None
-            else:           # the verdict now, on every answer since its last change (what watch, the page and HTTP say)
+            report = reports[t.claim.endpoint]
+            if t is not ref:    # the verdict now, on every answer since its last change (as watch, page and HTTP say)
                 report.verdict = endpoint_verdicts.verdict_now(tx, model, t, ref, alpha=alpha, tolerance=tolerance)
-                continue
-            shared = [q for q in plan if q in mine and q in against]
-            y = np.array([mine[q][0] for q in shared], dtype=bool)
-            others = others_of(tx, model, shared, y, claimed, not published) if shared else None
-            sides = verdicts.Sides(y, np.array([against[q] for q in shared], dtype=bool),
-                                   self_repeats(mine, repeats),
-                                   None if theirs is None else self_repeats(theirs, repeats),
-                                   second(mine, shared), None if theirs is None else second(theirs, shared))
-            report.verdict = asdict(verdicts.judge(sides, others, alpha=alpha, tolerance=tolerance))
+            elif not published:
+                report.verdict = {"verdict": "reference", "reason": "the yardstick the others are judged by"}
+            else:               # the yardstick itself, against the published results
+                mine = answers(tx, t.model_id, t.endpoint.base_url, plan)
+                shared = [q for q in plan if q in mine and q in published]
+                others = others_of(tx, model, shared, published) if shared else None
+                sides = verdicts.Sides(np.array([mine[q][0] for q in shared], dtype=bool),
+                                       np.array([published[q] for q in shared], dtype=bool),
+                                       self_repeats(mine, repeats))
+                report.verdict = asdict(verdicts.judge(sides, others, alpha=alpha, tolerance=tolerance))
     note = ("" if ref is not None else f"no reference endpoint is marked: compared with {model}'s registered results, "
             f"which may come from another prompt (a faithful endpoint then differs more than from itself)")
     return VerifyResult(model, prompt.TEMPLATE_VERSION, len(plan), len(repeats), seed,

@@ -221,10 +221,10 @@ def judge_round(store: Store, model: str, found: list, ref, fresh: list[int], *,
                 event = Event(t.claim.endpoint, model, at, count + 1, f"{state.verdict} -> faithful", "faithful",
                               {**evidence, "verdict": now, "since_batch": first or 0})
                 state.verdict = "faithful"
-            if event is None or event.verdict == UNREACHABLE or "unreachable" in event.change:
+            if event is None or UNREACHABLE in event.change:
                 now = endpoint_verdicts.verdict_now(tx, model, t, ref)     # (the evidence since the last change)
-            row = round_row(t.claim.endpoint, model, count + 1, at, e, r, evidence=evidence,
-                            verdict=now["verdict"] if now else state.verdict, event=event)
+            row = round_row(t.claim.endpoint, model, count + 1, at, e, r, evidence=evidence, verdict=now["verdict"],
+                            event=event)
             record(tx, t, model, batches, row, state=state, evidence={**evidence, "questions": shared}, event=event,
                    e=e, r=r)
             out.rounds.append(row)

@@ -20,7 +20,7 @@ from registry.core import resources, settings
 from registry.core.errors import RegistryError, database_locked
 
 if TYPE_CHECKING:
-    from registry.core.store import Store
+    from registry.core.transaction import Tx
 
 
 def head_revision() -> str:
@@ -109,20 +109,19 @@ class SchemaCheck:
     ok: bool = True
 
 
-def check(store: Store) -> SchemaCheck:
-    """What is wrong with `store`'s schema: no alembic_version table, not exactly one row in it, a revision older
-    or newer than this registry's; where it is at this registry's revision, a table or a column the schema has that
-    the file lacks. Reads only."""
+def check(path: str, tx: Tx) -> SchemaCheck:
+    """What is wrong with the schema `tx` reads (the file at `path`): no alembic_version table, not exactly one row
+    in it, a revision older or newer than this registry's; where it is at this registry's revision, a table or a
+    column the schema has that the file lacks. Reads only."""
     from registry.core.schema import Base
 
     head = head_revision()
-    with store.tx() as tx:
-        found: dict[str, set[str]] = {}
-        for table, column in tx.sql("SELECT table_name, column_name FROM information_schema.columns "
-                                    "WHERE table_schema = current_schema()"):
-            found.setdefault(table, set()).add(column)
-        revisions = ([r[0] for r in tx.sql("SELECT version_num FROM alembic_version")]
-                     if "alembic_version" in found else [])
+    found: dict[str, set[str]] = {}
+    for table, column in tx.sql("SELECT table_name, column_name FROM information_schema.columns "
+                                "WHERE table_schema = current_schema()"):
+        found.setdefault(table, set()).add(column)
+    revisions = ([r[0] for r in tx.sql("SELECT version_num FROM alembic_version")]
+                 if "alembic_version" in found else [])
     problems = []
     if "alembic_version" not in found:
         problems.append("no alembic_version table: the file holds no registry schema (run `registry db upgrade`)")
@@ -140,7 +139,7 @@ def check(store: Store) -> SchemaCheck:
                 problems.append(f"table {name} is missing")
                 continue
             problems += [f"table {name} lacks column {c.name}" for c in table.columns if c.name not in found[name]]
-    return SchemaCheck(store.path, revisions[0] if revisions else None, head,
+    return SchemaCheck(path, revisions[0] if revisions else None, head,
                        sum(name in found for name in Base.metadata.tables), problems, not problems)
 
 

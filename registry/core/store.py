@@ -322,7 +322,8 @@ class Store:
     def check(self) -> database_file.SchemaCheck:
         """What is wrong with the database's schema (`database_file.SchemaCheck`): its revision, the migration's own
         table, a table or column missing. Needs only an open store (migrate=False opens any revision)."""
-        return database_file.check(self)
+        with self.tx() as tx:
+            return database_file.check(self.path, tx)
 
     def holds_rows(self) -> bool:
         """Does any table of the registry hold a row (the migration's bookkeeping left out)?"""

@@ -1,4 +1,5 @@
-"""Training LOCUS: the recipe's settings (TrainConfig), the run (train), and a registry's checkpoint from it.
+"""Training LOCUS: the run (train; the recipe's settings, TrainConfig, live in stages.py) and a registry's
+checkpoint from it.
 
 Why the training differs from the reference code (see notes/reference-runs.md): the reference collapses to routing
 everything to the strongest model; so did a one-stage version of this file (the encoder learns slowly on 2 cores, and
@@ -23,62 +24,14 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 
 import numpy as np
 import torch
 
 from registry.locus.category_rows import fit_category_rows
 from registry.locus.network import EncoderConfig, LocusModel
-from registry.locus.stages import StageData, fit_encoder, fit_linear_teacher, refit_predictor
-
-
-@dataclass
-class TrainConfig:
-    """The recipe's settings. A checkpoint's meta records them (train_config) and nothing reads them back, so a
-    checkpoint whose record names settings since removed loads and predicts as any other."""
-    seed: int = 0
-    max_steps: int = 240
-    eval_every: int = 25          # steps between validation checks
-    patience: int = 1000          # validation checks without improvement before stopping (default: never)
-    n_targets: int = 1024         # target queries per step, shared by the models, disjoint from the sets below
-    big_set: int = 8000           # per step, the pool of train queries (shared by the models) the sets are drawn from
-    anchors: int = 1024           # largest set (a random subset of the pool's rows each model was evaluated on)
-    min_anchors: int = 64         # smallest set (log-uniform size, one size per step)
-    teacher_noise: float = 0.0    # std of Gaussian noise on query vectors in stage 1 (the LOCUS recipe's
-                                  # regulariser; 0.05 raises test AUC to 0.738 but routes worse, see BENCHMARKS.md)
-    teacher_queries: int = 128    # queries per stage-1 step (x all models)
-    teacher_epochs: int = 30      # stage 1 runs this many epochs over all train pairs (best on val kept); at least 1
-    teacher_batch: int = 4096     # random (model, query) pairs per stage-3 step, as the MF baseline trains
-    teacher_wd: float = 1e-4      # stage-1 and stage-3 weight decay (the MF baseline's)
-    teacher_weight: float = 1.0   # weight of mean((z - lin(statistic))^2) / across-model variance of the targets
-    predictor_ft: float = 0.0     # predictor lr factor in the encoder stage (0: frozen)
-    lr_encoder: float = 2e-3
-    lr_predictor: float = 1e-3
-    lr_min_frac: float = 0.05     # cosine decay to this fraction of the peak lr
-    weight_decay: float = 0.01
-    warmup: int = 20
-    noise_start: float = 0.0      # std of Gaussian noise on query vectors, cosine-annealed over max_steps
-    noise_end: float = 0.0
-    grad_clip: float = 1.0
-    eval_max_set: int | None = None  # cap per model when embedding for validation (seeded draw; None = all, as the
-                                     # registry embeds a model from all of its evaluations)
-    category_features: bool = False  # a last stage fits each query category's row of the predictor (a
-                                     # logit offset per model and category, read from z: fit_category_rows)
-    category_field: str = "category"  # the query column whose values are the categories ("category" or "source"),
-                                      # or "category+source": source offsets fitted on top of the category's
-    category_l2: float = 10.0     # prior pseudo-weight of each offset (interaction.L2; chosen on val)
-    category_l2_deep: tuple = (10.0, 30.0, 100.0, 300.0)   # with several columns, the later columns' per-model
-                                  # pseudo-weights training chooses from on val (fit_category_rows)
-    category_text_scales: tuple = (1.0, 0.75, 0.5, 0.25)   # with several columns, the scales of the text logit
-                                  # under the offsets training chooses from on val (fit_category_rows)
-    category_fit: str = "train"   # the answers the rows are fitted to: "train", or "nontest" (train and val, with
-                                  # every model embedded from them, as the registry embeds it and as the
-                                  # per-category router and the interaction terms are refitted; val then measures
-                                  # nothing of the rows)
-    refit_epochs: int = 10        # >0: stage 3, the encoder frozen, every model embedded from all its train
-                                  # evaluations, the predictor refitted on all train pairs (best val epoch kept)
-    encoder: EncoderConfig = field(default_factory=lambda: EncoderConfig(dropout=0.0))
+from registry.locus.stages import StageData, TrainConfig, fit_encoder, fit_linear_teacher, refit_predictor
 
 
 def train(qvecs: np.ndarray, correct: np.ndarray, train_idx, val_idx, cfg: TrainConfig | None = None, *,

@@ -63,9 +63,10 @@ def calibrate(tx: Tx, sample: int = 128, draws: int = 3, seed: int = 0) -> Calib
     encoder_id = encoders.active_id(tx)
     if encoder_id is None:
         return None
-    newest = int(tx.sql("SELECT coalesce(max(id), 0) FROM embedding_versions")[0][0])
+    last = int(tx.sql("SELECT coalesce(max(id), 0) FROM embedding_versions")[0][0])
+    newest: int | tuple[int, int] = last
     if tx.postgres:    # other processes commit versions too, not in id order: their count as well
-        newest = (newest, int(tx.sql("SELECT count(*) FROM embedding_versions")[0][0]))
+        newest = (last, int(tx.sql("SELECT count(*) FROM embedding_versions")[0][0]))
     key = (encoder_id, newest, sample, draws, seed)
     kept = tx.section("fingerprint calibrations")
     if key in kept:
@@ -229,16 +230,21 @@ def by_answers(tx: Tx | None, qids, y, *, exclude: set[int] | None = None, rates
     """The answers test against every registered model (but `exclude`); None when no model shares MIN_SHARED
     queries with the answers. `rates`: evaluations.disagreement of these answers, when the caller has it; with
     `names` (model id -> name) and `cal` too, nothing is read (a server's answer book has them)."""
-    names = names if names is not None else dict(tx.sql("SELECT id, name FROM models"))
+    if names is None:
+        assert tx is not None, "without a transaction, the caller passes `names`"
+        names = dict(tx.sql("SELECT id, name FROM models"))
     others = [m for m in names if m not in (exclude or set())]
     if rates is None:
+        assert tx is not None, "without a transaction, the caller passes `rates`"
         rates = current_evaluations.disagreement(tx, qids, y, others)
     else:
         rates = {m: r for m, r in rates.items() if m not in (exclude or set())}
     ranked = sorted(((r, -n, m) for m, (n, r) in rates.items() if n >= MIN_SHARED))
     if not ranked:
         return None
-    cal = cal or answer_calibration(tx, exclude)
+    if cal is None:
+        assert tx is not None, "without a transaction, the caller passes `cal`"
+        cal = answer_calibration(tx, exclude)
     rate, neg_n, m = ranked[0]
     n = -neg_n
     k = cal.max_disagreements(n)
@@ -266,7 +272,10 @@ def duplicate_of(tx: Tx | None, model_id: int, rates: dict | None = None, names:
     """`register`'s same-model test: the registered model whose answers the model's pass the 1% test against (None:
     none). `rates`: the disagreement of its current answers with the other models, when the caller has it (`names`,
     `cal`: see by_answers)."""
-    rows = current_evaluations.of_models(tx, [model_id]) if rates is None else {"query_id": None, "correct": None}
+    rows: dict = {"query_id": None, "correct": None}
+    if rates is None:
+        assert tx is not None, "without a transaction, the caller passes `rates`"
+        rows = current_evaluations.of_models(tx, [model_id])
     f = by_answers(tx, rows["query_id"], rows["correct"], exclude={model_id}, rates=rates, names=names, cal=cal)
     return f if f is not None and f.verdict == "same" else None
 

@@ -105,7 +105,9 @@ def family_colours(families) -> dict[str, str]:
         return int(hashlib.sha256(f.encode("utf-8")).hexdigest()[:12], 16)
 
     names = sorted(set(families), key=lambda f: (key(f), f))
-    out, taken, hues = {}, set(), []
+    out: dict[str, str] = {}
+    taken: set[int] = set()
+    hues: list[float] = []
     extra = max(0, len(names) - len(PALETTE))
     for f in names:
         if len(taken) < len(PALETTE):

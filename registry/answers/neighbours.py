@@ -2,7 +2,7 @@
 the k nearest current embeddings out, from the FAISS index); by name and by an evaluations file call it."""
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,13 +33,16 @@ class Neighbour:
 
 def by_vector(tx: Tx | None, vector, k: int, encoder_id: int, *, as_of: str | None = None,
               exclude: set[str] | None = None, answers: tuple | None = None,
-              vi: index.VectorIndex | None = None, rates: dict | None = None,
+              vi: index.VectorIndex | None = None,
+              rates: Mapping[int, tuple[int, float] | tuple[int, float, float | None]] | None = None,
               errors: bool = False, before_batch: int | None = None) -> list[Neighbour]:
     """The k nearest current embeddings to one vector (all of them if the pool is smaller), leaving out `exclude`;
     with `answers` (query ids, 0/1), each neighbour's disagreement with them on the queries both answered (`rates`:
     current_evaluations.disagreement of those answers, when the caller has it already), and with `errors` their error
     correlation too (current_evaluations.agreement: a heavier read; `before_batch`: the answers as they stood then)."""
-    vi = vi or index.get(tx, encoder_id, as_of)
+    if vi is None:
+        assert tx is not None, "without a transaction, the caller passes the index (`vi`)"
+        vi = index.get(tx, encoder_id, as_of)
     if vi.size == 0:
         raise InputError("the registry has no embedded models yet: import evaluations first (`registry import`)")
     if k <= 0:
@@ -50,14 +53,16 @@ def by_vector(tx: Tx | None, vector, k: int, encoder_id: int, *, as_of: str | No
     out = [Neighbour(vi.names[i], round(d, 4)) for i, d in found]
     if (answers is not None or rates is not None) and out:
         if rates is None:
+            assert tx is not None and answers is not None, "without a transaction, the caller passes `rates`"
             others = [i for i, _ in found]
             rates = (current_evaluations.agreement(tx, answers[0], answers[1], others, before_batch) if errors
                      else current_evaluations.disagreement(tx, answers[0], answers[1], others))
         for (i, _), n in zip(found, out):
             if i in rates:
-                n.shared_queries, n.disagreement = rates[i][0], round(rates[i][1], 4)
-                if len(rates[i]) > 2 and rates[i][2] is not None:
-                    n.error_correlation = round(rates[i][2], 4)
+                r = rates[i]
+                n.shared_queries, n.disagreement = r[0], round(r[1], 4)
+                if len(r) > 2 and r[2] is not None:
+                    n.error_correlation = round(r[2], 4)
     return out
 
 
@@ -69,6 +74,7 @@ def similar(tx: Tx, *, model: str | None, evals: str | None, k: int, as_of: str 
     encoder_id = encoders.require_active(tx, as_of)
     vi = index.get(tx, encoder_id, as_of)
     then = current_evaluations.first_batch_after(tx, as_of)     # the answers as they stood at `as_of`
+    own_n: int | None
     if model is not None:
         vector = vi.vector_of(model)
         if vector is None:
@@ -99,7 +105,8 @@ def ranked(near: list[Neighbour], embedded_from: dict[str, int], own_n: int | No
         x.embedded_from = embedded_from.get(x.model)
     ids = {name: i for i, name in vi.names.items()}
     out = rank(near, own_n, probation_min, kin)[:k]
-    root = groups.get(ids.get(model), ids.get(model))
+    own = ids.get(model) if model is not None else None
+    root = groups.get(own, own)
     for x in out:
         x.alias = model is not None and groups.get(ids.get(x.model), ids.get(x.model)) == root
     return out
@@ -189,7 +196,7 @@ def rank(near: list[Neighbour], own_evaluations: int | None, probation_min: int,
             x.placed_by = "embedding"
             slots.append((len(ordered) + 1, 1.0, x.distance, x))
             continue
-        bound = upper_rate(x.disagreement, x.shared_queries)
+        bound = _bound(x)
         rates = kin(x, [o.model for o in ordered]) if kin is not None and ordered else {}
         after = max((i + 1 for i, o in enumerate(ordered) if rates.get(o.model, 1.0) <= bound), default=0)
         x.placed_by = "few answers"
@@ -206,10 +213,16 @@ def rank(near: list[Neighbour], own_evaluations: int | None, probation_min: int,
     return out + ordered[i:]
 
 
+def _bound(x: Neighbour) -> float:
+    """`upper_rate` of a neighbour's disagreement on the answers it shares."""
+    assert x.disagreement is not None and x.shared_queries is not None, "a rate comes with its shared answers"
+    return upper_rate(x.disagreement, x.shared_queries)
+
+
 def _rank_by_answers(near: list[Neighbour]) -> list[Neighbour]:
     for x in near:
         if x.shared_queries:
-            x.combined, x.placed_by = round(upper_rate(x.disagreement, x.shared_queries), 4), "answers"
+            x.combined, x.placed_by = round(_bound(x), 4), "answers"
         else:
             x.combined, x.placed_by = x.distance, "embedding"
     return sorted(near, key=lambda x: (not x.shared_queries, x.combined, x.distance, x.model))
@@ -224,22 +237,27 @@ def rank_established(near: list[Neighbour]) -> list[Neighbour]:
     slope = error_line(near)
     for x in near:
         x.combined, x.placed_by = x.distance, "embedding"
-        if slope is None or not _errors_known(x):
+        known = _errors_known(x)
+        if slope is None or known is None:
             continue
-        w = x.shared_queries / (x.shared_queries + MIN_SHARED)
-        x.combined = round(w * slope * (1 - x.error_correlation) + (1 - w) * x.distance, 4)
+        shared, correlation = known
+        w = shared / (shared + MIN_SHARED)
+        x.combined = round(w * slope * (1 - correlation) + (1 - w) * x.distance, 4)
         x.placed_by = "answers" if w >= 0.75 else "both"
     return sorted(near, key=lambda x: (x.combined, x.distance, x.model))
 
 
-def _errors_known(x: Neighbour) -> bool:
-    return x.error_correlation is not None and (x.shared_queries or 0) >= MIN_PAIR_SHARED
+def _errors_known(x: Neighbour) -> tuple[int, float] | None:
+    """(shared answers, error correlation) where the pair's error correlation can place it, else None."""
+    if x.error_correlation is None or x.shared_queries is None or x.shared_queries < MIN_PAIR_SHARED:
+        return None
+    return x.shared_queries, x.error_correlation
 
 
 def error_line(near: list[Neighbour]) -> float | None:
     """The embedding distance as a line through the origin in 1 - error correlation, over these neighbours (two
     models that err together always sit together); None under three of them with both."""
-    pairs = [(1 - x.error_correlation, x.distance) for x in near if _errors_known(x)]
+    pairs = [(1 - known[1], x.distance) for x in near if (known := _errors_known(x)) is not None]
     if len(pairs) < 3:
         return None
     uu = sum(u * u for u, _ in pairs)

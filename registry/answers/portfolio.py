@@ -166,6 +166,7 @@ def kmedoids_members(vectors: np.ndarray, k: int, eligible: np.ndarray, required
         cost = cover(vectors, members)[1].sum()
         if cost < best_cost:
             best, best_cost = members, cost
+    assert best is not None, "each draw's total distance is finite"
     return best, (f"k-medoids on {n} models: CLARA, FasterPAM on {CLARA_DRAWS} random samples of "
                   f"{KMEDOIDS_SAMPLE}, best total distance over all models kept")
 
@@ -221,6 +222,7 @@ def select(p: Pool, k: int, method: str, eligible: np.ndarray, required: np.ndar
     if method == "kcenter":
         return kcenter(p.vectors, k, eligible, required), None
     if method == "routing":
+        assert value is not None, "routing chooses by predicted routing value (`routing_value`)"
         members = routing_members(value, k, eligible, required, fill=fill)
         note = "greedy by predicted routing accuracy on the validation queries"
         if len(members) < k:
@@ -316,6 +318,7 @@ def answer(tx, p: Pool, k: int | None = None, *, method: str | None = None, max_
     # routing chooses on the validation queries' predictions; test answers only score it
     method, value, fallback_note = routing_value(tx, p, method)
     if target is None:
+        assert k is not None     # (DEFAULT_K, above)
         members, note = select(p, k, method, ok, req, seed=seed, value=value, fill=fill)
         out = describe(p, members, method, note, value)
     else:

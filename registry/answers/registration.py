@@ -77,8 +77,8 @@ def stage_group(tx: Tx, jobs: list[tuple], parsed: list[list[dict] | None] | Non
     the caller has read them already (the writer's request threads)."""
     names = [j[0] for j in jobs]
     parsed = parsed or [plain_rows(j[1]) for j in jobs]
-    rows = [r if names.count(j[0]) == 1 else None for j, r in zip(jobs, parsed)]
-    together = [i for i, r in enumerate(rows) if r is not None]
+    rows = {i: r for i, (j, r) in enumerate(zip(jobs, parsed)) if names.count(j[0]) == 1 and r is not None}
+    together = list(rows)      # (in order)
     out: dict[int, Staged] = {i: stage(tx, *jobs[i]) for i in range(len(jobs)) if i not in together}
     if together:
         out.update(_stage_together(tx, [jobs[i] for i in together], [rows[i] for i in together], together))
@@ -91,9 +91,9 @@ def _stage_together(tx: Tx, jobs: list[tuple], rows: list[list[dict]], at: list[
     # (a list of constants: DuckDB looks them up in the name index; a list parameter unnested is a join)
     found = tx.sql(f"SELECT id, name FROM models WHERE name IN ({', '.join('?' * len(names))})", names)
     if found:
-        ids = [i for i, _ in found]
+        found_ids = [i for i, _ in found]
         evaluated = {m for (m,) in tx.sql("""SELECT DISTINCT model_id FROM evaluations
-                                             WHERE model_id IN (SELECT unnest(?::INTEGER[]))""", [ids])}
+                                             WHERE model_id IN (SELECT unnest(?::INTEGER[]))""", [found_ids])}
         found = [(i, name, i in evaluated) for i, name in found]
     known = {name for _, name, _ in found}
     had_results = {name for _, name, has in found if has}

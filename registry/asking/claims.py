@@ -37,8 +37,8 @@ def current(tx: Tx) -> list[Claim]:
     out = []
     for m, x, ref, watched in tx.sql(NEWEST):
         e = ends.get(names[int(m)])
-        out.append(Claim(names[int(m)], names[int(x)], bool(ref), bool(watched), e and e.base_url,
-                         e and e.upstream_model, e and e.api_key_env))
+        out.append(Claim(names[int(m)], names[int(x)], bool(ref), bool(watched), e.base_url if e else None,
+                         e.upstream_model if e else None, e.api_key_env if e else None))
     return sorted(out, key=lambda c: (c.model, not c.reference, c.endpoint))
 
 

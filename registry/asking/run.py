@@ -85,6 +85,7 @@ def resolve_endpoint(tx: Tx, name: str, base_url: str | None, upstream_model: st
         raise NotFound(f"no model named {name!r}: give --base-url to ask a new endpoint")
     if stored is None:
         raise Conflict(f"{name!r} has no endpoint: give --base-url (or `registry endpoints set`)")
+    assert recorded is not None     # (unreadable, it was refused above: no base_url)
     keys.header(recorded.api_key_env, recorded.base_url)
     return recorded, False
 

@@ -58,7 +58,8 @@ def thresholds(lam: float, k_drop: float, k_total: float, horizon: int = HORIZON
             s = np.maximum(0.0, s + x[:, t])
             peak = np.maximum(peak, s)
         peaks.append(peak)
-    return tuple(float(np.quantile(p, 1 - alpha / 2, method="higher")) for p in peaks)
+    h_drop, h_total = (float(np.quantile(p, 1 - alpha / 2, method="higher")) for p in peaks)
+    return h_drop, h_total
 
 
 def step(state: State, worse: int, better: int, n: int, *, min_drop: float = MIN_DROP,

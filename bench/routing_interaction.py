@@ -40,8 +40,8 @@ from registry.embedding.dataset import dataset  # noqa: E402
 from registry.evaluate import heldout
 from registry.locus import training  # noqa: E402
 from registry.locus.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from registry.routing import fit as routing_fit
 from registry.routing import policy
-from registry.routing import state as routing_state
 
 ROWS = [("locus", "LOCUS"), ("locus_interaction", "LOCUS+interaction"), ("knn", "KNN"), ("mf", "MF"),
         ("irt", "IRT"), ("per_category", "per-category"), ("best_single", "best single")]
@@ -86,7 +86,7 @@ def served_vs_report(db: Path, report: dict) -> dict:
         texts = [r[0] for r in tx.sql("""SELECT q.text FROM queries q JOIN query_splits s ON s.query_id = q.id
                                          WHERE s.split = 'test' ORDER BY q.id""")]
         t = time.perf_counter()
-        st = routing_state.current(tx)           # (a Registry just opened: built, not cached)
+        st = routing_fit.keep(tx)                # (a Registry just opened: read or built, not cached)
         build_s = time.perf_counter() - t
         decs = policy.route(tx, texts, RouteOptions(log=False))
         counts = {}

@@ -59,7 +59,7 @@ def route_agreement(db: Path, split: str) -> dict:
     model is the same."""
     from registry import Registry
     from registry.locus import text_encoder
-    from registry.routing import policy, query_texts
+    from registry.routing import fit, policy, query_texts
     from registry.routing.decision import RouteOptions
 
     opts = RouteOptions(log=False)
@@ -73,7 +73,7 @@ def route_agreement(db: Path, split: str) -> dict:
         onnx_s = time.perf_counter() - t0
         torch_vecs = text_encoder.encode(texts, backend="torch")
         with reg.store.tx() as tx:                        # torch's vectors through the same routing state
-            st = policy.current(tx)
+            st = fit.keep(tx)
             cut, hashes = query_texts.clean_texts(texts)
             pol = policy.policy(st, opts)
             torch = [d.model for d in policy.decide(st, pol, torch_vecs, hashes, [False] * len(cut))]

@@ -4,6 +4,7 @@ one domain function; the CLI (registry/cli/) and the HTTP server mirror them. Ea
 first uses it (core/lazy.py): a command pays only for what it calls."""
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,17 +24,40 @@ if TYPE_CHECKING:       # the types the methods return (the modules themselves a
     from registry.data.splits import DrawResult
     from registry.embedding.encoders import EncoderInfo
     from registry.embedding.onboarding import JobOutcome
-    from registry.routing.log import LogEntry
+    from registry.routing.decision import LogEntry
 
 availability, endpoints = lazy_modules("registry.data", "availability endpoints")
 catalog, fingerprint, versions = lazy_modules("registry.answers", "catalog fingerprint versions")
 evidence, index = lazy_modules("registry.embedding", "evidence index")
 (probation_rule,) = lazy_modules("registry.locus", "evidence")
-(route_log,) = lazy_modules("registry.routing", "log")
+(route_log,) = lazy_modules("registry.routing", "decision")
 ask_uc, encoders_uc, evaluate_uc, exchange, importing, models_uc = lazy_modules(
     "registry.usecases", "ask encoders evaluate exchange importing models")
 onboard_uc, register_uc, route_uc, verify_uc, watch_uc, verdicts_uc = lazy_modules(
     "registry.usecases", "onboard register route verify watch endpoint_verdicts")
+
+
+def keeps_routing_state(method):
+    """A write that may change what routing depends on keeps the routing state after it (refitted and saved where it
+    changed: usecases/onboard.py), so that the next route only reads; a server's writer keeps its own instead, in its
+    background job."""
+    @functools.wraps(method)
+    def write(self, *args, **kwargs):
+        out = method(self, *args, **kwargs)
+        if self.store.save_routing_state:
+            self.keep_routing_state()
+        return out
+    return write
+
+
+def reads_routing_state(method):
+    """A route reads the saved routing state: on a registry that never had one (or whose last writes kept none: a
+    server's file, an older version's state) it is built first, once."""
+    @functools.wraps(method)
+    def read(self, *args, **kwargs):
+        self.keep_routing_state()
+        return method(self, *args, **kwargs)
+    return read
 
 
 class Registry:
@@ -75,6 +99,7 @@ class Registry:
         self.close()
 
     # --- bringing data in -------------------------------------------------------------------------------------
+    @keeps_routing_state
     def import_files(self, models: str | None = None, queries: str | None = None, evaluations: str | None = None,
                      splits: str | None = None, *, directory: str | None = None, progress: bool = False,
                      onboard: bool = True, vectors: str | None = None) -> ImportResult:
@@ -85,6 +110,7 @@ class Registry:
                                       progress=progress, onboard=onboard)
 
     def import_harness(self, harness, paths, **o): return self.import_from(paths, harness, **o)
+    @keeps_routing_state
     def import_from(self, paths, reader=None, **o):
         return exchange.import_paths(self.store, paths, reader, **self._settings(), **o)
     def reader_for(self, paths: list[str]) -> str: return exchange.reader_for(paths)
@@ -98,6 +124,7 @@ class Registry:
         """Add a vector file's vectors, checked whole first: a bad file changes nothing (`VectorsResult`)."""
         return importing.import_vectors(self.store, path)
 
+    @keeps_routing_state
     def draw_splits(self, val: float = 0.1, test: float | None = None, seed: int = 0, by: str = "random",
                     test_categories: list[str] | None = None) -> DrawResult:
         """Give every query without a split one, drawn with `seed` per category (`val` and `test` shares, default 0.1
@@ -106,6 +133,7 @@ class Registry:
         return importing.draw_splits(self.store, val=val, test=test, seed=seed, by=by,
                                      test_categories=test_categories, min_evaluations=self.min_evaluations)
 
+    @keeps_routing_state
     def register(self, name: str, evals: str, *, family: str | None = None, provider: str | None = None,
                  params_b: float | None = None, cost: float | None = None, open_weights: bool | None = None,
                  tags: dict | None = None, k: int = 5, progress: bool = False, update: bool = False,
@@ -118,6 +146,7 @@ class Registry:
         return register_uc.register(self.store, name, evals, metadata, k=k, progress=progress, update=update,
                                     alias_of=alias_of, **self._settings())
 
+    @keeps_routing_state
     def ask(self, name: str, **options):
         """Ask NAME's endpoint (or base_url=...) questions, judge the answers (usecases/ask.py: an `AskResult`)."""
         return ask_uc.ask(self.store, name, **self._settings(), **options)
@@ -129,6 +158,7 @@ class Registry:
         return register_uc.probe(self.store, model, n, seed, out, min_evaluations=self.min_evaluations)
 
     # --- onboarding and versions ------------------------------------------------------------------------------
+    @keeps_routing_state
     def onboard(self, all_models: bool = False, stability: bool = True, seconds: dict | None = None,
                 sweep: bool = True, prepared: dict | None = None) -> list[JobOutcome]:
         """Run every pending onboarding job (`all_models`: re-embed every model) and write the new versions; then,
@@ -165,14 +195,17 @@ class Registry:
     # --- encoders ---------------------------------------------------------------------------------------------
     def encoders(self) -> list[EncoderInfo]: return encoders_uc.listing(self.store)
 
+    @keeps_routing_state
     def activate_encoder(self, encoder_id: int) -> list[JobOutcome]:
         """Make an encoder active; every model is re-embedded under it (old versions stay), and it becomes active
         when their versions commit: until then (a crash meanwhile) reads answer under the previous one."""
         return encoders_uc.activate(self.store, encoder_id, min_evaluations=self.min_evaluations)
 
+    @keeps_routing_state
     def install_encoder(self, path: str, name: str | None = None, activate: bool = False) -> int:
         return encoders_uc.install(self.store, path, name, activate_it=activate, min_evaluations=self.min_evaluations)
 
+    @keeps_routing_state
     def train(self, *, seed: int = 0, anchors: int | None = None, max_steps: int | None = None,
               epochs: int | None = None, activate: bool = False, name: str | None = None, progress=None,
               category_features: bool = False, category_field: str = "category",
@@ -278,11 +311,13 @@ class Registry:
         return models_uc.geometry(self.store, min_shared, as_of)
 
     # --- routing ------------------------------------------------------------------------------------------------
+    @reads_routing_state
     def route(self, query: str, options: RouteOptions | None = None) -> Decision:
         """Route one query text: the model most likely to answer it (or the cost-aware choice the options ask for,
         `RouteOptions`), every candidate's P(correct) and evidence, the versions used; logged unless asked not to."""
         return route_uc.route(self.store, query, options, probation=self.probation_setting)
 
+    @reads_routing_state
     def route_batch(self, texts: list[str], options: RouteOptions | None = None, *, reuse_vectors: bool = True,
                     batch_size: int = 64, progress: bool = False) -> list[Decision]:
         """Route many texts (vectors cached or stored where known, the rest MiniLM-encoded in batches) with one bulk
@@ -290,13 +325,20 @@ class Registry:
         return route_uc.route_batch(self.store, texts, options, probation=self.probation_setting,
                                     reuse_vectors=reuse_vectors, batch_size=batch_size, progress=progress)
 
+    def keep_routing_state(self) -> None:
+        """Bring the routing state up to date with the registry (every write above does it after itself; a route
+        before it): refitted and saved where it changed, seconds; a read where it is current."""
+        onboard_uc.keep_routing_state(self.store, self.probation_setting)
+
     def prepare_queries(self, texts: list[str]) -> None:
         """Compute and cache the texts' vectors now (the server does this outside its write lock)."""
         route_uc.prepare_queries(self.store, texts)
 
+    @keeps_routing_state
     def mark_unavailable(self, models: list[str], reason: str | None = None) -> list[Availability]:
         return self._in_tx(availability.set_and_list, list(models), False, reason)
 
+    @keeps_routing_state
     def mark_available(self, models: list[str], reason: str | None = None) -> list[Availability]:
         return self._in_tx(availability.set_and_list, list(models), True, reason)
 
@@ -314,6 +356,7 @@ class Registry:
     def remove_endpoint(self, model: str) -> None:
         self._in_tx(endpoints.remove, model)
 
+    @keeps_routing_state
     def claim(self, model: str, base_url: str, **o): return self._in_tx(verify_uc.claim, model, base_url, o)
     def claims(self): return self._in_tx(verify_uc.claims.current)
 

@@ -81,13 +81,13 @@ def small_data(tmp_path_factory, mmlu_dir) -> Path:
 def base_db(tmp_path_factory, small_data) -> Path:
     """The slice imported, and its routing state built and saved in the file (as the first `route` of a user saves
     it): each test's copy routes from it as a new process does, instead of building it again (about a second)."""
-    from registry.routing import state
+    from registry.routing import fit
 
     path = tmp_path_factory.mktemp("base") / "base.duckdb"
     with Registry(path) as reg:
         reg.import_files(directory=str(small_data))
         with reg.store.tx() as tx:
-            state.current(tx)
+            fit.keep(tx)
     return path
 
 

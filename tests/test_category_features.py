@@ -23,8 +23,7 @@ from registry.locus.network import EncoderConfig, LocusModel
 from registry.locus.numpy_network import LABEL_SEP, join_labels
 from registry.locus.scoring import embed_models
 from registry.locus.training import TrainConfig, train
-from registry.routing import policy
-from registry.routing import state as routing_state
+from registry.routing import fit as routing_fit
 
 torch.set_num_threads(1)
 
@@ -202,9 +201,9 @@ def test_registry_routes_with_categories_and_without(db_copy, tmp_path):
         np.testing.assert_allclose(unseen_p, unseen_none, atol=2e-6)   # an unseen one reads as none
     # a text the routing state knows no category of (not a registered query): row 0
     with Registry(db_copy) as reg, reg.store.tx() as tx:
-        st = routing_state.current(tx)
+        st = routing_fit.keep(tx)
         q = data.qvecs[:2]
-        probs, raw = policy.probabilities(st, q, ["not-a-registered-hash", "neither"])
+        probs, raw = st.scores(q, ["not-a-registered-hash", "neither"])
         np.testing.assert_allclose(raw, model.scorer(st.z)(q), atol=1e-6)
 
 
@@ -356,8 +355,8 @@ def test_registry_routes_with_category_and_source(db_copy, tmp_path):
             assert not np.allclose(got, model.p_correct(z, data.qvecs[[j]], [partial])[:, 0], atol=1e-4)
         assert 0 < reg.evaluate(baselines=False).methods["locus"]["hit@1"] <= 1
     with Registry(db_copy) as reg, reg.store.tx() as tx:
-        st = routing_state.current(tx)
-        probs, raw = policy.probabilities(st, data.qvecs[:2], ["not-a-registered-hash", "neither"])
+        st = routing_fit.keep(tx)
+        probs, raw = st.scores(data.qvecs[:2], ["not-a-registered-hash", "neither"])
         np.testing.assert_allclose(raw, model.scorer(st.z)(data.qvecs[:2]), atol=1e-6)
 
 

@@ -14,7 +14,7 @@ from registry import Registry, RouteOptions
 from registry.cli import cli
 from registry.locus import baselines as B
 from registry.locus import interaction as I
-from registry.routing.served import Served
+from registry.routing.served_scores import Served
 
 
 def world(n=3000, models=4, cats=3, planted=True, seed=0, local=False):

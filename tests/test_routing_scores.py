@@ -118,7 +118,7 @@ def _one_strong_model(seed=0, models=8, queries=1500, dq=16):
 def test_the_best_single_model_serves_where_no_other_policy_beats_it_on_val():
     from registry.locus import baselines as B
     from registry.locus import interaction
-    from registry.routing import served
+    from registry.routing import served, served_scores
 
     q, correct, tr, va, te = _one_strong_model()
     cats = np.array([f"c{i % 3}" for i in range(len(q))], dtype=object)
@@ -128,13 +128,13 @@ def test_the_best_single_model_serves_where_no_other_policy_beats_it_on_val():
     assert pol.name == "best_single" and "best_single" in pol.val
     assert not any(v - pol.val["best_single"] > pol.margin_single for n, v in pol.val.items() if n != "best_single")
     assert "served policy best_single (val hit@1: " in pol.describe()
-    s = served.scores(pol, fitted, flat[:, te], q[te], None)
+    s = served_scores.scores(pol, fitted, flat[:, te], q[te], None)
     assert s.shape == (len(correct), len(te)) and np.all(np.argmax(s, axis=0) == 0)     # the strong model
     # its P-like score: the train accuracy that chose it on val, as evaluate's best single model ranks models
     assert np.allclose(s[:, 0], served.accuracy(correct[:, tr]))
     assert np.argmax(s[:, 0]) == np.argmax(B.best_single_scores(correct, tr, te)[:, 0])
-    moved = served.carried(pol, np.arange(len(correct))[::-1].copy())
-    assert np.allclose(served.scores(moved, fitted, flat[::-1][:, te], q[te], None), s[::-1])
+    moved = served_scores.carried(pol, np.arange(len(correct))[::-1].copy())
+    assert np.allclose(served_scores.scores(moved, fitted, flat[::-1][:, te], q[te], None), s[::-1])
     assert "best_single" not in _blend(pol)
 
 

@@ -1,6 +1,6 @@
-"""The routing state saved in the registry (routing/saved_state.py): a new process routes from it exactly as the
-process that built it, without torch; anything that matters to routing gives a new state; a saved state is data,
-never code."""
+"""The routing state saved in the registry (routing/state.py; kept by routing/fit.py): a new process routes from it
+exactly as the process that built it, without torch; anything that matters to routing gives a new state; a saved
+state is data, never code."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from registry import Registry
-from registry.routing import saved_state
+from registry.routing import fit, state
 
 ROUTE_IN_A_NEW_PROCESS = """
 import json, sys
@@ -79,46 +79,41 @@ def test_a_read_only_file_routes_without_saving(db_copy):
     with Registry(db_copy) as reg:
         with reg.store.tx() as tx:
             tx.read_only = True
-            from registry.routing import state
-            st = state.current(tx)
+            st = fit.keep(tx)
         assert st.names
     assert saved_rows(db_copy) == []
 
 
 def test_a_saved_state_names_only_the_registrys_own_classes():
     arrays: dict = {}
-    doc = saved_state._encode({"x": (1, 2.5, None), "s": frozenset({"a"}), 3: np.arange(2)}, arrays)
-    back = saved_state._decode(json.loads(json.dumps(doc)), arrays)
+    doc = state._encode({"x": (1, 2.5, None), "s": frozenset({"a"}), 3: np.arange(2)}, arrays)
+    back = state._decode(json.loads(json.dumps(doc)), arrays)
     assert back["x"] == (1, 2.5, None) and back["s"] == frozenset({"a"}) and back[3].tolist() == [0, 1]
     with pytest.raises(ValueError, match="not one of the registry's classes"):
-        saved_state._decode({"$dataclass": "subprocess:Popen", "fields": {"args": ["true"]}}, {})
+        state._decode({"$dataclass": "subprocess:Popen", "fields": {"args": ["true"]}}, {})
     with pytest.raises(TypeError):
-        saved_state._encode(object(), {})
+        state._encode(object(), {})
 
 
 def state_of(db):
     """The routing state a new Store builds or reads for the file (saving it, as the first route of a process does)."""
-    from registry.routing import state
-
     with Registry(db) as reg:
         with reg.store.tx() as tx:
-            return state.current(tx)
+            return fit.keep(tx)
 
 
 def mark_saved_fit(db) -> None:
     """The saved state's interaction weight `a` set to 123 (no fit picks it): a state that shows it took the fit."""
     import dataclasses
 
-    from registry.routing import state
-
     with Registry(db) as reg:
         with reg.store.tx() as tx:
             (key,) = [k for (k,) in tx.sql("SELECT key FROM routing_states WHERE key LIKE 'routing-state/%'")]
-            fields = saved_state.load(tx, state.current(tx).key)
+            fields = state.load(tx, fit.keep(tx).key)
             served = fields["interaction"]
             marked = dataclasses.replace(served, fitted=dataclasses.replace(served.fitted, a=123.0))
             tx.sql("DELETE FROM routing_states WHERE key = ?", [key])
-            saved_state.save(tx, state.State(**{**fields, "interaction": marked}, model=None, score=None))
+            state.save(tx, state.State(**{**fields, "interaction": marked}, model=None, score=None))
 
 
 @pytest.mark.slow
@@ -196,19 +191,20 @@ def test_moving_queries_between_train_and_val_gives_a_new_state_and_a_new_fit(db
     assert np.array_equal(after.interaction.fitted.resid, fresh.interaction.fitted.resid)
 
 
-def test_a_route_that_builds_the_routing_state_says_so_first(db_copy, small_data, tmp_path):
-    """The first route after a registration that adds a contender builds the state (seconds): it says so on stderr
-    before it starts; a route with nothing registered since says nothing."""
+def test_a_registration_refits_and_says_so_and_the_route_after_it_only_reads(db_copy, small_data, tmp_path):
+    """A registration that adds a contender refits the routing state (seconds): it says so on stderr; the route
+    after it reads the saved state and says nothing; a registry without a state builds it on its first route."""
     from tests.helpers import invented, run
 
     with Registry(db_copy) as reg, reg.store.tx() as tx:     # (a text the registry holds: routed without MiniLM)
         text = tx.sql("SELECT text FROM queries ORDER BY id LIMIT 1")[0][0]
-    first = run(db_copy, "route", text)
-    assert first.exit_code == 0, first.output
+    first = run(db_copy, "route", text)                       # (db_copy holds no state: built once, here)
+    assert first.exit_code == 0 and "refitting the routing state" in first.stderr, first.output
     again = run(db_copy, "route", text)
-    assert again.exit_code == 0 and "building the routing state" not in again.stderr, again.stderr
+    assert again.exit_code == 0 and "routing state" not in again.stderr, again.stderr
     reg = run(db_copy, "register", "a-new-contender", "--evals", invented(small_data, tmp_path, n=150))
-    assert reg.exit_code == 0, reg.output
+    assert reg.exit_code == 0 and "routing: refitting the routing state" in reg.stderr, reg.output
+    (key,) = [k for k, *_ in saved_rows(db_copy)]
     after = run(db_copy, "route", text)
-    assert after.exit_code == 0, after.output
-    assert "routing: building the routing state" in after.stderr and "building" not in after.stdout, after.stderr
+    assert after.exit_code == 0 and "routing state" not in after.stderr, after.stderr
+    assert [k for k, *_ in saved_rows(db_copy)] == [key]      # read, not built again

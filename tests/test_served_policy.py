@@ -187,28 +187,28 @@ def test_a_pair_model_is_served_where_it_wins_on_val_and_scores_the_same_after_a
     """With a flat predictor, the numpy IRT/MF pair model wins on val by more than the margin and is served; its
     scores are its own P(correct) on any query vectors; a carry onto reordered rows moves its rows along."""
     from registry.locus import baselines as B
-    from registry.routing import pairs, served
+    from registry.routing import served, served_scores
 
     (q, correct, tr, va, te), cats, flat, fitted, pol = served_on_irt_world()
     assert pol.name in ("mf", "irt", "blend") and pol.val[pol.name] - pol.val["locus_interaction"] > pol.margin
     assert max(pol.val["mf"], pol.val["irt"]) > max(pol.val["knn"], pol.val["locus_interaction"])
     pair = pol if pol.pair is not None else next(m for m in pol.members if m.pair is not None)
     assert pair.name == pair.pair.kind and set(pair.setting) == {"dim", "steps"} and pair.setting["steps"] > 0
-    s = served.scores(pol, fitted, flat[:, te], q[te], None)
+    s = served_scores.scores(pol, fitted, flat[:, te], q[te], None)
     assert s.shape == (len(correct), len(te)) and np.all((s > 0) & (s < 1))
     # it routes well on test, far above the best single model
     assert B.hit_at_k(s, correct[:, te]) > B.hit_at_k(B.best_single_scores(correct, tr, te), correct[:, te]) + 0.05
     take = np.arange(len(correct))[::-1].copy()
-    moved = served.carried(pol, take)
-    assert np.allclose(served.scores(moved, fitted, flat[take][:, te], q[te], None), s[take])
+    moved = served_scores.carried(pol, take)
+    assert np.allclose(served_scores.scores(moved, fitted, flat[take][:, te], q[te], None), s[take])
     # deterministic: the same data, the same fit
     again = served.choose(fitted, correct, q, cats, None, train_idx=tr, val_idx=va)
-    assert again.name == pol.name and np.array_equal(served.scores(again, fitted, flat[:, te], q[te], None), s)
+    assert again.name == pol.name and np.array_equal(served_scores.scores(again, fitted, flat[:, te], q[te], None), s)
     # a blend is its members' mean
     if pol.members:
-        parts = [served.scores(m, fitted, flat[:, te], q[te], None) for m in pol.members]
+        parts = [served_scores.scores(m, fitted, flat[:, te], q[te], None) for m in pol.members]
         assert np.allclose(s, np.mean(parts, axis=0)) and "locus_interaction" in pol.setting["members"]
-    assert pairs.PairModel.logits(pair.pair, q[te]).shape == (len(correct), len(te))
+    assert served_scores.PairModel.logits(pair.pair, q[te]).shape == (len(correct), len(te))
 
 
 def test_pair_models_recover_abilities_where_they_exist_and_judge_on_val():

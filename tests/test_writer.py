@@ -123,7 +123,7 @@ def test_only_plain_small_jsonl_is_staged_together(tmp_path, content):
 
 
 def test_interaction_is_carried_over_then_refitted_when_idle(db_copy, tmp_path):
-    from registry.routing import state as routing_state
+    from registry.routing import fit as routing_fit
 
     with Registry(db_copy) as reg:
         qids = _qids(reg)
@@ -150,7 +150,7 @@ def test_interaction_is_carried_over_then_refitted_when_idle(db_copy, tmp_path):
         fitted = serving.snapshots.current.routing
         assert fitted.interaction_fitted and fitted.interaction is not None
         with reg.store.tx() as tx:       # the same terms a library call fits for these versions
-            lib = routing_state.current(tx, reg.probation_min)
+            lib = routing_fit.keep(tx, reg.probation_min)
         assert (lib.interaction.fitted.resid == fitted.interaction.fitted.resid).all()
         serving.close()
 

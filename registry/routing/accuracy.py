@@ -17,7 +17,6 @@ from registry.core.errors import InputError
 from registry.core.transaction import Tx
 from registry.data import current_evaluations, query_cache
 from registry.locus import evidence, interaction
-from registry.routing import policy
 from registry.routing.state import State
 
 
@@ -56,7 +55,7 @@ def on_split(tx: Tx, st: State, split: str = "test") -> SplitScores:
     qmat = qmat[[row_of[int(q)] for q in qids]]
     hashes = [r[0] for r in tx.sql("""SELECT content_hash FROM queries WHERE id IN (SELECT unnest(?::INTEGER[]))
                                       ORDER BY id""", [qids.tolist()])]
-    probs = policy.probabilities(st, qmat, hashes)[0] if len(st.names) else np.zeros((0, len(qids)))
+    probs = st.scores(qmat, hashes)[0] if len(st.names) else np.zeros((0, len(qids)))
     return SplitScores(split, qids, list(st.names), np.asarray(probs, dtype=np.float64),
                        correct_matrix(tx, st.names, qids), evidence.candidates(st.evidence))
 
@@ -81,14 +80,14 @@ def correct_matrix(tx: Tx, names: list[str], qids: np.ndarray) -> np.ndarray:
 def scorer(tx: Tx, probation_min: int | None = None, split: str = "test"):
     """accuracy(members=None) -> routing accuracy as served on `split` (SplitScores.accuracy), the scores read on
     the first call (in the caller's transaction `tx`, which must still be open); None where the split is empty."""
-    from registry.routing.state import current
+    from registry.routing.fit import keep
 
     kept: list = []
 
     def accuracy(members=None) -> float | None:
         if not kept:
             try:
-                kept.append(on_split(tx, current(tx, probation_min), split))
+                kept.append(on_split(tx, keep(tx, probation_min), split))
             except InputError:
                 kept.append(None)
         return None if kept[0] is None else kept[0].accuracy(members)

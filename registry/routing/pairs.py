@@ -13,9 +13,11 @@ the per-model vectors start at zero, the shared projection from a fixed seed.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
+
+from registry.routing.served_scores import PairModel
 
 COMPONENTS = 96
 MAX_STEPS = 300
@@ -23,36 +25,6 @@ PATIENCE = 5
 CHECK = 20
 LR = 0.03
 L2 = 1e-4
-
-
-@dataclass
-class PairModel:
-    kind: str                 # "mf" or "irt"
-    mean: np.ndarray          # [D] the reference vectors' mean, removed before the projection
-    basis: np.ndarray         # [D, C] principal directions
-    u: np.ndarray             # [R, d] per-model vectors (MF's e_m, IRT's theta_m)
-    bias: np.ndarray          # [R] per-model offsets (MF; zeros for IRT)
-    proj: np.ndarray          # [C, d]
-    proj0: np.ndarray         # [d]
-    diff: np.ndarray          # [C] difficulty weights (IRT; zeros for MF)
-    diff0: float
-    steps: int = 0
-
-    @property
-    def dim(self) -> int:
-        return int(self.u.shape[1])
-
-    def reduce(self, qvecs: np.ndarray) -> np.ndarray:
-        return (np.asarray(qvecs, dtype=np.float64) - self.mean) @ self.basis
-
-    def logits(self, qvecs: np.ndarray, reduced: bool = False) -> np.ndarray:
-        """[R, N] for the queries' text vectors [N, D] (or already reduced ones [N, C])."""
-        q = np.asarray(qvecs, dtype=np.float64) if reduced else self.reduce(qvecs)
-        h = q @ self.proj + self.proj0
-        return self.u @ h.T + self.bias[:, None] - (q @ self.diff + self.diff0)[None]
-
-    def rows(self, take: np.ndarray) -> PairModel:
-        return replace(self, u=self.u[take], bias=self.bias[take])
 
 
 def one_thread():

@@ -3,9 +3,10 @@ encoder, with the interaction terms (locus/interaction.py: category offsets and 
 registry's answers) added to its logit -> a choice (most likely, cost-aware, or cheapest above a threshold), never an
 unavailable model.
 
-Per-query overhead is kept small by the Store's cached routing state (routing/state.py) and its LRU of routed texts'
-vectors (routing/query_texts.py). What a call asks for comes in one checked value (routing/decision.py:
-RouteOptions); what needs the state to check (unknown model names, missing prices) is checked here.
+A route reads the routing state the write path keeps (routing/state.py: read, never fitted here) and scores with it
+(`State.scores`); routed texts' vectors come from an LRU and the registry (routing/query_texts.py). What a call
+asks for comes in one checked value (routing/decision.py: RouteOptions); what needs the state to check (unknown
+model names, missing prices) is checked here.
 
 Evidence (locus/evidence.py): each model's P(correct) is shrunk toward the established models' mean prediction by
 how uncertain its embedding is, and a model on probation (too few evaluations) is not chosen unless the caller asks.
@@ -24,34 +25,10 @@ import numpy as np
 
 from registry.core.errors import Conflict, RegistryError, unknown_model
 from registry.core.transaction import Tx
-from registry.locus import evidence, interaction, text_encoder
-from registry.routing import query_texts, served
-from registry.routing.decision import Candidate, Decision, RouteOptions
-from registry.routing.log import append_log, log_options, log_rows
-from registry.routing.state import State, current
-
-
-def probabilities(st: State, qvecs: np.ndarray, hashes: list[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """[N,384] (texts with these content hashes) -> (P(correct) as routing uses it: the predictor's, shrunk by
-    evidence, with the interaction terms added to its logit; the predictor's own), each [M,N]."""
-    cats = None if st.category_of is None or hashes is None else [st.category_of.get(h) for h in hashes]
-    raw = st.score(qvecs, cats)
-    probs = evidence.shrink(raw, st.evidence)
-    if st.interaction is not None and len(raw):
-        probs = interaction.sigmoid(st.interaction.scores(interaction.logit(probs), qvecs, hashes)).astype(np.float32)
-        pol = st.interaction.policy
-        if pol is not None and pol.name != "locus_interaction":     # a simple router won on val: it is served
-            rows = st.interaction.fitted.rows
-            labels = None if hashes is None else [st.interaction.policy_labels.get(h) for h in hashes]
-            probs = probs.astype(np.float64)            # (its ties are broken below float32's precision)
-            probs[rows] = served.scores(pol, st.interaction.fitted, probs[rows], qvecs, labels)
-    return probs, raw
-
-
-def served_policy(st: State) -> str:
-    """What routing serves and its val figures, in a line (routing/served.py)."""
-    pol = None if st.interaction is None else st.interaction.policy
-    return pol.describe() if pol is not None else "served policy locus (no val split: the predictor alone)"
+from registry.locus import evidence, text_encoder
+from registry.routing import query_texts, state
+from registry.routing.decision import Candidate, Decision, RouteOptions, append_log, log_options, log_rows
+from registry.routing.state import State
 
 
 @dataclass
@@ -161,7 +138,7 @@ def decisions(st: State, probs: np.ndarray, raw: np.ndarray, picks, pol: Policy,
     ev = st.evidence
     up = _up(st, pol)
     skipped = int((ev.probation & ~pol.eligible).sum())
-    served_line = served_policy(st)
+    served_line = st.served_line()
     out = []
     for j, (row, fallback) in enumerate(picks):
         order = np.argsort(-probs[:, j], kind="stable")
@@ -199,7 +176,7 @@ def decide(st: State, pol: Policy, qvecs: np.ndarray, hashes: list[str], truncat
            top: int | None = None) -> list[Decision]:
     """The decisions for texts already turned into vectors [N,384]: no database, no lock (the server answers from
     its in-memory snapshot with this)."""
-    probs, raw = probabilities(st, qvecs, hashes)
+    probs, raw = st.scores(qvecs, hashes)
     return decisions(st, probs, raw, choose(st, probs, pol), pol, hashes=hashes, truncated=truncated, top=top)
 
 
@@ -239,8 +216,12 @@ def route(tx: Tx, texts: list[str], options: RouteOptions, *, reuse_vectors: boo
         unknown = sorted(set(options.unavailable) - set(known))
         if unknown:
             raise unknown_model(unknown[0], known, " in unavailable models")
+    st = state.read(tx, probation_min)
+    if st is None:
+        raise RegistryError("the registry has no current routing state (a write kept none: the facade's route "
+                            "builds it first; see routing/fit.py)")
     recent = query_texts.recent_vectors(tx)
-    r = route_texts(current(tx, probation_min), texts,
+    r = route_texts(st, texts,
                     lambda cut, hashes, fresh: query_texts.query_vectors(
                         recent, cut, hashes, tx=tx, reuse=reuse_vectors, batch_size=batch_size, progress=progress,
                         fresh=fresh),

@@ -7,19 +7,18 @@ MF or IRT over the text vectors: routing/pairs.py), or the blend of them (the me
 answer), settings fitted on train (the interaction's val scores too). The best single model (the model most often
 right on train) serves unless another candidate beats it on val by more than val's noise (MARGIN_SE paired standard
 errors of their difference); among the rest, the predictor with interaction unless a simple router beats it so.
-The kept one is then fitted on train and val (the reference queries, as the interaction terms are). `scores` gives
-its routing scores [R,N] for the interaction's rows, the same way in `registry evaluate` (its `served` row) and in
-routing (routing/policy.py), so the report describes what is served. `Served`: the terms and the policy as routing
-keeps them in its state. Pure numpy: routing computes it beside the interaction fit, without torch.
+The kept one is then fitted on train and val (the reference queries, as the interaction terms are). Its routing
+scores (routing/served_scores.py, which a route reads) are the same in `registry evaluate` (its `served` row, through
+`as_served`) and in routing, so the report describes what is served. Pure numpy: a routing refit computes it beside
+the interaction fit, without torch.
 """
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from registry.locus import interaction
 from registry.routing import pairs
+from registry.routing.served_scores import ServedPolicy, field_of, group_indices, knn, scores
 
 CHOICES = ("locus_interaction", "knn", "per_category", "per_source", "mf", "irt", "blend", "best_single")
 # one dimension each: every fit also runs in a routing refit (on ZeroEval, dims 4 to 32 were within one val query)
@@ -31,28 +30,6 @@ PRIORS = (0, 5, 20, 50, 200)
 # several settings and candidates. At 0.5 per-source was served on MMLU-Pro (+0.0033 on val, -0.011 on test); at 1
 # the blend or KNN on two of AlpacaEval's five folds (+3 and +4 of 161 val questions; -0.0087 pooled on test)
 MARGIN_SE = 1.5
-
-
-@dataclass
-class ServedPolicy:
-    name: str                                         # one of CHOICES
-    val: dict[str, float] = field(default_factory=dict)   # val hit@1 of each policy judged
-    setting: dict = field(default_factory=dict)       # the chosen one's settings (k, prior)
-    answers: np.ndarray | None = None                 # [R, Nref] int8 1/0/-1: the rows' reference answers (knn)
-    groups: list[str] = field(default_factory=list)   # per_category / per_source: the table's columns
-    ref_group: np.ndarray | None = None               # [Nref] group index of each reference query
-    table: np.ndarray | None = None                   # [R, G] each row's shrunk accuracy per group
-    margin: float = 0.0                               # the val gain a simple router had to exceed (MARGIN_SE)
-    pair: pairs.PairModel | None = None               # mf / irt: the model fitted on train + val
-    members: list = field(default_factory=list)       # blend: its member policies, each fitted on train + val
-    rank: np.ndarray | None = None                    # best_single: [R] each row's accuracy on train
-    margin_single: float = 0.0                        # the val gain over the best single model that the leader of
-                                                      #   the others needed (MARGIN_SE, paired with it)
-
-    def describe(self) -> str:
-        figures = ", ".join(f"{k} {v:.4f}" for k, v in self.val.items())
-        single = f"; the others need +{self.margin_single:.4f} over best_single" if "best_single" in self.val else ""
-        return f"served policy {self.name} (val hit@1: {figures}; a simple router needs +{self.margin:.4f}{single})"
 
 
 def val_right(scores: np.ndarray, correct: np.ndarray) -> np.ndarray:
@@ -81,14 +58,6 @@ def required_gain(judged: dict, name: str, correct: np.ndarray, against: str = "
     return MARGIN_SE * float(diff.std(ddof=1) / np.sqrt(n)) if n > 1 else 0.0
 
 
-def knn(answers: np.ndarray, nn: np.ndarray, k: int) -> np.ndarray:
-    """[R,N]: each row's mean answer over the k nearest reference queries it answered (ties: the stronger row)."""
-    nn = nn[:, :k]
-    y, seen = (answers == 1).astype(np.float32), (answers >= 0).astype(np.float32)
-    overall = y.sum(1) / np.maximum(seen.sum(1), 1)
-    return y[:, nn].sum(-1) / np.maximum(seen[:, nn].sum(-1), 1) + 1e-6 * overall[:, None]
-
-
 def group_table(answers: np.ndarray, group: np.ndarray, n_groups: int, prior: float) -> np.ndarray:
     """[R,G]: each row's accuracy per group, shrunk toward its overall accuracy by `prior` pseudo-answers."""
     y, seen = (answers == 1).astype(np.float64), (answers >= 0).astype(np.float64)
@@ -97,11 +66,6 @@ def group_table(answers: np.ndarray, group: np.ndarray, n_groups: int, prior: fl
     onehot[np.flatnonzero(group >= 0), group[group >= 0]] = 1.0
     yc, nc = y @ onehot, seen @ onehot
     return (yc + prior * overall[:, None]) / (nc + prior + 1e-9) + 1e-9 * overall[:, None]
-
-
-def _indices(values, names: list[str]) -> np.ndarray:
-    pos = {c: i for i, c in enumerate(names)}
-    return np.array([pos.get(v, -1) if v is not None else -1 for v in values], dtype=np.int64)
 
 
 def choose(fitted: interaction.Interaction, correct: np.ndarray, qvecs: np.ndarray, categories, sources, *,
@@ -161,7 +125,7 @@ def candidates(fitted: interaction.Interaction, correct: np.ndarray, qvecs: np.n
         names = sorted({v for v in labels[tr].tolist() if v is not None})
         if len(names) < 2:
             continue                                  # one group: the best single model, not a router
-        g_tr, g_va = _indices(labels[tr], names), _indices(labels[va], names)
+        g_tr, g_va = group_indices(labels[tr], names), group_indices(labels[va], names)
         mix = interaction.category_mix(g_va, nn_va, g_tr, len(names))
         by_prior = {prior: group_table(c[:, tr], g_tr, len(names), prior) @ mix.T for prior in PRIORS}
         prior = max(by_prior, key=lambda p: (val_hit(by_prior[p], cv), -p))
@@ -213,7 +177,7 @@ def _build(name: str, judged: dict, c: np.ndarray, qvecs: np.ndarray, ref: np.nd
     elif name in ("per_category", "per_source"):
         labels = setting["labels"]
         out.groups = sorted({v for v in labels[ref].tolist() if v is not None})
-        out.ref_group = _indices(labels[ref], out.groups)
+        out.ref_group = group_indices(labels[ref], out.groups)
         out.table = group_table(c[:, ref], out.ref_group, len(out.groups), setting["prior"])
     return out
 
@@ -237,30 +201,6 @@ def _pair_candidates(c: np.ndarray, qvecs: np.ndarray, tr: np.ndarray, va: np.nd
     return out
 
 
-def scores(policy: ServedPolicy, fitted: interaction.Interaction, routed_rows: np.ndarray, qvecs: np.ndarray,
-           groups) -> np.ndarray:
-    """[R,N] the served policy's routing scores for the interaction's rows: `routed_rows` (the predictor with the
-    interaction terms, P(correct)) for locus_interaction, else the simple router's (a blend: its members' mean);
-    `groups` [N]: the queries' category or source (the policy's field; None where unknown: their nearest reference
-    queries' mix)."""
-    if policy.name == "locus_interaction" or not len(fitted.ref_vecs):
-        return routed_rows
-    if policy.members:
-        return np.mean([scores(m, fitted, routed_rows, qvecs, groups) for m in policy.members], axis=0)
-    if policy.rank is not None:                     # the best single model: each row's accuracy, everywhere
-        return np.repeat(np.asarray(policy.rank, dtype=np.float64)[:, None], len(qvecs), axis=1)
-    q = np.asarray(qvecs, dtype=np.float32)
-    if policy.pair is not None:
-        return interaction.sigmoid(policy.pair.logits(q))
-    if policy.name == "knn":
-        return knn(policy.answers, interaction.neighbours(fitted.ref_vecs, q, policy.setting["k"]),
-                   policy.setting["k"])
-    g = _indices([None] * len(q) if groups is None else groups, policy.groups)
-    nn = interaction.neighbours(fitted.ref_vecs, q, interaction.CAT_K) if (g < 0).any() else \
-        np.zeros((len(q), 1), dtype=np.int64)
-    return policy.table @ interaction.category_mix(g, nn, policy.ref_group, len(policy.groups)).T
-
-
 def as_served(policy: ServedPolicy, fitted: interaction.Interaction, routed: np.ndarray, qvecs: np.ndarray, *,
               categories, sources) -> np.ndarray:
     """[M,N] routing's scores as served: `routed` (every model's P(correct) with the interaction terms) with the
@@ -269,60 +209,3 @@ def as_served(policy: ServedPolicy, fitted: interaction.Interaction, routed: np.
     labels = {"category": categories, "source": sources}.get(field_of(policy))
     out[fitted.rows] = scores(policy, fitted, out[fitted.rows], qvecs, labels)
     return out
-
-
-def carried(policy: ServedPolicy | None, take: np.ndarray) -> ServedPolicy | None:
-    """The policy with its per-row arrays moved onto the rows `take` of a fit carried over to new models."""
-    if policy is None:
-        return None
-    from dataclasses import replace
-
-    return replace(policy, answers=None if policy.answers is None else policy.answers[take],
-                   table=None if policy.table is None else policy.table[take],
-                   pair=None if policy.pair is None else policy.pair.rows(take),
-                   rank=None if policy.rank is None else policy.rank[take],
-                   members=[carried(m, take) for m in policy.members])
-
-
-def field_of(policy: ServedPolicy | None) -> str | None:
-    """The query column the policy reads ("category", "source"; a blend: its group member's), or None."""
-    if policy is not None and policy.members:
-        return next((f for f in map(field_of, policy.members) if f), None)
-    return {"per_category": "category", "per_source": "source"}.get(None if policy is None else policy.name)
-
-
-# --- the terms as routing keeps them ----------------------------------------------------------------------------
-@dataclass
-class Served:
-    """What routing keeps: the fitted terms for the routing state's models, and each registered query's category by
-    content hash (a routed text the registry holds is routed with its category; any other text with its
-    neighbours')."""
-    fitted: interaction.Interaction
-    category_of: dict[str, str]
-    # a text's nearest reference queries by content hash: the same text always has the same ones, and the search
-    # is most of a known text's route (bounded: cleared when full)
-    nearest: dict = field(default_factory=dict, repr=False, compare=False)
-    # the policy served on these terms, chosen on val (`ServedPolicy`; None: these terms), and
-    # each registered query's value of the field it reads, by content hash
-    policy: object = None
-    policy_labels: dict = field(default_factory=dict, repr=False, compare=False)
-    # a digest of everything the fit and the policy were computed from (state.py): the same inputs give them again
-    inputs: str = ""
-
-    NN_KEEP = 50_000
-
-    def scores(self, logits: np.ndarray, qvecs: np.ndarray, hashes) -> np.ndarray:
-        cats = [self.category_of.get(h) for h in hashes] if hashes is not None else [None] * logits.shape[1]
-        f = self.fitted
-        nn = None
-        if hashes is not None and len(f.ref_vecs) and len(f.rows) and (f.a or f.w) and len(hashes):
-            width = min(max(f.k, interaction.CAT_K), len(f.ref_vecs))   # enough for either use; scores takes its own
-            rows = [self.nearest.get(h) for h in hashes]
-            miss = [i for i, r in enumerate(rows) if r is None]
-            if miss:
-                if len(self.nearest) + len(miss) > self.NN_KEEP:
-                    self.nearest.clear()
-                for i, r in zip(miss, interaction.neighbours(f.ref_vecs, qvecs[miss], width).astype(np.int32)):
-                    rows[i] = self.nearest[hashes[i]] = r
-            nn = np.stack(rows)
-        return f.scores(logits, qvecs, f.category_index(cats), nn)

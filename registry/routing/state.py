@@ -1,32 +1,44 @@
-"""The routing state: what routing reads of the registry, kept in the Store's cache (a section of it) and rebuilt
-only when the registry changed in a way that matters to routing. It holds the loaded encoder, the current z matrix,
-the models' costs, the persistent availability flags, their evidence (locus/evidence.py) and the interaction
-terms fitted beside the predictor (locus/interaction.py: category offsets and nearest-query residuals from the
-registry's answers).
+"""The routing state: what a route reads, one plain value (`State`) that scores query vectors (`State.scores`).
 
-One cheap SQL statement (max ids of activations, versions and availability rows, and a hash over the models' cost
-columns) tells whether the cached state is still current; anything new rebuilds it. A server's writer brings it up
-to date after registrations from the versions they wrote (`with_new_versions`) instead.
+The write that changes what routing depends on (a contender registered, an import, a re-split, a new encoder)
+builds it (routing/fit.py) and saves it in the registry (table routing_states); `route`, `evaluate` and the server
+read the saved state under the registry's key (`read`) and only score, so a new process (each `registry route` from
+the shell, a restarted server) routes at once: fitting the interaction terms and choosing the served policy take
+seconds, and loading the encoder for its predictor imports torch. One cheap statement (the newest ids of
+activations, versions and availability rows, and digests of the models' names and costs and of the splits) is the
+key: a state saved under another key is not this registry's now.
+
+Saved as data, never as code: the arrays in an .npz read with allow_pickle=False, everything else as JSON, and the
+dataclasses it names are rebuilt only from registry's own modules. Its predictor is read back from the encoder's
+checkpoint in numpy.
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
+import hashlib
+import importlib
+import importlib.util
+import io
+import json
 import sys
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from registry.core import dialect
-from registry.core.errors import RegistryError
 from registry.core.transaction import Tx
-from registry.data import availability
-from registry.embedding import encoders, index
 from registry.locus import evidence, interaction, numpy_network
-from registry.routing import saved_state
-from registry.routing import served as policy_mod
+from registry.routing import served_scores
 
-PREDICTIONS_KEPT = 4096     # the predictor's P(correct) rows kept per Store (one per model version and query set)
-FITS_KEPT = 2               # interaction fits kept per Store: the served one and the next (each tens of MB)
+KEPT = 1            # saved states kept (the newest; about 17 MB for MMLU-Pro): a registry has one current state
+FORMAT = "routing-state/1"
+NOT_SAVED = ("model", "score")   # the torch model, and the scorer built again from the checkpoint
+# what a saved state is computed by: its builder, the served policy's choice and its scores, the pair models a policy
+# may hold, the method's maths, the evidence, and this module's format (their sources and settings are its digest)
+BUILT_BY = ("registry.routing.state", "registry.routing.fit", "registry.routing.served",
+            "registry.routing.served_scores", "registry.routing.pairs", "registry.locus.interaction",
+            "registry.locus.numpy_network", "registry.locus.evidence")
 
 
 @dataclass
@@ -34,7 +46,7 @@ class State:
     key: tuple
     encoder_id: int
     encoder_name: str
-    model: object                     # LocusModel (eval mode)
+    model: object                     # LocusModel (eval mode); None when read back from the registry
     names: list[str]
     model_ids: np.ndarray             # [M] models.id
     versions: np.ndarray              # [M] embedding version numbers
@@ -44,14 +56,35 @@ class State:
     params_b: np.ndarray              # [M] (nan: unknown)
     evidence: evidence.Evidence       # [M] evaluations, stability, probation, shrinkage weight
     down: set[str] = field(default_factory=set)   # marked unavailable in the registry
-    score: object = None                          # q [N,Dq] -> P(correct) [M,N] (LocusModel.scorer)
+    score: object = None                          # q [N,Dq] -> P(correct) [M,N] (the predictor's scorer)
     known: frozenset = frozenset()                # every registered model's name (embedded or not)
-    interaction: policy_mod.Served | None = None  # the routing terms beside the predictor (served.Served)
-    interaction_fitted: bool = True               # False: the last fit, carried over to new models (see `state`)
+    interaction: served_scores.Served | None = None   # the routing terms beside the predictor, and the policy served
+    interaction_fitted: bool = True               # False: the last fit, carried over to new models (routing/fit.py)
     category_of: dict | None = None               # content hash -> category, for an encoder whose predictor reads
                                                   #   categories (None: text only); other texts route as "none"
 
+    def scores(self, qvecs: np.ndarray, hashes: list[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """[N,384] (texts with these content hashes) -> (P(correct) as routing uses it: the predictor's, shrunk by
+        evidence, with the interaction terms added to its logit, then the served policy's scores for its rows; the
+        predictor's own), each [M,N]."""
+        cats = None if self.category_of is None or hashes is None else [self.category_of.get(h) for h in hashes]
+        raw = self.score(qvecs, cats)
+        probs = evidence.shrink(raw, self.evidence)
+        terms = self.interaction
+        if terms is not None and len(raw):
+            probs = interaction.sigmoid(terms.scores(interaction.logit(probs), qvecs, hashes)).astype(np.float32)
+            pol = terms.policy
+            if pol is not None and pol.name != "locus_interaction":     # a simple router won on val: it is served
+                labels = None if hashes is None else [terms.policy_labels.get(h) for h in hashes]
+                probs = probs.astype(np.float64)            # (its ties are broken below float32's precision)
+                rows = terms.fitted.rows
+                probs[rows] = served_scores.scores(pol, terms.fitted, probs[rows], qvecs, labels)
+        return probs, raw
 
+    def served_line(self) -> str:
+        """What routing serves and its val figures, in a line (routing/served.py chose it)."""
+        pol = None if self.interaction is None else self.interaction.policy
+        return pol.describe() if pol is not None else "served policy locus (no val split: the predictor alone)"
 
 
 _KEY_SQL = """SELECT (SELECT coalesce(max(id), 0) FROM encoder_activations),
@@ -62,81 +95,46 @@ _KEY_SQL = """SELECT (SELECT coalesce(max(id), 0) FROM encoder_activations),
                      (SELECT {splits} FROM query_splits)"""
 
 
-def _key_sql(db: str) -> str:
-    if db == "postgresql":      # other processes commit versions too, not in id order: their counts as well
-        # (before the splits' digest: `_build` takes the key's second-to-last item as that digest)
-        return _KEY_SQL.replace("(SELECT count(*) FROM version_stability),",
-                                "(SELECT count(*) FROM version_stability), (SELECT count(*) FROM embedding_versions),"
-                                " (SELECT count(*) FROM model_availability),").format(
-            models=dialect.xor_hash(db, "id, name, cost, params_b"), splits=dialect.xor_hash(db, "query_id, split"))
-    return _KEY_SQL.format(models=dialect.xor_hash(db, "id, name, cost, params_b"),
-                           splits=dialect.xor_hash(db, "query_id, split"))
+def key(tx: Tx, probation_min: int | None = None) -> tuple:
+    """The registry's state as routing depends on it, in one statement, and the probation minimum set. Its last two
+    items are the splits' digest and the minimum (routing/fit.py reads them)."""
+    sql = _KEY_SQL
+    if tx.dialect == "postgresql":      # other processes commit versions too, not in id order: their counts as well
+        sql = sql.replace("(SELECT count(*) FROM version_stability),",
+                          "(SELECT count(*) FROM version_stability), (SELECT count(*) FROM embedding_versions),"
+                          " (SELECT count(*) FROM model_availability),")
+    sql = sql.format(models=dialect.xor_hash(tx.dialect, "id, name, cost, params_b"),
+                     splits=dialect.xor_hash(tx.dialect, "query_id, split"))
+    return tuple(tx.sql(sql)[0]) + (evidence.configured_min(probation_min),)
 
 
-def current(tx: Tx, probation_min: int | None = None, *, refit: bool = True) -> State:
-    """The Store's cached routing state, rebuilt only when the registry changed in a way that matters to routing.
-    With `refit=False` (a server's writer after each commit: a fit takes about a second) the interaction terms of
-    the last fit are carried over: models it knew keep theirs, a new model gets none until the next fit."""
-    key = tuple(tx.sql(_key_sql(tx.dialect))[0]) + (evidence.configured_min(probation_min),)
+def read(tx: Tx, probation_min: int | None = None) -> State | None:
+    """The registry's routing state now: this Store's, or the one saved under the registry's key; None where there
+    is none (the write path keeps one: routing/fit.py). Reads only."""
+    k = key(tx, probation_min)
     kept = tx.section("routing state")
     st = kept.get("state")
-    if st is not None and st.key == key and (st.interaction_fitted or not refit):
+    if st is not None and st.key == k:
         return st
-    st = _saved(tx, key)
-    if st is None:
-        if tx.save_routing_state:       # (a command, not a server: its user waits on this, seconds)
-            print("routing: building the routing state (the registry changed since it was last built; once, "
-                  "seconds)", file=sys.stderr, flush=True)
-        st = _build(tx, key, refit)
-        # (saved only as fitted, and where the numpy predictor agreed with torch's: what a saved state scores with)
-        if st.interaction_fitted and st.model.numpy_scorer_agrees:
-            served = st.interaction and dataclasses.replace(st.interaction, nearest={})
-            saved_state.save(tx, dataclasses.replace(st, interaction=served))
+    fields = load(tx, k)
+    if fields is None:
+        return None
+    st = State(**fields, model=None, score=predictor(tx, fields["encoder_id"]).scorer(fields["z"]))
     kept["state"] = st
     return st
 
 
-def _saved(tx: Tx, key: tuple) -> State | None:
-    """The state saved under `key` (saved_state.py), its predictor read from the checkpoint in numpy, its
-    interaction terms kept as the fit of its versions; None when none is saved."""
-    fields = saved_state.load(tx, key)
-    if fields is None:
-        return None
-    st = State(**fields, model=None, score=_predictor(tx, fields["encoder_id"]).scorer(fields["z"]))
-    fit_key = (st.encoder_id, tuple(int(v) for v in st.version_ids), tuple(st.evidence.probation.tolist()), key[-2])
-    tx.section("routing fits")[fit_key] = st.interaction
-    tx.section("routing newest fit")[st.encoder_id] = (np.asarray(st.model_ids), st.interaction)
+def remember(tx: Tx, st: State) -> State:
+    """`st` as this Store's current state (what `read` gives while the registry's key is st's)."""
+    tx.section("routing state")["state"] = st
     return st
-
-
-def _saved_fit(tx: Tx, inputs: str) -> tuple | None:
-    """The newest saved state's (fit, policy) where they were computed from exactly `inputs`: after a registration
-    that leaves the contenders as they were (a model on probation is none), the first route would compute them
-    again (the fit and the policy's choice were most of its seconds)."""
-    served = saved_state.load_newest_field(tx, "interaction")
-    return (served.fitted, served.policy) if served is not None and served.inputs == inputs else None
-
-
-def _fit_inputs(encoder_id: int, rows: np.ndarray, model_ids: np.ndarray, version_ids: np.ndarray, data,
-                correct: np.ndarray) -> str:
-    """A digest of what `_fit` computes the terms and the policy from: the encoder, the contenders (their positions,
-    models, versions and answers) and the queries (ids, vectors, labels, splits)."""
-    import hashlib
-
-    h = hashlib.sha256(repr((encoder_id, rows.tolist(), model_ids[rows].tolist(),
-                             version_ids[rows].tolist())).encode())
-    for a in (correct[rows], data.query_ids, data.qvecs, data.splits["train"], data.splits["val"]):
-        a = np.ascontiguousarray(a)
-        h.update(repr((a.dtype.str, a.shape)).encode())     # (where train ends and val begins, among others)
-        h.update(a.tobytes())
-    h.update(repr((list(data.categories), None if data.sources is None else list(data.sources))).encode())
-    return h.hexdigest()
 
 
 _predictors: dict = {}       # checkpoint digest -> numpy_network.Predictor, parsed once per process
 
 
-def _predictor(tx: Tx, encoder_id: int) -> numpy_network.Predictor:
+def predictor(tx: Tx, encoder_id: int) -> numpy_network.Predictor:
+    """The encoder's predictor, read from its checkpoint in numpy (no torch)."""
     sha = tx.sql("SELECT weights_sha256 FROM encoders WHERE id = ?", [encoder_id])[0][0]
     if sha not in _predictors:
         blob = bytes(tx.sql("SELECT weights FROM encoders WHERE id = ?", [encoder_id])[0][0])
@@ -144,234 +142,142 @@ def _predictor(tx: Tx, encoder_id: int) -> numpy_network.Predictor:
     return _predictors[sha]
 
 
-def _locus_model(tx: Tx, st: State):
-    """st's LocusModel: a saved state has none until a refit or a new version needs it."""
-    return st.model if st.model is not None else encoders.load(tx, st.encoder_id)[0]
+# --- saved in the registry ---------------------------------------------------------------------------------------
+def key_text(k: tuple) -> str:
+    """The saved state's key: the registry's (`key`) and the code that builds a routing state from it, its source and
+    its settings as they are now: a state saved by another version of the code, or under other settings, is never
+    read back."""
+    return f"{FORMAT} {_code_digest()} {repr(tuple(k))}"
 
 
-def _build(tx: Tx, key: tuple, refit: bool = True) -> State:
-    encoder_id = encoders.require_active(tx)
-    model, _ = encoders.load(tx, encoder_id)
-    vids, mids, names, vecs = index.current_versions(tx, encoder_id)
-    meta = {r[0]: r[1:] for r in tx.sql("SELECT id, cost, params_b, name FROM models")}
-    about = {r[0]: r[1:] for r in tx.sql("""
-        SELECT v.id, v.version, v.n_evaluations, coalesce(s.stability, v.stability) FROM embedding_versions v
-        LEFT JOIN version_stability s ON s.version_id = v.id
-        WHERE v.id IN (SELECT unnest(?::INTEGER[]))""", [vids.tolist()])}
-    down = set(availability.unavailable_models(tx))
-    enc_name = tx.sql("SELECT name FROM encoders WHERE id = ?", [encoder_id])[0][0]
-    ev = evidence.assess(vecs, [about[int(v)][1] for v in vids], [about[int(v)][2] for v in vids], key[-1])
-    score = model.scorer(vecs)
-    # the interaction depends on the encoder, the versions, who is on probation and the splits; not on availability
-    # or cost, whose changes leave it as it is
-    fit_key = (encoder_id, tuple(int(v) for v in vids), tuple(ev.probation.tolist()), key[-2])
-    served, fitted = _interaction(tx, fit_key, model, z=vecs, model_ids=np.asarray(mids, dtype=np.int64),
-                                  version_ids=np.asarray(vids), ev=ev, refit=refit)
-    category_of = None        # the field is valid (EncoderConfig checks it with numpy_network.label_columns)
-    if model.cfg.categories:
-        label = numpy_network.label_sql(model.cfg.category_field)
-        category_of = dict(tx.sql(f"SELECT content_hash, {label} FROM queries"))
-    return State(key=key, encoder_id=encoder_id, encoder_name=enc_name, model=model, names=list(names),
-                 model_ids=np.asarray(mids, dtype=np.int64),
-                 versions=np.array([about[int(v)][0] for v in vids], dtype=np.int64),
-                 version_ids=np.asarray(vids, dtype=np.int64), z=vecs,
-                 cost=np.array([_nan(meta[m][0]) for m in mids.tolist()], dtype=np.float64),
-                 params_b=np.array([_nan(meta[m][1]) for m in mids.tolist()], dtype=np.float64), evidence=ev,
-                 down=down, score=score, known=frozenset(m[2] for m in meta.values()), interaction=served,
-                 interaction_fitted=fitted, category_of=category_of)
+_sources: list = []
 
 
-def with_new_versions(tx: Tx, st: State, registered: set[str] = frozenset()) -> State:
-    """`st` brought up to date after commits that only appended embedding versions (and created the models they are
-    of: a server's registrations), reading only those versions, the newest per model under st's encoder past st's
-    newest id, with their models' cost and size. The rest is st's: encoder, availability, splits, the other
-    models' versions and metadata; `registered`: the names of the models those commits registered (embedded or
-    not: `known`). The interaction terms are a fit of exactly the new set of versions if one was
-    made, else the last fit carried over, as `current(refit=False)` gives them. A full `current` read gives the same
-    State (tests/test_writer.py); its key is st's, so it never enters the cache of `current`."""
-    after = int(st.version_ids.max()) if len(st.version_ids) else 0
-    # (a few rows: the newest per model is kept below, in version order, cheaper than a window in the statement)
-    new = _versions_written(tx, st, after) or tx.arrow("""
-        SELECT v.id, v.model_id, m.name, v.version, v.vector, v.n_evaluations, m.cost, m.params_b,
-               coalesce(s.stability, v.stability) AS stability
-        FROM embedding_versions v JOIN models m ON m.id = v.model_id
-        LEFT JOIN version_stability s ON s.version_id = v.id
-        WHERE v.encoder_id = ? AND v.id > ?
-        ORDER BY v.model_id, v.version""", [st.encoder_id, after]).to_pydict()
-    if not new["id"]:
-        return dataclasses.replace(st, known=st.known | frozenset(registered))
-    # the newest row of each model (rows come by model, then version), then in numpy: a snapshot is rebuilt after
-    # every group of registrations, so nothing here loops over the registry's models in Python
-    nm = np.asarray(new["model_id"], dtype=np.int64)
-    last = np.flatnonzero(np.r_[nm[1:] != nm[:-1], True])
-    nm = nm[last]
-
-    def col(key, dtype):
-        return np.array([_nan(new[key][j]) if dtype == np.float64 else new[key][j] for j in last.tolist()],
-                        dtype=dtype)
-
-    new_z = np.asarray([new["vector"][j] for j in last.tolist()], dtype=np.float32).reshape(len(last), -1)
-    new_names = [new["name"][j] for j in last.tolist()]
-    M = len(st.model_ids)
-    pos = np.searchsorted(st.model_ids, nm)                  # st's arrays are ordered by model id (`_build`)
-    have = pos < M
-    have[have] = st.model_ids[pos[have]] == nm[have]
-    up, add = np.flatnonzero(have), np.flatnonzero(~have)
-    at = pos[up]
-    mids, vers, vids = st.model_ids.copy(), st.versions.copy(), st.version_ids.copy()
-    z, cost, params = st.z.copy(), st.cost.copy(), st.params_b.copy()
-    n, stab = st.evidence.n.astype(np.float64), st.evidence.stability.copy()
-    names = list(st.names)
-    fresh = {"version": col("version", np.int64), "id": col("id", np.int64), "cost": col("cost", np.float64),
-             "params_b": col("params_b", np.float64), "n_evaluations": col("n_evaluations", np.float64),
-             "stability": col("stability", np.float64)}
-    for arr, key in ((vers, "version"), (vids, "id"), (cost, "cost"), (params, "params_b"), (n, "n_evaluations"),
-                     (stab, "stability")):
-        arr[at] = fresh[key][up]
-    z[at] = new_z[up]
-    for i, j in zip(at.tolist(), up.tolist()):
-        names[i] = new_names[j]
-    if len(add):                   # new models: appended, then all put in model id order again
-        mids, vers, vids = (np.concatenate([a, b]) for a, b in ((mids, nm[add]), (vers, fresh["version"][add]),
-                                                                 (vids, fresh["id"][add])))
-        cost, params, n, stab = (np.concatenate([a, fresh[k][add]]) for a, k in (
-            (cost, "cost"), (params, "params_b"), (n, "n_evaluations"), (stab, "stability")))
-        z = np.concatenate([z.reshape(M, new_z.shape[1]), new_z[add]])
-        names += [new_names[j] for j in add.tolist()]
-        order = np.argsort(mids, kind="stable")
-        if (order != np.arange(len(order))).any():
-            mids, vers, vids, z, cost, params, n, stab = (a[order] for a in (mids, vers, vids, z, cost, params, n,
-                                                                               stab))
-            names = [names[i] for i in order.tolist()]
-    z = np.ascontiguousarray(z, dtype=np.float32)
-    ev = evidence.assess(z, n, stab, st.key[-1])
-    fit_key = (st.encoder_id, tuple(vids.tolist()), tuple(ev.probation.tolist()), st.key[-2])
-    model = _locus_model(tx, st)
-    served, fitted = _interaction(tx, fit_key, model, z=z, model_ids=mids, version_ids=vids, ev=ev, refit=False)
-    return State(key=st.key, encoder_id=st.encoder_id, encoder_name=st.encoder_name, model=model, names=names,
-                 model_ids=mids, versions=vers, version_ids=vids, z=z, cost=cost, params_b=params, evidence=ev,
-                 down=st.down, score=model.scorer(z),
-                 known=st.known | frozenset(new["name"]) | frozenset(registered), interaction=served,
-                 interaction_fitted=fitted, category_of=st.category_of)
+def _code_digest() -> str:
+    """The sources of BUILT_BY and their settings (upper-case module constants written as literals, as set now: a
+    module not imported has its source's), found without importing them: a reader need not load the fit."""
+    if not _sources:
+        texts = [open(importlib.util.find_spec(m).origin, "rb").read() for m in BUILT_BY]
+        literal = {}
+        for m, text in zip(BUILT_BY, texts):
+            for node in ast.parse(text).body:
+                if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                        and node.targets[0].id.isupper():
+                    try:
+                        literal[(m, node.targets[0].id)] = ast.literal_eval(node.value)
+                    except ValueError:
+                        pass
+        _sources.append((hashlib.sha256(b"".join(texts)).hexdigest(), literal))
+    digest, literal = _sources[0]
+    settings = [(m, k, getattr(sys.modules[m], k) if m in sys.modules else v) for (m, k), v in literal.items()]
+    return hashlib.sha256((digest + repr(settings)).encode()).hexdigest()[:16]
 
 
-def _versions_written(tx: Tx, st: State, after: int) -> dict | None:
-    """`with_new_versions`' read, from what this transaction wrote (onboarding.run_pending and
-    import_run.insert_new_models note it on the transaction): the server's writer builds the next snapshot in the
-    transaction that wrote the versions. None (read them) unless they are exactly the versions that read would give:
-    all under st's encoder and past st's newest, as many as the file holds there (one count), and each model's cost and
-    size known (st's, or its registration's)."""
-    written = tx.notes.versions_written
-    if not written or any(enc != st.encoder_id or vid <= after for vid, *_, enc in written):
+def save(tx: Tx, st: State) -> bool:
+    """Save `st` under its key (the oldest beyond KEPT go); False where nothing may be written (a read-only file)
+    or the store saves none (a server). A state already saved under the key is the same state: kept as it is."""
+    if tx.read_only or not tx.save_routing_state:
+        return False
+    arrays: dict[str, np.ndarray] = {}
+    doc = {f.name: _encode(getattr(st, f.name), arrays) for f in dataclasses.fields(st) if f.name not in NOT_SAVED}
+    buf = io.BytesIO()
+    np.savez(buf, __doc__=np.frombuffer(json.dumps(doc).encode(), dtype=np.uint8), **arrays)
+    # (another process on the same PostgreSQL database may be saving the same state: the first one stays)
+    tx.sql("INSERT INTO routing_states (key, encoder_id, payload) VALUES (?, ?, ?) ON CONFLICT (key) DO NOTHING",
+           [key_text(st.key), int(st.encoder_id), buf.getvalue()])
+    tx.sql(f"""DELETE FROM routing_states WHERE key LIKE '{FORMAT} %' AND key NOT IN (   -- (other caches beside)
+                   SELECT key FROM routing_states WHERE key LIKE '{FORMAT} %' ORDER BY created DESC, key LIMIT ?)""",
+           [KEPT])
+    return True
+
+
+def load(tx: Tx, k: tuple) -> dict | None:
+    """The fields of the state saved under `k` (without its model and scorer), or None."""
+    rows = tx.sql("SELECT payload FROM routing_states WHERE key = ?", [key_text(k)])
+    if not rows:
         return None
-    created = tx.notes.new_model_meta
-    at = {m: i for i, m in enumerate(st.model_ids.tolist())}
-    if any(mid not in at and mid not in created for _, mid, *_ in written):
+    with np.load(io.BytesIO(bytes(rows[0][0])), allow_pickle=False) as npz:
+        arrays = {name: npz[name] for name in npz.files}
+    doc = json.loads(arrays.pop("__doc__").tobytes().decode())
+    return {name: _decode(v, arrays) for name, v in doc.items()}
+
+
+def load_newest(tx: Tx, names: tuple[str, ...]) -> dict | None:
+    """These fields of the newest state saved by this code (under any key), or None: what a state built anew may take
+    from it where its inputs are the same (routing/fit.py). Only those fields' arrays are read."""
+    rows = tx.sql("SELECT payload FROM routing_states WHERE key LIKE ? ORDER BY created DESC, key LIMIT 1",
+                  [f"{FORMAT} {_code_digest()} %"])
+    if not rows:
         return None
-    if tx.sql("SELECT count(*) FROM embedding_versions WHERE encoder_id = ? AND id > ?",
-              [st.encoder_id, after])[0][0] != len(written):
-        return None
-    out: dict[str, list] = {k: [] for k in ("id", "model_id", "name", "version", "vector", "n_evaluations", "cost",
-                                             "params_b", "stability")}
-    for vid, mid, name, version, vec, n, stab, _ in sorted(written, key=lambda w: (w[1], w[3])):
-        cost, params = (st.cost[at[mid]], st.params_b[at[mid]]) if mid in at else created[mid]
-        for k, v in zip(out, (vid, mid, name, version, vec, n, cost, params, stab)):
-            out[k].append(v)
-    return out
+    with np.load(io.BytesIO(bytes(rows[0][0])), allow_pickle=False) as npz:
+        doc = json.loads(npz["__doc__"].tobytes().decode())
+        return {name: _decode(doc[name], _Lazy(npz)) for name in names if name in doc}
 
 
-def _interaction(tx: Tx, key: tuple, model, *, z: np.ndarray, model_ids: np.ndarray, version_ids: np.ndarray,
-                 ev: evidence.Evidence, refit: bool = True) -> tuple[policy_mod.Served | None, bool]:
-    """-> (terms, whether fitted for exactly these versions): `_fit`, or without `refit` the newest fit carried over
-    to these models (a model it did not know gets no terms). The Store keeps the fits by `key` (encoder, versions,
-    probation, splits) and the newest per encoder."""
-    fits = tx.section("routing fits")
-    if key in fits:
-        return fits[key], True
-    latest = tx.section("routing newest fit")        # encoder -> (model ids, Served) of the newest fit
-    last = latest.get(key[0])
-    if not refit and last is not None:
-        return (None if last[1] is None else _carried(last[1], last[0], model_ids)), False
-    out = _fit(tx, key, model, z=z, model_ids=model_ids, version_ids=version_ids, ev=ev)
-    latest[key[0]] = (np.asarray(model_ids), out)
-    return out, True
+class _Lazy(dict):
+    """An .npz's arrays, each read when a decoded field asks for it."""
+
+    def __init__(self, npz):
+        super().__init__()
+        self.npz = npz
+
+    def __missing__(self, name):
+        return self.npz[name]
 
 
-def _carried(served: policy_mod.Served, fitted_ids: np.ndarray, model_ids: np.ndarray) -> policy_mod.Served:
-    """The fit's terms moved onto these models: a model the fit gave terms (one of its `rows`, the contenders) keeps
-    them at its new position; any other model, new ones included, gets none."""
-    f = served.fitted
-    # (in numpy: the registry's models are many, the fit's contenders few)
-    fitted = np.asarray(fitted_ids, dtype=np.int64)[f.rows]          # the model id of each row of the fit's terms
-    by_id = np.argsort(fitted, kind="stable")
-    model_ids = np.asarray(model_ids, dtype=np.int64)
-    where = np.searchsorted(fitted[by_id], model_ids).clip(max=max(len(fitted) - 1, 0))
-    at = np.flatnonzero(fitted[by_id][where] == model_ids) if len(fitted) else np.zeros(0, dtype=np.int64)
-    take = by_id[where[at]].astype(np.int64)
-    if np.array_equal(at, f.rows) and np.array_equal(take, np.arange(len(f.rows))):
-        return served         # (the usual case: models were only added, after the fit's, so none moved)
-    # the same reference queries: the texts' nearest ones found so far stay good (the dict is shared)
-    return policy_mod.Served(dataclasses.replace(f, rows=at, offsets=f.offsets[take], resid=f.resid[take],
-                                                  seen=f.seen[take]), served.category_of, served.nearest,
-                              policy_mod.carried(served.policy, take), served.policy_labels)
+def _encode(obj, arrays: dict):
+    if isinstance(obj, np.ndarray):
+        if obj.dtype == object:
+            return {"$list": _encode(obj.tolist(), arrays), "$dtype": "object"}
+        name = f"a{len(arrays)}"
+        arrays[name] = obj
+        return {"$array": name}
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        cls = type(obj)
+        return {"$dataclass": f"{cls.__module__}:{cls.__qualname__}",
+                "fields": {f.name: _encode(getattr(obj, f.name), arrays) for f in dataclasses.fields(obj) if f.init}}
+    if isinstance(obj, tuple):
+        return {"$tuple": [_encode(v, arrays) for v in obj]}
+    if isinstance(obj, (set, frozenset)):
+        return {"$frozenset" if isinstance(obj, frozenset) else "$set": [_encode(v, arrays) for v in sorted(obj)]}
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) and not k.startswith("$") for k in obj):
+            return {k: _encode(v, arrays) for k, v in obj.items()}
+        return {"$items": [[_encode(k, arrays), _encode(v, arrays)] for k, v in obj.items()]}
+    if isinstance(obj, list):
+        return [_encode(v, arrays) for v in obj]
+    if obj is None or isinstance(obj, (str, bool, int, float)):
+        return obj
+    raise TypeError(f"a routing state cannot save a {type(obj).__name__}")
 
 
-def _fit(tx: Tx, key: tuple, model, *, z: np.ndarray, model_ids: np.ndarray, version_ids: np.ndarray,
-         ev: evidence.Evidence):
-    """The interaction terms for routing among these models (embeddings z, versions version_ids), fitted on the
-    registry's train and val queries exactly as `registry evaluate` fits them (on the predictor's own logits, for
-    the `interaction.contenders`); None without a train and a val split. Kept per `key` (encoder, versions,
-    probation, splits), so a change of availability or cost does not refit; each version's predictions are kept
-    too, so a registration scores only its new version."""
-    from registry.embedding.dataset import dataset, query_labels
-
-    try:
-        data = dataset(tx)
-    except RegistryError:                               # no splits: the predictor alone
-        data = None
-    out = None
-    if data is not None and len(data.splits["train"]) and len(data.splits["val"]) and len(model_ids):
-        pos = {int(m): i for i, m in enumerate(data.model_ids)}
-        correct = data.correct[[pos[int(m)] for m in model_ids]]
-        tr, va = data.splits["train"], data.splits["val"]
-        rows = interaction.contenders(correct, tr, va, evidence.candidates(ev))
-        inputs = _fit_inputs(key[0], rows, model_ids, version_ids, data, correct)
-        done = tx.section("routing fits by inputs")
-        taken = done.get(inputs) or _saved_fit(tx, inputs)
-        if taken is None:
-            kept = tx.section("routing predictions")  # (encoder, queries, version) -> the predictor's P(correct) row
-            qkey = (key[0], data.query_ids.tobytes())
-            todo = [i for i in rows.tolist() if qkey + (int(version_ids[i]),) not in kept]
-            if todo:
-                fresh = model.scorer(z[todo])(data.qvecs, query_labels(data, model))
-                if len(kept) + len(todo) > PREDICTIONS_KEPT:
-                    kept.clear()
-                kept.update({qkey + (int(version_ids[i]),): fresh[j] for j, i in enumerate(todo)})
-            raw = np.stack([kept[qkey + (int(version_ids[i]),)] for i in rows.tolist()]) if len(rows) else \
-                np.zeros((0, len(data.query_ids)), dtype=np.float32)
-            fitted = interaction.fit(interaction.logit(raw), correct, data.qvecs, data.categories, tr, va, rows=rows)
-            taken = (fitted, policy_mod.choose(fitted, correct, data.qvecs, data.categories, data.sources,
-                                               train_idx=tr, val_idx=va))
-        if inputs not in done:
-            if len(done) >= FITS_KEPT:
-                done.clear()
-            done[inputs] = taken
-        fitted, policy = taken
-        out = policy_mod.Served(fitted, dict(tx.sql("SELECT content_hash, coalesce(category, '(none)') FROM queries")),
-                                inputs=inputs)
-        out.policy = policy
-        if policy_mod.field_of(out.policy) == "source":
-            out.policy_labels = dict(tx.sql("SELECT content_hash, coalesce(source, '(none)') FROM queries"))
-        elif policy_mod.field_of(out.policy) == "category":
-            out.policy_labels = out.category_of
-    fits = tx.section("routing fits")
-    if len(fits) > FITS_KEPT:
-        fits.clear()
-    fits[key] = out
-    return out
-
-
-def _nan(v) -> float:
-    return float("nan") if v is None else float(v)
-
-
+def _decode(obj, arrays: dict):
+    if isinstance(obj, list):
+        return [_decode(v, arrays) for v in obj]
+    if not isinstance(obj, dict):
+        return obj
+    if "$array" in obj:
+        return arrays[obj["$array"]]
+    if "$list" in obj:
+        out = np.empty(len(obj["$list"]), dtype=object)
+        out[:] = _decode(obj["$list"], arrays)
+        return out
+    if "$tuple" in obj:
+        return tuple(_decode(v, arrays) for v in obj["$tuple"])
+    if "$set" in obj:
+        return {_decode(v, arrays) for v in obj["$set"]}
+    if "$frozenset" in obj:
+        return frozenset(_decode(v, arrays) for v in obj["$frozenset"])
+    if "$items" in obj:
+        return {_decode(k, arrays): _decode(v, arrays) for k, v in obj["$items"]}
+    if "$dataclass" in obj:
+        module, _, name = obj["$dataclass"].partition(":")
+        if not module.startswith("registry."):
+            raise ValueError(f"a saved routing state names {obj['$dataclass']}, not one of the registry's classes")
+        cls = getattr(importlib.import_module(module), name)
+        if not dataclasses.is_dataclass(cls):
+            raise ValueError(f"a saved routing state names {obj['$dataclass']}, which is not a dataclass")
+        return cls(**{k: _decode(v, arrays) for k, v in obj["fields"].items()})
+    return {k: _decode(v, arrays) for k, v in obj.items()}

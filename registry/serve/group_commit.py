@@ -28,7 +28,7 @@ from registry.core import generation
 from registry.core.errors import RegistryError
 from registry.data import vector_files
 from registry.embedding import onboarding
-from registry.routing import log as route_log
+from registry.routing import decision as route_log
 from registry.serve.answerbook import AnswerBook
 
 PREPARED_WAIT_S = 5.0       # the longest the writer waits for a registration's embedding computed by its request

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from registry.core.errors import Conflict, InputError
 from registry.core.keys import KeyRefused, UpstreamKeys
-from registry.routing import log as route_log
+from registry.routing import decision as route_log
 from registry.routing.decision import RouteOptions
 from registry.serve.context import require_token
 from registry.serve.http import connections, shapes

@@ -19,6 +19,7 @@ from registry.answers.geometry import Pool
 from registry.data import endpoints
 from registry.embedding import index
 from registry.locus import text_encoder
+from registry.routing import fit as routing_fit
 from registry.routing import query_texts
 from registry.routing import state as routing_state
 
@@ -43,9 +44,9 @@ class Snapshot:
 def build(reg, generation: int, previous: Snapshot | None = None, refit: bool = True) -> Snapshot:
     """Read the registry once (a read transaction) into a new snapshot; with `previous`, its endpoints are kept (the
     write changed models, not endpoints); without `refit`, routing's interaction terms are carried over from the
-    last fit (routing_state.current)."""
+    last fit (routing_fit.keep)."""
     with reg.store.tx() as tx:
-        st = routing_state.current(tx, reg.probation_setting, refit=refit)
+        st = routing_fit.keep(tx, reg.probation_setting, refit=refit)
         eps = previous.endpoints if previous is not None else endpoints.current(tx)
     return _assemble(generation, st, eps)
 
@@ -74,7 +75,7 @@ class Snapshots:
 
     def add_versions(self, registered: set[str] = frozenset(), tx=None) -> Snapshot:
         """After commits that only appended embedding versions (the writer's registrations): the next snapshot
-        from this one and those versions, one read (routing_state.with_new_versions) instead of the whole state;
+        from this one and those versions, one read (routing_fit.with_new_versions) instead of the whole state;
         `registered`: the names those commits registered; `tx`: a read transaction to use (else one of its own)."""
         if tx is None:
             with self._reg.store.tx() as tx:
@@ -85,7 +86,7 @@ class Snapshots:
         """`add_versions`' next snapshot, not yet swapped in: the writer builds it in the transaction that wrote the
         versions and swaps it in (`publish`) once that has committed."""
         cur = self.current
-        return _assemble(cur.generation + 1, routing_state.with_new_versions(tx, cur.routing, registered),
+        return _assemble(cur.generation + 1, routing_fit.with_new_versions(tx, cur.routing, registered),
                          cur.endpoints)
 
     def publish(self, snap: Snapshot) -> Snapshot:

@@ -35,7 +35,7 @@ import numpy as np
 from registry.answers import registration
 from registry.core import generation, settings
 from registry.embedding import onboarding
-from registry.routing import state as routing_state
+from registry.routing import fit as routing_fit
 from registry.serve.group_commit import GroupCommit, Job
 from registry.usecases import register as register_uc
 
@@ -116,7 +116,7 @@ class Writer:
         return self._submit("run", (fn,))
 
     def log(self, rows: list[tuple], hashes: list[str] = (), vecs: np.ndarray | None = None) -> None:
-        """Routing-log rows (routing.log_rows) and routed texts' vectors, for the next cycle: never waits."""
+        """Routing-log rows (decision.log_rows) and routed texts' vectors, for the next cycle: never waits."""
         with self._log_lock:
             self._log_rows.extend(rows)
             for h, v in zip(hashes, vecs if vecs is not None else ()):
@@ -198,7 +198,7 @@ class Writer:
         """Fit routing's interaction terms for the current versions (about a second; in this thread, with its own
         read), then have the writer swap in a snapshot that uses them (a refresh: the fit is cached by versions)."""
         with self.reg.store.tx() as tx:
-            routing_state.current(tx, self.reg.probation_setting, refit=True)
+            routing_fit.keep(tx, self.reg.probation_setting, refit=True)
         self._stats["refits"] += 1
         self.run(lambda: self.snapshots.refresh(endpoints_changed=False))
 

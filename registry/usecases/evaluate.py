@@ -43,8 +43,8 @@ def evaluate(store: Store, split: str = "test", *, min_evaluations: int, probati
 def frontier(store: Store, split: str = "test", cost_by: str = "params", weights: list[float] | None = None, *,
              probation: int | None = None) -> Frontier:
     """Accuracy vs mean cost over a sweep of cost weights, beside every single model (routing/frontier.py)."""
+    from registry.routing import fit
     from registry.routing import frontier as frontiers
-    from registry.routing import state
 
     with store.tx() as tx:
-        return frontiers.compute(tx, state.current(tx, probation), split, cost_by, weights)
+        return frontiers.compute(tx, fit.keep(tx, probation), split, cost_by, weights)

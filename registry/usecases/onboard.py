@@ -1,6 +1,7 @@
 """`registry onboard` and what every writing operation does first and last: run the pending onboarding jobs (embed
 the models whose evaluations changed, write their versions), then estimate the stability of the versions without
-one; `finish_pending` runs the jobs a crash or an interrupt left behind."""
+one; `finish_pending` runs the jobs a crash or an interrupt left behind; `keep_routing_state` brings the routing
+state up to date with what was written (a refit where the contenders changed), so that a route only reads."""
 from __future__ import annotations
 
 import time
@@ -52,3 +53,15 @@ def finish_pending(store: Store, min_evaluations: int) -> list[onboarding.JobOut
     with store.tx() as tx:
         has = bool(outbox.pending(tx))
     return onboard(store, min_evaluations) if has else []
+
+
+def keep_routing_state(store: Store, probation: int | None = None) -> None:
+    """Build, fit and save the routing state where the registry changed in a way routing depends on (seconds, said on
+    stderr: routing/fit.py); a read and nothing more where the saved one is current."""
+    from registry.routing import state
+
+    with store.tx() as tx:
+        if state.read(tx, probation) is None:
+            from registry.routing import fit
+
+            fit.keep(tx, probation)

@@ -287,7 +287,7 @@ def fit(logits: np.ndarray, correct: np.ndarray, qvecs: np.ndarray, categories, 
     logits = np.asarray(logits, dtype=np.float64)
     qvecs = np.asarray(qvecs, dtype=np.float32)
 
-    selection = {"grid": {"a": list(GRID_A), "k": list(GRID_K), "w": list(GRID_W)}}
+    selection: dict[str, object] = {"grid": {"a": list(GRID_A), "k": list(GRID_K), "w": list(GRID_W)}}
     best, val_logits = (0.0, 10, 0.0), None
     cv = correct[:, va]
     obs = cv >= 0
@@ -298,7 +298,7 @@ def fit(logits: np.ndarray, correct: np.ndarray, qvecs: np.ndarray, categories, 
         cat_va = np.where(np.isin(cat[va], np.unique(cat[trc])), cat[va], -1)
         b_tr = category_offsets(logits[:, trc], correct[:, trc], cat[trc], len(names)) if len(names) else \
             np.zeros((M, 0))
-        mix_va = category_mix(cat_va, nn_va, cat[tr], len(names)) if len(names) else None
+        mix_va = category_mix(cat_va, nn_va, cat[tr], len(names)) if len(names) else np.zeros((len(va), 0))
         results = {}
         counts = neighbour_sums((correct[:, tr] >= 0).astype(np.float32), nn_va, GRID_K)
         for a in GRID_A:

@@ -34,7 +34,7 @@ def label_columns(field: str) -> tuple[str, ...] | None:
 def label_sql(field: str, alias: str = "") -> str:
     """The SQL expression of a query's label (a field `label_columns` accepts): the column itself for one column,
     the values joined by LABEL_SEP (a missing one as '') for several."""
-    cols = [f"{alias}.{c}" if alias else c for c in label_columns(field)]
+    cols = [f"{alias}.{c}" if alias else c for c in label_columns(field) or ()]
     return cols[0] if len(cols) == 1 else " || chr(31) || ".join(f"coalesce({c}, '')" for c in cols)
 
 
@@ -49,8 +49,8 @@ def split_label(label, n: int) -> list:
     """A label of n columns -> its n values (None where missing or not a string; a label with fewer parts is
     read as having the first ones)."""
     parts = label.split(LABEL_SEP) if isinstance(label, str) else []
-    parts = [p if p not in ("", NO_LABEL) else None for p in parts[:n]]
-    return parts + [None] * (n - len(parts))
+    values: list[str | None] = [p if p not in ("", NO_LABEL) else None for p in parts[:n]]
+    return values + [None] * (n - len(values))
 
 
 @dataclass
@@ -81,7 +81,7 @@ class EncoderConfig:
 
     @property
     def category_columns(self) -> tuple[str, ...]:
-        return label_columns(self.category_field)
+        return label_columns(self.category_field) or ()       # (checked in __post_init__: never None here)
 
 
 BLOCKS = ("q_proj", "w_z", "w_u", "w_zu", "head", "q_bias", "q_cat")   # what scores a (model, query) pair

@@ -148,7 +148,7 @@ def _build(tx: Tx, key: tuple, refit: bool = True) -> state.State:
                  interaction_fitted=fitted, category_of=category_of)
 
 
-def with_new_versions(tx: Tx, st: state.State, registered: set[str] = frozenset()) -> state.State:
+def with_new_versions(tx: Tx, st: state.State, registered: frozenset[str] | set[str] = frozenset()) -> state.State:
     """`st` brought up to date after commits that only appended embedding versions (and created the models they are
     of: a server's registrations), reading only those versions, the newest per model under st's encoder past st's
     newest id, with their models' cost and size. The rest is st's: encoder, availability, splits, the other

@@ -114,7 +114,7 @@ def reach_costs(router: list[Point], single: list[Point], best: Point) -> dict:
     out = {}
     for share in SHARES:
         target = share * best.accuracy
-        row = {"target_accuracy": round(target, 4)}
+        row: dict[str, object] = {"target_accuracy": round(target, 4)}
         for kind, points in (("router", router), ("single", single)):
             p = min((p for p in points if p.accuracy >= target), key=lambda p: (p.mean_cost, -p.accuracy),
                     default=None)

@@ -93,8 +93,9 @@ def choose(st: State, probs: np.ndarray, pol: Policy) -> list[tuple[int | None, 
         top = np.argmax(rank, axis=0)                                # ties: the lower row, as baselines do
         best = np.argmax(np.where(avail[:, None], rank, -np.inf), axis=0)
         return [(int(b), bool(not avail[t])) for t, b in zip(top, best)]
-    out = []
+    out: list[tuple[int | None, bool]] = []
     rows = np.flatnonzero(pol.eligible)
+    assert pol.cost is not None, "a minimum probability ranks by cost"
     for j in range(N):
         # the cheapest model reaching the threshold (the most likely among equally cheap ones), then the models
         # below it by probability: with none reaching it, the most likely is chosen

@@ -81,7 +81,8 @@ def query_vectors(recent: RecentVectors, texts: list[str], hashes: list[str], *,
         else:
             out[i] = v
     if todo and reuse and (tx is not None or stored is not None):
-        found = (stored or (lambda hs: stored_vectors(tx, hs)))([hashes[i] for i in todo])
+        found = stored([hashes[i] for i in todo]) if stored is not None else \
+            stored_vectors(tx, [hashes[i] for i in todo]) if tx is not None else {}
         rest = []
         for i in todo:
             v = found.get(hashes[i])

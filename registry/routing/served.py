@@ -112,7 +112,8 @@ def candidates(fitted: interaction.Interaction, correct: np.ndarray, qvecs: np.n
     # skipped whole tasks, it read 0.8169 for a predictor that scored 0.9261 on test). Its weights keep their
     # criterion: choosing them this way picked a 2, w 4 on MMLU-Pro and lost 0.011 on test.
     val_p = None if fitted.val_logits is None else interaction.sigmoid(fitted.val_logits)
-    judged = {"locus_interaction": (val_info["chosen"] if val_p is None else val_hit(val_p, cv), {}, val_p)}
+    judged: dict[str, tuple] = {
+        "locus_interaction": (val_info["chosen"] if val_p is None else val_hit(val_p, cv), {}, val_p)}
     nn_va = interaction.neighbours(np.asarray(qvecs[tr], dtype=np.float32), qvecs[va], max(KNN_KS))
     by_k = {k: knn(c[:, tr], nn_va, k) for k in KNN_KS if k <= len(tr)}
     if by_k:
@@ -206,6 +207,6 @@ def as_served(policy: ServedPolicy, fitted: interaction.Interaction, routed: np.
     """[M,N] routing's scores as served: `routed` (every model's P(correct) with the interaction terms) with the
     interaction's rows given the policy's scores; `categories`, `sources` [N]: these queries' (None: unknown)."""
     out = np.array(routed, dtype=np.float64)
-    labels = {"category": categories, "source": sources}.get(field_of(policy))
+    labels = {"category": categories, "source": sources}.get(field_of(policy) or "")
     out[fitted.rows] = scores(policy, fitted, out[fitted.rows], qvecs, labels)
     return out

@@ -93,8 +93,10 @@ def scores(policy: ServedPolicy, fitted: interaction.Interaction, routed_rows: n
     if policy.pair is not None:
         return interaction.sigmoid(policy.pair.logits(q))
     if policy.name == "knn":
+        assert policy.answers is not None
         return knn(policy.answers, interaction.neighbours(fitted.ref_vecs, q, policy.setting["k"]),
                    policy.setting["k"])
+    assert policy.table is not None and policy.ref_group is not None        # (a group router: per category/source)
     g = group_indices([None] * len(q) if groups is None else groups, policy.groups)
     nn = interaction.neighbours(fitted.ref_vecs, q, interaction.CAT_K) if (g < 0).any() else \
         np.zeros((len(q), 1), dtype=np.int64)
@@ -116,7 +118,7 @@ def field_of(policy: ServedPolicy | None) -> str | None:
     """The query column the policy reads ("category", "source"; a blend: its group member's), or None."""
     if policy is not None and policy.members:
         return next((f for f in map(field_of, policy.members) if f), None)
-    return {"per_category": "category", "per_source": "source"}.get(None if policy is None else policy.name)
+    return None if policy is None else {"per_category": "category", "per_source": "source"}.get(policy.name)
 
 
 # --- the terms as routing keeps them ----------------------------------------------------------------------------
@@ -132,7 +134,7 @@ class Served:
     nearest: dict = field(default_factory=dict, repr=False, compare=False)
     # the policy served on these terms, chosen on val (`ServedPolicy`; None: these terms), and
     # each registered query's value of the field it reads, by content hash
-    policy: object = None
+    policy: ServedPolicy | None = None
     policy_labels: dict = field(default_factory=dict, repr=False, compare=False)
     # a digest of everything the fit and the policy were computed from (state.py): the same inputs give them again
     inputs: str = ""
@@ -145,7 +147,7 @@ class Served:
         nn = None
         if hashes is not None and len(f.ref_vecs) and len(f.rows) and (f.a or f.w) and len(hashes):
             width = min(max(f.k, interaction.CAT_K), len(f.ref_vecs))   # enough for either use; scores takes its own
-            rows = [self.nearest.get(h) for h in hashes]
+            rows: list = [self.nearest.get(h) for h in hashes]
             miss = [i for i, r in enumerate(rows) if r is None]
             if miss:
                 if len(self.nearest) + len(miss) > self.NN_KEEP:

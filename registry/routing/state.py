@@ -22,7 +22,9 @@ import importlib.util
 import io
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -46,7 +48,7 @@ class State:
     key: tuple
     encoder_id: int
     encoder_name: str
-    model: object                     # LocusModel (eval mode); None when read back from the registry
+    model: Any                        # LocusModel (eval mode); None when read back from the registry
     names: list[str]
     model_ids: np.ndarray             # [M] models.id
     versions: np.ndarray              # [M] embedding version numbers
@@ -56,7 +58,7 @@ class State:
     params_b: np.ndarray              # [M] (nan: unknown)
     evidence: evidence.Evidence       # [M] evaluations, stability, probation, shrinkage weight
     down: set[str] = field(default_factory=set)   # marked unavailable in the registry
-    score: object = None                          # q [N,Dq] -> P(correct) [M,N] (the predictor's scorer)
+    score: Callable[..., np.ndarray] | None = None   # q [N,Dq] -> P(correct) [M,N] (the predictor's scorer)
     known: frozenset = frozenset()                # every registered model's name (embedded or not)
     interaction: served_scores.Served | None = None   # the routing terms beside the predictor, and the policy served
     interaction_fitted: bool = True               # False: the last fit, carried over to new models (routing/fit.py)
@@ -68,6 +70,7 @@ class State:
         evidence, with the interaction terms added to its logit, then the served policy's scores for its rows; the
         predictor's own), each [M,N]."""
         cats = None if self.category_of is None or hashes is None else [self.category_of.get(h) for h in hashes]
+        assert self.score is not None, "a routing state scores with its predictor's scorer"
         raw = self.score(qvecs, cats)
         probs = evidence.shrink(raw, self.evidence)
         terms = self.interaction
@@ -157,7 +160,7 @@ def _code_digest() -> str:
     """The sources of BUILT_BY and their settings (upper-case module constants written as literals, as set now: a
     module not imported has its source's), found without importing them: a reader need not load the fit."""
     if not _sources:
-        texts = [open(importlib.util.find_spec(m).origin, "rb").read() for m in BUILT_BY]
+        texts = [open(str(_origin(m)), "rb").read() for m in BUILT_BY]
         literal = {}
         for m, text in zip(BUILT_BY, texts):
             for node in ast.parse(text).body:
@@ -173,6 +176,12 @@ def _code_digest() -> str:
     return hashlib.sha256((digest + repr(settings)).encode()).hexdigest()[:16]
 
 
+def _origin(module: str) -> str:
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin is not None, module
+    return spec.origin
+
+
 def save(tx: Tx, st: State) -> bool:
     """Save `st` under its key (the oldest beyond KEPT go); False where nothing may be written (a read-only file)
     or the store saves none (a server). A state already saved under the key is the same state: kept as it is."""
@@ -181,7 +190,7 @@ def save(tx: Tx, st: State) -> bool:
     arrays: dict[str, np.ndarray] = {}
     doc = {f.name: _encode(getattr(st, f.name), arrays) for f in dataclasses.fields(st) if f.name not in NOT_SAVED}
     buf = io.BytesIO()
-    np.savez(buf, __doc__=np.frombuffer(json.dumps(doc).encode(), dtype=np.uint8), **arrays)
+    np.savez(buf, __doc__=np.frombuffer(json.dumps(doc).encode(), dtype=np.uint8), **arrays)  # type: ignore[arg-type]
     # (another process on the same PostgreSQL database may be saving the same state: the first one stays)
     tx.sql("INSERT INTO routing_states (key, encoder_id, payload) VALUES (?, ?, ?) ON CONFLICT (key) DO NOTHING",
            [key_text(st.key), int(st.encoder_id), buf.getvalue()])
@@ -276,8 +285,8 @@ def _decode(obj, arrays: dict):
         module, _, name = obj["$dataclass"].partition(":")
         if not module.startswith("registry."):
             raise ValueError(f"a saved routing state names {obj['$dataclass']}, not one of the registry's classes")
-        cls = getattr(importlib.import_module(module), name)
-        if not dataclasses.is_dataclass(cls):
+        cls: Any = getattr(importlib.import_module(module), name)
+        if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
             raise ValueError(f"a saved routing state names {obj['$dataclass']}, which is not a dataclass")
         return cls(**{k: _decode(v, arrays) for k, v in obj["fields"].items()})
     return {k: _decode(v, arrays) for k, v in obj.items()}

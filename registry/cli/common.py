@@ -133,14 +133,17 @@ def handles_errors(fn):
     return wrapper
 
 
+class InterruptedExit(click.ClickException):
+    """Ctrl-C's exit: 130, as a shell expects of an interrupted command."""
+    exit_code = 130
+
+
 def interrupted(removed: str | None = None, *, finished: bool = False) -> click.ClickException:
     """Ctrl-C where no write of this command was under way to say what it committed: exit 130, in one line (a file
     this command created and left empty is removed, and said; `finished`: the command had done all it prints)."""
-    err = click.ClickException("interrupted" + (f": nothing was committed ({removed} was new and is removed)"
-                                                if removed else ": the command had finished, and what it printed "
-                                                "above was committed" if finished else ""))
-    err.exit_code = 130
-    return err
+    return InterruptedExit("interrupted" + (f": nothing was committed ({removed} was new and is removed)"
+                                            if removed else ": the command had finished, and what it printed "
+                                            "above was committed" if finished else ""))
 
 
 def check_arguments(ctx: click.Context | None) -> None:
@@ -204,7 +207,9 @@ def discard_new_registry() -> str | None:
     removed, if any."""
     ctx = click.get_current_context(silent=True)
     obj = ctx.find_root().obj if ctx is not None else None
-    store = obj.pop("new_file", None) if isinstance(obj, dict) else None
+    if not isinstance(obj, dict):
+        return None
+    store = obj.pop("new_file", None)
     if store is None:
         return None
     obj["registry"] = None

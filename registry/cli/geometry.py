@@ -5,6 +5,7 @@ become one-line click errors); cli/__init__.py attaches COMMANDS to the root gro
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict
 
 import click
@@ -204,7 +205,7 @@ def fallback(ctx, model, *, all_models, unavailable, k, include_probation, as_of
     _skipped(c.unavailable, c.probation)
 
 
-def _skipped(down: list[str], probation: list[str] = ()) -> None:
+def _skipped(down: list[str], probation: Sequence[str] = ()) -> None:
     if down:
         click.echo(f"skipped as unavailable: {', '.join(down)}")
     if probation:

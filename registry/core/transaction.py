@@ -50,7 +50,7 @@ class Tx:
     cache: dict[Any, Any] = field(default_factory=dict)   # the Store's cache of immutable rows (see Store.cache)
     path: str = ""                              # the database file (or PostgreSQL URL, password hidden)
     # this transaction's own cache (may hold rows it has not committed)
-    local: dict[str, Any] = field(default_factory=dict)
+    local: dict[Any, Any] = field(default_factory=dict)
     notes: TxNotes = field(default_factory=TxNotes)
     _after_commit: list[Callable[[], None]] = field(default_factory=list)
     dialect: str = "duckdb"                     # "duckdb" | "postgresql"

@@ -117,7 +117,8 @@ def import_models(tx: Tx, staged: Staged, result: ImportResult) -> None:
     """Models are metadata-sized: validated in Python, written with two bulk statements."""
     names = [d[0] for d in tx.stage.execute(f"SELECT * FROM {staged.table} LIMIT 0").description]
     rows = fetch(tx, f"SELECT * FROM {staged.table} ORDER BY line")
-    parsed, seen = [], {}
+    parsed: list[dict] = []
+    seen: dict[str, int] = {}       # name -> its line
     for row in rows:
         rec = dict(zip(names, row))
         line = int(rec["line"])
@@ -184,7 +185,8 @@ def import_queries(tx: Tx, staged: Staged, result: ImportResult) -> None:
     first_bad(tx, staged, "id IS NULL OR trim(id) = ''", "empty query id")
     first_bad(tx, staged, "text IS NULL OR trim(text) = ''", "empty query text")
     rows = fetch(tx, f"SELECT line, {pick} FROM {staged.table} ORDER BY line")
-    out, seen = [], {}
+    out: list[dict] = []
+    seen: dict[str, str] = {}       # query id -> its text's hash
     for line, qid, question, category, source, options, answer in rows:
         qid = qid.strip()
         try:
@@ -227,7 +229,7 @@ def import_queries(tx: Tx, staged: Staged, result: ImportResult) -> None:
 
 
 
-def gold_answer(raw, options: list) -> tuple[str | None, str | None]:
+def gold_answer(raw, options: list | None) -> tuple[str | None, str | None]:
     """A query's gold answer and its kind, which says how a reply is graded (data/formats/answer_kinds.py): a
     letter among its options, a set of them, a number, an expression or a text."""
     from registry.data.formats import answer_kinds

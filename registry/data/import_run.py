@@ -39,6 +39,7 @@ from registry.data.import_models_queries import ImportResult, import_models, imp
 from registry.data.input_files import (
     COLUMNS,
     Columns,
+    Staged,
     check_path,
     column_names,
     fetch,
@@ -186,7 +187,7 @@ def changed_results(tx: Tx, name: str, batch_id: int | None):
 # --- text vectors -------------------------------------------------------------------------------------------------
 
 def embed_missing_texts(tx: Tx, progress: bool = False,
-                        encode: Callable[[list[str]], object] | None = None,
+                        encode: Callable[[list[str]], np.ndarray] | None = None,
                         result: ImportResult | None = None) -> int:
     """Give every query text a vector under the current text encoder: from the vector files shipped in data/ where
     they hold it (by content hash, so only for that very text), else embedded with MiniLM, each text exactly once.
@@ -234,8 +235,8 @@ def run_import(tx: Tx, files: dict[str, str], progress: bool = False, embed_text
     batch_id = int(tx.sql("SELECT nextval('import_batches_id_seq')")[0][0])
     result = ImportResult(batch_id=batch_id)
     # the evaluations file is only looked at here (its columns); it is read once, by the bulk path, below
-    staged = {kind: stage(tx, kind, files[kind], f"_stage_{kind}")
-              for kind in ("models", "queries", "splits") if kind in files}
+    staged: dict[str, Staged] = {kind: stage(tx, kind, files[kind], f"_stage_{kind}")
+                                 for kind in ("models", "queries", "splits") if kind in files}
     ev_cols = file_columns(tx, "evaluations", files["evaluations"]) if "evaluations" in files else None
     for kind in ("queries", "evaluations", "splits"):
         ignored = ev_cols.ignored if kind == "evaluations" and ev_cols else (

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, overload
 
 import numpy as np
 
@@ -136,6 +137,10 @@ def load(tx: Tx, path: str | Path, only: set[str] | None = None) -> VectorsResul
     return VectorsResult(str(path), n, insert(tx, hashes, mat))
 
 
+@overload
+def insert(tx: Tx, hashes: list[str], mat: np.ndarray, count: Literal[True] = True) -> int: ...
+@overload
+def insert(tx: Tx, hashes: list[str], mat: np.ndarray, count: bool) -> int | None: ...
 def insert(tx: Tx, hashes: list[str], mat: np.ndarray, count: bool = True) -> int | None:
     """Add vectors [n, dim] for content hashes (the one writer of text_vectors): a hash already there, or repeated
     here, keeps one vector. -> how many were new (None without `count`: two reads fewer, for the server's writer)."""

@@ -123,7 +123,7 @@ def model_meta(info: dict) -> dict:
                 "open_weights": {"true": True, "false": False}.get(own.get("open_weights", "")),
                 "tags": json.loads(own["tags"]) if own.get("tags") else {}}
     return {"provider": info.get("developer"),
-            "open_weights": {"open_weights": True, "closed_weights": False}.get(details.get("model_availability"))}
+            "open_weights": {"open_weights": True, "closed_weights": False}.get(details.get("model_availability", ""))}
 
 
 def read_all(paths: list[str], *, model: str | None = None, metric: str | None = None,
@@ -133,7 +133,8 @@ def read_all(paths: list[str], *, model: str | None = None, metric: str | None =
         raise InputError("no Every Eval Ever aggregate (.json) found", file=paths[0] if paths else None)
     for agg, _ in pairs:
         check_finished(agg)
-    runs, golds = [], {}
+    runs: list[HarnessRun] = []
+    golds: dict = {}
     for i, (agg, samples) in enumerate(pairs, 1):
         if progress:
             import sys
@@ -169,6 +170,8 @@ def read(agg_path: Path, samples_path: Path, *, model: str | None = None, metric
     golds = {} if golds is None else golds
     path = str(samples_path)
     for line_no, row in file_limits.json_lines(samples_path, loads=orjson.loads):
+        if type(row) is not dict:
+            raise InputError("a sample must be a JSON object", file=path, line=line_no)
         sample = _sample(row, agg, path, line_no, threshold, golds)
         ev = row["evaluation_name"]
         if metric and metric not in (ev, row.get("evaluation_result_id")):
@@ -184,11 +187,9 @@ def read(agg_path: Path, samples_path: Path, *, model: str | None = None, metric
     return list(runs.values())
 
 
-def _sample(row, agg: dict, path: str, line: int, threshold: float | None, golds: dict) -> Sample:
-    """One line as a Sample (`golds`: the gold answers worked out so far, by reference and choices, and the texts
-    and options seen so far)."""
-    if type(row) is not dict:
-        raise InputError("a sample must be a JSON object", file=path, line=line)
+def _sample(row: dict, agg: dict, path: str, line: int, threshold: float | None, golds: dict) -> Sample:
+    """One line (a JSON object) as a Sample (`golds`: the gold answers worked out so far, by reference and choices,
+    and the texts and options seen so far)."""
     sid, inp = row.get("sample_id"), row.get("input")
     if type(sid) is not str or type(row.get("evaluation_name")) is not str:
         raise InputError("a sample without its sample_id or evaluation_name", file=path, line=line)
@@ -198,7 +199,8 @@ def _sample(row, agg: dict, path: str, line: int, threshold: float | None, golds
     if row.get("model_id") != agg["model_info"]["id"]:
         raise InputError(f"sample {sid}: model_id {row.get('model_id')!r} is not its aggregate's "
                          f"({agg['model_info']['id']!r})", file=path, line=line)
-    raw = inp.get("raw") if type(inp) is dict else None
+    inp = inp if type(inp) is dict else {}
+    raw = inp.get("raw")
     if type(raw) is not str or not raw.strip():
         raise InputError(f"sample {sid}: no question (input.raw)", file=path, line=line)
     choices, reference = inp.get("choices"), inp.get("reference")
@@ -214,6 +216,7 @@ def _sample(row, agg: dict, path: str, line: int, threshold: float | None, golds
                          line=line) from None
     ev_block = row.get("evaluation")
     is_correct, score = (ev_block.get("is_correct"), ev_block.get("score")) if type(ev_block) is dict else (None, None)
+    correct: bool | None
     if is_correct is True or is_correct is False:
         correct = is_correct
     elif score is not None:

@@ -51,7 +51,8 @@ def read_all(paths: list[str], *, model: str | None = None, metric: str | None =
 def _source(folder: Path) -> str:
     """The run's name without its model (`mmlu:subject=philosophy,method=multiple_choice_joint`): the benchmark."""
     spec = load(folder / SPEC) if (folder / SPEC).is_file() else {}
-    name = spec.get("name") if isinstance(spec, dict) and isinstance(spec.get("name"), str) else folder.name
+    given = spec.get("name") if isinstance(spec, dict) else None
+    name = given if isinstance(given, str) else folder.name
     head, _, args = name.partition(":")
     if "=" in head and not args:           # a folder name such as `narrative_qa-model=openai_gpt2`
         head, _, args = name.partition("-")
@@ -61,10 +62,10 @@ def _source(folder: Path) -> str:
 
 def read(folder: Path, *, model: str | None = None, metric: str | None = None,
          threshold: float | None = None) -> HarnessRun:
-    for name in (STATE, STATS):
-        if not (folder / name).is_file():
-            what = "its instances and completions" if name == STATE else "each instance's metrics"
-            raise InputError(f"a HELM run folder without {name} ({what})", file=str(folder))
+    for part in (STATE, STATS):
+        if not (folder / part).is_file():
+            what = "its instances and completions" if part == STATE else "each instance's metrics"
+            raise InputError(f"a HELM run folder without {part} ({what})", file=str(folder))
     state, stats = load(folder / STATE), load(folder / STATS)
     if not isinstance(state, dict) or not isinstance(state.get("request_states"), list):
         raise InputError("not a HELM scenario state (no request_states)", file=str(folder / STATE))
@@ -133,7 +134,8 @@ def _metric_values(stats: list, path: Path) -> dict[str, dict[str, float]]:
         mine = out.setdefault(str(entry.get("instance_id")), {})
         for s in entry["stats"]:
             name = s.get("name") or {}
-            if name.get("perturbation") or not s.get("count"):
-                continue
-            mine.setdefault(name.get("name"), s.get("mean", s.get("sum", 0) / s["count"]))
+            metric = name.get("name")
+            if name.get("perturbation") or not s.get("count") or not isinstance(metric, str):
+                continue       # (a stat without its metric's name: nothing could ask for it)
+            mine.setdefault(metric, s.get("mean", s.get("sum", 0) / s["count"]))
     return out

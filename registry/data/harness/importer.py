@@ -104,7 +104,10 @@ def write(tx, runs: list[HarnessRun], harness: str, progress: bool = False) -> H
     wanted = sorted({s.query_id for _, _, s, _, _ in keyed if s.query_id})
     taken = dict(tx.sql("""SELECT external_id, content_hash FROM queries
                            WHERE external_id IN (SELECT unnest(?::VARCHAR[]))""", [wanted])) if wanted else {}
-    new_queries, new_hash, qid_of, id_of_hash = {}, {}, {}, {}
+    new_queries: dict[str, dict] = {}
+    new_hash: dict[str, str] = {}                 # a new query's id -> its text's hash
+    id_of_hash: dict[str, str] = {}
+    qid_of: dict[tuple[int, str], str] = {}       # (run, sample id) -> query id
     for i, _run, s, _text, h in keyed:
         own = s.query_id
         if own and taken.get(own) == h:             # the file's own id, registered with this very text

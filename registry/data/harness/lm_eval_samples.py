@@ -83,7 +83,8 @@ def read(path: str, *, model: str | None = None, metric: str | None = None,
 
 def _sample(row: dict, task: str, group: str | None, key: str, threshold: float | None, path: str) -> Sample:
     sid = str(row.get("doc_id"))
-    doc = row.get("doc") if isinstance(row.get("doc"), dict) else {}
+    given = row.get("doc")
+    doc = given if isinstance(given, dict) else {}
     question = next((doc[k] for k in QUESTION_KEYS if isinstance(doc.get(k), str) and doc[k].strip()), None)
     if question is None:
         raise InputError(f"sample {sid}: its doc has no question ({', '.join(QUESTION_KEYS)})", file=path)

@@ -18,7 +18,7 @@ class Sample:
     sample_id: str
     question: str
     options: list[str] | None
-    source: str                     # the task
+    source: str | None              # the task (None: a registry export's query that has none)
     category: str | None
     correct: bool | None            # None: errored or not scored (missing, not wrong)
     answer: str | None = None       # the gold answer (a letter among the options, or the text), if the file has it

@@ -51,7 +51,8 @@ def _text_of(rec, path: str, line: int) -> str:
 
 
 def _read_jsonl(content: str, path: str):
-    ids, texts = [], []
+    ids: list[str] = []
+    texts: list[str] = []
     n = 0                          # records, as every reader of ours counts lines (InputError shows the file's line)
     for line in content.splitlines():
         if not line.strip():
@@ -74,7 +75,8 @@ def _read_csv(content: str, path: str):
     cols = {c.strip().lower(): c for c in (reader.fieldnames or [])}
     if not ({"text", "query", "question"} & set(cols)):
         raise InputError("CSV needs a 'text' (or 'question') column", file=path, line=1)
-    ids, texts = [], []
+    ids: list[str] = []
+    texts: list[str] = []
     for n, row in enumerate(reader, 2):
         rec = {k.strip().lower(): v for k, v in row.items() if k is not None}
         if rec.get("text") in (None, "") and rec.get("query") in (None, ""):

@@ -66,9 +66,9 @@ def route_options(body: RouteOptionsBody, authorized: bool = True) -> RouteOptio
     if not authorized and "log_text" in body.model_fields_set and body.log_text:
         raise HTTPException(401, "log_text: keeping a routed text in the log needs the server's token",
                             headers={"WWW-Authenticate": "Bearer"})
-    return RouteOptions(cost_weight=body.cost_weight, min_prob=body.min_prob, unavailable=body.unavailable,
-                        cost_by=body.cost_by, include_probation=body.include_probation, top=body.top,
-                        log_text=body.log_text and authorized)
+    return RouteOptions(cost_weight=body.cost_weight, min_prob=body.min_prob,
+                        unavailable=tuple(body.unavailable or ()), cost_by=body.cost_by,
+                        include_probation=body.include_probation, top=body.top, log_text=body.log_text and authorized)
 
 
 async def options_in_body(request: Request) -> None:

@@ -61,7 +61,7 @@ class Writer:
         self._log_vectors: dict[str, np.ndarray] = {}
         self._stopping = False
         self._stopped = threading.Event()     # set by close: wakes the helper threads' waits at once
-        self._stats = {"cycles": 0, "groups": 0, "jobs": 0, "log_rows": 0, "longest_cycle_ms": 0.0,
+        self._stats: dict[str, Any] = {"cycles": 0, "groups": 0, "jobs": 0, "log_rows": 0, "longest_cycle_ms": 0.0,
                        "stage_ms": 0.0, "onboard_ms": 0.0, "refresh_ms": 0.0,     # totals: where the cycles go
                        #   (refresh: the answer book's sync and the new snapshot)
                        "stage_cpu_ms": 0.0, "onboard_cpu_ms": 0.0, "refresh_cpu_ms": 0.0,  # (this thread's CPU)
@@ -99,6 +99,7 @@ class Writer:
         if ahead:
             # a new model's embedding, from the rows it brought, in this thread while its job waits for the writer
             # (behind the cycle running): the writer then only checks its digest (onboarding.Prepared)
+            assert job.prepared is not None and rows is not None
             job.prepared.set_result(self._prepare(rows))
             self._stats["prepare_ms"] += 1000 * (time.perf_counter() - t0)
         staged, outcome = job.future.result()
@@ -115,7 +116,7 @@ class Writer:
         """Run a write (`fn()`, its own transactions) on the writer thread, in turn; blocks until it is done."""
         return self._submit("run", (fn,))
 
-    def log(self, rows: list[tuple], hashes: list[str] = (), vecs: np.ndarray | None = None) -> None:
+    def log(self, rows: list[tuple], hashes: list[str] | tuple[()] = (), vecs: np.ndarray | None = None) -> None:
         """Routing-log rows (decision.log_rows) and routed texts' vectors, for the next cycle: never waits."""
         with self._log_lock:
             self._log_rows.extend(rows)

@@ -1,6 +1,6 @@
 """What every command module shares: the `command` and `group` decorators, JSON output, tables, opening the registry.
 
-Every command file (cli_db, cli_data, cli_models, cli_encoders, cli_geometry, cli_routing) follows one pattern: it
+Every command file (db, data, models, encoders, geometry, routing, serving, asking, verify) follows one pattern: it
 imports this module only (never cli/__init__.py), defines its commands with `@command(...)` and lists its top-level
 ones in `COMMANDS`; cli/__init__.py attaches them to the root group. A command defined with `@command(...)` gets, always
 in this order: its options, `--json` (parameter `as_json`, unless `json=False`), the click context as its first

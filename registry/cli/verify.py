@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from registry.cli.common import command, emit_json, open_registry, table
-from registry.cli.routing import endpoints
+from registry.cli.serving import endpoints
 
 
 @command("add", group=endpoints)

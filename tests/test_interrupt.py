@@ -47,7 +47,7 @@ SCAN = """
 import os, signal, sys, threading, time
 import pyarrow as pa
 from registry.core.store import Store
-from registry.core.errors import sigint_stops_statements, is_interrupt
+from registry.core.interrupts import is_interrupt, sigint_stops_statements
 store = Store(sys.argv[1])
 schema = pa.schema([("x", pa.int64())])
 def batches():                                   # Python code that runs inside DuckDB's scan of the stream

@@ -28,7 +28,8 @@ import click  # noqa: E402
 from registry.cli import asking, data, db, encoders, geometry, models, routing, serving, verify  # noqa: E402
 from registry.cli.common import emit_json, handles_errors, interrupted, open_registry, table  # noqa: E402
 from registry.core import settings  # noqa: E402
-from registry.core.errors import RegistryError, forget_sigint, raise_interrupt  # noqa: E402
+from registry.core.errors import RegistryError  # noqa: E402
+from registry.core.interrupts import forget_sigint, raise_interrupt  # noqa: E402
 
 __all__ = ["cli", "main", "emit_json", "handles_errors", "open_registry", "table"]
 
@@ -73,7 +74,7 @@ for _module in COMMAND_MODULES:
 
 def quiet_interrupt(unraisable) -> None:
     """Python's hook for an exception it cannot raise (one in a garbage collector's callback): Ctrl-C there is not
-    printed as a traceback, the command says it was interrupted (errors.sigint_seen); any other, as Python would."""
+    printed as a traceback, the command says it was interrupted (interrupts.sigint_seen); any other, as Python would."""
     if not isinstance(unraisable.exc_value, KeyboardInterrupt):
         sys.__unraisablehook__(unraisable)
 

@@ -21,11 +21,10 @@ import click
 from registry.core.errors import (
     Interrupted,
     RegistryError,
-    is_interrupt,
-    sigint_seen,
     storage_problem,
     text_problem,
 )
+from registry.core.interrupts import is_interrupt, sigint_seen
 
 
 def command(name: str | None = None, *, json: bool = True, group: click.Group | None = None,

@@ -7,7 +7,8 @@ import math
 import click
 
 from registry.cli.common import command, emit_json, group, open_registry
-from registry.core.errors import Interrupted, is_interrupt, sigint_seen
+from registry.core.errors import Interrupted
+from registry.core.interrupts import is_interrupt, sigint_seen
 
 
 class ReaderChoice(click.Choice):

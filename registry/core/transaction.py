@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from registry.core import dialect, errors
+from registry.core import dialect, interrupts
 from registry.core.errors import RegistryError, check_text
 
 
@@ -139,7 +139,7 @@ class Tx:
         returns none)."""
         texts(params)
         if not self.postgres:
-            with errors.statement(self.raw):
+            with interrupts.statement(self.raw):
                 rows: list[Any] = self.raw.execute(statement, params or []).fetchall()
             return rows
         with self.raw.cursor() as cur:
@@ -152,7 +152,7 @@ class Tx:
         for row in rows:
             texts(row)
         if not self.postgres:
-            with errors.statement(self.raw):
+            with interrupts.statement(self.raw):
                 self.raw.executemany(statement, rows)
             return
         with self.raw.cursor() as cur:
@@ -162,7 +162,7 @@ class Tx:
         """Run SQL and fetch the result as a pyarrow Table (the bulk path: no Python objects per row on DuckDB)."""
         texts(params)
         if not self.postgres:
-            with errors.statement(self.raw):
+            with interrupts.statement(self.raw):
                 return self.raw.sql(statement, params=params or None).to_arrow_table()
         with self.raw.cursor() as cur:
             dialect.configure(cur)
@@ -173,7 +173,7 @@ class Tx:
         """Run SQL and fetch the result as {column: numpy array}."""
         texts(params)
         if not self.postgres:
-            with errors.statement(self.raw):
+            with interrupts.statement(self.raw):
                 columns: dict[str, Any] = self.raw.execute(statement, params or []).fetchnumpy()
             return columns
         import numpy as np
@@ -209,7 +209,7 @@ class Tx:
         from Arrow, PostgreSQL takes them with COPY."""
         columns = columns or list(data.column_names if hasattr(data, "column_names") else data.columns)
         if not self.postgres:
-            with self.table("_append_in", data), errors.statement(self.raw):
+            with self.table("_append_in", data), interrupts.statement(self.raw):
                 self.raw.execute(f"INSERT INTO {table} ({', '.join(columns)}) SELECT {', '.join(columns)} "
                                  f"FROM _append_in")
             return

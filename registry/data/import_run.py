@@ -29,10 +29,8 @@ from registry.core.errors import (
     InputError,
     Interrupted,
     UnknownReference,
-    is_interrupt,
-    sigint_seen,
-    sigint_stops_statements,
 )
+from registry.core.interrupts import is_interrupt, sigint_seen, sigint_stops_statements
 from registry.core.transaction import Tx
 from registry.data import current_evaluations, import_evaluations, outbox, vector_files
 from registry.data.import_models_queries import ImportResult, import_models, import_queries, import_splits
@@ -366,7 +364,7 @@ class Committed:
 def interruptible(store) -> Iterator[Committed]:
     """Ctrl-C (Python's, or DuckDB's stop of its query) inside: Interrupted, saying what was kept. The caller sets
     the yielded `Committed.result` once its import commits (its onboarding may then be interrupted); until then
-    nothing was. Ctrl-C during a DuckDB statement stops the statement (core/errors.sigint_stops_statements: never
+    nothing was. Ctrl-C during a DuckDB statement stops the statement (core/interrupts.sigint_stops_statements: never
     inside DuckDB's own calls)."""
     done = Committed()
     try:

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from registry.core.errors import InputError, is_interrupt
+from registry.core.errors import InputError
+from registry.core.interrupts import is_interrupt
 from registry.core.transaction import Tx
 from registry.data import vector_files
 

@@ -24,11 +24,11 @@ from typing import Any
 import numpy as np
 
 from registry.answers import registration
-from registry.core import generation
 from registry.core.errors import RegistryError
 from registry.data import vector_files
 from registry.embedding import onboarding
 from registry.routing import decision as route_log
+from registry.serve import snapshot
 from registry.serve.answerbook import AnswerBook
 
 PREPARED_WAIT_S = 5.0       # the longest the writer waits for a registration's embedding computed by its request
@@ -61,7 +61,7 @@ class GroupCommit:
         if self.reg.store.dialect != "postgresql":
             return ()            # DuckDB: this process holds the file's lock, no other process writes
         with self.reg.store.tx() as tx:
-            return generation.read(tx)
+            return snapshot.read_generation(tx)
 
     def refresh(self, queries_added: bool, endpoints_changed: bool) -> None:
         """After a commit that changed more than versions: the answer book, the stored text vectors if queries were
@@ -116,7 +116,7 @@ class GroupCommit:
                 self.stats["version_refreshes"] += 1
             else:
                 self.refresh(any(j.kind == "register" and staged[id(j)].queries_added for j in done)
-                             or bool(now and generation.queries_changed(self.seen, now)),
+                             or bool(now and snapshot.queries_changed(self.seen, now)),
                              endpoints_changed=any(j.kind == "run" for j in done) or bool(now))
             self.seen = now
         self._done(done, staged, outcomes, (t0, t1, t2), (c0, c1, c2))

@@ -13,7 +13,7 @@ for the readers.
   acknowledged writes are never lost.
 - Other writes (availability, endpoints) run whole, in turn (`run`).
 - On PostgreSQL other processes (another replica, a CLI import) write to the same database: a follower thread reads
-  the database's generation (core/generation.py) every POLL_S, and when it moved past what this server last read, it
+  the database's generation (serve/snapshot.py) every POLL_S, and when it moved past what this server last read, it
   syncs the answer book, reloads the stored text vectors if queries were added, and swaps in a new snapshot itself
   (reads only; the writer's refresh takes the same lock). The writer notes the generation it read before each
   refresh of its own, so its own writes cost no second refresh.
@@ -33,9 +33,10 @@ from typing import Any
 import numpy as np
 
 from registry.answers import registration
-from registry.core import generation, settings
+from registry.core import settings
 from registry.embedding import onboarding
 from registry.routing import fit as routing_fit
+from registry.serve import snapshot
 from registry.serve.group_commit import GroupCommit, Job
 from registry.usecases import register as register_uc
 
@@ -83,7 +84,7 @@ class Writer:
         self._thread.start()
         self._helpers = [threading.Thread(target=self._refitter, daemon=True, name="registry-refitter")]
         if reg.store.dialect == "postgresql":
-            self.poll_s = generation.POLL_S
+            self.poll_s = snapshot.POLL_S
             self._helpers.append(threading.Thread(target=self._follower, daemon=True, name="registry-follower"))
         for thread in self._helpers:
             thread.start()
@@ -239,7 +240,7 @@ class Writer:
                         continue
                     # what routes are served from first (the snapshot; new queries' vectors before it), then
                     # the answer book (only registration reports read it)
-                    if self.commits.on_new_queries and generation.queries_changed(self.commits.seen, now):
+                    if self.commits.on_new_queries and snapshot.queries_changed(self.commits.seen, now):
                         self.commits.on_new_queries()
                     self.snapshots.refresh(endpoints_changed=True)
                     self.commits.sync_book()

@@ -40,8 +40,8 @@ from registry.embedding.dataset import dataset  # noqa: E402
 from registry.evaluate import heldout
 from registry.locus import training  # noqa: E402
 from registry.locus.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from registry.routing import choice
 from registry.routing import fit as routing_fit
-from registry.routing import policy
 
 ROWS = [("locus", "LOCUS"), ("locus_interaction", "LOCUS+interaction"), ("knn", "KNN"), ("mf", "MF"),
         ("irt", "IRT"), ("per_category", "per-category"), ("best_single", "best single")]
@@ -88,7 +88,7 @@ def served_vs_report(db: Path, report: dict) -> dict:
         t = time.perf_counter()
         st = routing_fit.keep(tx)                # (a Registry just opened: read or built, not cached)
         build_s = time.perf_counter() - t
-        decs = policy.route(tx, texts, RouteOptions(log=False))
+        decs = choice.route(tx, texts, RouteOptions(log=False))
         counts = {}
         for d in decs:
             counts[d.model] = counts.get(d.model, 0) + 1
@@ -98,7 +98,7 @@ def served_vs_report(db: Path, report: dict) -> dict:
             times = []
             for text in texts[:200]:
                 t = time.perf_counter()
-                policy.route(tx, [text], RouteOptions(log=False))
+                choice.route(tx, [text], RouteOptions(log=False))
                 times.append(time.perf_counter() - t)
             lat[label] = round(1000 * float(np.median(times)), 2)
         st.interaction = kept

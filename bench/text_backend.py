@@ -59,7 +59,7 @@ def route_agreement(db: Path, split: str) -> dict:
     model is the same."""
     from registry import Registry
     from registry.locus import text_encoder
-    from registry.routing import fit, policy, query_texts
+    from registry.routing import choice, fit, query_texts
     from registry.routing.decision import RouteOptions
 
     opts = RouteOptions(log=False)
@@ -75,8 +75,8 @@ def route_agreement(db: Path, split: str) -> dict:
         with reg.store.tx() as tx:                        # torch's vectors through the same routing state
             st = fit.keep(tx)
             cut, hashes = query_texts.clean_texts(texts)
-            pol = policy.policy(st, opts)
-            torch = [d.model for d in policy.decide(st, pol, torch_vecs, hashes, [False] * len(cut))]
+            pol = choice.rules(st, opts)
+            torch = [d.model for d in choice.decide(st, pol, torch_vecs, hashes, [False] * len(cut))]
     n = len(texts)
     return {"n": n, "split": split, "backend": text_encoder.backend(), "onnx_s": onnx_s,
             "onnx_same": sum(a == b for a, b in zip(stored, onnx)) / n,

@@ -346,7 +346,7 @@ def test_from_route_to_the_decision_a_reader_opens_few_modules():
     evaluate/) is never on its path. The facade (api.py) counts as the use-case layer here: it is that layer's list
     of one-line calls, the file a reader passes through from the command to the use case."""
     path = route_path()
-    assert {"cli.routing", "api", "usecases.route", "routing.policy", "routing.decision", "routing.state",
+    assert {"cli.routing", "api", "usecases.route", "routing.choice", "routing.decision", "routing.state",
             "routing.served_scores", "locus.interaction"} <= set(path)
     built = [m for m in path if m in THE_FIT or m.split(".")[0] in ("embedding", "evaluate")]
     assert not built, f"a route opens what builds the routing state: {built}"

@@ -72,7 +72,7 @@ def test_frontier_reports_the_cost_of_reaching_95_and_99_percent(db_copy, tmp_pa
 
 
 def test_relative_cost_is_unit_free():
-    from registry.routing.policy import relative_cost
+    from registry.routing.choice import relative_cost
 
     c = np.array([0.005, 0.00033, 0.00008, 7.0])
     elig = np.array([True, True, True, False])

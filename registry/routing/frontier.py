@@ -17,11 +17,11 @@ import numpy as np
 from registry.core.errors import InputError
 from registry.core.transaction import Tx
 from registry.locus import interaction
-from registry.routing import accuracy, policy
+from registry.routing import accuracy, choice
 from registry.routing.decision import COST_BASES
 from registry.routing.state import State
 
-# the cost weight is on the candidates' cost range (policy.relative_cost): from 1e-3 (a thousandth of a probability
+# the cost weight is on the candidates' cost range (choice.relative_cost): from 1e-3 (a thousandth of a probability
 # for the whole range) to 1e4 (the cheapest model everywhere, unless another costs within 1e-4 of the range more)
 # spans the whole trade-off in any unit of price
 DEFAULT_WEIGHTS = [0.0] + np.geomspace(1e-3, 1e4, 43).tolist()
@@ -78,11 +78,11 @@ def compute(tx: Tx, st: State, split: str = "test", cost_by: str = "params",
     cost = value[rows]
     correct = scores.correct[rows]                                    # [m,N] 1/0/-1
     probs = scores.probs[rows]
-    sub = policy.Policy(set(), np.ones(len(rows), dtype=bool), cost, basis)
+    sub = choice.Rules(set(), np.ones(len(rows), dtype=bool), cost, basis)
     router = []
     for w in (weights if weights is not None else DEFAULT_WEIGHTS):
         sub.cost_weight = w
-        router.append(_point(f"router L={w:.3g}", w, correct, policy.ranking(probs, sub), cost))
+        router.append(_point(f"router L={w:.3g}", w, correct, choice.ranking(probs, sub), cost))
     # a single model, and where it has no result the model most likely right over the split (a fixed order, as
     # evaluate's best single model falls back on the next best)
     order = probs.mean(axis=1)

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from registry.core.errors import RegistryError
-from registry.routing import policy
+from registry.routing import choice
 from registry.routing.decision import Decision, RouteOptions
 from registry.serve.snapshot import QueryVectors, Snapshots
 from registry.serve.writer import Writer
@@ -75,17 +75,17 @@ class Serving:
 
     def route(self, texts: list[str], options: RouteOptions) -> list[Decision]:
         """`Registry.route_batch` from the current snapshot; the log rows go to the writer (not waited for)."""
-        r = policy.route_texts(self.snapshots.current.routing, texts, self.vectors, options)
+        r = choice.route_texts(self.snapshots.current.routing, texts, self.vectors, options)
         if options.log:
             self.writer.log(r.log_rows, r.new_hashes, r.new_vectors)
         return r.decisions
 
-    def route_unlogged(self, texts: list[str], options: RouteOptions) -> policy.Routed:
+    def route_unlogged(self, texts: list[str], options: RouteOptions) -> choice.Routed:
         """The routing of `route` with its log rows kept back, for the caller to amend and hand over (`log`): the
         proxy logs who answered once the upstreams have."""
-        return policy.route_texts(self.snapshots.current.routing, texts, self.vectors, options)
+        return choice.route_texts(self.snapshots.current.routing, texts, self.vectors, options)
 
-    def log(self, routed: policy.Routed, rows: list[tuple] | None = None) -> None:
+    def log(self, routed: choice.Routed, rows: list[tuple] | None = None) -> None:
         """Hand a routing's log rows (`rows` in place of its own) and new vectors to the writer (not waited for)."""
         self.writer.log(routed.log_rows if rows is None else rows, routed.new_hashes, routed.new_vectors)
 

@@ -1,12 +1,12 @@
 """`registry route`: query texts to the model most likely to answer each (or the cost-aware choice the options ask
-for), in one transaction that reads the routing state and logs the decisions (routing/policy.py decides); the texts'
+for), in one transaction that reads the routing state and logs the decisions (routing/choice.py decides); the texts'
 vectors computed ahead (`prepare_queries`: a server does it outside its write lock). `route --frontier`, a measure
 over a split, is usecases/evaluate.py."""
 from __future__ import annotations
 
 from registry.core.errors import InputError
 from registry.core.store import Store
-from registry.routing import policy, query_texts
+from registry.routing import choice, query_texts
 from registry.routing.decision import Decision, RouteOptions
 
 
@@ -24,7 +24,7 @@ def route_batch(store: Store, texts: list[str], options: RouteOptions | None = N
     log insert. `reuse_vectors=False` encodes every text (what benchmarks compare with the bare text encoder)."""
     query_texts.clean_texts(texts)       # (a bad text refused before anything is built or read)
     with store.tx() as tx:
-        return policy.route(tx, texts, options or RouteOptions(), reuse_vectors=reuse_vectors,
+        return choice.route(tx, texts, options or RouteOptions(), reuse_vectors=reuse_vectors,
                             batch_size=batch_size, progress=progress, probation_min=probation)
 
 

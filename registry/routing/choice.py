@@ -32,8 +32,8 @@ from registry.routing.state import State
 
 
 @dataclass
-class Policy:
-    """What a routing call asked for, checked: who may be chosen and what a choice costs."""
+class Rules:
+    """The rules of one routing call: its options read against the state (who may be chosen, what a choice costs)."""
     down: set[str]                    # never chosen (marked unavailable, or named by the caller)
     eligible: np.ndarray              # [M] bool: candidates (probation models only when asked; see cost_by)
     cost: np.ndarray | None           # [M] cost per choice on the basis used, or None when cost does not count
@@ -43,7 +43,7 @@ class Policy:
     note: str | None = None
 
 
-def policy(st: State, options: RouteOptions) -> Policy:
+def rules(st: State, options: RouteOptions) -> Rules:
     """The options (checked where they were made) read against the state: the models they name must be
     registered, and the candidates must have what the cost basis ranks them by."""
     cost_weight, min_prob, cost_by = options.cost_weight, options.min_prob, options.cost_by
@@ -60,7 +60,7 @@ def policy(st: State, options: RouteOptions) -> Policy:
                             f"(REGISTRY_PROBATION_MIN)")
     down = set(options.unavailable) | st.down
     if cost_weight is None and min_prob is None:
-        return Policy(down, eligible, None, None)
+        return Rules(down, eligible, None, None)
     note = None
     if cost_by == "cost":
         missing = [n for n, e, c in zip(st.names, eligible, st.cost) if e and np.isnan(c)]
@@ -78,41 +78,41 @@ def policy(st: State, options: RouteOptions) -> Policy:
             note = f"cost by params_b: {left} models without a parameter count left out"
         eligible = eligible & sized
         cost, basis = np.nan_to_num(st.params_b), "params_b"
-    return Policy(down, eligible, cost, basis, cost_weight, min_prob, note)
+    return Rules(down, eligible, cost, basis, cost_weight, min_prob, note)
 
 
-def choose(st: State, probs: np.ndarray, pol: Policy) -> list[tuple[int | None, bool]]:
-    """For each query column of probs [M,N]: (chosen model row or None, fallback). The policy ranks the eligible
+def pick(st: State, probs: np.ndarray, allowed: Rules) -> list[tuple[int | None, bool]]:
+    """For each query column of probs [M,N]: (chosen model row or None, fallback). The rules rank the eligible
     models; the top-ranked one is taken unless unavailable, then the best-ranked available one (a fallback)."""
     M, N = probs.shape
-    avail = pol.eligible & _up(st, pol)
+    avail = allowed.eligible & _up(st, allowed)
     if not avail.any():
         return [(None, True)] * N
-    if pol.min_prob is None:
-        rank = ranking(probs, pol)
+    if allowed.min_prob is None:
+        rank = ranking(probs, allowed)
         top = np.argmax(rank, axis=0)                                # ties: the lower row, as baselines do
         best = np.argmax(np.where(avail[:, None], rank, -np.inf), axis=0)
         return [(int(b), bool(not avail[t])) for t, b in zip(top, best)]
     out: list[tuple[int | None, bool]] = []
-    rows = np.flatnonzero(pol.eligible)
-    assert pol.cost is not None, "a minimum probability ranks by cost"
+    rows = np.flatnonzero(allowed.eligible)
+    assert allowed.cost is not None, "a minimum probability ranks by cost"
     for j in range(N):
         # the cheapest model reaching the threshold (the most likely among equally cheap ones), then the models
         # below it by probability: with none reaching it, the most likely is chosen
         p = probs[rows, j]
-        reach = p >= pol.min_prob
-        order = rows[np.lexsort((-p, np.where(reach, pol.cost[rows], 0.0), ~reach))]
+        reach = p >= allowed.min_prob
+        order = rows[np.lexsort((-p, np.where(reach, allowed.cost[rows], 0.0), ~reach))]
         first_avail = next(i for i in order if avail[i])
         out.append((int(first_avail), bool(not avail[order[0]])))
     return out
 
 
-def ranking(probs: np.ndarray, pol: Policy) -> np.ndarray:
+def ranking(probs: np.ndarray, allowed: Rules) -> np.ndarray:
     """[M,N] what a cost weight ranks by (without a minimum probability): P(correct) - weight x relative cost, the
     models that are not candidates at -inf."""
-    cost = relative_cost(pol.cost, pol.eligible) if pol.cost is not None and pol.cost_weight else None
-    rank = probs - (pol.cost_weight or 0.0) * (cost[:, None] if cost is not None else 0.0)
-    return np.where(pol.eligible[:, None], rank, -np.inf)
+    cost = relative_cost(allowed.cost, allowed.eligible) if allowed.cost is not None and allowed.cost_weight else None
+    rank = probs - (allowed.cost_weight or 0.0) * (cost[:, None] if cost is not None else 0.0)
+    return np.where(allowed.eligible[:, None], rank, -np.inf)
 
 
 def relative_cost(cost: np.ndarray, eligible: np.ndarray) -> np.ndarray:
@@ -124,21 +124,21 @@ def relative_cost(cost: np.ndarray, eligible: np.ndarray) -> np.ndarray:
     return (c - lo) / (hi - lo) if hi > lo else np.zeros_like(c)
 
 
-def _up(st: State, pol: Policy) -> np.ndarray:
+def _up(st: State, allowed: Rules) -> np.ndarray:
     """[M] bool: not down (marked unavailable or named by the caller); without any down, no look at the names."""
-    if not pol.down:
+    if not allowed.down:
         return np.ones(len(st.names), dtype=bool)
-    return np.array([n not in pol.down for n in st.names], dtype=bool)
+    return np.array([n not in allowed.down for n in st.names], dtype=bool)
 
 
-def decisions(st: State, probs: np.ndarray, raw: np.ndarray, picks, pol: Policy, *, hashes: list[str],
+def decisions(st: State, probs: np.ndarray, raw: np.ndarray, picks, allowed: Rules, *, hashes: list[str],
               truncated: list[bool], top: int | None = None) -> list[Decision]:
     """`top`: list that many candidates, most likely first, and the chosen one wherever it ranks (None or 0:
     every model); the versions are those of the listed models."""
     listed = len(st.names) if not top or top >= len(st.names) else int(top)
     ev = st.evidence
-    up = _up(st, pol)
-    skipped = int((ev.probation & ~pol.eligible).sum())
+    up = _up(st, allowed)
+    skipped = int((ev.probation & ~allowed.eligible).sum())
     served_line = st.served_line()
     out = []
     for j, (row, fallback) in enumerate(picks):
@@ -154,11 +154,11 @@ def decisions(st: State, probs: np.ndarray, raw: np.ndarray, picks, pol: Policy,
                  for i, pk, rk, n, flag, c, b, a, e in zip(
                      order.tolist(), p, r, ev.n[order].astype(np.int64).tolist(), ev.probation[order].tolist(),
                      st.cost[order].tolist(), st.params_b[order].tolist(), up[order].tolist(),
-                     pol.eligible[order].tolist())]
-        notes = [pol.note] if pol.note else []
+                     allowed.eligible[order].tolist())]
+        notes = [allowed.note] if allowed.note else []
         if row is None:
-            notes.append(f"no model available: all {int(pol.eligible.sum())} candidates are unavailable (marked "
-                         f"unavailable or named by the caller)" if pol.eligible.any() else
+            notes.append(f"no model available: all {int(allowed.eligible.sum())} candidates are unavailable (marked "
+                         f"unavailable or named by the caller)" if allowed.eligible.any() else
                          f"no model available: every model is on probation (under {ev.minimum} evaluations), "
                          f"which routing does not choose unasked (include_probation)")
         elif truncated[j]:
@@ -169,16 +169,16 @@ def decisions(st: State, probs: np.ndarray, raw: np.ndarray, picks, pol: Policy,
         # (the versions of the listed models: every model's when all are listed)
         used = dict(zip([c.model for c in cands], st.versions[order].tolist()))
         out.append(Decision(None if row is None else st.names[row], fallback, cands, st.encoder_name, used,
-                            hashes[j], "; ".join(notes) or None, pol.cost_basis, served_line))
+                            hashes[j], "; ".join(notes) or None, allowed.cost_basis, served_line))
     return out
 
 
-def decide(st: State, pol: Policy, qvecs: np.ndarray, hashes: list[str], truncated: list[bool], *,
+def decide(st: State, allowed: Rules, qvecs: np.ndarray, hashes: list[str], truncated: list[bool], *,
            top: int | None = None) -> list[Decision]:
     """The decisions for texts already turned into vectors [N,384]: no database, no lock (the server answers from
     its in-memory snapshot with this)."""
     probs, raw = st.scores(qvecs, hashes)
-    return decisions(st, probs, raw, choose(st, probs, pol), pol, hashes=hashes, truncated=truncated, top=top)
+    return decisions(st, probs, raw, pick(st, probs, allowed), allowed, hashes=hashes, truncated=truncated, top=top)
 
 
 @dataclass
@@ -196,19 +196,19 @@ def route_texts(st: State, texts: list[str], vectors, options: RouteOptions) -> 
     cut, hashes = query_texts.clean_texts(texts)
     if not cut:
         return Routed([], [], [], np.zeros((0, text_encoder.TEXT_DIM), np.float32))
-    pol = policy(st, options)
+    allowed = rules(st, options)
     fresh: list[int] = []
     q = vectors(cut, hashes, fresh)
-    decs = decide(st, pol, q, hashes, [len(t) > len(c) for t, c in zip(texts, cut)], top=options.top)
+    decs = decide(st, allowed, q, hashes, [len(t) > len(c) for t, c in zip(texts, cut)], top=options.top)
     keep = fresh if options.log_text else []
     return Routed(decs, log_rows(decs, cut if options.log_text else None, st.encoder_id,
-                                 log_options(options, pol.down, pol.cost_basis)),
+                                 log_options(options, allowed.down, allowed.cost_basis)),
                   [hashes[i] for i in keep], q[keep])
 
 
 def route(tx: Tx, texts: list[str], options: RouteOptions, *, reuse_vectors: bool = True, batch_size: int = 64,
           progress: bool = False, probation_min: int | None = None) -> list[Decision]:
-    """`Registry.route_batch`: texts -> vectors -> P(correct) -> the policy's choice, logged in the same transaction
+    """`Registry.route_batch`: texts -> vectors -> P(correct) -> the rules' choice, logged in the same transaction
     unless `options.log` is false (texts routed for the first time keep their vectors, when their text is logged)."""
     if not texts:
         return []

@@ -150,8 +150,8 @@ def test_the_checks_can_fail():
     assert cycles({"a": {"b": 1}, "b": {}}) == []
     node = ast.parse("def f():\n    from registry import api\n").body[0].body[0]
     assert _resolve("core.store", node) == ["api"] and layer_of("api") > layer_of("core.store")
-    node = ast.parse("from ..routing import policy\n").body[0]
-    assert _resolve("serve.app", node) == ["routing.policy"]
+    node = ast.parse("from ..routing import choice\n").body[0]
+    assert _resolve("serve.app", node) == ["routing.choice"]
 
 
 def test_folders_are_the_layers_and_say_what_they_own():

@@ -9,12 +9,16 @@ use observed entries only.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from math import comb
+from typing import TypeVar
 
 import numpy as np
 import torch
 
 from registry.locus.interaction import among_answered  # noqa: F401  (the one scoring rule; B.among_answered)
+
+PairModel = TypeVar("PairModel", bound=torch.nn.Module)     # MF or IRT: what train_pairs' `make` builds
 
 # ---------------------------------------------------------------- metrics
 
@@ -73,7 +77,7 @@ def routing_report(scores: np.ndarray, correct: np.ndarray, probs: np.ndarray | 
     """hit@1/3/5, and what routing used: how many models it chooses, how often its choice differs from the
     strongest model's (`strongest`, a row: the best single model), and hit@1 on the queries where models disagree;
     with `probs`, the predictor metrics of those P(correct)."""
-    out = {f"hit@{k}": hit_at_k(scores, correct, k) for k in (1, 3, 5)}
+    out: dict[str, float | None] = {f"hit@{k}": hit_at_k(scores, correct, k) for k in (1, 3, 5)}
     top = topk_models(scores, 1)[0]
     out["n_chosen"] = int(len(np.unique(top)))                      # how many distinct models get routed to
     if strongest is not None:
@@ -146,7 +150,7 @@ def knn_scores(qvecs: np.ndarray, correct: np.ndarray, train_idx, eval_idx, k: i
         return _knn_shared(qvecs, correct, tr, np.asarray(eval_idx), k)
     seen = correct[:, tr] >= 0
     out = np.empty((correct.shape[0], len(eval_idx)), dtype=np.float64)
-    groups = {}
+    groups: dict[bytes, list[int]] = {}
     for m in range(correct.shape[0]):                              # models with the same observed train queries
         groups.setdefault(np.packbits(seen[m]).tobytes(), []).append(m)
     for rows in groups.values():
@@ -242,8 +246,9 @@ def one_thread():
         torch.set_num_threads(before)
 
 
-def train_pairs(make, qvecs, correct, train_idx, val_idx, dim: int, *, seed: int = 0, epochs: int = 12,
-                lr: float = 1e-3, weight_decay: float = 1e-4, batch: int = 4096) -> tuple[torch.nn.Module, dict]:
+def train_pairs(make: Callable[[int, int, int], PairModel], qvecs, correct, train_idx, val_idx, dim: int, *,
+                seed: int = 0, epochs: int = 12, lr: float = 1e-3, weight_decay: float = 1e-4,
+                batch: int = 4096) -> tuple[PairModel, dict]:
     """A pair model (MF or IRT: `make(n_models, d_query, dim)`) fitted by BCE on the observed train pairs with
     AdamW; the epoch with the best validation hit@1 (`val_hit`; ties: lower BCE) is kept."""
     with one_thread():
@@ -262,7 +267,8 @@ def _train_pairs(make, qvecs, correct, train_idx, val_idx, dim: int, *, seed, ep
     qv, cv = q[np.asarray(val_idx)], correct[:, val_idx]
     model = make(correct.shape[0], qvecs.shape[1], dim)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-    best, best_state = None, None
+    best: tuple[tuple[float, float], int] | None = None          # ((val hit@1, -val BCE), epoch)
+    best_state: dict[str, torch.Tensor] | None = None
     for ep in range(epochs):
         model.train()
         perm = torch.randperm(len(py), generator=g)
@@ -281,6 +287,7 @@ def _train_pairs(make, qvecs, correct, train_idx, val_idx, dim: int, *, seed, ep
         key = (val_hit(lv, cv), -bce)
         if best is None or key > best[0]:
             best, best_state = (key, ep), {k: v.clone() for k, v in model.state_dict().items()}
+    assert best is not None and best_state is not None, "train_pairs needs epochs >= 1"   # the first epoch sets it
     model.load_state_dict(best_state)
     model.eval()
     return model, {"dim": dim, "epoch": best[1], "val_hit@1": best[0][0], "val_bce": -best[0][1]}

@@ -107,6 +107,7 @@ def fit_category_rows(model: LocusModel, qvecs, correct, train_idx, val_idx, cat
     out.load_state_dict({**model.state_dict(), "q_cat.weight": torch.zeros(len(names) + 1, ecfg.d_model + 1)})
     out.eval()
     ids = out.category_ids(categories)
+    assert ids is not None, "category_vocabulary raised unless categories were given and the vocabulary non-empty"
     ids = ids.reshape(len(ids), -1)                                       # [Nq, columns], 0 = none
     cv, cats_va = correct[:, va], np.asarray(categories, dtype=object)[va]
     several = ids.shape[1] > 1

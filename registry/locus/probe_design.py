@@ -17,7 +17,9 @@ does not care how the questions were chosen (the design enters only through whic
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -47,9 +49,11 @@ class Predictor:
         u = np.asarray(qvecs, dtype=np.float64) @ self.Wq.T + self.bq
         bias = None if self.qb is None else u @ self.qb[0] + self.qb[1]
         ids = self.category_ids(categories) if self.E is not None else None
-        rows = None if ids is None else self.E[ids]                          # [n,D+1]: logit += [z, 1] . row
-        if rows is not None and ids.ndim == 2:                               # several columns: their rows add up
-            rows = rows.sum(1)
+        rows = None
+        if ids is not None:
+            rows = self.E[ids]                                               # [n,D+1]: logit += [z, 1] . row
+            if ids.ndim == 2:                                                # several columns: their rows add up
+                rows = rows.sum(1)
         return Queries(u, u @ self.Wu.T, bias, rows)
 
     def logits(self, z: np.ndarray, q: Queries) -> np.ndarray:
@@ -156,7 +160,9 @@ def _greedy(G: np.ndarray, w: np.ndarray, cov: np.ndarray, B: np.ndarray, k: int
     GS0 = G @ cov                                       # [n,D]: rows g'cov (before any pick)
     s = np.einsum("nd,nd->n", GS0, G)
     t = np.einsum("nd,nd->n", GS0 @ B, GS0)
-    A, KV, C = [], [], []                               # per pick: a = G kv [n], kv [D], c
+    A: list[np.ndarray] = []                            # per pick: a = G kv [n], kv [D], c
+    KV: list[np.ndarray] = []
+    C: list[float] = []
     out: list[int] = []
     for _ in range(min(k, len(G))):
         gain = w * t / (1.0 + w * s)
@@ -170,7 +176,9 @@ def _greedy(G: np.ndarray, w: np.ndarray, cov: np.ndarray, B: np.ndarray, k: int
         gsb = GS0 @ b - sum(ai * (vi @ b) / ci for ai, vi, ci in zip(A, KV, C)) if A else GS0 @ b   # G K B kv
         t = t - 2.0 * a * gsb / c + a * a * (kv @ b) / (c * c)
         s = s - a * a / c
-        A.append(a), KV.append(kv), C.append(c)
+        A.append(a)
+        KV.append(kv)
+        C.append(c)
     return out
 
 
@@ -193,16 +201,15 @@ def choose(pred: Predictor, z: np.ndarray, precision: np.ndarray, cand: Queries,
 
 
 def plan_rows(pred: Predictor, q: Queries, answers: np.ndarray, *, pool: list[np.ndarray],
-              seed_rows: list[np.ndarray], sizes, priors: list[Prior], others: list[np.ndarray], ref: np.ndarray,
-              seed: int = 0,
-              batch: int | None = None, candidates: int | None = None,
+              seed_rows: list[np.ndarray], sizes, priors: list[Prior], others: Sequence[np.ndarray | None],
+              ref: np.ndarray, seed: int = 0, batch: int | None = None, candidates: int | None = None,
               truth: np.ndarray | None = None) -> dict[int, list[np.ndarray]]:
     """The simulated protocol for benches and `evaluate --planned`: every model m starts from seed_rows[m] and is
     asked batch after batch, each batch chosen from its pool[m] (rows of q it has an answer for) on what the answers
     so far say, its answer revealed from answers [M, rows] (1/0). -> {n: [rows asked of each model, in order]}.
-    others[m]: the best other model's logit on each reference row (ref: rows of q). truth [M,D] (benches only): plan
-    as if each model's embedding were known to be truth[m] (the posterior linearised there): what planning could do
-    if its reading of the answers so far were exact."""
+    others[m]: the best other model's logit on each reference row (ref: rows of q; None: no other model). truth
+    [M,D] (benches only): plan as if each model's embedding were known to be truth[m] (the posterior linearised
+    there): what planning could do if its reading of the answers so far were exact."""
     batch, candidates = batch or BATCH, CANDIDATES if candidates is None else candidates
     rng = np.random.default_rng([seed, 1])
     R = q.take(ref)
@@ -268,7 +275,7 @@ def compare(pred: Predictor, q: Queries, correct: np.ndarray, *, pool_rows: np.n
             for design, rows in (("random", draw(n, s)), ("planned", plans[s][n])):
                 got.setdefault((n, design, "encoder"), []).append(score(np.asarray(encode(rows), np.float64)))
                 got.setdefault((n, design, "likelihood"), []).append(score(by_likelihood(rows)))
-    out = {}
+    out: dict[str, dict[str, Any]] = {}                 # {"draws": seeds, design: {reading: figures}} per n
     for (n, design, reading), v in got.items():
         a = np.array(v)
         out.setdefault(str(n), {"draws": seeds}).setdefault(design, {})[reading] = {

@@ -7,6 +7,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -104,7 +105,8 @@ class _BestOnVal:
         self.obs = torch.from_numpy(correct_val >= 0)
         self.y = torch.from_numpy((correct_val == 1).astype(np.float32))
         self.progress, self.t0, self.stage, self.max_steps = data.progress, data.t0, stage, epochs
-        self.best = None                                   # (key, epoch, model state, *extras)
+        # (key = (val hit@1, -val BCE), epoch, model state, *extras) of the best check so far; None before the first
+        self.best: tuple[tuple[float, float], int, dict[str, Any], *tuple[torch.Tensor, ...]] | None = None
 
     def check(self, model, z, ep: int, loss: float, *extras) -> None:
         model.eval()
@@ -124,6 +126,8 @@ class _BestOnVal:
 
     def restore(self, model) -> tuple:
         """Loads the best state into model; returns (info, *extras)."""
+        # the refit checks epoch 0 and the teacher epoch 1 (teacher_epochs >= 1), so restore follows a check
+        assert self.best is not None, "restore() needs a check() first"
         key, ep, state, *extras = self.best
         model.load_state_dict(state)
         return ({"epoch": ep, "val_hit@1": key[0], "val_bce": -key[1]}, *extras)
@@ -273,6 +277,7 @@ def fit_encoder(model: LocusModel, param_groups: list[dict], lin: torch.nn.Linea
                 data.progress(info)
             if bad >= cfg.patience:
                 break
+    assert best_state is not None, "max_steps >= 1: the last step always validates and keeps the first state seen"
     model.load_state_dict(best_state)
     return {"best_step": best_step, "steps": step, "best_val": best_val, "history": hist}
 
@@ -297,12 +302,12 @@ def refit_predictor(model: LocusModel, dec_params: list, data: StageData) -> dic
             perm = torch.from_numpy(data.rng.permutation(len(py)))
             for s in range(0, len(perm), cfg.teacher_batch):
                 b = perm[s:s + cfg.teacher_batch]
-                loss = F.binary_cross_entropy_with_logits(model.pair_logits(z[pm[b]], model.query_proj(q_tr[pn[b]])),
-                                                          py[b])
+                batch_loss = F.binary_cross_entropy_with_logits(
+                    model.pair_logits(z[pm[b]], model.query_proj(q_tr[pn[b]])), py[b])
                 opt.zero_grad(set_to_none=True)
-                loss.backward()
+                batch_loss.backward()
                 torch.nn.utils.clip_grad_norm_(dec_params, cfg.grad_clip)
                 opt.step()
-            loss = float(loss.detach())
+            loss = float(batch_loss.detach())                                    # the epoch's last batch
         val.check(model, z, ep, loss)
     return val.restore(model)[0]

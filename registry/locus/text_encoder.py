@@ -176,7 +176,8 @@ def describe(backend: str | None = None) -> dict:
     from registry.locus.text_backends import onnxrt
 
     backend = backend or _default_backend()
-    out = {"text_encoder": TEXT_ENCODER, "backend": backend, "weights_sha256": onnxrt.weights_digest(model_dir())}
+    out: dict[str, str | float] = {"text_encoder": TEXT_ENCODER, "backend": backend,
+                                   "weights_sha256": onnxrt.weights_digest(model_dir())}
     if backend == "onnx":
         out["graph"] = str(onnxrt.graph_path(model_dir()))
         out["min_cosine_to_torch"] = ONNX_MEASURED_MIN_COSINE
@@ -300,14 +301,18 @@ class Batcher:
                 except queue.Empty:
                     break
             t0 = time.perf_counter()
+            error: Exception | None = None
             try:
                 vecs = self._encode([b[1] for b in batch], batch_size=self.max_batch)
             except Exception as exc:   # every caller of this pass gets the error, the thread lives on
-                vecs = exc
+                error = exc
             self.encode_s += time.perf_counter() - t0
             self.wait_s_total += sum(t0 - b[3] for b in batch)
             self.batches, self.texts = self.batches + 1, self.texts + len(batch)
             with self._lock:
                 for i, (h, _, f, _) in enumerate(batch):
                     self._pending.pop(h, None)
-                    f.set_exception(vecs) if isinstance(vecs, Exception) else f.set_result(vecs[i])
+                    if error is not None:
+                        f.set_exception(error)
+                    else:
+                        f.set_result(vecs[i])

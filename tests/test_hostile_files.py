@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from registry.core.errors import InputError
-from registry.data.harness import file_limits
+from registry.data.formats import file_limits
 from tests.conftest import snapshot
 from tests.helpers import run_import
 

@@ -96,7 +96,7 @@ def test_names_one_rule_for_the_cli_files_and_http(db_copy, tmp_path, small_data
 def test_a_score_that_is_not_a_finite_number_is_refused_in_one_line(value, threshold):
     """JSON readers and float() take NaN and Infinity: a harness score so written is no result, with or without a
     threshold (NaN >= T is false: it was stored as wrong; inf >= T as right)."""
-    from registry.data.harness.samples import as_correct
+    from registry.data.formats.samples import as_correct
 
     with pytest.raises(InputError) as caught:
         as_correct(value, threshold=threshold, path="run.jsonl", sample_id="s1", what="evaluation.score")

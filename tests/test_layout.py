@@ -157,7 +157,7 @@ def test_the_checks_can_fail():
 def test_folders_are_the_layers_and_say_what_they_own():
     folders = sorted(p for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists())
     assert sorted(p.name for p in folders) == sorted(set(LAYERS) - {"facade"})
-    # a full folder may take subfolders (one level: registry/data/harness/), which belong to its layer
+    # a full folder may take subfolders (one level: registry/data/formats/), which belong to its layer
     subfolders = sorted(p.parent for p in PACKAGE.glob("*/*/__init__.py"))
     for folder in folders + subfolders:
         modules = [p for p in folder.glob("*.py") if p.name != "__init__.py"]

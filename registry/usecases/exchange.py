@@ -9,8 +9,7 @@ from typing import Any
 from registry.answers import registration
 from registry.core.errors import InputError
 from registry.core.store import Store
-from registry.data.formats import eee_write, readers
-from registry.data.harness import importer
+from registry.data.formats import eee_write, importer, readers
 from registry.usecases import onboard as onboard_uc
 from registry.usecases import register as register_uc
 

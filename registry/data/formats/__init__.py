@@ -1,2 +1,2 @@
-"""The import formats as readers in one table (readers.py; others' by entry point), and Every Eval Ever and HELM
-read and written here: EEE's schemas (0.3.0, MIT, schemas/LICENSE) ship beside them."""
+"""Every reader of others' files in one wing: the import formats in one table (readers.py; others' by entry point),
+harness logs (Inspect AI, lm-evaluation-harness), Every Eval Ever and HELM; EEE's schemas (MIT) ship beside them."""

@@ -14,9 +14,8 @@ from pathlib import Path
 import orjson
 
 from registry.core.errors import InputError
-from registry.data.formats import eee_schema
-from registry.data.harness import file_limits
-from registry.data.harness.samples import HarnessRun, Sample, as_correct
+from registry.data.formats import eee_schema, file_limits
+from registry.data.formats.samples import HarnessRun, Sample, as_correct
 
 READS = "0.3."          # schema versions read: 0.3.x
 PREFIX = "registry."    # the keys of metadata the registry writes for itself

@@ -9,8 +9,8 @@ import hashlib
 from pathlib import Path
 
 from registry.core.errors import InputError
-from registry.data.harness import file_limits
-from registry.data.harness.samples import HarnessRun, Sample, as_correct
+from registry.data.formats import file_limits
+from registry.data.formats.samples import HarnessRun, Sample, as_correct
 
 STATE, STATS, SPEC = "scenario_state.json", "per_instance_stats.json", "run_spec.json"
 MC_METRIC = "exact_match"

@@ -1,5 +1,5 @@
 """The import formats, one `Reader` each, in one table: its name, a line for `--help` and the docs, how it
-recognises its files, and how it reads them into the import's staging rows (runs of samples, data/harness/samples.py).
+recognises its files, and how it reads them into the import's staging rows (runs of samples, data/formats/samples.py).
 The command line's `--from` choices and help, and docs/input-files.md's table, are built from this table. Another
 package adds a format with no edit here: an entry point in the group `locus_registry.readers` naming a `Reader` (or a
 function returning one), as simonw/llm's plugins do; found with importlib.metadata when the table is first asked for.
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from registry.core.errors import InputError
-from registry.data.harness.samples import HarnessRun as Run  # what a reader returns (re-exported for plugins)
-from registry.data.harness.samples import Sample
+from registry.data.formats.samples import HarnessRun as Run  # what a reader returns (re-exported for plugins)
+from registry.data.formats.samples import Sample
 
 ENTRY_POINT_GROUP = "locus_registry.readers"
 OPTIONS = ("model", "scorer", "metric", "threshold", "partial")     # the import options a reader may take
@@ -87,14 +87,14 @@ def _helm(paths: list[str]) -> bool:
 
 
 def _read_inspect(paths, *, model=None, scorer=None, threshold=None, partial=False, progress=False):
-    from registry.data.harness import inspect_logs
+    from registry.data.formats import inspect_logs
 
     return [inspect_logs.read(f, model=model, scorer=scorer, threshold=threshold, partial=partial)
             for f in _each(inspect_logs.log_files(paths), progress)]
 
 
 def _read_lm_eval(paths, *, model=None, metric=None, threshold=None, progress=False):
-    from registry.data.harness import lm_eval_samples
+    from registry.data.formats import lm_eval_samples
 
     return [run for f in _each(lm_eval_samples.result_files(paths), progress)
             for run in lm_eval_samples.read(f, model=model, metric=metric, threshold=threshold)]

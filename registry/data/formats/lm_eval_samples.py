@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from registry.core.errors import InputError
-from registry.data.harness import file_limits
-from registry.data.harness.samples import HarnessRun, Sample, as_correct
+from registry.data.formats import file_limits
+from registry.data.formats.samples import HarnessRun, Sample, as_correct
 
 QUESTION_KEYS = ("question", "query", "input", "prompt", "text", "problem", "sentence")
 CHOICE_KEYS = ("options", "choices", "endings")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from registry.core.errors import InputError
-from registry.data.harness import file_limits
-from registry.data.harness.samples import HarnessRun, Sample, as_correct, model_from_provider
+from registry.data.formats import file_limits
+from registry.data.formats.samples import HarnessRun, Sample, as_correct, model_from_provider
 
 
 def log_files(paths: list[str]) -> list[str]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from registry.core.errors import InputError
 from registry.data import import_run, splits
-from registry.data.harness.samples import HarnessRun, named
+from registry.data.formats.samples import HarnessRun, named
 from registry.data.import_models_queries import ImportResult, import_queries, model_name_problem
 from registry.data.input_files import stage
 from registry.locus import text_encoder

@@ -36,9 +36,9 @@ def test_the_three_helm_runs_import(tmp_path):
     done = json.loads(r.output[r.output.index("{"):])
     assert [m["model"] for m in done["models"]] == ["eleutherai/pythia-1b-v0", "openai/gpt2"]
     assert done["queries_added"] == 20 and done["evaluations_added"] == 20
-    # the free-text run needs its metric; named, with a threshold for a metric that is not 0/1, it imports
+    # the free-text run's own metric is f1_score (HELM's main one for narrative_qa), which wants a threshold
     r = CliRunner().invoke(cli, ["--db", str(db), "import", str(NARRATIVE)])
-    assert r.exit_code == 1 and "a free-text run (adapter method 'generation'): give --metric NAME" in r.output
+    assert r.exit_code == 1 and "f1_score" in r.output and "is not 0 or 1 (give --threshold" in r.output
     r = run_import(db, str(NARRATIVE), "--metric", "f1_score", "--threshold", "0.3", "--json")     # recognised: helm
     assert r.exit_code == 0, r.output
     assert json.loads(r.output[r.output.index("{"):])["evaluations_added"] == 5
@@ -68,6 +68,37 @@ def test_the_three_helm_runs_import(tmp_path):
     assert all(len(p["sha256"]) == 64 and p["metric"] == "exact_match" for p in files["read"])
 
 
+@pytest.mark.slow
+def test_a_mixed_helm_folder_imports_in_one_command_each_run_by_its_own_metric(tmp_path):
+    runs = tmp_path / "benchmark_output" / "runs" / "v1"
+    for source in (MMLU, NARRATIVE):
+        shutil.copytree(source, runs / source.name)
+    db = tmp_path / "mixed.duckdb"
+    r = run_import(db, str(runs.parent), "--threshold", "0.3", "--json")          # recognised as helm, no --metric
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output[r.output.index("{"):])["evaluations_added"] == 15
+    con = duckdb.connect(str(db), read_only=True)
+    got = {q: c for q, c in con.execute("""SELECT q.external_id, e.correct FROM evaluations e
+                                           JOIN queries q ON q.id = e.query_id""").fetchall()}
+    f1 = {e["instance_id"]: next(s["mean"] for s in e["stats"] if s["name"]["name"] == "f1_score")
+          for e in json.loads((NARRATIVE / "per_instance_stats.json").read_text())}
+    assert {q.split("/")[1]: c for q, c in got.items() if q.startswith("narrative")} == {
+        i: v >= 0.3 for i, v in f1.items()}
+    assert {q.split("/")[1]: c for q, c in got.items() if q.startswith("mmlu")} == exact_match(MMLU)
+    files = json.loads(con.execute("SELECT files FROM import_batches ORDER BY id LIMIT 1").fetchall()[0][0])
+    assert {(p["evaluation"], p["metric"], p["metric_from"]) for p in files["read"]} == {
+        ("mmlu:subject=philosophy,method=multiple_choice_joint", "exact_match", "HELM's main metric of mmlu"),
+        ("narrative_qa", "f1_score", "HELM's main metric of narrative_qa")}
+    con.close()
+    # --metric still forces one metric on every run
+    forced = tmp_path / "forced.duckdb"
+    r = run_import(forced, "--from", "helm", str(runs), "--metric", "exact_match", "--json")
+    assert r.exit_code == 0, r.output
+    con = duckdb.connect(str(forced), read_only=True)
+    files = json.loads(con.execute("SELECT files FROM import_batches ORDER BY id LIMIT 1").fetchall()[0][0])
+    assert {(p["metric"], p["metric_from"]) for p in files["read"]} == {("exact_match", "--metric")}
+
+
 def test_malformed_helm_folders_are_one_line_and_change_nothing(db_copy, tmp_path):
     def copy(name: str, source: Path = MMLU) -> Path:
         out = tmp_path / name / source.name
@@ -79,11 +110,20 @@ def test_malformed_helm_folders_are_one_line_and_change_nothing(db_copy, tmp_pat
     bad_json = copy("bad_json")
     (bad_json / "scenario_state.json").write_text((MMLU / "scenario_state.json").read_text()[:5000])
     no_metric = copy("no_metric")
+    unknown = copy("unknown", NARRATIVE)          # a free-text run of no group HELM names, without f1_score
+    spec = json.loads((unknown / "run_spec.json").read_text())
+    (unknown / "run_spec.json").write_text(json.dumps({**spec, "groups": ["my_task"]}))
+    stats = json.loads((unknown / "per_instance_stats.json").read_text())
+    for entry in stats:
+        entry["stats"] = [s for s in entry["stats"] if s["name"]["name"] != "f1_score"]
+    (unknown / "per_instance_stats.json").write_text(json.dumps(stats))
     cases = [([str(no_stats)], "a HELM run folder without per_instance_stats.json"),
              ([str(bad_json)], "scenario_state.json: line"),
              ([str(no_metric), "--metric", "bleu_9"], "no per-instance stat 'bleu_9'"),
              ([str(copy("f1", NARRATIVE)), "--metric", "f1_score"], "is not 0 or 1 (give --threshold"),
              ([str(tmp_path / "nothing")], "no such file or folder"),
+             ([str(MMLU), str(unknown)], f"{unknown}: cannot tell this run's metric (adapter method 'generation', "
+                                         "groups my_task): give --metric NAME"),
              ([str(MMLU), "--scorer", "x"], "--scorer does not apply to helm")]
     before = snapshot(db_copy)
     for args, message in cases:

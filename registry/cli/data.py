@@ -50,8 +50,8 @@ class ImportCommand(click.Command):
               help="Read PATHS as FORMAT (see Formats below); without it, the format that recognises them.")
 @click.option("--model", "model_name", help="With --from: the model's name (default: the file's).")
 @click.option("--scorer", help="With --from inspect: the scorer whose value is the result.")
-@click.option("--metric", help="With --from lm-eval or helm: the metric that is the result (lm-eval: the task's "
-                               "first; helm: exact_match for multiple choice); eee: only this evaluation name.")
+@click.option("--metric", help="With --from lm-eval or helm: the metric that is the result, for every run (lm-eval:"
+                               " the task's first; helm: each run's own main one); eee: only this evaluation name.")
 @click.option("--threshold", type=float, help="With --from: a score >= T counts as correct (for non-0/1 scores).")
 @click.option("--partial", is_flag=True, help="With --from inspect: import a log whose status is not success.")
 @click.option("--example", is_flag=True, help="Import the example dataset the package carries (31 models' real "

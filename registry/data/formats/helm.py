@@ -1,8 +1,11 @@
 """HELM's own run folders (`benchmark_output/runs/<suite>/<run>/`), read without a converter: `scenario_state.json`
 gives each instance (its input, its references, the correct ones tagged) and the model (`adapter_spec.model`, named as
-it is); `per_instance_stats.json` gives each instance's metrics. Multiple-choice runs (adapter method
-`multiple_choice_*`) are right or wrong by `exact_match` and keep their options and the gold letter; any other run
-needs `--metric` (and `--threshold` for a metric that is not 0/1). Only the first train trial, unperturbed, counts."""
+it is); `per_instance_stats.json` gives each instance's metrics. Each run is right or wrong by its own metric
+(`metric_for`): `--metric` where given (for every run), else the main metric HELM's schemas name for the run's group
+(`run_spec.json`'s `groups`), else `exact_match` for multiple choice (adapter method `multiple_choice_*`, which keeps
+its options and the gold letter), else `f1_score` for a free-text run that has it (HELM's question answering); a run
+with none of these is one line naming its folder. `--threshold` makes a metric that is not 0/1 right or wrong. Only
+the first train trial, unperturbed, counts."""
 from __future__ import annotations
 
 import hashlib
@@ -14,6 +17,17 @@ from registry.data.formats.samples import HarnessRun, Sample, as_correct
 
 STATE, STATS, SPEC = "scenario_state.json", "per_instance_stats.json", "run_spec.json"
 MC_METRIC = "exact_match"
+QA_METRIC = "f1_score"
+# The main metric (`environment.main_name`) HELM's own schemas (schema_lite.yaml, schema_classic.yaml) give a run group
+MAIN_METRIC = {
+    **dict.fromkeys(("narrative_qa", "natural_qa_openbook_longans", "natural_qa_closedbook", "quac", "squad"),
+                    "f1_score"),
+    **dict.fromkeys(("mmlu", "openbookqa", "hellaswag", "truthful_qa", "commonsense"), "exact_match"),
+    **dict.fromkeys(("boolq", "imdb", "raft", "civil_comments", "legalbench", "med_qa"), "quasi_exact_match"),
+    "gsm": "exact_match_indicator", "math_chain_of_thought": "math_equiv_chain_of_thought",
+    "code_humaneval": "pass", "wmt_14": "bleu_4",
+    "summarization_cnndm": "rouge_2", "summarization_xsum": "rouge_2",
+}
 
 
 def run_folders(paths: list[str]) -> list[Path]:
@@ -74,12 +88,8 @@ def read(folder: Path, *, model: str | None = None, metric: str | None = None,
     adapter = state.get("adapter_spec") or {}
     method = str(adapter.get("method") or "")
     choice = method.startswith("multiple_choice")
-    key = metric or (MC_METRIC if choice else None)
     values = _metric_values(stats, folder / STATS)
-    if key is None:
-        names = sorted({n for v in values.values() for n in v})
-        raise InputError(f"a free-text run (adapter method {method!r}): give --metric NAME (its per-instance "
-                         f"metrics: {', '.join(names[:12])}{', ...' if len(names) > 12 else ''})", file=str(folder))
+    key, why = metric_for(folder, method, values, metric)
     name = model or adapter.get("model")
     if not name:
         raise InputError("the run names no model (adapter_spec.model): pass --model NAME", file=str(folder / STATE))
@@ -89,7 +99,7 @@ def read(folder: Path, *, model: str | None = None, metric: str | None = None,
     source = _source(folder)
     run = HarnessRun(str(folder), str(name), provenance={"reader": "helm", "file": str(folder.resolve()),
                                                          "sha256": h.hexdigest(), "evaluation": source,
-                                                         "metric": key})
+                                                         "metric": key, "metric_from": why})
     seen = set()
     for rs in state["request_states"]:
         inst = rs.get("instance") or {}
@@ -116,6 +126,35 @@ def read(folder: Path, *, model: str | None = None, metric: str | None = None,
     if not run.samples:
         raise InputError("the run holds no instances", file=str(folder / STATE))
     return run
+
+
+def metric_for(folder: Path, method: str, values: dict[str, dict[str, float]],
+               forced: str | None) -> tuple[str, str]:
+    """The run's own metric and where it came from: `--metric`; HELM's main metric of the run's group; exact_match for
+    multiple choice; f1_score for free text that has it. None of them: one line naming the run's folder."""
+    if forced:
+        return forced, "--metric"
+    have = {n for v in values.values() for n in v}
+    for group in _groups(folder):
+        main = MAIN_METRIC.get(group)
+        if main in have:
+            return main, f"HELM's main metric of {group}"
+    if method.startswith("multiple_choice"):
+        return MC_METRIC, "multiple choice"
+    if QA_METRIC in have:
+        return QA_METRIC, "free text with f1_score"
+    names = sorted(have)
+    raise InputError(f"cannot tell this run's metric (adapter method {method!r}, groups "
+                     f"{', '.join(_groups(folder)) or 'none'}): give --metric NAME (its per-instance metrics: "
+                     f"{', '.join(names[:12])}{', ...' if len(names) > 12 else ''})", file=str(folder))
+
+
+def _groups(folder: Path) -> list[str]:
+    """The run's groups as its spec names them (`groups`), else its benchmark (the run's name before `:`)."""
+    spec = load(folder / SPEC) if (folder / SPEC).is_file() else {}
+    given = spec.get("groups") if isinstance(spec, dict) else None
+    groups = [g for g in given if isinstance(g, str)] if isinstance(given, list) else []
+    return groups or [_source(folder).partition(":")[0]]
 
 
 def _subject(source: str) -> str | None:

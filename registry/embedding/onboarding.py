@@ -97,7 +97,9 @@ class _Forward:
     chunks are in memory: the one embedding and the one just read. -> `z`: {key: vector}"""
 
     def __init__(self, tx: Tx, model, inline: bool = False):
-        self.tx, self.model, self.running, self.z = tx, model, None, {}
+        self.tx, self.model = tx, model
+        self.running: tuple[list, concurrent.futures.Future[np.ndarray]] | None = None
+        self.z: dict[int | tuple[int, int], np.ndarray] = {}
         # inline: on this thread (a server's small onboardings, one chunk: nothing to overlap, and under a full CPU
         # each hand-over to the worker and back waits for a core)
         self.inline = inline
@@ -166,6 +168,7 @@ def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool
     sets: dict[int, tuple[int, str, int]] = {}
     forward = _Forward(tx, model, inline=stability)
     taken: set[int] = set()          # models whose prepared vectors were used
+    given = prepared or {}
     try:
         # (a server's registrations, a few models: one read, without the count that plans chunks)
         chunks = ([evaluation_sets(tx, model_ids, 2 ** 62, meta.get("embed_max_set"))]
@@ -175,8 +178,8 @@ def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool
             mine = [m for m in found if found[m].n >= min_evaluations
                     and states[m].by_encoder.get(encoder_id, (0, None))[1] != found[m].digest]
             sets.update({m: (s.n, s.digest, s.through_batch) for m, s in found.items()})
-            ahead = {m: prepared[names[m]] for m in mine if names[m] in (prepared or {})
-                     and prepared[names[m]].encoder_id == encoder_id and prepared[names[m]].digest == found[m].digest}
+            ahead = {m: given[names[m]] for m in mine if names[m] in given
+                     and given[names[m]].encoder_id == encoder_id and given[names[m]].digest == found[m].digest}
             taken.update(ahead)
             for m, p in ahead.items():
                 forward.z[m] = p.z
@@ -209,12 +212,12 @@ def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool
                        VALUES {', '.join(['(?, ?, ?)'] * len(chunk))}""", [x for r in chunk for x in r])
     finally:
         forward.wait()
-    z = np.stack([forward.z[m] for m in todo]) if todo else None
     if todo:
+        z = np.stack([forward.z[m] for m in todo])
         # plain multi-row VALUES: for the usual one or few rows DuckDB takes them faster than an Arrow scan
         rows = [[version_of[m], m, latest_version[m] + 1, encoder_id, z[i].tolist(), sets[m][0], sets[m][1],
                  sets[m][2], newest_job[m][0], newest_job[m][1]] for i, m in enumerate(todo)]
-        created = {}
+        created: dict[int, str] = {}           # version id -> its creation time
         for start in range(0, len(rows), 500):
             chunk = rows[start:start + 500]
             values = ", ".join([f"(?, ?, ?, ?, ?::FLOAT[{z.shape[1]}], ?, ?, ?, ?, ?)"] * len(chunk))

@@ -44,7 +44,9 @@ class BaselineCache:
     """`get(name, fit)`: a baseline's (scores, settings) as saved under the key, else `fit()`'s, kept for `save`."""
 
     def __init__(self, tx: Tx, key: str, *, enabled: bool = True):
-        self.tx, self.key, self.found, self.fitted = tx, key, {}, {}
+        self.tx, self.key = tx, key
+        self.found: dict[str, tuple[np.ndarray, dict]] = {}     # name -> (scores, settings), read
+        self.fitted: dict[str, tuple[np.ndarray, dict]] = {}    # and fitted now
         rows = tx.sql("SELECT payload FROM routing_states WHERE key = ?", [key]) if enabled else []
         if rows:
             with np.load(io.BytesIO(bytes(rows[0][0])), allow_pickle=False) as npz:
@@ -70,7 +72,8 @@ class BaselineCache:
         buf = io.BytesIO()
         doc = {name: settings for name, (_, settings) in kept.items()}
         text = json.dumps(doc, default=lambda o: o.item() if isinstance(o, np.generic) else o.tolist())
-        np.savez(buf, __doc__=np.frombuffer(text.encode(), dtype=np.uint8),
+        # (allow_pickle: numpy's default, named so that its types take every other keyword for an array)
+        np.savez(buf, allow_pickle=True, __doc__=np.frombuffer(text.encode(), dtype=np.uint8),
                  **{name: np.asarray(scores) for name, (scores, _) in kept.items()})
         self.tx.sql("DELETE FROM routing_states WHERE key = ?", [self.key])
         self.tx.sql("INSERT INTO routing_states (key, encoder_id, payload) VALUES (?, ?, ?)",

@@ -109,7 +109,9 @@ def evaluate(tx: Tx, split: str = "test", *, baselines: bool = True, sample_effi
         return B.among_answered(s, ct)
 
     methods = {"locus": B.routing_report(answered(p), ct, p, strongest)}
-    scores, routed, selection, served_info = {"locus": answered(p)}, p, {}, {}
+    scores, routed = {"locus": answered(p)}, p
+    selection: dict = {}
+    served_info: dict = {}
     if len(tr) and len(va):         # as routing: without a val split to choose the weights, the predictor alone
         step("locus_interaction")
         rows = interaction.contenders(data.correct, tr, va)      # (every model here is eligible)
@@ -203,7 +205,7 @@ def _served_sources() -> tuple[str, ...]:
     from registry.locus import numpy_network
     from registry.routing import pairs
 
-    return tuple(m.__file__ for m in (served, pairs, interaction, ev_module, numpy_network))
+    return tuple(str(m.__file__) for m in (served, pairs, interaction, ev_module, numpy_network))
 
 
 def _prior_router(data, labels, tr, va, idx) -> tuple[np.ndarray, dict]:
@@ -279,8 +281,7 @@ def embed_subsets(model, data: Dataset, rows: list[np.ndarray]) -> np.ndarray:
 def sample_efficiency_curve(tx: Tx, data: Dataset, idx: np.ndarray, seeds: int, sizes) -> dict:
     """hit@1 when every model is embedded from only n random non-test evaluations, against all of them (each
     query's choice among the models with a result for it, as every method's)."""
-    encoder_id = encoders.ensure_default(tx)
-    model, _ = encoders.load(tx, encoder_id)
+    model, _ = encoders.load(tx, encoders.require_active(tx))
     nontest = np.concatenate([data.splits["train"], data.splits["val"]])
     ct = data.correct[:, idx]
     out = {}
@@ -301,7 +302,7 @@ def planned_curve(tx: Tx, data: Dataset, z: np.ndarray, idx: np.ndarray, seeds: 
     likelihood, scored on the split's queries idx."""
     from registry.locus import probe_design
 
-    model, _ = encoders.load(tx, encoders.ensure_default(tx))
+    model, _ = encoders.load(tx, encoders.require_active(tx))
     pred = probe_design.Predictor(model)
     nontest = np.concatenate([data.splits["train"], data.splits["val"]])
     return probe_design.compare(pred, pred.project(data.qvecs, query_labels(data, model)), data.correct,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import asdict, dataclass, field, replace
+from typing import TypedDict
 
 import numpy as np
 from sklearn.metrics import roc_auc_score
@@ -29,9 +30,18 @@ from registry.locus import baselines as B
 from registry.locus import interaction, probe_design, training
 from registry.routing import served
 
+
+class TrainShort(TypedDict):
+    """What TRAIN_SHORT changes in training.TrainConfig."""
+    teacher_epochs: int
+    max_steps: int
+    eval_every: int
+    refit_epochs: int
+
+
 # Shorter than `registry train`'s default (30 teacher epochs, 240 encoder steps, 10 refit epochs, about 10 min on
 # 2 cores) so that a seed trains in a few minutes; the report names it.
-TRAIN_SHORT = {"teacher_epochs": 8, "max_steps": 60, "eval_every": 20, "refit_epochs": 4}
+TRAIN_SHORT: TrainShort = {"teacher_epochs": 8, "max_steps": 60, "eval_every": 20, "refit_epochs": 4}
 METHODS = ("locus", "locus_interaction", "served", "locus_likelihood", "mf", "irt", "knn", "per_category",
            "best_single")
 COLUMNS = [("hit@1", "hit@1"), ("auc", "AUC"), ("n_chosen", "models chosen"),           # (metric, table heading)
@@ -181,7 +191,7 @@ def _irt(vis: Dataset, held, te, seed: int):
     c, q, tr, va = vis.correct, vis.qvecs, vis.splits["train"], vis.splits["val"]
     irt, info = B.irt_router(q, c[known], tr, va, seed=seed)
     p = np.empty((len(vis.models), len(te)), dtype=np.float32)
-    p[known] = B.irt_probs(irt, q, te)
+    p[known] = B.irt_probs(irt, q, te)    # type: ignore[arg-type]  # (irt_probs is mf_probs, typed for MF alone)
     new = np.flatnonzero(held)
     sets = [(np.flatnonzero(c[m] >= 0), (c[m][c[m] >= 0] == 1).astype(np.float64)) for m in new]
     p[new] = B.irt_theta_probs(irt, B.fit_theta(irt, q, sets), q, te)

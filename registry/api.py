@@ -353,8 +353,21 @@ class Registry:
         """Where the routing proxy forwards MODEL's requests; the API key stays in the environment (serve/proxy.py)."""
         return self._in_tx(endpoints.set_endpoint, model, base_url, upstream_model, api_key_env)
 
+    @keeps_routing_state
     def remove_endpoint(self, model: str) -> None:
-        self._in_tx(endpoints.remove, model)
+        """MODEL's endpoint removed; an endpoint claiming another model (a model of its own) is deleted with it."""
+        register_uc.remove_endpoint(self.store, model)
+
+    @keeps_routing_state
+    def delete(self, name: str, *, reason: str | None = None):
+        """Delete a model: it leaves every list and answer; its versions and results stay readable (`history`), and
+        the endpoints claiming it go with it (`tidying.Deleted`). A model others are aliases of is refused."""
+        return register_uc.delete(self.store, name, reason=reason)
+
+    @keeps_routing_state
+    def rename(self, old: str, new: str, *, reason: str | None = None):
+        """Call a model by another name: its versions, results and aliases stay its own (`tidying.Renamed`)."""
+        return register_uc.rename(self.store, old, new, reason=reason)
 
     @keeps_routing_state
     def claim(self, model: str, base_url: str, **o): return self._in_tx(verify_uc.claim, model, base_url, o)

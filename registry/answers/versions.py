@@ -2,11 +2,11 @@
 between two versions (how far it moved, how its neighbours and predicted accuracy per category changed)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from registry.answers import catalog, neighbours
+from registry.answers import catalog, neighbours, tidying
 from registry.answers.neighbours import Neighbour
 from registry.core.errors import InputError, NotFound, unknown_model
 from registry.core.transaction import Tx
@@ -32,6 +32,8 @@ class VersionInfo:
 class History:
     model: str
     versions: list[VersionInfo]
+    deleted: str | None = None          # when the model was deleted (its versions kept: answers/tidying.py)
+    changes: list = field(default_factory=list)   # its renames and deletion, oldest first (tidying.Change)
 
 
 @dataclass
@@ -46,14 +48,17 @@ class Diff:
 
 
 def history(tx: Tx, name: str) -> History:
-    if not tx.sql("SELECT 1 FROM models WHERE name = ?", [name]):
+    """A registered model's versions; a deleted one's too, under the name it had (the newest deleted under it)."""
+    row = tx.sql("SELECT id FROM models WHERE name = ?", [name])
+    mid = int(row[0][0]) if row else tidying.deleted_id(tx, name)
+    if mid is None:
         raise unknown_model(name, catalog.names(tx))
     rows = tx.sql("""
         SELECT v.version, e.name, v.encoder_id, v.n_evaluations, v.created::VARCHAR, v.reason, v.batch_id,
                coalesce(s.stability, v.stability), v.digest, v.vector
-        FROM embedding_versions v JOIN models m ON m.id = v.model_id JOIN encoders e ON e.id = v.encoder_id
+        FROM embedding_versions v JOIN encoders e ON e.id = v.encoder_id
         LEFT JOIN version_stability s ON s.version_id = v.id
-        WHERE m.name = ? ORDER BY v.version""", [name])
+        WHERE v.model_id = ? ORDER BY v.version""", [mid])
     out: list = []
     last: dict = {}
     for version, enc, enc_id, n, created, reason, batch, stab, digest, vec in rows:
@@ -62,7 +67,9 @@ def history(tx: Tx, name: str) -> History:
         last[enc_id] = vec
         out.append(VersionInfo(version, enc, enc_id, n, created, reason, batch,
                                None if stab is None else round(stab, 4), digest, moved))
-    return History(name, out)
+    changes = [c for c in tidying.changes(tx) if c.model_id == mid]
+    return History(name, out, None if row else next(c.created for c in reversed(changes) if c.change == "deleted"),
+                   changes)
 
 
 def diff(tx: Tx, name: str, v1: int | None = None, v2: int | None = None, k: int = 5) -> Diff:

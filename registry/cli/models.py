@@ -188,6 +188,9 @@ def history(ctx, model, as_json):
           ["version", "created", "reason", "used for embedding", "encoder", "moved", "stability"])
     click.echo("'used for embedding': the model's evaluations outside the test split when the version was made "
                "(test answers are held out)")
+    for c in h.changes:
+        what = f"deleted as {c.name}" if c.change == "deleted" else f"renamed {c.name} -> {c.new_name}"
+        click.echo(f"{c.created[:19]}: {what}" + (f" ({c.reason})" if c.reason else ""))
 
 
 @command()

@@ -253,6 +253,20 @@ class AskedAnswer(Base):
     created: Mapped[datetime] = mapped_column(DateTime, server_default=func.now(), nullable=False)
 
 
+class ModelChange(Base):
+    """Append-only: a model deleted (its `models` row kept whole in `record`; its versions and results stay under its
+    id) or renamed (`name` before, `new_name` after)."""
+    __tablename__ = "model_changes"
+    id: Mapped[int] = _id("model_changes_id_seq")
+    model_id: Mapped[int] = mapped_column(Integer, nullable=False)
+    change: Mapped[str] = mapped_column(String, nullable=False)       # "deleted" | "renamed"
+    name: Mapped[str] = mapped_column(String, nullable=False)
+    new_name: Mapped[str | None] = mapped_column(String)
+    record: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    reason: Mapped[str | None] = mapped_column(String)
+    created: Mapped[datetime] = mapped_column(DateTime, server_default=func.now(), nullable=False)
+
+
 class ModelClaim(Base):
     """Append-only, as aliases are: the newest row per model says which registered model its endpoint claims to serve
     (claims NULL: none now), whether it is that model's reference (the official API) and whether `watch` asks it."""

@@ -13,8 +13,11 @@ np = LazyModule("numpy")   # (the SQL rule is read by commands that need no arra
 def current(before_batch: int | None = None, model_ids=None, queries_in: str | None = None) -> str:
     """The newest evaluation of each (model, query) pair, as a subquery (`FROM {current()} e`); with `before_batch`,
     as it stood before that import batch; with `model_ids`, of those models only, and with `queries_in` (a table or
-    view with a query_id column), of those queries only (both far cheaper than filtering after)."""
-    conds = ([f"batch_id < {int(before_batch)}"] if before_batch is not None else []) + (
+    view with a query_id column), of those queries only (both far cheaper than filtering after). Only registered
+    models' evaluations count."""
+    # (a deleted model's results stay in the table for audits and count nowhere: answers/tidying.py)
+    conds = ["model_id IN (SELECT id FROM models)"] + (
+        [f"batch_id < {int(before_batch)}"] if before_batch is not None else []) + (
         [f"model_id IN ({', '.join(str(int(m)) for m in model_ids) or 'NULL'})"] if model_ids is not None else []) + (
         [f"query_id IN (SELECT query_id FROM {queries_in})"] if queries_in else [])
     where = ("WHERE " + " AND ".join(conds)) if conds else ""

@@ -39,6 +39,7 @@ class VectorIndex:
     unsaved: bool = False         # holds versions the sidecar does not (written by `flush`)
     checked: int | None = None    # the open database's versions generation it is known to be current for
     count: int | None = None      # PostgreSQL: how many versions of the encoder it was built from (see `get`)
+    changes: int = 0              # the newest model_changes.id it holds (a deletion or a rename rebuilds it)
     _ids_by_name: dict[str, int] | None = field(default=None, repr=False)  # built on first use
 
     def search(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -60,7 +61,7 @@ class VectorIndex:
     def copy(self) -> VectorIndex:
         faiss = load_faiss()
         return VectorIndex(self.encoder_id, faiss.clone_index(self.index), dict(self.names), self.through_version,
-                           self.stamp, self.unsaved, self.checked, self.count)
+                           self.stamp, self.unsaved, self.checked, self.count, self.changes)
 
     @property
     def size(self) -> int:
@@ -141,8 +142,10 @@ def get(tx: Tx, encoder_id: int, as_of: str | None = None) -> VectorIndex:
     else:
         newest = tx.sql("SELECT coalesce(max(id), 0) FROM embedding_versions WHERE encoder_id = ?",
                         [encoder_id])[0][0]
-    if vi.through_version > newest:
-        vi = VectorIndex(encoder_id, new_index(), {}, 0)
+    changes = tx.sql("SELECT coalesce(max(id), 0) FROM model_changes")[0][0]
+    if vi.through_version > newest or vi.changes != changes:
+        # (a model deleted or renamed since, answers/tidying.py: rebuilt, one vector per model)
+        vi = VectorIndex(encoder_id, new_index(), {}, 0, changes=changes)
     if newest > vi.through_version:
         _, mids, names, vecs = current_versions(tx, encoder_id, after_version_id=vi.through_version)
         vi = vi.copy()
@@ -172,7 +175,8 @@ def _from_sidecar(tx: Tx, encoder_id: int) -> VectorIndex:
     try:
         meta = json.loads(side.with_suffix(".json").read_text())
         vi = VectorIndex(encoder_id, faiss.deserialize_index(np.fromfile(side, dtype=np.uint8)),
-                         {int(k): v for k, v in meta["names"].items()}, int(meta["through_version"]), meta.get("stamp"))
+                         {int(k): v for k, v in meta["names"].items()}, int(meta["through_version"]), meta.get("stamp"),
+                         changes=int(meta.get("changes", 0)))
     except (OSError, ValueError, KeyError, RuntimeError):
         return empty                                                 # a damaged sidecar is only a cache miss
     stamp = tx.sql("SELECT created::VARCHAR FROM embedding_versions WHERE id = ? AND encoder_id = ?",
@@ -231,9 +235,14 @@ def _save(vi: VectorIndex, side: Path | None) -> None:
         tmp = side.with_name(f"{side.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         faiss.serialize_index(vi.index).tofile(tmp)
         os.replace(tmp, side)
-        tmp.write_text(json.dumps({"through_version": vi.through_version, "stamp": vi.stamp,
+        tmp.write_text(json.dumps({"through_version": vi.through_version, "stamp": vi.stamp, "changes": vi.changes,
                                    "names": {str(k): v for k, v in vi.names.items()}}))
         os.replace(tmp, side.with_suffix(".json"))
         vi.unsaved = False
     except OSError:
         pass
+
+
+def models_changed(tx: Tx) -> None:
+    """A model was deleted or renamed in `tx` (answers/tidying.py): this process's indexes check again."""
+    tx.cache[("generation", "versions")] = tx.cache.get(("generation", "versions"), 0) + 1

@@ -45,12 +45,38 @@ class AnswerBook:
         self.last_batch = -1
         self.batches_seen: set[int] = set()                    # PostgreSQL: every import batch read (see sync)
         self._cal: dict[tuple, fingerprint.AnswerCalibration] = {}
+        self._last_change = 0                                  # model_changes seen (`tidy`)
         self._lock = threading.Lock()                          # sync (the writer) against readers' views
 
     # --- the writer's -------------------------------------------------------------------------------------------
     def sync(self, tx: Tx) -> int:
-        """Read again the answers of every model with evaluations newer than the last sync -> how many models."""
-        return self.apply(self.read(tx))
+        """Read again the answers of every model with evaluations newer than the last sync, and take in the models
+        deleted or renamed since (`tidy`) -> how many models' answers changed."""
+        n = self.apply(self.read(tx))
+        self.tidy(tx)
+        return n
+
+    def tidy(self, tx: Tx) -> None:
+        """Deletions and renames since the last look (answers/tidying.py): a renamed model answers under its new
+        name; a deleted one's row is emptied (it answers nothing, so it is nobody's nearest or duplicate)."""
+        rows = tx.sql("SELECT id, model_id, change, new_name FROM model_changes WHERE id > ? ORDER BY id",
+                      [self._last_change])
+        if not rows:
+            return
+        with self._lock:
+            names, gone = dict(self.names), [self.row[int(m)] for _, m, c, _ in rows
+                                             if c == "deleted" and int(m) in self.row]
+            for _, m, change, new in rows:
+                if change == "deleted":
+                    names.pop(int(m), None)
+                elif int(m) in names:
+                    names[int(m)] = new
+            if gone:                  # (new arrays: readers keep the ones they took)
+                correct, answered, changes = self.correct.copy(), self.answered.copy(), self.changes.copy()
+                correct[gone], answered[gone] = -1, 0
+                changes[gone] += 1
+                self.correct, self.answered, self.changes, self._buf = correct, answered, changes, correct
+            self.names, self._last_change = names, int(rows[-1][0])
 
     def read(self, tx: Tx) -> _Changes | None:
         """`sync`'s reads, without changing the book: the writer reads in the transaction that wrote the rows and

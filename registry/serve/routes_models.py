@@ -85,6 +85,12 @@ class WatchBody(BaseModel):
     deadline: float = Field(60.0, gt=0, le=MAX_DEADLINE)
 
 
+class RenameBody(BaseModel):
+    model_config = ConfigDict(strict=True)
+    name: shapes.ModelName
+    reason: str | None = Field(None, max_length=1000)
+
+
 class AvailabilityBody(BaseModel):
     model_config = ConfigDict(strict=True)
     models: list[str] = Field(min_length=1)
@@ -116,7 +122,7 @@ def endpoint_verdicts(name: str, s: ServerState = Depends(server)):
     return json_response(s.registry.endpoint_verdicts(name))
 
 
-POST_ONLY = ("evaluations", "ask", "claims", "verify")     # /models/{name}/... paths a GET may not take
+POST_ONLY = ("evaluations", "ask", "claims", "verify", "rename")   # /models/{name}/... paths a GET may not take
 
 
 @models_router.get("/models/{name:path}")
@@ -125,6 +131,19 @@ def show(name: str, s: ServerState = Depends(server)):
     if "/" in name and name.rsplit("/", 1)[1] in POST_ONLY:
         raise HTTPException(405, "Method Not Allowed")
     return json_response(s.registry.show(name))
+
+
+@models_router.delete("/models/{name:path}", dependencies=[Depends(require_token)])
+def delete(name: shapes.ModelName, s: ServerState = Depends(server),
+           reason: Annotated[str | None, Query(max_length=1000)] = None):
+    """`registry delete NAME`: it leaves every list and answer; its versions and results stay (its history)."""
+    return json_response(s.serving.write(lambda: s.registry.delete(name, reason=reason)))
+
+
+@models_router.post("/models/{name:path}/rename", dependencies=[Depends(require_token)])
+def rename(name: shapes.ModelName, body: RenameBody, s: ServerState = Depends(server)):
+    """`registry rename NAME NEW`: its versions, results and aliases stay its own."""
+    return json_response(s.serving.write(lambda: s.registry.rename(name, body.name, reason=body.reason)))
 
 
 @models_router.post("/models", dependencies=[Depends(require_token)])

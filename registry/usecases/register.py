@@ -1,15 +1,19 @@
 """`registry register`: a model's metadata and 0/1 results in one transaction (refused whole when it would silently
 change a model that exists), then onboarding, then what the registry now says of it (`report`: version, evidence
 status, nearest models, a warning where one is due) and its same-model verdict recorded as an alias; `report` is also
-how `ask` and the imports by reader report each model. `probe`: the questions to ask a model first."""
+how `ask` and the imports by reader report each model. `probe`: the questions to ask a model first. Tidying: `delete`
+and `rename` (answers/tidying.py), the endpoints claiming a deleted model deleted with it, and `remove_endpoint`,
+which deletes an endpoint that is a model of its own (a claim) rather than leave it behind as a model."""
 from __future__ import annotations
 
 from typing import Any
 
-from registry.answers import catalog, probe_plans, registration
+from registry.answers import catalog, probe_plans, registration, tidying
 from registry.answers.registration import RegisterResult, Staged
+from registry.asking import claims
 from registry.core.errors import check_text
 from registry.core.store import Store
+from registry.data import endpoints
 from registry.embedding import evidence, onboarding
 from registry.usecases import onboard as onboard_uc
 
@@ -73,3 +77,31 @@ def probe(store: Store, model: str, n: int = 16, seed: int = 0, out: str | None 
     onboard_uc.finish_pending(store, min_evaluations)
     with store.tx() as tx:
         return probe_plans.plan(tx, model, n, seed, out)
+
+
+def delete(store: Store, name: str, *, reason: str | None = None) -> tidying.Deleted:
+    """`name` deleted, and the endpoints claiming it (each a model of its own), in one transaction."""
+    check_text(reason, "reason")
+    with store.tx() as tx:
+        claimants = [c.endpoint for c in claims.current(tx) if c.model == name]
+        out = tidying.delete(tx, name, reason)
+        for endpoint in claimants:
+            tidying.delete(tx, endpoint, f"the model it claimed, {name}, was deleted")
+        out.also = claimants
+        return out
+
+
+def rename(store: Store, old: str, new: str, *, reason: str | None = None) -> tidying.Renamed:
+    check_text(reason, "reason")
+    with store.tx() as tx:
+        return tidying.rename(tx, old, new, reason)
+
+
+def remove_endpoint(store: Store, model: str) -> None:
+    """MODEL's endpoint removed; where MODEL is an endpoint claiming another model (a model of its own, X@provider),
+    that model is deleted with it: it has no other use."""
+    with store.tx() as tx:
+        if any(c.endpoint == model for c in claims.current(tx)):
+            tidying.delete(tx, model, "its endpoint was removed")
+        else:
+            endpoints.remove(tx, model)

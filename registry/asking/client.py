@@ -1,5 +1,5 @@
 """A careful client of an OpenAI-compatible `/v1/chat/completions`: bounded concurrency, retries with backoff on
-429, 5xx and timeouts (honouring Retry-After), a deadline per request, a progress bar, the tokens used summed from
+429, 5xx and timeouts (honouring Retry-After), a deadline per request, progress lines, the tokens used summed from
 `usage`. The API key is read from the environment at each request, only where its owner lets it go
 (core/keys.py), and never stored or logged."""
 from __future__ import annotations
@@ -179,21 +179,24 @@ def _count(value) -> int:
 
 def ask_all(endpoint: Endpoint, prompts: list[tuple], *, concurrency: int = 8, deadline: float = 60.0,
             retries: int = 4, backoff: float = 0.5, progress: bool = False,
-            unreachable_after: int = UNREACHABLE_AFTER,
-            cancel: threading.Event | None = None) -> tuple[list[Reply], Usage]:
+            unreachable_after: int = UNREACHABLE_AFTER, cancel: threading.Event | None = None,
+            label: str | None = None) -> tuple[list[Reply], Usage]:
     """prompts: [(key, messages)] -> the replies in the same order, and what it took. KeyRefused before anything
     is sent where the endpoint's key may not reach it. unreachable_after: connections refused (or timed out) with
     no reply yet after which nothing more is sent. `cancel` set (a client that hung up, a server stopping): nothing
-    more is sent, and requests under way are cut (their connections closed): their replies say "cancelled"."""
-    from tqdm import tqdm
+    more is sent, and requests under way are cut (their connections closed): their replies say "cancelled".
+    `progress`: plain lines on stderr named `label` (default: the upstream model), never a bar, so that several
+    endpoints asked at once (`verify`) stay readable."""
+    from registry.locus.text_encoder import ProgressLines
 
     _headers(endpoint)
 
     usage, lock = Usage(), threading.Lock()
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     done = threading.Event()
-    with httpx.Client(limits=limits) as http, ThreadPoolExecutor(max(1, concurrency)) as pool, \
-            tqdm(total=len(prompts), disable=not progress, desc="asking", unit="q") as bar:
+    bar = ProgressLines(f"asking {label or endpoint.upstream_model}", len(prompts), "questions answered",
+                        enabled=progress)
+    with httpx.Client(limits=limits) as http, ThreadPoolExecutor(max(1, concurrency)) as pool:
         def one(item):
             if cancel is not None and cancel.is_set():
                 return Reply(item[0], None, error="cancelled")
@@ -201,7 +204,7 @@ def ask_all(endpoint: Endpoint, prompts: list[tuple], *, concurrency: int = 8, d
                           usage=usage, lock=lock, unreachable_after=unreachable_after, cancel=cancel)
             if cancel is not None and cancel.is_set() and out.text is None:
                 out.error = "cancelled"
-            bar.update(1)
+            bar.step()
             return out
 
         def cut(cancel: threading.Event) -> None:    # (closing the client ends the requests it has under way)

@@ -201,18 +201,51 @@ def encode(texts: Sequence[str], batch_size: int = 64, progress: bool = False,
     session = load_onnx() if backend in (None, "onnx") else None
     if backend == "onnx" and session is None:
         raise RuntimeError(f"the ONNX text encoder is unavailable: {_onnx_failed}")
+    lines = ProgressLines(f"text encoder ({'torch' if session is None else 'onnx'})", len(texts), "texts embedded",
+                          enabled=progress)
     if session is None:
-        return _torch_encode(texts, batch_size, progress)
+        out = _torch_encode(texts, batch_size)
+        lines.done(len(texts))
+        return out
     with _encode_lock:
-        return session.encode(list(texts), batch_size=batch_size, progress=progress)
+        return session.encode(list(texts), batch_size=batch_size, on_batch=lines.done)
 
 
-def _torch_encode(texts: Sequence[str], batch_size: int = 64, progress: bool = False) -> np.ndarray:
+def _torch_encode(texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
     model = load_model()
-    with _encode_lock:
-        vecs = model.encode(list(texts), batch_size=batch_size, show_progress_bar=progress,
+    with _encode_lock:      # (sentence-transformers' own bar stays off: our lines say how far it is)
+        vecs = model.encode(list(texts), batch_size=batch_size, show_progress_bar=False,
                             convert_to_numpy=True, normalize_embeddings=True)
     return np.asarray(vecs, dtype=np.float32)
+
+
+class ProgressLines:
+    """A long step's progress as plain lines on stderr, never a bar: `label: k of n what (t s)` at most every `every`
+    seconds, and at the end, so that several at once (one per endpoint) stay readable."""
+
+    def __init__(self, label: str, total: int, what: str, *, enabled: bool = True, every: float = 5.0):
+        self.label, self.total, self.what, self.enabled, self.every = label, total, what, enabled, every
+        self.started = self.last = time.monotonic()
+        self.count = 0
+        self._lock = threading.Lock()
+
+    def step(self, n: int = 1) -> None:
+        with self._lock:
+            self.count += n
+            count = self.count
+        self.done(count)
+
+    def done(self, count: int) -> None:
+        now = time.monotonic()
+        if count >= self.total or now - self.last >= self.every:
+            self.last = now
+            self._say(count)
+
+    def _say(self, count: int) -> None:
+        if self.enabled:
+            import sys
+            print(f"{self.label}: {count:,} of {self.total:,} {self.what} ({time.monotonic() - self.started:.0f} s)",
+                  file=sys.stderr, flush=True)
 
 
 class EncoderProcess:

@@ -123,7 +123,8 @@ def ask_targets(jobs: list[tuple[Target, list[tuple]]], *, concurrency: int, pro
         target, prompts = job
         if not prompts:
             return [], client.Usage()
-        return client.ask_all(target.endpoint, prompts, concurrency=concurrency, progress=progress, **how)
+        return client.ask_all(target.endpoint, prompts, concurrency=concurrency, progress=progress,
+                              label=target.claim.endpoint, **how)
     with ThreadPoolExecutor(max(1, len(jobs))) as pool:
         return list(pool.map(one, jobs))
 

@@ -14,7 +14,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -143,17 +143,15 @@ class Session:
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         self.path = path
 
-    def encode(self, texts: Sequence[str], batch_size: int = 64, progress: bool = False) -> np.ndarray:
-        """[N] texts -> [N, 384] float32. Batches of similar length (sorted by tokens), each padded to its longest."""
+    def encode(self, texts: Sequence[str], batch_size: int = 64,
+               on_batch: Callable[[int], None] | None = None) -> np.ndarray:
+        """[N] texts -> [N, 384] float32. Batches of similar length (sorted by tokens), each padded to its longest.
+        `on_batch(texts done)` after each batch (the caller's progress lines; no bar of its own)."""
         encodings = self.tokenizer.encode_batch(list(texts), add_special_tokens=True)
         lengths = np.array([len(e.ids) for e in encodings])
         order = np.argsort(-lengths, kind="stable")
         out = np.zeros((len(texts), self.session.get_outputs()[0].shape[-1]), dtype=np.float32)
-        starts = range(0, len(texts), batch_size)
-        if progress:
-            from tqdm import tqdm
-            starts = tqdm(starts, desc="Batches", unit="batch")
-        for start in starts:
+        for start in range(0, len(texts), batch_size):
             rows = order[start:start + batch_size]
             width = int(lengths[rows[0]])
             ids = np.zeros((len(rows), width), dtype=np.int64)
@@ -163,6 +161,8 @@ class Session:
                 mask[i, :lengths[r]] = 1
             out[rows] = self.session.run(None, {"input_ids": ids, "attention_mask": mask,
                                                 "token_type_ids": np.zeros_like(ids)})[0]
+            if on_batch is not None:
+                on_batch(min(start + batch_size, len(texts)))
         return out
 
 

@@ -17,13 +17,13 @@ def encoders(ctx, as_json):
     if as_json:
         emit_json(rows)
         return
-    def hit1(e) -> str:    # the test figure where training recorded one, else the validation one, and say which
-        test, val = e.metrics.get("test", {}).get("hit@1"), e.metrics.get("val_hit@1")
-        return f"{test:.4f} (test)" if test is not None else (f"{val:.4f} (val)" if val is not None else "")
-
     table([[e.id, "*" if e.active else "", e.name, e.text_encoder, e.created[:19], f"{e.n_bytes / 1e6:.1f} MB",
-            hit1(e)] for e in rows],
-          ["id", "active", "name", "text encoder", "created", "size", "hit@1"])
+            "" if e.hit1_at_training is None else f"{e.hit1_at_training:.4f} ({e.hit1_at_training_split})"]
+           for e in rows],
+          ["id", "active", "name", "text encoder", "created", "size", "hit@1 at training"])
+    if any(e.hit1_at_training is not None for e in rows):
+        click.echo("hit@1 at training: the checkpoint's own record, from the embeddings of its training run; "
+                   "today's figures on this registry: `registry evaluate`")
 
 
 @command("activate", group=encoders)
@@ -165,7 +165,8 @@ def evaluate(ctx, *, split, sample_efficiency, seeds, no_baselines, held_out, n,
     if "val_hit" in sel:
         click.echo(f"routing (locus_interaction) = predictor logit + {sel['a']} x category offset + {sel['w']} x "
                    f"residual of the {sel['k']} nearest queries, chosen on val (val hit@1 "
-                   f"{sel['val_hit']['chosen']:.4f}; the predictor alone {sel['val_hit']['predictor']:.4f})")
+                   f"{sel['val_hit']['chosen']:.4f}; the predictor alone {sel['val_hit']['predictor']:.4f}; today's "
+                   f"embeddings: `registry encoders` shows the figure recorded at training)")
     if r.served:
         click.echo(f"served policy (routing as served, row `served`): {r.served['policy']}, chosen on val (hit@1 "
                    + ", ".join(f"{k} {v:.4f}" for k, v in r.served["val_hit"].items())

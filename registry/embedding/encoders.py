@@ -34,6 +34,20 @@ class EncoderInfo:
     created: str
     weights_sha256: str
     n_bytes: int
+    # the checkpoint's own record of its routing hit@1, measured when it was trained (on the embeddings of that
+    # run: val's from the train answers alone): the test figure where it has one, else val's. Not today's figure
+    # on this registry, which `registry evaluate` measures (models embedded from their train and val answers)
+    hit1_at_training: float | None = None
+    hit1_at_training_split: str | None = None
+
+
+def at_training(metrics: dict) -> tuple[float | None, str | None]:
+    """(hit@1, split) of a checkpoint's metrics as training recorded them: test where it has one, else val."""
+    for split, value in (("test", metrics.get("test_hit@1", (metrics.get("test") or {}).get("hit@1"))),
+                         ("val", metrics.get("val_hit@1"))):
+        if isinstance(value, (int, float)):
+            return round(float(value), 4), split
+    return None, None
 
 
 def checkpoint_header(blob: bytes, source: str = "checkpoint") -> dict:
@@ -181,8 +195,11 @@ def listing(tx: Tx) -> list[EncoderInfo]:
     rows = tx.sql("""SELECT id, name, text_encoder, meta::VARCHAR, created::VARCHAR, weights_sha256,
                             octet_length(weights)
                      FROM encoders ORDER BY id""")
-    return [EncoderInfo(id=i, name=n, text_encoder=t, active=(i == active), metrics=json.loads(m).get("metrics", {}),
-                        created=c, weights_sha256=s, n_bytes=b) for i, n, t, m, c, s, b in rows]
+    out = [EncoderInfo(id=i, name=n, text_encoder=t, active=(i == active), metrics=json.loads(m).get("metrics", {}),
+                       created=c, weights_sha256=s, n_bytes=b) for i, n, t, m, c, s, b in rows]
+    for e in out:
+        e.hit1_at_training, e.hit1_at_training_split = at_training(e.metrics)
+    return out
 
 
 def load(tx: Tx, encoder_id: int):

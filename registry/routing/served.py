@@ -42,8 +42,9 @@ def val_right(scores: np.ndarray, correct: np.ndarray) -> np.ndarray:
 
 
 def val_hit(scores: np.ndarray, correct: np.ndarray) -> float:
-    """hit@1 among the models with a result for each query (baselines.val_hit without torch); ties: lower row."""
-    return float(val_right(scores, correct).mean()) if correct.shape[1] else 0.0
+    """hit@1 among the models with a result for each query (interaction.answered_hit, the one figure); ties: lower
+    row."""
+    return interaction.answered_hit(scores, correct)
 
 
 def required_gain(judged: dict, name: str, correct: np.ndarray, against: str = "locus_interaction") -> float:
@@ -107,13 +108,12 @@ def candidates(fitted: interaction.Interaction, correct: np.ndarray, qvecs: np.n
     if not len(rows) or not len(tr) or not len(va) or val_info is None:
         return {}
     cv = c[:, va]
-    # the interaction's own val figure (which chose its weights) counts a choice of a model without a val answer as
-    # wrong; here it is judged as every candidate is, among the models with an answer (on ZeroEval, where models
-    # skipped whole tasks, it read 0.8169 for a predictor that scored 0.9261 on test). Its weights keep their
-    # criterion: choosing them this way picked a 2, w 4 on MMLU-Pro and lost 0.011 on test.
+    # the interaction's val figure, as `fit` measured it by the one rule (interaction.answered_hit: among the models
+    # with an answer, as every candidate here), one figure in `evaluate`'s two lines; its weights were chosen by
+    # another criterion (`selection["criterion"]`, a choice without an answer wrong: on ZeroEval, where models
+    # skipped whole tasks, that read 0.8169 for a predictor that scored 0.9261 on test)
     val_p = None if fitted.val_logits is None else interaction.sigmoid(fitted.val_logits)
-    judged: dict[str, tuple] = {
-        "locus_interaction": (val_info["chosen"] if val_p is None else val_hit(val_p, cv), {}, val_p)}
+    judged: dict[str, tuple] = {"locus_interaction": (val_info["chosen"], {}, val_p)}
     nn_va = interaction.neighbours(np.asarray(qvecs[tr], dtype=np.float32), qvecs[va], max(KNN_KS))
     by_k = {k: knn(c[:, tr], nn_va, k) for k in KNN_KS if k <= len(tr)}
     if by_k:

@@ -32,7 +32,7 @@ def test_a_low_evidence_model_is_on_probation_and_never_takes_over(db_copy, smal
         decisions = reg.route_batch(texts, RouteOptions(log=False))
         assert all(d.model != "invented-strong" for d in decisions)
         cand = next(c for c in decisions[0].candidates if c.model == "invented-strong")
-        assert cand.probation and cand.evaluations < 64
+        assert cand.probation and cand.embedded_from < 64
         # its own prediction is pulled toward the pool's: its evidence is thin
         pool = np.mean([c.raw_prob for c in decisions[0].candidates if not c.probation])
         assert abs(cand.prob - pool) < abs(cand.raw_prob - pool)

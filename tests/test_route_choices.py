@@ -71,7 +71,7 @@ def test_min_prob_choice_is_in_the_table(db_copy):
     lines = out.output.splitlines()
     assert any(ln.startswith("*") and chosen in ln for ln in lines)
     header = next(ln for ln in lines if "candidate" in ln)
-    assert header.split() == ["candidate", "P(correct)", "own", "P", "evaluations", "cost", "params_b", "status"]
+    assert header.split() == ["candidate", "P(correct)", "own", "P", "embedded", "from", "cost", "params_b", "status"]
 
 
 def test_frontier_pareto_is_non_dominated(db_copy):

@@ -67,9 +67,9 @@ def route(ctx, *, text, file_, out, cost_weight, min_prob, cost_by, include_prob
         if d.model not in {c.model for c in shown}:   # the choice is always in the table, even ranked lower
             shown = shown + [c for c in d.candidates if c.model == d.model]
         left_out = [c.model for c in d.candidates if not c.eligible and not c.probation]
-        table([["*" if c.model == d.model else "", c.model, f"{c.prob:.3f}", f"{c.raw_prob:.3f}", c.evaluations,
+        table([["*" if c.model == d.model else "", c.model, f"{c.prob:.3f}", f"{c.raw_prob:.3f}", c.embedded_from,
                 num(c.cost), num(c.params_b), _status(c)] for c in shown],
-              ["", "candidate", "P(correct)", "own P", "evaluations", "cost", "params_b", "status"])
+              ["", "candidate", "P(correct)", "own P", "embedded from", "cost", "params_b", "status"])
         if left_out:
             click.echo(f"left out (no parameter count; cost by params_b): {', '.join(left_out)}")
         click.echo(f"encoder {d.encoder}; versions: " + ", ".join(f"{c.model} v{d.versions[c.model]}"

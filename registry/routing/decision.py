@@ -57,7 +57,8 @@ class Candidate:
     prob: float                       # P(correct) as routing uses it: shrunk by the model's evidence, with the
                                       #   interaction terms added to its logit (locus/interaction.py)
     raw_prob: float                   # the predictor's own P(correct) from the model's embedding
-    evaluations: int                  # behind the embedding used
+    embedded_from: int                # the evaluations behind the embedding used (test answers held out): not
+                                      #   the model's `evaluations` in `models` and `show`, which count them all
     probation: bool = False           # too few evaluations: chosen only when asked (include_probation)
     cost: float | None = None         # price per query, if set
     params_b: float | None = None

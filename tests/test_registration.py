@@ -8,7 +8,7 @@ import pytest
 
 from registry import Registry
 from registry.core.errors import InputError
-from tests.helpers import results_of, run, write_rows
+from tests.helpers import results_of, run, run_json, write_rows
 
 from .conftest import snapshot
 
@@ -125,3 +125,21 @@ def test_a_server_registration_contradicting_itself_names_its_lines(db_copy, sma
             with Registry(db_copy) as reg, reg.store.tx() as tx:
                 registration.stage_group(tx, [(name, str(f), {}, True)])
     assert snapshot(db_copy) == before
+
+
+@pytest.mark.slow
+def test_an_unchanged_re_register_gives_its_versions_stability_in_text_and_json(db_copy, small_data, tmp_path):
+    f = write_rows(tmp_path / "yi.csv", results_of(small_data, "Yi-6B"))
+    first = run(db_copy, "register", "yi-copy", "--evals", str(f), "--json")
+    assert first.exit_code == 0, first.output
+    embedded = json.loads(first.stdout)
+    assert embedded["outcome"] == "embedded" and embedded["stability"] is not None
+    again = run(db_copy, "register", "yi-copy", "--evals", str(f), "--json")
+    assert again.exit_code == 0, again.output
+    unchanged = json.loads(again.stdout)
+    assert (unchanged["outcome"], unchanged["version"]) == ("unchanged", embedded["version"])
+    assert unchanged["stability"] == embedded["stability"]                     # not null: the same figure
+    text = run(db_copy, "register", "yi-copy", "--evals", str(f))
+    assert f"(unchanged, stability {embedded['stability']:.3f} (spread over random halves))" in text.output
+    history = run_json(db_copy, "history", "yi-copy")
+    assert history["versions"][-1]["stability"] == round(embedded["stability"], 4)

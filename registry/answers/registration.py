@@ -4,7 +4,7 @@ metadata and results staged in a transaction, refused whole when that would sile
 version, evidence status, nearest models, and a warning where one is due; its same-model verdict as an alias."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from registry.answers import catalog, fingerprint, neighbours
 from registry.answers.neighbours import Neighbour
@@ -167,6 +167,8 @@ def report(tx: Tx, staged: Staged, o: onboarding.JobOutcome | None, k: int, prob
         o = onboarding.JobOutcome(name, "unchanged", info.version, info.embedded_from or 0)
     held_out = catalog.held_out(tx, name)
     model_id = tx.sql("SELECT id FROM models WHERE name = ?", [name])[0][0]
+    if o.version is not None and o.stability is None:      # (unchanged: its version's figure, as first reported)
+        o = replace(o, stability=stored_stability(tx, model_id, o.version))
     # its answers against every other model's, once: the neighbours' disagreement and the duplicate test use it
     own = current_evaluations.of_models(tx, [model_id])
     rates = current_evaluations.disagreement(tx, own["query_id"], own["correct"], [
@@ -191,9 +193,10 @@ def report_served(snap, book, staged: Staged, o: onboarding.JobOutcome | None, k
     versions) and its answer book (serve/answerbook.py), both up to date with the write being reported. What `report`
     says, the same way (tests/test_writer.py compares them); None where only the plain `report` can say it."""
     model_id = book.id_of(staged.name)
-    if o is None or model_id is None or not evidence.on_probation(o.n_evaluations, probation_min):
+    if o is None or model_id is None or not evidence.on_probation(o.n_evaluations, probation_min) \
+            or (o.version is not None and o.stability is None):
         # nothing new was embedded, no answers, or an established model (its table reads error correlations and
-        # its neighbours' own questions, as `similar` does): the plain report
+        # its neighbours' own questions, as `similar` does), or a version whose stability is stored: the plain report
         return None
     rates = book.disagreement(model_id)
     near, notes, status = [], [], "not embedded"
@@ -209,6 +212,14 @@ def report_served(snap, book, staged: Staged, o: onboarding.JobOutcome | None, k
     same = fingerprint.duplicate_of(None, model_id, rates, book.names, book.calibration({model_id}))
     return _result(staged, o, near, notes + _duplicate_notes(staged.name, same), book.held_out(model_id),
                    status, alias_of=same.match if same else None)
+
+
+def stored_stability(tx: Tx, model_id: int, version: int) -> float | None:
+    """A version's stability as it was estimated (None: not yet), the figure its registration first reported."""
+    row = tx.sql("""SELECT coalesce(s.stability, v.stability) FROM embedding_versions v
+                    LEFT JOIN version_stability s ON s.version_id = v.id
+                    WHERE v.model_id = ? AND v.version = ?""", [model_id, version])
+    return None if not row or row[0][0] is None else float(row[0][0])
 
 
 def _duplicate_notes(name: str, same: fingerprint.Fingerprint | None) -> list[str]:

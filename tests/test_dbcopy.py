@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from registry import Registry
-from registry.answers import catalog
+from registry.answers import catalog, tidying
 from registry.asking import claims
 from registry.cli import cli
 from registry.core import dbcopy
@@ -36,7 +36,7 @@ def known_texts(reg, n=4) -> list[str]:
 @pytest.fixture
 def full_db(db_copy):
     """The session's registry with rows in every table: routes logged, a model marked down and up, an endpoint, an
-    alias."""
+    alias, a rename."""
     with Registry(db_copy) as reg:
         reg.route_batch(known_texts(reg))
         reg.mark_unavailable(["gemma-7b"], reason="maintenance")
@@ -58,6 +58,7 @@ def full_db(db_copy):
                       FROM models m, models c WHERE m.name = 'gpt-4o-2024-05-13'
                       AND c.name = 'gpt-4o-2024-05-13@other'""")
             # (an event kept for a webhook that has not taken it yet, as `watch --webhook` keeps it)
+            tidying.rename(tx, "Yi-6b-Chat", "yi-6b-chat", "a rename, as `registry rename` keeps it")
             tx.sql("""INSERT INTO watch_deliveries (url, event, attempts, last_error)
                       VALUES ('https://hooks.example/x?k=1', '{"change": "faithful -> unreachable"}', 3, 'HTTP 500')
                       RETURNING id""")

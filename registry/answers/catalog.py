@@ -10,7 +10,7 @@ from registry.core.lazy import LazyModule
 from registry.core.transaction import Tx
 from registry.data import availability
 from registry.data.current_evaluations import CURRENT, current
-from registry.embedding import encoders
+from registry.embedding import encoders, index
 
 evidence = LazyModule("registry.locus.evidence")   # (numpy: `stats` reads counts only)
 
@@ -158,6 +158,7 @@ def set_alias(tx: Tx, name: str, of: str, source: str) -> str:
         root_id = tx.sql("SELECT id FROM models WHERE name = ?", [root])[0][0]
         tx.sql("INSERT INTO model_aliases (model_id, alias_of, source) VALUES (?, ?, ?) RETURNING id",
                [ids[name], root_id, source])
+        index.models_changed(tx)        # (an alias is one model with the one it names: the indexes drop it)
     return root
 
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from registry.core import dialect
 from registry.core.lazy import LazyModule
 from registry.core.transaction import Tx
+from registry.data import current_evaluations
 
 if TYPE_CHECKING:
     import numpy as np
@@ -39,7 +40,8 @@ class VectorIndex:
     unsaved: bool = False         # holds versions the sidecar does not (written by `flush`)
     checked: int | None = None    # the open database's versions generation it is known to be current for
     count: int | None = None      # PostgreSQL: how many versions of the encoder it was built from (see `get`)
-    changes: int = 0              # the newest model_changes.id it holds (a deletion or a rename rebuilds it)
+    changes: int = 0              # the newest model_changes and model_aliases ids it holds, in one number (a
+                                  #   deletion, a rename or an alias rebuilds it)
     _ids_by_name: dict[str, int] | None = field(default=None, repr=False)  # built on first use
 
     def search(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -77,7 +79,8 @@ class VectorIndex:
 
 
 def current_versions(tx: Tx, encoder_id: int, as_of: str | None = None, after_version_id: int = 0):
-    """The newest version per model under one encoder (as it stood at `as_of`), with id > after_version_id.
+    """The newest version per model under one encoder (as it stood at `as_of`), with id > after_version_id; an alias
+    (another name of a registered model) is that model, not a second point.
     -> (version ids [n], model ids [n], names [n], vectors [n,128] float32)"""
     when = "AND v.created <= ?::TIMESTAMP" if as_of else ""
     tbl = tx.arrow(f"""
@@ -85,7 +88,7 @@ def current_versions(tx: Tx, encoder_id: int, as_of: str | None = None, after_ve
             SELECT v.id, v.model_id, m.name, v.vector,
                    row_number() OVER (PARTITION BY v.model_id ORDER BY v.version DESC) AS newest
             FROM embedding_versions v JOIN models m ON m.id = v.model_id
-            WHERE v.encoder_id = ? {when} AND v.id > ?) x
+            WHERE v.encoder_id = ? {when} AND v.id > ? AND v.model_id NOT IN ({current_evaluations.ALIASES})) x
         WHERE newest = 1 ORDER BY model_id""", [encoder_id] + ([as_of] if as_of else []) + [after_version_id])
     n = tbl.num_rows
     flat = tbl.column("vector").combine_chunks().flatten().to_numpy(zero_copy_only=False) if n else np.zeros(0)
@@ -142,7 +145,9 @@ def get(tx: Tx, encoder_id: int, as_of: str | None = None) -> VectorIndex:
     else:
         newest = tx.sql("SELECT coalesce(max(id), 0) FROM embedding_versions WHERE encoder_id = ?",
                         [encoder_id])[0][0]
-    changes = tx.sql("SELECT coalesce(max(id), 0) FROM model_changes")[0][0]
+    # (the newest deletion or rename, and the newest alias mark: either changes which models it holds)
+    changes = tx.sql("SELECT (SELECT coalesce(max(id), 0) FROM model_changes) * 1000003 + "
+                     "(SELECT coalesce(max(id), 0) FROM model_aliases)")[0][0]
     if vi.through_version > newest or vi.changes != changes:
         # (a model deleted or renamed since, answers/tidying.py: rebuilt, one vector per model)
         vi = VectorIndex(encoder_id, new_index(), {}, 0, changes=changes)

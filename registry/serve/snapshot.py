@@ -76,7 +76,7 @@ class Snapshots:
                              None if endpoints_changed else self.current, refit)
         return self.current
 
-    def add_versions(self, registered: set[str] = frozenset(), tx=None) -> Snapshot:
+    def add_versions(self, registered: set[str] | frozenset[str] = frozenset(), tx=None) -> Snapshot:
         """After commits that only appended embedding versions (the writer's registrations): the next snapshot
         from this one and those versions, one read (routing_fit.with_new_versions) instead of the whole state;
         `registered`: the names those commits registered; `tx`: a read transaction to use (else one of its own)."""
@@ -85,7 +85,7 @@ class Snapshots:
                 return self.publish(self.with_versions(registered, tx))
         return self.publish(self.with_versions(registered, tx))
 
-    def with_versions(self, registered: set[str], tx) -> Snapshot:
+    def with_versions(self, registered: set[str] | frozenset[str], tx) -> Snapshot:
         """`add_versions`' next snapshot, not yet swapped in: the writer builds it in the transaction that wrote the
         versions and swaps it in (`publish`) once that has committed."""
         cur = self.current
@@ -153,7 +153,7 @@ POLL_S = 0.2          # how often each replica looks: a write elsewhere is serve
 
 _GENERATION_SQL = """SELECT {parts}, (SELECT {models} FROM models)"""
 _GENERATION_TABLES = ("embedding_versions", "import_batches", "model_availability", "model_endpoints",
-                      "encoder_activations", "queries")
+                      "encoder_activations", "queries", "model_aliases", "model_changes")
 
 
 def read_generation(tx: Tx) -> tuple[Any, ...]:

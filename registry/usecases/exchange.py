@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from registry.answers import registration
+from registry.answers import catalog, registration
 from registry.core.errors import InputError
 from registry.core.store import Store
 from registry.data.formats import eee_write, importer, readers
@@ -38,6 +38,11 @@ def import_paths(store: Store, paths: list[str], reader: str | None = None, *, m
     onboard_uc.finish_pending(store, min_evaluations)
     with store.tx() as tx:
         done = importer.write(tx, runs, name, progress=progress)
+        names = set(catalog.names(tx))
+        for run in runs:            # (the aliases the files record, as the registry that wrote them had them)
+            target = (run.meta or {}).get("alias_of")
+            if target in names and run.model in names and target != run.model:
+                catalog.set_alias(tx, run.model, target, "import")
     outcomes = {o.model: o for o in onboard_uc.onboard(store, min_evaluations)}
     for m in done.models:
         m.outcome = outcomes.get(m.model)

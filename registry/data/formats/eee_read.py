@@ -120,7 +120,8 @@ def model_meta(info: dict) -> dict:
                 "params_b": float(own["params_b"]) if own.get("params_b") else None,
                 "cost": float(own["cost"]) if own.get("cost") else None,
                 "open_weights": {"true": True, "false": False}.get(own.get("open_weights", "")),
-                "tags": json.loads(own["tags"]) if own.get("tags") else {}}
+                "tags": json.loads(own["tags"]) if own.get("tags") else {},
+                "alias_of": own.get("alias_of")}     # (the model it was recorded as another name of, if any)
     return {"provider": info.get("developer"),
             "open_weights": {"open_weights": True, "closed_weights": False}.get(details.get("model_availability", ""))}
 

@@ -134,6 +134,8 @@ def export(tx: Tx, directory: str, *, models: list[str] | None = None, source: s
                           ("import_batches", "SELECT id, created FROM import_batches"),
                           ("asked_answers", "SELECT * FROM asked_answers")):
         tx.mirror(table, select)
+    alias_of = dict(tx.sql(f"""SELECT m.name, t.name FROM ({current_evaluations.ALIAS_OF}) a
+                               JOIN models m ON m.id = a.model_id JOIN models t ON t.id = a.alias_of"""))
     queries, whole = _queries(tx, source)
     if not queries.num_rows:
         raise InputError(f"no query of source {source!r}" if source else "the registry holds no query")
@@ -169,7 +171,8 @@ def export(tx: Tx, directory: str, *, models: list[str] | None = None, source: s
                                                path=sql_str(str(samples))))
             rows = sum(s[1] for s in stats)
             aggregate = folder / f"{uid}.json"
-            record = _aggregate(name, meta, eid, stamp, stats, benchmark=benchmark, developer=developer)
+            record = _aggregate(name, meta, eid, stamp, stats, benchmark=benchmark, developer=developer,
+                                alias_of=alias_of.get(name))
             record["detailed_evaluation_results"] = {
                 "format": "jsonl", "file_path": str(samples.relative_to(out)), "hash_algorithm": "sha256",
                 "checksum": eee_read.digest(samples), "total_rows": rows}
@@ -216,14 +219,15 @@ def write_manifest(out: Path, result: ExportResult) -> None:
     tmp.replace(out / eee_read.MANIFEST)
 
 
-def _aggregate(name: str, meta: tuple, eid: str, stamp: str, stats: list, *, benchmark: str, developer: str) -> dict:
+def _aggregate(name: str, meta: tuple, eid: str, stamp: str, stats: list, *, benchmark: str, developer: str,
+               alias_of: str | None = None) -> dict:
     family, provider, params_b, cost, open_weights, tags = meta
     # registry.name marks the details as the registry's own, so that an import reads back its metadata, none too
     details = {"deployment_type": "unknown", PREFIX + "name": name,
                "model_availability": {True: "open_weights", False: "closed_weights"}.get(open_weights, "unknown")}
     for k, v in (("family", family), ("provider", provider), ("params_b", params_b), ("cost", cost),
                  ("open_weights", None if open_weights is None else str(open_weights).lower()),
-                 ("tags", tags if tags and tags != "{}" else None)):
+                 ("tags", tags if tags and tags != "{}" else None), ("alias_of", alias_of)):
         if v is not None:
             details[PREFIX + k] = repr(v) if isinstance(v, float) else str(v)
     newest = max((s[3] for s in stats if s[3] is not None), default=None)

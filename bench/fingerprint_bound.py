@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_locus import DATA, load_data  # noqa: E402
 
+from registry.evaluate import pair_baselines as P  # noqa: E402
 from registry.locus import baselines as B  # noqa: E402
 from registry.locus.scoring import embed_models, model_rows, predict_proba  # noqa: E402
 
@@ -119,7 +120,7 @@ def main():
 
     print("model accuracy spread (non-test):", np.round(np.sort(B.model_accuracy(correct[:, nontest])), 3).tolist())
     for dim in (64,):
-        mf, info = B.train_mf(qvecs, correct, tr, va, dim, seed=0)
+        mf, info = P.train_mf(qvecs, correct, tr, va, dim, seed=0)
         with torch.no_grad():
             P = torch.sigmoid(mf.logits(torch.from_numpy(qvecs))).numpy()
         print(f"MF d={dim} (fitted on train, val hit@1 {info['val_hit@1']:.4f}):")

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from registry.evaluate import pair_baselines as P  # noqa: E402
 from registry.locus import baselines as B  # noqa: E402
 from registry.locus.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from registry.locus.network import EncoderConfig  # noqa: E402
@@ -212,8 +213,8 @@ def main():
         s = B.knn_scores(qvecs, correct, tr, te, k)
         rows[f"knn (k={k})"] = B.routing_report(s, ct, s)
         for ms in range(args.mf_seeds):
-            mf, info = B.mf_router(qvecs, correct, tr, va, seed=ms)
-            s = B.mf_probs(mf, qvecs, te)
+            mf, info = P.mf_router(qvecs, correct, tr, va, seed=ms)
+            s = P.mf_probs(mf, qvecs, te)
             rows[f"mf (d={info['dim']}, seed {ms})"] = B.routing_report(s, ct, s)
 
     print(f"\nTEST ({len(te)} questions; std err of hit@1 ~0.013)")

@@ -19,7 +19,7 @@ from registry.cli import cli
 from registry.core.errors import InputError
 from registry.embedding.dataset import dataset
 from registry.evaluate import heldout
-from registry.locus import baselines as B
+from registry.evaluate import pair_baselines as P
 
 from .conftest import snapshot
 
@@ -159,11 +159,11 @@ def test_irt_places_a_new_model_with_the_query_side_frozen(small):
     _, data = small
     tr, va, te = (data.splits[s] for s in ("train", "val", "test"))
     known = np.arange(len(data.models)) != 5
-    irt, info = B.train_pairs(B.IRT, data.qvecs, data.correct[known], tr, va, 4, seed=0, epochs=3)
+    irt, info = P.train_pairs(P.IRT, data.qvecs, data.correct[known], tr, va, 4, seed=0, epochs=3)
     before = {k: v.clone() for k, v in irt.state_dict().items()}
     rows = tr[data.correct[5, tr] >= 0]
     y = (data.correct[5, rows] == 1).astype(np.float64)
-    theta = B.fit_theta(irt, data.qvecs, [(rows, y), (rows, 1 - y), (rows, np.ones_like(y))])
+    theta = P.fit_theta(irt, data.qvecs, [(rows, y), (rows, 1 - y), (rows, np.ones_like(y))])
     assert all(torch.equal(before[k], v) for k, v in irt.state_dict().items())   # a, b and known thetas untouched
 
     # the fit is the maximum of the posterior under the frozen a(q), b(q): its gradient vanishes
@@ -177,7 +177,7 @@ def test_irt_places_a_new_model_with_the_query_side_frozen(small):
         grad = A.T @ (yy - p) - (th - mu) / var
         assert np.abs(grad).max() < 1e-3 * max(1.0, np.abs(A.T @ yy).max()), grad
     # more right answers, a higher predicted accuracy; and P(correct) is the model's formula with the new theta
-    p_all = B.irt_theta_probs(irt, theta, data.qvecs, te)
+    p_all = P.irt_theta_probs(irt, theta, data.qvecs, te)
     assert p_all[2].mean() > p_all[0].mean() and p_all[2].mean() > p_all[1].mean()
     with torch.no_grad():
         qt = torch.from_numpy(data.qvecs[te])

@@ -23,12 +23,13 @@ def key_text(data, split: str, idx: np.ndarray, seed: int, *, caller: str, sourc
              arrays: tuple = ()) -> str:
     """The key of the baselines of `data` on `split`: everything they read (answers, splits, models, query vectors,
     categories, sources), the split's queries, the seed, and the source of the code that fits them (locus/baselines,
-    this module, and `caller`'s file, which calls them); `sources` and `arrays`: more files and values read (the
-    served policy's: its modules, the embeddings and the evidence behind them)."""
+    evaluate/pair_baselines, this module, and `caller`'s file, which calls them); `sources` and `arrays`: more files
+    and values read (the served policy's: its modules, the embeddings and the evidence behind them)."""
+    from registry.evaluate import pair_baselines
     from registry.locus import baselines
 
     h = hashlib.sha256()
-    for source in (baselines.__file__, __file__, caller, *sources):
+    for source in (baselines.__file__, pair_baselines.__file__, __file__, caller, *sources):
         h.update(Path(source).read_bytes())
     for a in arrays:
         h.update(np.ascontiguousarray(a).tobytes())

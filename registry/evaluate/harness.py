@@ -20,6 +20,7 @@ from registry.core.transaction import Tx
 from registry.embedding import embed, encoders
 from registry.embedding.dataset import SPLITS, Dataset, current_embeddings, dataset, query_labels
 from registry.evaluate import baseline_cache
+from registry.evaluate import pair_baselines as P
 from registry.locus import baselines as B
 from registry.locus import evidence, interaction
 from registry.routing import served
@@ -156,7 +157,7 @@ def evaluate(tx: Tx, split: str = "test", *, baselines: bool = True, sample_effi
         s, info = cache.get("knn", lambda: _knn(data, tr, va, idx))
         methods["knn"] = dict(B.routing_report(answered(s), ct, s, strongest), k=info["k"])
         scores["knn"] = answered(s)
-        for name, router, probs in (("mf", B.mf_router, B.mf_probs), ("irt", B.irt_router, B.irt_probs)):
+        for name, router, probs in (("mf", P.mf_router, P.mf_probs), ("irt", P.irt_router, P.irt_probs)):
             step(name)
             told = (None if progress is None else
                     lambda d, i, n, name=name: progress(f"{name}, dimension {d} ({i}/{n})", *_place(name)))

@@ -25,6 +25,7 @@ from sklearn.metrics import roc_auc_score
 
 from registry.core.errors import InputError
 from registry.embedding.dataset import Dataset, query_labels
+from registry.evaluate import pair_baselines as P
 from registry.evaluate.harness import embed_subsets
 from registry.locus import baselines as B
 from registry.locus import interaction, probe_design, training
@@ -189,12 +190,12 @@ def planned_rows(data: Dataset, held: np.ndarray, rows: dict[int, np.ndarray], m
 def _irt(vis: Dataset, held, te, seed: int):
     known = ~held
     c, q, tr, va = vis.correct, vis.qvecs, vis.splits["train"], vis.splits["val"]
-    irt, info = B.irt_router(q, c[known], tr, va, seed=seed)
+    irt, info = P.irt_router(q, c[known], tr, va, seed=seed)
     p = np.empty((len(vis.models), len(te)), dtype=np.float32)
-    p[known] = B.irt_probs(irt, q, te)    # type: ignore[arg-type]  # (irt_probs is mf_probs, typed for MF alone)
+    p[known] = P.irt_probs(irt, q, te)    # type: ignore[arg-type]  # (irt_probs is mf_probs, typed for MF alone)
     new = np.flatnonzero(held)
     sets = [(np.flatnonzero(c[m] >= 0), (c[m][c[m] >= 0] == 1).astype(np.float64)) for m in new]
-    p[new] = B.irt_theta_probs(irt, B.fit_theta(irt, q, sets), q, te)
+    p[new] = P.irt_theta_probs(irt, P.fit_theta(irt, q, sets), q, te)
     return p, {"dim": info["dim"]}
 
 
@@ -211,8 +212,8 @@ def predictions(vis: Dataset, held: np.ndarray, cfg: training.TrainConfig, *, se
     info["locus_likelihood"], info["model"] = {}, model
     probs["per_category"], pc = B.per_category_router(c, vis.categories, tr, va, te)
     info["per_category"] = {"prior": pc["prior"]}
-    mf, mf_info = B.mf_router(q, c, tr, va, seed=seed)
-    probs["mf"], info["mf"] = B.mf_probs(mf, q, te), {"dim": mf_info["dim"]}
+    mf, mf_info = P.mf_router(q, c, tr, va, seed=seed)
+    probs["mf"], info["mf"] = P.mf_probs(mf, q, te), {"dim": mf_info["dim"]}
     probs["irt"], info["irt"] = _irt(vis, held, te, seed)
     k, _ = B.knn_router(q, c, tr, va, own_neighbours=True)
     probs["knn"], info["knn"] = B.knn_scores(q, c, tr, te, k, own_neighbours=True), {"k": k}

@@ -151,6 +151,11 @@ class Registry:
         """Ask NAME's endpoint (or base_url=...) questions, judge the answers (usecases/ask.py: an `AskResult`)."""
         return ask_uc.ask(self.store, name, **self._settings(), **options)
 
+    @reads_routing_state
+    def prompt(self, text: str, **options):
+        """Send one prompt through the router to the chosen model's endpoint (usecases/ask.py: a `PromptResult`)."""
+        return ask_uc.send_prompt(self.store, text, probation=self.probation_setting, **options)
+
     def probe(self, model: str, n: int = 16, seed: int = 0, out: str | None = None):
         """The next n queries to ask a new or partly evaluated model so that its embedding and its routing settle
         fastest (`probe_plans.ProbePlan`), written to `out` (CSV or JSONL, an empty `correct` column to fill in)

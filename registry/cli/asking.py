@@ -1,4 +1,5 @@
-"""`registry ask`: ask an endpoint questions, grade them, and say what its answers show."""
+"""`registry ask`: ask an endpoint questions, grade them, and say what its answers show. `registry prompt`: send one
+prompt through the router and print the answer and the model that gave it."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -56,4 +57,29 @@ def ask(ctx, name, *, n, plan, concurrency, base_url, upstream_model, api_key_en
                    + (" ..." if len(r.next_questions) > 8 else ""))
 
 
-COMMANDS = [ask]
+@command()
+@click.argument("text")
+@click.option("--system", help="A system message sent before TEXT.")
+@click.option("--cost-weight", type=float, help="Maximise P(correct) - L x cost.")
+@click.option("--min-prob", type=float, help="The cheapest model whose P(correct) reaches P (else the most likely).")
+@click.option("--cost-by", type=click.Choice(["cost", "params"]), default="cost", show_default=True,
+              help="What cost means: the models' price or their size (params_b).")
+@click.option("--include-probation", is_flag=True, help="Let models on probation be chosen.")
+@click.option("--deadline", default=60.0, show_default=True, help="Seconds one request may take.")
+def prompt(ctx, text, *, system, cost_weight, min_prob, cost_by, include_probation, deadline, as_json):
+    """Send TEXT through the router: to the model most likely to answer it among those with an endpoint (`registry
+    endpoints`), the next one where its upstream fails; print the answer, and on stderr which model gave it."""
+    r = open_registry(ctx).prompt(text, system=system, cost_weight=cost_weight, min_prob=min_prob, cost_by=cost_by,
+                                  include_probation=include_probation, deadline=deadline)
+    if as_json:
+        emit_json(r)
+        return
+    click.echo(r.answer)
+    prob = r.decision.get("prob")
+    why = "; ".join(f"{s['model']}: {s['why']}" for s in r.skipped)
+    tokens = "" if r.prompt_tokens is None else f"; tokens {r.prompt_tokens} prompt + {r.completion_tokens} completion"
+    click.echo(f"-- {r.model}" + ("" if prob is None else f" (P(correct) {prob:.3f})")
+               + (f"; passed over {why}" if why else "") + tokens, err=True)
+
+
+COMMANDS = [ask, prompt]

@@ -1,23 +1,28 @@
 """`registry ask NAME`: choose the questions (a fingerprint plan, probes, or at random), ask an endpoint the ones it
 has not answered under the current template, grade the replies, store them as one import batch with their provenance,
 then embed the model and say what its answers show: the fingerprint verdict, nearest models, probation, and the next
-questions worth asking (the steps: asking/run.py)."""
+questions worth asking (the steps: asking/run.py). `registry prompt TEXT`: one prompt sent through the router, to the
+most likely model with an endpoint, the next one with an endpoint where its upstream fails."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from registry.answers import probe_plans, registration
-from registry.asking import grading, prompt, run
+from registry.asking import client, grading, prompt, run
 from registry.asking.run import AskResult
-from registry.core.errors import EndpointFailed, InputError
-from registry.core.keys import OWNER, UpstreamKeys
+from registry.core.errors import Conflict, EndpointFailed, InputError
+from registry.core.keys import OWNER, KeyRefused, UpstreamKeys
 from registry.core.store import Store
 from registry.data import endpoints, import_run
 from registry.embedding import evidence
+from registry.routing.decision import RouteOptions
 from registry.usecases import onboard as onboard_uc
 from registry.usecases import register as register_uc
+from registry.usecases import route as route_uc
 from registry.usecases.verify import own_thread, stop_if_cancelled
 
 
@@ -114,3 +119,74 @@ def ask(store: Store, name: str, *, min_evaluations: int, probation: int | None,
         except InputError:
             pass                                      # nothing left to ask, or nothing to plan against
     return result
+
+
+PROMPT_TRIES = 3        # models with an endpoint a prompt is sent to, one after another, before it fails
+SUMMARY_TOP = 5         # candidates the prompt's decision summary lists
+
+
+@dataclass
+class PromptResult:
+    model: str                          # the model that answered
+    answer: str
+    chosen: str                         # routing's choice among the models with an endpoint
+    decision: dict[str, Any]            # what routing weighed: policy, P(correct), the top candidates, the note
+    skipped: list[dict[str, str]] = field(default_factory=list)   # [{model, why}]: models passed over, in order
+    served_model: str | None = None     # the model the upstream's answer names
+    prompt_tokens: int | None = None    # as the upstream reports them (None: it reported none)
+    completion_tokens: int | None = None
+    seconds: float = 0.0
+
+
+def send_prompt(store: Store, text: str, *, probation: int | None, cost_weight: float | None = None,
+                min_prob: float | None = None, cost_by: str = "cost", include_probation: bool = False,
+                system: str | None = None, deadline: float = 60.0, retries: int = 2, backoff: float = 0.5,
+                keys: UpstreamKeys = OWNER) -> PromptResult:
+    """`registry prompt TEXT`: TEXT routed among the models with an endpoint (a more likely model without one is
+    passed over and said), then sent to the chosen model's endpoint as one chat message (after `system`, if given);
+    where that upstream fails, to the next most likely model with an endpoint, PROMPT_TRIES models at most. The
+    decision is logged as `route` logs one, without the text. Conflict where no model has an endpoint;
+    EndpointFailed where none of those tried answered."""
+    if not isinstance(text, str) or not text.strip():
+        raise InputError("give the prompt's text")
+    started = time.perf_counter()
+    with store.tx() as tx:
+        eps = endpoints.current(tx)
+        names = [r[0] for r in tx.sql("SELECT name FROM models ORDER BY name")]
+    if not eps:
+        raise Conflict("no model has an endpoint to send the prompt to: set one with `registry endpoints set MODEL "
+                       "--base-url URL`")
+    options = RouteOptions(cost_weight=cost_weight, min_prob=min_prob, cost_by=cost_by,
+                           include_probation=include_probation, unavailable=tuple(n for n in names if n not in eps),
+                           log_text=False)
+    d = route_uc.route(store, text, options, probation=probation)
+    if d.model is None:
+        raise Conflict(f"no model with an endpoint can take the prompt: {d.note or 'none is available'}")
+    rank = [c.model for c in d.candidates]
+    skipped = [{"model": m, "why": "no endpoint"} for m in rank[:rank.index(d.model)] if m not in eps]
+    tries = [d.model] + [c.model for c in d.candidates if c.model != d.model and c.model in eps and c.available
+                         and c.eligible][:PROMPT_TRIES - 1]
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+    for name in tries:
+        ep = eps[name]
+        target = client.Endpoint(ep.base_url, ep.upstream_model, ep.api_key_env, keys)
+        try:
+            replies, _ = client.ask_all(target, [(name, messages)], concurrency=1, deadline=deadline,
+                                        retries=retries, backoff=backoff, unreachable_after=1)   # (refused: next)
+        except KeyRefused as exc:                   # (nothing was sent)
+            skipped.append({"model": name, "why": str(exc)})
+            continue
+        reply = replies[0]
+        if reply.text is None:
+            skipped.append({"model": name, "why": f"its endpoint failed: {reply.error or 'no reply'}"})
+            continue
+        probs = {c.model: c.prob for c in d.candidates}
+        summary = {"policy": d.policy, "fallback": d.fallback, "note": d.note, "prob": probs.get(name),
+                   "candidates": [{"model": c.model, "prob": c.prob, "endpoint": c.model in eps}
+                                  for c in d.candidates[:SUMMARY_TOP]]}
+        got = reply.prompt_tokens or reply.completion_tokens
+        return PromptResult(name, reply.text, d.model, summary, skipped, reply.served_model,
+                            reply.prompt_tokens if got else None, reply.completion_tokens if got else None,
+                            round(time.perf_counter() - started, 3))
+    raise EndpointFailed("no model answered the prompt: " + "; ".join(
+        f"{s['model']}: {s['why']}" for s in skipped if s["why"] != "no endpoint"))

@@ -123,6 +123,7 @@ class AnswerBook:
             self.batches_seen = self.batches_seen | set(ch.batches)
             return 0
         changed, rows, new_q, test, named = ch.changed, ch.rows, ch.new_q, ch.test, ch.named
+        assert rows is not None and new_q is not None     # (`read` gives both wherever a model changed)
         with self._lock:
             correct, row, col = self.correct, dict(self.row), dict(self.col)
             new_m = [m for m in changed if m not in row]
@@ -148,7 +149,7 @@ class AnswerBook:
             correct[at_row, at_col] = rows["correct"]
             ids = np.zeros(len(row), dtype=np.int64)
             ids[list(row.values())] = list(row.keys())
-            test_col = np.concatenate([self.test, np.array([int(q) in test for q in new_q.tolist()], dtype=bool)])
+            test_col = np.concatenate([self.test, np.array([int(q) in test for q in new_q.tolist()], dtype=np.bool_)])
             changes = np.concatenate([self.changes, np.zeros(len(new_m), dtype=np.int64)])
             changes[r] += 1
             answered = np.concatenate([self.answered, np.zeros(len(new_m), dtype=np.int64)])
@@ -254,7 +255,7 @@ class AnswerBook:
     def id_of(self, name: str) -> int | None:
         return next((m for m, n in self.names.items() if n == name), None)
 
-    def calibration(self, exclude: set[int] = frozenset()) -> fingerprint.AnswerCalibration:
+    def calibration(self, exclude: set[int] | frozenset[int] = frozenset()) -> fingerprint.AnswerCalibration:
         """fingerprint.answer_calibration from memory: the closest pair of distinct models among those with
         MIN_PAIR_SHARED evaluations (kept until one of them changes)."""
         correct, _, ids, _, changes, answered = self.view()

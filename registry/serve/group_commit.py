@@ -145,14 +145,14 @@ class GroupCommit:
         try:
             with self.reg.store.tx() as tx:
                 tx.after_commit(lambda: committed.append(True))       # (the first hook: it runs before any other)
-                staged = registration.stage_group(tx, [j.args for j in regs], [j.rows for j in regs])
+                group = registration.stage_group(tx, [j.args for j in regs], [j.rows for j in regs])
                 self._append_log(tx, rows, vecs)
                 t1, c1 = time.perf_counter(), time.thread_time()
                 outcomes = onboarding.run_pending(tx, self.reg.min_evaluations, stability=True,
                                                   prepared=_prepared(regs))
                 t2, c2 = time.perf_counter(), time.thread_time()
                 # only new versions (and models): the snapshot and the book from this transaction's reads
-                staged = dict(zip(map(id, regs), staged))
+                staged = dict(zip(map(id, regs), group))
                 plain = self._only_new_versions(regs, staged)
                 if plain:
                     book = self.book.read(tx)

@@ -32,6 +32,7 @@ from fastapi import Depends, FastAPI, Query
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import JsonDict
 
 from registry.core.errors import Conflict, InputError
 from registry.core.keys import KeyRefused, UpstreamKeys
@@ -61,7 +62,7 @@ class ChatMessage(BaseModel):
 
 # a user message with text to route on, as JSON Schema: its content a text that is not all space, or content parts
 # of which one is such a text
-USER_TEXT = {"type": "object", "required": ["role", "content"], "properties": {
+USER_TEXT: JsonDict = {"type": "object", "required": ["role", "content"], "properties": {
     "role": {"const": "user"},
     "content": {"anyOf": [{"type": "string", "pattern": shapes.NOT_BLANK}, {"type": "array", "contains": {
         "type": "object", "required": ["type", "text"],
@@ -175,8 +176,10 @@ def mount(app: FastAPI, serving, deadlines: connections.UpstreamDeadlines | None
                 continue
             if routed is not None:
                 _log_answer(serving, routed, name, failed)
-            status = attempt.response.status_code
-            out = passed_headers(attempt.response.headers)
+            response = attempt.response
+            assert response is not None      # (`_attempt` started it)
+            status = response.status_code
+            out = passed_headers(response.headers)
             out.update({"x-registry-model": name, "x-registry-fallback": "true" if (fallback or i > 0) else "false"})
             secret = keys.secret(ep.api_key_env)
             if status >= 400:       # (a 5xx was a failure above): a refusal, told in our words
@@ -192,7 +195,7 @@ def mount(app: FastAPI, serving, deadlines: connections.UpstreamDeadlines | None
                     answer = answer.replace(secret.encode(), b"[key]")
                 return Response(answer, status_code=status, headers=out)
             out["content-type"] = "text/event-stream"    # (also where the upstream answered in one JSON body)
-            return StreamingResponse(answer, status_code=attempt.response.status_code, headers=out,
+            return StreamingResponse(answer, status_code=response.status_code, headers=out,
                                      background=_closer(attempt))
         if routed is not None:
             _log_answer(serving, routed, None, failed)
@@ -234,7 +237,7 @@ def _route(serving, text: str, options: dict):
     routing, whose log row waits for the upstreams' outcome)"""
     snap = serving.snapshots.current
     without = [m for m in snap.routing.known if m not in snap.endpoints]     # only models with an endpoint
-    asked = RouteOptions(cost_weight=options["cost_weight"], min_prob=options["min_prob"], unavailable=without,
+    asked = RouteOptions(cost_weight=options["cost_weight"], min_prob=options["min_prob"], unavailable=tuple(without),
                          cost_by=options["cost_by"] or "cost", top=route_log.LOG_TOP, log_text=False, log=False)
     routed = serving.route_unlogged([text], asked)
     d = routed.decisions[0]     # (only the choice is used)

@@ -301,6 +301,7 @@ class RemoteRegistry:
         """The server's JSON answer; an error answer raised as the library's error with the server's one line (a
         file the server read as `the uploaded file` named as the caller gave it)."""
         url = urlsplit(self.server.url)
+        assert url.hostname is not None, "a server's advertised URL names its host"
         headers = dict(headers or {})
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"

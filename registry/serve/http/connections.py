@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import httpx
@@ -46,7 +47,8 @@ class UpstreamDeadlines:
     def parse(cls, specs: tuple[str, ...] | list[str]) -> UpstreamDeadlines:
         """From `NAME=SECONDS` (every endpoint) and `MODEL:NAME=SECONDS` (one model's; it starts from the settings
         for every endpoint, whichever order they are given in). A bad one: InputError naming it."""
-        default, per_model = {}, {}
+        default: dict[str, float] = {}                 # Deadlines' field -> seconds
+        per_model: dict[str, dict[str, float]] = {}    # model -> the same
         for spec in specs:
             key, sep, value = spec.rpartition("=")
             model, _, name = key.rpartition(":")
@@ -75,7 +77,7 @@ class Attempt:
     def __init__(self, client: httpx.AsyncClient, request: httpx.Request, deadlines: Deadlines):
         self.client, self.request, self.d = client, request, deadlines
         self.response: httpx.Response | None = None
-        self.pieces = None
+        self.pieces: AsyncIterator[bytes] | None = None     # the body, once `start` has its headers
         self.t0 = 0.0
 
     async def start(self) -> httpx.Response:
@@ -92,6 +94,7 @@ class Attempt:
 
     async def chunk(self) -> bytes | None:
         """The next piece of the body; None at its end."""
+        assert self.pieces is not None, "chunk after start"
         left = self.t0 + self.d.total - asyncio.get_running_loop().time()
         wait = max(0.0, min(self.d.between, left))
         try:

@@ -18,7 +18,7 @@ import re
 
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
-from starlette.routing import Match
+from starlette.routing import Match, Route
 
 ERROR = {"type": "object", "required": ["detail"], "properties": {
     "detail": {"type": "string", "description": "what is wrong, in one line"},
@@ -58,12 +58,12 @@ def declare(app: FastAPI) -> None:
             amend(original(), app)
         return app.openapi_schema
 
-    app.openapi = openapi
+    app.openapi = openapi     # type: ignore[method-assign]  # (FastAPI's documented way to amend its document)
 
 
 def amend(doc: dict, app: FastAPI) -> None:
     token = app.state.server.token is not None
-    routes = {(r.path_format, m.lower()): r for r in app.routes if isinstance(r, APIRoute) for m in r.methods}
+    routes = {(r.path_format, m.lower()): r for r in app.routes if isinstance(r, APIRoute) for m in r.methods or ()}
     schemas = doc.setdefault("components", {}).setdefault("schemas", {})
     schemas["Error"], schemas["OpenAIError"] = ERROR, OPENAI_ERROR
     for name in ("HTTPValidationError", "ValidationError"):
@@ -141,9 +141,9 @@ def allowed_methods(app: FastAPI, scope: dict) -> str:
     """The methods some route of `app` takes on `scope`'s path, for a 405's Allow header: the first route that
     matched the path is not the only one ("/models/{name}" and "/models/{name}/evaluations" share paths)."""
     by_path: dict[str, set[str]] = {}
-    for route in app.router.routes:
-        if getattr(route, "methods", None) and route.matches(scope)[0] != Match.NONE:
-            by_path.setdefault(getattr(route, "path_format", route.path), set()).update(route.methods)
+    for route in app.router.routes:       # (routes with methods: Route, FastAPI's APIRoute among them)
+        if isinstance(route, Route) and route.methods and route.matches(scope)[0] != Match.NONE:
+            by_path.setdefault(route.path_format, set()).update(route.methods)
     if not by_path:
         return ""
     # "/models/{name}" also matches ".../x/evaluations" (a name may hold "/"), but no model name ends in a path

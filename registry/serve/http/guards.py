@@ -104,7 +104,7 @@ class Guards:
     def __init__(self, app, *, token: str | None, max_body: int, hosts: Hosts | None):
         """hosts None: no Host or Origin check (an app served in-process, as a test client calls it)."""
         self.app, self.token, self.max_body, self.hosts = app, token, max_body, hosts
-        self.guarded = None        # the routes that need the token, read from the app at its first request
+        self.guarded: list | None = None   # the routes that need the token, read from the app at its first request
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":

@@ -7,6 +7,7 @@ import re
 from typing import Annotated
 
 from pydantic import BeforeValidator, WithJsonSchema
+from pydantic.json_schema import JsonDict
 
 from registry.data import endpoints
 from registry.data.import_models_queries import MAX_NAME, PATH_SUFFIXES
@@ -48,6 +49,6 @@ RowText = Annotated[str, WithJsonSchema({"type": "string", "pattern": NOT_SPACES
 CSV_UPLOAD = "^question_id,correct\n([A-Za-z0-9_.:-]+,[01]\n)+$"
 # what data/endpoints.parse_base_url takes: http(s)://host[:port][/path], space at either end stripped
 BASE_URL = f"^[{SPACE}]*({endpoints.base_url_regex()})[{SPACE}]*$"
-BASE_URL_SCHEMA = {"pattern": BASE_URL, "maxLength": endpoints.MAX_URL,
-                   "description": "an OpenAI-compatible base URL, http(s)://host[:port][/path]: no credentials, "
-                                  "query or fragment"}
+BASE_URL_SCHEMA: JsonDict = {
+    "pattern": BASE_URL, "maxLength": endpoints.MAX_URL,
+    "description": "an OpenAI-compatible base URL, http(s)://host[:port][/path]: no credentials, query or fragment"}

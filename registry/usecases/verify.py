@@ -9,10 +9,10 @@ import hashlib
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -24,7 +24,7 @@ from registry.core.transaction import Tx
 from registry.data import import_run
 from registry.usecases import endpoint_verdicts
 from registry.usecases import onboard as onboard_uc
-from registry.usecases.endpoint_verdicts import (  # noqa: F401 (watch reads them here too)
+from registry.usecases.endpoint_verdicts import (
     DISAGREEMENTS,
     Target,
     answers,
@@ -32,12 +32,15 @@ from registry.usecases.endpoint_verdicts import (  # noqa: F401 (watch reads the
     others_of,
     reference_outcomes,
     registered,
-    second,
     self_repeats,
 )
 
 GOLD = ("SELECT q.id, q.external_id, q.text, g.answer, g.grading FROM queries q "
         "JOIN query_answers g ON g.query_id = q.id")
+Gold = dict[int, tuple[str, str, str, str]]        # query id -> (external id, text, gold answer, grading): GOLD's rows
+Ask = tuple[int, bool]                              # (query id, asked again?)
+Prompt = tuple[Ask, list[dict[str, Any]]]           # what client.ask_all sends: (its key, the messages)
+Graded = tuple[Target, int, str | None, bool, str]  # (target, query id, extracted, correct, the reply's text)
 
 
 @dataclass
@@ -56,9 +59,9 @@ class EndpointReport:
     prompt_tokens: int
     completion_tokens: int
     cost: float | None
-    failures: dict = field(default_factory=dict)
-    verdict: dict = field(default_factory=dict)     # verdicts.Verdict, against the reference
-    flags: list = field(default_factory=list)       # the served checks' lines (asking/served_checks.py)
+    failures: dict[str, int] = field(default_factory=dict)
+    verdict: dict[str, Any] = field(default_factory=dict)     # verdicts.Verdict, against the reference
+    flags: list[str] = field(default_factory=list)            # the served checks' lines (asking/served_checks.py)
 
 
 @dataclass
@@ -80,16 +83,17 @@ class VerifyResult:
         return all(e.verdict.get("verdict") == "faithful" and not e.flags for e in self.endpoints if not e.reference)
 
 
-def claim(tx: Tx, model: str, base_url: str, options: dict) -> claims.Claim:
+def claim(tx: Tx, model: str, base_url: str, options: dict[str, Any]) -> claims.Claim:
     """`registry endpoints add`: an endpoint claiming `model` (claims.add's options: name, upstream_model,
     api_key_env, reference, watched)."""
     return claims.add(tx, model, base_url, **options)
 
 
-def planned(candidates, n: int, seed: int) -> list[int]:
+def planned(candidates: Iterable[int], n: int, seed: int) -> list[int]:
     """The plan: the first n of the candidate questions in a seeded order (a longer plan extends a shorter one)."""
     ids = np.array(sorted(int(q) for q in candidates), dtype=np.int64)
-    return np.random.default_rng(seed).permutation(ids)[:n].tolist()
+    plan: list[int] = np.random.default_rng(seed).permutation(ids)[:n].tolist()
+    return plan
 
 
 def targets(tx: Tx, model: str, names: list[str] | None, keys: UpstreamKeys) -> list[Target]:
@@ -116,10 +120,10 @@ def targets(tx: Tx, model: str, names: list[str] | None, keys: UpstreamKeys) -> 
     return out
 
 
-def ask_targets(jobs: list[tuple[Target, list[tuple]]], *, concurrency: int, progress: bool,
-                **how) -> list[tuple[list[client.Reply], client.Usage]]:
+def ask_targets(jobs: list[tuple[Target, list[Prompt]]], *, concurrency: int, progress: bool,
+                **how: Any) -> list[tuple[list[client.Reply], client.Usage]]:
     """Every endpoint's requests at once (each with `concurrency` of its own): the slowest endpoint sets the time."""
-    def one(job):
+    def one(job: tuple[Target, list[Prompt]]) -> tuple[list[client.Reply], client.Usage]:
         target, prompts = job
         if not prompts:
             return [], client.Usage()
@@ -129,7 +133,7 @@ def ask_targets(jobs: list[tuple[Target, list[tuple]]], *, concurrency: int, pro
         return list(pool.map(one, jobs))
 
 
-def store_batch(tx: Tx, graded: list[tuple], label: str) -> int | None:
+def store_batch(tx: Tx, graded: list[Graded], label: str) -> int | None:
     """Graded answers [(target, query id, extracted, correct, text)] as one import batch of evaluations, with their
     provenance rows. -> the batch id (None: nothing to store)."""
     if not graded:
@@ -168,17 +172,19 @@ def stop_if_cancelled(cancel: threading.Event | None) -> None:
                           "answers stored so far are kept")
 
 
-def ask_pass(store: Store, label: str, jobs: list, gold: dict, reports: dict, *,
-             write: Callable[[Callable[[], Any]], Any] = own_thread, **how) -> list[int]:
+def ask_pass(store: Store, label: str, jobs: list[tuple[Target, list[Ask]]], gold: Gold,
+             reports: dict[str, EndpointReport], *, write: Callable[[Callable[[], Any]], Any] = own_thread,
+             **how: Any) -> list[int]:
     """One pass of requests [(target, [(query id, is_again)])] at every endpoint at once, graded and stored: first
     answers as one import batch, second answers as another, in one short transaction that `write` runs (a server's
     writer: the asking itself never holds it). Usage is added to `reports` (by endpoint). -> batches."""
-    prompts = [(t, [((q, again), prompt.render(gold[q][1], gold[q][3])) for q, again in asks]) for t, asks in jobs]
-    rows: dict[bool, list] = {False: [], True: []}
+    prompts: list[tuple[Target, list[Prompt]]] = [
+        (t, [((q, again), prompt.render(gold[q][1], gold[q][3])) for q, again in asks]) for t, asks in jobs]
+    rows: dict[bool, list[Graded]] = {False: [], True: []}
     for (t, sent), (got, usage) in zip(prompts, ask_targets(prompts, **how)):
         for r in got:
             if r.text is not None:
-                q, again = r.key
+                q, again = cast(Ask, r.key)        # (the key this pass gave its prompt)
                 extracted = grading.extract(r.text, gold[q][3], options=grading.options_in(gold[q][1]),
                                             gold=gold[q][2])
                 rows[again].append((t, q, extracted, grading.grade(extracted, gold[q][2], gold[q][3]), r.text))
@@ -201,7 +207,7 @@ def ask_pass(store: Store, label: str, jobs: list, gold: dict, reports: dict, *,
         with store.tx() as tx:
             return [b for b in (store_batch(tx, rows[False], f"{label}: first answers"),
                                 store_batch(tx, rows[True], f"{label}: answers again")) if b is not None]
-    batches = write(stored)
+    batches: list[int] = write(stored)
     stop_if_cancelled(how.get("cancel"))      # (what came back before is kept)
     return batches
 
@@ -230,14 +236,14 @@ def verify(store: Store, model: str, *, min_evaluations: int, endpoints: list[st
     if max_in_flight is not None:
         how["concurrency"] = max(1, min(concurrency, max_in_flight // max(1, len(found))))
     with store.tx() as tx:
-        gold = {int(q): (ext, t, a, g) for q, ext, t, a, g in tx.sql(GOLD)}
+        gold: Gold = {int(q): (ext, t, a, g) for q, ext, t, a, g in tx.sql(GOLD)}
         if not gold:
             raise Conflict("no query has a gold answer: import a queries file with an answer column")
         published = registered(tx, model, list(gold))
         plan = planned(published if len(published) >= n else gold, n, seed)
         published = {q: published[q] for q in plan if q in published}
         repeats = plan[:min(repeat, len(plan))]
-        jobs = []
+        jobs: list[tuple[Target, list[Ask]]] = []
         for t in found:
             had = counts(tx, t.model_id, t.endpoint.base_url, plan)
             first = [q for q in plan if not had.get(q)]
@@ -253,7 +259,7 @@ def verify(store: Store, model: str, *, min_evaluations: int, endpoints: list[st
     with store.tx() as tx:              # pass two: the disagreements, asked again of both sides
         base = reference_outcomes(tx, model, ref, plan)
         got = {t.claim.endpoint: answers(tx, t.model_id, t.endpoint.base_url, plan) for t in found}
-        again: dict[str, set] = {t.claim.endpoint: set() for t in found}
+        again: dict[str, set[int]] = {t.claim.endpoint: set() for t in found}
         for t in found:
             against = published if t is ref else base
             mine = got[t.claim.endpoint]

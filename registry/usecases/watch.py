@@ -24,6 +24,7 @@ from registry.data import endpoints
 from registry.usecases import endpoint_verdicts
 from registry.usecases import onboard as onboard_uc
 from registry.usecases import verify as v
+from registry.usecases.endpoint_verdicts import Target
 
 
 @dataclass
@@ -34,10 +35,10 @@ class Round:
     at: str
     n: int
     accuracy: float | None
-    accuracy_ci: list
+    accuracy_ci: list[float]
     reference_accuracy: float | None
     disagreement: float | None
-    disagreement_ci: list
+    disagreement_ci: list[float]
     worse_held: int
     better_held: int
     statistic: float                  # the larger CUSUM as a share of its threshold (1: an event)
@@ -54,7 +55,7 @@ class Event:
     round: int
     change: str                       # e.g. "faithful -> degraded"
     verdict: str
-    evidence: dict = field(default_factory=dict)
+    evidence: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -75,9 +76,9 @@ def watched(tx: Tx, models: list[str] | None) -> dict[str, list[claims.Claim]]:
     return {m: cs for m, cs in out.items() if any(c.watched and not c.reference for c in cs)}
 
 
-def last_states(tx: Tx) -> dict[int, tuple[int, sequential.State, list, str]]:
+def last_states(tx: Tx) -> dict[int, tuple[int, sequential.State, list[list[int]], str]]:
     """{endpoint model id: (rounds so far, its test's state, [the questions of each round], its last verdict)}."""
-    out: dict[int, tuple[int, sequential.State, list, str]] = {}
+    out: dict[int, tuple[int, sequential.State, list[list[int]], str]] = {}
     for mid, evidence, verdict in tx.sql("SELECT model_id, evidence, verdict FROM watch_rounds ORDER BY id"):
         e = json.loads(evidence) if isinstance(evidence, str) else evidence
         rounds, _, qs, _ = out.get(int(mid), (0, None, [], ""))
@@ -85,15 +86,18 @@ def last_states(tx: Tx) -> dict[int, tuple[int, sequential.State, list, str]]:
     return out
 
 
-def round_of(store: Store, model: str, group: list[claims.Claim], n: int, *, seed: int, keys: UpstreamKeys, how: dict):
+def round_of(store: Store, model: str, group: list[claims.Claim], n: int, *, seed: int, keys: UpstreamKeys,
+             how: dict[str, Any]) -> tuple[list[Target], Target | None, list[int], list[int], int,
+                                           dict[str, v.EndpointReport]]:
     """Ask one model's endpoints their round. -> (targets, the reference, the round's questions, batches, requests
     sent, each endpoint's report)."""
     with store.tx() as tx:
         found = v.targets(tx, model, [c.endpoint for c in group], keys)
-        gold = {int(q): (ext, t, a, g) for q, ext, t, a, g in tx.sql(v.GOLD)}
-        published = v.registered(tx, model, list(gold))
+        gold: v.Gold = {int(q): (ext, t, a, g) for q, ext, t, a, g in tx.sql(v.GOLD)}
+        published = endpoint_verdicts.registered(tx, model, list(gold))
         order = v.planned(published if len(published) >= n else gold, len(gold), seed)
-        had = {t.claim.endpoint: set(v.counts(tx, t.model_id, t.endpoint.base_url, order)) for t in found}
+        had = {t.claim.endpoint: set(endpoint_verdicts.counts(tx, t.model_id, t.endpoint.base_url, order))
+               for t in found}
     fresh = [q for q in order if any(q not in h for h in had.values())][:n]
     if not fresh:
         raise Conflict(f"every planned question has been asked of {model}'s endpoints: nothing fresh is left")
@@ -103,8 +107,8 @@ def round_of(store: Store, model: str, group: list[claims.Claim], n: int, *, see
     batches = v.ask_pass(store, f"watch {model}", jobs, gold, reports, **how)
     ref = next((t for t in found if t.claim.reference), None)
     with store.tx() as tx:
-        base = v.reference_outcomes(tx, model, ref, fresh)
-        got = {t.claim.endpoint: v.answers(tx, t.model_id, t.endpoint.base_url, fresh) for t in found}
+        base = endpoint_verdicts.reference_outcomes(tx, model, ref, fresh)
+        got = {t.claim.endpoint: endpoint_verdicts.answers(tx, t.model_id, t.endpoint.base_url, fresh) for t in found}
     again: dict[str, set[int]] = {t.claim.endpoint: set() for t in found}
     for t in found:
         if t is ref:
@@ -115,7 +119,7 @@ def round_of(store: Store, model: str, group: list[claims.Claim], n: int, *, see
         if ref is not None:
             again[ref.claim.endpoint] |= {q for q in off if len(got[ref.claim.endpoint].get(q, [])) < 2}
     jobs = [(t, [(q, True) for q in fresh if q in again[t.claim.endpoint]]) for t in found]
-    batches += v.ask_pass(store, f"watch {model}, {v.DISAGREEMENTS}", jobs, gold, reports, **how)
+    batches += v.ask_pass(store, f"watch {model}, {endpoint_verdicts.DISAGREEMENTS}", jobs, gold, reports, **how)
     return found, ref, fresh, batches, sum(r.requests for r in reports.values()), reports
 
 
@@ -126,14 +130,17 @@ def figures(e: np.ndarray, r: np.ndarray, e2: np.ndarray, r2: np.ndarray | None)
     return int((~e & r & held).sum()), int((e & ~r & held).sum())
 
 
-def sides(tx: Tx, t, ref, base: dict, qids: list[int]):
+def sides(tx: Tx, t: Target, ref: Target | None, base: dict[int, bool], qids: list[int]
+          ) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, dict[int, list[bool]],
+                     dict[int, list[bool]] | None]:
     """The endpoint's and the reference's first and second answers on `qids` (those both answered)."""
-    mine = v.answers(tx, t.model_id, t.endpoint.base_url, qids)
-    theirs = None if ref is None else v.answers(tx, ref.model_id, ref.endpoint.base_url, qids)
+    mine = endpoint_verdicts.answers(tx, t.model_id, t.endpoint.base_url, qids)
+    theirs = None if ref is None else endpoint_verdicts.answers(tx, ref.model_id, ref.endpoint.base_url, qids)
     shared = [q for q in qids if q in mine and q in base]
     e = np.array([mine[q][0] for q in shared], dtype=bool)
     r = np.array([base[q] for q in shared], dtype=bool)
-    return shared, e, r, v.second(mine, shared), None if theirs is None else v.second(theirs, shared), mine, theirs
+    second = endpoint_verdicts.second
+    return shared, e, r, second(mine, shared), None if theirs is None else second(theirs, shared), mine, theirs
 
 
 def round_batch(tx: Tx, model_id: int, number: int, current: int | None) -> int:
@@ -176,13 +183,14 @@ def watch(store: Store, *, min_evaluations: int, n: int = 64, models: list[str] 
     return out
 
 
-def judge_round(store: Store, model: str, found: list, ref, fresh: list[int], *, batches: list[int], reports: dict,
-                out: WatchResult, webhook: str | None) -> None:
+def judge_round(store: Store, model: str, found: list[Target], ref: Target | None, fresh: list[int], *,
+                batches: list[int], reports: dict[str, v.EndpointReport], out: WatchResult,
+                webhook: str | None) -> None:
     """The round's verdicts: each watched endpoint's test stepped, its row and any event stored (with the event's
     delivery, for a webhook), in one transaction (a server's writer runs it); rounds and events added to `out`."""
     with store.tx() as tx:
         states = last_states(tx)
-        base = v.reference_outcomes(tx, model, ref, fresh)
+        base = endpoint_verdicts.reference_outcomes(tx, model, ref, fresh)
         at = str(tx.sql("SELECT now()::TIMESTAMP")[0][0])
         for t in found:
             if t is ref or not t.claim.watched:
@@ -223,6 +231,7 @@ def judge_round(store: Store, model: str, found: list, ref, fresh: list[int], *,
                 state.verdict = "faithful"
             if event is None or UNREACHABLE in event.change:
                 now = endpoint_verdicts.verdict_now(tx, model, t, ref)     # (the evidence since the last change)
+            assert now is not None      # (an event other than an outage's came with its verdict)
             row = round_row(t.claim.endpoint, model, count + 1, at, e, r, evidence=evidence, verdict=now["verdict"],
                             event=event)
             record(tx, t, model, batches, row, state=state, evidence={**evidence, "questions": shared}, event=event,
@@ -240,7 +249,8 @@ def judge_round(store: Store, model: str, found: list, ref, fresh: list[int], *,
 UNREACHABLE = "unreachable"
 
 
-def silent_round(endpoint: str, model: str, number: int, at: str, report, *, ref, state, last: str | None):
+def silent_round(endpoint: str, model: str, number: int, at: str, report: v.EndpointReport, *, ref: Target | None,
+                 state: sequential.State, last: str | None) -> tuple[Round, Event | None]:
     """A round with no question both sides answered: the endpoint answered nothing (unreachable: an outage event on
     its first such round), or the reference endpoint did not (not conclusive). -> (round, event or None)."""
     down = report.answered == 0
@@ -257,8 +267,9 @@ def silent_round(endpoint: str, model: str, number: int, at: str, report, *, ref
     return row, event
 
 
-def record(tx: Tx, t, model: str, batches: list[int], row: Round, *, state: sequential.State, evidence: dict,
-           event: Event | None, e: np.ndarray | None = None, r: np.ndarray | None = None) -> None:
+def record(tx: Tx, t: Target, model: str, batches: list[int], row: Round, *, state: sequential.State,
+           evidence: dict[str, Any], event: Event | None, e: np.ndarray | None = None,
+           r: np.ndarray | None = None) -> None:
     """The round's row in watch_rounds, the test's state after it (unchanged by a silent round) with it."""
     e = np.zeros(0, dtype=bool) if e is None else e
     r = np.zeros(0, dtype=bool) if r is None else r
@@ -272,8 +283,8 @@ def record(tx: Tx, t, model: str, batches: list[int], row: Round, *, state: sequ
                                                 "event": asdict(event) if event else None}, default=str)])
 
 
-def round_row(endpoint: str, model: str, number: int, at: str, e: np.ndarray, r: np.ndarray, *, evidence: dict,
-              verdict: str, event: Event | None) -> Round:
+def round_row(endpoint: str, model: str, number: int, at: str, e: np.ndarray, r: np.ndarray, *,
+              evidence: dict[str, Any], verdict: str, event: Event | None) -> Round:
     n = len(e)
     k, d = int(e.sum()), int((e != r).sum())
     stat = max(evidence["s_drop"] / max(evidence["h_drop"], 1e-9), evidence["s_total"] / max(evidence["h_total"], 1e-9))

@@ -93,11 +93,12 @@ def similar(tx: Tx, *, model: str | None, evals: str | None, k: int, as_of: str 
     if model is not None:                # how surely the model itself is placed: the evaluations behind it
         own_n = n.get(model)
     return ranked(near, n, own_n, k, model=model, vi=vi, probation_min=probation_min,
-                  kin=kin_by_sql(tx, vi, answers, then), groups=catalog.alias_groups(tx) if model is not None else {})
+                  kin=kin_by_sql(tx, vi, answers, then), groups=catalog.alias_groups(tx) if model is not None else {},
+                  own_id=own if model is not None else None)
 
 
 def ranked(near: list[Neighbour], embedded_from: dict[str, int], own_n: int | None, k: int, *, model: str | None,
-           vi: index.VectorIndex, probation_min: int, kin, groups: dict) -> list[Neighbour]:
+           vi: index.VectorIndex, probation_min: int, kin, groups: dict, own_id: int | None = None) -> list[Neighbour]:
     """`similar`'s answer from what it read: every other model with its rates (`by_vector`), the evaluations
     behind each embedding, the query model's own (`own_n`), `rank`'s `kin` and the alias groups
     (catalog.alias_groups). A running server reads the same from memory (serve/serving.py)."""
@@ -105,7 +106,8 @@ def ranked(near: list[Neighbour], embedded_from: dict[str, int], own_n: int | No
         x.embedded_from = embedded_from.get(x.model)
     ids = {name: i for i, name in vi.names.items()}
     out = rank(near, own_n, probation_min, kin)[:k]
-    own = ids.get(model) if model is not None else None
+    # (an alias is not in the index, being its model under another name: its id comes from the registry, `own_id`)
+    own = own_id if own_id is not None else ids.get(model) if model is not None else None
     root = groups.get(own, own)
     for x in out:
         x.alias = model is not None and groups.get(ids.get(x.model), ids.get(x.model)) == root

@@ -103,5 +103,52 @@ def test_the_home_page_labels_the_map_and_marks_aliases(db_copy, tmp_path):
         reg.register("second-name", str(copy), alias_of=names[0])
     with TestClient(create_app(str(db_copy))) as c:
         page = c.get("/").text
-    assert all(f'font-size="13">{n}</text>' in page for n in names)          # every dot carries its name
+    assert all(f"<title>{n} (" in page for n in names)                       # every dot carries its name
+    drawn = [n for n in names if f'font-size="13">{n}</text>' in page]
+    assert len(drawn) >= 0.8 * len(names)                                    # and most a label (none overlapping)
     assert f'(another name of <a href="/ui/models/{names[0]}">{names[0]}</a>)' in page
+
+
+def test_the_home_page_map_labels_never_overlap(db_copy):
+    """Each label drawn is a box (at its own textLength, so the box is what any font draws): no two overlap, none
+    covers another model's dot, and a label that found no room is said, its name still in the dot's tooltip."""
+    import html
+    import re
+
+    from registry.answers import maps
+
+    with TestClient(create_app(str(db_copy))) as c:
+        page = c.get("/").text
+    dots = {html.unescape(n): (float(x), float(y)) for x, y, n in re.findall(
+        r'<circle cx="([\d.]+)" cy="([\d.]+)" r="7" fill="[^"]+"><title>(.+?) \(', page)}
+    labels = re.findall(r'<text class="label" x="([\d.]+)" y="([\d.]+)"(?: text-anchor="(\w+)")?'
+                        r'(?: textLength="([\d.]+)")?[^>]*>([^<]+)</text>', page)
+    assert len(dots) == 31 and len(labels) >= 25
+    boxes = {}
+    for x, y, anchor, width, name in labels:
+        name = html.unescape(name)
+        boxes[name] = maps.label_box(float(x), float(y), anchor or "start",
+                                     float(width) if width else maps.label_width(name))
+    overlaps = [(a, b) for i, a in enumerate(boxes) for b in list(boxes)[i + 1:]
+                if maps.boxes_overlap(boxes[a], boxes[b])]
+    assert overlaps == []
+    covered = [(n, d) for n, box in boxes.items() for d, (x, y) in dots.items()
+               if d != n and maps.boxes_overlap(box, (x - 7, y - 7, x + 7, y + 7))]
+    assert covered == []
+    left = len(dots) - len(boxes)
+    assert (f"{left} label" in page) == (left > 0)
+
+
+def test_label_placement_drops_what_does_not_fit_and_overlaps_nothing():
+    from registry.answers import maps
+
+    rng = np.random.default_rng(0)
+    points = [{"name": f"Some-Model-Name-{i}-Instruct", "x": float(x), "y": float(y)}
+              for i, (x, y) in enumerate(rng.normal([500, 300], [120, 60], size=(40, 2)))]
+    placed = maps.place_labels(points)
+    assert [p["name"] for p in placed] == [p["name"] for p in points]
+    boxes = [maps.label_box(p["label"]["x"], p["label"]["y"], p["label"]["anchor"], p["label"]["width"])
+             for p in placed if p["label"]]
+    assert 10 <= len(boxes) < len(points)                     # crowded: some labels left to the tooltip
+    assert not any(maps.boxes_overlap(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    assert all(0 <= b[0] and b[2] <= 1000 and 0 <= b[1] and b[3] <= 600 for b in boxes)

@@ -1,5 +1,6 @@
 """A 2-D map of the model embeddings (`registry map`): PCA up to PCA_MAX models, t-SNE past them; one colour per
-family with a legend; every point labelled, labels nudged apart so they stay legible.
+family with a legend; every point labelled, labels nudged apart so they stay legible. The home page's map places its
+labels here too (`place_labels`): none overlaps another, and one that finds no room is left to the dot's tooltip.
 
 Why PCA for a registry of a few dozen models: their embeddings spread mostly along one direction (on MMLU-Pro's 31
 models the first principal axis holds 98% of the variance, and tracks overall accuracy), and t-SNE drew them as a
@@ -82,6 +83,58 @@ def _spread_labels(ax, texts, points, steps: int = 150) -> None:
         if np.hypot(*(p - pt)) > 14:                         # a label pushed away gets a thin leader line
             px, py = inv.transform(pt)
             ax.plot([px, x], [py, y], color="0.6", lw=0.5, zorder=1)
+
+
+# A label's width in em by character class: a generous estimate of a sans-serif's advances; the page draws each
+# label at exactly this width (SVG textLength), so the boxes placed here are the boxes drawn, whatever the font.
+_NARROW, _WIDE = set("iljtfrI.,:;'|!()[] "), set("mwMW@")
+LABEL_FONT = 13          # px, the home page's labels
+LABEL_GAP = 2            # px kept clear around each label
+
+
+def label_width(name: str, font: float = LABEL_FONT) -> float:
+    em = sum(0.32 if c in _NARROW else 0.86 if c in _WIDE else 0.68 if c.isupper() else 0.56 for c in name)
+    return round(em * font, 1)
+
+
+def label_box(x: float, y: float, anchor: str, width: float, font: float = LABEL_FONT) -> tuple[float, ...]:
+    """(left, top, right, bottom) of a label drawn at (x, y) (its baseline) with SVG's text-anchor `anchor`."""
+    left = x - {"start": 0.0, "middle": width / 2, "end": width}[anchor]
+    return left, y - 0.8 * font, left + width, y + 0.25 * font
+
+
+def boxes_overlap(a: tuple[float, ...], b: tuple[float, ...], gap: float = 0.0) -> bool:
+    return a[0] < b[2] + gap and b[0] < a[2] + gap and a[1] < b[3] + gap and b[1] < a[3] + gap
+
+
+def place_labels(points: list[dict], *, radius: float = 7, size: tuple[float, float] = (1000, 600),
+                 font: float = LABEL_FONT) -> list[dict]:
+    """Each point ({name, x, y}) given a `label` ({x, y, anchor, width}) where one fits, else None (its name stays in
+    the dot's tooltip): greedy, the least crowded points first, each label at the first of eight spots around its
+    dot that stays on the map and clear of every dot and of the labels placed before it. No two labels overlap."""
+    dots = [(p["x"] - radius, p["y"] - radius, p["x"] + radius, p["y"] + radius) for p in points]
+    xy = np.array([[p["x"], p["y"]] for p in points], dtype=float).reshape(-1, 2)
+    crowd = (np.hypot(*(xy[:, None, :] - xy[None, :, :]).transpose(2, 0, 1)) < 80).sum(1)
+    placed: list[tuple[float, ...]] = []
+    out = [dict(p, label=None) for p in points]
+    near, lift = radius + 3, 0.3 * font
+    for i in sorted(range(len(points)), key=lambda i: (crowd[i], points[i]["name"])):
+        x, y, width = points[i]["x"], points[i]["y"], label_width(points[i]["name"], font)
+        spots = [(x + near, y + lift, "start"), (x - near, y + lift, "end"), (x, y - near, "middle"),
+                 (x, y + near + 0.8 * font, "middle"), (x + near - 2, y - near + 2, "start"),
+                 (x - near + 2, y - near + 2, "end"), (x + near - 2, y + near + 0.6 * font, "start"),
+                 (x - near + 2, y + near + 0.6 * font, "end")]
+        for sx, sy, anchor in spots:
+            box = label_box(sx, sy, anchor, width, font)
+            if box[0] < 0 or box[1] < 0 or box[2] > size[0] or box[3] > size[1]:
+                continue
+            if any(boxes_overlap(box, b, LABEL_GAP) for b in placed) or any(
+                    boxes_overlap(box, d) for j, d in enumerate(dots) if j != i):
+                continue
+            placed.append(box)
+            out[i]["label"] = {"x": round(sx, 1), "y": round(sy, 1), "anchor": anchor, "width": width}
+            break
+    return out
 
 
 # 14 of Kelly's 22 colours of maximum contrast (K. L. Kelly, "Twenty-two colors of maximum contrast", 1965): white and

@@ -73,7 +73,7 @@ def test_portfolio_clusters_radius_and_constraints(db_copy):
     vecs = raw_vectors(db_copy)
     for method in ("kmedoids", "kcenter"):
         p = run_json(db_copy, "portfolio", "-k", 4, "--method", method)
-        assert p["k"] == 4 == len(set(p["models"])) and p["method"] == method and "share_of_pool" not in p
+        assert p["k"] == 4 == len(set(p["models"])) and p["method"] == method and p["share_of_pool"] > 0
         assert sorted(sum(p["clusters"].values(), [])) == sorted(vecs)      # every model in exactly one cluster
         assert p["radius"] == pytest.approx(_sum_cost(vecs, p["models"]).max(), abs=1e-3)
     # k-medoids (FasterPAM) against brute force over every pair
@@ -279,4 +279,4 @@ def test_the_model_page_shows_how_much_each_neighbour_errs_alike(db_copy):
     with TestClient(create_app(str(db_copy))) as c:
         page = c.get(f"/ui/models/{GPT}").text
     assert "errs alike" in page and near[0].error_correlation is not None
-    assert f"<td>{near[0].error_correlation:.3f}</td></tr>" in page
+    assert f"<td>{near[0].error_correlation:.3f}</td><td>{near[0].placed_by}</td>" in page

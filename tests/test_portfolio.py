@@ -32,7 +32,8 @@ def test_portfolio_defaults_to_routing_with_gains_on_the_cli_and_over_http(db_co
     if p["k"] < 6:
         assert "stopped at" in p["note"] and min(list(filled["gains"].values())[p["k"]:]) <= 1e-9
     text = run(db_copy, "portfolio", "-k", 6)
-    assert text.exit_code == 0 and "routing gain" in text.output.splitlines()[2 if p["note"] else 1]
+    # (after the size line, the routing accuracy line and the note)
+    assert text.exit_code == 0 and "routing gain" in text.output.splitlines()[3 if p["note"] else 2]
     covering = run_json(db_copy, "portfolio", "-k", 3, "--method", "kmedoids")
     assert covering["gains"] is None and covering["k"] == 3
     with TestClient(create_app(str(db_copy))) as c:

@@ -80,7 +80,6 @@ def test_routing_accuracy_is_routing_as_served_on_every_page_and_command(db_copy
     from fastapi.testclient import TestClient
 
     from registry.answers import portfolio
-    from registry.serve import routes_reads
     from registry.serve.app import create_app
 
     with Registry(db_copy) as reg:
@@ -90,7 +89,7 @@ def test_routing_accuracy_is_routing_as_served_on_every_page_and_command(db_copy
     assert p.pool_accuracy == served
     out = run(db_copy, "portfolio", "--target", "0.99")
     assert out.exit_code == 0 and f"of the pool's {served:.4f}" in out.output, out.output
-    assert portfolio.DEFAULT_K == routes_reads.PORTFOLIO_K == 5
+    assert portfolio.DEFAULT_K == 5
     with TestClient(create_app(str(db_copy))) as c:
         page = c.get("/ui/portfolio").text
         assert f'value="{portfolio.DEFAULT_K}"' in page                   # the CLI's and HTTP's default k

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from registry.answers.geometry import Pool
+from registry.answers.neighbours import RANKED_BY_EMBEDDING
 from registry.core.errors import InputError, unknown_model
 from registry.data import availability
 from registry.embedding import index
@@ -27,6 +28,7 @@ class Chain:
     unavailable: list[str] = field(default_factory=list)   # skipped: marked unavailable, or named by the caller
     # skipped: embedded from too few evaluations (locus/evidence.py)
     probation: list[str] = field(default_factory=list)
+    ranked_by: str = RANKED_BY_EMBEDDING     # (`similar` ranks by shared answers too: its first may differ)
 
 
 @dataclass
@@ -34,6 +36,7 @@ class Chains:
     chains: dict[str, list[Link]]
     unavailable: list[str]
     probation: list[str] = field(default_factory=list)
+    ranked_by: str = RANKED_BY_EMBEDDING
 
 
 def check_names(p: Pool, names, label: str) -> None:

@@ -114,6 +114,44 @@ def ranked(near: list[Neighbour], embedded_from: dict[str, int], own_n: int | No
     return out
 
 
+# What each list of nearest models ranks by, said with it (CLI, --json, HTTP, pages): `similar` and a registration's
+# table read the answers two models share; a fallback chain and a version diff, the embedding alone. So the nearest
+# model can differ between them: each says which rule made its order.
+RANKED_BY_ANSWERS = ("shared answers where two models have enough (how alike they err, else how often they "
+                     "disagree), else embedding distance; 'ranked at' is the figure ranked by")
+RANKED_BY_EMBEDDING = "embedding distance alone (the answers two models share are not read)"
+
+
+def similar_notes(out: list[Neighbour], k: int, model: str | None, own: int | None,
+                  probation_min: int) -> list[str]:
+    """What `similar`'s answer says beside its rows (the CLI and the model page): fewer than k, a query model or
+    neighbours on probation, and why the first is not the nearest by embedding. `own`: the evaluations behind the
+    query model's embedding."""
+    from registry.locus.evidence import on_probation
+
+    notes = [f"k={k}, but the pool has {len(out)} other embedded models: all of them shown"] if len(out) < k else []
+    if own is not None and on_probation(own, probation_min):
+        notes.append(f"{model} is embedded from {own} evaluations (on probation below {probation_min}): where it "
+                     f"sits, and so its nearest models, is uncertain at this size")
+    weak = [x.model for x in out if x.embedded_from is not None and on_probation(x.embedded_from, probation_min)]
+    if weak:
+        notes.append(f"on probation (embedded from fewer than {probation_min} evaluations, placed less surely): "
+                     + ", ".join(weak))
+    if out and min(out, key=lambda x: x.distance) is not out[0]:
+        nearest = min(out, key=lambda x: x.distance)
+        notes.append(f"{nearest.model} is nearest by embedding ({nearest.distance:.3f}), {out[0].model} by "
+                     f"{'the answers' if out[0].placed_by != 'embedding' else 'the ranking'}"
+                     + (f" (disagreement {out[0].disagreement:.3f} on {out[0].shared_queries} shared)"
+                        if out[0].disagreement is not None else "")
+                     + ": where two models share answers, those place them (a fallback chain and a version diff "
+                       "rank by the embedding alone)")
+    if any(x.placed_by == "few answers" for x in out):
+        notes.append("'few answers': known from too few answers to place by its embedding; listed below every "
+                     "established model that disagrees no more on its questions than its disagreement's upper 95% "
+                     "bound")
+    return notes
+
+
 MIN_PAIR_SHARED = 100        # a pair's disagreement is fitted only from this many shared answers
 MIN_SHARED = 32              # shared answers that weigh as much as the embedding (the fingerprint's minimum too)
 

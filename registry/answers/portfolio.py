@@ -36,7 +36,7 @@ class Portfolio:
     method: str
     radius: float                                     # largest distance from any model to its nearest member
     clusters: dict[str, list[str]] = field(default_factory=dict)   # member -> models it covers (itself first)
-    share_of_pool: float | None = None                # with a target: portfolio routing accuracy / the pool's
+    share_of_pool: float | None = None                # portfolio routing accuracy / the pool's (`scored`)
     accuracy: float | None = None                     # routing accuracy as served on test among the members
     pool_accuracy: float | None = None                # the same over every model routing may choose
     note: str | None = None
@@ -267,8 +267,19 @@ def smallest_reaching(p: Pool, method: str, eligible, required, *, accuracy, tar
         within = " of" if at_most is None else f" of at most {at_most}"
         note = f"no portfolio{within} eligible models reaches {target:g} of the pool; the largest is shown"
     out = describe(p, members, method, note, value)
-    out.accuracy, out.pool_accuracy = round(acc, 4), round(full, 4)
-    out.share_of_pool = round(acc / full, 4) if full else None
+    scored(out, accuracy)
+    return out
+
+
+def scored(out: Portfolio, accuracy) -> Portfolio:
+    """The portfolio with its routing accuracy as served on test among its members, the pool's, and the share it
+    keeps (`accuracy`: see the module's note; None, or no test split: left unset). The one place these are set:
+    every portfolio the CLI, HTTP and the page show has them, with a target or without."""
+    full = None if accuracy is None else accuracy(None)
+    if full is not None:
+        acc = accuracy(out.models)
+        out.accuracy, out.pool_accuracy = round(acc, 4), round(full, 4)
+        out.share_of_pool = round(acc / full, 4) if full else None
     return out
 
 
@@ -320,7 +331,7 @@ def answer(tx, p: Pool, k: int | None = None, *, method: str | None = None, max_
     if target is None:
         assert k is not None     # (DEFAULT_K, above)
         members, note = select(p, k, method, ok, req, seed=seed, value=value, fill=fill)
-        out = describe(p, members, method, note, value)
+        out = scored(describe(p, members, method, note, value), accuracy)
     else:
         if accuracy is None:
             raise InputError("a target share needs routing's accuracy on the test split")
@@ -333,18 +344,3 @@ def answer(tx, p: Pool, k: int | None = None, *, method: str | None = None, max_
     out.note = joined(fallback_note, out.note, said)
     return out
 
-
-def with_share(tx, p: Pool, k: int, method: str | None = None, seed: int = 0, probation=frozenset(), *,
-               fill: bool = False, accuracy=None) -> Portfolio:
-    """k members by `method` (no constraints but `probation`: never members, as in `answer`) with their routing
-    accuracy as served on test and the share of the pool's they keep (`accuracy`: see the module's note)."""
-    ok, req = np.array([n not in probation for n in p.names], dtype=bool), np.array([], dtype=int)
-    method, value, fallback_note = routing_value(tx, p, method)
-    members, note = select(p, k, method, ok, req, seed=seed, value=value, fill=fill)
-    out = describe(p, members, method, joined(fallback_note, note), value)
-    full = None if accuracy is None else accuracy(None)
-    if full is not None:
-        acc = accuracy([p.names[m] for m in members])
-        out.accuracy, out.pool_accuracy = round(acc, 4), round(full, 4)
-        out.share_of_pool = round(acc / full, 4) if full else None
-    return out

@@ -45,6 +45,9 @@ class Diff:
     neighbours_v1: list[Neighbour]
     neighbours_v2: list[Neighbour]
     predicted_accuracy: dict[str, dict]  # category -> {"v1", "v2", "change"}
+    # the neighbours of each version, by the vector alone (the answers now are not those of either version):
+    # `similar` ranks by shared answers too, so its first may differ
+    ranked_by: str = neighbours.RANKED_BY_EMBEDDING
 
 
 def history(tx: Tx, name: str) -> History:

@@ -26,33 +26,14 @@ def similar(ctx, model, evals, k, as_of, as_json):
     their shared answers where they have some, else by the embedding ('placed by'; 'ranked at': the two combined;
     'errs alike': the correlation of their mistakes beyond the questions' difficulty, which places two well-placed
     models)."""
-    from registry.locus.evidence import on_probation
+    from registry.answers.neighbours import RANKED_BY_ANSWERS, similar_notes
 
     reg = open_registry(ctx)
     out = reg.similar(model, k=k, evals=evals, as_of=as_of)
-    notes = [f"k={k}, but the pool has {len(out)} other embedded models: all of them shown"] if len(out) < k else []
     own = reg.embedded_from([model], as_of).get(model) if model else None
-    if own is not None and on_probation(own, reg.probation_min):
-        notes.append(f"{model} is embedded from {own} evaluations (on probation below {reg.probation_min}): where it "
-                     f"sits, and so its nearest models, is uncertain at this size")
-    weak = [x.model for x in out if x.embedded_from is not None and on_probation(x.embedded_from, reg.probation_min)]
-    if weak:
-        notes.append(f"on probation (embedded from fewer than {reg.probation_min} evaluations, placed less surely): "
-                     + ", ".join(weak))
-    if out and min(out, key=lambda x: x.distance) is not out[0]:
-        by_vector = min(out, key=lambda x: x.distance)
-        notes.append(f"{by_vector.model} is nearest by embedding ({by_vector.distance:.3f}), {out[0].model} by "
-                     f"{'the answers' if out[0].placed_by != 'embedding' else 'the ranking'}"
-                     + (f" (disagreement {out[0].disagreement:.3f} on {out[0].shared_queries} shared)"
-                        if out[0].disagreement is not None else "")
-                     + ": where two models share answers, those place them")
-    if any(x.placed_by == "few answers" for x in out):
-        notes.append("'few answers': known from too few answers to place by its embedding; listed below every "
-                     "established model that disagrees no more on its questions than its disagreement's upper 95% "
-                     "bound")
-    note = "; ".join(notes) or None
+    notes = similar_notes(out, k, model, own, reg.probation_min)
     if as_json:
-        emit_json({"neighbours": out, "note": note})
+        emit_json({"neighbours": out, "ranked_by": RANKED_BY_ANSWERS, "note": "; ".join(notes) or None})
         return
     fmt = lambda v: "" if v is None else f"{v:.4f}"  # noqa: E731
     rows = [[row[0] + (" (alias)" if x.alias else "")] + row[1:] + [
@@ -60,6 +41,7 @@ def similar(ctx, model, evals, k, as_of, as_json):
         for row, x in zip(neighbour_rows(out), out)]
     table(rows, ["model", "distance", "disagreement", "shared queries", "errs alike", "embedded from", "placed by",
                  "ranked at"])
+    click.echo(f"ranked by: {RANKED_BY_ANSWERS}")
     for line in notes:
         click.echo(f"note: {line}")
 
@@ -153,11 +135,7 @@ def portfolio(ctx, *, k, method, max_params, max_cost, require, exclude, target,
                                      exclude=exclude, target=target, seed=seed, as_of=as_of,
                                      include_probation=include_probation, fill=fill)
     if as_json:
-        d = asdict(p)
-        if target is None:  # share_of_pool and the accuracies only mean something with a target
-            for key in ("share_of_pool", "accuracy", "pool_accuracy"):
-                d.pop(key)
-        emit_json(d)
+        emit_json(p)
         return
     click.echo(f"{p.k} models by {p.method}, coverage radius {p.radius:.4f}")
     if p.share_of_pool is not None:
@@ -190,18 +168,20 @@ def fallback(ctx, model, *, all_models, unavailable, k, include_probation, as_of
         c = reg.fallback_all(unavailable, k, as_of, include_probation)
         if as_json:
             emit_json({"chains": {m: [asdict(link) for link in links] for m, links in c.chains.items()},
-                       "unavailable": c.unavailable, "probation": c.probation})
+                       "unavailable": c.unavailable, "probation": c.probation, "ranked_by": c.ranked_by})
             return
         for m, links in c.chains.items():
             click.echo(f"{m}: " + " -> ".join(link.model for link in links))
+        click.echo(f"ranked by: {c.ranked_by}")
         _skipped(c.unavailable, c.probation)
         return
     c = reg.fallback(model, unavailable, k, as_of, include_probation)
     if as_json:
         emit_json({"model": c.model, "chain": [asdict(link) for link in c.chain], "unavailable": c.unavailable,
-                   "probation": c.probation})
+                   "probation": c.probation, "ranked_by": c.ranked_by})
         return
     table([[i + 1, link.model, f"{link.distance:.4f}"] for i, link in enumerate(c.chain)], ["#", "model", "distance"])
+    click.echo(f"ranked by: {c.ranked_by}")
     _skipped(c.unavailable, c.probation)
 
 

@@ -207,6 +207,7 @@ def diff(ctx, model, v1, v2, k, as_json):
     click.echo(f"{d.model}: version {d.v1} -> {d.v2}, moved {d.distance:.4f}")
     click.echo(f"nearest at v{d.v1}: " + ", ".join(f"{n.model} ({n.distance:.3f})" for n in d.neighbours_v1))
     click.echo(f"nearest at v{d.v2}: " + ", ".join(f"{n.model} ({n.distance:.3f})" for n in d.neighbours_v2))
+    click.echo(f"nearest ranked by: {d.ranked_by}")
     table([[c, f"{a['v1']:.3f}", f"{a['v2']:.3f}", f"{a['change']:+.3f}"] for c, a in d.predicted_accuracy.items()],
           ["category", f"predicted acc v{d.v1}", f"v{d.v2}", "change"])
 

@@ -15,7 +15,6 @@ from registry.serve.http import advert
 
 reads_router = APIRouter()
 status_router = APIRouter()
-PORTFOLIO_K = 5     # the portfolio's size when neither k nor a target is given
 # (the log's own check, DuckDB's cast, takes these and more: '2026-01-31 12:00' too)
 TIMESTAMP = {"anyOf": [{"type": "string", "format": "date"}, {"type": "string", "format": "date-time"}],
              "description": "only entries at or after this time (e.g. 2026-01-31 or 2026-01-31T12:00:00Z)"}
@@ -23,6 +22,9 @@ TIMESTAMP = {"anyOf": [{"type": "string", "format": "date"}, {"type": "string", 
 
 @reads_router.get("/models/{name:path}/similar")
 def similar(name: str, k: int = Query(5, ge=1, le=1000), s: ServerState = Depends(server)):
+    """The k nearest models, ranked by shared answers where two models have enough (how alike they err, else how
+    often they disagree), else by embedding distance: each neighbour's `combined` is the figure ranked by, its
+    `placed_by` the evidence that placed it (`registry similar`; a fallback chain ranks by the embedding alone)."""
     return json_response(s.serving.similar(name, k=k))
 
 
@@ -36,6 +38,8 @@ def stats(s: ServerState = Depends(server)):
 @reads_router.get("/models/{name:path}/fallback")
 def fallback(name: str, k: int = Query(5, ge=1, le=1000), include_probation: bool = False,
              s: ServerState = Depends(server)):
+    """Substitutes for a model that is down, by embedding distance alone (`ranked_by` says so; `similar` also reads
+    the answers two models share, so its first may differ)."""
     return json_response(s.registry.fallback(name, k=k, include_probation=include_probation))
 
 
@@ -46,9 +50,8 @@ def portfolio(*, k: int | None = Query(None, ge=1, le=1000), target: float | Non
               s: ServerState = Depends(server)):
     """A few models keeping the routing or covering the embedding space (k of them, or the fewest keeping a target
     share of the pool's accuracy, at most k if both are given; neither: k=5); models on probation are members only
-    with include_probation=true; by routing value, members that add nothing only with fill=true."""
-    if k is None and target is None:
-        k = PORTFOLIO_K
+    with include_probation=true; by routing value, members that add nothing only with fill=true. Each answer has
+    its routing accuracy as served on test among the members, the pool's, and the share kept."""
     return json_response(s.registry.portfolio(k=k, target=target, method=method, max_params=max_params,
                                               max_cost=max_cost, include_probation=bool(include_probation),
                                               fill=fill))

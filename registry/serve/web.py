@@ -114,7 +114,7 @@ class _MapDrawer:
 
 
 def _map(reg) -> dict:
-    """The embedding map as SVG-ready points: {name, x, y, colour, family} in a 0..1000 x 0..600 box."""
+    """The embedding map as SVG-ready points: {name, x, y, colour, family, label} in a 0..1000 x 0..600 box."""
     from registry.answers import maps
 
     with reg.store.tx() as tx:
@@ -135,6 +135,7 @@ def _map(reg) -> dict:
     colours = maps.family_colours(fam)
     pts = [{"name": n, "x": round(20 + 960 * (x - lo[0]) / span[0], 1), "y": round(20 + 560 * (y - lo[1]) / span[1], 1),
             "colour": colours[f], "family": f} for n, (x, y), f in zip(p.names, xy, fam)]
+    pts = maps.place_labels(pts) if len(pts) <= MAP_LABELS else pts      # labels that never overlap (or none)
     return {"points": pts, "families": sorted(colours.items()), "method": method}
 
 
@@ -220,14 +221,20 @@ def model_page(request: Request, name: str):
         history = reg.history(name)
     except RegistryError as exc:
         return error_page(request, str(exc))
-    near, chain, note = [], [], None
+    from registry.answers import neighbours
+
+    near, chain, note, near_notes, chain_by = [], [], None, [], ""
     if detail.version is not None:
         try:
             near = request.app.state.server.serving.similar(name, k=8)    # (what GET /models/X/similar answers)
-            chain = reg.fallback(name, k=5).chain
+            near_notes = neighbours.similar_notes(near, 8, name, detail.embedded_from, reg.probation_min)
+            fb = reg.fallback(name, k=5)
+            chain, chain_by = fb.chain, fb.ranked_by
         except RegistryError as exc:
             note = str(exc)
-    return page(request, "model.html", m=detail, history=history, near=near, chain=chain, note=note)
+    # each list says what it ranks by (`similar` by shared answers, the fallback chain by the embedding alone)
+    return page(request, "model.html", m=detail, history=history, near=near, chain=chain, note=note,
+                near_notes=near_notes, near_by=neighbours.RANKED_BY_ANSWERS, chain_by=chain_by)
 
 
 @pages.get("/ui/route", response_class=HTMLResponse)
@@ -244,19 +251,12 @@ def route_page(request: Request, q: str | None = None):
 @pages.get("/ui/portfolio", response_class=HTMLResponse)
 def portfolio_page(request: Request, k: int | None = Query(None, ge=1, le=1000), method: str | None = None):
     from registry.answers import portfolio
-    from registry.embedding import evidence
-    from registry.routing import accuracy
 
     k = portfolio.DEFAULT_K if k is None else k       # the CLI's and HTTP's default size
-    reg = _registry(request)
     result, error = None, None
     try:
-        with reg.store.tx() as tx:
-            pool = reg.pool(tx)
-            # routing accuracy is routing as served (what `evaluate` reports as `served`), among the members
-            weak = pool.on_probation(evidence.minimum(tx, reg.probation_setting))
-            result = portfolio.with_share(tx, pool, k, method, probation=weak,
-                                          accuracy=accuracy.scorer(tx, reg.probation_setting))
+        # what `registry portfolio` and GET /portfolio answer, its routing accuracy (as served) among them
+        result = _registry(request).portfolio(k, method)
     except RegistryError as exc:
         error = str(exc)
     shown = result.method if result else method or portfolio.DEFAULT_METHOD

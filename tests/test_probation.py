@@ -65,7 +65,8 @@ def test_models_on_probation_are_neither_substitutes_nor_portfolio_members(db_co
     unless asked (--include-probation)."""
     with Registry(db_copy) as reg:
         pool_before = reg.portfolio(target=0.99).pool_accuracy
-    few = write_rows(tmp_path / "few.csv", results_of(small_data, "gpt-4o-2024-05-13")[:60])
+    # (made-up answers: a copy of a registered model's would be recorded as its alias, one model with it)
+    few = invented(small_data, tmp_path, n=60)
     assert run(db_copy, "register", "g-few", "--evals", str(few)).exit_code == 0
     with Registry(db_copy) as reg:                      # the pool routing is scored on is what routing may choose
         assert reg.portfolio(target=0.99).pool_accuracy == pool_before
@@ -107,7 +108,8 @@ def test_an_unembedded_model_is_told_what_would_embed_it(db_copy, small_data, tm
 
 
 def test_probation_left_out_of_a_portfolio_is_said_when_k_is_too_large(db_copy, small_data, tmp_path):
-    few = write_rows(tmp_path / "few.csv", results_of(small_data, "gpt-4o-2024-05-13")[:60])
+    # (made-up answers: a copy of a registered model's would be recorded as its alias, one model with it)
+    few = invented(small_data, tmp_path, n=60)
     assert run(db_copy, "register", "g-few", "--evals", str(few)).exit_code == 0
     with Registry(db_copy) as reg:
         n = len(reg.models())

@@ -137,9 +137,10 @@ def test_auto_says_why_no_model_with_an_endpoint_can_be_chosen(db_copy, tmp_path
                              JOIN query_splits s ON s.query_id = q.id WHERE s.split = 'train' AND e.model_id =
                              (SELECT min(id) FROM models) ORDER BY q.id LIMIT 40""")
         names = ["newbie-a", "newbie-b"]
-        for m in names:
+        for j, m in enumerate(names):   # (answers of their own: a copy would be recorded as the model's alias)
             path = tmp_path / f"{m}.csv"
-            path.write_text("question_id,correct\n" + "".join(f"{q},{c}\n" for q, c in rows))
+            path.write_text("question_id,correct\n" + "".join(f"{q},{c if i % (3 + j) else 1 - c}\n"
+                                                                for i, (q, c) in enumerate(rows)))
             assert reg.register(m, str(path)).warning                 # 40 answers: on probation
             reg.set_endpoint(m, "http://127.0.0.1:9/v1")
     with TestClient(create_app(str(db_copy))) as c:

@@ -86,7 +86,7 @@ def rename(tx: Tx, old: str, new: str, reason: str | None = None) -> Renamed:
         raise InputError(problem)
     mid = model_id(tx, old)
     if new == old:
-        raise InputError(f"{old} is already called {new}")
+        raise Conflict(f"{old} is already called {new}")
     if tx.sql("SELECT 1 FROM models WHERE name = ?", [new]):
         raise Conflict(f"a model called {new} is registered already: rename or delete it first")
     tx.sql("""INSERT INTO model_changes (model_id, change, name, new_name, reason) VALUES (?, 'renamed', ?, ?, ?)

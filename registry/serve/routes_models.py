@@ -11,6 +11,7 @@ import anyio
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette import convertors
 from starlette.exceptions import HTTPException
 
 from registry.core.errors import InputError
@@ -133,7 +134,19 @@ def show(name: str, s: ServerState = Depends(server)):
     return json_response(s.registry.show(name))
 
 
-@models_router.delete("/models/{name:path}", dependencies=[Depends(require_token)])
+SUBPATHS = ("ask", "claims", "diff", "evaluations", "fallback", "history", "rename", "similar", "verdicts", "verify")
+
+
+class _ModelPath(convertors.PathConvertor):
+    """A model's name in a path that a method of its own acts on (DELETE /models/X): any path, not one ending in a
+    path under a model (DELETE /models/X/history is the wrong method on that path: 405, not model 'X/history')."""
+    regex = r"(?!.*/(?:" + "|".join(SUBPATHS) + r")$).*"
+
+
+convertors.register_url_convertor("model", _ModelPath())
+
+
+@models_router.delete("/models/{name:model}", dependencies=[Depends(require_token)])
 def delete(name: shapes.ModelName, s: ServerState = Depends(server),
            reason: Annotated[str | None, Query(max_length=1000)] = None):
     """`registry delete NAME`: it leaves every list and answer; its versions and results stay (its history)."""

@@ -53,7 +53,7 @@ def _routes(app) -> list[tuple[str, str]]:
     for route in app.routes:
         if not isinstance(route, APIRoute) or route.path in NOT_API or route.path.startswith("/static"):
             continue
-        path = route.path.replace(":path}", "}")          # a name may hold "/": documented as {name}
+        path = re.sub(r"\{(\w+):\w+\}", r"{\1}", route.path)   # a name's converter (path, model): documented as {name}
         out += [(method, path) for method in sorted(route.methods) if method != "HEAD"]
     return out
 

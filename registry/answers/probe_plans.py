@@ -162,7 +162,9 @@ def fingerprint_plan(tx: Tx, n: int, candidates=(), seed: int = 0, out: str | No
     if candidates:
         chosen = list(dict.fromkeys(candidates))
     else:
-        counts = dict(tx.sql(f"""SELECT m.name, count(*) FROM models m JOIN {current_evaluations.CURRENT} e
+        # (an alias is its model under another name: one candidate, not a pair that differs on nothing)
+        counts = dict(tx.sql(f"""SELECT m.name, count(*) FROM models m
+                                 JOIN {current_evaluations.current(distinct=True)} e
                                  ON e.model_id = m.id GROUP BY m.name"""))
         chosen = sorted(m for m, c in counts.items() if c >= min_answers)
         left_out = sorted(m for m, c in counts.items() if c < min_answers)

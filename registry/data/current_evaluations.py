@@ -10,26 +10,29 @@ from registry.core.transaction import Tx
 np = LazyModule("numpy")   # (the SQL rule is read by commands that need no arrays)
 
 
-# the models recorded as another registered model's name (the newest row of each in model_aliases)
+# the models recorded as another registered model's name (the newest row of each in model_aliases): one model with
+# the one they name in every answer that pools models (routing, evaluate, portfolio, fallback, "errs alike")
 ALIAS_OF = """SELECT model_id, alias_of FROM (
                   SELECT model_id, alias_of, row_number() OVER (PARTITION BY model_id ORDER BY id DESC) AS newest
                   FROM model_aliases) a
               WHERE newest = 1 AND alias_of IS NOT NULL"""
+ALIASES = f"SELECT model_id FROM ({ALIAS_OF}) x"
 
 
-def current(before_batch: int | None = None, model_ids=None, queries_in: str | None = None) -> str:
+def current(before_batch: int | None = None, model_ids=None, queries_in: str | None = None, *,
+            distinct: bool = False) -> str:
     """The newest evaluation of each (model, query) pair, as a subquery (`FROM {current()} e`); with `before_batch`,
     as it stood before that import batch; with `model_ids`, of those models only, and with `queries_in` (a table or
     view with a query_id column), of those queries only (both far cheaper than filtering after). Only registered
-    models' evaluations count."""
+    models' evaluations count; with `distinct`, an alias's (`ALIASES`) do not either."""
     # (a deleted model's results stay in the table for audits and count nowhere: answers/tidying.py)
     conds = ["model_id IN (SELECT id FROM models)"] + (
         [f"batch_id < {int(before_batch)}"] if before_batch is not None else []) + (
         [f"model_id IN ({', '.join(str(int(m)) for m in model_ids) or 'NULL'})"] if model_ids is not None else []) + (
-        [f"query_id IN (SELECT query_id FROM {queries_in})"] if queries_in else [])
-    where = ("WHERE " + " AND ".join(conds)) if conds else ""
+        [f"query_id IN (SELECT query_id FROM {queries_in})"] if queries_in else []) + (
+        [f"model_id NOT IN ({ALIASES})"] if distinct else [])
     return f"""(SELECT model_id, query_id, arg_max(correct, batch_id) AS correct, max(batch_id) AS batch_id
-               FROM evaluations {where} GROUP BY model_id, query_id)"""
+               FROM evaluations WHERE {" AND ".join(conds)} GROUP BY model_id, query_id)"""
 
 
 CURRENT = current()   # the rule as it stands now
@@ -109,7 +112,8 @@ def agreement(tx: Tx, qids, y, others,
         return {}
     res = tx.sql(f"""
         WITH _answers AS (SELECT unnest(?::BIGINT[]) AS query_id, unnest(?::BIGINT[]) AS y),
-        pool AS (SELECT model_id, query_id, correct::INT AS c FROM {current(before_batch, queries_in="_answers")} e),
+        pool AS (SELECT model_id, query_id, correct::INT AS c
+                 FROM {current(before_batch, queries_in="_answers", distinct=True)} e),
         difficulty AS (SELECT query_id, ln((sum(c) + 1.0) / (count(*) - sum(c) + 1.0)) AS lp FROM pool GROUP BY 1),
         ability AS (SELECT model_id, ln((sum(c) + 1.0) / (count(*) - sum(c) + 1.0)) AS la FROM pool GROUP BY 1),
         centre AS (SELECT avg(la) AS mid FROM ability),

@@ -58,9 +58,10 @@ def dataset(tx: Tx) -> Dataset:
     if len(q["id"]) == 0:
         raise RegistryError("no queries with a train/val/test split: import a splits file or run "
                             "`registry draw-splits`")
-    m = tx.sql("SELECT id, name FROM models ORDER BY name")
+    # (an alias is its model under another name: one model, not two, in what the matrix measures)
+    m = tx.sql(f"SELECT id, name FROM models WHERE id NOT IN ({current_evaluations.ALIASES}) ORDER BY name")
     model_ids = np.array([r[0] for r in m], dtype=np.int64)
-    ev = tx.numpy(f"SELECT model_id, query_id, correct::INT AS c FROM {current_evaluations.CURRENT} e")
+    ev = tx.numpy(f"SELECT model_id, query_id, correct::INT AS c FROM {current_evaluations.current(distinct=True)} e")
     qpos = {int(x): i for i, x in enumerate(q["id"])}
     mpos = {int(x): i for i, x in enumerate(model_ids)}
     correct = np.full((len(model_ids), len(q["id"])), -1, dtype=np.int8)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from registry.core import dialect
 from registry.core.lazy import LazyModule
 from registry.core.transaction import Tx
+from registry.data import current_evaluations
 
 if TYPE_CHECKING:
     import numpy as np
@@ -78,7 +79,8 @@ class VectorIndex:
 
 
 def current_versions(tx: Tx, encoder_id: int, as_of: str | None = None, after_version_id: int = 0):
-    """The newest version per model under one encoder (as it stood at `as_of`), with id > after_version_id.
+    """The newest version per model under one encoder (as it stood at `as_of`), with id > after_version_id; an alias
+    (another name of a registered model) is that model, not a second point.
     -> (version ids [n], model ids [n], names [n], vectors [n,128] float32)"""
     when = "AND v.created <= ?::TIMESTAMP" if as_of else ""
     tbl = tx.arrow(f"""
@@ -86,7 +88,7 @@ def current_versions(tx: Tx, encoder_id: int, as_of: str | None = None, after_ve
             SELECT v.id, v.model_id, m.name, v.vector,
                    row_number() OVER (PARTITION BY v.model_id ORDER BY v.version DESC) AS newest
             FROM embedding_versions v JOIN models m ON m.id = v.model_id
-            WHERE v.encoder_id = ? {when} AND v.id > ?) x
+            WHERE v.encoder_id = ? {when} AND v.id > ? AND v.model_id NOT IN ({current_evaluations.ALIASES})) x
         WHERE newest = 1 ORDER BY model_id""", [encoder_id] + ([as_of] if as_of else []) + [after_version_id])
     n = tbl.num_rows
     flat = tbl.column("vector").combine_chunks().flatten().to_numpy(zero_copy_only=False) if n else np.zeros(0)

@@ -18,7 +18,7 @@ import numpy as np
 
 from registry.core.errors import RegistryError
 from registry.core.transaction import Tx
-from registry.data import availability
+from registry.data import availability, current_evaluations
 from registry.embedding import encoders, index
 from registry.locus import evidence, interaction, numpy_network
 from registry.routing import served_scores, state
@@ -165,6 +165,10 @@ def with_new_versions(tx: Tx, st: state.State, registered: frozenset[str] | set[
         LEFT JOIN version_stability s ON s.version_id = v.id
         WHERE v.encoder_id = ? AND v.id > ?
         ORDER BY v.model_id, v.version""", [st.encoder_id, after]).to_pydict()
+    aliases = {a for (a,) in tx.sql(current_evaluations.ALIASES)} if new["id"] else set()
+    if aliases & set(new["model_id"]):      # (an alias is its model under another name: not a contender of its own)
+        keep_rows = [j for j, m in enumerate(new["model_id"]) if m not in aliases]
+        new = {k: [v[j] for j in keep_rows] for k, v in new.items()}
     if not new["id"]:
         return dataclasses.replace(st, known=st.known | frozenset(registered))
     # the newest row of each model (rows come by model, then version), then in numpy: a snapshot is rebuilt after

@@ -337,3 +337,61 @@ class RoutingLog(Base):
     encoder_id: Mapped[int | None] = mapped_column(Integer)
     versions: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False)      # model -> embedding version used
     options: Mapped[dict[str, Any] | None] = mapped_column(JSON)                # cost_weight, min_prob, unavailable
+
+
+class ProxyRequest(Base):
+    """One row per request the routing proxy routed with model `auto` and an upstream answered: the id it returned,
+    which feedback names (traffic/requests.py). The text only where the owner keeps texts (`serve --keep-texts`),
+    else only its hash; the query's text vector as float32 bytes."""
+    __tablename__ = "proxy_requests"
+    id: Mapped[str] = mapped_column(String, primary_key=True)
+    created: Mapped[datetime] = mapped_column(DateTime, server_default=func.now(), nullable=False)
+    model: Mapped[str | None] = mapped_column(String)                 # the model that answered
+    chosen: Mapped[str | None] = mapped_column(String)                # the routed choice (another: a fallback)
+    category: Mapped[str | None] = mapped_column(String)              # the query's category, or its neighbours'
+    query_hash: Mapped[str] = mapped_column(String, nullable=False)
+    text: Mapped[str | None] = mapped_column(String)
+    vector: Mapped[bytes | None] = mapped_column(LargeBinary)
+    predicted: Mapped[float | None] = mapped_column(Double)           # routing's P(correct) of the answering model
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    cost: Mapped[float | None] = mapped_column(Double)                # the answering model's price per query
+    encoder_id: Mapped[int | None] = mapped_column(Integer)
+
+
+class Feedback(Base):
+    """At most one outcome per proxied request (its key): the score as given and the 0/1 result it became at its
+    source's threshold, which is also an evaluation of that model on the request's production query (`batch_id`)."""
+    __tablename__ = "feedback"
+    request_id: Mapped[str] = mapped_column(String, primary_key=True)
+    model_id: Mapped[int] = mapped_column(Integer, nullable=False)
+    query_id: Mapped[int] = mapped_column(Integer, nullable=False)
+    batch_id: Mapped[int] = mapped_column(Integer, nullable=False)
+    source: Mapped[str] = mapped_column(String, nullable=False)
+    outcome: Mapped[float] = mapped_column(Double, nullable=False)
+    correct: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    created: Mapped[datetime] = mapped_column(DateTime, server_default=func.now(), nullable=False)
+
+
+class FeedbackSource(Base):
+    """Append-only: the newest row per name is a feedback source's setting (no row: weight 1, threshold 0.5, on)."""
+    __tablename__ = "feedback_sources"
+    id: Mapped[int] = _id("feedback_sources_id_seq")
+    name: Mapped[str] = mapped_column(String, nullable=False)
+    weight: Mapped[float] = mapped_column(Double, nullable=False)
+    threshold: Mapped[float] = mapped_column(Double, nullable=False)
+    enabled: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    created: Mapped[datetime] = mapped_column(DateTime, server_default=func.now(), nullable=False)
+
+
+class DriftEvent(Base):
+    """A drop the sequential test found in a model's production outcomes on one category against what routing
+    predicted for them (traffic/drift.py), with its evidence. Model names, as the routing log keeps them."""
+    __tablename__ = "drift_events"
+    id: Mapped[int] = _id("drift_events_id_seq")
+    model: Mapped[str] = mapped_column(String, nullable=False)
+    category: Mapped[str] = mapped_column(String, nullable=False)
+    drop: Mapped[float] = mapped_column(Double, nullable=False)       # expected minus observed since the change
+    statistic: Mapped[float] = mapped_column(Double, nullable=False)  # the CUSUM when it crossed its threshold
+    evidence: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False)
+    created: Mapped[datetime] = mapped_column(DateTime, server_default=func.now(), nullable=False)

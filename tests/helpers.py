@@ -43,10 +43,11 @@ def write_rows(path: Path, rows, header: str = "question_id,correct") -> Path:
     return path
 
 
-def invented(small_data, tmp_path: Path, n: int = 50) -> Path:
-    """A made-up model with n results, 90% right (a strong model with little evidence)."""
+def invented(small_data, tmp_path: Path, n: int = 50, *, wrong_at: int = 0) -> Path:
+    """A made-up model with n results, 90% right (a strong model with little evidence): wrong on every tenth
+    question from `wrong_at` on (another `wrong_at`, another model: the same answers would make it an alias)."""
     qids = [q for q, _ in results_of(small_data, "gpt-4o-2024-05-13")][:n]
-    return write_rows(tmp_path / "invented.csv", [(q, int(i % 10 != 0)) for i, q in enumerate(qids)])
+    return write_rows(tmp_path / "invented.csv", [(q, int(i % 10 != wrong_at)) for i, q in enumerate(qids)])
 
 
 def one_line_error(res: Result) -> str:

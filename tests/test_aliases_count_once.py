@@ -36,9 +36,6 @@ def strip_seconds(x):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="an alias still counts as a model of its own where models are pooled: leaving "
-                                       "it out of the index and the dataset (tried) also drops the copies many "
-                                       "tests register as new models; not yet")
 def test_a_renamed_copy_changes_no_figure_and_is_never_chosen(db_copy, small_data, tmp_path):
     with Registry(db_copy) as reg, reg.store.tx() as tx:
         texts = [t for (t,) in tx.sql("""SELECT q.text FROM queries q JOIN query_splits s ON s.query_id = q.id

@@ -116,8 +116,11 @@ def test_batch_equals_single_and_cache_follows_new_versions(reg, small_data):
     # a newly registered model shows up at once (the cached z matrix is invalidated by the new version)
     con = duckdb.connect()
     evals = small_data / "yi.csv"
-    con.execute(f"""COPY (SELECT 'Yi-clone' AS model, question_id, correct FROM
-                    read_csv('{small_data}/evaluations.csv.gz') WHERE model = 'Yi-6B') TO '{evals}' (HEADER)""")
+    # (a model of its own: Yi-6B's answers with every fourth flipped; an exact copy is recorded as Yi-6B's alias)
+    con.execute(f"""COPY (SELECT 'Yi-clone' AS model, question_id,
+                           CASE WHEN row_number() OVER (ORDER BY question_id) % 4 = 0 THEN NOT correct::BOOLEAN
+                                ELSE correct::BOOLEAN END::INT AS correct
+                    FROM read_csv('{small_data}/evaluations.csv.gz') WHERE model = 'Yi-6B') TO '{evals}' (HEADER)""")
     con.close()
     reg.register("Yi-clone", str(evals), params_b=6)
     assert "Yi-clone" in {c.model for c in reg.route(Q, RouteOptions(log=False)).candidates}

@@ -148,11 +148,11 @@ def test_a_registration_that_leaves_the_contenders_as_they_were_takes_the_saved_
     # the fit is taken, not computed again: a mark on the saved fit shows through the next registration's state
     mark_saved_fit(db_copy)
     with Registry(db_copy) as reg:
-        reg.register("thin-too", str(invented(small_data, tmp_path, n=30)))
+        reg.register("thin-too", str(invented(small_data, tmp_path, n=30, wrong_at=3)))
     assert state_of(db_copy).interaction.fitted.a == 123.0
     # a strong model with enough evaluations is a contender: the inputs change and the terms are fitted anew
     with Registry(db_copy) as reg:
-        reg.register("strong", str(invented(small_data, tmp_path, n=160)))
+        reg.register("strong", str(invented(small_data, tmp_path, n=160, wrong_at=6)))
     refit = state_of(db_copy)
     assert not refit.evidence.probation[refit.names.index("strong")]
     assert refit.interaction.fitted.a != 123.0 and refit.interaction.inputs != taken.interaction.inputs

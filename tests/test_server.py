@@ -40,12 +40,14 @@ def server(request, base_db, tmp_path_factory):
     proc.wait(timeout=30)
 
 
-def rows_of(small_data, model: str, limit: int = 120) -> list[dict]:
+def rows_of(small_data, model: str, limit: int = 120, *, own: bool = False) -> list[dict]:
+    """A model's first `limit` results; `own`: with every fourth flipped, a model of its own (an exact copy is
+    recorded as the model's alias, and an alias is never a contender of its own)."""
     con = duckdb.connect()
     rows = con.execute(f"""SELECT question_id::VARCHAR, correct FROM read_csv('{small_data}/evaluations.csv.gz')
                            WHERE model = ? ORDER BY question_id LIMIT {limit}""", [model]).fetchall()
     con.close()
-    return [{"question_id": q, "correct": int(c)} for q, c in rows]
+    return [{"question_id": q, "correct": int(c) ^ int(own and i % 4 == 3)} for i, (q, c) in enumerate(rows)]
 
 
 def test_reads(server):
@@ -81,7 +83,7 @@ def test_route_and_log(server):
 
 def test_writes_need_the_token(server, small_data):
     c, _, _ = server
-    body = {"name": "Yi-api", "params_b": 6, "evaluations": rows_of(small_data, "Yi-6B")}
+    body = {"name": "Yi-api", "params_b": 6, "evaluations": rows_of(small_data, "Yi-6B", own=True)}
     assert c.post("/models", json=body).status_code == 401
     assert c.post("/models", json=body, headers={"Authorization": "Bearer wrong"}).status_code == 401
     r = c.post("/models", json=body, headers=AUTH)
@@ -90,7 +92,7 @@ def test_writes_need_the_token(server, small_data):
     assert c.get("/models/Yi-api").json()["params_b"] == 6
     assert "Yi-api" in {x["model"] for x in c.post("/route", json={"text": Q}).json()["candidates"]}
     csv = "question_id,correct\n" + "\n".join(f"{r['question_id']},{r['correct']}"
-                                              for r in rows_of(small_data, "gemma-7b"))
+                                              for r in rows_of(small_data, "gemma-7b", own=True))
     assert c.post("/models/gemma-upload/evaluations", content=csv, headers={"Content-Type": "text/csv"}).status_code \
         == 401
     r = c.post("/models/gemma-upload/evaluations", content=csv, headers={"Content-Type": "text/csv", **AUTH})
@@ -107,8 +109,8 @@ def test_probation_over_http_is_asked_for(server, small_data):
     """A model registered from 50 rows is on probation (tests: 64): no substitute, no portfolio member unless the
     request says include_probation, as the CLI."""
     c, _, _ = server
-    r = c.post("/models", json={"name": "few-api", "evaluations": rows_of(small_data, "gpt-4o-2024-05-13", 50)},
-               headers=AUTH)
+    few = rows_of(small_data, "gpt-4o-2024-05-13", 50, own=True)
+    r = c.post("/models", json={"name": "few-api", "evaluations": few}, headers=AUTH)
     assert r.status_code == 200 and r.json()["status"] == "probation", r.text
     names = {x["model"] for x in c.get("/models/gpt-4o-2024-05-13/fallback", params={"k": 40}).json()["chain"]}
     assert "few-api" not in names and len(names) > 20
@@ -209,7 +211,7 @@ def test_a_stopped_server_commits_its_pending_log_rows(base_db, tmp_path):
 def test_a_name_with_a_slash_is_reachable(server, small_data):
     """Hugging Face names (org/model) register and are then found at /models/org%2Fmodel (and its sub-pages)."""
     c, _, _ = server
-    r = c.post("/models", json={"name": "org/model-x", "evaluations": rows_of(small_data, "gemma-7b", 100)},
+    r = c.post("/models", json={"name": "org/model-x", "evaluations": rows_of(small_data, "gemma-7b", 100, own=True)},
                headers=AUTH)
     assert r.status_code == 200, r.text
     assert c.get("/models/org%2Fmodel-x").json()["name"] == "org/model-x"

@@ -178,8 +178,10 @@ def fallback(ctx, model, *, all_models, unavailable, k, include_probation, as_of
     c = reg.fallback(model, unavailable, k, as_of, include_probation)
     if as_json:
         emit_json({"model": c.model, "chain": [asdict(link) for link in c.chain], "unavailable": c.unavailable,
-                   "probation": c.probation, "ranked_by": c.ranked_by})
+                   "probation": c.probation, "ranked_by": c.ranked_by, "alias_of": c.alias_of})
         return
+    if c.alias_of:
+        click.echo(f"{c.model} is another name of {c.alias_of}: its substitutes")
     table([[i + 1, link.model, f"{link.distance:.4f}"] for i, link in enumerate(c.chain)], ["#", "model", "distance"])
     click.echo(f"ranked by: {c.ranked_by}")
     _skipped(c.unavailable, c.probation)

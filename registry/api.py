@@ -33,8 +33,8 @@ evidence, index = lazy_modules("registry.embedding", "evidence index")
 (route_log,) = lazy_modules("registry.routing", "decision")
 ask_uc, encoders_uc, evaluate_uc, exchange, importing, models_uc = lazy_modules(
     "registry.usecases", "ask encoders evaluate exchange importing models")
-onboard_uc, register_uc, route_uc, verify_uc, watch_uc, verdicts_uc = lazy_modules(
-    "registry.usecases", "onboard register route verify watch endpoint_verdicts")
+onboard_uc, register_uc, route_uc, verify_uc, watch_uc, verdicts_uc, feedback_uc = lazy_modules(
+    "registry.usecases", "onboard register route verify watch endpoint_verdicts traffic.feedback")
 
 
 def keeps_routing_state(method):
@@ -85,8 +85,7 @@ class Registry:
         """The registry's settings every use case that onboards or reads evidence is given."""
         return {"min_evaluations": self.min_evaluations, "probation": self.probation_setting}
 
-    def _min(self) -> dict:
-        return {"min_evaluations": self.min_evaluations}
+    def _min(self) -> dict: return {"min_evaluations": self.min_evaluations}
 
     def close(self) -> None:
         index.flush(self.store.cache, self.path)
@@ -347,11 +346,9 @@ class Registry:
     def mark_available(self, models: list[str], reason: str | None = None) -> list[Availability]:
         return self._in_tx(availability.set_and_list, list(models), True, reason)
 
-    def availability(self) -> list[Availability]:
-        return self._in_tx(availability.listing)
+    def availability(self) -> list[Availability]: return self._in_tx(availability.listing)
 
-    def endpoints(self) -> list[Endpoint]:
-        return list(self._in_tx(endpoints.current).values())
+    def endpoints(self) -> list[Endpoint]: return list(self._in_tx(endpoints.current).values())
 
     def set_endpoint(self, model: str, base_url: str, upstream_model: str | None = None,
                      api_key_env: str | None = None) -> Endpoint:
@@ -386,6 +383,12 @@ class Registry:
     def verify(self, model: str, **o): return verify_uc.verify(self.store, model, **self._min(), **o)
     def watch(self, **o): return watch_uc.watch(self.store, **self._min(), **o)
 
+    @keeps_routing_state
+    def feedback(self, file: str, **o): return feedback_uc.feedback(self.store, file, **self._min(), **o)
+    @keeps_routing_state
+    def feedback_source(self, name: str, **o): return feedback_uc.set_source(self.store, name, **self._min(), **o)
+    def feedback_sources(self): return feedback_uc.source_list(self.store)
+    def drift(self, model: str | None = None): return feedback_uc.drift(self.store, model)
     def routing_log(self, since: str | None = None, limit: int | None = None,
                     oldest: bool = False) -> list[LogEntry]:
         """Routing log entries, newest first (`oldest`: oldest first); `limit` keeps the first that many."""

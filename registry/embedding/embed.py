@@ -34,6 +34,11 @@ class EvalSet:
         return len(self.query_ids)
 
 
+# production outcomes from feedback sources switched off (or weighed 0) are left out (traffic/sources.py)
+LEFT_OUT = """SELECT f.batch_id FROM feedback f JOIN feedback_sources s ON s.name = f.source
+              WHERE s.id = (SELECT max(id) FROM feedback_sources g WHERE g.name = s.name)
+                AND (NOT s.enabled OR s.weight = 0)"""
+
 # a registry reads the evaluations of this many rows at a time when it embeds many models (onboarding, stability):
 # memory stays bounded by the chunk, not by the registry (10^7 evaluations would be about 1 GB as arrays)
 CHUNK_ROWS = 1 << 20
@@ -44,7 +49,8 @@ def evaluation_sets(tx: Tx, model_ids, through_batch: int, max_set: int | None =
     evaluations in one query, chosen and ordered with the cached `query_meta`."""
     ids = ", ".join(str(int(m)) for m in model_ids) or "NULL"
     res = tx.numpy(f"""SELECT model_id, query_id, correct::INT AS correct, batch_id FROM evaluations
-                              WHERE model_id IN ({ids}) AND batch_id <= {int(through_batch)}""")
+                              WHERE model_id IN ({ids}) AND batch_id <= {int(through_batch)}
+                                AND batch_id NOT IN ({LEFT_OUT})""")
     res = newest_per_query(res)                       # sorted by model, then query
     meta = query_meta(tx)
     model_col = np.asarray(res["model_id"], dtype=np.int64)

@@ -49,6 +49,7 @@ from registry.core.keys import UpstreamKeys
 from registry.serve import proxy, web
 from registry.serve.context import ServerState
 from registry.serve.http import advert, connections, contract, guards, listener
+from registry.serve.http import traffic as traffic_http
 from registry.serve.http.asking_budget import AskingBusy
 from registry.serve.routes_models import availability_router, endpoints_router, models_router
 from registry.serve.routes_reads import reads_router, status_router
@@ -64,11 +65,13 @@ SHOWN_ERRORS = 5          # validation problems a 422 lists
 
 def create_app(db: str, token: str | None = None, probation_min: int | None = None, create: bool = True, *,
                hosts: guards.Hosts | None = None, deadlines: connections.UpstreamDeadlines | None = None,
-               keys: UpstreamKeys | None = None, on_ready: Callable[[float], Any] | None = None) -> FastAPI:
+               keys: UpstreamKeys | None = None, on_ready: Callable[[float], Any] | None = None,
+               traffic: dict | None = None) -> FastAPI:
     """hosts: the names a request's Host may give (`serve` passes those it serves; None, for an app called in
     process, checks none); deadlines: of the proxy's upstream attempts; keys: the API key variables the server may
     read and where each may go (None: none, so no key is ever sent); on_ready: called with the seconds the warm-up
-    took (serving.Serving: /health answers while it warms)."""
+    took (serving.Serving: /health answers while it warms); traffic: what the proxy keeps of requests and how it
+    takes feedback (`keep_texts`, `window_s`, `webhook`: serve/http/traffic.py)."""
     keys = keys or UpstreamKeys({})
     if token is not None and not token.strip():    # nobody could send it: every write would be refused
         raise InputError("the token is blank: give a token of printable characters, or none")
@@ -100,6 +103,8 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
     _add_routes(app, web.pages)
     # the OpenAI-compatible routing proxy at /v1 (serve/proxy.py)
     upstream = proxy.mount(app, serving, deadlines, keys)
+    app.state.traffic = traffic_http.Traffic(serving, **(traffic or {}))    # request ids, feedback, drift
+    traffic_http.mount(app, app.state.traffic)
     _error_handlers(app)
     # (the suffixed reads, /models/{name}/similar and /fallback, before the bare /models/{name} of the models)
     for router in (status_router, reads_router, models_router, availability_router, endpoints_router,

@@ -30,6 +30,7 @@ from registry.embedding import onboarding
 from registry.routing import decision as route_log
 from registry.serve import snapshot
 from registry.serve.answerbook import AnswerBook
+from registry.traffic import requests as proxy_requests
 
 PREPARED_WAIT_S = 5.0       # the longest the writer waits for a registration's embedding computed by its request
 
@@ -243,7 +244,9 @@ class GroupCommit:
 
     @staticmethod
     def _append_log(tx, rows: list[tuple], vecs: dict) -> None:
-        route_log.append_log(tx, rows)
+        # (the proxy's request records travel with the log rows they belong to: feedback may name them next)
+        route_log.append_log(tx, [r for r in rows if not isinstance(r, proxy_requests.Record)])
+        proxy_requests.append(tx, [r for r in rows if isinstance(r, proxy_requests.Record)])
         if vecs:
             vector_files.insert(tx, list(vecs), np.stack(list(vecs.values())), count=False)
 

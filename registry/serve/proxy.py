@@ -7,7 +7,8 @@
   (serve/http/connections.py), a 5xx or a 200 whose body is not JSON, the model's fallback chain is walked. A named
   model is forwarded as is, with no fallback (a deadline passed: 504, another failure: 502). The response is the
   upstream's (streaming passes through once its first piece has come), with headers `x-registry-model` and
-  `x-registry-fallback: true|false`.
+  `x-registry-fallback: true|false`; a routed request that was answered also gets `x-registry-request-id`, which is
+  its body's `id` too, for feedback (serve/http/traffic.py).
 - API keys are read from the environment variable each endpoint names, at request time, and only where the owner
   bound that variable to the endpoint's origin (`serve --upstream-key NAME=URL`, core/keys.py): never stored, never
   logged, never sent elsewhere. An endpoint whose key may not go to it, or whose variable is unset, fails like an
@@ -145,8 +146,8 @@ def mount(app: FastAPI, serving, deadlines: connections.UpstreamDeadlines | None
             raise InputError("give either a cost weight or a minimum probability, not both")
         routed = None
         if body["model"] == "auto":
-            chain, fallback, routed = await run_in_threadpool(_route, serving, last_user_text(body.get("messages")),
-                                                              options)
+            text = last_user_text(body.get("messages"))
+            chain, fallback, routed = await run_in_threadpool(_route, serving, text, options)
         elif body["model"] in eps:
             chain, fallback = [body["model"]], False
         else:
@@ -181,6 +182,10 @@ def mount(app: FastAPI, serving, deadlines: connections.UpstreamDeadlines | None
             status = response.status_code
             out = passed_headers(response.headers)
             out.update({"x-registry-model": name, "x-registry-fallback": "true" if (fallback or i > 0) else "false"})
+            rid = None
+            if routed is not None and status < 400:     # an answer: its id is what feedback names
+                rid = app.state.traffic.record(routed, name, text, answer if isinstance(answer, bytes) else None)
+                out["x-registry-request-id"] = rid
             secret = keys.secret(ep.api_key_env)
             if status >= 400:       # (a 5xx was a failure above): a refusal, told in our words
                 if not isinstance(answer, bytes):
@@ -193,6 +198,8 @@ def mount(app: FastAPI, serving, deadlines: connections.UpstreamDeadlines | None
             if isinstance(answer, bytes):
                 if secret and secret.encode() in answer:
                     answer = answer.replace(secret.encode(), b"[key]")
+                if rid is not None:
+                    answer = app.state.traffic.with_id(answer, rid)
                 return Response(answer, status_code=status, headers=out)
             out["content-type"] = "text/event-stream"    # (also where the upstream answered in one JSON body)
             return StreamingResponse(answer, status_code=response.status_code, headers=out,

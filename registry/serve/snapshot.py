@@ -25,6 +25,7 @@ from registry.locus import text_encoder
 from registry.routing import fit as routing_fit
 from registry.routing import query_texts
 from registry.routing import state as routing_state
+from registry.traffic import corrections as traffic_corrections
 
 
 @dataclass(frozen=True)
@@ -44,17 +45,20 @@ class Snapshot:
         return [link.model for link in links if link.model in among]
 
 
-def build(reg, generation: int, previous: Snapshot | None = None, refit: bool = True) -> Snapshot:
+def build(reg, generation: int, previous: Snapshot | None = None, refit: bool = True,
+          corrections: traffic_corrections.Corrections | None = None) -> Snapshot:
     """Read the registry once (a read transaction) into a new snapshot; with `previous`, its endpoints are kept (the
     write changed models, not endpoints); without `refit`, routing's interaction terms are carried over from the
-    last fit (routing_fit.keep)."""
+    last fit (routing_fit.keep); `corrections`: what production outcomes add to routing (traffic/corrections.py)."""
     with reg.store.tx() as tx:
         st = routing_fit.keep(tx, reg.probation_setting, refit=refit)
         eps = previous.endpoints if previous is not None else endpoints.current(tx)
-    return _assemble(generation, st, eps)
+    return _assemble(generation, st, eps, corrections)
 
 
-def _assemble(generation: int, st: routing_state.State, eps: dict) -> Snapshot:
+def _assemble(generation: int, st: routing_state.State, eps: dict,
+              corrections: traffic_corrections.Corrections | None = None) -> Snapshot:
+    st = traffic_corrections.apply(st, corrections)
     vi = index.VectorIndex(st.encoder_id, index.new_index(), dict(zip(st.model_ids.tolist(), st.names)), -1)
     if len(st.names):
         vi.index.add_with_ids(np.ascontiguousarray(st.z, dtype=np.float32), st.model_ids)
@@ -69,11 +73,12 @@ class Snapshots:
 
     def __init__(self, reg):
         self._reg = reg
+        self.corrections: traffic_corrections.Corrections | None = None   # set by the writer after feedback lands
         self.current = build(reg, 0)
 
     def refresh(self, endpoints_changed: bool = True, refit: bool = False) -> Snapshot:
         self.current = build(self._reg, self.current.generation + 1,      # one reference assignment: atomic
-                             None if endpoints_changed else self.current, refit)
+                             None if endpoints_changed else self.current, refit, self.corrections)
         return self.current
 
     def add_versions(self, registered: set[str] | frozenset[str] = frozenset(), tx=None) -> Snapshot:
@@ -90,7 +95,7 @@ class Snapshots:
         versions and swaps it in (`publish`) once that has committed."""
         cur = self.current
         return _assemble(cur.generation + 1, routing_fit.with_new_versions(tx, cur.routing, registered),
-                         cur.endpoints)
+                         cur.endpoints, self.corrections)
 
     def publish(self, snap: Snapshot) -> Snapshot:
         self.current = snap           # one reference assignment: atomic

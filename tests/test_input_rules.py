@@ -67,7 +67,8 @@ def test_a_422_about_many_rows_says_how_many_and_shows_a_few(client):
 
 @pytest.mark.parametrize("name, problem", [("a\nb", "control character"), ("a\x00b", "control character"),
                                            ("x" * 10_000, "at most 200"), ("a/history", "reads as a path"),
-                                           ("m/similar", "reads as a path")])
+                                           ("m/similar", "reads as a path"), ("m/rename", "reads as a path"),
+                                           ("m/verdicts", "reads as a path")])
 def test_names_one_rule_for_the_cli_files_and_http(db_copy, tmp_path, small_data, client, name, problem):
     before = counts(db_copy)
     rows = rows_of(small_data, "gpt-4o-2024-05-13", 40)
@@ -89,6 +90,18 @@ def test_names_one_rule_for_the_cli_files_and_http(db_copy, tmp_path, small_data
                                                                    for q, c in rows]}, headers=AUTH)
     assert r.status_code == 400 and problem in r.json()["detail"], r.text
     assert counts(db_copy) == before
+
+
+def test_every_path_under_a_model_is_one_a_name_may_not_end_in():
+    """The name rule and the routes read one list: a path added under /models/NAME/ (or a model's page) without it
+    would make a model registered with that ending unreachable."""
+    from registry.data.import_models_queries import PATH_SUFFIXES
+    from registry.serve.app import create_app
+
+    under = {route.path.split("}", 1)[1] for route in create_app(":memory:").routes
+             if getattr(route, "path", "").startswith(("/models/{name", "/ui/models/{name"))
+             and not route.path.endswith("}")}
+    assert under and under == set(PATH_SUFFIXES), under ^ set(PATH_SUFFIXES)
 
 
 @pytest.mark.parametrize("value", ["NaN", "nan", "Infinity", "-inf", float("nan"), float("inf")])

@@ -16,7 +16,8 @@ from registry.locus import text_encoder
 
 MAX_NAME = 200
 # what the HTTP API puts after a model's name in a path (/models/NAME/history): a name ending so is unreachable
-PATH_SUFFIXES = ("/history", "/similar", "/fallback", "/evaluations", "/diff", "/ask", "/claims", "/verify")
+PATH_SUFFIXES = ("/ask", "/claims", "/diff", "/evaluations", "/fallback", "/history", "/rename", "/similar",
+                 "/verdicts", "/verify")
 # characters that reorder or hide the text around them where a terminal or a page shows a name (U+202E shows
 # "abc\u202Efdp.exe" as "abcexe.pdf")
 BIDI_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")

@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException
 
 from registry.core.errors import InputError
 from registry.data.endpoints import ENV_NAME
+from registry.data.import_models_queries import PATH_SUFFIXES
 from registry.serve.context import EvalRow, ServerState, json_response, require_token, rows_file, rows_named, server
 from registry.serve.http import shapes
 
@@ -123,7 +124,9 @@ def endpoint_verdicts(name: str, s: ServerState = Depends(server)):
     return json_response(s.registry.endpoint_verdicts(name))
 
 
-POST_ONLY = ("evaluations", "ask", "claims", "verify", "rename")   # /models/{name}/... paths a GET may not take
+# the paths under a model (/models/NAME/history), from the one list the name rule reads (no name ends in one)
+SUBPATHS = tuple(suffix.lstrip("/") for suffix in PATH_SUFFIXES)
+POST_ONLY = ("evaluations", "ask", "claims", "verify", "rename")   # of those, the ones a GET may not take
 
 
 @models_router.get("/models/{name:path}")
@@ -132,9 +135,6 @@ def show(name: str, s: ServerState = Depends(server)):
     if "/" in name and name.rsplit("/", 1)[1] in POST_ONLY:
         raise HTTPException(405, "Method Not Allowed")
     return json_response(s.registry.show(name))
-
-
-SUBPATHS = ("ask", "claims", "diff", "evaluations", "fallback", "history", "rename", "similar", "verdicts", "verify")
 
 
 class _ModelPath(convertors.PathConvertor):

@@ -2,28 +2,15 @@
 `harness` extra, imported here only)."""
 from __future__ import annotations
 
-from pathlib import Path
-
 from registry.core.errors import InputError
 from registry.data.formats import file_limits
-from registry.data.formats.samples import HarnessRun, Sample, as_correct, model_from_provider
+from registry.data.formats.samples import HarnessRun, Sample, as_correct, files_named, model_from_provider
 
 
 def log_files(paths: list[str]) -> list[str]:
     """The logs named: files as given, folders by their `.eval` and `.json` files (sorted)."""
-    out = []
-    for p in paths:
-        path = Path(p)
-        if path.is_dir():
-            found = sorted(str(f) for f in path.rglob("*") if f.suffix in (".eval", ".json"))
-            if not found:
-                raise InputError("no Inspect log (.eval or .json) in this folder", file=p)
-            out.extend(found)
-        elif path.is_file():
-            out.append(str(path))
-        else:
-            raise InputError("no such file or folder", file=p)
-    return out
+    return files_named(paths, wanted=lambda f: f.suffix in (".eval", ".json"),
+                       none_found="no Inspect log (.eval or .json) in this folder")
 
 
 def read(path: str, *, model: str | None = None, scorer: str | None = None, threshold: float | None = None,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from registry.core.errors import InputError
 from registry.data.formats import file_limits
-from registry.data.formats.samples import HarnessRun, Sample, as_correct
+from registry.data.formats.samples import HarnessRun, Sample, as_correct, files_named
 
 QUESTION_KEYS = ("question", "query", "input", "prompt", "text", "problem", "sentence")
 CHOICE_KEYS = ("options", "choices", "endings")
@@ -15,19 +15,8 @@ CHOICE_KEYS = ("options", "choices", "endings")
 
 def result_files(paths: list[str]) -> list[str]:
     """The results files named, or found under the folders named (sorted)."""
-    out = []
-    for p in paths:
-        path = Path(p)
-        if path.is_dir():
-            found = sorted(str(f) for f in path.rglob("results_*.json"))
-            if not found:
-                raise InputError("no lm-evaluation-harness results_*.json in this folder", file=p)
-            out.extend(found)
-        elif path.is_file():
-            out.append(str(path))
-        else:
-            raise InputError("no such file or folder", file=p)
-    return out
+    return files_named(paths, wanted=lambda f: f.name.startswith("results_") and f.suffix == ".json",
+                       none_found="no lm-evaluation-harness results_*.json in this folder")
 
 
 def _model_name(results: dict, path: str) -> str:

@@ -5,7 +5,9 @@ optional fields: the query's own id and gold answer, the model's metadata, and w
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from registry.core.errors import InputError
 
@@ -76,3 +78,21 @@ def named(run: HarnessRun, registered) -> str:
     if run.provider is None or registered(run.model):
         return run.model
     return f"{run.provider}/{run.model}"
+
+
+def files_named(paths: list[str], *, wanted: Callable[[Path], bool], none_found: str) -> list[str]:
+    """The files named, as given, and those under the folders named that a reader wants (sorted); a folder with
+    none, or a name that is neither, is refused with the file named."""
+    out = []
+    for p in paths:
+        path = Path(p)
+        if path.is_dir():
+            found = sorted(str(f) for f in path.rglob("*") if wanted(f))
+            if not found:
+                raise InputError(none_found, file=p)
+            out.extend(found)
+        elif path.is_file():
+            out.append(str(path))
+        else:
+            raise InputError("no such file or folder", file=p)
+    return out

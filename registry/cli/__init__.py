@@ -25,7 +25,19 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import click  # noqa: E402
 
-from registry.cli import asking, data, db, encoders, geometry, models, routing, serving, tidying, verify  # noqa: E402
+from registry.cli import (  # noqa: E402
+    asking,
+    data,
+    db,
+    encoders,
+    feedback,
+    geometry,
+    models,
+    routing,
+    serving,
+    tidying,
+    verify,
+)
 from registry.cli.common import emit_json, handles_errors, interrupted, open_registry, table  # noqa: E402
 from registry.core import settings  # noqa: E402
 from registry.core.errors import RegistryError  # noqa: E402
@@ -33,7 +45,7 @@ from registry.core.interrupts import forget_sigint, raise_interrupt  # noqa: E40
 
 __all__ = ["cli", "main", "emit_json", "handles_errors", "open_registry", "table"]
 
-COMMAND_MODULES = (db, data, models, tidying, encoders, geometry, routing, serving, asking, verify)
+COMMAND_MODULES = (db, data, models, tidying, encoders, geometry, routing, serving, asking, verify, feedback)
 
 
 class RegistryGroup(click.Group):

@@ -22,7 +22,14 @@ from registry.cli.common import command, emit_json, group, open_registry, table
 @click.option("--upstream-key", "upstream_keys", multiple=True, metavar="NAME=URL",
               help="Let the server read API key variable NAME, for requests to URL's origin only (repeat; adds to "
                    "$REGISTRY_UPSTREAM_KEYS). Endpoints may name only these; without any, no key is sent.")
-def serve(ctx, host, port, token, *, token_file, allowed_hosts, upstream_deadlines, upstream_keys):
+@click.option("--keep-texts", is_flag=True,
+              help="Keep each proxied request's text for feedback's production queries (default: its hash only).")
+@click.option("--feedback-window", "feedback_window", type=float, default=None, metavar="SECONDS",
+              help="Take feedback for a proxied request this long after it was answered (default 7 days).")
+@click.option("--drift-webhook", "drift_webhook", default=None, metavar="URL",
+              help="Queue drift events for this webhook (delivered as `registry watch --webhook URL` delivers).")
+def serve(ctx, host, port, token, *, token_file, allowed_hosts, upstream_deadlines, upstream_keys, keep_texts,
+          feedback_window, drift_webhook):
     """Serve the registry over HTTP (FastAPI); the server owns the database file while it runs. A non-loopback
     address needs --token (or REGISTRY_TOKEN): open writes are never served to a network."""
     from registry.core import settings
@@ -40,7 +47,9 @@ def serve(ctx, host, port, token, *, token_file, allowed_hosts, upstream_deadlin
         ctx.exit(2)
     obj = ctx.find_root().obj
     run(obj["db"], host=host, port=port, token=token, probation_min=obj.get("probation_min"),
-        allowed_hosts=allowed_hosts, upstream_deadlines=upstream_deadlines, upstream_keys=upstream_keys)
+        allowed_hosts=allowed_hosts, upstream_deadlines=upstream_deadlines, upstream_keys=upstream_keys,
+        traffic={"keep_texts": keep_texts, "webhook": drift_webhook,
+                 **({} if feedback_window is None else {"window_s": feedback_window})})
 
 
 @group(json=True, invoke_without_command=True)

@@ -96,12 +96,14 @@ _KEY_SQL = """SELECT (SELECT coalesce(max(id), 0) FROM encoder_activations),
                      (SELECT count(*) FROM version_stability),
                      (SELECT coalesce(max(id), 0) FROM model_aliases),
                      (SELECT {models} FROM models),
-                     (SELECT {splits} FROM query_splits)"""
+                     (SELECT {splits} FROM query_splits WHERE split <> 'production')"""
 
 
 def key(tx: Tx, probation_min: int | None = None) -> tuple:
     """The registry's state as routing depends on it, in one statement, and the probation minimum set. Its fourth
-    item is the stabilities' count, its last two the splits' digest and the minimum (routing/fit.py reads them)."""
+    item is the stabilities' count, its last two the splits' digest and the minimum (routing/fit.py reads them).
+    Production queries (feedback's, traffic/outcomes.py) are left out of the digest: the fit reads train and val
+    only, and routing takes outcomes through the models' versions and traffic's corrections."""
     sql = _KEY_SQL
     if tx.dialect == "postgresql":      # other processes commit versions too, not in id order: their counts as well
         sql = sql.replace("(SELECT count(*) FROM version_stability),",

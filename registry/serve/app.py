@@ -241,11 +241,12 @@ def _offline_docs(app: FastAPI) -> None:
 
 def serve(db: str, host: str = "127.0.0.1", port: int = 8000, token: str | None = None,
           probation_min: int | None = None, *, allowed_hosts: tuple[str, ...] = (),
-          upstream_deadlines: tuple[str, ...] = (), upstream_keys: tuple[str, ...] = ()) -> None:
+          upstream_deadlines: tuple[str, ...] = (), upstream_keys: tuple[str, ...] = (),
+          traffic: dict | None = None) -> None:
     """allowed_hosts: names besides the loopback ones and `host` that a request's Host may give ("*": any);
     upstream_deadlines: `NAME=SECONDS` or `MODEL:NAME=SECONDS` (serve/http/connections.py); upstream_keys:
     `NAME=URL`, the key variables the server may read and the one origin each may reach (core/keys.py), besides
-    REGISTRY_UPSTREAM_KEYS."""
+    REGISTRY_UPSTREAM_KEYS; traffic: what the proxy keeps and how feedback is taken (`create_app`)."""
     import uvicorn
 
     deadlines = connections.UpstreamDeadlines.parse(upstream_deadlines)     # a bad one refused before any work
@@ -271,7 +272,7 @@ def serve(db: str, host: str = "127.0.0.1", port: int = 8000, token: str | None 
     faiss.omp_set_num_threads(config.threads)
     threadpool_limits(config.threads)
     app = create_app(db, token, probation_min, create=False, hosts=guards.Hosts.serving(host, allowed_hosts),
-                     deadlines=deadlines, keys=keys,
+                     deadlines=deadlines, keys=keys, traffic=traffic,
                      on_ready=lambda s: print(f"ready: the routing state is built and the writer runs ({s:.1f} s)",
                                               flush=True))
     # the file is ours now: say where the command line can reach us (`<db>.serving`, serve/http/advert.py)

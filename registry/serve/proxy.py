@@ -37,7 +37,6 @@ from pydantic.json_schema import JsonDict
 
 from registry.core.errors import Conflict, InputError
 from registry.core.keys import KeyRefused, UpstreamKeys
-from registry.routing import decision as route_log
 from registry.routing.decision import RouteOptions
 from registry.serve.context import require_token
 from registry.serve.http import connections, shapes
@@ -245,7 +244,9 @@ def _route(serving, text: str, options: dict):
     snap = serving.snapshots.current
     without = [m for m in snap.routing.known if m not in snap.endpoints]     # only models with an endpoint
     asked = RouteOptions(cost_weight=options["cost_weight"], min_prob=options["min_prob"], unavailable=tuple(without),
-                         cost_by=options["cost_by"] or "cost", top=route_log.LOG_TOP, log_text=False, log=False)
+                         cost_by=options["cost_by"] or "cost", top=0, log_text=False, log=False)
+    # (every candidate: the request's record reads routing's own choice from them, serve/http/traffic.py; the log
+    # keeps its LOG_TOP)
     routed = serving.route_unlogged([text], asked)
     d = routed.decisions[0]     # (only the choice is used)
     if d.model is None:

@@ -20,7 +20,7 @@ import numpy as np
 
 from registry.core.transaction import Tx
 from registry.locus import interaction
-from registry.routing import served_scores
+from registry.routing import served_scores, state
 from registry.traffic import drift, sources
 
 PSEUDO = 5.0          # outcomes at the expected rate, added to a drifted pair's observed rate
@@ -74,23 +74,23 @@ def read(tx: Tx) -> Corrections:
 
 
 @dataclass
-class CorrectedServed(served_scores.Served):
-    """Routing's terms with traffic's corrections added to the models' routing logits."""
+class CorrectedState(state.State):
+    """A routing state whose routing probabilities carry traffic's corrections, after the served policy's."""
     corrections: Corrections = field(default_factory=Corrections)
-    names: tuple = ()
 
-    def scores(self, logits: np.ndarray, qvecs: np.ndarray, hashes) -> np.ndarray:
-        out = super().scores(logits, qvecs, hashes)
+    def scores(self, qvecs: np.ndarray, hashes: list[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        probs, raw = super().scores(qvecs, hashes)
         c = self.corrections
         if hashes is None or not (c.category or c.exact):
-            return out
+            return probs, raw
+        logits = interaction.logit(np.asarray(probs, dtype=np.float64))
         for j, h in enumerate(hashes):
-            cat = category_for(self, h)
+            cat = category_for(self.interaction, h)
             for i, m in enumerate(self.names):
                 d = c.shift(m, cat, h)
                 if d:
-                    out[i, j] += d
-        return out
+                    logits[i, j] += d
+        return interaction.sigmoid(logits).astype(probs.dtype), raw
 
 
 def category_for(terms: served_scores.Served | None, query_hash: str) -> str | None:
@@ -108,15 +108,12 @@ def category_for(terms: served_scores.Served | None, query_hash: str) -> str | N
     return f.categories[at] if 0 <= at < len(f.categories) else None
 
 
-def apply(st, corrections: Corrections | None):
-    """The routing state `st` (routing/state.py) with these corrections in its terms; as it is without any, or where
-    it has no terms (no val split: the predictor alone)."""
-    terms = st.interaction
-    if corrections is None or terms is None or not (corrections.category or corrections.exact):
+def apply(st: state.State, corrections: Corrections | None) -> state.State:
+    """The routing state `st` with these corrections; as it is without any."""
+    if corrections is None or not (corrections.category or corrections.exact):
         return st
-    base = {f.name: getattr(terms, f.name) for f in dataclasses.fields(served_scores.Served)}
-    return dataclasses.replace(st, interaction=CorrectedServed(**base, corrections=corrections,
-                                                               names=tuple(st.names)))
+    base = {f.name: getattr(st, f.name) for f in dataclasses.fields(state.State)}
+    return CorrectedState(**base, corrections=corrections)
 
 
 def uncorrected(p: float, shift: float) -> float:

@@ -27,8 +27,12 @@ from registry.traffic.outcomes import WINDOW_S
 from registry.usecases.traffic import feedback as feedback_uc
 
 MAX_OUTCOMES = 1_000      # outcomes in one request
-REEMBED_OUTCOMES = 500    # outcomes landed before the models they name re-embed
-REEMBED_S = 30.0          # or this long after the first outcome still waiting for it
+REEMBED_OUTCOMES = 1_000  # outcomes landed before the models they name re-embed
+REEMBED_S = 60.0          # or this long after the first outcome still waiting for it
+# while outcomes stream in, the models re-embed every few seconds, and each new set of versions leaves routing's
+# interaction terms carried over (a refit, tens of seconds of CPU on 2 cores, would follow every REFIT_S): they are
+# refitted at most this often meanwhile; the versions themselves route at once
+REFIT_WHILE_FEEDBACK_S = 600.0
 
 
 class Traffic:
@@ -55,8 +59,16 @@ class Traffic:
         cut, hashes = query_texts.clean_texts([text])
         vec = self.serving.vectors(cut, hashes)[0]
         prob = next((c.prob for c in d.candidates if c.model == answered), None)
-        if prob is not None and isinstance(terms, corrections.CorrectedServed):
-            prob = corrections.uncorrected(prob, terms.corrections.shift(answered, category, d.query_hash))
+        if prob is not None and isinstance(snap.routing, corrections.CorrectedState):
+            # routing's own P(correct), without traffic's shifts; and none where those shifts turned routing away
+            # from its own choice: the queries another model failed on (that is why routing turned) are harder
+            # than predicted for every model, and testing the model taking them over would cry drift
+            shift = snap.routing.corrections.shift
+            own = {c.model: corrections.uncorrected(c.prob, shift(c.model, category, d.query_hash))
+                   for c in d.candidates if c.eligible and c.available}
+            prob = own.get(answered)
+            if own and max(own, key=own.__getitem__) != answered:
+                prob = None
         tokens = requests.usage(body) if body is not None else (None, None)
         cost = dict(zip(snap.routing.names, snap.routing.cost.tolist())).get(answered)
         rid = requests.new_id()
@@ -92,6 +104,8 @@ class Traffic:
             due = self._waiting >= self.reembed_outcomes
         if due:
             out.reembedded = self._reembed()
+        writer = self.serving.writer
+        writer.refit_every_s = max(writer.refit_every_s, REFIT_WHILE_FEEDBACK_S)
         self.serving.snapshots.corrections = feedback_uc.corrections(reg.store)
         self._start_timer()
         return out

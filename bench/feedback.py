@@ -29,6 +29,7 @@ import json  # noqa: E402
 import re  # noqa: E402
 import shutil  # noqa: E402
 import socket  # noqa: E402
+import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -251,6 +252,127 @@ def false_alarms(db: Path) -> dict:
             "simulated_per_10k": round(10_000 * sum(rates) / 10_000 / max(len(p), 1), 3)}
 
 
+def kills(world: World, base: Path, upstream: str, folder: Path, *, n_kills: int, seed: int) -> dict:
+    """Bar 2: SIGKILL the server at random moments of a request and feedback stream, restart it on the same file,
+    resend what was not acknowledged; then every acknowledged outcome must be stored, none twice, and refusals of
+    ids never issued, used or past their window must be one line with nothing stored."""
+    import random
+
+    rnd = random.Random(seed)
+    db = fresh_copy(base, upstream, folder, "kills")
+    acked: set[str] = set()
+    unacked: list[dict] = []
+    killed_in_feedback = 0
+    server = Served(db)
+    t0 = time.perf_counter()
+    for k in range(n_kills):
+        timer = threading.Timer(rnd.uniform(0.5, 2.5), server.proc.kill)
+        timer.start()
+        pending: list[dict] = []
+        while server.proc.poll() is None:
+            try:
+                if unacked:         # what a kill left unacknowledged: sent again (stored once, or refused as used)
+                    r = server.client.post(f"{server.url}/v1/feedback", json={"outcomes": unacked[:1]})
+                    if r.status_code == 200 or "already has an outcome" in r.text:
+                        acked.add(unacked[0]["request_id"])
+                    unacked.pop(0)
+                    continue
+                qid = rnd.choice(world.qids)
+                r = server.chat(world.text[qid])
+                pending.append({"request_id": r.headers["x-registry-request-id"],
+                                "outcome": grade(world, qid, r.json()["choices"][0]["message"]["content"]),
+                                "source": "grader"})
+                if len(pending) >= 5:
+                    batch, pending = pending, []
+                    try:
+                        f = server.client.post(f"{server.url}/v1/feedback", json={"outcomes": batch})
+                    except httpx.TransportError:
+                        killed_in_feedback += 1
+                        unacked += batch
+                        break
+                    assert f.status_code == 200, f.text
+                    acked.update(o["request_id"] for o in batch)
+            except httpx.TransportError:
+                break
+        timer.cancel()
+        server.proc.kill()
+        server.proc.wait()
+        server.client.close()
+        server = Served(db)
+    print(f"  {n_kills} kills in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    # refusals, each one line, nothing stored
+    import duckdb
+
+    def count() -> int:
+        return int(server.client.get(f"{server.url}/feedback/sources").json()[0]["outcomes"])
+
+    stored_before = count()
+    some = sorted(acked)[0]
+    refusals = {}
+    for name, body in (("never issued", {"request_id": "req-" + "0" * 24, "outcome": 1}),
+                       ("already used", {"request_id": some, "outcome": 0})):
+        r = server.client.post(f"{server.url}/v1/feedback", json=body)
+        refusals[name] = (r.status_code, r.json()["error"]["message"])
+    fresh = server.chat(world.text[world.qids[0]]).headers["x-registry-request-id"]
+    health = server.stop()
+    late = Served(db, "--feedback-window", "0.5")
+    time.sleep(1.0)
+    r = late.client.post(f"{late.url}/v1/feedback", json={"request_id": fresh, "outcome": 1})
+    refusals["past its window"] = (r.status_code, r.json()["error"]["message"])
+    server = late
+    stored_after = count()
+    server.stop()
+    con = duckdb.connect(str(db), read_only=True)
+    stored = [r[0] for r in con.execute("SELECT request_id FROM feedback").fetchall()]
+    con.close()
+    return {"kills": n_kills, "killed_in_feedback": killed_in_feedback, "acknowledged": len(acked),
+            "stored": len(stored), "acknowledged_missing": len(acked - set(stored)),
+            "stored_twice": len(stored) - len(set(stored)), "refusals": refusals,
+            "refusals_one_line": all("\n" not in m for _, m in refusals.values()),
+            "nothing_stored_by_refusals": stored_before == stored_after, "writer": health.get("writer", {}).get(
+                "cycles")}
+
+
+def latency(world: World, base: Path, upstream: str, folder: Path, *, n: int, outcomes: int, seed: int) -> dict:
+    """Bar 3: a proxied request's time with feedback on (its outcome sent after it) and off, interleaved on one
+    server; then `outcomes` outcomes posted at once (in parts of 1,000) until landed and re-embedded."""
+    rnd = np.random.default_rng(seed)
+    db = fresh_copy(base, upstream, folder, "latency")
+    server = Served(db)
+    on, off = [], []
+    try:
+        for i in range(2 * n):
+            qid = int(rnd.choice(world.qids))
+            t = time.perf_counter()
+            r = server.chat(world.text[qid])
+            (on if i % 2 == 0 else off).append(1000 * (time.perf_counter() - t))
+            if i % 2 == 0:
+                ok = grade(world, qid, r.json()["choices"][0]["message"]["content"])
+                f = server.client.post(f"{server.url}/v1/feedback", json={
+                    "request_id": r.headers["x-registry-request-id"], "outcome": ok, "source": "grader"})
+                assert f.status_code == 200, f.text
+        ids = []
+        for _ in range(outcomes):
+            qid = int(rnd.choice(world.qids))
+            r = server.chat(world.text[qid])
+            ids.append({"request_id": r.headers["x-registry-request-id"],
+                        "outcome": grade(world, qid, r.json()["choices"][0]["message"]["content"]),
+                        "source": "grader"})
+        t = time.perf_counter()
+        reembedded: set[str] = set()
+        for start in range(0, len(ids), 1000):
+            f = server.client.post(f"{server.url}/v1/feedback", json={"outcomes": ids[start:start + 1000]})
+            assert f.status_code == 200, f.text
+            reembedded.update(f.json()["reembedded"])
+        landed_s = time.perf_counter() - t
+    finally:
+        server.stop()
+    return {"p50_on_ms": round(statistics.median(on), 2), "p50_off_ms": round(statistics.median(off), 2),
+            "p99_on_ms": round(float(np.percentile(on, 99)), 2), "p99_off_ms": round(float(np.percentile(off, 99)), 2),
+            "added_p50_ms": round(statistics.median(on) - statistics.median(off), 2), "outcomes": outcomes,
+            "landed_and_reembedded_s": round(landed_s, 1), "models_reembedded": len(reembedded)}
+
+
 def main() -> None:
     from registry.embedding.index import load_faiss
 
@@ -262,6 +384,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--runs", default="feedback,control,nodrop")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--kills", type=int, default=0, help="bar 2 only: this many SIGKILLs")
+    ap.add_argument("--latency", type=int, default=0, help="bar 3 only: this many requests each way")
     args = ap.parse_args()
     base = Path(args.base)
     if not base.exists():
@@ -272,6 +396,14 @@ def main() -> None:
     upstream = fake_upstream(world)
     sequence = np.random.default_rng(args.seed).choice(world.qids, size=args.n, replace=True).tolist()
     folder = Path(tempfile.mkdtemp())
+    if args.kills or args.latency:
+        out = {}
+        if args.kills:
+            out["kills"] = kills(world, base, upstream, folder, n_kills=args.kills, seed=args.seed)
+        if args.latency:
+            out["latency"] = latency(world, base, upstream, folder, n=args.latency, outcomes=10_000, seed=args.seed)
+        print(json.dumps(out, indent=1, default=str))
+        return
     wanted = args.runs.split(",")
     results, target = {}, None
     for name, fb, drop in (("feedback", True, True), ("control", False, True), ("nodrop", True, False)):

@@ -88,7 +88,8 @@ def lookup(tx: Tx, ids: list[str]) -> dict[str, Stored]:
     """The stored records among `ids`, with their age in seconds."""
     if not ids:
         return {}
-    rows = tx.sql("""SELECT id, epoch(now()::TIMESTAMP) - epoch(created), model, category, query_hash, text, vector,
-                            predicted FROM proxy_requests WHERE id IN (SELECT unnest(?::VARCHAR[]))""", [ids])
+    rows = tx.sql("""SELECT id, extract(epoch FROM now()::TIMESTAMP) - extract(epoch FROM created), model, category,
+                            query_hash, text, vector, predicted
+                     FROM proxy_requests WHERE id IN (SELECT unnest(?::VARCHAR[]))""", [ids])
     return {r[0]: Stored(r[0], float(r[1]), r[2], r[3], r[4], r[5], None if r[6] is None else bytes(r[6]), r[7])
             for r in rows}

@@ -249,9 +249,12 @@ class Registry:
         return dbcopy.copy(self.store, dest, progress)
 
     # --- reading: models, neighbours, the embedding space ----------------------------------------------------
-    def models(self) -> list[ModelInfo]:
-        """Every model: evaluations, accuracy, metadata, availability, current version and evidence status."""
-        return models_uc.models(self.store, self.probation_setting)
+    def models(self, *, limit: int | None = None, offset: int = 0) -> list[ModelInfo]:
+        """Every model by name (with `limit`, a page of them from `offset` on): evaluations, accuracy, metadata,
+        availability, current version and evidence status."""
+        return models_uc.models(self.store, self.probation_setting, limit=limit, offset=offset)
+
+    def model_count(self) -> int: return models_uc.model_count(self.store)
 
     def show(self, name: str) -> ModelDetail: return models_uc.show(self.store, name, self.probation_setting)
     def stats(self) -> Stats: return self._in_tx(catalog.stats, self.path)

@@ -152,3 +152,28 @@ def test_label_placement_drops_what_does_not_fit_and_overlaps_nothing():
     assert 10 <= len(boxes) < len(points)                     # crowded: some labels left to the tooltip
     assert not any(maps.boxes_overlap(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
     assert all(0 <= b[0] and b[2] <= 1000 and 0 <= b[1] and b[3] <= 600 for b in boxes)
+
+
+def test_model_lists_come_in_pages_everywhere(db_copy, monkeypatch):
+    """A page of the models (by name) is the same slice in the library, the command line, HTTP and the home page;
+    HTTP says the total and the next page, as GitHub's API does."""
+    from registry.answers import catalog
+
+    with Registry(db_copy) as reg:
+        every = [m.name for m in reg.models()]
+        assert [m.name for m in reg.models(limit=5, offset=3)] == every[3:8]
+        assert reg.models(limit=5, offset=len(every)) == [] and reg.model_count() == len(every)
+    assert [m["name"] for m in run_json(db_copy, "models", "--limit", "5", "--offset", "3")] == every[3:8]
+    with TestClient(create_app(str(db_copy))) as c:
+        r = c.get("/models", params={"limit": 5, "offset": 3})
+        assert [m["name"] for m in r.json()] == every[3:8]
+        assert r.headers["x-total-count"] == str(len(every)) and 'offset=8>; rel="next"' in r.headers["link"]
+        whole = c.get("/models")                               # a page of MODEL_PAGE unless asked: all 31 here
+        assert [m["name"] for m in whole.json()] == every and "link" not in whole.headers
+        assert c.get("/models", params={"limit": catalog.MODEL_PAGE_MAX + 1}).status_code == 422
+        assert c.get("/models", params={"offset": -1}).status_code == 422
+        monkeypatch.setattr(catalog, "MODEL_PAGE", 10)
+        page = c.get("/", params={"offset": 10}).text
+    assert page.count("<tr data-open=") == 10 and f"11-20 of {len(every)}" in page
+    assert 'href="/?offset=20" rel="next"' in page and 'href="/?offset=0" rel="prev"' in page
+    assert f">{every[10]}</a>" in page and f">{every[9]}</a></td>" not in page

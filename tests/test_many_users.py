@@ -52,7 +52,8 @@ def test_commands_go_through_the_server_and_print_what_they_print_on_the_file(db
         model = reg.models()[0].name
     evals = results_file(db_copy, tmp_path / "new.csv", model)
     text = known_text(db_copy)
-    reads = [("stats",), ("models",), ("show", model), ("similar", model, "-k", "4"), ("history", model)]
+    reads = [("stats",), ("models",), ("models", "--limit", "5", "--offset", "3"), ("show", model),
+             ("similar", model, "-k", "4"), ("history", model)]
     proc, origin = start_server(db_copy, TOKEN)
     try:
         found = json.loads(Path(str(db_copy) + ".serving").read_text())

@@ -13,6 +13,8 @@ from registry.data.current_evaluations import CURRENT, current
 from registry.embedding import encoders, index
 
 evidence = LazyModule("registry.locus.evidence")   # (numpy: `stats` reads counts only)
+# a page of models over HTTP and on the home page: its size unless asked, and the most one request may ask for
+MODEL_PAGE, MODEL_PAGE_MAX = 100, 1000
 
 
 @dataclass
@@ -59,18 +61,30 @@ def names(tx: Tx) -> list[str]:
     return [r[0] for r in tx.sql("SELECT name FROM models")]
 
 
-def models(tx: Tx, probation_min: int, stats: dict | None = None) -> list[ModelInfo]:
-    """Every model; `stats` ({model id: (evaluations, accuracy)}, from `evaluation_stats`) saves reading them."""
-    stats = evaluation_stats(tx) if stats is None else stats
+def models(tx: Tx, probation_min: int, stats: dict | None = None, *, limit: int | None = None,
+           offset: int = 0) -> list[ModelInfo]:
+    """Every model, by name; with `limit`, that many from `offset` on (a page: only its models' evaluations are
+    read). `stats` ({model id: (evaluations, accuracy)}, from `evaluation_stats`) saves reading them."""
+    if (limit is not None and limit < 0) or offset < 0:
+        raise InputError(f"a page needs a limit and an offset of at least 0, got {limit} and {offset}")
+    paged = limit is not None or offset > 0
+    page = (f" LIMIT {int(limit)}" if limit is not None else "") + (f" OFFSET {int(offset)}" if offset else "")
+    rows = tx.sql(f"""SELECT id, name, family, provider, params_b, cost, open_weights, tags::VARCHAR, created::VARCHAR
+                      FROM models ORDER BY lower(name), name{page}""")
+    if stats is None:
+        stats = evaluation_stats(tx, [r[0] for r in rows] if paged else None)
     state = _state(tx)
     of = {name: target for name, (target, _) in aliases(tx).items()}
     out = []
-    for mid, *meta in tx.sql("""SELECT id, name, family, provider, params_b, cost, open_weights, tags::VARCHAR,
-                                       created::VARCHAR FROM models ORDER BY lower(name), name"""):
+    for mid, *meta in rows:
         n, acc = stats.get(mid, (0, None))
         out.append(_with_state(_info(ModelInfo, [meta[0], n, acc, *meta[1:]]), state, probation_min))
         out[-1].alias_of = of.get(meta[0])
     return out
+
+
+def model_count(tx: Tx) -> int:
+    return int(tx.sql("SELECT count(*) FROM models")[0][0])
 
 
 def evaluation_stats(tx: Tx, model_ids=None) -> dict[int, tuple[int, float | None]]:

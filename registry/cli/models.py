@@ -8,9 +8,11 @@ from registry.cli.common import command, emit_json, neighbour_rows, num, open_re
 
 
 @command()
-def models(ctx, as_json):
-    """Each model with its number of evaluations and accuracy."""
-    rows = open_registry(ctx).models()
+@click.option("--limit", type=click.IntRange(min=0), help="at most this many models (a page), by name")
+@click.option("--offset", type=click.IntRange(min=0), default=0, show_default=True, help="skip this many first")
+def models(ctx, as_json, *, limit, offset):
+    """Each model with its number of evaluations and accuracy (by name; --limit and --offset for a page)."""
+    rows = open_registry(ctx).models(limit=limit, offset=offset)
     if as_json:
         emit_json(rows)
         return

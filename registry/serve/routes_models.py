@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette import convertors
 from starlette.exceptions import HTTPException
 
+from registry.answers.catalog import MODEL_PAGE, MODEL_PAGE_MAX
 from registry.core.errors import InputError
 from registry.data.endpoints import ENV_NAME
 from registry.data.import_models_queries import PATH_SUFFIXES
@@ -109,8 +110,18 @@ class EndpointBody(BaseModel):
 # {name:path}: a name may hold "/" (Hugging Face's org/model), so the routes with a suffix come before the bare
 # one, which would otherwise take "org/model/history" as a name (the app includes the other suffixes' router first)
 @models_router.get("/models")
-def models(s: ServerState = Depends(server)):
-    return json_response(s.registry.models())
+def models(request: Request, s: ServerState = Depends(server),
+           limit: Annotated[int, Query(ge=0, le=MODEL_PAGE_MAX)] = MODEL_PAGE,
+           offset: Annotated[int, Query(ge=0)] = 0):
+    """A page of the models, by name (`limit` from `offset`): the total in `x-total-count`, the next page in `Link`
+    (as GitHub's API pages)."""
+    page = s.registry.models(limit=limit, offset=offset)
+    total = s.registry.model_count()
+    out = json_response(page)
+    out.headers["x-total-count"] = str(total)
+    if offset + len(page) < total and limit:
+        out.headers["link"] = f'<{request.url.path}?limit={limit}&offset={offset + limit}>; rel="next"'
+    return out
 
 
 @models_router.get("/models/{name:path}/history")

@@ -15,6 +15,7 @@ import re
 import threading
 import time
 from pathlib import Path
+from typing import Annotated
 
 from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.exception_handlers import http_exception_handler
@@ -56,10 +57,10 @@ def _key(reg, what: str) -> tuple:
         return (what,) + tuple(tx.sql(sql)[0])
 
 
-def _cached(reg, what: str, build):
-    """A value derived from the registry, kept in its Store's cache until what it depends on changes (only the
-    newest: a server that registers all day keeps one of each)."""
-    key = _key(reg, what)
+def _cached(reg, what: str, build, *, depends: str | None = None):
+    """A value derived from the registry, kept in its Store's cache until what it depends on (`_KEYS[depends or
+    what]`) changes (only the newest: a server that registers all day keeps one of each)."""
+    key = _key(reg, depends or what)
     kept = reg.store.section("web pages")
     with _cache_lock:
         if what in kept and kept[what][0] == key:
@@ -154,33 +155,12 @@ def _needs_token(request: Request) -> bool:
     return request.app.state.server.token is not None
 
 
-class _EvaluationCounts:
-    """Per-model evaluation counts for the home page, re-read only for models with new rows (one per app)."""
-
-    def __init__(self):
-        self.batch, self.by_model = -1, {}
-        self.lock = threading.Lock()
-
-    def models(self, reg):
-        from registry.answers import catalog
-        from registry.embedding import evidence
-
-        with self.lock, reg.store.tx() as tx:
-            newest = catalog.newest_batch(tx)
-            if newest != self.batch:
-                changed = None if self.batch < 0 else catalog.models_since(tx, self.batch)
-                self.by_model.update(catalog.evaluation_stats(tx, changed))
-                self.batch = newest
-            return catalog.models(tx, evidence.minimum(tx, reg.probation_setting), self.by_model)
-
-
 pages = APIRouter(include_in_schema=False)
 
 
 def mount(app: FastAPI) -> None:
     """The pages' static files, and HTTP errors under /ui/ answered as pages (the app adds the `pages` themselves)."""
     app.mount("/static/web", StaticFiles(directory=str(HERE / "static")), name="web")
-    app.state.evaluation_counts = _EvaluationCounts()
     app.state.map_drawer = _MapDrawer()
 
     @app.exception_handler(StarletteHTTPException)
@@ -196,12 +176,17 @@ def _registry(request: Request):
 
 
 @pages.get("/", response_class=HTMLResponse)
-def home(request: Request):
+def home(request: Request, offset: Annotated[int, Query(ge=0)] = 0):
+    """The map and a page of the models (MODEL_PAGE of them from `offset`: only their evaluations are read)."""
+    from registry.answers.catalog import MODEL_PAGE
+
     reg = _registry(request)
-    models_ = _cached(reg, "models", lambda: request.app.state.evaluation_counts.models(reg))
+    models_ = _cached(reg, f"models {MODEL_PAGE} from {offset}", lambda: reg.models(limit=MODEL_PAGE, offset=offset),
+                      depends="models")
+    total = _cached(reg, "model count", reg.model_count, depends="models")
     the_map, current = request.app.state.map_drawer.get(reg)
-    return page(request, "home.html", models=models_, map=the_map, map_current=current, path=reg.path,
-                map_labels=MAP_LABELS)
+    return page(request, "home.html", models=models_, total=total, offset=offset, page_size=MODEL_PAGE,
+                map=the_map, map_current=current, path=reg.path, map_labels=MAP_LABELS)
 
 
 @pages.get("/ui/models/{name:path}/diff", response_class=HTMLResponse)

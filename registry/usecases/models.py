@@ -24,9 +24,15 @@ def pool(tx: Tx, as_of: str | None = None) -> geometries.Pool:
     return geometries.pool(tx, encoders.require_active(tx, as_of), as_of)
 
 
-def models(store: Store, probation: int | None = None) -> list[catalog.ModelInfo]:
+def models(store: Store, probation: int | None = None, *, limit: int | None = None,
+           offset: int = 0) -> list[catalog.ModelInfo]:
     with store.tx() as tx:
-        return catalog.models(tx, evidence.minimum(tx, probation))
+        return catalog.models(tx, evidence.minimum(tx, probation), limit=limit, offset=offset)
+
+
+def model_count(store: Store) -> int:
+    with store.tx() as tx:
+        return catalog.model_count(tx)
 
 
 def show(store: Store, name: str, probation: int | None = None) -> catalog.ModelDetail:

@@ -173,10 +173,19 @@ class RemoteRegistry:
                              f"server has stopped (or on a copy of the file), or use the server's API")
 
     # --- reads ------------------------------------------------------------------------------------------------
-    def models(self):
-        from registry.answers.catalog import ModelInfo
+    def models(self, *, limit: int | None = None, offset: int = 0):
+        from registry.answers.catalog import MODEL_PAGE_MAX, ModelInfo
 
-        return [build(ModelInfo, m) for m in self.request("GET", "/models")]
+        out: list = []
+        while True:          # every model asked for, a page at a time (the server's pages are bounded)
+            size = MODEL_PAGE_MAX if limit is None else min(MODEL_PAGE_MAX, limit - len(out))
+            page = self.request("GET", f"/models?limit={size}&offset={offset + len(out)}")
+            out += [build(ModelInfo, m) for m in page]
+            if len(page) < size or (limit is not None and len(out) >= limit):
+                return out
+
+    def model_count(self) -> int:
+        return int(self.request("GET", "/stats")["models"])
 
     def show(self, name: str):
         from registry.answers.catalog import ModelDetail

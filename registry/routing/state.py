@@ -194,9 +194,12 @@ def save(tx: Tx, st: State) -> bool:
     doc = {f.name: _encode(getattr(st, f.name), arrays) for f in dataclasses.fields(st) if f.name not in NOT_SAVED}
     buf = io.BytesIO()
     np.savez(buf, __doc__=np.frombuffer(json.dumps(doc).encode(), dtype=np.uint8), **arrays)  # type: ignore[arg-type]
-    # (another process on the same PostgreSQL database may be saving the same state: the first one stays)
-    tx.sql("INSERT INTO routing_states (key, encoder_id, payload) VALUES (?, ?, ?) ON CONFLICT (key) DO NOTHING",
-           [key_text(st.key), int(st.encoder_id), buf.getvalue()])
+    # (another process on the same PostgreSQL database may be saving the same state: the first one stays; a DuckDB
+    # file has one writer, and its ON CONFLICT costs seconds on a payload of megabytes: asked first instead)
+    k = key_text(st.key)
+    if not tx.sql("SELECT 1 FROM routing_states WHERE key = ?", [k]):
+        tx.sql("INSERT INTO routing_states (key, encoder_id, payload) VALUES (?, ?, ?)"
+               + (" ON CONFLICT (key) DO NOTHING" if tx.postgres else ""), [k, int(st.encoder_id), buf.getvalue()])
     tx.sql(f"""DELETE FROM routing_states WHERE key LIKE '{FORMAT} %' AND key NOT IN (   -- (other caches beside)
                    SELECT key FROM routing_states WHERE key LIKE '{FORMAT} %' ORDER BY created DESC, key LIMIT ?)""",
            [KEPT])

@@ -140,6 +140,7 @@ def test_cli_file_reembeds_and_sources_switch(db_copy, upstream, tmp_path):
     assert versions() == v0 + 2
     with Registry(db_copy) as reg:
         assert [s.enabled for s in reg.feedback_sources() if s.name == "tests"] == [False]
+    assert run_json(db_copy, "drift") == [] and run_json(db_copy, "feedback-source", "tests")[0]["outcomes"] == 4
 
 
 def test_drift_test_fires_on_a_drop_and_rarely_without():

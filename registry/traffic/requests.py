@@ -7,6 +7,7 @@ routing log's rows (serve/group_commit.py): a request answered just before a cra
 and feedback naming it is then refused as unknown."""
 from __future__ import annotations
 
+import json
 import secrets
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -47,8 +48,6 @@ def vector_bytes(vec: np.ndarray | None) -> bytes | None:
 
 def usage(body: bytes) -> tuple[int | None, int | None]:
     """(prompt tokens, completion tokens) from an OpenAI chat completion's `usage`, where it has them."""
-    import json
-
     try:
         u = json.loads(body).get("usage") or {}
     except (ValueError, AttributeError, RecursionError):

@@ -91,11 +91,9 @@ class Registry:
         index.flush(self.store.cache, self.path)
         self.store.close()
 
-    def __enter__(self):
-        return self
+    def __enter__(self): return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, *exc): self.close()
 
     # --- bringing data in -------------------------------------------------------------------------------------
     @keeps_routing_state
@@ -253,7 +251,6 @@ class Registry:
         """Every model by name (with `limit`, a page of them from `offset` on): evaluations, accuracy, metadata,
         availability, current version and evidence status."""
         return models_uc.models(self.store, self.probation_setting, limit=limit, offset=offset)
-
     def model_count(self) -> int: return models_uc.model_count(self.store)
 
     def show(self, name: str) -> ModelDetail: return models_uc.show(self.store, name, self.probation_setting)

@@ -57,7 +57,7 @@ def check(item: object, where: str) -> Outcome:
     if extra:
         raise InputError(f"{where}: unknown field {extra[0]!r} (an outcome has request_id, outcome, source)")
     rid, value, source = item.get("request_id"), item.get("outcome"), item.get("source", "default")
-    if not isinstance(rid, str) or not rid.startswith(requests.ID_PREFIX) or len(rid) > 64:
+    if not isinstance(rid, str) or not requests.ID.fullmatch(rid):
         raise InputError(f"{where}: request_id must be an id the proxy returned ({requests.ID_PREFIX}...), "
                          f"got {rid!r:.80}")
     if isinstance(value, bool):

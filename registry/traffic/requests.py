@@ -8,6 +8,7 @@ and feedback naming it is then refused as unknown."""
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -17,6 +18,7 @@ import numpy as np
 from registry.core.transaction import Tx
 
 ID_PREFIX = "req-"
+ID = re.compile(r"^req-[0-9a-f]{24}$")     # what `new_id` makes, and so all feedback may name (read with fullmatch)
 COLUMNS = ("id", "model", "chosen", "category", "query_hash", "text", "vector", "predicted", "prompt_tokens",
            "completion_tokens", "cost", "encoder_id")
 

@@ -34,7 +34,7 @@ class Source:
 
 
 def check_name(name: object) -> str:
-    if not isinstance(name, str) or not NAME.match(name):
+    if not isinstance(name, str) or not NAME.fullmatch(name):     # (match's $ takes a final newline)
         raise InputError(f"source must be a name of letters, digits and . _ : - (at most 64), got {name!r}")
     return name
 

@@ -18,11 +18,12 @@ from typing import Any
 
 from fastapi import Body, Depends, FastAPI, Query
 from fastapi.concurrency import run_in_threadpool
+from pydantic import BaseModel
 
 from registry.core.errors import InputError
 from registry.routing import query_texts
 from registry.serve.context import require_token
-from registry.traffic import corrections, requests
+from registry.traffic import corrections, requests, sources
 from registry.traffic.outcomes import WINDOW_S
 from registry.usecases.traffic import feedback as feedback_uc
 
@@ -33,6 +34,38 @@ REEMBED_S = 60.0          # or this long after the first outcome still waiting f
 # interaction terms carried over (a refit, tens of seconds of CPU on 2 cores, would follow every REFIT_S): they are
 # refitted at most this often meanwhile; the versions themselves route at once
 REFIT_WHILE_FEEDBACK_S = 600.0
+
+# what POST /v1/feedback takes, as the document says it (the handler checks it itself, so that a refusal names the
+# outcome in one line, traffic/outcomes.py): a schema-valid body is refused only for what the registry holds
+OUTCOME = {"type": "object", "required": ["request_id", "outcome"], "additionalProperties": False, "properties": {
+    "request_id": {"type": "string", "pattern": requests.ID.pattern,
+                   "description": "the id the proxy returned for the request (x-registry-request-id)"},
+    "outcome": {"anyOf": [{"type": "boolean"}, {"type": "number", "minimum": 0, "maximum": 1}],
+                "description": "0/1 (or true/false), or a score from 0 to 1 (1/0 at the source's threshold)"},
+    "source": {"type": "string", "pattern": sources.NAME.pattern, "default": "default",
+               "description": "who sends it (a grader, users' thumbs): its weight, threshold, on or off"}}}
+FEEDBACK_BODY = {"anyOf": [
+    {"type": "object", "required": ["outcomes"], "additionalProperties": False, "properties": {
+        "outcomes": {"type": "array", "minItems": 1, "maxItems": MAX_OUTCOMES, "items": OUTCOME}}},
+    OUTCOME], "description": "`{\"outcomes\": [outcome, ...]}`, or one outcome"}
+
+
+class DriftEvent(BaseModel):
+    id: int | None
+    model: str
+    category: str
+    drop: float           # expected minus observed since the change point
+    statistic: float
+    evidence: dict
+
+
+class FeedbackAnswer(BaseModel):
+    stored: int                   # outcomes landed
+    correct: int                  # of which right, at their sources' thresholds
+    models: dict[str, int]        # model -> its outcomes landed
+    queries_added: int            # production queries that joined the registry
+    reembedded: list[str]         # models given a new version by this landing
+    events: list[DriftEvent]      # drift events it raised
 
 
 class Traffic:
@@ -137,12 +170,21 @@ class Traffic:
 def mount(app: FastAPI, traffic: Traffic) -> None:
     serving = traffic.serving
 
-    @app.post("/v1/feedback", dependencies=[Depends(require_token)])
+    @app.post("/v1/feedback", dependencies=[Depends(require_token)], response_model=FeedbackAnswer,
+              openapi_extra={"requestBody": {"content": {"application/json": {"schema": FEEDBACK_BODY}}}})
     async def v1_feedback(body: Any = Body(..., examples=[{"outcomes": [
             {"request_id": "req-0123456789abcdef01234567", "outcome": 1, "source": "grader"}]}])):
         """Outcomes of requests the proxy answered: `{"outcomes": [{request_id, outcome, source}, ...]}` or one
-        outcome; each id once, within the server's window; all or nothing."""
-        given = body.get("outcomes") if isinstance(body, dict) and "outcomes" in body else [body]
+        outcome; each id once, within the server's window; all or nothing: 404 for an id the proxy never issued,
+        409 for one already used or past its window, 400 for a malformed outcome."""
+        if isinstance(body, dict) and "outcomes" in body:
+            extra = sorted(set(body) - {"outcomes"})
+            if extra:
+                raise InputError(f"unknown field {extra[0]!r} beside outcomes (the body is {{\"outcomes\": [...]}} "
+                                 f"or one outcome)")
+            given = body["outcomes"]
+        else:
+            given = [body]
         if isinstance(given, list) and len(given) > MAX_OUTCOMES:
             raise InputError(f"outcomes: at most {MAX_OUTCOMES:,} in one request, got {len(given):,}; send them "
                              f"in parts")

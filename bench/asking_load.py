@@ -6,8 +6,8 @@ On a copy of the registry: a claim of gpt-4o-2024-05-13 on a fake upstream that 
 `registry serve --token`; two `POST /models/X/verify` at the schema's largest values (the budget's two slots; a third
 is refused) run while `--clients` client threads send, for `--seconds`, a mix of registrations (`POST /models`, 64
 answers, a new name each), reads (`GET /models`, `/stats`, `/models/X/similar`) and pages (`/`, `/ui/models/X`),
-each timed. Then: the server's threads and RSS against before the asking, and SIGTERM to exit (both verifies still
-asking). Prints one table. (A client that hangs up stops its asking within 5 s: tests/test_asking_budget.py.)
+each timed. Then: the server's threads and RSS against before the asking (a warm server: one request of each kind
+made first), and SIGTERM to exit (both verifies still asking). Prints one table. (A client that hangs up stops its asking within 5 s: tests/test_asking_budget.py.)
 """
 from __future__ import annotations
 
@@ -76,7 +76,12 @@ def main() -> None:
         except httpx.HTTPError:
             pass
         time.sleep(0.2)
-    client.get("/")                                 # (the pages' first build is not what is measured)
+    # the baseline is a warm server: one request of each kind first (the encoder loaded, the pages' first build,
+    # each read's first statement), so that what is measured is what asking and the load add, not start-up
+    client.post("/models", headers=AUTH, json={"name": "warm-up", "evaluations": [
+        {"question_id": q, "correct": j % 3 == 0} for j, q in enumerate(qids)]})
+    for path in ("/", f"/ui/models/{X}", "/models", "/stats", f"/models/{X}/similar"):
+        client.get(path)
     threads0, rss0 = proc_figures(server.pid)
 
     def verify():

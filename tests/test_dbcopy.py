@@ -4,6 +4,7 @@ version's digest and vector, and `similar` / `route` answer alike; ids go on fro
 destination with rows is refused and left as it was; a copy that fails half-way leaves its destination empty."""
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 
@@ -20,6 +21,7 @@ from registry.core import dbcopy
 from registry.core.errors import InputError, RegistryError
 from registry.core.schema import Base
 from registry.core.store import Store
+from registry.traffic import requests
 
 from .conftest import any_snapshot, snapshot
 
@@ -33,11 +35,33 @@ def known_texts(reg, n=4) -> list[str]:
         return [r[0] for r in tx.sql("SELECT text FROM queries ORDER BY external_id LIMIT ?", [n])]
 
 
+def traffic(reg, folder) -> None:
+    """Feedback as a served registry takes it: requests recorded as the proxy's writer appends them, their outcomes
+    landed by `Registry.feedback` (production queries, evaluations, a re-embedding), every one wrong where routing
+    predicted 0.9 on one model's category (the drift test raises an event), and a source's setting."""
+    model = MODELS[0]
+    with reg.store.tx() as tx:
+        category = tx.sql("SELECT category FROM queries WHERE category IS NOT NULL ORDER BY id LIMIT 1")[0][0]
+        vecs = np.random.default_rng(0).standard_normal((12, 384)).astype(np.float32)
+        recs = [requests.Record(requests.new_id(), model, model, category, hashlib.sha256(b"%d" % i).hexdigest(), None,
+                                requests.vector_bytes(v / np.linalg.norm(v)), 0.9, 12, 2, None, None)
+                for i, v in enumerate(vecs)]
+        requests.append(tx, recs)
+    path = folder / "outcomes.jsonl"
+    path.write_text("".join(json.dumps({"request_id": r.id, "outcome": 0 if i < 10 else 0.75,
+                                        "source": "grader" if i < 10 else "thumbs"}) + "\n"
+                            for i, r in enumerate(recs)))
+    out = reg.feedback(str(path))
+    assert out.outcomes == 12 and [(e.model, e.category) for e in out.events] == [(model, category)]
+    reg.feedback_source("thumbs", weight=0.5)
+
+
 @pytest.fixture
-def full_db(db_copy):
+def full_db(db_copy, tmp_path):
     """The session's registry with rows in every table: routes logged, a model marked down and up, an endpoint, an
-    alias, a rename."""
+    alias, a rename, feedback on proxied requests with a drift event."""
     with Registry(db_copy) as reg:
+        traffic(reg, tmp_path)
         reg.route_batch(known_texts(reg))
         reg.mark_unavailable(["gemma-7b"], reason="maintenance")
         reg.mark_available(["gemma-7b"])
@@ -123,6 +147,11 @@ def test_round_trip_duckdb_postgres_duckdb_is_lossless(full_db, pg_url, tmp_path
         for name in MODELS:
             assert [(v.version, v.digest, v.n_evaluations, v.stability) for v in orig.history(name).versions] == \
                 [(v.version, v.digest, v.n_evaluations, v.stability) for v in copy.history(name).versions]
+        # feedback reads alike on all three: the drift events with their evidence, the sources with their outcomes
+        events = [[(e.id, e.model, e.category, e.drop, e.evidence) for e in r.drift()] for r in (orig, pg, copy)]
+        assert events[0] == events[1] == events[2] and len(events[0]) == 1
+        assert [vars(s) for s in orig.feedback_sources()] == [vars(s) for s in pg.feedback_sources()] == \
+            [vars(s) for s in copy.feedback_sources()]
         texts = known_texts(orig)
         a, c = answers(orig, texts), answers(copy, texts)
         assert a == c                                    # the same answers, to the last bit

@@ -114,8 +114,9 @@ def as_message(ev: Event) -> dict:
 
 
 def events(tx: Tx, model: str | None = None) -> list[Event]:
-    rows = tx.sql("""SELECT id, model, category, drop, statistic, evidence, created::VARCHAR FROM drift_events
-                     WHERE ? IS NULL OR model = ? ORDER BY id""", [model, model])
+    # (no `? IS NULL`: PostgreSQL cannot type a parameter that is only tested for NULL)
+    rows = tx.sql(f"""SELECT id, model, category, drop, statistic, evidence, created::VARCHAR FROM drift_events
+                      {'' if model is None else 'WHERE model = ?'} ORDER BY id""", [] if model is None else [model])
     return [Event(m, c, float(d), float(s), json.loads(e) if isinstance(e, str) else e, int(i), t)
             for i, m, c, d, s, e, t in rows]
 

@@ -254,7 +254,7 @@ class Registry:
     def model_count(self) -> int: return models_uc.model_count(self.store)
 
     def show(self, name: str) -> ModelDetail: return models_uc.show(self.store, name, self.probation_setting)
-    def stats(self) -> Stats: return self._in_tx(catalog.stats, self.path)
+    def stats(self, known: tuple | None = None) -> Stats: return self._in_tx(catalog.stats, self.path, known)
 
     def similar(self, model: str | None = None, k: int = 5, *, evals: str | None = None,
                 as_of: str | None = None) -> list[Neighbour]:

@@ -200,3 +200,36 @@ def test_similar_fallback_and_diff_say_what_they_rank_by(served):
         f"{d['ranked_by']}"
     assert f"nearest ranked by: {d['ranked_by']}" in run(db, "diff", neighbour).output
     assert [n["model"] for n in d["neighbours_v2"]] == [li.split()[0] for li in diff_page.lists["nearest-v2"]]
+
+
+def test_the_servers_count_of_evaluations_is_the_tables(db_copy, small_data):
+    """GET /stats takes the count of current evaluations from the server's answer book where the book has read every
+    commit; it is the figure the library counts from the table, after a registration, an update that supersedes
+    answers, and a deletion (and the book's count is what answered: a book that counted wrong would show)."""
+    from registry.answers import catalog
+
+    gpt = run_json(db_copy, "show", GPT)["evaluations"]
+    auth = {"Authorization": "Bearer t0ken"}
+    rows = [{"question_id": q, "correct": int(c)} for q, c in duckdb.sql(
+        f"""SELECT question_id::VARCHAR, correct FROM read_csv('{small_data}/evaluations.csv.gz')
+            WHERE model = 'gemma-7b' ORDER BY question_id LIMIT 80""").fetchall()]
+    with TestClient(create_app(str(db_copy), token="t0ken")) as c:
+        figures = []
+        for step in ("new", "update", "delete"):
+            if step == "new":
+                r = c.post("/models", json={"name": "counted", "evaluations": rows[:60]}, headers=auth)
+            elif step == "update":      # 20 answers more and 10 of the 60 answered again the other way
+                again = [{**x, "correct": 1 - x["correct"]} for x in rows[:10]]
+                r = c.post("/models", json={"name": "counted", "evaluations": again + rows[60:], "update": True},
+                           headers=auth)
+            else:
+                r = c.delete(f"/models/{GPT}", headers=auth)
+            assert r.status_code == 200, r.text
+            book = c.app.state.server.serving.writer.book.current_count()
+            with Registry(db_copy) as reg, reg.store.tx() as tx:
+                table = catalog.stats(tx, str(db_copy)).evaluations      # counted from the table
+                assert book[1:] == tuple(tx.sql("""SELECT (SELECT max(batch_id) FROM evaluations),
+                                                          (SELECT coalesce(max(id), 0) FROM model_changes)""")[0])
+            figures.append((c.get("/stats").json()["evaluations"], book[0], table))
+    assert all(served == book == table for served, book, table in figures), figures
+    assert figures[1][0] == figures[0][0] + 20 and figures[2][0] == figures[1][0] - gpt

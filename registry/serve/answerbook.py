@@ -48,6 +48,12 @@ class AnswerBook:
         self._last_change = 0                                  # model_changes seen (`tidy`)
         self._lock = threading.Lock()                          # sync (the writer) against readers' views
 
+    def current_count(self) -> tuple[int, int, int]:
+        """(every model's current answers in the book, the newest import batch and model change it has read): the
+        count `registry stats` gives while nothing newer is committed (answers/catalog.py checks that)."""
+        with self._lock:
+            return int(self.answered.sum()), self.last_batch, self._last_change
+
     # --- the writer's -------------------------------------------------------------------------------------------
     def sync(self, tx: Tx) -> int:
         """Read again the answers of every model with evaluations newer than the last sync, and take in the models

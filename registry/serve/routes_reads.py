@@ -32,7 +32,8 @@ def similar(name: str, k: int = Query(5, ge=1, le=1000), s: ServerState = Depend
 def stats(s: ServerState = Depends(server)):
     """Counts of what the registry holds (`registry stats`), and `probation_min`: the fewest evaluations behind an
     established model's embedding now (what `registry similar` notes)."""
-    return json_response({**asdict(s.registry.stats()), "probation_min": s.registry.probation_min})
+    counted = s.registry.stats(s.serving.writer.book.current_count())     # (the answer book's count, where current)
+    return json_response({**asdict(counted), "probation_min": s.registry.probation_min})
 
 
 @reads_router.get("/models/{name:path}/fallback")

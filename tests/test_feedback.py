@@ -185,3 +185,35 @@ def test_a_dropped_model_is_caught_and_routed_around(db_copy, upstream):
     assert (first, category) in {(e["model"], e["category"]) for e in events}
     assert [(e["model"], e["category"]) for e in shown] == [(e["model"], e["category"]) for e in events]
     assert chosen[0].count(first) > len(texts) / 2 and chosen[-1].count(first) < chosen[0].count(first) / 2
+
+
+@pytest.mark.slow
+def test_the_shell_routes_with_the_corrections_the_server_routes_with(db_copy, upstream):
+    """After outcomes and a drift event, `registry route` from the shell reads traffic's corrections as saved with
+    the landing, and answers each text as the server does; without them it would answer otherwise."""
+    base, state = upstream
+    with_endpoints(db_copy, base)
+    with Registry(db_copy) as reg, reg.store.tx() as tx:
+        category = tx.sql("""SELECT q.category FROM queries q JOIN query_splits s ON s.query_id = q.id
+                             WHERE s.split = 'test' GROUP BY 1 ORDER BY count(*) DESC LIMIT 1""")[0][0]
+    texts = (texts_of(db_copy, 40, category) * 24)[:24]
+    with TestClient(create_app(str(db_copy))) as c:
+        first = ask(c, texts[0]).headers["x-registry-model"]
+        state["wrong"].add(first)
+        try:
+            events = []
+            for _ in range(3):
+                answered = [ask(c, t) for t in texts]
+                r = c.post("/v1/feedback", json={"outcomes": [
+                    {"request_id": a.headers["x-registry-request-id"], "outcome": int(
+                        a.json()["choices"][0]["message"]["content"] == "(A)")} for a in answered]})
+                events += r.json()["events"]
+        finally:
+            state["wrong"].clear()
+        served = {t: c.post("/route", json={"text": t}).json()["model"] for t in set(texts)}
+    assert (first, category) in {(e["model"], e["category"]) for e in events}
+    shell = {t: run_json(db_copy, "route", t)["model"] for t in served}
+    assert shell == served and first not in shell.values()
+    # the same registry without the saved corrections: the shell routes some of those texts back to the model
+    rows(db_copy, "DELETE FROM routing_states WHERE key LIKE 'traffic-corrections/%'")
+    assert first in {run_json(db_copy, "route", t)["model"] for t in served}

@@ -3,7 +3,8 @@ encoder, with the interaction terms (locus/interaction.py: category offsets and 
 registry's answers) added to its logit -> a choice (most likely, cost-aware, or cheapest above a threshold), never an
 unavailable model.
 
-A route reads the routing state the write path keeps (routing/state.py: read, never fitted here) and scores with it
+A route reads the routing state the write path keeps (routing/state.py: read, never fitted here), with traffic's
+corrections as last saved (what production outcomes add, as a server routes with them), and scores with it
 (`State.scores`); routed texts' vectors come from an LRU and the registry (routing/query_texts.py). What a call
 asks for comes in one checked value (routing/decision.py: RouteOptions); what needs the state to check (unknown
 model names, missing prices) is checked here.
@@ -221,6 +222,7 @@ def route(tx: Tx, texts: list[str], options: RouteOptions, *, reuse_vectors: boo
     if st is None:
         raise RegistryError("the registry has no current routing state (a write kept none: the facade's route "
                             "builds it first; see routing/fit.py)")
+    st = state.corrected(tx, st)        # traffic's corrections, as a server's snapshot adds them
     recent = query_texts.recent_vectors(tx)
     r = route_texts(st, texts,
                     lambda cut, hashes, fresh: query_texts.query_vectors(

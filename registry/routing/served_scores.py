@@ -5,6 +5,7 @@ fit: a route reads this, never the choice.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -156,3 +157,58 @@ class Served:
                     rows[i] = self.nearest[hashes[i]] = r
             nn = np.stack(rows)
         return f.scores(logits, qvecs, f.category_index(cats), nn)
+
+
+# --- traffic's corrections, as a route reads them -----------------------------------------------------------------
+# computed from production outcomes by the write path (traffic/corrections.py) and saved beside the routing state
+# (routing/state.py), so a route from the shell adds what a server routes with
+@dataclass(frozen=True)
+class Corrections:
+    """Logit shifts from production outcomes, added after the served policy: a drifted (model, category)'s shift,
+    and each model's residual on a query that came before (by its content hash)."""
+    category: dict = field(default_factory=dict)     # (model, category) -> logit shift
+    exact: dict = field(default_factory=dict)        # query hash -> {model: logit shift}
+    outcomes: int = 0                                # the counted outcomes they were read from
+
+    def shift(self, model: str, category: str | None, query_hash: str | None) -> float:
+        out = self.category.get((model, category), 0.0) if category is not None else 0.0
+        return out + (self.exact.get(query_hash, {}).get(model, 0.0) if query_hash is not None else 0.0)
+
+    def adjust(self, probs: np.ndarray, names: list[str], hashes: list[str], terms: Served | None) -> np.ndarray:
+        """probs [M,N] (models `names`, texts `hashes`) with the shifts added to their logits."""
+        if not (self.category or self.exact):
+            return probs
+        logits = interaction.logit(np.asarray(probs, dtype=np.float64))
+        for j, h in enumerate(hashes):
+            cat = category_for(terms, h)
+            for i, m in enumerate(names):
+                d = self.shift(m, cat, h)
+                if d:
+                    logits[i, j] += d
+        return interaction.sigmoid(logits).astype(probs.dtype)
+
+    def to_json(self) -> bytes:
+        return json.dumps({"category": [[m, c, v] for (m, c), v in sorted(self.category.items())],
+                           "exact": self.exact, "outcomes": self.outcomes}, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, blob: bytes) -> Corrections:
+        doc = json.loads(bytes(blob).decode())
+        return cls({(m, c): float(v) for m, c, v in doc["category"]},
+                   {h: {m: float(v) for m, v in per.items()} for h, per in doc["exact"].items()}, int(doc["outcomes"]))
+
+
+def category_for(terms: Served | None, query_hash: str) -> str | None:
+    """A routed text's category: the registry's, else its nearest reference query's (found by its route)."""
+    if terms is None:
+        return None
+    c = terms.category_of.get(query_hash)
+    if c is not None:
+        return c
+    nn = terms.nearest.get(query_hash)
+    f = terms.fitted
+    if nn is None or not len(nn) or not len(f.ref_cat):
+        return None
+    at = int(f.ref_cat[int(nn[0])])
+    return f.categories[at] if 0 <= at < len(f.categories) else None
+

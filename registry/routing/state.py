@@ -35,7 +35,9 @@ from registry.routing import served_scores
 
 KEPT = 1            # saved states kept (the newest; about 17 MB for MMLU-Pro): a registry has one current state
 FORMAT = "routing-state/1"
-NOT_SAVED = ("model", "score")   # the torch model, and the scorer built again from the checkpoint
+NOT_SAVED = ("model", "score", "corrections")   # the torch model, the scorer built again from the checkpoint, and
+#                                                 traffic's corrections (saved on their own: CORRECTIONS)
+CORRECTIONS = "traffic-corrections/1"      # their key in routing_states: one row, written with every landing
 # what a saved state is computed by: its builder, the served policy's choice and its scores, the pair models a policy
 # may hold, the method's maths, the evidence, and this module's format (their sources and settings are its digest)
 BUILT_BY = ("registry.routing.state", "registry.routing.fit", "registry.routing.served",
@@ -64,6 +66,7 @@ class State:
     interaction_fitted: bool = True               # False: the last fit, carried over to new models (routing/fit.py)
     category_of: dict | None = None               # content hash -> category, for an encoder whose predictor reads
                                                   #   categories (None: text only); other texts route as "none"
+    corrections: served_scores.Corrections | None = None   # traffic's, added last (`corrected`)
 
     def scores(self, qvecs: np.ndarray, hashes: list[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """[N,384] (texts with these content hashes) -> (P(correct) as routing uses it: the predictor's, shrunk by
@@ -82,6 +85,8 @@ class State:
                 probs = probs.astype(np.float64)            # (its ties are broken below float32's precision)
                 rows = terms.fitted.rows
                 probs[rows] = served_scores.scores(pol, terms.fitted, probs[rows], qvecs, labels)
+        if self.corrections is not None and hashes is not None and len(raw):
+            probs = self.corrections.adjust(probs, self.names, hashes, terms)
         return probs, raw
 
     def served_line(self) -> str:
@@ -128,6 +133,23 @@ def read(tx: Tx, probation_min: int | None = None) -> State | None:
     st = State(**fields, model=None, score=predictor(tx, fields["encoder_id"]).scorer(fields["z"]))
     kept["state"] = st
     return st
+
+
+def corrected(tx: Tx, st: State) -> State:
+    """`st` with traffic's corrections as last saved (`save_corrections`): a route from the shell and a server's
+    snapshot add the same ones. One small row; `st` itself where there are none."""
+    rows = tx.sql("SELECT payload FROM routing_states WHERE key = ?", [CORRECTIONS])
+    c = served_scores.Corrections.from_json(rows[0][0]) if rows else None
+    return dataclasses.replace(st, corrections=c) if c is not None and (c.category or c.exact) else st
+
+
+def save_corrections(tx: Tx, c: served_scores.Corrections) -> None:
+    """Traffic's corrections as they now stand, in place of the last (in the transaction that changed them)."""
+    if tx.read_only:
+        return
+    # (an upsert: two replicas landing at once on PostgreSQL must not collide on the key; the later one stays)
+    tx.sql("""INSERT INTO routing_states (key, encoder_id, payload) VALUES (?, 0, ?)
+              ON CONFLICT (key) DO UPDATE SET payload = excluded.payload""", [CORRECTIONS, c.to_json()])
 
 
 def remember(tx: Tx, st: State) -> State:

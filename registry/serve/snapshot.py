@@ -10,6 +10,7 @@ shared cache serves every snapshot (`QueryVectors`).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,6 @@ from registry.locus import text_encoder
 from registry.routing import fit as routing_fit
 from registry.routing import query_texts
 from registry.routing import state as routing_state
-from registry.traffic import corrections as traffic_corrections
 
 
 @dataclass(frozen=True)
@@ -45,20 +45,18 @@ class Snapshot:
         return [link.model for link in links if link.model in among]
 
 
-def build(reg, generation: int, previous: Snapshot | None = None, refit: bool = True,
-          corrections: traffic_corrections.Corrections | None = None) -> Snapshot:
+def build(reg, generation: int, previous: Snapshot | None = None, refit: bool = True) -> Snapshot:
     """Read the registry once (a read transaction) into a new snapshot; with `previous`, its endpoints are kept (the
     write changed models, not endpoints); without `refit`, routing's interaction terms are carried over from the
-    last fit (routing_fit.keep); `corrections`: what production outcomes add to routing (traffic/corrections.py)."""
+    last fit (routing_fit.keep). Routing takes traffic's corrections as saved (routing_state.corrected), as
+    `registry route` does."""
     with reg.store.tx() as tx:
-        st = routing_fit.keep(tx, reg.probation_setting, refit=refit)
+        st = routing_state.corrected(tx, routing_fit.keep(tx, reg.probation_setting, refit=refit))
         eps = previous.endpoints if previous is not None else endpoints.current(tx)
-    return _assemble(generation, st, eps, corrections)
+    return _assemble(generation, st, eps)
 
 
-def _assemble(generation: int, st: routing_state.State, eps: dict,
-              corrections: traffic_corrections.Corrections | None = None) -> Snapshot:
-    st = traffic_corrections.apply(st, corrections)
+def _assemble(generation: int, st: routing_state.State, eps: dict) -> Snapshot:
     vi = index.VectorIndex(st.encoder_id, index.new_index(), dict(zip(st.model_ids.tolist(), st.names)), -1)
     if len(st.names):
         vi.index.add_with_ids(np.ascontiguousarray(st.z, dtype=np.float32), st.model_ids)
@@ -73,12 +71,11 @@ class Snapshots:
 
     def __init__(self, reg):
         self._reg = reg
-        self.corrections: traffic_corrections.Corrections | None = None   # set by the writer after feedback lands
         self.current = build(reg, 0)
 
     def refresh(self, endpoints_changed: bool = True, refit: bool = False) -> Snapshot:
         self.current = build(self._reg, self.current.generation + 1,      # one reference assignment: atomic
-                             None if endpoints_changed else self.current, refit, self.corrections)
+                             None if endpoints_changed else self.current, refit)
         return self.current
 
     def add_versions(self, registered: set[str] | frozenset[str] = frozenset(), tx=None) -> Snapshot:
@@ -94,8 +91,10 @@ class Snapshots:
         """`add_versions`' next snapshot, not yet swapped in: the writer builds it in the transaction that wrote the
         versions and swaps it in (`publish`) once that has committed."""
         cur = self.current
-        return _assemble(cur.generation + 1, routing_fit.with_new_versions(tx, cur.routing, registered),
-                         cur.endpoints, self.corrections)
+        st = routing_fit.with_new_versions(tx, cur.routing, registered)
+        # (only versions changed: the corrections stay the ones routing had)
+        return _assemble(cur.generation + 1, dataclasses.replace(st, corrections=cur.routing.corrections),
+                         cur.endpoints)
 
     def publish(self, snap: Snapshot) -> Snapshot:
         self.current = snap           # one reference assignment: atomic

@@ -1,6 +1,7 @@
 """What routing takes from production outcomes, beside the re-embedded models: two terms added to a model's routing
-logit, read from the feedback (`read`) by the server's writer after each landing and put into the snapshot routes
-answer from (`apply`):
+logit, read from the feedback (`read`) and saved beside the routing state by every write that changes them
+(`refresh`: a landing, a source's setting), in that write's transaction; a route reads the saved ones
+(routing/state.py `corrected`: the server's snapshot and `registry route` alike):
 
 - after a drift event on (model, category), the model's shift on that category since the change point: logit of
   its observed rate (with PSEUDO outcomes at the expected rate) minus logit of the expected rate, over every
@@ -10,34 +11,23 @@ answer from (`apply`):
   distance 0.
 
 Both come from sources that are on, each outcome at its source's weight. A routed text's category is the one the
-registry holds for it, else its nearest reference query's."""
+registry holds for it, else its nearest reference query's (routing/served_scores.py `category_for`)."""
 from __future__ import annotations
-
-import dataclasses
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from registry.core.transaction import Tx
 from registry.locus import interaction
-from registry.routing import served_scores, state
+from registry.routing import state
+from registry.routing.served_scores import Corrections, category_for
 from registry.traffic import drift, sources
+
+__all__ = ["Corrections", "category_for", "read", "refresh", "uncorrected"]
 
 PSEUDO = 5.0          # outcomes at the expected rate, added to a drifted pair's observed rate
 GAIN = 4.0
 EXACT_PSEUDO = 2.0
 CLIP = 8.0            # the largest shift of a logit either way
-
-
-@dataclass(frozen=True)
-class Corrections:
-    category: dict = field(default_factory=dict)     # (model, category) -> logit shift
-    exact: dict = field(default_factory=dict)        # query hash -> {model: logit shift}
-    outcomes: int = 0                                # the counted outcomes they were read from
-
-    def shift(self, model: str, category: str | None, query_hash: str | None) -> float:
-        out = self.category.get((model, category), 0.0) if category is not None else 0.0
-        return out + (self.exact.get(query_hash, {}).get(model, 0.0) if query_hash is not None else 0.0)
 
 
 def _logit(p: float) -> float:
@@ -73,47 +63,12 @@ def read(tx: Tx) -> Corrections:
     return Corrections(category, exact, sum(len(s["p"]) for s in series.values()))
 
 
-@dataclass
-class CorrectedState(state.State):
-    """A routing state whose routing probabilities carry traffic's corrections, after the served policy's."""
-    corrections: Corrections = field(default_factory=Corrections)
-
-    def scores(self, qvecs: np.ndarray, hashes: list[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
-        probs, raw = super().scores(qvecs, hashes)
-        c = self.corrections
-        if hashes is None or not (c.category or c.exact):
-            return probs, raw
-        logits = interaction.logit(np.asarray(probs, dtype=np.float64))
-        for j, h in enumerate(hashes):
-            cat = category_for(self.interaction, h)
-            for i, m in enumerate(self.names):
-                d = c.shift(m, cat, h)
-                if d:
-                    logits[i, j] += d
-        return interaction.sigmoid(logits).astype(probs.dtype), raw
-
-
-def category_for(terms: served_scores.Served | None, query_hash: str) -> str | None:
-    """A routed text's category: the registry's, else its nearest reference query's (found by its route)."""
-    if terms is None:
-        return None
-    c = terms.category_of.get(query_hash)
-    if c is not None:
-        return c
-    nn = terms.nearest.get(query_hash)
-    f = terms.fitted
-    if nn is None or not len(nn) or not len(f.ref_cat):
-        return None
-    at = int(f.ref_cat[int(nn[0])])
-    return f.categories[at] if 0 <= at < len(f.categories) else None
-
-
-def apply(st: state.State, corrections: Corrections | None) -> state.State:
-    """The routing state `st` with these corrections; as it is without any."""
-    if corrections is None or not (corrections.category or corrections.exact):
-        return st
-    base = {f.name: getattr(st, f.name) for f in dataclasses.fields(state.State)}
-    return CorrectedState(**base, corrections=corrections)
+def refresh(tx: Tx) -> Corrections:
+    """Read the corrections again and save them for routes to read (in the transaction of the write that changed
+    them)."""
+    c = read(tx)
+    state.save_corrections(tx, c)
+    return c
 
 
 def uncorrected(p: float, shift: float) -> float:

@@ -4,9 +4,10 @@ routes that take outcomes back and show what they raised:
 
 - `POST /v1/feedback` (token): `{"outcomes": [{request_id, outcome, source}, ...]}` (at most MAX_OUTCOMES), or one
   outcome as the body. Landed by the writer, all or nothing (traffic/outcomes.py), with the drift test; answered
-  once durable. Then the corrections routing takes from the outcomes are read again and the next snapshot routes
-  with them; the models with new outcomes re-embed once REEMBED_OUTCOMES have come, or REEMBED_S after the first
-  one still waiting (a timer thread), through the writer too.
+  once durable. The corrections routing takes from the outcomes are saved in the landing's transaction, and the
+  next snapshot routes with them (as `registry route` does); the models with new outcomes re-embed once
+  REEMBED_OUTCOMES have come, or REEMBED_S after the first one still waiting (a timer thread), through the writer
+  too.
 - `GET /drift` (`?model=`): the drift events; `GET /feedback/sources`: the sources and their settings.
 """
 from __future__ import annotations
@@ -92,7 +93,7 @@ class Traffic:
         cut, hashes = query_texts.clean_texts([text])
         vec = self.serving.vectors(cut, hashes)[0]
         prob = next((c.prob for c in d.candidates if c.model == answered), None)
-        if prob is not None and isinstance(snap.routing, corrections.CorrectedState):
+        if prob is not None and snap.routing.corrections is not None:
             # routing's own P(correct), without traffic's shifts; and none where those shifts turned routing away
             # from its own choice: the queries another model failed on (that is why routing turned) are harder
             # than predicted for every model, and testing the model taking them over would cry drift
@@ -139,7 +140,6 @@ class Traffic:
             out.reembedded = self._reembed()
         writer = self.serving.writer
         writer.refit_every_s = max(writer.refit_every_s, REFIT_WHILE_FEEDBACK_S)
-        self.serving.snapshots.corrections = feedback_uc.corrections(reg.store)
         self._start_timer()
         return out
 

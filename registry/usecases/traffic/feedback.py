@@ -51,6 +51,7 @@ def land(store: Store, items: list[outcomes.Outcome], *, window_s: float = outco
     with store.tx() as tx:
         landed = outcomes.land(tx, items, window_s)
         events = drift_.check(tx, webhook=webhook)
+        corrections_.refresh(tx)        # what routes read, in the landing's own transaction
     return FeedbackResult(landed.outcomes, landed.correct, landed.models, landed.queries_added, events)
 
 
@@ -90,6 +91,7 @@ def set_source(store: Store, name: str, *, min_evaluations: int, weight: float |
     sources.check_setting(weight, threshold)
     with store.tx() as tx:
         src, changed = sources.set_source(tx, name, weight, threshold, enabled)
+        corrections_.refresh(tx)        # a source's weight or switch changes what they count
     return SourceResult(src, reembed(store, min_evaluations, changed) if changed else [])
 
 
@@ -101,11 +103,6 @@ def source_list(store: Store) -> list[sources.Source]:
 def drift(store: Store, model: str | None = None) -> list[drift_.Event]:
     with store.tx() as tx:
         return drift_.events(tx, model)
-
-
-def corrections(store: Store) -> corrections_.Corrections:
-    with store.tx() as tx:
-        return corrections_.read(tx)
 
 
 def outcomes_of(items: object, where: str = "outcome") -> list[outcomes.Outcome]:

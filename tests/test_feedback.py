@@ -141,6 +141,17 @@ def test_cli_file_reembeds_and_sources_switch(db_copy, upstream, tmp_path):
     with Registry(db_copy) as reg:
         assert [s.enabled for s in reg.feedback_sources() if s.name == "tests"] == [False]
     assert run_json(db_copy, "drift") == [] and run_json(db_copy, "feedback-source", "tests")[0]["outcomes"] == 4
+    # history says where each version's evidence came from: the version after the file read its outcomes, the one
+    # after the source went off does not; the text, --json and the server give the same figure
+    mine = sum(1 for _, m in answered if m == model)
+    hist = run_json(db_copy, "history", model)["versions"]
+    assert hist[-2]["evidence"]["feedback:tests"] == mine and set(hist[-1]["evidence"]) == {"imported"}
+    assert all(sum(v["evidence"].values()) == v["n_evaluations"] for v in hist)
+    assert hist[-2]["evidence"]["imported"] == hist[-1]["evidence"]["imported"] == hist[0]["n_evaluations"]
+    assert f"imported {hist[-2]['evidence']['imported']:,}, tests {mine}" in run(db_copy, "history", model).output
+    with TestClient(create_app(str(db_copy))) as c:
+        served = c.get(f"/models/{model}/history").json()["versions"]
+    assert [v["evidence"] for v in served] == [v["evidence"] for v in hist]
 
 
 def test_drift_test_fires_on_a_drop_and_rarely_without():

@@ -1,7 +1,9 @@
-"""A model's embedding versions: its history (when, why, from how many evaluations, how stable) and the difference
-between two versions (how far it moved, how its neighbours and predicted accuracy per category changed)."""
+"""A model's embedding versions: its history (when, why, from how many evaluations and where they came from, how
+stable) and the difference between two versions (how far it moved, how its neighbours and predicted accuracy per
+category changed)."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -11,7 +13,10 @@ from registry.answers.neighbours import Neighbour
 from registry.core.errors import InputError, NotFound, unknown_model
 from registry.core.transaction import Tx
 from registry.data import query_cache
-from registry.embedding import encoders, onboarding
+from registry.data.current_evaluations import newest_per_query
+from registry.embedding import embed, encoders, onboarding
+
+IMPORTED = "imported"       # evidence from imports, registrations and answers asked: not from production traffic
 
 
 @dataclass
@@ -26,6 +31,9 @@ class VersionInfo:
     stability: float | None
     digest: str
     distance_moved: float | None        # from the previous version under the same encoder
+    # where the evaluations it read came from: {"imported": n, "feedback:<source>": n, ...} (they sum to
+    # n_evaluations while the splits stand as they did)
+    evidence: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -70,9 +78,46 @@ def history(tx: Tx, name: str) -> History:
         last[enc_id] = vec
         out.append(VersionInfo(version, enc, enc_id, n, created, reason, batch,
                                None if stab is None else round(stab, 4), digest, moved))
+    for v, counts in zip(out, evidence(tx, mid)):
+        v.evidence = counts
     changes = [c for c in tidying.changes(tx) if c.model_id == mid]
     return History(name, out, None if row else next(c.created for c in reversed(changes) if c.change == "deleted"),
                    changes)
+
+
+def evidence(tx: Tx, mid: int) -> list[dict[str, int]]:
+    """For each of the model's versions (by version number), how many of the evaluations its embedding read came
+    from each feedback source and how many were imported: the read of embed.evaluation_sets again (current ones up
+    to its batch, outside the test split, capped as its encoder caps), with the sources that were off or weighed 0
+    when the version was made left out, as they were then."""
+    versions = tx.sql("""SELECT v.version, v.through_batch, e.meta::VARCHAR FROM embedding_versions v
+                         JOIN encoders e ON e.id = v.encoder_id WHERE v.model_id = ? ORDER BY v.version""", [mid])
+    if not versions:
+        return []
+    source_of = dict(tx.sql("SELECT DISTINCT batch_id, source FROM feedback WHERE model_id = ?", [mid]))
+    left_out: dict[int, set[str]] = {}
+    for version, name in tx.sql("""
+            SELECT v.version, s.name FROM embedding_versions v JOIN feedback_sources s ON s.created <= v.created
+            WHERE v.model_id = ? AND (NOT s.enabled OR s.weight = 0)
+              AND s.id = (SELECT max(g.id) FROM feedback_sources g WHERE g.name = s.name AND g.created <= v.created)
+            """, [mid]):
+        left_out.setdefault(version, set()).add(name)
+    rows = tx.numpy(f"""SELECT model_id, query_id, correct::INT AS correct, batch_id FROM evaluations
+                        WHERE model_id = {int(mid)}""")
+    batch = np.asarray(rows["batch_id"], dtype=np.int64)
+    meta = query_cache.query_meta(tx)
+    out = []
+    for version, through, enc_meta in versions:
+        off = [b for b, src in source_of.items() if src in left_out.get(version, ())]
+        keep = (batch <= through) & ~np.isin(batch, np.asarray(off, dtype=np.int64))
+        cur = newest_per_query({c: np.asarray(v)[keep] for c, v in rows.items()})
+        sel = embed.chosen(meta, meta.rows(cur["query_id"]), json.loads(enc_meta).get("embed_max_set"))
+        counts: dict[str, int] = {}
+        for b, n in zip(*np.unique(cur["batch_id"][sel], return_counts=True)):
+            key = f"feedback:{source_of[int(b)]}" if int(b) in source_of else IMPORTED
+            counts[key] = counts.get(key, 0) + int(n)
+        out.append(dict(sorted(counts.items(), key=lambda kv: (kv[0] != IMPORTED, kv[0]))))
+    return out
 
 
 def diff(tx: Tx, name: str, v1: int | None = None, v2: int | None = None, k: int = 5) -> Diff:

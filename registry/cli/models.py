@@ -184,12 +184,13 @@ def history(ctx, model, as_json):
     if as_json:
         emit_json(h)
         return
-    table([[v.version, v.created[:19], v.reason, v.n_evaluations, v.encoder,
+    table([[v.version, v.created[:19], v.reason, v.n_evaluations,
+            ", ".join(f"{k.removeprefix('feedback:')} {n:,}" for k, n in v.evidence.items()), v.encoder,
             "" if v.distance_moved is None else f"{v.distance_moved:.4f}",
             "" if v.stability is None else f"{v.stability:.3f}"] for v in h.versions],
-          ["version", "created", "reason", "used for embedding", "encoder", "moved", "stability"])
+          ["version", "created", "reason", "used for embedding", "from", "encoder", "moved", "stability"])
     click.echo("'used for embedding': the model's evaluations outside the test split when the version was made "
-               "(test answers are held out)")
+               "(test answers are held out); 'from': how many were imported, how many came from each feedback source")
     for c in h.changes:
         what = f"deleted as {c.name}" if c.change == "deleted" else f"renamed {c.name} -> {c.new_name}"
         click.echo(f"{c.created[:19]}: {what}" + (f" ({c.reason})" if c.reason else ""))

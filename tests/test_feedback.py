@@ -4,6 +4,7 @@ new version, traffic's corrections in the routes, and the drift test and its eve
 proxy through FastAPI's TestClient, a fake upstream on loopback answering right or wrong on demand."""
 from __future__ import annotations
 
+import hashlib
 import json
 
 import numpy as np
@@ -13,7 +14,7 @@ from fastapi.testclient import TestClient
 
 from registry import Registry
 from registry.serve.app import create_app
-from registry.traffic import drift
+from registry.traffic import drift, requests
 
 from .helpers import run, run_json
 from .http_tools import serving
@@ -39,9 +40,10 @@ def upstream():
 
 def texts_of(db, n: int, category: str | None = None) -> list[str]:
     with Registry(db) as reg, reg.store.tx() as tx:
-        return [t for (t,) in tx.sql("""SELECT q.text FROM queries q JOIN query_splits s ON s.query_id = q.id
-                                        WHERE s.split = 'test' AND (? IS NULL OR q.category = ?)
-                                        ORDER BY q.id LIMIT ?""", [category, category, n])]
+        # (`? IS NULL` is not asked: PostgreSQL cannot type a parameter only tested for NULL)
+        return [t for (t,) in tx.sql(f"""SELECT q.text FROM queries q JOIN query_splits s ON s.query_id = q.id
+                                         WHERE s.split = 'test' {'' if category is None else 'AND q.category = ?'}
+                                         ORDER BY q.id LIMIT ?""", ([] if category is None else [category]) + [n])]
 
 
 def with_endpoints(db, base: str) -> None:
@@ -228,3 +230,53 @@ def test_the_shell_routes_with_the_corrections_the_server_routes_with(db_copy, u
     # the same registry without the saved corrections: the shell routes some of those texts back to the model
     rows(db_copy, "DELETE FROM routing_states WHERE key LIKE 'traffic-corrections/%'")
     assert first in {run_json(db_copy, "route", t)["model"] for t in served}
+
+
+@pytest.mark.slow
+def test_feedback_on_postgres(pg_server, pg_base, upstream, tmp_path):
+    """The loop on PostgreSQL: ids from the proxy, outcomes in over HTTP and from a file, read back as rows,
+    evaluations, sources, drift events and history's evidence; a used id refused in one line, nothing stored."""
+    url = pg_server.create_db("feedback", template=pg_base)
+    try:
+        base, _ = upstream
+        with_endpoints(url, base)
+        texts = texts_of(url, 4)
+        with TestClient(create_app(url, traffic={"window_s": 3600})) as c:
+            answered = [ask(c, t) for t in texts]
+            ids = [r.headers["x-registry-request-id"] for r in answered]
+            r = c.post("/v1/feedback", json={"outcomes": [{"request_id": ids[0], "outcome": 1, "source": "grader"},
+                                                          {"request_id": ids[1], "outcome": 0.25, "source": "thumbs"}]})
+            assert r.status_code == 200 and r.json()["stored"] == 2 and r.json()["correct"] == 1, r.text
+            r = c.post("/v1/feedback", json={"outcomes": [{"request_id": ids[2], "outcome": 1},
+                                                          {"request_id": ids[0], "outcome": 0}]})
+            assert r.status_code == 409 and "outcome 2: request" in r.json()["error"]["message"]
+            assert {s["name"]: s["outcomes"] for s in c.get("/feedback/sources").json()} == {"grader": 1, "thumbs": 1}
+            assert c.get("/drift").json() == [] and c.get("/drift", params={"model": "gemma-7b"}).json() == []
+        path = tmp_path / "outcomes.jsonl"
+        path.write_text("".join(json.dumps({"request_id": i, "outcome": o, "source": "file"}) + "\n"
+                                for i, o in ((ids[2], 1), (ids[3], False))))
+        got = run_json(url, "feedback", "--file", path)
+        assert got["outcomes"] == 2 and got["reembedded"]
+        stored = [tuple(r) for r in rows(url, "SELECT request_id, outcome, correct, source FROM feedback")]
+        assert sorted(stored) == sorted([(ids[0], 1.0, True, "grader"), (ids[1], 0.25, False, "thumbs"),
+                                         (ids[2], 1.0, True, "file"), (ids[3], 0.0, False, "file")])
+        assert rows(url, """SELECT count(*) FROM evaluations e JOIN query_splits s ON s.query_id = e.query_id
+                            WHERE s.split = 'production'""")[0][0] == 4
+        model = answered[3].headers["x-registry-model"]
+        mine = sum(1 for a in answered[2:] if a.headers["x-registry-model"] == model)
+        assert run_json(url, "history", model)["versions"][-1]["evidence"]["feedback:file"] == mine
+        assert run_json(url, "drift") == [] and run_json(url, "drift", "--model", model) == []
+        # twelve wrong outcomes where routing predicted 0.9 (records as the proxy's writer appends them): an event
+        with Registry(url) as reg, reg.store.tx() as tx:
+            vecs = np.random.default_rng(0).standard_normal((12, 384)).astype(np.float32)
+            recs = [requests.Record(requests.new_id(), model, model, "math", hashlib.sha256(b"%d" % i).hexdigest(),
+                                    None, requests.vector_bytes(v / np.linalg.norm(v)), 0.9)
+                    for i, v in enumerate(vecs)]
+            requests.append(tx, recs)
+        path.write_text("".join(json.dumps({"request_id": r.id, "outcome": 0}) + "\n" for r in recs))
+        assert [(e["model"], e["category"]) for e in run_json(url, "feedback", "--file", path)["events"]] == \
+            [(model, "math")]
+        shown = run_json(url, "drift", "--model", model)
+        assert len(shown) == 1 and shown[0]["evidence"]["outcomes"] >= 10 and shown[0]["drop"] > 0.5
+    finally:
+        pg_server.admin('DROP DATABASE "feedback"')

@@ -148,7 +148,7 @@ def land(tx: Tx, items: list[Outcome], window_s: float = WINDOW_S) -> Landed:
                [list(cols[1]), list(cols[2]), list(cols[5]), batch])
         tx.sql("""INSERT INTO feedback (request_id, model_id, query_id, batch_id, source, outcome, correct)
                   SELECT unnest(?::VARCHAR[]), unnest(?::INTEGER[]), unnest(?::INTEGER[]), ?, ?,
-                         unnest(?::DOUBLE[]), unnest(?::BOOLEAN[])""",
+                         unnest(?::DOUBLE PRECISION[]), unnest(?::BOOLEAN[])""",
                [list(cols[0]), list(cols[1]), list(cols[2]), batch, source, list(cols[4]), list(cols[5])])
         out.batches.append(batch)
     tx.invalidate("evaluated_models")

@@ -5,7 +5,7 @@
 On a copy of the registry: a claim of gpt-4o-2024-05-13 on a fake upstream that answers every request in 30 s, then
 `registry serve --token`; two `POST /models/X/verify` at the schema's largest values (the budget's two slots; a third
 is refused) run while `--clients` client threads send, for `--seconds`, a mix of registrations (`POST /models`, 64
-answers, a new name each), reads (`GET /models`, `/stats`, `/models/X/similar`) and pages (`/`, `/ui/models/X`),
+answers of its own, a new name each), reads (`GET /models`, `/stats`, `/models/X/similar`) and pages (`/`, `/ui/models/X`),
 each timed. Then: the server's threads and RSS against before the asking (a warm server: one request of each kind
 made first), and SIGTERM to exit (both verifies still asking). Prints one table. (A client that hangs up stops its asking within 5 s: tests/test_asking_budget.py.)
 """
@@ -110,8 +110,10 @@ def main() -> None:
             kind = ("registration", "read", "read", "page")[k % 4]
             t0 = time.monotonic()
             if kind == "registration":
+                # (answers of its own: a copy of an earlier registration's is recorded as its alias)
+                own = np.random.default_rng([i, k]).integers(0, 2, len(qids))
                 r = c.post("/models", headers=AUTH, json={"name": f"load-{i}-{k}", "evaluations": [
-                    {"question_id": q, "correct": (j + k) % 2} for j, q in enumerate(qids)]})
+                    {"question_id": q, "correct": int(own[j])} for j, q in enumerate(qids)]})
             elif kind == "read":
                 r = c.get(("/models", "/stats", f"/models/{X}/similar")[k % 3])
             else:

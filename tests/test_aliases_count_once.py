@@ -67,3 +67,30 @@ def test_the_every_eval_ever_round_trip_keeps_which_name_is_the_alias(db_copy, s
         from registry.answers import catalog
         assert catalog.aliases(tx).get(f"{MODEL}-copy", (None,))[0] == MODEL
         assert MODEL not in catalog.aliases(tx)
+
+
+@pytest.mark.slow
+def test_a_copy_registered_through_the_server_is_no_contender_once_answered(db_copy, small_data):
+    """The server takes a registration's version into routing at once; when the answers say it is a copy, the alias
+    is recorded and routing rebuilt without it before the registration answers: no route lists it after."""
+    from fastapi.testclient import TestClient
+
+    from registry.serve.app import create_app
+
+    auth = {"Authorization": "Bearer t0ken"}
+    rows = [{"question_id": q, "correct": c} for q, c in results_of(small_data, MODEL)]
+    with Registry(db_copy) as reg, reg.store.tx() as tx:
+        text = tx.sql("SELECT text FROM queries ORDER BY id LIMIT 1")[0][0]
+    with TestClient(create_app(str(db_copy), token="t0ken")) as c:
+        before = c.post("/route", json={"text": text}).json()
+        r = c.post("/models", json={"name": "served-copy", "evaluations": rows}, headers=auth)
+        assert r.status_code == 200 and r.json()["alias_of"] == MODEL, r.text
+        after = c.post("/route", json={"text": text}).json()
+        own = c.post("/models", json={"name": "served-own", "evaluations": [
+            {**x, "correct": 1 - x["correct"] if i % 4 == 3 else x["correct"]} for i, x in enumerate(rows)]},
+            headers=auth)
+        assert own.status_code == 200 and own.json()["alias_of"] is None, own.text
+        later = c.post("/route", json={"text": text}).json()
+    assert "served-copy" not in {x["model"] for x in after["candidates"] + later["candidates"]}
+    assert [x["model"] for x in after["candidates"]] == [x["model"] for x in before["candidates"]]
+    assert "served-own" in {x["model"] for x in later["candidates"]}        # (a model of its own is one)

@@ -208,3 +208,26 @@ def test_a_registration_refits_and_says_so_and_the_route_after_it_only_reads(db_
     after = run(db_copy, "route", text)
     assert after.exit_code == 0 and "routing state" not in after.stderr, after.stderr
     assert [k for k, *_ in saved_rows(db_copy)] == [key]      # read, not built again
+
+
+def test_a_refit_after_a_registration_on_probation_reads_no_dataset(db_copy, small_data, tmp_path, monkeypatch):
+    """In one process (a server's refits), a registration that leaves the candidates as they were gives the same
+    contenders and inputs: the refit takes the kept fit without reading the [models, queries] dataset again."""
+    from registry.embedding import dataset as dataset_module
+    from tests.helpers import invented
+
+    with Registry(db_copy) as reg:
+        with reg.store.tx() as tx:
+            first = fit.keep(tx, refit=True)
+        reads = []
+        real = dataset_module.dataset
+        monkeypatch.setattr(dataset_module, "dataset", lambda tx: reads.append(1) or real(tx))
+        reg.register("thin", str(invented(small_data, tmp_path, n=40)))          # on probation: no candidate
+        with reg.store.tx() as tx:
+            after = fit.keep(tx, refit=True)
+        assert "thin" in after.names and after.interaction.fitted is first.interaction.fitted
+        assert reads == []
+        reg.register("strong", str(invented(small_data, tmp_path, n=160, wrong_at=6)))   # a candidate: read, fit
+        with reg.store.tx() as tx:
+            fit.keep(tx, refit=True)
+        assert reads

@@ -296,18 +296,24 @@ def _fit(tx: Tx, key: tuple, model, *, z: np.ndarray, model_ids: np.ndarray, ver
     too, so a registration scores only its new version."""
     from registry.embedding.dataset import dataset, query_labels
 
+    # the same candidates (the same versions), encoder and splits give the same contenders and inputs: a model
+    # joining on probation is no candidate, and its registration then needs neither the dataset nor a fit
+    by_candidates = tx.section("routing inputs by candidates")
+    eligible = np.flatnonzero(evidence.candidates(ev))         # (positions too: the terms' rows are positions)
+    same = (key[0], key[3], tuple(eligible.tolist()), tuple(version_ids[eligible].tolist()))
+    done = tx.section("routing fits by inputs")
+    if by_candidates.get(same) in done:
+        return _served(tx, by_candidates[same], done[by_candidates[same]], key)
     try:
         data = dataset(tx)
     except RegistryError:                               # no splits: the predictor alone
         data = None
-    out = None
     if data is not None and len(data.splits["train"]) and len(data.splits["val"]) and len(model_ids):
         pos = {int(m): i for i, m in enumerate(data.model_ids)}
         correct = data.correct[[pos[int(m)] for m in model_ids]]
         tr, va = data.splits["train"], data.splits["val"]
         rows = interaction.contenders(correct, tr, va, evidence.candidates(ev))
         inputs = _fit_inputs(key[0], rows, model_ids, version_ids, data, correct)
-        done = tx.section("routing fits by inputs")
         taken = done.get(inputs) or _saved_fit(tx, inputs)
         if taken is None:
             kept = tx.section("routing predictions")  # (encoder, queries, version) -> the predictor's P(correct) row
@@ -327,6 +333,17 @@ def _fit(tx: Tx, key: tuple, model, *, z: np.ndarray, model_ids: np.ndarray, ver
             if len(done) >= FITS_KEPT:
                 done.clear()
             done[inputs] = taken
+        if len(by_candidates) >= FITS_KEPT:
+            by_candidates.clear()
+        by_candidates[same] = inputs
+        return _served(tx, inputs, taken, key)
+    return _served(tx, None, None, key)
+
+
+def _served(tx: Tx, inputs: str | None, taken: tuple | None, key: tuple) -> served_scores.Served | None:
+    """A fit (`taken`: the terms and the policy, from `inputs`) as routing serves it, kept per `key`; None: none."""
+    out = None
+    if taken is not None and inputs is not None:
         fitted, policy = taken
         by_hash = dict(tx.sql("SELECT content_hash, coalesce(category, '(none)') FROM queries"))
         out = served_scores.Served(fitted, by_hash, inputs=inputs)

@@ -63,6 +63,7 @@ def rows(db, sql: str) -> list:
         return tx.sql(sql)
 
 
+@pytest.mark.slow   # (an app with a fake upstream, onboarding: seconds)
 def test_ids_outcomes_and_refusals(db_copy, upstream):
     base, _ = upstream
     with_endpoints(db_copy, base)
@@ -102,6 +103,7 @@ def test_ids_outcomes_and_refusals(db_copy, upstream):
     assert len(kept) == 3 and all(t is None and v and p is not None and n == 12 for t, v, p, n in kept)
 
 
+@pytest.mark.slow   # (an app with a fake upstream, onboarding: seconds)
 def test_window_and_kept_texts(db_copy, upstream):
     base, _ = upstream
     with_endpoints(db_copy, base)
@@ -114,6 +116,7 @@ def test_window_and_kept_texts(db_copy, upstream):
     assert rows(db_copy, "SELECT count(*) FROM feedback")[0][0] == 0
 
 
+@pytest.mark.slow   # (an app with a fake upstream, onboarding: seconds)
 def test_cli_file_reembeds_and_sources_switch(db_copy, upstream, tmp_path):
     base, _ = upstream
     with_endpoints(db_copy, base)
@@ -168,6 +171,7 @@ def test_drift_test_fires_on_a_drop_and_rarely_without():
     assert drift.false_alarm_rate(p, runs=50) < 1.0       # per 10,000 outcomes, predictions right
 
 
+@pytest.mark.slow   # (an app with a fake upstream, onboarding: seconds)
 def test_a_dropped_model_is_caught_and_routed_around(db_copy, upstream):
     """One model turns wrong on a category: the outcomes raise an event naming it and that category, and routing
     moves that category's requests to other models."""

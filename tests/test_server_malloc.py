@@ -48,6 +48,7 @@ def retained(mode: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow   # (a fresh process filling and freeing 96 MB: seconds)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc: Linux")
 def test_freed_arrays_go_back_to_the_system():
     plain = retained("plain")

@@ -63,6 +63,8 @@ def test_the_data_driven_minimum(monkeypatch):
     assert evidence.from_counts([10829] * 31) == 500                           # the full benchmark: 500, as ever
     assert evidence.from_counts([270] * 31) == 135                             # a 300-question slice
     assert evidence.from_counts([270] * 31 + [20] * 40) == 135                 # small models do not lower the bar
+    assert evidence.from_counts([12000] * 31 + [64] * 200) == 500               # nor do many of them
+    assert evidence.from_counts([12000] * 5 + [64] * 200) == 500
     assert evidence.probation_min(None, counts=[270] * 31) == 135 and evidence.probation_min(7, counts=[270]) == 7
     monkeypatch.setenv("REGISTRY_PROBATION_MIN", "9")
     assert evidence.probation_min(None, counts=[270] * 31) == 9

@@ -65,8 +65,8 @@ class RegistryGroup(click.Group):
                    "(default: $REGISTRY_DB, else registry.duckdb).")
 @click.option("--probation-min", type=click.IntRange(min=0), default=None,
               help="Fewest evaluations behind a model's embedding for routing to choose it unasked (default: the "
-                   "smaller of 500 and half the median count behind the better-known half of the embeddings; or "
-                   "set REGISTRY_PROBATION_MIN).")
+                   "smaller of 500 and half the median count behind the best-known embeddings, those holding half "
+                   "the evaluations; or set REGISTRY_PROBATION_MIN).")
 @click.version_option(package_name="locus-registry", prog_name="registry")
 @click.pass_context
 def cli(ctx: click.Context, db: str | None, probation_min: int | None) -> None:

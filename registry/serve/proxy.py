@@ -126,7 +126,9 @@ def mount(app: FastAPI, serving, deadlines: connections.UpstreamDeadlines | None
             {"id": m, "object": "model", "owned_by": "registry"} for m in serving.snapshots.current.endpoints]}
 
     # with a token, only its holders may spend the endpoints' API keys (OpenAI clients send it as their key)
-    @app.post("/v1/chat/completions", dependencies=[Depends(require_token)])
+    @app.post("/v1/chat/completions", dependencies=[Depends(require_token)], responses={200: {"content": {
+        "application/json": {}, "text/event-stream": {"schema": {"type": "string"}}},
+        "description": "the completion; with `stream`, server-sent events ending in `data: [DONE]`"}})
     async def chat(request: ChatRequest, cost_weight: float | None = Query(None, ge=0),
                    min_prob: float | None = Query(None, ge=0, le=1),
                    cost_by: Literal["cost", "params"] | None = Query(None)):

@@ -109,10 +109,13 @@ class EndpointBody(BaseModel):
 
 # {name:path}: a name may hold "/" (Hugging Face's org/model), so the routes with a suffix come before the bare
 # one, which would otherwise take "org/model/history" as a name (the app includes the other suffixes' router first)
+MAX_OFFSET = 2 ** 53          # (a page's offset: past any registry, within what the database takes)
+
+
 @models_router.get("/models")
 def models(request: Request, s: ServerState = Depends(server),
            limit: Annotated[int, Query(ge=0, le=MODEL_PAGE_MAX)] = MODEL_PAGE,
-           offset: Annotated[int, Query(ge=0)] = 0):
+           offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0):
     """A page of the models, by name (`limit` from `offset`): the total in `x-total-count`, the next page in `Link`
     (as GitHub's API pages)."""
     page = s.registry.models(limit=limit, offset=offset)

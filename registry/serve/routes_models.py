@@ -62,7 +62,7 @@ class AskBody(BaseModel):
 class ClaimBody(BaseModel):
     model_config = ConfigDict(strict=True)
     base_url: str = Field(json_schema_extra=shapes.BASE_URL_SCHEMA)
-    name: shapes.ModelName | None = None
+    name: shapes.ModelName | None = Field(None, min_length=1)      # (its schema's minLength, enforced)
     upstream_model: shapes.ModelName | None = None
     api_key_env: str | None = Field(None, json_schema_extra={"pattern": ENV_NAME})
     reference: bool = False

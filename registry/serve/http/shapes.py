@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from pydantic import BeforeValidator, Field, WithJsonSchema
+from pydantic import BeforeValidator, WithJsonSchema
 from pydantic.json_schema import JsonDict
 
 from registry.data import endpoints
@@ -31,7 +31,7 @@ def _whole(value):
 
 
 WholeNumber = Annotated[int, BeforeValidator(_whole)]
-ModelName = Annotated[str, Field(min_length=1), WithJsonSchema(NAME_SCHEMA)]
+ModelName = Annotated[str, WithJsonSchema(NAME_SCHEMA)]
 Text = Annotated[str, WithJsonSchema({"type": "string", "pattern": NOT_BLANK,
                                       "description": "a query text: not empty, not only space"})]
 QuestionId = Annotated[str, WithJsonSchema({

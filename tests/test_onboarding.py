@@ -101,7 +101,7 @@ def test_stability_follows_the_version_and_a_missing_one_is_made_later(any_db, s
             s = embed.evaluation_sets(tx, [mid], 10 ** 9, meta.get("embed_max_set"))[mid]
             za, zb = (embed.compute(tx, model, [embed.EvalSet(mid, s.query_ids[h], s.y[h], "")])[0]
                       for h in embed.halves(s))
-        assert abs(float(np.linalg.norm(za - zb)) - estimates[o.version_id]) < 1e-5
+        assert abs(embed.stability(za, zb, s.n) - estimates[o.version_id]) < 1e-5
 
 
 def test_register_embeds_and_reports_neighbours(any_db, small_data, tmp_path):
@@ -223,14 +223,14 @@ def test_sigkill_during_import_and_onboarding(db_copy, small_data, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fuse_max, passes", [(64, 1), (0, 2)])
-def test_streamed_onboarding_matches_the_per_model_forward_pass(small_data, tmp_path, monkeypatch, fuse_max, passes):
+@pytest.mark.parametrize("sample", [2048, 64])
+def test_streamed_onboarding_matches_the_per_model_forward_pass(small_data, tmp_path, monkeypatch, sample):
     """Onboarding streams models through in chunks of evaluations and gathers each batch's rows from the shared
-    query projections, the stability halves in the same pass (a few models) or in a pass of their own after the
-    versions (a bulk import). Every stored vector must still be what the plain per-model path gives: the model's own
-    non-test evaluations (read here with SQL), their query vectors through `LocusModel.embed`, one set alone; and
-    what the old batching gave (all sets padded to a multiple of 64, masked, one batch). Digests and stability
-    estimates too."""
+    query projections, the stability halves in the same pass (halves of the whole set, or, past STABILITY_SAMPLE
+    evaluations, of a sample of that many, their distance scaled by sqrt(sample / n)). Every stored vector must
+    still be what the plain per-model path gives: the model's own non-test evaluations (read here with SQL), their
+    query vectors through `LocusModel.embed`, one set alone; and what the old batching gave (all sets padded to a
+    multiple of 64, masked, one batch). Digests and stability estimates too."""
     import hashlib
 
     import torch
@@ -246,13 +246,13 @@ def test_streamed_onboarding_matches_the_per_model_forward_pass(small_data, tmp_
             yield found
     monkeypatch.setattr(embed, "CHUNK_ROWS", 400)          # about 3 of the slice's models per chunk
     monkeypatch.setattr(onboarding, "chunked_sets", spy)
-    monkeypatch.setattr(onboarding, "FUSE_STABILITY_MAX", fuse_max)
+    monkeypatch.setattr(embed, "STABILITY_SAMPLE", sample)
     db = tmp_path / "streamed.duckdb"
     with Registry(db) as reg:
         reg.import_files(directory=str(small_data))
         with reg.store.tx() as tx:
             model, _ = encoders.load(tx, encoders.active_id(tx))
-    assert len(chunks) >= 10 * passes and sum(chunks) == 31 * passes      # every pass streamed in many chunks
+    assert len(chunks) >= 10 and sum(chunks) == 31          # one pass, streamed in many chunks
     con = duckdb.connect(str(db), read_only=True)
     stored = con.execute("""SELECT m.name, v.vector, v.digest, v.n_evaluations, s.stability FROM embedding_versions v
                             JOIN models m ON m.id = v.model_id JOIN version_stability s ON s.version_id = v.id
@@ -285,13 +285,16 @@ def test_streamed_onboarding_matches_the_per_model_forward_pass(small_data, tmp_
         assert (dig, n) == (ref_digest, len(y)), name
         np.testing.assert_allclose(np.asarray(vector, np.float32), alone(q, y), atol=1e-6, err_msg=name)
         np.testing.assert_allclose(np.asarray(vector, np.float32), old_batch[i], atol=1e-6, err_msg=name)
-        a, b = np.split(np.random.default_rng(int(dig[:16], 16)).permutation(len(y)), [len(y) // 2])
-        assert abs(stability - float(np.linalg.norm(alone(q[a], y[a]) - alone(q[b], y[b])))) < 1e-5, name
+        m = min(len(y), sample)
+        a, b = np.split(np.random.default_rng(int(dig[:16], 16)).permutation(len(y))[:m], [m // 2])
+        expected = float(np.linalg.norm(alone(q[a], y[a]) - alone(q[b], y[b]))) * (m / len(y)) ** 0.5
+        assert abs(stability - expected) < 1e-5, name
 
 
 def test_long_sets_embed_unpadded_and_as_alone(base_db):
-    """Sets of LONG_SET rows or more go unpadded and unmasked (batched only with sets of their own length), drawn
-    as row numbers into a shared table: each z still equals that set's plain forward pass alone."""
+    """Sets of LONG_SET rows or more go alone, unpadded and unmasked, drawn as row numbers into a shared table, on
+    one lane or several at once (bulk work, a thread each): each z still equals that set's plain forward pass
+    alone."""
     import torch
 
     from registry.data import query_cache
@@ -304,9 +307,12 @@ def test_long_sets_embed_unpadded_and_as_alone(base_db):
     rng = np.random.default_rng(3)
     lengths = [embed.LONG_SET + 40, embed.LONG_SET + 40, embed.LONG_SET + 200, 300, 90]
     sets = [(rng.integers(0, len(qmat), n), (rng.random(n) < 0.6).astype(np.float32)) for n in lengths]
-    z = embed.embed_sets(model, sets, table=qmat)
-    for (rows, y), got in zip(sets, z):
-        with torch.no_grad():
-            want = model.embed(torch.from_numpy(qmat[rows])[None], torch.from_numpy(y)[None],
-                               torch.ones(1, len(y), dtype=torch.bool))[0].numpy()
-        np.testing.assert_allclose(got, want, atol=1e-6)
+    threads = torch.get_num_threads()
+    for lanes in (1, 2, 3):
+        z = embed.embed_sets(model, sets, table=qmat, lanes=lanes)
+        assert torch.get_num_threads() == threads                    # (lanes run on one thread each, then back)
+        for (rows, y), got in zip(sets, z):
+            with torch.no_grad():
+                want = model.embed(torch.from_numpy(qmat[rows])[None], torch.from_numpy(y)[None],
+                                   torch.ones(1, len(y), dtype=torch.bool))[0].numpy()
+            np.testing.assert_allclose(got, want, atol=2e-6)

@@ -10,6 +10,7 @@ recomputed and checked (`onboarding.recompute`).
 """
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 from dataclasses import dataclass
 
@@ -110,24 +111,27 @@ def digest(external_ids, correct) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-# rows per padded batch of the forward pass; a set this long or longer is embedded in a batch of sets of its own
-# length only, unpadded and unmasked (padding buys nothing once one set fills the cores, and the masked attention
-# costs more than the unmasked one)
+# rows per padded batch of the forward pass; a set this long or longer is embedded alone, unpadded and unmasked
+# (padding buys nothing once one set fills a core, the masked attention costs more than the unmasked one, and one
+# set of 8,800 rows runs 1.3x faster a row than seven in one batch: what a batch touches stays in the caches)
 BUDGET = 1 << 16
 LONG_SET = 2048
 
 
 def embed_sets(model, sets: list[tuple[np.ndarray, np.ndarray]], budget: int = BUDGET,
-               projected: bool = False, table: np.ndarray | None = None) -> np.ndarray:
+               projected: bool = False, table: np.ndarray | None = None, lanes: int = 1) -> np.ndarray:
     """Embed many sets in batches. sets: [(q [n,Dq], y [n])] -> z [len(sets), D] float32; with `projected`, each
     set brings its rows' input projections instead of query vectors: [(PS [n,2,D], y [n])] (see `projections`).
     With `table` ([R,Dq] query vectors, or [R,2,D] projections with `projected`), a set brings row numbers into it
     instead, [(rows [n] int, y [n])], and a batch gathers its rows only when it runs: many sets then share the
     table, and no per-evaluation copy of a vector exists outside the batch being embedded.
 
-    Largest first; sets of one length share a batch unpadded; shorter sets that vary pad to their batch's first set
-    (down to a quarter of its length), masked. Versions are float32: the same set embedded in another batch differs
-    by under 1e-6 (float32 sums in another order), the tolerance `recompute` is checked to.
+    Largest first; a set of LONG_SET rows or more is a batch of its own; shorter sets of one length share a batch
+    unpadded, and shorter sets that vary pad to their batch's first set (down to a quarter of its length), masked.
+    With `lanes` > 1 (bulk work), torch runs that many batches at once, each on one thread of its own (on 2 cores
+    1.4x one batch on 2 threads), and a long set reads its first layer from `_first_rows`. Versions are float32:
+    the same set embedded in another batch or way differs by under 2e-6 (float32 sums in another order), the
+    tolerance `recompute` is checked to.
 
     A few sets (a registration, `similar --evals`, a server's onboarding) run in numpy, without importing torch;
     bulk work (an import's onboarding, a re-embedding) runs in torch, about twice numpy's speed on 2 cores there."""
@@ -139,27 +143,75 @@ def embed_sets(model, sets: list[tuple[np.ndarray, np.ndarray]], budget: int = B
         model = model.torch_model()
     import torch
 
+    first = _first_rows(model, sets, length, table) if projected and table is not None else None
+
+    def run(part: list[int]) -> np.ndarray:
+        with torch.no_grad():
+            return _embed_batches(model, [sets[i] for i in part], [length[i] for i in part], budget=budget,
+                                  projected=projected, table=table, as_input=torch.from_numpy, first=first)
+    if lanes <= 1 or len(sets) < 2:
+        return run(list(range(len(sets))))
+    parts: list[list[int]] = [[] for _ in range(min(lanes, len(sets)))]
+    rows = [0] * len(parts)
+    for i in sorted(range(len(sets)), key=lambda i: -length[i]):        # each set to the lane with fewest rows
+        lane = rows.index(min(rows))
+        parts[lane].append(i)
+        rows[lane] += length[i]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        futures = [_lanes.submit(run, part) for part in parts[1:]]
+        z = np.zeros((len(sets), model.cfg.d_model), dtype=np.float32)
+        z[parts[0]] = run(parts[0])
+        for part, future in zip(parts[1:], futures):
+            z[part] = future.result()
+    finally:
+        torch.set_num_threads(threads)
+    return z
+
+
+_lanes = concurrent.futures.ThreadPoolExecutor(max_workers=7, thread_name_prefix="registry-encoder-lane")
+
+
+def _first_rows(model, sets, length, table: np.ndarray):
+    """For the long sets among `sets` (rows into the projection `table`): (the distinct table rows they read
+    [U], LocusModel.first_rows of them flattened to [U*2,4,D], row u with y at 2u+y), or None without long sets.
+    A long set then reads its rows there (`embed_rows`): 1.4x the plain forward pass a row, vectors within 2e-6."""
+    import torch
+
+    long_sets = [sets[i][0] for i in range(len(sets)) if length[i] >= LONG_SET]
+    if not long_sets:
+        return None
+    used = np.unique(np.concatenate(long_sets))
     with torch.no_grad():
-        return _embed_batches(model, sets, length, budget=budget, projected=projected, table=table,
-                              as_input=torch.from_numpy)
+        proj = torch.from_numpy(np.ascontiguousarray(table[used]))                # [U,2,D]
+        rows = model.first_rows(proj[:, 0], proj[:, 1])                          # [U,2,4,D]
+    return used, rows.reshape(-1, *rows.shape[2:])
 
 
 # rows in one call up to which numpy embeds: about 40 average sets, where numpy and torch take alike
 NUMPY_ROWS = 1 << 15
 
 
-def _embed_batches(model, sets, length, *, budget, projected, table, as_input) -> np.ndarray:
-    """embed_sets' batching, with the model's own array type (`as_input`: numpy -> its input)."""
+def _embed_batches(model, sets, length, *, budget, projected, table, as_input, first=None) -> np.ndarray:
+    """embed_sets' batching, with the model's own array type (`as_input`: numpy -> its input); `first`: what
+    `_first_rows` gave for these sets, where long sets are read."""
     order = sorted(range(len(sets)), key=lambda i: -length[i])
     z = np.zeros((len(sets), model.cfg.d_model), dtype=np.float32)
     start = 0
     while start < len(order):
         width = max(1, length[order[start]])
         end = start + 1
-        while (end < len(order) and (end - start + 1) * width <= budget
-               and (length[order[end]] == width or (width < LONG_SET and 4 * length[order[end]] >= width))):
+        while (end < len(order) and width < LONG_SET and (end - start + 1) * width <= budget
+               and (length[order[end]] == width or 4 * length[order[end]] >= width)):
             end += 1
         chunk = order[start:end]
+        if first is not None and width >= LONG_SET:                       # one set alone, unpadded
+            rows, y_set = sets[chunk[0]]
+            at = np.searchsorted(first[0], rows) * 2 + (np.asarray(y_set) > 0.5)
+            z[chunk] = np.asarray(model.embed_rows(first[1][as_input(at)][None]))
+            start = end
+            continue
         shape = table.shape[1:] if table is not None else sets[chunk[0]][0].shape[1:]
         x = np.zeros((len(chunk), width, *shape), dtype=np.float32)          # [B,N,Dq] | [B,N,2,D]
         y = np.zeros((len(chunk), width), dtype=np.float32)                  # [B,N]
@@ -175,11 +227,25 @@ def _embed_batches(model, sets, length, *, budget, projected, table, as_input) -
     return z
 
 
+# evaluations read by a stability estimate at most: a larger set's halves come from a digest-seeded sample of this
+# many, and their distance is scaled by sqrt(STABILITY_SAMPLE / n), the 1/n law of an embedding's variance that
+# locus/evidence.py's shrinkage assumes. On the 31 MMLU-Pro models (about 10,800 each) the scaled figure's median
+# ratio to the full halves' is 1.00 (bench/stability_sample.py); the halves then cost 2,048 rows, not n.
+STABILITY_SAMPLE = 2048
+
+
 def halves(es: EvalSet) -> tuple[np.ndarray, np.ndarray]:
-    """Two disjoint random halves of a set, seeded by its digest (so stability is reproducible)."""
+    """Two disjoint random halves of a set (of its first STABILITY_SAMPLE in a random order), seeded by its digest
+    (so stability is reproducible)."""
     rng = np.random.default_rng(int(es.digest[:16], 16))
     perm = rng.permutation(es.n)
-    return perm[: es.n // 2], perm[es.n // 2:]
+    m = min(es.n, STABILITY_SAMPLE)
+    return perm[: m // 2], perm[m // 2: m]
+
+
+def stability(z_half: np.ndarray, z_other: np.ndarray, n: int) -> float:
+    """A set's stability from the embeddings of its `halves`: their distance, scaled to the whole set's n."""
+    return float(np.linalg.norm(z_half - z_other) * np.sqrt(min(n, STABILITY_SAMPLE) / max(n, 1)))
 
 
 def projected_inputs(tx: Tx, model, sets: list[EvalSet]) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:

@@ -11,6 +11,7 @@ are seeded by the digest, so it is reproducible too) is estimated just after, in
 from __future__ import annotations
 
 import concurrent.futures
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +30,9 @@ from registry.embedding.embed import (
     evaluation_sets,
     halves,
     projected_inputs,
+)
+from registry.embedding.embed import (
+    stability as stability_of,
 )
 
 
@@ -89,6 +93,8 @@ class NewVersion:
 
 
 _worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="registry-encoder")
+# bulk forward passes run this many sets at once, a core each (embed_sets' lanes)
+LANES = max(1, min(os.cpu_count() or 1, 8))
 
 
 class _Forward:
@@ -110,7 +116,8 @@ class _Forward:
         if keys and self.inline:
             self.z.update(zip(keys, embed_sets(self.model, inputs, projected=True, table=proj)))
         elif keys:
-            self.running = (keys, _worker.submit(embed_sets, self.model, inputs, projected=True, table=proj))
+            self.running = (keys, _worker.submit(embed_sets, self.model, inputs, projected=True, table=proj,
+                                                 lanes=LANES))
 
     def wait(self) -> None:
         if self.running is not None:
@@ -119,7 +126,7 @@ class _Forward:
             self.z.update(zip(keys, future.result()))
 
 
-FUSE_STABILITY_MAX = 64     # models: up to this many, their stability halves ride along with their versions
+INLINE_MAX = 64             # models: up to this many (a server's registrations), embedded on the calling thread
 FEW_ROWS = 16               # rows: up to this many are inserted as VALUES rather than through an Arrow table
 ONE_READ_MAX = 8            # models: up to this many (and fused), their evaluations are read in one chunk
 
@@ -127,10 +134,9 @@ ONE_READ_MAX = 8            # models: up to this many (and fused), their evaluat
 def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool = False,
                 stability: bool = False, prepared: dict[str, Prepared] | None = None) -> list[JobOutcome]:
     """Finish every pending job (and with `all_models`, re-embed every model) in one batched pass; with
-    `stability`, and at most FUSE_STABILITY_MAX models to embed, each new version's stability estimate too, from
-    the same read of its evaluations (its two halves ride along in the same forward passes; the same figure
-    `estimate_stability` gives). A server's registrations take that path; a bulk import commits and indexes its
-    versions first, and `estimate_stability` follows (the halves cost as much again as the versions).
+    `stability`, each new version's stability estimate too, from the same read of its evaluations (its two halves
+    ride along in the same forward passes, at most STABILITY_SAMPLE rows beside the set's n; the same figure
+    `estimate_stability` gives), so that a bulk import reads its evaluations once.
     `prepared` ({model name: Prepared}): embeddings computed ahead, used where their digest matches the set read.
 
     This is every onboarding's hot path, so it reads little: the jobs, the models' versions, their evaluations.
@@ -156,7 +162,6 @@ def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool
             return list(done_elsewhere.values())
     model, meta = encoders.load(tx, encoder_id)
     model_ids = sorted({j[1] for j in jobs})
-    stability = stability and len(model_ids) <= FUSE_STABILITY_MAX
     newest_job = {m: (reason, batch) for _, m, reason, batch in jobs}     # jobs are oldest first: the newest wins
     states = model_states(tx, model_ids)
     names = {m: states[m].name for m in model_ids}
@@ -166,7 +171,7 @@ def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool
     # per model (evaluations, digest, newest batch among them: what `recompute` reads up to); the sets themselves
     # live only as long as their chunk
     sets: dict[int, tuple[int, str, int]] = {}
-    forward = _Forward(tx, model, inline=stability)
+    forward = _Forward(tx, model, inline=stability and len(model_ids) <= INLINE_MAX)
     taken: set[int] = set()          # models whose prepared vectors were used
     given = prepared or {}
     try:
@@ -226,7 +231,7 @@ def run_pending(tx: Tx, min_evaluations: int = MIN_EVALUATIONS, all_models: bool
                                       VALUES {values} RETURNING id, created::VARCHAR""",
                                   [x for r in chunk for x in r]))
         if stability:
-            stable = {m: float(np.linalg.norm(forward.z[(m, 0)] - forward.z[(m, 1)])) for m in todo
+            stable = {m: stability_of(forward.z[(m, 0)], forward.z[(m, 1)], sets[m][0]) for m in todo
                       if (m, 0) in forward.z}
             _write_stability(tx, {version_of[m]: v for m, v in stable.items()})
             for m, v in stable.items():
@@ -296,7 +301,8 @@ def estimate_stability(tx: Tx) -> dict[int, float]:
         model, meta = encoders.load(tx, encoder_id)
         mine = [r for r in todo if r[2] == encoder_id]
         forward = _Forward(tx, model)          # streamed in chunks of evaluations, as onboarding is
-        done = []
+        done: list[int] = []
+        n_of: dict[int, int] = {}
         try:
             for through in sorted({r[3] for r in mine}):
                 rows = [r for r in mine if r[3] == through]
@@ -307,10 +313,11 @@ def estimate_stability(tx: Tx) -> dict[int, float]:
                                    [EvalSet(s.model_id, s.query_ids[h], s.y[h], s.digest)
                                     for s in (found[r[1]] for r in ok) for h in halves(s)])
                     done += [r[0] for r in ok]
+                    n_of.update({r[0]: found[r[1]].n for r in ok})
         finally:
             forward.wait()
         for vid in done:
-            out[vid] = float(np.linalg.norm(forward.z[(vid, 0)] - forward.z[(vid, 1)]))
+            out[vid] = stability_of(forward.z[(vid, 0)], forward.z[(vid, 1)], n_of[vid])
     _write_stability(tx, out)
     return out
 

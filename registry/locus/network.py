@@ -33,14 +33,16 @@ class MAB(nn.Module):
         self.ff = nn.Sequential(nn.Linear(d, d), nn.ReLU(), nn.Linear(d, d))
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, x, y, y_mask=None):
-        # x [B,Nx,D] queries; y [B,Ny,D] keys/values; y_mask [B,Ny] bool or None (all real)
+    def forward(self, x, y, y_mask=None, *, q=None, k=None, v=None):
+        # x [B,Nx,D] queries; y [B,Ny,D] keys/values; y_mask [B,Ny] bool or None (all real); q [B,Nx,D], k, v
+        # [B,Ny,D]: the projections when known already (then y may be None)
         B, Nx, D = x.shape
-        Ny, H = y.shape[1], self.n_heads
+        Ny, H = (y if k is None else k).shape[1], self.n_heads
         def split(t, n):
             return t.view(B, n, H, D // H).transpose(1, 2)                    # [B,H,n,D/H]
 
-        q, k, v = split(self.q(x), Nx), split(self.k(y), Ny), split(self.v(y), Ny)
+        q = split(self.q(x) if q is None else q, Nx)
+        k, v = split(self.k(y) if k is None else k, Ny), split(self.v(y) if v is None else v, Ny)
         attn_mask = None if y_mask is None else y_mask[:, None, None, :]      # [B,1,1,Ny] True = attend
         a = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)     # [B,H,Nx,D/H]
         a = a.transpose(1, 2).reshape(B, Nx, D)                              # [B,Nx,D]
@@ -73,6 +75,20 @@ class PMA(nn.Module):
 
     def forward(self, x, mask):
         return self.mab(self.seeds.expand(x.shape[0], -1, -1), x, mask)      # [B,S,D]
+
+    def pool(self, x):
+        # x [B,N,D] unpadded -> [B,D]: forward(x, None)[:, 0] of one seed in eval mode, without every row's keys
+        # and values: the seed's score of a row is x . (W_k^T q) per head (its q . b_k is the same for every row,
+        # so softmax drops it), and its output W_v (sum_i a_i x_i) + b_v, as the weights sum to 1
+        mab, H = self.mab, self.mab.n_heads
+        B, N, D = x.shape
+        q = mab.q(self.seeds[0, 0]).view(H, D // H, 1)                      # [H,D/H,1]
+        u = (mab.k.weight.view(H, D // H, D) * q).sum(1) * (D // H) ** -0.5  # [H,D]
+        a = torch.softmax(x @ u.T, dim=1)                                    # [B,N,H]
+        pooled = a.transpose(1, 2) @ x                                       # [B,H,D]
+        vals = (pooled[:, :, None, :] * mab.v.weight.view(H, D // H, D)).sum(-1) + mab.v.bias.view(H, D // H)
+        h = mab.ln1(self.seeds[0] + mab.o(vals.reshape(B, D)))              # [B,D]
+        return mab.ln2(h + mab.ff(h))
 
 
 class LocusModel(nn.Module):
@@ -121,6 +137,26 @@ class LocusModel(nn.Module):
         for isab in self.isabs:
             h = isab(h, mask)                                                # [B,N,D]
         return self.out(self.pma(h, mask)[:, 0])                             # [B,D]
+
+    def first_rows(self, P, S):
+        # P, S [R,D] (row_proj of R queries) -> [R,2,4,D]: for y = 0 and 1, the input row h of each query and the
+        # first ISAB's q (the set reading its inducing points back), k and v (the points reading the set) of it:
+        # they depend on the query and y alone, so bulk embedding computes them once a query, not once a row
+        first, out = self.isabs[0], []
+        for y in (0.0, 1.0):
+            h = P + (2 * y - 1) * S + y * self.inp.weight[:, self.cfg.d_query] + self.inp.bias   # as embed_proj's
+            out.append(torch.stack([h, first.mab_out.q(h), first.mab_in.k(h), first.mab_in.v(h)], 1))
+        return torch.stack(out, 1)
+
+    def embed_rows(self, rows):
+        # rows [B,N,4,D]: first_rows at each row's query and y, unpadded -> z [B,D], embed_proj's in eval mode
+        h, q1, k1, v1 = rows.unbind(2)                                       # [B,N,D] each
+        first = self.isabs[0]
+        points = first.mab_in(first.inducing.expand(h.shape[0], -1, -1), None, None, k=k1, v=v1)   # [B,K,D]
+        h = first.mab_out(h, points, q=q1)                                   # [B,N,D]
+        for isab in self.isabs[1:]:
+            h = isab(h, None)
+        return self.out(self.pma.pool(h))                                    # [B,D]
 
     def embed(self, q, y, mask):
         # q [B,N,Dq] float, y [B,N] float 0/1, mask [B,N] bool -> z [B,D]

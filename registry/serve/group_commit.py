@@ -168,8 +168,8 @@ class GroupCommit:
         self.stats["log_rows"] += len(rows)
         self.stats["prepared"] += sum(1 for o in outcomes if o.prepared)
         try:
-            # a version whose stability the onboarding left to the sweep (more than FUSE_STABILITY_MAX models):
-            # the snapshot read in the transaction lacks it, so it is read again after the sweep
+            # a version whose stability the onboarding left to the sweep (an older version without one): the
+            # snapshot read in the transaction lacks it, so it is read again after the sweep
             unswept = self.reg.finish_stabilities(outcomes, sweep=False)
             with self.refresh_lock:
                 if plain:

@@ -1,0 +1,117 @@
+"""Every answer with many models (issue 66, bar 2): on a registry that `bench/scale.py --keep` left (10,031 models),
+the commands as new processes and the server's answers over HTTP.
+
+    .venv/bin/python bench/scale_answers.py --db SCALE_DB [--runs 3] [--requests 50]
+
+- As processes (`registry ... --json`, wall time of each child, best and worst of `--runs`): `similar` of a new
+  model and of a real one, `route` of a known text (a test question's own text), `models --limit 100`, `stats`.
+- Over HTTP (`registry serve` on the same file, warmed by one request of each kind): p50 / p99 of `--requests`
+  each of GET /models/X/similar, POST /route (known texts), GET /models (first page), GET / (the home page), and
+  the server's start until `/health` says ready.
+Prints one table.
+"""
+from __future__ import annotations
+
+import argparse
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import duckdb
+import httpx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI = [str(ROOT / ".venv/bin/registry")]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def timed_child(args: list[str]) -> float:
+    t = time.perf_counter()
+    subprocess.run(args, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--db", required=True)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--requests", type=int, default=50)
+    args = ap.parse_args()
+    con = duckdb.connect(args.db, read_only=True)
+    try:
+        n_models = con.execute("SELECT count(*) FROM models").fetchone()[0]
+        n_evals = con.execute("SELECT count(*) FROM evaluations").fetchone()[0]
+        synth = con.execute("SELECT name FROM models WHERE name LIKE 'synth-%' ORDER BY name LIMIT 1").fetchone()
+        real = con.execute("SELECT name FROM models WHERE name NOT LIKE 'synth-%' ORDER BY id LIMIT 1").fetchone()[0]
+        texts = [r[0] for r in con.execute("""SELECT q.text FROM queries q JOIN query_splits s ON s.query_id = q.id
+                                               WHERE s.split = 'test' ORDER BY q.id LIMIT 200""").fetchall()]
+    finally:
+        con.close()
+    new = synth[0] if synth else real
+    base = CLI + ["--db", args.db]
+    rows: list[tuple[str, str, str]] = []
+
+    def processes(label: str, cmd: list[str]) -> None:
+        walls = [timed_child(base + cmd) for _ in range(args.runs)]
+        rows.append((f"{label} (process)", f"{min(walls):.2f} / {max(walls):.2f} s", "best / worst"))
+        print(rows[-1], flush=True)
+
+    processes(f"similar {new}", ["similar", new, "-k", "5", "--json"])
+    processes(f"similar {real}", ["similar", real, "-k", "5", "--json"])
+    processes("route a known text", ["route", texts[0], "--json"])
+    processes("models --limit 100", ["models", "--limit", "100", "--json"])
+    processes("stats", ["stats", "--json"])
+
+    port = free_port()
+    t0 = time.perf_counter()
+    server = subprocess.Popen(base + ["serve", "--port", str(port)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=600)
+    try:
+        while True:
+            try:
+                if client.get("/health").json().get("ready"):
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        rows.append(("server start to ready", f"{time.perf_counter() - t0:.1f} s", ""))
+        print(rows[-1], flush=True)
+        kinds = {
+            f"GET /models/{new}/similar": lambda i: client.get(f"/models/{new}/similar", params={"k": 5}),
+            "POST /route (a known text)": lambda i: client.post("/route", json={"text": texts[i % len(texts)]}),
+            "GET /models (first page)": lambda i: client.get("/models"),
+            "GET / (home page)": lambda i: client.get("/"),
+        }
+        for label, call in kinds.items():
+            first = time.perf_counter()
+            r = call(0)
+            first = time.perf_counter() - first
+            assert r.status_code == 200, (label, r.status_code, r.text[:300])
+            took = []
+            for i in range(args.requests):
+                t = time.perf_counter()
+                r = call(i + 1)
+                took.append(time.perf_counter() - t)
+                assert r.status_code == 200, (label, r.status_code, r.text[:300])
+            p50, p99 = np.percentile(took, [50, 99]) * 1000
+            rows.append((label, f"{p50:.1f} / {p99:.1f} ms", f"first {first * 1000:.0f} ms"))
+            print(rows[-1], flush=True)
+    finally:
+        server.terminate()
+        server.wait(30)
+    print(f"\n{n_models:,} models, {n_evals:,} evaluations ({args.db})\n")
+    print("| answer | figure | note |\n|---|---|---|")
+    for r in rows:
+        print(f"| {r[0]} | {r[1]} | {r[2]} |")
+
+
+if __name__ == "__main__":
+    main()

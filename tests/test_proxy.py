@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import jsonschema_rs
 import pytest
 from click.testing import CliRunner
 from fastapi import FastAPI, Request
@@ -102,10 +103,14 @@ def test_a_stream_asked_of_an_upstream_that_ignores_stream_still_streams(db_copy
             with c.stream("POST", "/v1/chat/completions", json=msg) as s:
                 body = "".join(s.iter_text())
                 kind = s.headers["content-type"]
+            documented = c.get("/openapi.json").json()["paths"]["/v1/chat/completions"]["post"]["responses"]["200"]
     finally:
         state["ignore_stream"] = False
     events = [ln.removeprefix("data: ") for ln in body.split("\n\n") if ln]
     assert kind.startswith("text/event-stream") and events[-1] == "[DONE]" and len(events) == 2, body
+    # each event as the contract describes one (an object of SSE fields, as schemathesis reads a stream)
+    event_schema = jsonschema_rs.validator_for(documented["content"]["text/event-stream"]["schema"])
+    assert all(event_schema.is_valid({"data": e}) for e in events) and not event_schema.is_valid(events[0])
     chunk = json.loads(events[0])
     assert chunk["object"] == "chat.completion.chunk"
     assert chunk["choices"][0]["delta"]["content"] == f"from up-{choice}"

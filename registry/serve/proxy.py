@@ -46,6 +46,11 @@ ROUTE_OPTIONS = ("cost_weight", "min_prob", "cost_by")
 PASSED_HEADERS = {"content-type", "x-request-id", "openai-processing-ms", "retry-after"}
 PASSED_PREFIXES = ("x-ratelimit-",)
 ERROR_CHARS = 200           # an upstream error's message, as passed on
+# one event of a streamed answer, as OpenAPI 3.1 has a text/event-stream schema describe it: its fields (`data`: a
+# chat.completion.chunk as JSON, the last one `[DONE]`; an upstream's own events pass through as they came)
+SSE_EVENT = {"type": "object", "required": ["data"],
+             "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"},
+                            "retry": {"type": "integer", "minimum": 0}}}
 PREFIX = "/v1/"
 ERROR_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
                405: "method_not_allowed", 408: "request_timeout", 409: "conflict", 413: "request_too_large",
@@ -127,7 +132,7 @@ def mount(app: FastAPI, serving, deadlines: connections.UpstreamDeadlines | None
 
     # with a token, only its holders may spend the endpoints' API keys (OpenAI clients send it as their key)
     @app.post("/v1/chat/completions", dependencies=[Depends(require_token)], responses={200: {"content": {
-        "application/json": {}, "text/event-stream": {"schema": {"type": "string"}}},
+        "application/json": {}, "text/event-stream": {"schema": SSE_EVENT}},
         "description": "the completion; with `stream`, server-sent events ending in `data: [DONE]`"}})
     async def chat(request: ChatRequest, cost_weight: float | None = Query(None, ge=0),
                    min_prob: float | None = Query(None, ge=0, le=1),

@@ -61,18 +61,40 @@ def dataset(tx: Tx) -> Dataset:
     # (an alias is its model under another name: one model, not two, in what the matrix measures)
     m = tx.sql(f"SELECT id, name FROM models WHERE id NOT IN ({current_evaluations.ALIASES}) ORDER BY name")
     model_ids = np.array([r[0] for r in m], dtype=np.int64)
-    ev = tx.numpy(f"SELECT model_id, query_id, correct::INT AS c FROM {current_evaluations.current(distinct=True)} e")
-    qpos = {int(x): i for i, x in enumerate(q["id"])}
-    mpos = {int(x): i for i, x in enumerate(model_ids)}
-    correct = np.full((len(model_ids), len(q["id"])), -1, dtype=np.int8)
-    keep = np.array([int(x) in qpos for x in ev["query_id"]], dtype=bool)
-    correct[[mpos[int(x)] for x in ev["model_id"][keep]], [qpos[int(x)] for x in ev["query_id"][keep]]] = ev["c"][keep]
+    qids = np.asarray(q["id"], dtype=np.int64)                               # sorted (ORDER BY q.id)
+    correct = np.full((len(model_ids), len(qids)), -1, dtype=np.int8)
+    by_id = np.argsort(model_ids)
+    for chunk in _model_chunks(tx, model_ids):
+        # each chunk's current answers (newest_per_query: CURRENT's rule for these registered, distinct models), so
+        # memory holds one chunk of rows, never a GROUP BY of every evaluation (10^8 of them: 8 GB in DuckDB)
+        ev = current_evaluations.of_models(tx, chunk)
+        ev_q = np.asarray(ev["query_id"], dtype=np.int64)
+        col = np.minimum(np.searchsorted(qids, ev_q), len(qids) - 1)
+        keep = qids[col] == ev_q                                                 # queries with a split only
+        row = by_id[np.searchsorted(model_ids[by_id], np.asarray(ev["model_id"], dtype=np.int64)[keep])]
+        correct[row, col[keep]] = np.asarray(ev["correct"])[keep]
     row_of, qmat = query_cache.query_vectors(tx, np.asarray(q["id"], dtype=np.int64))
     qvecs = qmat[[row_of[int(x)] for x in q["id"]]]
     split = np.asarray(q["split"])
     return Dataset([r[1] for r in m], model_ids, np.asarray(q["id"], dtype=np.int64), qvecs, correct,
                    {s: np.flatnonzero(split == s) for s in SPLITS}, np.asarray(q["category"]),
                    np.asarray(q["source"]))
+
+
+def _model_chunks(tx: Tx, model_ids: np.ndarray, chunk_rows: int = embed.CHUNK_ROWS):
+    """The models in groups of about `chunk_rows` evaluations (each model's rows counted first)."""
+    if not len(model_ids):
+        return
+    rows = dict(tx.sql("SELECT model_id, count(*) FROM evaluations GROUP BY model_id"))
+    chunk: list[int] = []
+    n = 0
+    for m in model_ids.tolist():
+        if chunk and n + rows.get(m, 0) > chunk_rows:
+            yield chunk
+            chunk, n = [], 0
+        chunk.append(m)
+        n += rows.get(m, 0)
+    yield chunk
 
 
 def current_embeddings(tx: Tx, data: Dataset, with_evidence: bool = False):

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from registry.core.errors import InputError, unknown_model
 from registry.core.lazy import LazyModule
 from registry.core.transaction import Tx
-from registry.data import availability
-from registry.data.current_evaluations import CURRENT, current
+from registry.data import availability, current_evaluations
+from registry.data.current_evaluations import current
 from registry.embedding import encoders, index
 
 evidence = LazyModule("registry.locus.evidence")   # (numpy: `stats` reads counts only)
@@ -188,7 +188,7 @@ def stats(tx: Tx, path: str, known: tuple[int, int, int] | None = None) -> Stats
     if known is not None and not tx.postgres and known[1:] == (newest, changed):
         current = known[0]
     else:
-        current = tx.sql(f"SELECT count(*) FROM {CURRENT} e")[0][0]
+        current = current_evaluations.count(tx)
     splits = dict(tx.sql("SELECT split, count(*) FROM query_splits GROUP BY split ORDER BY split"))
     return Stats(models_, queries, current, rows, vectors, batches, splits, path, queries - sum(splits.values()))
 

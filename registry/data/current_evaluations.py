@@ -37,6 +37,27 @@ def current(before_batch: int | None = None, model_ids=None, queries_in: str | N
 
 CURRENT = current()   # the rule as it stands now
 
+# a count of current evaluations keeps one bit per (registered model, query id in the registry's range); above this
+# many bits it groups the pairs instead
+BITMAP_BITS = 1 << 31
+
+
+def count(tx: Tx) -> int:
+    """How many current evaluations there are: one per (registered model, query) pair. On DuckDB each model's
+    distinct queries as a bitmap, one group per model, not CURRENT's group per pair (10^8 evaluations: 7 GB and
+    a minute that way, a stream of 15 MB this way)."""
+    if not tx.postgres:
+        lo, hi = tx.sql("SELECT min(id), max(id) FROM queries")[0]
+        models = tx.sql("SELECT count(*) FROM models")[0][0]
+        if lo is None:
+            return 0
+        if models * (int(hi) - int(lo) + 1) <= BITMAP_BITS:
+            return int(tx.sql(f"""SELECT coalesce(sum(n), 0)::BIGINT FROM (
+                                      SELECT bit_count(bitstring_agg(query_id, {int(lo)}, {int(hi)})) AS n
+                                      FROM evaluations WHERE model_id IN (SELECT id FROM models)
+                                      GROUP BY model_id)""")[0][0])
+    return int(tx.sql(f"SELECT count(*) FROM {CURRENT} e")[0][0])
+
 
 def newest_per_query(res: dict) -> dict:
     """Keep each (model, query)'s row from its newest batch, sorted by model, then query (numpy: cheaper than a

@@ -92,3 +92,21 @@ def test_read_commands_read_a_file_they_may_not_write(base_db, tmp_path, where):
         assert "read-only" in out.stderr and str(path) in out.stderr
     finally:
         folder.chmod(0o755)
+
+
+def test_memory_limited_lowers_duckdb_limit_and_restores_it(tmp_path):
+    """An import's transaction runs under a lowered DuckDB memory limit (usecases/importing.IMPORT_MEMORY): lowered
+    inside, never raised above DuckDB's default, and back to the default after, an error or not."""
+    from registry import Registry
+
+    with Registry(tmp_path / "m.duckdb") as reg:
+        limit = lambda: reg.store.con.execute("SELECT current_setting('memory_limit')").fetchone()[0]  # noqa: E731
+        before = limit()
+        with reg.store.memory_limited(1 << 30):
+            assert limit() == "1.0 GiB"
+        assert limit() == before
+        with reg.store.memory_limited(1 << 50):                    # a petabyte: the default stays
+            assert limit() == before
+        with pytest.raises(RuntimeError), reg.store.memory_limited(1 << 29):
+            raise RuntimeError("boom")
+        assert limit() == before

@@ -17,6 +17,8 @@ from registry.data import import_models_queries, import_run, input_files, vector
 from registry.data import splits as split_draws
 from registry.usecases import onboard as onboard_uc
 
+IMPORT_MEMORY = 3 << 30       # bytes DuckDB may hold during an import's transaction (at most its own default)
+
 
 def import_files(store: Store, directory: str | None, named: dict[str, str | None], *, min_evaluations: int,
                  progress: bool = False, onboard: bool = True) -> import_models_queries.ImportResult:
@@ -28,7 +30,8 @@ def import_files(store: Store, directory: str | None, named: dict[str, str | Non
         done.files = files
         left = onboard_uc.finish_pending(store, min_evaluations) if onboard else []   # a crash left jobs behind
         started = time.perf_counter()
-        with _announced(progress, f"import: reading {', '.join(sorted(files))} (one transaction)"), store.tx() as tx:
+        with _announced(progress, f"import: reading {', '.join(sorted(files))} (one transaction)"), \
+                store.memory_limited(IMPORT_MEMORY), store.tx() as tx:
             result = import_run.run_import(tx, files, progress=progress)
         done.result = result
         result.seconds["import"] = round(time.perf_counter() - started, 3)

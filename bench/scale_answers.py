@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -23,6 +24,10 @@ import httpx
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.http_tools import wait_for  # noqa: E402
+
 CLI = [str(ROOT / ".venv/bin/registry")]
 
 
@@ -75,13 +80,13 @@ def main() -> None:
                               stderr=subprocess.DEVNULL)
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=600)
     try:
-        while True:
+        def ready() -> bool:
             try:
-                if client.get("/health").json().get("ready"):
-                    break
+                return bool(client.get("/health").json().get("ready"))
             except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
+                return False
+        if not wait_for(ready, 600, 0.2):       # (a server that died or never came up: said, not waited on)
+            raise SystemExit(f"registry serve not ready within 600 s (exit code {server.poll()})")
         rows.append(("server start to ready", f"{time.perf_counter() - t0:.1f} s", ""))
         print(rows[-1], flush=True)
         kinds = {

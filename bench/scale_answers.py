@@ -6,7 +6,7 @@ the commands as new processes and the server's answers over HTTP.
 - As processes (`registry ... --json`, wall time of each child, best and worst of `--runs`): `similar` of a new
   model and of a real one, `route` of a known text (a test question's own text), `models --limit 100`, `stats`.
 - Over HTTP (`registry serve` on the same file, warmed by one request of each kind): p50 / p99 of `--requests`
-  each of GET /models/X/similar, POST /route (known texts), GET /models (first page), GET / (the home page), and
+  each of GET /models/X/similar (a different model each time), POST /route (known texts), GET /models (first page), GET / (the home page), and
   the server's start until `/health` says ready.
 Prints one table.
 """
@@ -54,6 +54,9 @@ def main() -> None:
         n_models = con.execute("SELECT count(*) FROM models").fetchone()[0]
         n_evals = con.execute("SELECT count(*) FROM evaluations").fetchone()[0]
         synth = con.execute("SELECT name FROM models WHERE name LIKE 'synth-%' ORDER BY name LIMIT 1").fetchone()
+        # the models asked over HTTP in turn: a different one each request, so no answer is the one before's
+        asked = [r[0] for r in con.execute("""SELECT name FROM models ORDER BY hash(name) LIMIT ?""",
+                                            [args.requests + 1]).fetchall()]
         real = con.execute("SELECT name FROM models WHERE name NOT LIKE 'synth-%' ORDER BY id LIMIT 1").fetchone()[0]
         texts = [r[0] for r in con.execute("""SELECT q.text FROM queries q JOIN query_splits s ON s.query_id = q.id
                                                WHERE s.split = 'test' ORDER BY q.id LIMIT 200""").fetchall()]
@@ -90,7 +93,8 @@ def main() -> None:
         rows.append(("server start to ready", f"{time.perf_counter() - t0:.1f} s", ""))
         print(rows[-1], flush=True)
         kinds = {
-            f"GET /models/{new}/similar": lambda i: client.get(f"/models/{new}/similar", params={"k": 5}),
+            f"GET /models/X/similar ({len(asked)} models in turn)":
+                lambda i: client.get(f"/models/{asked[i % len(asked)]}/similar", params={"k": 5}),
             "POST /route (a known text)": lambda i: client.post("/route", json={"text": texts[i % len(texts)]}),
             "GET /models (first page)": lambda i: client.get("/models"),
             "GET / (home page)": lambda i: client.get("/"),

@@ -12,7 +12,7 @@ from registry.core.errors import InputError, NotFound, unknown_model
 from registry.core.lazy import LazyModule
 from registry.core.transaction import Tx
 from registry.data import current_evaluations
-from registry.embedding import MIN_EVALUATIONS, encoders, index
+from registry.embedding import MIN_EVALUATIONS, answer_index, encoders, index
 
 embed = LazyModule("registry.embedding.embed")   # (only an evaluations file is embedded here)
 
@@ -31,15 +31,37 @@ class Neighbour:
     error_correlation: float | None = None   # how much they err together beyond difficulty (`similar`)
 
 
+# `similar` reads the answers of its candidates only: the CANDIDATES nearest by embedding and the CANDIDATES nearest
+# by the answer index's sketch (every other model where the pool holds at most twice as many). Among ten thousand
+# models, every model's answers on the query model's questions are 10^8 rows; the union held every one of the
+# exact top 5 (bench/similar_recall.py), the embedding's nearest alone three in four.
+CANDIDATES = 128
+
+
+def candidates(vi: index.VectorIndex, vector, answers: tuple | None, exclude: set[str],
+               scale: answer_index.AnswerIndex) -> list[int] | None:
+    """The ids of the models whose answers `similar` reads (see CANDIDATES), or None: every model."""
+    if vi.size - len(exclude) <= 2 * CANDIDATES:
+        return None
+    _, ids = vi.search(np.asarray(vector)[None, :], CANDIDATES + len(exclude))
+    near = [int(i) for i in ids[0] if i >= 0 and vi.names[int(i)] not in exclude][:CANDIDATES]
+    if answers is not None:
+        skip = {i for i in (vi.id_of(name) for name in exclude) if i is not None}
+        near += [i for i in scale.nearest_by_sketch(answers[0], answers[1], CANDIDATES, skip) if i in vi.names]
+    return list(dict.fromkeys(near))
+
+
 def by_vector(tx: Tx | None, vector, k: int, encoder_id: int, *, as_of: str | None = None,
               exclude: set[str] | None = None, answers: tuple | None = None,
               vi: index.VectorIndex | None = None,
               rates: Mapping[int, tuple[int, float] | tuple[int, float, float | None]] | None = None,
-              errors: bool = False, before_batch: int | None = None) -> list[Neighbour]:
-    """The k nearest current embeddings to one vector (all of them if the pool is smaller), leaving out `exclude`;
-    with `answers` (query ids, 0/1), each neighbour's disagreement with them on the queries both answered (`rates`:
-    current_evaluations.disagreement of those answers, when the caller has it already), and with `errors` their error
-    correlation too (current_evaluations.agreement: a heavier read; `before_batch`: the answers as they stood then)."""
+              errors: bool = False, before_batch: int | None = None, among: list[int] | None = None,
+              scale: answer_index.AnswerIndex | None = None) -> list[Neighbour]:
+    """The k nearest current embeddings to one vector (all of them if the pool is smaller; `among`: of those model
+    ids only), leaving out `exclude`; with `answers` (query ids, 0/1), each neighbour's disagreement with them on
+    the queries both answered (`rates`: current_evaluations.disagreement of those answers, when the caller has it
+    already), and with `errors` their error correlation too (answer_index.errs_alike, from `scale`, the answer index;
+    `before_batch`: the answers as they stood then)."""
     if vi is None:
         assert tx is not None, "without a transaction, the caller passes the index (`vi`)"
         vi = index.get(tx, encoder_id, as_of)
@@ -48,15 +70,22 @@ def by_vector(tx: Tx | None, vector, k: int, encoder_id: int, *, as_of: str | No
     if k <= 0:
         raise InputError(f"k must be at least 1, got {k}")
     exclude = exclude or set()
-    dist, ids = vi.search(np.asarray(vector)[None, :], min(vi.size, k + len(exclude)))
-    found = [(int(i), float(d)) for d, i in zip(dist[0], ids[0]) if i >= 0 and vi.names[int(i)] not in exclude][:k]
+    if among is not None:
+        pick = [i for i in among if vi.names[i] not in exclude]
+        d = np.linalg.norm(np.stack([vi.index.reconstruct(i) for i in pick]) - np.asarray(vector)[None, :], axis=1) \
+            if pick else np.zeros(0)
+        found = sorted(zip(pick, d.tolist()), key=lambda t: (t[1], t[0]))[:k]
+    else:
+        dist, ids = vi.search(np.asarray(vector)[None, :], min(vi.size, k + len(exclude)))
+        found = [(int(i), float(d)) for d, i in zip(dist[0], ids[0])
+                 if i >= 0 and vi.names[int(i)] not in exclude][:k]
     out = [Neighbour(vi.names[i], round(d, 4)) for i, d in found]
     if (answers is not None or rates is not None) and out:
         if rates is None:
             assert tx is not None and answers is not None, "without a transaction, the caller passes `rates`"
             others = [i for i, _ in found]
-            rates = (current_evaluations.agreement(tx, answers[0], answers[1], others, before_batch) if errors
-                     else current_evaluations.disagreement(tx, answers[0], answers[1], others))
+            rates = ((scale or answer_index.get(tx, before_batch)).agreement(answers[0], answers[1], others)
+                     if errors else current_evaluations.disagreement(tx, answers[0], answers[1], others))
         for (i, _), n in zip(found, out):
             if i in rates:
                 r = rates[i]
@@ -87,8 +116,10 @@ def similar(tx: Tx, *, model: str | None, evals: str | None, k: int, as_of: str 
         answers, own_n = (a.query_ids, a.correct), int((~a.is_test).sum()) + len(a.new_texts)
     if k <= 0:
         raise InputError(f"k must be at least 1, got {k}")
+    scale = answer_index.get(tx, then)
+    among = candidates(vi, vector, answers, {model} if model else set(), scale)
     near = by_vector(tx, vector, vi.size, encoder_id, as_of=as_of, exclude={model} if model else None,
-                     answers=answers, vi=vi, errors=True, before_batch=then)
+                     answers=answers, vi=vi, errors=True, before_batch=then, among=among, scale=scale)
     n = {name: v[1] for name, v in catalog.current_versions(tx, encoder_id, as_of).items()}
     if model is not None:                # how surely the model itself is placed: the evaluations behind it
         own_n = n.get(model)
@@ -118,7 +149,10 @@ def ranked(near: list[Neighbour], embedded_from: dict[str, int], own_n: int | No
 # table read the answers two models share; a fallback chain and a version diff, the embedding alone. So the nearest
 # model can differ between them: each says which rule made its order.
 RANKED_BY_ANSWERS = ("shared answers where two models have enough (how alike they err, else how often they "
-                     "disagree), else embedding distance; 'ranked at' is the figure ranked by")
+                     "disagree), else embedding distance; 'ranked at' is the figure ranked by; in a pool of more than "
+                     f"{2 * CANDIDATES} models, among the {CANDIDATES} nearest by embedding and the {CANDIDATES} "
+                     "whose answers on a sample of questions err most alike (bench/similar_recall.py: 99% of the "
+                     "exact top 5 among 10,031 models)")
 RANKED_BY_EMBEDDING = "embedding distance alone (the answers two models share are not read)"
 
 
@@ -179,8 +213,10 @@ def of_registered(tx: Tx, name: str, k: int, encoder_id: int, *, answers: tuple,
     if vector is None:
         vector, _ = vector_of(tx, name, encoder_id)
     established = own_evaluations >= probation_min
+    scale = answer_index.get(tx)
     near = by_vector(tx, vector, vi.size, encoder_id, exclude={name}, answers=answers, vi=vi,
-                     rates=None if established else rates, errors=established)
+                     rates=None if established else rates, errors=established,
+                     among=candidates(vi, vector, answers, {name}, scale), scale=scale)
     n = catalog.current_versions(tx, encoder_id)
     return placed(near, {m: v[1] for m, v in n.items()}, own_evaluations, probation_min, k,
                   kin_by_sql(tx, vi, answers))

@@ -167,9 +167,9 @@ def open_registry(ctx: click.Context, create: bool = False, migrate: bool = True
     if obj.get("registry") is None:
         reg = _open(ctx, obj["db"], dict(create=create, migrate=migrate, probation_min=obj.get("probation_min")))
         obj["registry"] = reg
-        from registry.serve.http.client import RemoteRegistry
+        from registry.api import Registry
 
-        store = None if isinstance(reg, RemoteRegistry) else reg.store     # (a server's HTTP API answers)
+        store = reg.store if isinstance(reg, Registry) else None    # (else a server's HTTP API answers)
         # only a file this process's connection created is its to remove on failure (`discard_new_registry`)
         obj["new_file"] = store if store is not None and store.created else None
         ctx.call_on_close(reg.close)
@@ -181,13 +181,19 @@ def _open(ctx: click.Context, db: str, options: dict):
     (serve/http/client.py: the commands with an HTTP counterpart answer through it, the others say in one line that
     the file is served), found first by its advert beside the file, else by the lock. A file that another command
     holds is waited for, up to REGISTRY_BUSY_TIMEOUT (core/store.wait_for_lock)."""
+    import os
+
     from registry.core import dialect
     from registry.core.errors import DatabaseLocked
-    from registry.serve.http.client import advertised, through_server
+    from registry.serve.http import advert
 
-    remote = None if dialect.is_url(db) else advertised(db, ctx.command_path)
-    if remote is not None:
-        return remote
+    # (the HTTP client only where an advert lies beside the file: a tenth of a second of every command otherwise)
+    if not dialect.is_url(db) and os.path.lexists(advert.path_of(db)):
+        from registry.serve.http.client import advertised
+
+        remote = advertised(db, ctx.command_path)
+        if remote is not None:
+            return remote
     from registry.api import Registry
 
     try:
@@ -195,6 +201,8 @@ def _open(ctx: click.Context, db: str, options: dict):
     except DatabaseLocked as exc:
         if not exc.served:
             raise
+        from registry.serve.http.client import through_server
+
         remote = through_server(db, exc, ctx.command_path)
     return remote if remote is not None else Registry(db, **options)     # (None: the server stopped meanwhile)
 

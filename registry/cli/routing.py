@@ -8,7 +8,7 @@ import sys
 import click
 
 from registry.cli.common import command, emit_json, num, open_registry, table
-from registry.routing.decision import RouteOptions
+from registry.routing.decision import LISTED, RouteOptions
 
 CHUNK = 256  # texts per batch call: the progress bar moves per chunk; each chunk is one transaction and one log insert
 
@@ -35,7 +35,8 @@ def _names(values) -> list[str]:
 @click.option("--no-log", is_flag=True, help="Do not write the routing log.")
 @click.option("--frontier", is_flag=True, help="Accuracy vs mean cost over a sweep of cost weights.")
 @click.option("--split", default="test", show_default=True, help="Split for --frontier.")
-@click.option("--top", default=5, show_default=True, help="Candidates shown (--json: all).")
+@click.option("--top", type=click.IntRange(min=0), default=None,
+              help="Candidates listed (default: 5 in the table, 50 with --json and --file, as over HTTP; 0: all).")
 def route(ctx, *, text, file_, out, cost_weight, min_prob, cost_by, include_probation, unavailable, no_log_text,
           no_log, frontier, split, top, as_json):
     """Route a query (or a file of queries) to the model most likely to answer it."""
@@ -53,7 +54,7 @@ def route(ctx, *, text, file_, out, cost_weight, min_prob, cost_by, include_prob
         return _frontier(reg, split, cost_by or "params", out, as_json)
     options = RouteOptions(cost_weight=cost_weight, min_prob=min_prob, unavailable=tuple(_names(unavailable)),
                            log=not no_log, log_text=not no_log_text, cost_by=cost_by or "cost",
-                           include_probation=include_probation)
+                           include_probation=include_probation, top=LISTED if top is None else top)
     if text is not None:
         d = reg.route(text, options)
         if as_json:
@@ -63,7 +64,7 @@ def route(ctx, *, text, file_, out, cost_weight, min_prob, cost_by, include_prob
         click.echo(f"{d.model}{'  (fallback: the top choice is unavailable)' if d.fallback else ''}"
                    + (f"  (cost-aware, cost = {d.cost_basis})" if d.cost_basis else ""))
         # the table lists the models the policy could choose; those it left out are named below it
-        shown = [c for c in d.candidates if c.eligible][:top]
+        shown = [c for c in d.candidates if c.eligible][:5 if top is None else top or None]
         if d.model not in {c.model for c in shown}:   # the choice is always in the table, even ranked lower
             shown = shown + [c for c in d.candidates if c.model == d.model]
         left_out = [c.model for c in d.candidates if not c.eligible and not c.probation]

@@ -37,6 +37,31 @@ def current(before_batch: int | None = None, model_ids=None, queries_in: str | N
 
 CURRENT = current()   # the rule as it stands now
 
+
+def counted(repeated, before_batch: int | None = None, model_ids=None, queries_in: str | None = None) -> str:
+    """current(before_batch, model_ids, queries_in, distinct=True) as a subquery, cheaper where the caller knows
+    which models answered some query more than once (`repeated`, model ids; None: not known): every other model's
+    rows are its current ones as they stand, read without current's group per (model, query), which costs
+    gigabytes and seconds at 10^8 rows (embedding/answer_index.py keeps the list)."""
+    if repeated is None:
+        return current(before_batch, model_ids, queries_in, distinct=True)
+    again = [int(m) for m in repeated]
+    if model_ids is not None:
+        wanted = {int(m) for m in model_ids}
+        again = [m for m in again if m in wanted]
+    conds = ["model_id IN (SELECT id FROM models)", f"model_id NOT IN ({ALIASES})"] + (
+        [f"batch_id < {int(before_batch)}"] if before_batch is not None else []) + (
+        # (a list joined, not an IN of literals: DuckDB scans 10^8 rows four times faster so)
+        [f"model_id IN (SELECT unnest([{', '.join(str(int(m)) for m in model_ids) or 'NULL'}]))"]
+        if model_ids is not None else []) + (
+        [f"query_id IN (SELECT query_id FROM {queries_in})"] if queries_in else []) + (
+        [f"model_id NOT IN ({', '.join(map(str, again))})"] if again else [])
+    once = f"SELECT model_id, query_id, correct, batch_id FROM evaluations WHERE {' AND '.join(conds)}"
+    if not again:
+        return f"({once})"
+    return (f"({once} UNION ALL SELECT model_id, query_id, correct, batch_id "
+            f"FROM {current(before_batch, again, queries_in, distinct=True)} t)")
+
 # a count of current evaluations keeps one bit per (registered model, query id in the registry's range); above this
 # many bits it groups the pairs instead
 BITMAP_BITS = 1 << 31
@@ -114,38 +139,3 @@ def disagreement(tx: Tx, qids, y, others) -> dict[int, tuple[int, float]]:
         FROM {current(model_ids=others, queries_in="_answers")} e JOIN _answers a ON a.query_id = e.query_id
         GROUP BY e.model_id""", last_answers(qids, y))
     return {int(m): (int(n), float(r)) for m, n, r in res}
-
-
-def agreement(tx: Tx, qids, y, others,
-              before_batch: int | None = None) -> dict[int, tuple[int, float, float | None]]:
-    """`disagreement`, and how much each of `others` errs where the answers y err beyond what the questions'
-    difficulty and the two models' accuracy explain: {other id: (shared, disagreement rate, error correlation)}.
-
-    Each answer's surprise is its 0/1 less the chance a model of its accuracy answers that question right (a logit
-    sum: the question's share of right answers among the models that answered it, plus the model's own rate on
-    these queries, less the pool's mean, each smoothed by one right and one wrong); the error correlation is the
-    two surprises' correlation over the shared queries (None when either never surprises). Fine-tunes of one base
-    share mistakes that two unrelated models of the same accuracy do not: this ranks a model's family first more
-    often than the disagreement rate does (bench/families.py). `before_batch`: the evaluations as they stood then."""
-    qids, y = np.asarray(qids, dtype=np.int64), np.asarray(y, dtype=np.int64)
-    others = [int(m) for m in others if m is not None]
-    if not len(qids) or not others:
-        return {}
-    res = tx.sql(f"""
-        WITH _answers AS (SELECT unnest(?::BIGINT[]) AS query_id, unnest(?::BIGINT[]) AS y),
-        pool AS (SELECT model_id, query_id, correct::INT AS c
-                 FROM {current(before_batch, queries_in="_answers", distinct=True)} e),
-        difficulty AS (SELECT query_id, ln((sum(c) + 1.0) / (count(*) - sum(c) + 1.0)) AS lp FROM pool GROUP BY 1),
-        ability AS (SELECT model_id, ln((sum(c) + 1.0) / (count(*) - sum(c) + 1.0)) AS la FROM pool GROUP BY 1),
-        centre AS (SELECT avg(la) AS mid FROM ability),
-        own AS (SELECT ln((sum(y) + 1.0) / (count(*) - sum(y) + 1.0)) AS la FROM _answers),
-        surprise AS (
-            SELECT p.model_id, (p.c <> a.y)::INT AS differs,
-                   p.c - 1 / (1 + exp(-(d.lp + b.la - centre.mid))) AS sm,
-                   a.y - 1 / (1 + exp(-(d.lp + own.la - centre.mid))) AS sy
-            FROM pool p JOIN _answers a ON a.query_id = p.query_id JOIN difficulty d ON d.query_id = p.query_id
-                 JOIN ability b ON b.model_id = p.model_id, centre, own
-            WHERE p.model_id IN ({", ".join(str(m) for m in others)}))
-        SELECT model_id, count(*), avg(differs), sum(sm * sy) / nullif(sqrt(sum(sm * sm) * sum(sy * sy)), 0)
-        FROM surprise GROUP BY 1""", last_answers(qids, y))
-    return {int(m): (int(n), float(r), None if c is None else float(c)) for m, n, r, c in res}

@@ -16,6 +16,12 @@ from registry.core.transaction import Tx
 COST_BASES = ("cost", "params")
 
 
+# the candidates a route answer lists unless asked (`top`; 0: every model): the most likely first, and the chosen
+# one wherever it ranks. In a registry of hundreds of models the whole list was most of an answer's bytes and time
+# (the CLI's --json and HTTP alike; the CLI's table shows fewer).
+LISTED = 50
+
+
 @dataclass(frozen=True)
 class RouteOptions:
     cost_weight: float | None = None       # cost-aware: maximise P(correct) - cost_weight x cost

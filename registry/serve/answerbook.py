@@ -17,6 +17,7 @@ import numpy as np
 from registry.answers import fingerprint
 from registry.core.transaction import Tx
 from registry.data import current_evaluations
+from registry.embedding import answer_index
 
 
 @dataclass
@@ -198,11 +199,10 @@ class AnswerBook:
         return {int(ids[i]): (int(shared[i]), float(differ[i] / shared[i])) for i in keep.tolist()
                 if ids[i] != model_id}
 
-    def agreement(self, model_id: int, rows: int = 256) -> dict[int, tuple[int, float, float | None]]:
-        """current_evaluations.agreement's answer from memory (what `similar` ranks by): each other model's shared
-        queries, disagreement and error correlation beyond difficulty with this one's current answers, by the same
-        formula (difficulty and ability over every model's answers on its queries, smoothed by one right and one
-        wrong). `rows`: models per numpy pass (memory stays [rows, queries])."""
+    def agreement(self, model_id: int, among: list[int] | None, scale) -> dict[int, tuple[int, float, float | None]]:
+        """What `similar` ranks by, from memory, for the models `among` (None: every model): each one's shared
+        queries, disagreement and error correlation beyond difficulty with this one's current answers
+        (answer_index.errs_alike on the same `scale`, the formula the library's read uses)."""
         correct, row, ids, _, _, _ = self.view()
         if model_id not in row:
             return {}
@@ -210,35 +210,19 @@ class AnswerBook:
         cols = np.flatnonzero(own >= 0)
         if not len(cols):
             return {}
-        y = own[cols].astype(np.float64)
-        chunks = [(a, correct[a:a + rows, cols]) for a in range(0, len(correct), rows)]
-        col_right, col_n = np.zeros(len(cols)), np.zeros(len(cols))
-        row_right, row_n = np.zeros(len(correct)), np.zeros(len(correct))
-        for a, sub in chunks:
-            seen = sub >= 0
-            right = (sub == 1)
-            col_right += right.sum(axis=0)
-            col_n += seen.sum(axis=0)
-            row_right[a:a + len(sub)] = right.sum(axis=1)
-            row_n[a:a + len(sub)] = seen.sum(axis=1)
-        lp = np.log((col_right + 1.0) / (col_n - col_right + 1.0))                  # each question's difficulty
-        la = np.log((row_right + 1.0) / (row_n - row_right + 1.0))                  # each model's ability here
-        mid = float(la[row_n > 0].mean())
-        own_la = np.log((y.sum() + 1.0) / (len(y) - y.sum() + 1.0))
-        sy = y - 1 / (1 + np.exp(-(lp + own_la - mid)))
-        out = {}
-        for a, sub in chunks:
-            seen = sub >= 0
-            sm = np.where(seen, sub - 1 / (1 + np.exp(-(lp[None, :] + la[a:a + len(sub), None] - mid))), 0.0)
-            shared = seen.sum(axis=1)
-            differ = (seen & (sub != own[cols][None, :])).sum(axis=1)
-            num = sm @ sy
-            den = np.sqrt((sm * sm).sum(axis=1) * (seen @ (sy * sy)))
-            for i in np.flatnonzero(shared > 0).tolist():
-                m = int(ids[a + i])
-                if m != model_id:
-                    out[m] = (int(shared[i]), float(differ[i] / shared[i]),
-                              None if den[i] == 0 else float(num[i] / den[i]))
+        query_ids = self.query_ids()[cols]
+        others = np.array([row[m] for m in (ids.tolist() if among is None else among)
+                           if m in row and m != model_id], dtype=np.int64)
+        if not len(others):
+            return {}
+        return answer_index.errs_alike(correct[np.ix_(others, cols)], own[cols], scale, query_ids, ids[others])
+
+    def query_ids(self) -> np.ndarray:
+        """[Q] the query id of each column."""
+        with self._lock:
+            col = self.col
+        out = np.zeros(len(col), dtype=np.int64)
+        out[list(col.values())] = list(col.keys())
         return out
 
     def disagreement_on(self, model_id: int, of: int, others: list[int]) -> dict[int, float]:

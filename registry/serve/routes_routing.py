@@ -18,7 +18,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 
-from registry.routing.decision import Decision, RouteOptions
+from registry.routing.decision import LISTED, Decision, RouteOptions
 from registry.serve.context import ServerState, is_authorized, json_response, server
 from registry.serve.http.shapes import Text, WholeNumber
 from registry.serve.serving import Serving
@@ -28,9 +28,7 @@ BATCH_TEXTS = (2_000, 200)
 BATCH_NEW_TEXTS = (256, 16)
 CHUNK = 32              # texts routed and serialised per worker-thread hop: the loop waits at most one chunk's GIL
 
-# the candidates a route answer lists unless asked (`top`; 0: every model): the most likely first, and the chosen
-# one wherever it ranks. In a registry of hundreds of models the whole list was most of an answer's bytes and time.
-ROUTE_TOP = 50
+ROUTE_TOP = LISTED
 
 routing_router = APIRouter()
 

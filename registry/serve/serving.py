@@ -91,26 +91,31 @@ class Serving:
 
     def similar(self, name: str, k: int = 5):
         """`Registry.similar` of a registered model from memory, the same answer: the snapshot's index and
-        embeddings, the answer book's rates (`AnswerBook.agreement`: what a read of every evaluation on its queries
-        gave, a third of a second single-threaded, seconds beside the writer on a full CPU). A model not embedded
-        or without answers: the library's own read (and its error)."""
+        embeddings, the answer index (its scale and sketch: the candidates) and the answer book's rows of the
+        candidates (`AnswerBook.agreement`). A model not embedded or without answers: the library's own read (and
+        its error)."""
         from registry.answers import catalog, neighbours
+        from registry.embedding import answer_index
 
         snap, book = self.snapshots.current, self.writer.book
         vi = snap.index
         vector, own = vi.vector_of(name), book.id_of(name)
         if vector is None or own is None:
             return self.reg.similar(name, k=k)
-        near = neighbours.by_vector(None, vector, vi.size, vi.encoder_id, exclude={name}, vi=vi,
-                                    rates=book.agreement(own))
+        with self.reg.store.tx() as tx:
+            groups, scale = catalog.alias_groups(tx), answer_index.get(tx)
+        correct, row, _, _, _, _ = book.view()
+        mine = np.flatnonzero(correct[row[own]] >= 0) if own in row else np.zeros(0, dtype=np.int64)
+        answers = (book.query_ids()[mine], correct[row[own], mine]) if len(mine) else None
+        among = neighbours.candidates(vi, vector, answers, {name}, scale)
+        near = neighbours.by_vector(None, vector, vi.size, vi.encoder_id, exclude={name}, vi=vi, among=among,
+                                    rates=book.agreement(own, among, scale))
         n = dict(zip(snap.pool.names, snap.pool.n_evaluations.tolist()))
         ids = {model: i for i, model in vi.names.items()}
 
         def kin(x, others: list[str]) -> dict[str, float]:       # (neighbours.kin_by_sql, from memory)
             rates = book.disagreement_on(own, ids[x.model], [ids[o] for o in others])
             return {vi.names[m]: r for m, r in rates.items()}
-        with self.reg.store.tx() as tx:
-            groups = catalog.alias_groups(tx)
         return neighbours.ranked(near, n, n.get(name), k, model=name, vi=vi, probation_min=self.reg.probation_min,
                                  kin=kin, groups=groups)
 

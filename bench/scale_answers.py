@@ -113,6 +113,11 @@ def main() -> None:
             p50, p99 = np.percentile(took, [50, 99]) * 1000
             rows.append((label, f"{p50:.1f} / {p99:.1f} ms", f"first {first * 1000:.0f} ms"))
             print(rows[-1], flush=True)
+        inside = client.get("/health").json().get("inside", {})
+        for kind in ("similar", "route_known"):
+            if kind in inside:
+                rows.append((f"{kind}: inside the server (handler to answer)",
+                             f"{inside[kind]['p50_ms']:.1f} / {inside[kind]['p99_ms']:.1f} ms", "p50 / p99"))
     finally:
         server.terminate()
         server.wait(30)

@@ -10,7 +10,7 @@ import pytest
 from registry import Registry
 from registry.answers import neighbours
 from registry.data import current_evaluations
-from registry.embedding import answer_index
+from registry.embedding import answer_index, answer_store
 from registry.serve.answerbook import AnswerBook
 from tests.helpers import results_of, write_rows
 
@@ -36,15 +36,15 @@ def test_totals_are_the_current_answers_and_an_update_is_a_rebuild(db_copy, smal
     rows = results_of(small_data, MODEL)
     with Registry(db_copy) as reg:
         with reg.store.tx() as tx:
-            first = answer_index.get(tx)
+            first = answer_store.get(tx)
             assert as_dicts(first) == totals_by_sql(tx) and first.repeated is not None and not len(first.repeated)
         # a model answering again (its newest answer counts) and a new one: the update reads only their rows
         flipped = [(q, 1 - c) for q, c in rows[:40]]
         reg.register(MODEL, str(write_rows(tmp_path / "again.csv", flipped)), update=True)
         reg.register("newcomer", str(write_rows(tmp_path / "new.csv", [(q, c) for q, c in rows[::3]])))
         with reg.store.tx() as tx:
-            updated = answer_index.get(tx)
-            rebuilt = answer_index._build(tx, answer_index.key_of(tx))
+            updated = answer_store.get(tx)
+            rebuilt = answer_store.build(tx, answer_store.key_of(tx))
             assert updated.key == rebuilt.key != first.key
             assert as_dicts(updated) == as_dicts(rebuilt) == totals_by_sql(tx)
             assert np.array_equal(updated.seen, rebuilt.seen) and np.array_equal(updated.right, rebuilt.right)
@@ -52,7 +52,7 @@ def test_totals_are_the_current_answers_and_an_update_is_a_rebuild(db_copy, smal
             again = tx.sql("SELECT id FROM models WHERE name = ?", [MODEL])[0][0]
             assert updated.repeated.tolist() == rebuilt.repeated.tolist() == [again]
     # the next process starts from the copy saved beside the file
-    saved = answer_index._load(answer_index._sidecar(str(db_copy)))
+    saved = answer_store.load(answer_store.sidecar_path(str(db_copy)))
     assert saved is not None and saved.key == updated.key and as_dicts(saved) == as_dicts(updated)
 
 
@@ -74,7 +74,7 @@ def test_similar_over_candidates_keeps_the_whole_pools_answer(db_copy, small_dat
         book = AnswerBook()
         with reg.store.tx() as tx:
             book.sync(tx)
-            scale = answer_index.get(tx)
+            scale = answer_store.get(tx)
             own = book.id_of(MODEL)
             rows = current_evaluations.of_models(tx, [own])
             others = [m for m in book.model_ids.tolist() if m != own][:10]

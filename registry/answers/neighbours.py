@@ -12,7 +12,7 @@ from registry.core.errors import InputError, NotFound, unknown_model
 from registry.core.lazy import LazyModule
 from registry.core.transaction import Tx
 from registry.data import current_evaluations
-from registry.embedding import MIN_EVALUATIONS, answer_index, encoders, index
+from registry.embedding import MIN_EVALUATIONS, answer_index, answer_store, encoders, index
 
 embed = LazyModule("registry.embedding.embed")   # (only an evaluations file is embedded here)
 
@@ -35,7 +35,7 @@ class Neighbour:
 # by the answer index's sketch (every other model where the pool holds at most twice as many). Among ten thousand
 # models, every model's answers on the query model's questions are 10^8 rows; the union held every one of the
 # exact top 5 (bench/similar_recall.py), the embedding's nearest alone three in four.
-CANDIDATES = 128
+CANDIDATES = 64
 
 
 def candidates(vi: index.VectorIndex, vector, answers: tuple | None, exclude: set[str],
@@ -84,7 +84,7 @@ def by_vector(tx: Tx | None, vector, k: int, encoder_id: int, *, as_of: str | No
         if rates is None:
             assert tx is not None and answers is not None, "without a transaction, the caller passes `rates`"
             others = [i for i, _ in found]
-            rates = ((scale or answer_index.get(tx, before_batch)).agreement(answers[0], answers[1], others)
+            rates = ((scale or answer_store.get(tx, before_batch)).agreement(answers[0], answers[1], others)
                      if errors else current_evaluations.disagreement(tx, answers[0], answers[1], others))
         for (i, _), n in zip(found, out):
             if i in rates:
@@ -116,7 +116,7 @@ def similar(tx: Tx, *, model: str | None, evals: str | None, k: int, as_of: str 
         answers, own_n = (a.query_ids, a.correct), int((~a.is_test).sum()) + len(a.new_texts)
     if k <= 0:
         raise InputError(f"k must be at least 1, got {k}")
-    scale = answer_index.get(tx, then)
+    scale = answer_store.get(tx, then)
     among = candidates(vi, vector, answers, {model} if model else set(), scale)
     near = by_vector(tx, vector, vi.size, encoder_id, as_of=as_of, exclude={model} if model else None,
                      answers=answers, vi=vi, errors=True, before_batch=then, among=among, scale=scale)
@@ -213,7 +213,7 @@ def of_registered(tx: Tx, name: str, k: int, encoder_id: int, *, answers: tuple,
     if vector is None:
         vector, _ = vector_of(tx, name, encoder_id)
     established = own_evaluations >= probation_min
-    scale = answer_index.get(tx)
+    scale = answer_store.get(tx)
     near = by_vector(tx, vector, vi.size, encoder_id, exclude={name}, answers=answers, vi=vi,
                      rates=None if established else rates, errors=established,
                      among=candidates(vi, vector, answers, {name}, scale), scale=scale)

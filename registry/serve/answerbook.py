@@ -19,6 +19,8 @@ from registry.core.transaction import Tx
 from registry.data import current_evaluations
 from registry.embedding import answer_index
 
+READ_MODELS = 500      # models whose answers `read` fetches at a time
+
 
 @dataclass
 class _Changes:
@@ -48,6 +50,7 @@ class AnswerBook:
         self._cal: dict[tuple, fingerprint.AnswerCalibration] = {}
         self._last_change = 0                                  # model_changes seen (`tidy`)
         self._lock = threading.Lock()                          # sync (the writer) against readers' views
+        self._qids: tuple[dict, np.ndarray] | None = None      # (the columns, their query ids): `query_ids`
 
     def current_count(self) -> tuple[int, int, int]:
         """(every model's current answers in the book, the newest import batch and model change it has read): the
@@ -107,9 +110,14 @@ class AnswerBook:
                 return None
             last = max(b for _, b in newer)
             changed = [int(m) for m, _ in newer]
-        rows = current_evaluations.of_models(tx, changed)
+        # (a few hundred models a read, kept compact: at 10^8 answers, one read of all held gigabytes)
+        parts = [current_evaluations.of_models(tx, changed[a:a + READ_MODELS])
+                 for a in range(0, len(changed), READ_MODELS)]
+        rows = {c: np.concatenate([np.asarray(p[c], dtype=t) for p in parts])
+                for c, t in (("model_id", np.int32), ("query_id", np.int32), ("correct", np.int8))}
         col = self.col        # (a set lookup per distinct query: not an array of every column, sorted, per sync)
-        new_q = np.array([q for q in np.unique(rows["query_id"]).tolist() if q not in col], dtype=np.int64)
+        seen_q = np.unique(np.concatenate([np.unique(p["query_id"]) for p in parts]))
+        new_q = np.array([q for q in seen_q.tolist() if q not in col], dtype=np.int64)
         test = {int(q) for (q,) in tx.sql("""SELECT query_id FROM query_splits WHERE split = 'test'
                                                AND query_id IN (SELECT unnest(?::INTEGER[]))""", [new_q.tolist()])} \
             if len(new_q) else set()
@@ -149,11 +157,14 @@ class AnswerBook:
                 buf[:correct.shape[0], :correct.shape[1]] = correct
                 correct = buf[:len(row)]
                 correct[r] = -1
-            at_row = np.fromiter((row[m] for m in rows["model_id"].tolist()), dtype=np.int64,
-                                 count=len(rows["model_id"]))
-            at_col = np.fromiter((col[q] for q in rows["query_id"].tolist()), dtype=np.int64,
-                                 count=len(rows["query_id"]))
-            correct[at_row, at_col] = rows["correct"]
+            # (ids to rows and columns through sorted arrays, a slice at a time: no Python object per answer)
+            by_m, by_q = (np.array(sorted(d), dtype=np.int64) for d in (row, col))
+            row_of = np.array([row[m] for m in by_m.tolist()], dtype=np.int64)
+            col_of = np.array([col[q] for q in by_q.tolist()], dtype=np.int64)
+            for a in range(0, len(rows["model_id"]), 1 << 24):
+                m, q = rows["model_id"][a:a + (1 << 24)], rows["query_id"][a:a + (1 << 24)]
+                correct[row_of[np.searchsorted(by_m, m)], col_of[np.searchsorted(by_q, q)]] = \
+                    rows["correct"][a:a + (1 << 24)]
             ids = np.zeros(len(row), dtype=np.int64)
             ids[list(row.values())] = list(row.keys())
             test_col = np.concatenate([self.test, np.array([int(q) in test for q in new_q.tolist()], dtype=np.bool_)])
@@ -218,11 +229,15 @@ class AnswerBook:
         return answer_index.errs_alike(correct[np.ix_(others, cols)], own[cols], scale, query_ids, ids[others])
 
     def query_ids(self) -> np.ndarray:
-        """[Q] the query id of each column."""
+        """[Q] the query id of each column (kept until the columns change)."""
         with self._lock:
             col = self.col
+        held = self._qids
+        if held is not None and held[0] is col:
+            return held[1]
         out = np.zeros(len(col), dtype=np.int64)
         out[list(col.values())] = list(col.keys())
+        self._qids = (col, out)
         return out
 
     def disagreement_on(self, model_id: int, of: int, others: list[int]) -> dict[int, float]:

@@ -4,6 +4,7 @@ and figures, the routing log)."""
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import asdict
 from typing import Literal
 
@@ -25,7 +26,10 @@ def similar(name: str, k: int = Query(5, ge=1, le=1000), s: ServerState = Depend
     """The k nearest models, ranked by shared answers where two models have enough (how alike they err, else how
     often they disagree), else by embedding distance: each neighbour's `combined` is the figure ranked by, its
     `placed_by` the evidence that placed it (`registry similar`; a fallback chain ranks by the embedding alone)."""
-    return json_response(s.serving.similar(name, k=k))
+    t0 = time.perf_counter()
+    out = s.serving.similar(name, k=k)
+    s.serving.timed("similar", time.perf_counter() - t0)
+    return json_response(out)
 
 
 @reads_router.get("/stats")

@@ -34,6 +34,7 @@ class Serving:
         self.warming: str | None = "building the routing state"    # what the warm-up does (None once ready)
         self._started = time.perf_counter()
         self._on_ready = on_ready
+        self._similar_reads: tuple | None = None     # (snapshot, alias groups, answer index): `similar`
         self._warm = threading.Thread(target=self._warm_up, daemon=True, name="registry-warm-up")
         self._warm.start()
 
@@ -95,15 +96,18 @@ class Serving:
         candidates (`AnswerBook.agreement`). A model not embedded or without answers: the library's own read (and
         its error)."""
         from registry.answers import catalog, neighbours
-        from registry.embedding import answer_index
+        from registry.embedding import answer_store
 
         snap, book = self.snapshots.current, self.writer.book
         vi = snap.index
         vector, own = vi.vector_of(name), book.id_of(name)
         if vector is None or own is None:
             return self.reg.similar(name, k=k)
-        with self.reg.store.tx() as tx:
-            groups, scale = catalog.alias_groups(tx), answer_index.get(tx)
+        held = self._similar_reads
+        if held is None or held[0] is not snap:     # (a snapshot is swapped in after every write: read once each)
+            with self.reg.store.tx() as tx:
+                held = self._similar_reads = (snap, catalog.alias_groups(tx), answer_store.get(tx))
+        _, groups, scale = held
         correct, row, _, _, _, _ = book.view()
         mine = np.flatnonzero(correct[row[own]] >= 0) if own in row else np.zeros(0, dtype=np.int64)
         answers = (book.query_ids()[mine], correct[row[own], mine]) if len(mine) else None

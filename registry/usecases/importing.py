@@ -15,6 +15,7 @@ from registry.answers import catalog
 from registry.core.store import Store
 from registry.data import import_models_queries, import_run, input_files, vector_files
 from registry.data import splits as split_draws
+from registry.embedding import answer_store
 from registry.usecases import onboard as onboard_uc
 
 IMPORT_MEMORY = 3 << 30       # bytes DuckDB may hold during an import's transaction (at most its own default)
@@ -42,6 +43,11 @@ def import_files(store: Store, directory: str | None, named: dict[str, str | Non
         if onboard:
             result.onboarding = [asdict(o) for o in onboard_uc.onboard(store, min_evaluations,
                                                                        seconds=result.seconds)]
+        if result.affected_models:     # (paid here, not by the first `similar`: a pass over every answer)
+            started = time.perf_counter()
+            with _announced(progress, "import: indexing every model's answers for `similar`"), store.tx() as tx:
+                answer_store.get(tx)
+            result.seconds["answer index"] = round(time.perf_counter() - started, 3)
         with store.tx() as tx:     # what the registry holds now (two imports at once: the other's rows too)
             s = catalog.stats(tx, store.path)
         result.holds = {"models": s.models, "queries": s.queries, "evaluations": s.evaluations}

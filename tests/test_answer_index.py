@@ -14,6 +14,8 @@ from registry.embedding import answer_index, answer_store
 from registry.serve.answerbook import AnswerBook
 from tests.helpers import results_of, write_rows
 
+pytestmark = pytest.mark.slow      # (registrations and a whole pool's `similar`: seconds)
+
 MODEL = "gpt-4o-2024-05-13"
 
 

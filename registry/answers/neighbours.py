@@ -31,10 +31,10 @@ class Neighbour:
     error_correlation: float | None = None   # how much they err together beyond difficulty (`similar`)
 
 
-# `similar` reads the answers of its candidates only: the CANDIDATES nearest by embedding and the CANDIDATES nearest
-# by the answer index's sketch (every other model where the pool holds at most twice as many). Among ten thousand
-# models, every model's answers on the query model's questions are 10^8 rows; the union held every one of the
-# exact top 5 (bench/similar_recall.py), the embedding's nearest alone three in four.
+# `similar` ranks its candidates only: the CANDIDATES nearest by embedding and the CANDIDATES nearest by the answer
+# index's sketch (every other model where the pool holds at most twice as many). Among ten thousand models every
+# model's answers on the query model's questions are 10^8; the union held 99 of the exact top 5's 100 over 20 query
+# models (bench/similar_recall.py), the embedding's nearest 256 alone three in four.
 CANDIDATES = 64
 
 

@@ -10,7 +10,7 @@ from registry.core.lazy import LazyModule
 from registry.core.transaction import Tx
 from registry.data import availability, current_evaluations
 from registry.data.current_evaluations import current
-from registry.embedding import encoders, index
+from registry.embedding import answer_store, encoders, index
 
 evidence = LazyModule("registry.locus.evidence")   # (numpy: `stats` reads counts only)
 # a page of models over HTTP and on the home page: its size unless asked, and the most one request may ask for
@@ -187,6 +187,11 @@ def stats(tx: Tx, path: str, known: tuple[int, int, int] | None = None) -> Stats
                (SELECT coalesce(max(id), 0) FROM model_changes)""")[0]
     if known is not None and not tx.postgres and known[1:] == (newest, changed):
         current = known[0]
+    elif (held := answer_store.current_or_none(tx)) is not None:
+        # (the answer index holds every model's but the aliases' count: those few are read; no pass over all)
+        aliases = [int(m) for (m,) in tx.sql(current_evaluations.ALIASES)]
+        current = int(held.model_answered.sum()) + (tx.sql(
+            f"SELECT count(*) FROM {current_evaluations.current(model_ids=aliases)} e")[0][0] if aliases else 0)
     else:
         current = current_evaluations.count(tx)
     splits = dict(tx.sql("SELECT split, count(*) FROM query_splits GROUP BY split ORDER BY split"))

@@ -69,6 +69,17 @@ def get(tx: Tx, before_batch: int | None = None) -> AnswerIndex:
     return found
 
 
+def current_or_none(tx: Tx) -> AnswerIndex | None:
+    """The answer index where one is at hand and current (held, or saved beside the file), else None: nothing is
+    built or updated (a caller with a cheaper way of its own takes that)."""
+    key = key_of(tx)
+    found = cache_section(tx.cache, "answer index").get(key)
+    if found is None:
+        saved = load(sidecar_path(tx.path))
+        found = saved if saved is not None and saved.key == key else None
+    return found
+
+
 def _updated(tx: Tx, old: AnswerIndex, key: tuple) -> AnswerIndex | None:
     """`old` brought up to `key` from the rows of the models new batches touched (their old rows are its own),
     where only batches were added, every new one newer than the newest it holds, and new queries only after its

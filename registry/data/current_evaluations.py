@@ -70,20 +70,28 @@ def counted(repeated, before_batch: int | None = None, model_ids=None, queries_i
 BITMAP_BITS = 1 << 31
 
 
+def bitmap_bounds(tx: Tx) -> tuple[int, int] | None:
+    """(lowest, highest query id) where one bit per registered model and query id between them fits in
+    BITMAP_BITS, on DuckDB (its `bitstring_agg`); None elsewhere, or with no queries."""
+    if tx.postgres:
+        return None
+    lo, hi = tx.sql("SELECT min(id), max(id) FROM queries")[0]
+    if lo is None:
+        return None
+    models = tx.sql("SELECT count(*) FROM models")[0][0]
+    return (int(lo), int(hi)) if models * (int(hi) - int(lo) + 1) <= BITMAP_BITS else None
+
+
 def count(tx: Tx) -> int:
     """How many current evaluations there are: one per (registered model, query) pair. On DuckDB each model's
     distinct queries as a bitmap, one group per model, not CURRENT's group per pair (10^8 evaluations: 7 GB and
     a minute that way, a stream of 15 MB this way)."""
-    if not tx.postgres:
-        lo, hi = tx.sql("SELECT min(id), max(id) FROM queries")[0]
-        models = tx.sql("SELECT count(*) FROM models")[0][0]
-        if lo is None:
-            return 0
-        if models * (int(hi) - int(lo) + 1) <= BITMAP_BITS:
-            return int(tx.sql(f"""SELECT coalesce(sum(n), 0)::BIGINT FROM (
-                                      SELECT bit_count(bitstring_agg(query_id, {int(lo)}, {int(hi)})) AS n
-                                      FROM evaluations WHERE model_id IN (SELECT id FROM models)
-                                      GROUP BY model_id)""")[0][0])
+    bounds = bitmap_bounds(tx)
+    if bounds is not None:
+        return int(tx.sql(f"""SELECT coalesce(sum(n), 0)::BIGINT FROM (
+                                  SELECT bit_count(bitstring_agg(query_id, {bounds[0]}, {bounds[1]})) AS n
+                                  FROM evaluations WHERE model_id IN (SELECT id FROM models)
+                                  GROUP BY model_id)""")[0][0])
     return int(tx.sql(f"SELECT count(*) FROM {CURRENT} e")[0][0])
 
 

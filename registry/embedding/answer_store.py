@@ -191,18 +191,14 @@ def build(tx: Tx, key: tuple, before_batch: int | None = None) -> AnswerIndex:
 def _repeated(tx: Tx, among: list[int] | None = None) -> list[int] | None:
     """The models (of `among`, else every one) that answered some question more than once: their rows are grouped
     to their current ones (current_evaluations.counted); DuckDB finds them with one bitmap per model. None: not
-    known (PostgreSQL, or more bits than current_evaluations.BITMAP_BITS)."""
-    if tx.postgres:
-        return None
-    lo, hi = tx.sql("SELECT min(id), max(id) FROM queries")[0]
-    models = tx.sql("SELECT count(*) FROM models")[0][0]
-    if lo is None or models * (int(hi) - int(lo) + 1) > current_evaluations.BITMAP_BITS:
+    known (current_evaluations.bitmap_bounds: PostgreSQL, or too many bits)."""
+    bounds = current_evaluations.bitmap_bounds(tx)
+    if bounds is None:
         return None
     where = f"WHERE model_id IN (SELECT unnest([{', '.join(map(str, among)) or 'NULL'}]))" if among is not None else ""
     return [int(m) for (m,) in tx.sql(f"""SELECT model_id FROM evaluations {where} GROUP BY model_id
-                                          HAVING count(*) > bit_count(bitstring_agg(query_id, {int(lo)}, {int(hi)}))
+                                          HAVING count(*) > bit_count(bitstring_agg(query_id, {bounds[0]}, {bounds[1]}))
                                           """)]
-
 
 
 def sidecar_path(db_path: str) -> Path | None:

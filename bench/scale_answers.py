@@ -1,7 +1,7 @@
 """Every answer with many models (issue 66, bar 2): on a registry that `bench/scale.py --keep` left (10,031 models),
 the commands as new processes and the server's answers over HTTP.
 
-    .venv/bin/python bench/scale_answers.py --db SCALE_DB [--runs 3] [--requests 50]
+    .venv/bin/python bench/scale_answers.py --db SCALE_DB [--runs 3] [--requests 50] [--only process|http]
 
 - As processes (`registry ... --json`, wall time of each child, best and worst of `--runs`): `similar` of a new
   model and of a real one, `route` of a known text (a test question's own text), `models --limit 100`, `stats`.
@@ -48,6 +48,7 @@ def main() -> None:
     ap.add_argument("--db", required=True)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--requests", type=int, default=50)
+    ap.add_argument("--only", choices=("process", "http"), help="one half of the table")
     args = ap.parse_args()
     con = duckdb.connect(args.db, read_only=True)
     try:
@@ -71,11 +72,14 @@ def main() -> None:
         rows.append((f"{label} (process)", f"{min(walls):.2f} / {max(walls):.2f} s", "best / worst"))
         print(rows[-1], flush=True)
 
-    processes(f"similar {new}", ["similar", new, "-k", "5", "--json"])
-    processes(f"similar {real}", ["similar", real, "-k", "5", "--json"])
-    processes("route a known text", ["route", texts[0], "--json"])
-    processes("models --limit 100", ["models", "--limit", "100", "--json"])
-    processes("stats", ["stats", "--json"])
+    if args.only != "http":
+        processes(f"similar {new}", ["similar", new, "-k", "5", "--json"])
+        processes(f"similar {real}", ["similar", real, "-k", "5", "--json"])
+        processes("route a known text", ["route", texts[0], "--json"])
+        processes("models --limit 100", ["models", "--limit", "100", "--json"])
+        processes("stats", ["stats", "--json"])
+    if args.only == "process":
+        return table(rows, n_models, n_evals, args.db)
 
     port = free_port()
     t0 = time.perf_counter()
@@ -121,7 +125,11 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait(30)
-    print(f"\n{n_models:,} models, {n_evals:,} evaluations ({args.db})\n")
+    table(rows, n_models, n_evals, args.db)
+
+
+def table(rows: list[tuple[str, str, str]], n_models: int, n_evals: int, db: str) -> None:
+    print(f"\n{n_models:,} models, {n_evals:,} evaluations ({db})\n")
     print("| answer | figure | note |\n|---|---|---|")
     for r in rows:
         print(f"| {r[0]} | {r[1]} | {r[2]} |")

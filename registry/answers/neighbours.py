@@ -72,8 +72,8 @@ def by_vector(tx: Tx | None, vector, k: int, encoder_id: int, *, as_of: str | No
     exclude = exclude or set()
     if among is not None:
         pick = [i for i in among if vi.names[i] not in exclude]
-        d = np.linalg.norm(np.stack([vi.index.reconstruct(i) for i in pick]) - np.asarray(vector)[None, :], axis=1) \
-            if pick else np.zeros(0)
+        d = np.linalg.norm(vi.index.reconstruct_batch(np.asarray(pick, dtype=np.int64)) - np.asarray(vector)[None, :],
+                           axis=1) if pick else np.zeros(0)
         found = sorted(zip(pick, d.tolist()), key=lambda t: (t[1], t[0]))[:k]
     else:
         dist, ids = vi.search(np.asarray(vector)[None, :], min(vi.size, k + len(exclude)))
@@ -135,13 +135,12 @@ def ranked(near: list[Neighbour], embedded_from: dict[str, int], own_n: int | No
     (catalog.alias_groups). A running server reads the same from memory (serve/serving.py)."""
     for x in near:
         x.embedded_from = embedded_from.get(x.model)
-    ids = {name: i for i, name in vi.names.items()}
     out = rank(near, own_n, probation_min, kin)[:k]
     # (an alias is not in the index, being its model under another name: its id comes from the registry, `own_id`)
-    own = own_id if own_id is not None else ids.get(model) if model is not None else None
+    own = own_id if own_id is not None else vi.id_of(model) if model is not None else None
     root = groups.get(own, own)
     for x in out:
-        x.alias = model is not None and groups.get(ids.get(x.model), ids.get(x.model)) == root
+        x.alias = model is not None and groups.get(vi.id_of(x.model), vi.id_of(x.model)) == root
     return out
 
 

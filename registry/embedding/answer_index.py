@@ -8,7 +8,7 @@ rows at ten thousand models). Like the vector index, derived from the database a
 - Totals: each question's right answers and answers, each model's over all its questions; they give each question's
   difficulty and each model's ability as logits, smoothed by one right and one wrong (`difficulty`, `ability`).
 - A sketch: SKETCH questions drawn (fixed seed) from those most models answered. Two models' surprises there (an
-  answer less what difficulty and ability predict) correlate where they err alike beyond difficulty;
+  answer less what difficulty and ability predict) point the same way where they err alike beyond difficulty;
   `nearest_by_sketch` ranks every model so, in one [models, SKETCH] pass.
 - `errs_alike`: one formula for how much two models err together, over the answers of a few (`agreement`, here; a
   server's answer book, from its memory).
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from registry.core.lazy import LazyModule
 from registry.data import current_evaluations
@@ -104,14 +104,20 @@ class AnswerIndex:
         """The models' mean ability: the centre an average model's predicted answers are drawn from."""
         return self._logits[2]
 
-    def expected(self, query_ids, abilities, *, difficulty: np.ndarray | None = None) -> np.ndarray:
-        """[m, n] the chance each of m models (their `ability`) answers each of n questions right (`difficulty`:
-        the questions' own, where the caller has them)."""
-        # (float32: a [candidates, queries] block is millions of exponentials a question asked)
+    def missed(self, query_ids, abilities, *, difficulty: np.ndarray | None = None) -> np.ndarray:
+        """[m, n] float32 the chance each of m models (their `ability`) answers each of n questions wrong
+        (`difficulty`: the questions' own, where the caller has them): the logistic of the two logits' sum."""
         lp = self.difficulty(query_ids) if difficulty is None else difficulty
-        own = np.asarray(abilities, dtype=np.float32) - np.float32(self.mid)
-        logit = lp.astype(np.float32)[None, :] + own[:, None]
-        return 1 / (1 + np.exp(-logit))
+        return missed_by_odds(self.odds(abilities), np.exp(lp).astype(np.float32))
+
+    def odds(self, abilities) -> np.ndarray:
+        """[m] float32 each model's odds of a right answer over an average model's (its ability less `mid`)."""
+        return np.exp(np.asarray(abilities, dtype=np.float64) - self.mid).astype(np.float32)
+
+    def expected(self, query_ids, abilities, *, difficulty: np.ndarray | None = None) -> np.ndarray:
+        """[m, n] float32 the chance each of m models answers each of n questions right (1 - `missed`)."""
+        out = self.missed(query_ids, abilities, difficulty=difficulty)
+        return np.subtract(1, out, out=out)
 
     @functools.cached_property
     def sketch(self) -> np.ndarray:
@@ -119,24 +125,23 @@ class AnswerIndex:
         return self.answers(self.model_ids, self.sketch_queries)
 
     @functools.cached_property
-    def surprises(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """[M, S] float32 each: each model's sketch answers less what difficulty and ability predict (0 where it
-        gave none; at float16's precision, as the sidecar keeps them), their squares, and 1 where it answered.
-        Once per index, not per question asked of it."""
+    def surprises(self) -> np.ndarray:
+        """[M, S] float32 each model's sketch answers less what difficulty and ability predict (0 where it gave
+        none; at float16's precision, as the sidecar keeps them). Once per index, not per question asked of it."""
         seen = self.sketch >= 0
         expected = self.expected(self.sketch_queries, self.ability(self.model_ids))
-        sm = np.where(seen, self.sketch - expected, 0.0).astype(np.float16).astype(np.float32)
-        return sm, sm * sm, seen.astype(np.float32)
+        return np.where(seen, self.sketch - expected, 0.0).astype(np.float16).astype(np.float32)
 
     @functools.cached_property
     def _sketch_rows(self) -> tuple[np.ndarray, np.ndarray]:
-        """([M] sketch questions each model answered, [M] its squared surprises' sum there)."""
-        sm, sm2, seen = self.surprises
-        return seen.sum(axis=1), sm2.sum(axis=1)
+        """([M] sketch questions each model answered, [M] the length of its surprises there)."""
+        sm = self.surprises
+        return (self.sketch >= 0).sum(axis=1), np.sqrt(np.einsum("ij,ij->i", sm, sm, dtype=np.float64))
 
     def nearest_by_sketch(self, qids, y, n: int, exclude: set[int] | frozenset[int] = frozenset()) -> list[int]:
-        """The ids of the n models whose surprises on the sketch questions correlate most with those of the answers
-        y (0/1) on query ids qids, among models sharing MIN_SKETCH_SHARED of them ([] where y has fewer)."""
+        """The ids of the n models whose surprises on the sketch questions point most the way those of the answers
+        y (0/1) on query ids qids do (the cosine of the two, a question either left unanswered counting as no
+        surprise), among models that answered MIN_SKETCH_SHARED of them ([] where y answered fewer)."""
         qids, y = np.asarray(qids, dtype=np.int64), np.asarray(y, dtype=np.float64)
         at = at_sorted(self.sketch_queries, qids)
         if (at >= 0).sum() < MIN_SKETCH_SHARED or not len(self.model_ids):
@@ -147,21 +152,28 @@ class AnswerIndex:
         own[at[at >= 0]] = y[at >= 0]
         own_la = np.log((y.sum() + 1.0) / (len(y) - y.sum() + 1.0))
         sy = (mine * (own - self.expected(self.sketch_queries, [own_la])[0])).astype(np.float32)   # [S], 0: none
-        sm, sm2, seen = self.surprises                                                     # [M, S] each
-        # (matrix-vector products only: no copy of the [M, S] matrices per question asked)
-        whole = bool(mine.all())         # (the usual case: one product over the [M, S] matrices, not three)
-        shared = self._sketch_rows[0] if whole else seen @ mine
-        den = np.sqrt((self._sketch_rows[1] if whole else sm2 @ mine) * (seen @ (sy * sy)))
-        corr = np.where((den > 0) & (shared >= MIN_SKETCH_SHARED), (sm @ sy) / np.where(den > 0, den, 1), -np.inf)
-        corr[np.isin(self.model_ids, list(exclude))] = -np.inf
-        order = np.argsort(-corr, kind="stable")[:n]
+        answered, length = self._sketch_rows
+        den = length * float(np.sqrt(sy @ sy))
+        # (one matrix-vector product: the [M, S] matrix is read once a question asked, never copied)
+        corr = np.where((den > 0) & (answered >= MIN_SKETCH_SHARED), (self.surprises @ sy) / np.where(den > 0, den, 1),
+                        -np.inf)
+        out = at_sorted(self.model_ids, sorted(exclude))
+        corr[out[out >= 0]] = -np.inf
+        top = np.argpartition(-corr, n)[:n] if len(corr) > n else np.arange(len(corr))     # (not a sort of all M)
+        order = top[np.lexsort((top, -corr[top]))]                        # the highest first, ties by model id
         return [int(m) for m in self.model_ids[order[np.isfinite(corr[order])]]]
 
+class Rows(Protocol):
+    """An [m, n] int8 block of answers, or what gives one a slice of rows at a time (serve/answerbook.py)."""
+    def __len__(self) -> int: ...
+    def __getitem__(self, at: slice, /) -> np.ndarray: ...
 
-def errs_alike(block: np.ndarray, y: np.ndarray, scale: AnswerIndex, query_ids: np.ndarray,
+
+def errs_alike(block: Rows, y: np.ndarray, scale: AnswerIndex, query_ids: np.ndarray,
                other_ids: np.ndarray) -> dict[int, tuple[int, float, float | None]]:
-    """What `similar` ranks by, for m models' answers `block` [m, n] (1/0, -1: none) on n queries beside one model's
-    answers y [n] (0/1) there: {model id: (shared, disagreement rate, error correlation)} for those sharing any.
+    """What `similar` ranks by, for m models' answers `block` [m, n] (1/0, -1: none; or anything whose row slices
+    are such arrays) on n queries beside one model's answers y [n] (0/1) there: {model id: (shared, disagreement
+    rate, error correlation)} for those sharing any.
 
     Each answer's surprise is its 0/1 less the chance a model of its ability answers that question right (a logit
     sum from `scale`: the question's difficulty, plus the model's ability over all its questions, less the models'
@@ -169,22 +181,46 @@ def errs_alike(block: np.ndarray, y: np.ndarray, scale: AnswerIndex, query_ids: 
     queries (None when either never surprises). Fine-tunes of one base share mistakes that two unrelated models of
     the same accuracy do not: this ranks a model's family first more often than the disagreement rate does
     (bench/families.py)."""
-    seen = block >= 0
     y = np.asarray(y, dtype=np.float32)
     own_la = np.log((float(y.sum()) + 1.0) / (len(y) - float(y.sum()) + 1.0))
     lp = scale.difficulty(query_ids)
     sy = y - scale.expected(query_ids, [own_la], difficulty=lp)[0]                                    # [n]
-    sm = scale.expected(query_ids, scale.ability(other_ids), difficulty=lp)                           # [m, n]
-    np.subtract(block, sm, out=sm)                                 # (in place: one [m, n] float block in all)
-    sm[~seen] = 0
-    shared = seen.sum(axis=1)
-    differ = shared - (block == y.astype(np.int8)[None, :]).sum(axis=1)
-    num = (sm @ sy).astype(np.float64)
-    den = np.sqrt(np.einsum("ij,ij->i", sm, sm, dtype=np.float64) * (seen @ (sy * sy)))
+    sy2, y8 = sy * sy, y.astype(np.int8)
+    odds, query_odds = scale.odds(scale.ability(other_ids)), np.exp(lp).astype(np.float32)
+    m = len(other_ids)
+    shared, same = np.zeros(m, dtype=np.int64), np.zeros(m, dtype=np.int64)
+    num, sq, their = np.zeros(m), np.zeros(m), np.zeros(m)
+    # (a few rows at a time: each temporary stays under malloc's mapping threshold, 128 KB in a server, so it is
+    # reused memory and not pages mapped afresh, which cost more than the arithmetic)
+    step = max(1, ROWS_BYTES // (4 * max(1, len(y))))
+    for at in range(0, m, step):
+        rows = block[at:at + step]                                                                   # [r, n]
+        seen = rows >= 0
+        # each answer less its chance of being right: answer - 1 + `missed` where answered, 0 elsewhere
+        sm = missed_by_odds(odds[at:at + step], query_odds)
+        sm += rows
+        sm -= 1
+        sm *= seen
+        shared[at:at + step] = seen.sum(axis=1)
+        same[at:at + step] = (rows == y8).sum(axis=1)
+        num[at:at + step] = sm @ sy
+        sq[at:at + step] = np.einsum("ij,ij->i", sm, sm)
+        their[at:at + step] = seen @ sy2
+    differ, den = shared - same, np.sqrt(sq * their)
     return {int(other_ids[i]): (int(shared[i]), float(differ[i] / shared[i]),
                                 None if den[i] == 0 else float(num[i] / den[i]))
             for i in np.flatnonzero(shared > 0).tolist()}
 
+
+ROWS_BYTES = 120_000       # `errs_alike`'s rows at a time: a float32 temporary of [rows, queries] at most this size
+
+
+def missed_by_odds(model_odds: np.ndarray, query_odds: np.ndarray) -> np.ndarray:
+    """[m, n] float32 1 / (1 + each model's odds times each question's): the chance of a wrong answer, made in one
+    buffer with no exponential per cell (a [candidates, queries] block is millions of cells a question asked)."""
+    out = np.multiply.outer(model_odds, query_odds)
+    out += 1
+    return np.reciprocal(out, out=out)
 
 def at_sorted(sorted_ids: np.ndarray, ids) -> np.ndarray:
     """Where each of `ids` sits in `sorted_ids` (-1 where absent)."""

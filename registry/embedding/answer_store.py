@@ -224,9 +224,8 @@ def load(side: Path | None) -> AnswerIndex | None:
         ix = AnswerIndex(tuple(head["key"]), **{name: arrays[name] for name in FIELDS},
                          repeated=arrays["repeated"] if head["repeated_known"] else None)
         # (what `sketch` and `surprises` give, saved: a process asks them once and would pay a third of a second)
-        sm = np.asarray(arrays["surprise"], dtype=np.float32)
         ix.__dict__["sketch"] = arrays["sketch"]
-        ix.__dict__["surprises"] = (sm, sm * sm, (arrays["sketch"] >= 0).astype(np.float32))
+        ix.__dict__["surprises"] = np.asarray(arrays["surprise"], dtype=np.float32)
         return ix
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -239,7 +238,7 @@ def save(ix: AnswerIndex, side: Path | None) -> None:
         return
     arrays = {name: np.ascontiguousarray(getattr(ix, name)) for name in FIELDS}
     arrays.update(repeated=np.asarray(ix.repeated if ix.repeated is not None else [], dtype=np.int64),
-                  surprise=ix.surprises[0].astype(np.float16), sketch=np.ascontiguousarray(ix.sketch))
+                  surprise=ix.surprises.astype(np.float16), sketch=np.ascontiguousarray(ix.sketch))
     offsets, at = {}, 0
     for name, a in arrays.items():
         offsets[name] = at

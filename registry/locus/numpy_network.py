@@ -160,10 +160,11 @@ class Predictor:
                     if not zw:
                         zw.append((zd[:, None, :] * Wzu[None]).reshape(M * Hd, -1))
                     zu = (zw[0] @ u.T).reshape(M, Hd, n)                          # [M,Hd,n]
+                    pre = zu + a[:, :, None] + (u @ Wu.T).T[None]
+                    o = np.einsum("mhn,h->mn", np.maximum(pre, 0.0), head) + hb
                 else:
-                    zu = (zd @ (u[:, None, :] * Wzu[None]).reshape(n * Hd, -1).T).reshape(M, n, Hd).transpose(0, 2, 1)
-                pre = zu + a[:, :, None] + (u @ Wu.T).T[None]
-                o = np.einsum("mhn,h->mn", np.maximum(pre, 0.0), head) + hb
+                    o = few_queries(zd, a, (u[:, None, :] * Wzu[None]).reshape(n * Hd, -1).T, (u @ Wu.T).T,
+                                    head) + hb
                 if qb is not None:
                     o = o + (u @ qb[0] + qb[1])[None]
                 if offsets is not None and ids is not None:
@@ -172,6 +173,28 @@ class Predictor:
             return out
 
         return fast
+
+
+ROWS_BYTES = 100_000     # `few_queries`: models at a time, so that each temporary is at most this size ...
+MIN_ROWS = 64            # ... or this many models, for more queries (an evaluation's thousands)
+
+
+def few_queries(zd: np.ndarray, a: np.ndarray, zu_of: np.ndarray, uw: np.ndarray, head: np.ndarray) -> np.ndarray:
+    """The predictor's output before its bias [M,n] for a few queries: zd [M,D] the embeddings, a [M,Hd] their
+    hidden half, zu_of [D,n*Hd] the queries' half of w_zu(z * u), uw [Hd,n] w_u(u), head [Hd]."""
+    # (a few models at a time: a server routes one text among thousands of models, and [M,Hd,n] temporaries of
+    # megabytes are pages mapped afresh per route, which cost more than the arithmetic)
+    M, Hd = a.shape
+    n = uw.shape[1]
+    out = np.empty((M, n))
+    step = max(MIN_ROWS, ROWS_BYTES // (8 * Hd * n))
+    for at in range(0, M, step):
+        pre = (zd[at:at + step] @ zu_of).reshape(-1, n, Hd).transpose(0, 2, 1)           # [m,Hd,n]
+        pre += a[at:at + step, :, None]
+        pre += uw[None]
+        np.maximum(pre, 0.0, out=pre)
+        out[at:at + step] = np.einsum("mhn,h->mn", pre, head)
+    return out
 
 
 FORMAT = "locus-checkpoint/1"      # a checkpoint's header (checkpoint.py writes it)

@@ -106,21 +106,21 @@ class Serving:
         held = self._similar_reads
         if held is None or held[0] is not snap:     # (a snapshot is swapped in after every write: read once each)
             with self.reg.store.tx() as tx:
-                held = self._similar_reads = (snap, catalog.alias_groups(tx), answer_store.get(tx))
-        _, groups, scale = held
+                held = self._similar_reads = (snap, catalog.alias_groups(tx), answer_store.get(tx),
+                                              dict(zip(snap.pool.names, snap.pool.n_evaluations.tolist())),
+                                              self.reg.probation_min)
+        _, groups, scale, n, probation_min = held
         correct, row, _, _, _, _ = book.view()
         mine = np.flatnonzero(correct[row[own]] >= 0) if own in row else np.zeros(0, dtype=np.int64)
         answers = (book.query_ids()[mine], correct[row[own], mine]) if len(mine) else None
         among = neighbours.candidates(vi, vector, answers, {name}, scale)
         near = neighbours.by_vector(None, vector, vi.size, vi.encoder_id, exclude={name}, vi=vi, among=among,
                                     rates=book.agreement(own, among, scale))
-        n = dict(zip(snap.pool.names, snap.pool.n_evaluations.tolist()))
-        ids = {model: i for i, model in vi.names.items()}
 
         def kin(x, others: list[str]) -> dict[str, float]:       # (neighbours.kin_by_sql, from memory)
-            rates = book.disagreement_on(own, ids[x.model], [ids[o] for o in others])
+            rates = book.disagreement_on(own, vi.id_of(x.model), [vi.id_of(o) for o in others])
             return {vi.names[m]: r for m, r in rates.items()}
-        return neighbours.ranked(near, n, n.get(name), k, model=name, vi=vi, probation_min=self.reg.probation_min,
+        return neighbours.ranked(near, n, n.get(name), k, model=name, vi=vi, probation_min=probation_min,
                                  kin=kin, groups=groups)
 
     def register(self, name: str, evals: str, metadata: dict | None = None, update: bool = False, k: int = 5):

@@ -164,6 +164,9 @@ class Tx:
         if not self.postgres:
             with interrupts.statement(self.raw):
                 return self.raw.sql(statement, params=params or None).to_arrow_table()
+        fast = dialect.copy_out_fixed(self.raw, *dialect.pg_statement(statement, params))
+        if fast is not None:
+            return fast
         with self.raw.cursor() as cur:
             dialect.configure(cur)
             cur.execute(*dialect.pg_statement(statement, params))

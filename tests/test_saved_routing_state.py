@@ -231,3 +231,42 @@ def test_a_refit_after_a_registration_on_probation_reads_no_dataset(db_copy, sma
         with reg.store.tx() as tx:
             fit.keep(tx, refit=True)
         assert reads
+
+
+def test_the_code_digest_reads_the_same_constants_as_a_whole_parse():
+    """The key's settings come from each top-level upper-case literal, parsed one statement at a time: the same
+    names and values, in the same order, as a parse of the whole module (multi-line literals included)."""
+    import ast
+
+    def whole(text: str) -> list:
+        out = []
+        for node in ast.parse(text).body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                    and node.targets[0].id.isupper():
+                try:
+                    out.append((node.targets[0].id, ast.literal_eval(node.value)))
+                except ValueError:
+                    pass
+        return out
+    sample = 'X = 1\nY = {\n    "a": (1, 2),\n}\n_Z = f(3)\nW == 4\nclass A:\n    B = 5\nC: int = 6\nD = [1,\n     2]\n'
+    assert state.module_constants(sample) == whole(sample) == [("X", 1), ("Y", {"a": (1, 2)}), ("D", [1, 2])]
+    for m in state.BUILT_BY:
+        text = open(state._origin(m)).read()
+        assert state.module_constants(text) == whole(text), m
+
+
+@pytest.mark.slow
+def test_the_copy_beside_the_file_is_read_only_for_the_row_it_copies(db_copy):
+    built = route_in_a_new_process(db_copy)          # saves the state, and on the next read its copy beside the file
+    side = db_copy.parent / f"{db_copy.name}.index" / "routing-state.npz"
+    assert route_in_a_new_process(db_copy)["routes"] == built["routes"]
+    assert side.is_file()
+    stamp = side.read_bytes()[:200]
+    assert state.FORMAT.encode() in stamp
+    side.write_bytes(side.read_bytes()[:100])     # damaged: the database's row is read instead
+    assert route_in_a_new_process(db_copy)["routes"] == built["routes"]
+    with duckdb.connect(str(db_copy)) as con:     # the row saved again later: the old copy is not its payload
+        con.execute("UPDATE routing_states SET created = created + INTERVAL 1 SECOND")
+    before = side.read_bytes()
+    assert route_in_a_new_process(db_copy)["routes"] == built["routes"]
+    assert side.read_bytes() != before

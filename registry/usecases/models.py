@@ -5,18 +5,27 @@ registry (None: its data sets it, read in the same transaction)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from registry.answers import catalog, maps, neighbours, probe_plans
-from registry.answers import fallback as fallbacks
-from registry.answers import fingerprint as fingerprints
-from registry.answers import geometry as geometries
-from registry.answers import portfolio as portfolios
+from registry.answers import catalog, neighbours
 from registry.core.errors import InputError
+from registry.core.lazy import LazyModule
 from registry.core.store import Store
 from registry.core.transaction import Tx
 from registry.embedding import encoders, evidence
-from registry.routing import accuracy as routing_accuracy
+
+if TYPE_CHECKING:
+    from registry.answers import fallback as fallbacks
+    from registry.answers import fingerprint as fingerprints
+    from registry.answers import geometry as geometries
+    from registry.answers import maps, probe_plans
+    from registry.answers import portfolio as portfolios
+    from registry.routing import accuracy as routing_accuracy
+else:       # (a command reads one of these: `similar`, as a new process, need not load the others)
+    fallbacks, fingerprints, geometries = (LazyModule(f"registry.answers.{m}")
+                                           for m in ("fallback", "fingerprint", "geometry"))
+    maps, probe_plans, portfolios = (LazyModule(f"registry.answers.{m}") for m in ("maps", "probe_plans", "portfolio"))
+    routing_accuracy = LazyModule("registry.routing.accuracy")
 
 
 def pool(tx: Tx, as_of: str | None = None) -> geometries.Pool:

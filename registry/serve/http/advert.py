@@ -18,10 +18,8 @@ import hashlib
 import hmac
 import json
 import os
-import secrets
 import stat
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 
@@ -56,6 +54,8 @@ def url_for(host: str, port: int) -> str:
 
 
 def new_secret() -> str:
+    import secrets  # (here, not above: every command looks for an advert, only `serve` writes one)
+
     return secrets.token_hex(32)
 
 
@@ -68,6 +68,8 @@ def write(db: str, url: str, token: bool, secret: str) -> str | None:
     """Advertise this process as the server of `db` (atomically: a reader sees the old file or the whole new one),
     readable by its owner only (it holds `secret`). -> the file's path; None where it cannot be written (a read-only
     folder): the command line then says the file is served without knowing where."""
+    import tempfile
+
     path = path_of(db)
     body = json.dumps({"pid": os.getpid(), "url": url, "db": os.path.abspath(db), "token": bool(token),
                        "started": time.time(), "secret": secret})

@@ -113,3 +113,15 @@ def test_a_portfolio_scores_a_partly_evaluated_model_by_evaluates_rule_where_it_
     s = SplitScores("test", np.arange(4), ["a", "b"], probs, correct, np.array([True, True]))
     assert s.accuracy(["a"]) == 0.75 and s.accuracy(["b"]) == 0.25
     assert s.accuracy(["a", "b"]) == s.accuracy() == 0.75          # b where it answered, a elsewhere
+
+
+def test_the_listed_candidates_are_a_stable_sorts_first_n_without_sorting_all():
+    """`most_likely` picks the n highest by a partition: the same rows, in the same order (ties by row), as the first
+    n of a stable sort, whatever the ties and wherever the n-th falls among them."""
+    from registry.routing.choice import most_likely
+
+    rng = np.random.default_rng(7)
+    for _ in range(500):
+        p = rng.integers(0, 4, size=int(rng.integers(1, 40))).astype(np.float32) / 3
+        n = int(rng.integers(1, 45))
+        assert most_likely(p, n).tolist() == np.argsort(-p, kind="stable")[:n].tolist()

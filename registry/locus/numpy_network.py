@@ -139,7 +139,7 @@ class Predictor:
         zd = np.asarray(z, dtype=np.float64)
         a = zd @ w["w_z.weight"].T + w["w_z.bias"]                                # [M,Hd]
         M, Hd = a.shape
-        Wzu = w["w_zu.weight"]                                                    # [Hd,D]
+        Wzu, Wz, bz = w["w_zu.weight"], w["w_z.weight"], w["w_z.bias"]            # [Hd,D], [Hd,D], [Hd]
         zw = []        # z's side of w_zu(z * u) [M*Hd,D]: built on the first batch of more queries than models
         Wq, bq, Wu = w["q_proj.weight"], w["q_proj.bias"], w["w_u.weight"]
         head, hb = w["head.weight"][0], float(w["head.bias"][0])
@@ -163,8 +163,9 @@ class Predictor:
                     pre = zu + a[:, :, None] + (u @ Wu.T).T[None]
                     o = np.einsum("mhn,h->mn", np.maximum(pre, 0.0), head) + hb
                 else:
-                    o = few_queries(zd, a, (u[:, None, :] * Wzu[None]).reshape(n * Hd, -1).T, (u @ Wu.T).T,
-                                    head) + hb
+                    # w_z(z) + w_zu(z * u) = z (W_z + W_zu u)^T + b_z: one product per model and query
+                    o = few_queries(zd, (u[:, None, :] * Wzu[None] + Wz[None]).reshape(n * Hd, -1).T,
+                                    (u @ Wu.T).T + bz[:, None], head) + hb
                 if qb is not None:
                     o = o + (u @ qb[0] + qb[1])[None]
                 if offsets is not None and ids is not None:
@@ -179,19 +180,19 @@ ROWS_BYTES = 100_000     # `few_queries`: models at a time, so that each tempora
 MIN_ROWS = 64            # ... or this many models, for more queries (an evaluation's thousands)
 
 
-def few_queries(zd: np.ndarray, a: np.ndarray, zu_of: np.ndarray, uw: np.ndarray, head: np.ndarray) -> np.ndarray:
-    """The predictor's output before its bias [M,n] for a few queries: zd [M,D] the embeddings, a [M,Hd] their
-    hidden half, zu_of [D,n*Hd] the queries' half of w_zu(z * u), uw [Hd,n] w_u(u), head [Hd]."""
+def few_queries(zd: np.ndarray, zu_of: np.ndarray, bias: np.ndarray, head: np.ndarray) -> np.ndarray:
+    """The predictor's output before its bias [M,n] for a few queries: zd [M,D] the embeddings, zu_of [D,n*Hd] the
+    queries' side of w_z(z) + w_zu(z * u), bias [Hd,n] the rest of the hidden layer (w_u(u) and w_z's bias), head
+    [Hd]."""
     # (a few models at a time: a server routes one text among thousands of models, and [M,Hd,n] temporaries of
     # megabytes are pages mapped afresh per route, which cost more than the arithmetic)
-    M, Hd = a.shape
-    n = uw.shape[1]
+    Hd, n = bias.shape
+    M = len(zd)
     out = np.empty((M, n))
     step = max(MIN_ROWS, ROWS_BYTES // (8 * Hd * n))
     for at in range(0, M, step):
         pre = (zd[at:at + step] @ zu_of).reshape(-1, n, Hd).transpose(0, 2, 1)           # [m,Hd,n]
-        pre += a[at:at + step, :, None]
-        pre += uw[None]
+        pre += bias[None]
         np.maximum(pre, 0.0, out=pre)
         out[at:at + step] = np.einsum("mhn,h->mn", pre, head)
     return out

@@ -131,15 +131,29 @@ def hold(db, seconds: float, *argv: str):
 
 @pytest.mark.slow
 def test_a_command_waits_its_turn_on_a_held_file(db_copy):
-    proc = hold(db_copy, 1.5)
+    """The holder lets go only once the command has said it waits (a fixed hold raced a slow start on a busy
+    machine: the command came after the file was free, and said nothing)."""
+    code = ("import sys, duckdb; c = duckdb.connect(sys.argv[1]); print('held', flush=True); sys.stdin.readline(); "
+            "c.close()")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(db_copy)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    env = {k: v for k, v in os.environ.items() if k != "REGISTRY_TOKEN"} | {"REGISTRY_BUSY_TIMEOUT": "60"}
     try:
         t0 = time.monotonic()
-        r = cli(db_copy, "stats", "--json", env={"REGISTRY_BUSY_TIMEOUT": "30"})
+        proc = subprocess.Popen([sys.executable, "-m", "registry", "--db", str(db_copy), "stats", "--json"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+        said = proc.stderr.readline()
+        time.sleep(0.5)
+        holder.stdin.write("go\n")
+        holder.stdin.flush()
+        out, rest = proc.communicate(timeout=120)
         waited = time.monotonic() - t0
     finally:
-        proc.wait(timeout=30)
-    assert r.returncode == 0 and json.loads(r.stdout)["models"] > 0, r.stderr
-    assert r.stderr.count(f"waiting for process {proc.pid}") == 1 and r.stderr.count("\n") == 1, r.stderr
+        holder.kill()
+        holder.wait(timeout=30)
+    assert proc.returncode == 0 and json.loads(out)["models"] > 0, said + rest
+    assert f"waiting for process {holder.pid}" in said and rest == "", said + rest
     assert waited >= 0.5
 
 

@@ -104,19 +104,16 @@ class AnswerIndex:
         """The models' mean ability: the centre an average model's predicted answers are drawn from."""
         return self._logits[2]
 
-    def missed(self, query_ids, abilities, *, difficulty: np.ndarray | None = None) -> np.ndarray:
-        """[m, n] float32 the chance each of m models (their `ability`) answers each of n questions wrong
-        (`difficulty`: the questions' own, where the caller has them): the logistic of the two logits' sum."""
-        lp = self.difficulty(query_ids) if difficulty is None else difficulty
-        return missed_by_odds(self.odds(abilities), np.exp(lp).astype(np.float32))
-
     def odds(self, abilities) -> np.ndarray:
         """[m] float32 each model's odds of a right answer over an average model's (its ability less `mid`)."""
         return np.exp(np.asarray(abilities, dtype=np.float64) - self.mid).astype(np.float32)
 
     def expected(self, query_ids, abilities, *, difficulty: np.ndarray | None = None) -> np.ndarray:
-        """[m, n] float32 the chance each of m models answers each of n questions right (1 - `missed`)."""
-        out = self.missed(query_ids, abilities, difficulty=difficulty)
+        """[m, n] float32 the chance each of m models (their `ability`) answers each of n questions right
+        (`difficulty`: the questions' own, where the caller has them): the logistic of the two logits' sum, as 1 less
+        `missed_by_odds`."""
+        lp = self.difficulty(query_ids) if difficulty is None else difficulty
+        out = missed_by_odds(self.odds(abilities), np.exp(lp).astype(np.float32))
         return np.subtract(1, out, out=out)
 
     @functools.cached_property
@@ -196,7 +193,7 @@ def errs_alike(block: Rows, y: np.ndarray, scale: AnswerIndex, query_ids: np.nda
     for at in range(0, m, step):
         rows = block[at:at + step]                                                                   # [r, n]
         seen = rows >= 0
-        # each answer less its chance of being right: answer - 1 + `missed` where answered, 0 elsewhere
+        # each answer less its chance of being right: answer - 1 + `missed_by_odds` where answered, 0 elsewhere
         sm = missed_by_odds(odds[at:at + step], query_odds)
         sm += rows
         sm -= 1

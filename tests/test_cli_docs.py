@@ -25,7 +25,9 @@ NOT_API = ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
 
 def _commands(group: click.Group, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
     out = []
-    for name, cmd in sorted(group.commands.items()):
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):
+        cmd = group.get_command(ctx, name)
         out.append(path + (name,))
         if isinstance(cmd, click.Group):
             out += _commands(cmd, path + (name,))
@@ -76,12 +78,29 @@ COMMAND_FILES = sorted(p for p in (PACKAGE / "cli").glob("*.py") if p.name not i
 
 
 def test_cli_attaches_exactly_the_command_modules_lists():
-    modules = {m.__name__.rsplit(".", 1)[1] for m in cli_module.COMMAND_MODULES}
-    assert modules == {p.stem for p in COMMAND_FILES}, \
+    import importlib
+
+    assert set(cli_module.COMMANDS_BY_MODULE) == {p.stem for p in COMMAND_FILES}, \
         "every registry/cli/ command module is attached by registry/cli/__init__.py"
-    listed = [c for m in cli_module.COMMAND_MODULES for c in m.COMMANDS]
-    assert sorted(c.name for c in listed) == sorted(cli.commands)
-    assert all(cli.commands[c.name] is c for c in listed)
+    ctx = click.Context(cli)
+    for module, names in cli_module.COMMANDS_BY_MODULE.items():
+        listed = importlib.import_module(f"registry.cli.{module}").COMMANDS
+        assert [c.name for c in listed] == list(names), module
+        assert all(cli.get_command(ctx, c.name) is c for c in listed)
+    assert cli.list_commands(ctx) == sorted(n for names in cli_module.COMMANDS_BY_MODULE.values() for n in names)
+    assert cli.get_command(ctx, "no-such-command") is None
+
+
+def test_a_command_loads_its_own_module_only():
+    """`registry similar` imports registry/cli/geometry.py and none of the other command modules."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from registry.cli import cli; "
+            "sys.argv = ['registry', 'similar', '--help']; cli.main(standalone_mode=False); "
+            "print(sorted(m for m in sys.modules if m.startswith('registry.cli.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "['registry.cli.common', 'registry.cli.geometry']"
 
 
 @pytest.mark.parametrize("path", COMMAND_FILES, ids=lambda p: p.name)

@@ -120,7 +120,8 @@ def similar(tx: Tx, *, model: str | None, evals: str | None, k: int, as_of: str 
     among = candidates(vi, vector, answers, {model} if model else set(), scale)
     near = by_vector(tx, vector, vi.size, encoder_id, as_of=as_of, exclude={model} if model else None,
                      answers=answers, vi=vi, errors=True, before_batch=then, among=among, scale=scale)
-    n = {name: v[1] for name, v in catalog.current_versions(tx, encoder_id, as_of).items()}
+    wanted = [x.model for x in near] + ([model] if model is not None else [])     # (not all ten thousand)
+    n = {name: v[1] for name, v in catalog.current_versions(tx, encoder_id, as_of, names=wanted).items()}
     if model is not None:                # how surely the model itself is placed: the evaluations behind it
         own_n = n.get(model)
     return ranked(near, n, own_n, k, model=model, vi=vi, probation_min=probation_min,

@@ -23,21 +23,10 @@ if os.path.basename(sys.argv[0]) == "registry" or sys.argv[0].endswith(os.path.j
 # beside faiss's or torch's OpenMP pool its threads spun so that a 31 x 12,032 product took 1.7 s instead of 10 ms
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
+import importlib  # noqa: E402
+
 import click  # noqa: E402
 
-from registry.cli import (  # noqa: E402
-    asking,
-    data,
-    db,
-    encoders,
-    feedback,
-    geometry,
-    models,
-    routing,
-    serving,
-    tidying,
-    verify,
-)
 from registry.cli.common import emit_json, handles_errors, interrupted, open_registry, table  # noqa: E402
 from registry.core import settings  # noqa: E402
 from registry.core.errors import RegistryError  # noqa: E402
@@ -45,12 +34,36 @@ from registry.core.interrupts import forget_sigint, raise_interrupt  # noqa: E40
 
 __all__ = ["cli", "main", "emit_json", "handles_errors", "open_registry", "table"]
 
-COMMAND_MODULES = (db, data, models, tidying, encoders, geometry, routing, serving, asking, verify, feedback)
+# Each command module's COMMANDS, by name: a command's process imports its own module, not all eleven (a tenth of
+# `registry similar`'s start-up); tests/test_cli_docs.py holds this to the modules' lists.
+COMMANDS_BY_MODULE = {
+    "db": ("db",),
+    "data": ("import", "export", "vectors", "draw-splits"),
+    "models": ("models", "show", "stats", "register", "probe", "onboard", "history", "diff"),
+    "tidying": ("delete", "rename"),
+    "encoders": ("encoders", "train", "evaluate"),
+    "geometry": ("similar", "fingerprint", "portfolio", "fallback", "map", "geometry"),
+    "routing": ("route", "log", "mark-unavailable", "mark-available"),
+    "serving": ("serve", "endpoints"),
+    "asking": ("ask", "prompt"),
+    "verify": ("verify", "watch"),
+    "feedback": ("feedback", "feedback-source", "drift"),
+}
+_MODULE_OF = {name: module for module, names in COMMANDS_BY_MODULE.items() for name in names}
 
 
 class RegistryGroup(click.Group):
     """The root group: Ctrl-C anywhere outside a command's own handling (`handles_errors`) is one line and exit 130,
-    not click's "Aborted!" and exit 1."""
+    not click's "Aborted!" and exit 1. Its commands are attached from their module when first asked for."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(_MODULE_OF)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in _MODULE_OF:
+            for command in importlib.import_module(f"registry.cli.{_MODULE_OF[cmd_name]}").COMMANDS:
+                self.add_command(command)
+        return self.commands.get(cmd_name)
 
     def invoke(self, ctx: click.Context):
         try:
@@ -77,11 +90,6 @@ def cli(ctx: click.Context, db: str | None, probation_min: int | None) -> None:
     except RegistryError as exc:
         raise click.ClickException(str(exc)) from None
     ctx.obj = {"db": db or env.db, "registry": None, "probation_min": probation_min}
-
-
-for _module in COMMAND_MODULES:
-    for _command in _module.COMMANDS:
-        cli.add_command(_command)
 
 
 def quiet_interrupt(unraisable) -> None:

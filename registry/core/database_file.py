@@ -208,6 +208,18 @@ def wait_for_lock(path: str, connect: Callable[[], Any]) -> Any:
             pause = min(2 * pause, 0.25)
 
 
+def revision(con: Any) -> str | None:
+    """The Alembic revision of an open DuckDB file (None: it holds no schema), asked straight: a look in DuckDB's
+    catalog first took 15 ms of every command."""
+    import duckdb
+
+    try:
+        rows = con.execute("select version_num from alembic_version").fetchall()
+    except duckdb.CatalogException:
+        return None
+    return rows[0][0] if rows else None
+
+
 def writable(path: str) -> bool:
     """May this process write the DuckDB file (a new one: create it) and its folder (the write-ahead log)?"""
     folder = os.path.dirname(os.path.abspath(path))

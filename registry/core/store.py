@@ -217,6 +217,8 @@ class Store:
 
     # --- schema -------------------------------------------------------------------------------------------
     def current_revision(self) -> str | None:
+        if self.dialect == "duckdb":
+            return database_file.revision(self.con)
         with self.tx() as tx:
             if not tx.sql(dialect.TABLE_EXISTS[self.dialect].replace(":name", "?"), ["alembic_version"])[0][0]:
                 return None

@@ -119,8 +119,6 @@ def log_rows(decs: list[Decision], texts: list[str] | None, encoder_id: int, opt
 def append_log(tx: Tx, rows: list[tuple]) -> None:
     """Append routing_log rows (`log_rows`) in one native bulk insert (Arrow), whatever their number: the server's
     writer appends many requests' rows at once."""
-    import pyarrow as pa
-
     if not rows:
         return
     sql = """INSERT INTO routing_log (query_hash, text, model, fallback, candidates, encoder_id, versions, options)
@@ -130,6 +128,8 @@ def append_log(tx: Tx, rows: list[tuple]) -> None:
         one = ", ".join(f"?::{t} AS {c}" for c, t in zip(LOG_COLUMNS, _LOG_TYPES))
         tx.sql(sql.format(f"(SELECT {one})"), list(rows[0]))
         return
+    import pyarrow as pa
+
     types = {"BOOLEAN": pa.bool_(), "BIGINT": pa.int64(), "VARCHAR": pa.string()}
     tbl = pa.table({c: pa.array(v, type=types[t]) for c, t, v in zip(LOG_COLUMNS, _LOG_TYPES, zip(*rows))})
     with tx.table("_route_log", tbl):

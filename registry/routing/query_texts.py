@@ -136,6 +136,8 @@ def _by_hash(tbl) -> dict[str, np.ndarray]:
 def keep_vectors(tx: Tx, hashes: list[str], vectors: np.ndarray) -> None:
     """Store routed texts' vectors by content hash (text_vectors is a cache keyed by it), so that the same text routes
     again, from any process, without loading MiniLM."""
+    if not hashes:        # (a route of known texts only: nothing to keep, and no Arrow to load for it)
+        return
     from registry.data import vector_files as text_vectors
 
     text_vectors.insert(tx, hashes, vectors)

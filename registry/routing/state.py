@@ -25,6 +25,7 @@ import os
 import re
 import sys
 import threading
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -261,26 +262,34 @@ def load(tx: Tx, k: tuple) -> dict | None:
     if not rows:
         return None
     stamp = f"{text}\n{rows[0][0]}".encode()
-    payload = _read_copy(side, stamp)
-    if payload is None:
+    arrays = _read_copy(side, stamp)
+    if arrays is None:
         payload = bytes(tx.sql("SELECT payload FROM routing_states WHERE key = ?", [text])[0][0])
         _write_copy(side, stamp, payload)
-    with np.load(io.BytesIO(payload), allow_pickle=False) as npz:
-        arrays = {name: npz[name] for name in npz.files}
+        arrays = _arrays(io.BytesIO(payload))
     doc = json.loads(arrays.pop("__doc__").tobytes().decode())
     return {name: _decode(v, arrays) for name, v in doc.items()}
 
 
-def _read_copy(side: Path | None, stamp: bytes) -> bytes | None:
-    """The payload copied beside the file, where it copies the row `stamp` names (key and creation time)."""
-    try:
-        if side is None or not side.is_file():
-            return None
-        blob = side.read_bytes()
-    except OSError:
-        return None
+def _arrays(source) -> dict:
+    with np.load(source, allow_pickle=False) as npz:
+        return {name: npz[name] for name in npz.files}
+
+
+def _read_copy(side: Path | None, stamp: bytes) -> dict | None:
+    """The arrays of the payload copied beside the file, where it copies the row `stamp` names (key and creation
+    time). Read from the file where they lie (the archive reader skips the stamp before it): no copy of the payload
+    in memory first."""
     head = len(stamp).to_bytes(8, "little") + stamp
-    return blob[len(head):] if blob.startswith(head) else None
+    try:
+        if side is None:
+            return None
+        with open(side, "rb") as f:
+            if f.read(len(head)) != head:
+                return None
+            return _arrays(f)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile):   # (none yet, or cut short: the row is read)
+        return None
 
 
 def _write_copy(side: Path | None, stamp: bytes, payload: bytes) -> None:

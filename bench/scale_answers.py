@@ -3,8 +3,9 @@ the commands as new processes and the server's answers over HTTP.
 
     .venv/bin/python bench/scale_answers.py --db SCALE_DB [--runs 3] [--requests 50] [--only process|http]
 
-- As processes (`registry ... --json`, wall time of each child, best and worst of `--runs`): `similar` of a new
-  model and of a real one, `route` of a known text (a test question's own text), `models --limit 100`, `stats`.
+- As processes (`registry ... --json`, wall time of each child, median, best and worst of `--runs`, in turns):
+  `similar` of a new model and of a real one, `route` of a known text (a test question's own text), `models --limit
+  100`, `stats`, and the floor: a process importing numpy, DuckDB, FAISS and click.
 - Over HTTP (`registry serve` on the same file, warmed by one request of each kind): p50 / p99 of `--requests`
   each of GET /models/X/similar (a different model each time), POST /route (known texts), GET /models (first page), GET / (the home page), and
   the server's start until `/health` says ready.
@@ -67,17 +68,24 @@ def main() -> None:
     base = CLI + ["--db", args.db]
     rows: list[tuple[str, str, str]] = []
 
-    def processes(label: str, cmd: list[str]) -> None:
-        walls = [timed_child(base + cmd) for _ in range(args.runs)]
-        rows.append((f"{label} (process)", f"{min(walls):.2f} / {max(walls):.2f} s", "best / worst"))
-        print(rows[-1], flush=True)
-
     if args.only != "http":
-        processes(f"similar {new}", ["similar", new, "-k", "5", "--json"])
-        processes(f"similar {real}", ["similar", real, "-k", "5", "--json"])
-        processes("route a known text", ["route", texts[0], "--json"])
-        processes("models --limit 100", ["models", "--limit", "100", "--json"])
-        processes("stats", ["stats", "--json"])
+        # in turns, each command once a round: the machine's slow spells fall on all of them alike; beside them the
+        # floor, a process that only imports what every command does (numpy, DuckDB, FAISS, click)
+        children = [(f"similar {new}", base + ["similar", new, "-k", "5", "--json"]),
+                    (f"similar {real}", base + ["similar", real, "-k", "5", "--json"]),
+                    ("route a known text", base + ["route", texts[0], "--json"]),
+                    ("models --limit 100", base + ["models", "--limit", "100", "--json"]),
+                    ("stats", base + ["stats", "--json"]),
+                    ("floor: python importing numpy, duckdb, faiss, click",
+                     [sys.executable, "-c", "import numpy, duckdb, faiss, click"])]
+        walls: dict[str, list[float]] = {label: [] for label, _ in children}
+        for _ in range(args.runs):
+            for label, argv in children:
+                walls[label].append(timed_child(argv))
+        for label, w in walls.items():
+            rows.append((f"{label} (process)", f"{np.median(w):.2f} s ({min(w):.2f} / {max(w):.2f})",
+                         f"median (best / worst) of {args.runs}"))
+            print(rows[-1], flush=True)
     if args.only == "process":
         return table(rows, n_models, n_evals, args.db)
 

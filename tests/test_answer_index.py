@@ -53,6 +53,13 @@ def test_totals_are_the_current_answers_and_an_update_is_a_rebuild(db_copy, smal
             assert np.array_equal(updated.sketch, rebuilt.sketch)
             again = tx.sql("SELECT id FROM models WHERE name = ?", [MODEL])[0][0]
             assert updated.repeated.tolist() == rebuilt.repeated.tolist() == [again]
+            # a model's count and accuracy: summed as its rows stand where it answered each question once, by the
+            # rule where it answered again; either way the rule's own figures
+            fast, by_rule = current_evaluations.per_model(tx), current_evaluations.per_model_grouped(tx, None)
+            assert fast.keys() == by_rule.keys() and fast[again][0] == len(rows)
+            assert all(fast[m][0] == by_rule[m][0] and fast[m][1] == pytest.approx(by_rule[m][1]) for m in fast)
+            plain = tx.sql("SELECT count(*) FROM evaluations WHERE model_id = ?", [again])[0][0]
+            assert plain == len(rows) + 40 and current_evaluations.per_model(tx, [again]) == {again: by_rule[again]}
         # `stats` counts from the index where it is current (the aliases' few rows read): the count over every row
         reg.register("renamed", str(write_rows(tmp_path / "alias.csv", rows[:80])), alias_of=MODEL)
         with reg.store.tx() as tx:

@@ -73,7 +73,7 @@ def models(tx: Tx, probation_min: int, stats: dict | None = None, *, limit: int 
                       FROM models ORDER BY lower(name), name{page}""")
     if stats is None:
         stats = evaluation_stats(tx, [r[0] for r in rows] if paged else None)
-    state = _state(tx)
+    state = _state(tx, [r[1] for r in rows] if paged else None)
     of = {name: target for name, (target, _) in aliases(tx).items()}
     out = []
     for mid, *meta in rows:
@@ -89,8 +89,7 @@ def model_count(tx: Tx) -> int:
 
 def evaluation_stats(tx: Tx, model_ids=None) -> dict[int, tuple[int, float | None]]:
     """{model id: (current evaluations, accuracy)} for every model, or only `model_ids`."""
-    return {m: (int(n), a) for m, n, a in tx.sql(
-        f"SELECT model_id, count(*), avg(correct::INT) FROM {current(model_ids=model_ids)} e GROUP BY model_id")}
+    return current_evaluations.per_model(tx, model_ids)
 
 
 def newest_batch(tx: Tx) -> int:
@@ -211,10 +210,11 @@ def current_versions(tx: Tx, encoder_id: int, as_of: str | None = None,
         GROUP BY m.name""", [encoder_id] + ([as_of] if as_of else []) + ([list(names)] if names is not None else []))}
 
 
-def _state(tx: Tx):
-    """({name: (current version, evaluations behind it)} under the active encoder, names marked unavailable)."""
+def _state(tx: Tx, names: list[str] | None = None):
+    """({name: (current version, evaluations behind it)} under the active encoder (of `names` only, if given), names
+    marked unavailable)."""
     encoder_id = encoders.active_id(tx)
-    current = {} if encoder_id is None else current_versions(tx, encoder_id)
+    current = {} if encoder_id is None else current_versions(tx, encoder_id, names=names)
     return current, set(availability.unavailable_models(tx))
 
 

@@ -95,6 +95,37 @@ def count(tx: Tx) -> int:
     return int(tx.sql(f"SELECT count(*) FROM {CURRENT} e")[0][0])
 
 
+def per_model(tx: Tx, model_ids=None) -> dict[int, tuple[int, float | None]]:
+    """{model id: (current evaluations, their accuracy)} of every registered model, or of `model_ids`. On DuckDB one
+    pass: a model whose rows hold each question once (its bitmap of questions counts all its rows) is summed as it
+    stands; only the others are grouped per (model, query) (100 models of 10^8 rows: 24 ms, not 200)."""
+    bounds = bitmap_bounds(tx)
+    if bounds is None:
+        return per_model_grouped(tx, model_ids)
+    where = "model_id IN (SELECT id FROM models)"
+    if model_ids is not None:      # (the registered of them, then their rows by the ids and their range: a join
+        #                              with every model's id cost a third of the time)
+        listed = ", ".join(str(int(m)) for m in model_ids) or "NULL"
+        ids = [r[0] for r in tx.sql(f"SELECT id FROM models WHERE id IN ({listed})")]
+        if not ids:
+            return {}
+        where = f"model_id IN ({', '.join(map(str, ids))}) AND model_id BETWEEN {min(ids)} AND {max(ids)}"
+    rows = tx.sql(f"""SELECT model_id, count(*), avg(correct::INT),
+                             count(*) = bit_count(bitstring_agg(query_id, {bounds[0]}, {bounds[1]}))
+                      FROM evaluations WHERE {where} GROUP BY model_id""")
+    out = {m: (int(n), a) for m, n, a, once in rows if once}
+    again = [m for m, _, _, once in rows if not once]
+    if again:
+        out.update(per_model_grouped(tx, again))
+    return out
+
+
+def per_model_grouped(tx: Tx, model_ids) -> dict[int, tuple[int, float | None]]:
+    """`per_model` by the rule itself, each (model, query)'s newest row (what the fast pass falls back on)."""
+    return {m: (int(n), a) for m, n, a in tx.sql(
+        f"SELECT model_id, count(*), avg(correct::INT) FROM {current(model_ids=model_ids)} e GROUP BY model_id")}
+
+
 def newest_per_query(res: dict) -> dict:
     """Keep each (model, query)'s row from its newest batch, sorted by model, then query (numpy: cheaper than a
     GROUP BY for one model)."""

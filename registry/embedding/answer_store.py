@@ -205,7 +205,7 @@ def sidecar_path(db_path: str) -> Path | None:
     return None if dialect.is_url(db_path) or not db_path else Path(f"{db_path}.index") / "answers.bin"
 
 
-MAGIC = b"LOCUS-ANSWERS-1\n"
+MAGIC = b"LOCUS-ANSWERS-2\n"
 
 
 def load(side: Path | None) -> AnswerIndex | None:
@@ -225,7 +225,7 @@ def load(side: Path | None) -> AnswerIndex | None:
                          repeated=arrays["repeated"] if head["repeated_known"] else None)
         # (what `sketch` and `surprises` give, saved: a process asks them once and would pay a third of a second)
         ix.__dict__["sketch"] = arrays["sketch"]
-        ix.__dict__["surprises"] = np.asarray(arrays["surprise"], dtype=np.float32)
+        ix.__dict__["surprises"] = arrays["surprise"]      # (float16 values, kept as float32: mapped as is)
         return ix
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -238,7 +238,7 @@ def save(ix: AnswerIndex, side: Path | None) -> None:
         return
     arrays = {name: np.ascontiguousarray(getattr(ix, name)) for name in FIELDS}
     arrays.update(repeated=np.asarray(ix.repeated if ix.repeated is not None else [], dtype=np.int64),
-                  surprise=ix.surprises.astype(np.float16), sketch=np.ascontiguousarray(ix.sketch))
+                  surprise=np.ascontiguousarray(ix.surprises, dtype=np.float32), sketch=np.ascontiguousarray(ix.sketch))
     offsets, at = {}, 0
     for name, a in arrays.items():
         offsets[name] = at

@@ -163,3 +163,23 @@ def test_every_command_runs_on_postgres(pg_server, pg_base, small_data, tmp_path
     for args in commands:
         out = CliRunner().invoke(cli, ["--db", url, *args])
         assert out.exit_code == 0, (args, out.output[-500:], out.exception)
+
+
+def test_bulk_reads_come_whole_and_in_order(pg_url):
+    """dialect.copy_out_fixed (one COPY row of arrays) gives the rows a plain fetch gives, in a statement's own order,
+    none for no rows, and declines (None) a NULL: the caller then reads row by row."""
+    import psycopg
+
+    from registry.core import dialect
+
+    with psycopg.connect(pg_url) as conn:
+        stmt = ("SELECT g AS id, g * 0.5::float8 AS half, g % 3 = 0 AS third, (g * 7919 % 1000)::bigint AS mixed "
+                "FROM generate_series(1, 5000) g ORDER BY mixed DESC, id")
+        got = dialect.copy_out_fixed(conn, stmt, None)
+        want = conn.execute(stmt).fetchall()
+        assert got.num_rows == 5000 and list(zip(*(got.column(c).to_pylist() for c in got.column_names))) == want
+        assert str(got.schema.field("third").type) == "bool" and str(got.schema.field("mixed").type) == "int64"
+        empty = dialect.copy_out_fixed(conn, "SELECT g FROM generate_series(1, 3) g WHERE g > %s", [5])
+        assert empty.num_rows == 0 and str(empty.schema.field("g").type) == "int32"
+        assert dialect.copy_out_fixed(conn, "SELECT NULLIF(g, 2) AS g FROM generate_series(1, 3) g", None) is None
+        assert dialect.copy_out_fixed(conn, "SELECT 'text' AS t", None) is None

@@ -141,9 +141,14 @@ def _lookup(sorted_ids: np.ndarray) -> np.ndarray:
     return out
 
 
-def _chunk(tx: Tx, source: str, q_ids: np.ndarray) -> _Chunk:
-    """The rows of `source` (a subquery of the answers that count), packed by model over the columns q_ids."""
-    rows = tx.numpy(f"SELECT model_id, query_id, correct::INT AS correct FROM {source} e")
+def _chunk(tx: Tx, source: str, q_ids: np.ndarray, *, newest: bool = False) -> _Chunk:
+    """The rows of `source` (a subquery of the answers that count), packed by model over the columns q_ids; with
+    `newest`, its rows as they lie, each (model, query)'s newest kept here (current_evaluations.newest_per_query)."""
+    if newest:
+        rows = current_evaluations.newest_per_query(
+            tx.numpy(f"SELECT model_id, query_id, correct::INT AS correct, batch_id FROM {source} e"))
+    else:
+        rows = tx.numpy(f"SELECT model_id, query_id, correct::INT AS correct FROM {source} e")
     mid, qid = np.asarray(rows["model_id"], dtype=np.int64), np.asarray(rows["query_id"], dtype=np.int64)
     if not len(mid) or not len(q_ids):
         none = np.zeros(0, dtype=np.int64)
@@ -173,7 +178,12 @@ def build(tx: Tx, key: tuple, before_batch: int | None = None) -> AnswerIndex:
     q_ids = np.asarray(tx.numpy("SELECT id FROM queries ORDER BY id")["id"], dtype=np.int64)
     ids = [int(m) for (m,) in tx.sql(f"""SELECT id FROM models WHERE id NOT IN ({current_evaluations.ALIASES})
                                           ORDER BY id""")]
+    # (where which models answered again is not known, as on PostgreSQL: each pass's rows as they lie, the newest
+    # of a pair kept in numpy; a GROUP BY of 10^7 pairs a pass spilled to disk there)
     parts = [_chunk(tx, current_evaluations.counted(repeated, before_batch, ids[a:a + CHUNK_MODELS]), q_ids)
+             if repeated is not None else
+             _chunk(tx, current_evaluations.rows(before_batch, ids[a:a + CHUNK_MODELS], distinct=True), q_ids,
+                    newest=True)
              for a in range(0, len(ids), CHUNK_MODELS)]
     cat = lambda name: np.concatenate([getattr(p, name) for p in parts]) if parts else np.zeros(0, np.int64)  # noqa
     width = (len(q_ids) + 7) // 8

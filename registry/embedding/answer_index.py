@@ -167,8 +167,13 @@ class Rows(Protocol):
     def __getitem__(self, at: slice, /) -> np.ndarray: ...
 
 
+ROWS_BYTES = 120_000       # `errs_alike`'s rows at a time: a float32 temporary of [rows, queries] at most this size
+BLOCK_BYTES = 1 << 20      # the same for `agreement`, a command's read: without a server's bound on malloc, a
+#                            larger block is fewer numpy calls (128 models x 10,000 questions: 41 -> 22 ms)
+
+
 def errs_alike(block: Rows, y: np.ndarray, scale: AnswerIndex, query_ids: np.ndarray,
-               other_ids: np.ndarray, *, rows_bytes: int = 0) -> dict[int, tuple[int, float, float | None]]:
+               other_ids: np.ndarray, *, rows_bytes: int = ROWS_BYTES) -> dict[int, tuple[int, float, float | None]]:
     """What `similar` ranks by, for m models' answers `block` [m, n] (1/0, -1: none; or anything whose row slices
     are such arrays) on n queries beside one model's answers y [n] (0/1) there: {model id: (shared, disagreement
     rate, error correlation)} for those sharing any.
@@ -190,7 +195,7 @@ def errs_alike(block: Rows, y: np.ndarray, scale: AnswerIndex, query_ids: np.nda
     num, sq, their = np.zeros(m), np.zeros(m), np.zeros(m)
     # (a few rows at a time: each temporary stays under malloc's mapping threshold, 128 KB in a server, so it is
     # reused memory and not pages mapped afresh, which cost more than the arithmetic)
-    step = max(1, (rows_bytes or ROWS_BYTES) // (4 * max(1, len(y))))
+    step = max(1, rows_bytes // (4 * max(1, len(y))))
     for at in range(0, m, step):
         rows = block[at:at + step]                                                                   # [r, n]
         seen = rows >= 0
@@ -208,11 +213,6 @@ def errs_alike(block: Rows, y: np.ndarray, scale: AnswerIndex, query_ids: np.nda
     return {int(other_ids[i]): (int(shared[i]), float(differ[i] / shared[i]),
                                 None if den[i] == 0 else float(num[i] / den[i]))
             for i in np.flatnonzero(shared > 0).tolist()}
-
-
-ROWS_BYTES = 120_000       # `errs_alike`'s rows at a time: a float32 temporary of [rows, queries] at most this size
-BLOCK_BYTES = 1 << 20      # the same for `agreement`, a command's read: without a server's bound on malloc, a
-#                            larger block is fewer numpy calls (128 models x 10,000 questions: 41 -> 22 ms)
 
 
 def missed_by_odds(model_odds: np.ndarray, query_odds: np.ndarray) -> np.ndarray:

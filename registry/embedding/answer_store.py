@@ -178,12 +178,13 @@ def build(tx: Tx, key: tuple, before_batch: int | None = None) -> AnswerIndex:
     q_ids = np.asarray(tx.numpy("SELECT id FROM queries ORDER BY id")["id"], dtype=np.int64)
     ids = [int(m) for (m,) in tx.sql(f"""SELECT id FROM models WHERE id NOT IN ({current_evaluations.ALIASES})
                                           ORDER BY id""")]
-    # (where which models answered again is not known, as on PostgreSQL: each pass's rows as they lie, the newest
-    # of a pair kept in numpy; a GROUP BY of 10^7 pairs a pass spilled to disk there)
-    parts = [_chunk(tx, current_evaluations.counted(repeated, before_batch, ids[a:a + CHUNK_MODELS]), q_ids)
-             if repeated is not None else
-             _chunk(tx, current_evaluations.rows(before_batch, ids[a:a + CHUNK_MODELS], distinct=True), q_ids,
-                    newest=True)
+
+    def source(chunk: list[int]) -> str:
+        # (where which models answered again is not known, as on PostgreSQL: each pass's rows as they lie, the
+        # newest of a pair kept in numpy; a GROUP BY of 10^7 pairs a pass spilled to disk there)
+        return (current_evaluations.counted(repeated, before_batch, chunk) if repeated is not None
+                else current_evaluations.rows(before_batch, chunk, distinct=True))
+    parts = [_chunk(tx, source(ids[a:a + CHUNK_MODELS]), q_ids, newest=repeated is None)
              for a in range(0, len(ids), CHUNK_MODELS)]
     cat = lambda name: np.concatenate([getattr(p, name) for p in parts]) if parts else np.zeros(0, np.int64)  # noqa
     width = (len(q_ids) + 7) // 8

@@ -141,7 +141,7 @@ class Predictor:
         M, Hd = len(zd), len(bz)
         # z's side of w_zu(z * u) [M*Hd,D] and w_z(z) [M,Hd]: built on the first batch of more queries than models
         # (a route of a few texts never needs them: a scorer of 10,031 models is made in 1.5 ms, not 7-26)
-        zw: list = []
+        zw = []
         Wq, bq, Wu = w["q_proj.weight"], w["q_proj.bias"], w["w_u.weight"]
         head, hb = w["head.weight"][0], float(w["head.bias"][0])
         qb = (w["q_bias.weight"][0], float(w["q_bias.bias"][0])) if self.query_bias else None

@@ -16,8 +16,10 @@ rows at ten thousand models). Like the vector index, derived from the database a
 from __future__ import annotations
 
 import functools
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from registry.core.lazy import LazyModule
 from registry.data import current_evaluations
@@ -78,9 +80,10 @@ class AnswerIndex:
         last = current_evaluations.last_answers(qids, y)
         q, a = np.asarray(last[0], dtype=np.int64), np.asarray(last[1], dtype=np.int64)
         ids, out = np.asarray(others, dtype=np.int64), {}
+        lp = self.difficulty(q)
         for at in range(0, len(ids), 512):            # (memory: [512, queries] at a time, however many others)
-            out.update(errs_alike(self.answers(ids[at:at + 512], q), a, self, q, ids[at:at + 512],
-                                  rows_bytes=BLOCK_BYTES))
+            out.update(errs_alike(self.answers(ids[at:at + 512], q), None, a, self, q, ids[at:at + 512],
+                                  difficulty=lp))
         return out
 
     @functools.cached_property
@@ -161,22 +164,37 @@ class AnswerIndex:
         order = top[np.lexsort((top, -corr[top]))]                        # the highest first, ties by model id
         return [int(m) for m in self.model_ids[order[np.isfinite(corr[order])]]]
 
-class Rows(Protocol):
-    """An [m, n] int8 block of answers, or what gives one a slice of rows at a time (serve/answerbook.py)."""
-    def __len__(self) -> int: ...
-    def __getitem__(self, at: slice, /) -> np.ndarray: ...
+BLOCK_BYTES = 512 << 10    # `errs_alike`'s rows at a time: each float32 temporary of [rows, queries] at most this size
+NONE = 9                   # an answer no model gives: a column y left unanswered matches no row's answer there
+SCRATCH_KEPT = 4           # scratch buffers kept for the next call (one per thread asking at once)
+_scratch: list[np.ndarray] = []
+_scratch_lock = threading.Lock()
 
 
-ROWS_BYTES = 120_000       # `errs_alike`'s rows at a time: a float32 temporary of [rows, queries] at most this size
-BLOCK_BYTES = 1 << 20      # the same for `agreement`, a command's read: without a server's bound on malloc, a
-#                            larger block is fewer numpy calls (128 models x 10,000 questions: 41 -> 22 ms)
+@contextmanager
+def _scratch_bytes(nbytes: int):
+    """A uint8 buffer of at least nbytes, reused across calls: pages mapped afresh per question asked (a server maps
+    every block above 128 KB anew, serve/app.py `bound_malloc`) cost more than the arithmetic done in them."""
+    with _scratch_lock:
+        fits = [i for i, b in enumerate(_scratch) if len(b) >= nbytes]
+        buf = _scratch.pop(fits[0]) if fits else None
+    if buf is None:
+        buf = np.empty(nbytes, dtype=np.uint8)
+    try:
+        yield buf
+    finally:
+        with _scratch_lock:
+            if len(_scratch) < SCRATCH_KEPT:
+                _scratch.append(buf)
 
 
-def errs_alike(block: Rows, y: np.ndarray, scale: AnswerIndex, query_ids: np.ndarray,
-               other_ids: np.ndarray, *, rows_bytes: int = ROWS_BYTES) -> dict[int, tuple[int, float, float | None]]:
-    """What `similar` ranks by, for m models' answers `block` [m, n] (1/0, -1: none; or anything whose row slices
-    are such arrays) on n queries beside one model's answers y [n] (0/1) there: {model id: (shared, disagreement
-    rate, error correlation)} for those sharing any.
+def errs_alike(matrix: np.ndarray, rows: np.ndarray | None, y: np.ndarray, scale: AnswerIndex,
+               query_ids: np.ndarray, other_ids: np.ndarray, *,
+               difficulty: np.ndarray | None = None) -> dict[int, tuple[int, float, float | None]]:
+    """What `similar` ranks by, for m models' answers (matrix[rows], or the whole matrix where rows is None: [m, n]
+    int8, 1/0, -1 none) on n queries beside one model's answers y [n] there (1/0, -1: none): {model id: (shared,
+    disagreement rate, error correlation)} for those sharing any. `difficulty`: the queries' own, where the caller
+    keeps them.
 
     Each answer's surprise is its 0/1 less the chance a model of its ability answers that question right (a logit
     sum from `scale`: the question's difficulty, plus the model's ability over all its questions, less the models'
@@ -184,31 +202,46 @@ def errs_alike(block: Rows, y: np.ndarray, scale: AnswerIndex, query_ids: np.nda
     queries (None when either never surprises). Fine-tunes of one base share mistakes that two unrelated models of
     the same accuracy do not: this ranks a model's family first more often than the disagreement rate does
     (bench/families.py)."""
-    y = np.asarray(y, dtype=np.float32)
-    own_la = np.log((float(y.sum()) + 1.0) / (len(y) - float(y.sum()) + 1.0))
-    lp = scale.difficulty(query_ids)
-    sy = y - scale.expected(query_ids, [own_la], difficulty=lp)[0]                                    # [n]
-    sy2, y8 = sy * sy, y.astype(np.int8)
-    odds, query_odds = scale.odds(scale.ability(other_ids)), np.exp(lp).astype(np.float32)
-    m = len(other_ids)
-    shared, same = np.zeros(m, dtype=np.int64), np.zeros(m, dtype=np.int64)
-    num, sq, their = np.zeros(m), np.zeros(m), np.zeros(m)
-    # (a few rows at a time: each temporary stays under malloc's mapping threshold, 128 KB in a server, so it is
-    # reused memory and not pages mapped afresh, which cost more than the arithmetic)
-    step = max(1, rows_bytes // (4 * max(1, len(y))))
-    for at in range(0, m, step):
-        rows = block[at:at + step]                                                                   # [r, n]
-        seen = rows >= 0
-        # each answer less its chance of being right: answer - 1 + `missed_by_odds` where answered, 0 elsewhere
-        sm = missed_by_odds(odds[at:at + step], query_odds)
-        sm += rows
-        sm -= 1
-        sm *= seen
-        shared[at:at + step] = seen.sum(axis=1)
-        same[at:at + step] = (rows == y8).sum(axis=1)
-        num[at:at + step] = sm @ sy
-        sq[at:at + step] = np.einsum("ij,ij->i", sm, sm)
-        their[at:at + step] = seen @ sy2
+    y = np.asarray(y, dtype=np.int8)
+    mine = y >= 0
+    right = float((y == 1).sum())
+    own_la = np.log((right + 1.0) / (float(mine.sum()) - right + 1.0))
+    lp = scale.difficulty(query_ids) if difficulty is None else difficulty
+    sy = np.zeros(len(y), dtype=np.float32)                                   # [n] y's surprises, 0: no answer
+    sy[mine] = y[mine] - scale.expected(query_ids[mine], [own_la], difficulty=lp[mine])[0]
+    sy2, mine_f, y1 = sy * sy, mine.astype(np.float32), (y == 1).astype(np.float32)
+    y01 = mine_f - 2 * y1              # a wrong answer is the same as y's where y is 0 (+1), not where it is 1 (-1)
+    counted = np.where(mine, 0, NONE).astype(np.int8)    # answered where y is: answer >= this; wrong: answer == this
+    # the chance of a wrong answer, 1 / (1 + odds x query odds), as (1 / odds) / (1 / odds + query odds): infinite
+    # query odds where y has no answer make it 0 there, so no column y left out counts
+    query_odds = np.where(mine, np.exp(lp), np.inf).astype(np.float32)
+    inv = np.reciprocal(scale.odds(scale.ability(other_ids)))[:, None]                            # [m, 1]
+    m, n = len(other_ids), len(y)
+    shared, same, num, sq, their = (np.zeros(m) for _ in range(5))
+    step = max(1, min(m, BLOCK_BYTES // (4 * max(1, n))))
+    with _scratch_bytes(14 * step * n) as buf:          # three float32 blocks, a bool one, an int8 one
+        floats = buf[:12 * step * n].view(np.float32).reshape(3, step, n)
+        flag_buf = buf[12 * step * n:13 * step * n].view(np.bool_).reshape(step, n)
+        rows_buf = buf[13 * step * n:14 * step * n].view(np.int8).reshape(step, n)
+        for at in range(0, m, step):
+            r = min(step, m - at)
+            block = matrix[at:at + r] if rows is None else np.take(matrix, rows[at:at + r], axis=0,
+                                                                     out=rows_buf[:r])          # [r, n]
+            sm, seen, wrong, flag, io = floats[0, :r], floats[1, :r], floats[2, :r], flag_buf[:r], inv[at:at + r]
+            np.add(io, query_odds, out=sm)
+            np.divide(io, sm, out=sm)                            # the chance of a wrong answer
+            np.greater_equal(block, counted, out=flag)
+            np.copyto(seen, flag)
+            np.equal(block, counted, out=flag)
+            np.copyto(wrong, flag)
+            sm *= seen
+            sm -= wrong                                          # the surprise: right 1 - p, wrong -p, none 0
+            shared[at:at + r] = seen @ mine_f
+            their[at:at + r] = seen @ sy2
+            same[at:at + r] = seen @ y1 + wrong @ y01
+            num[at:at + r] = sm @ sy
+            sq[at:at + r] = np.einsum("ij,ij->i", sm, sm)
+    shared, same = np.rint(shared).astype(np.int64), np.rint(same).astype(np.int64)   # (exact: float32 sums of 0/1)
     differ, den = shared - same, np.sqrt(sq * their)
     return {int(other_ids[i]): (int(shared[i]), float(differ[i] / shared[i]),
                                 None if den[i] == 0 else float(num[i] / den[i]))

@@ -52,6 +52,7 @@ class AnswerBook:
         self._last_change = 0                                  # model_changes seen (`tidy`)
         self._lock = threading.Lock()                          # sync (the writer) against readers' views
         self._qids: tuple[dict, np.ndarray] | None = None      # (the columns, their query ids): `query_ids`
+        self._lp: tuple | None = None                          # (scale, query ids, their difficulty): `agreement`
 
     def current_count(self) -> tuple[int, int, int]:
         """(every model's current answers in the book, the newest import batch and model change it has read): the
@@ -214,20 +215,28 @@ class AnswerBook:
     def agreement(self, model_id: int, among: list[int] | None, scale) -> dict[int, tuple[int, float, float | None]]:
         """What `similar` ranks by, from memory, for the models `among` (None: every model): each one's shared
         queries, disagreement and error correlation beyond difficulty with this one's current answers
-        (answer_index.errs_alike on the same `scale`, the formula the library's read uses)."""
+        (answer_index.errs_alike on the same `scale`, the formula the library's read uses). Whole rows: a column
+        this model left unanswered counts for nobody, and a gather of the columns it answered costs more than them."""
         correct, row, ids, _, _, _ = self.view()
         if model_id not in row:
             return {}
         own = correct[row[model_id]]
-        cols = np.flatnonzero(own >= 0)
-        if not len(cols):
+        if not (own >= 0).any():
             return {}
-        query_ids = self.query_ids()[cols]
         others = np.array([row[m] for m in (ids.tolist() if among is None else among)
                            if m in row and m != model_id], dtype=np.int64)
         if not len(others):
             return {}
-        return answer_index.errs_alike(RowsOf(correct, others, cols), own[cols], scale, query_ids, ids[others])
+        columns, n = self.query_ids(), correct.shape[1]     # (columns only grow: the view's are the first n)
+        return answer_index.errs_alike(correct, others, own, scale, columns[:n], ids[others],
+                                       difficulty=self._difficulty(scale, columns)[:n])
+
+    def _difficulty(self, scale, query_ids: np.ndarray) -> np.ndarray:
+        """[Q] each column's difficulty on `scale` (kept while the scale and the columns are the same)."""
+        held = self._lp
+        if held is None or held[0] is not scale or held[1] is not query_ids:
+            held = self._lp = (scale, query_ids, scale.difficulty(query_ids))
+        return held[2]
 
     def query_ids(self) -> np.ndarray:
         """[Q] the query id of each column (kept until the columns change)."""
@@ -274,18 +283,3 @@ class AnswerBook:
         if key not in self._cal:
             self._cal = {key: fingerprint.calibration_of(correct[big], [self.names[int(m)] for m in ids[big]])}
         return self._cal[key]
-
-
-class RowsOf:
-    """matrix[rows][:, cols], gathered a slice of rows at a time (`errs_alike` reads its block so): no copy of the
-    whole [rows, cols] block, which would be pages mapped afresh per question asked."""
-
-    def __init__(self, matrix: np.ndarray, rows: np.ndarray, cols: np.ndarray):
-        self.matrix, self.rows, self.cols = matrix, rows, cols
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, at: slice) -> np.ndarray:
-        # (rows, then columns: a quarter of the time of both at once; `take` keeps the rows contiguous)
-        return np.take(self.matrix[self.rows[at]], self.cols, axis=1)

@@ -243,15 +243,19 @@ def _offline_docs(app: FastAPI) -> None:
 # threshold to its size (up to 32 MiB), so later arrays of a few MB (a read's, a registration's, a refit's) come from
 # the arena of the thread that asked and stay there once freed, behind small blocks still in use: under the asking
 # load that kept +170 MB (BENCHMARKS.md). A fixed threshold returns each large block to the system when it is freed;
-# a few arenas, not 8 per core, keep ~60 threads from each holding free memory of their own.
+# a few arenas, not 8 per core, keep ~60 threads from each holding free memory of their own. Fixing the threshold
+# also fixes the trim threshold at glibc's 128 KiB, so every small temporary freed at the heap's top gave its pages
+# back and the next one faulted them in again (a 36 KB gather: 50 us, not 6): a few MB stay at each arena's top.
 MALLOC_MMAP_THRESHOLD = 128 << 10   # bytes (glibc's own starting value, kept fixed)
+MALLOC_TRIM_THRESHOLD = 16 << 20    # bytes
 MALLOC_ARENAS = 2
-_M_MMAP_THRESHOLD, _M_ARENA_MAX = -3, -8    # mallopt's parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8    # mallopt's parameters (malloc.h)
 
 
 def bound_malloc() -> bool:
     """Set glibc's malloc for a long-running server (above); a setting the environment gives
-    (MALLOC_MMAP_THRESHOLD_, MALLOC_ARENA_MAX) is left as it is. False where the C library is not glibc."""
+    (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, MALLOC_ARENA_MAX) is left as it is. False where the C library
+    is not glibc."""
     import ctypes
     import ctypes.util
 
@@ -261,6 +265,7 @@ def bound_malloc() -> bool:
         return False
     done = True
     for env, param, value in (("MALLOC_MMAP_THRESHOLD_", _M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD),
+                              ("MALLOC_TRIM_THRESHOLD_", _M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD),
                               ("MALLOC_ARENA_MAX", _M_ARENA_MAX, MALLOC_ARENAS)):
         if env not in os.environ:
             done = mallopt(param, value) == 1 and done

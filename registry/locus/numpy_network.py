@@ -141,7 +141,7 @@ class Predictor:
         M, Hd = len(zd), len(bz)
         # z's side of w_zu(z * u) [M*Hd,D] and w_z(z) [M,Hd]: built on the first batch of more queries than models
         # (a route of a few texts never needs them: a scorer of 10,031 models is made in 1.5 ms, not 7-26)
-        zw = []
+        zw, z32 = [], []                  # (each built on first use: the many-queries block, z in float32)
         Wq, bq, Wu = w["q_proj.weight"], w["q_proj.bias"], w["w_u.weight"]
         head, hb = w["head.weight"][0], float(w["head.bias"][0])
         qb = (w["q_bias.weight"][0], float(w["q_bias.bias"][0])) if self.query_bias else None
@@ -165,7 +165,9 @@ class Predictor:
                     o = np.einsum("mhn,h->mn", np.maximum(pre, 0.0), head) + hb
                 else:
                     # w_z(z) + w_zu(z * u) = z (W_z + W_zu u)^T + b_z: one product per model and query
-                    o = few_queries(zd, (u[:, None, :] * Wzu[None] + Wz[None]).reshape(n * Hd, -1).T,
+                    if not z32:
+                        z32.append(zd.astype(np.float32))
+                    o = few_queries(z32[0], (u[:, None, :] * Wzu[None] + Wz[None]).reshape(n * Hd, -1).T,
                                     (u @ Wu.T).T + bz[:, None], head) + hb
                 if qb is not None:
                     o = o + (u @ qb[0] + qb[1])[None]
@@ -177,25 +179,30 @@ class Predictor:
         return fast
 
 
-ROWS_BYTES = 100_000     # `few_queries`: models at a time, so that each temporary is at most this size ...
-MIN_ROWS = 64            # ... or this many models, for more queries (an evaluation's thousands)
+BLOCK_BYTES = 1 << 20     # `few_queries`: its [models, n*Hd] float32 block at most this size ...
+ROWS = (16, 512)          # ... of at least / at most this many models
 
 
-def few_queries(zd: np.ndarray, zu_of: np.ndarray, bias: np.ndarray, head: np.ndarray) -> np.ndarray:
-    """The predictor's output before its bias [M,n] for a few queries: zd [M,D] the embeddings, zu_of [D,n*Hd] the
-    queries' side of w_z(z) + w_zu(z * u), bias [Hd,n] the rest of the hidden layer (w_u(u) and w_z's bias), head
-    [Hd]."""
-    # (a few models at a time: a server routes one text among thousands of models, and [M,Hd,n] temporaries of
-    # megabytes are pages mapped afresh per route, which cost more than the arithmetic)
+def few_queries(z32: np.ndarray, zu_of: np.ndarray, bias: np.ndarray, head: np.ndarray) -> np.ndarray:
+    """The predictor's output before its bias [M,n] for a few queries: z32 [M,D] the embeddings (float32), zu_of
+    [D,n*Hd] the queries' side of w_z(z) + w_zu(z * u), bias [Hd,n] the rest of the hidden layer (w_u(u) and w_z's
+    bias), head [Hd]."""
+    # (float32, as the network was trained: the [M,D] x [D,Hd] product is a route's cost among ten thousand models,
+    # and float32 halves it; its outputs differ from float64's by ~1e-7. A few models at a time into one block: a
+    # server routes one text at a time, and temporaries of megabytes are pages mapped afresh per route)
     Hd, n = bias.shape
-    M = len(zd)
+    M = len(z32)
     out = np.empty((M, n))
-    step = max(MIN_ROWS, ROWS_BYTES // (8 * Hd * n))
+    zu32, bias32, head32 = (np.asarray(a, dtype=np.float32) for a in (zu_of, bias.T, head))   # [D,n*Hd] [n,Hd] [Hd]
+    step = max(1, min(M, max(ROWS[0], min(ROWS[1], BLOCK_BYTES // (4 * n * Hd)))))
+    block = np.empty((step, n * Hd), dtype=np.float32)
     for at in range(0, M, step):
-        pre = (zd[at:at + step] @ zu_of).reshape(-1, n, Hd).transpose(0, 2, 1)           # [m,Hd,n]
-        pre += bias[None]
+        m = min(step, M - at)
+        pre = np.matmul(z32[at:at + m], zu32, out=block[:m])                            # [m,n*Hd]
+        by_query = pre.reshape(m, n, Hd)
+        by_query += bias32
         np.maximum(pre, 0.0, out=pre)
-        out[at:at + step] = np.einsum("mhn,h->mn", pre, head)
+        out[at:at + m] = by_query @ head32                                                 # [m,n]
     return out
 
 

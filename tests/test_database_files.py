@@ -110,3 +110,25 @@ def test_memory_limited_lowers_duckdb_limit_and_restores_it(tmp_path):
         with pytest.raises(RuntimeError), reg.store.memory_limited(1 << 29):
             raise RuntimeError("boom")
         assert limit() == before
+
+
+def test_a_sidecar_is_written_whole_or_not_at_all(tmp_path):
+    """What is kept beside a database (`<db>.index/`): written to a temporary name and renamed, so a reader sees the
+    old file or the new one; a write that fails leaves the old one and no temporary behind."""
+    from registry.core import database_file
+
+    db = tmp_path / "r.duckdb"
+    side = database_file.sidecar(str(db), "answers.bin")
+    assert side == tmp_path / "r.duckdb.index" / "answers.bin"
+    assert database_file.sidecar("postgresql://u@h/db", "answers.bin") is None
+    assert database_file.sidecar(None, "answers.bin") is None
+    assert database_file.write_whole(side, lambda tmp: tmp.write_bytes(b"old")) is True
+    assert side.read_bytes() == b"old"
+
+    def fails(tmp: Path) -> None:
+        tmp.write_bytes(b"half")
+        raise OSError("disk full")
+    assert database_file.write_whole(side, fails) is False
+    assert side.read_bytes() == b"old"
+    assert sorted(p.name for p in side.parent.iterdir()) == ["answers.bin"]
+    assert database_file.write_whole(None, lambda tmp: tmp.write_bytes(b"x")) is False

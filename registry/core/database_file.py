@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from registry.core import resources, settings
@@ -224,3 +225,33 @@ def writable(path: str) -> bool:
     """May this process write the DuckDB file (a new one: create it) and its folder (the write-ahead log)?"""
     folder = os.path.dirname(os.path.abspath(path))
     return os.access(folder, os.W_OK) and (not os.path.exists(path) or os.access(path, os.W_OK))
+
+
+def sidecar(db_path: str | None, name: str) -> Path | None:
+    """Where a file derived from a DuckDB database is kept beside it, `<db>.index/NAME` (an index, a copy of a
+    payload: never the truth, which is the database); None for PostgreSQL or no file, whose processes derive it."""
+    from registry.core import dialect
+
+    return None if not db_path or dialect.is_url(db_path) else Path(f"{db_path}.index") / name
+
+
+def write_whole(path: Path | None, write: Callable[[Path], object]) -> bool:
+    """`write(tmp)`, then tmp renamed to `path` (os.replace): the file whole or not at all, also when two threads or
+    processes write it at once. Best effort, as a sidecar only saves work: False (nothing left behind) where it
+    cannot be written."""
+    import threading
+
+    if path is None:
+        return False
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        path.parent.mkdir(exist_ok=True)
+        write(tmp)
+        os.replace(tmp, path)
+        return True
+    except OSError:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        return False

@@ -9,13 +9,11 @@ rename or an alias mark, or batches of most models, rebuild it.
 from __future__ import annotations
 
 import json
-import os
-import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from registry.core import dialect
+from registry.core import database_file
 from registry.core.lazy import LazyModule
 from registry.core.transaction import Tx, cache_section
 from registry.data import current_evaluations
@@ -213,7 +211,7 @@ def _repeated(tx: Tx, among: list[int] | None = None) -> list[int] | None:
 
 
 def sidecar_path(db_path: str) -> Path | None:
-    return None if dialect.is_url(db_path) or not db_path else Path(f"{db_path}.index") / "answers.bin"
+    return database_file.sidecar(db_path, "answers.bin")
 
 
 MAGIC = b"LOCUS-ANSWERS-2\n"
@@ -260,14 +258,11 @@ def save(ix: AnswerIndex, side: Path | None) -> None:
                                      "arrays": spans(start)}).encode()
     start = -(-(len(MAGIC) + 8 + len(head(0)) + 64) // 64) * 64           # (room for the offsets' own digits)
     body = head(start)
-    try:
-        side.parent.mkdir(exist_ok=True)
-        tmp = side.with_name(f"{side.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+
+    def write(tmp: Path) -> None:
         with open(tmp, "wb") as f:
             f.write(MAGIC + len(body).to_bytes(8, "little") + body)
             for name, a in arrays.items():
                 f.seek(start + offsets[name])
                 f.write(a.tobytes())
-        os.replace(tmp, side)
-    except OSError:
-        pass
+    database_file.write_whole(side, write)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from registry.core import dialect
+from registry.core import database_file
 from registry.core.lazy import LazyModule
 from registry.core.transaction import Tx
 from registry.data import current_evaluations
@@ -116,9 +116,7 @@ def new_index(dim: int = 128):
 def _sidecar(db_path: str, encoder_id: int) -> Path | None:
     """Where the index is saved beside a DuckDB file (PostgreSQL: nowhere; the index is rebuilt from the database
     when a process first needs it)."""
-    if dialect.is_url(db_path):
-        return None
-    return Path(f"{db_path}.index") / f"encoder-{encoder_id}.faiss"
+    return database_file.sidecar(db_path, f"encoder-{encoder_id}.faiss")
 
 
 def get(tx: Tx, encoder_id: int, as_of: str | None = None) -> VectorIndex:
@@ -227,25 +225,16 @@ def flush(cache: dict, db_path: str) -> None:
 
 
 def _save(vi: VectorIndex, side: Path | None) -> None:
-    """Best effort: the sidecar only saves the next process some work; the database stays the truth."""
+    """Best effort: the sidecar only saves the next process some work; the database stays the truth. Each file
+    whole or not at all, the vectors first: a description without its vectors is never read."""
     faiss = load_faiss()
-    import os
-    import threading
-
     if side is None:
         return
-    try:
-        side.parent.mkdir(exist_ok=True)
-        # each file whole or not at all (os.replace), also when two threads save at once
-        tmp = side.with_name(f"{side.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        faiss.serialize_index(vi.index).tofile(tmp)
-        os.replace(tmp, side)
-        tmp.write_text(json.dumps({"through_version": vi.through_version, "stamp": vi.stamp, "changes": vi.changes,
-                                   "names": {str(k): v for k, v in vi.names.items()}}))
-        os.replace(tmp, side.with_suffix(".json"))
+    head = json.dumps({"through_version": vi.through_version, "stamp": vi.stamp, "changes": vi.changes,
+                       "names": {str(k): v for k, v in vi.names.items()}})
+    if (database_file.write_whole(side, lambda tmp: faiss.serialize_index(vi.index).tofile(tmp))
+            and database_file.write_whole(side.with_suffix(".json"), lambda tmp: tmp.write_text(head))):
         vi.unsaved = False
-    except OSError:
-        pass
 
 
 def models_changed(tx: Tx) -> None:

@@ -21,10 +21,8 @@ import importlib
 import importlib.util
 import io
 import json
-import os
 import re
 import sys
-import threading
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from registry.core import dialect
+from registry.core import database_file, dialect
 from registry.core.transaction import Tx
 from registry.locus import evidence, interaction, numpy_network
 from registry.routing import served_scores
@@ -257,7 +255,7 @@ def load(tx: Tx, k: tuple) -> dict | None:
     beside a DuckDB file (`<db>.index/routing-state.npz`, with the key and the row's creation time it copies) is
     read in its place: a payload of megabytes out of DuckDB took a fifth of a second of every `route`."""
     text = key_text(k)
-    side = None if tx.postgres or not tx.path else Path(f"{tx.path}.index") / "routing-state.npz"
+    side = None if tx.postgres else database_file.sidecar(tx.path, "routing-state.npz")
     rows = tx.sql("SELECT created::VARCHAR FROM routing_states WHERE key = ?", [text])
     if not rows:
         return None
@@ -294,15 +292,7 @@ def _read_copy(side: Path | None, stamp: bytes) -> dict | None:
 
 def _write_copy(side: Path | None, stamp: bytes, payload: bytes) -> None:
     """Best effort, whole or not at all (os.replace): the copy only saves the next process a read."""
-    if side is None:
-        return
-    try:
-        side.parent.mkdir(exist_ok=True)
-        tmp = side.with_name(f"{side.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_bytes(len(stamp).to_bytes(8, "little") + stamp + payload)
-        os.replace(tmp, side)
-    except OSError:
-        pass
+    database_file.write_whole(side, lambda tmp: tmp.write_bytes(len(stamp).to_bytes(8, "little") + stamp + payload))
 
 
 def load_newest(tx: Tx, names: tuple[str, ...]) -> dict | None:

@@ -3,6 +3,8 @@ test_docs), every command file follows the one pattern of registry/cli/common.py
 test_layout.py)."""
 from __future__ import annotations
 
+import json
+
 import re
 from pathlib import Path
 
@@ -101,6 +103,23 @@ def test_a_command_loads_its_own_module_only():
             "print(sorted(m for m in sys.modules if m.startswith('registry.cli.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "['registry.cli.common', 'registry.cli.geometry']"
+
+
+def test_a_group_has_all_its_subcommands_with_its_own_module_alone():
+    """A group's subcommands are defined in its own module: a process that loads that module alone (any command's
+    process) has all of them, as a process that loaded every module has."""
+    import subprocess
+    import sys
+
+    code = ("import json, sys, click; from registry.cli import cli, COMMANDS_BY_MODULE; ctx = click.Context(cli); "
+            "alone = {n: sorted(getattr(cli.get_command(ctx, n), 'commands', {})) for n in sys.argv[1:]}; "
+            "[cli.get_command(ctx, n) for ns in COMMANDS_BY_MODULE.values() for n in ns]; "
+            "print(json.dumps([alone, {n: sorted(getattr(cli.get_command(ctx, n), 'commands', {})) "
+            "for n in sys.argv[1:]}]))")
+    for module, names in cli_module.COMMANDS_BY_MODULE.items():
+        out = subprocess.run([sys.executable, "-c", code, *names], capture_output=True, text=True, check=True)
+        alone, with_all = json.loads(out.stdout.strip().splitlines()[-1])
+        assert alone == with_all, module
 
 
 @pytest.mark.parametrize("path", COMMAND_FILES, ids=lambda p: p.name)

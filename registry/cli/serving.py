@@ -1,5 +1,5 @@
 """`registry serve` (the HTTP server, with the routing proxy) and `registry endpoints` (where the proxy forwards each
-model's requests)."""
+model's requests; `add`: an endpoint claiming a model, which `registry verify` judges)."""
 from __future__ import annotations
 
 import click
@@ -54,7 +54,8 @@ def serve(ctx, host, port, token, *, token_file, allowed_hosts, upstream_deadlin
 
 @group(json=True, invoke_without_command=True)
 def endpoints(ctx, as_json):
-    """Where the routing proxy (/v1/chat/completions) forwards each model's requests (subcommands: set, remove)."""
+    """Where the routing proxy (/v1/chat/completions) forwards each model's requests, and the endpoints that claim a
+    model for `registry verify` (subcommands: set, remove, add)."""
     if ctx.invoked_subcommand is not None:
         return
     reg = open_registry(ctx)
@@ -90,6 +91,25 @@ def endpoints_remove(ctx, model, as_json):
     if as_json:
         return emit_json({"removed": model})
     click.echo(f"{model}: endpoint removed")
+
+
+@command("add", group=endpoints)
+@click.argument("model")
+@click.option("--base-url", required=True, help="The endpoint's OpenAI-compatible base URL.")
+@click.option("--name", help="Its own model name (default MODEL@host): its answers never enter MODEL's.")
+@click.option("--upstream-model", help="The model id the endpoint knows it by (default: the name).")
+@click.option("--api-key-env", help="The NAME of the environment variable holding its API key (read per request).")
+@click.option("--reference", is_flag=True, help="It is MODEL's reference (the official API): the others are judged "
+                                                "against it.")
+@click.option("--unwatched", is_flag=True, help="`registry watch` does not ask it.")
+def endpoints_add(ctx, model, *, base_url, name, upstream_model, api_key_env, reference, unwatched, as_json):
+    """Add an endpoint that claims to serve MODEL (adding it again changes its marks)."""
+    c = open_registry(ctx).claim(model, base_url, name=name, upstream_model=upstream_model, api_key_env=api_key_env,
+                                 reference=reference, watched=not unwatched)
+    if as_json:
+        return emit_json(c)
+    click.echo(f"{c.endpoint} claims {c.model}: {c.base_url} as {c.upstream_model}"
+               + (" (the reference)" if c.reference else "") + ("" if c.watched else " (not watched)"))
 
 
 COMMANDS = [serve, endpoints]

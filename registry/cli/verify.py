@@ -1,30 +1,10 @@
-"""`registry endpoints add` (an endpoint claiming a model), `registry verify` (is each claiming endpoint serving it
-faithfully?) and `registry watch` (and is it still?)."""
+"""`registry verify` (is each endpoint that claims a model (`registry endpoints add`) serving it faithfully?) and
+`registry watch` (and is it still?)."""
 from __future__ import annotations
 
 import click
 
 from registry.cli.common import command, emit_json, open_registry, table
-from registry.cli.serving import endpoints
-
-
-@command("add", group=endpoints)
-@click.argument("model")
-@click.option("--base-url", required=True, help="The endpoint's OpenAI-compatible base URL.")
-@click.option("--name", help="Its own model name (default MODEL@host): its answers never enter MODEL's.")
-@click.option("--upstream-model", help="The model id the endpoint knows it by (default: the name).")
-@click.option("--api-key-env", help="The NAME of the environment variable holding its API key (read per request).")
-@click.option("--reference", is_flag=True, help="It is MODEL's reference (the official API): the others are judged "
-                                                "against it.")
-@click.option("--unwatched", is_flag=True, help="`registry watch` does not ask it.")
-def endpoints_add(ctx, model, *, base_url, name, upstream_model, api_key_env, reference, unwatched, as_json):
-    """Add an endpoint that claims to serve MODEL (adding it again changes its marks)."""
-    c = open_registry(ctx).claim(model, base_url, name=name, upstream_model=upstream_model, api_key_env=api_key_env,
-                                 reference=reference, watched=not unwatched)
-    if as_json:
-        return emit_json(c)
-    click.echo(f"{c.endpoint} claims {c.model}: {c.base_url} as {c.upstream_model}"
-               + (" (the reference)" if c.reference else "") + ("" if c.watched else " (not watched)"))
 
 
 def pct(x) -> str:

@@ -177,3 +177,26 @@ def test_model_lists_come_in_pages_everywhere(db_copy, monkeypatch):
     assert page.count("<tr data-open=") == 10 and f"11-20 of {len(every)}" in page
     assert 'href="/?offset=20" rel="next"' in page and 'href="/?offset=0" rel="prev"' in page
     assert f">{every[10]}</a>" in page and f">{every[9]}</a></td>" not in page
+
+
+def test_a_served_registry_draws_its_map_before_the_first_page(db_copy):
+    """`registry serve` begins the map once it is ready (web.draw_map), so the first home page need not wait for a
+    drawing of thousands of models: drawn with no page asked, and the first page shows that map as current."""
+    import time
+
+    from registry.serve import web
+
+    app = create_app(str(db_copy))
+    with TestClient(app) as c:
+        app.state.server.serving.wait_ready()
+        drawer = app.state.map_drawer
+        assert drawer.value is None
+        web.draw_map(app)
+        deadline = time.monotonic() + 120
+        while drawer.value is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        drawn = drawer.value
+        assert drawn is not None and len(drawn["points"]) == 31
+        page = c.get("/").text
+        assert drawer.value is drawn                        # (the page took the map drawn before it: no new one)
+    assert page.count("<circle ") >= 31

@@ -305,10 +305,15 @@ def serve(db: str, host: str = "127.0.0.1", port: int = 8000, token: str | None 
 
     faiss.omp_set_num_threads(config.threads)
     threadpool_limits(config.threads)
+    made: list[FastAPI] = []
+
+    def ready(seconds: float) -> None:
+        print(f"ready: the routing state is built and the writer runs ({seconds:.1f} s)", flush=True)
+        if made:                    # (the first page draws the map where the app was not made yet)
+            web.draw_map(made[0])
     app = create_app(db, token, probation_min, create=False, hosts=guards.Hosts.serving(host, allowed_hosts),
-                     deadlines=deadlines, keys=keys, traffic=traffic,
-                     on_ready=lambda s: print(f"ready: the routing state is built and the writer runs ({s:.1f} s)",
-                                              flush=True))
+                     deadlines=deadlines, keys=keys, traffic=traffic, on_ready=ready)
+    made.append(app)
     # the file is ours now: say where the command line can reach us (`<db>.serving`, serve/http/advert.py)
     secret = advert.new_secret()
     app.state.advert_secret = secret      # (what GET /serving/proof proves: only the file's owner can read it)

@@ -85,6 +85,17 @@ class _MapDrawer:
         self.rest_until = 0.0       # (monotonic) no new drawing before
         self.lock = threading.Lock()
 
+    def begin(self, reg) -> None:
+        """Start drawing the registry's map now, off any request (a server just warmed up: at ten thousand models
+        its first home page would otherwise wait seconds for the map)."""
+        with self.lock:
+            if self.value is None and (self.drawing is None or not self.drawing.is_alive()):
+                self._start(reg, None)
+
+    def _start(self, reg, key: tuple | None) -> None:
+        self.drawing = threading.Thread(target=self._draw, args=(reg, key), name="map drawing", daemon=True)
+        self.drawing.start()
+
     def get(self, reg) -> tuple[dict, bool]:
         """(the map, whether it is the registry's map now)."""
         key = _key(reg, "map")
@@ -95,17 +106,17 @@ class _MapDrawer:
             if self.value is not None and (not idle or time.monotonic() < self.rest_until):
                 return self.value, False
             if idle:
-                self.drawing = threading.Thread(target=self._draw, args=(reg, key), name="map drawing", daemon=True)
-                self.drawing.start()
+                self._start(reg, key)
             drawing, first = self.drawing, self.value is None
         if drawing is not None:
             drawing.join(timeout=None if first else self.WAIT)
         with self.lock:
             return self.value or {"points": [], "families": [], "method": None}, self.key == key
 
-    def _draw(self, reg, key: tuple) -> None:
+    def _draw(self, reg, key: tuple | None) -> None:
         started = time.monotonic()
         try:
+            key = key or _key(reg, "map")
             value = _map(reg)
         except Exception:           # (a page then shows the map it has; the next page tries again)
             return
@@ -156,6 +167,11 @@ def _needs_token(request: Request) -> bool:
 
 
 pages = APIRouter(include_in_schema=False)
+
+
+def draw_map(app: FastAPI) -> None:
+    """Begin the home page's map in the background (`registry serve`, once it is ready)."""
+    app.state.map_drawer.begin(app.state.server.registry)
 
 
 def mount(app: FastAPI) -> None:

@@ -4,7 +4,6 @@ test_layout.py)."""
 from __future__ import annotations
 
 import json
-
 import re
 from pathlib import Path
 

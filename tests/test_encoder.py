@@ -281,8 +281,9 @@ def test_numpy_network_is_the_torch_network(cfg):
     names = ["law", "math", None, "art"] * 10 if cfg.categories else None
     qs = q.numpy()[0]
     np.testing.assert_allclose(nm.p_correct(zn, qs, names), m.p_correct(zn, qs, names), atol=1e-6)
-    # fewer queries than models: the other way of grouping the sum (a route's), in float32
-    many = np.concatenate([zn] * 3)
+    # fewer queries than models: the other way of grouping the sum (a route's), in float32, in blocks of models
+    # (1,200: two whole blocks and part of a third)
+    many = np.concatenate([zn] * 300)
     np.testing.assert_allclose(nm.p_correct(many, qs[:5], names and names[:5]), m.p_correct(many, qs[:5],
                                names and names[:5]), atol=1e-6)
     assert nm.n_params() == m.n_params()          # read from the torch model, loaded on demand

@@ -52,7 +52,8 @@ def test_errs_alike_is_the_correlation_of_surprises_over_shared_answers(n_models
     expected = by_definition(scale, answers[1:], y, model_ids[1:], query_ids)
     rows = np.arange(1, n_models)
     gathered = answer_index.errs_alike(answers, rows, y, scale, query_ids, model_ids[rows])
-    whole = answer_index.errs_alike(answers[1:], None, y, scale, query_ids, model_ids[1:])
+    whole = answer_index.errs_alike(answers[1:], None, y, scale, query_ids, model_ids[1:],
+                                    difficulty=scale.difficulty(query_ids))          # (the caller's kept copy)
     assert int(model_ids[1]) not in gathered                          # (it shares nothing)
     for got in (gathered, whole):
         assert set(got) == set(expected)
@@ -65,4 +66,7 @@ def test_errs_alike_is_the_correlation_of_surprises_over_shared_answers(n_models
     cols = np.flatnonzero(y >= 0)
     alone = answer_index.errs_alike(answers[1:, cols], None, y[cols], scale, query_ids[cols], model_ids[1:])
     assert alone.keys() == whole.keys()
-    assert all(alone[m][:2] == whole[m][:2] for m in alone)
+    for m in alone:
+        assert alone[m][:2] == whole[m][:2]
+        assert (alone[m][2] is None) == (whole[m][2] is None)
+        assert alone[m][2] is None or alone[m][2] == pytest.approx(whole[m][2], abs=1e-6)

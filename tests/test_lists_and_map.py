@@ -180,18 +180,19 @@ def test_model_lists_come_in_pages_everywhere(db_copy, monkeypatch):
 
 
 def test_a_served_registry_draws_its_map_before_the_first_page(db_copy):
-    """`registry serve` begins the map once it is ready (web.draw_map), so the first home page need not wait for a
-    drawing of thousands of models: drawn with no page asked, and the first page shows that map as current."""
+    """`registry serve` begins the map once it is ready (create_app's map_when_ready), so the first home page need
+    not wait for a drawing of thousands of models: drawn with no page asked, and the first page shows that map;
+    an app without it draws on the first page, and a stopping app draws no more."""
     import time
 
-    from registry.serve import web
-
-    app = create_app(str(db_copy))
+    plain = create_app(str(db_copy))
+    with TestClient(plain):
+        plain.state.server.serving.wait_ready()
+        time.sleep(0.5)
+        assert plain.state.map_drawer.value is None and plain.state.map_drawer.drawing is None
+    app = create_app(str(db_copy), map_when_ready=True)
     with TestClient(app) as c:
-        app.state.server.serving.wait_ready()
         drawer = app.state.map_drawer
-        assert drawer.value is None
-        web.draw_map(app)
         deadline = time.monotonic() + 120
         while drawer.value is None and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -200,3 +201,7 @@ def test_a_served_registry_draws_its_map_before_the_first_page(db_copy):
         page = c.get("/").text
         assert drawer.value is drawn                        # (the page took the map drawn before it: no new one)
     assert page.count("<circle ") >= 31
+    assert drawer.closed
+    last, drawer.value = drawer.drawing, None
+    drawer.begin(app.state.server.registry)
+    assert drawer.drawing is last                           # (closed: no drawing begun)

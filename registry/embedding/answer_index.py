@@ -225,8 +225,9 @@ def errs_alike(matrix: np.ndarray, rows: np.ndarray | None, y: np.ndarray, scale
         rows_buf = buf[13 * step * n:14 * step * n].view(np.int8).reshape(step, n)
         for at in range(0, m, step):
             r = min(step, m - at)
+            # (mode="clip": with the default, numpy writes `out` through a buffer of its own; the rows are valid)
             block = matrix[at:at + r] if rows is None else np.take(matrix, rows[at:at + r], axis=0,
-                                                                     out=rows_buf[:r])          # [r, n]
+                                                                     out=rows_buf[:r], mode="clip")   # [r, n]
             sm, seen, wrong, flag, io = floats[0, :r], floats[1, :r], floats[2, :r], flag_buf[:r], inv[at:at + r]
             np.add(io, query_odds, out=sm)
             np.divide(io, sm, out=sm)                            # the chance of a wrong answer

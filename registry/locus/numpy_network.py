@@ -180,7 +180,8 @@ class Predictor:
 
 
 BLOCK_BYTES = 1 << 20     # `few_queries`: its [models, n*Hd] float32 block at most this size ...
-ROWS = (16, 512)          # ... of at least / at most this many models
+ROWS = (16, 500)          # ... of at least / at most this many models (one query: 125 KB, under the 128 KB at
+#                           which a server's malloc maps a block afresh per call, serve/app.py `bound_malloc`)
 
 
 def few_queries(z32: np.ndarray, zu_of: np.ndarray, bias: np.ndarray, head: np.ndarray) -> np.ndarray:

@@ -66,12 +66,13 @@ SHOWN_ERRORS = 5          # validation problems a 422 lists
 def create_app(db: str, token: str | None = None, probation_min: int | None = None, create: bool = True, *,
                hosts: guards.Hosts | None = None, deadlines: connections.UpstreamDeadlines | None = None,
                keys: UpstreamKeys | None = None, on_ready: Callable[[float], Any] | None = None,
-               traffic: dict | None = None) -> FastAPI:
+               traffic: dict | None = None, map_when_ready: bool = False) -> FastAPI:
     """hosts: the names a request's Host may give (`serve` passes those it serves; None, for an app called in
     process, checks none); deadlines: of the proxy's upstream attempts; keys: the API key variables the server may
     read and where each may go (None: none, so no key is ever sent); on_ready: called with the seconds the warm-up
     took (serving.Serving: /health answers while it warms); traffic: what the proxy keeps of requests and how it
-    takes feedback (`keep_texts`, `window_s`, `webhook`: serve/http/traffic.py)."""
+    takes feedback (`keep_texts`, `window_s`, `webhook`: serve/http/traffic.py); map_when_ready: draw the home
+    page's map as soon as the warm-up ends (`serve`), not when the first page asks for it."""
     keys = keys or UpstreamKeys({})
     if token is not None and not token.strip():    # nobody could send it: every write would be refused
         raise InputError("the token is blank: give a token of printable characters, or none")
@@ -79,13 +80,21 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
     threads = settings.current().duckdb_threads
     reg.store.limit_duckdb_threads(DUCKDB_THREADS if threads is None else threads)
     reg.store.save_routing_state = False        # its threads build states side by side; it keeps them in memory
-    serving = Serving(reg, on_ready=on_ready)   # (the Store's connection keeps the DuckDB file locked while we serve)
+    made: list[FastAPI] = []
+
+    def ready(seconds: float) -> None:
+        if map_when_ready and made:
+            web.draw_map(made[0])
+        if on_ready is not None:
+            on_ready(seconds)
+    serving = Serving(reg, on_ready=ready)      # (the Store's connection keeps the DuckDB file locked while we serve)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
         yield
         _app.state.server.asking.cancel_all()     # (asking stops first: nothing more is sent or waited for)
         await upstream.aclose()         # the proxy's client
+        web.close(_app)                 # (a map's reads end before the connection closes)
         serving.close()                 # the writer commits what it holds first
         reg.close()
         if not dialect.is_url(db):      # (uvicorn ends a SIGTERMed process as soon as `serve` has stopped)
@@ -100,6 +109,9 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
     app.add_middleware(guards.Guards, token=token, max_body=MAX_BODY, hosts=hosts)
     _offline_docs(app)
     web.mount(app)      # the pages at / (serve/web.py)
+    made.append(app)
+    if map_when_ready and serving.ready:       # (warmed up before the app was made: `ready` could not draw it)
+        web.draw_map(app)
     _add_routes(app, web.pages)
     # the OpenAI-compatible routing proxy at /v1 (serve/proxy.py)
     upstream = proxy.mount(app, serving, deadlines, keys)
@@ -305,15 +317,10 @@ def serve(db: str, host: str = "127.0.0.1", port: int = 8000, token: str | None 
 
     faiss.omp_set_num_threads(config.threads)
     threadpool_limits(config.threads)
-    made: list[FastAPI] = []
-
-    def ready(seconds: float) -> None:
-        print(f"ready: the routing state is built and the writer runs ({seconds:.1f} s)", flush=True)
-        if made:                    # (the first page draws the map where the app was not made yet)
-            web.draw_map(made[0])
     app = create_app(db, token, probation_min, create=False, hosts=guards.Hosts.serving(host, allowed_hosts),
-                     deadlines=deadlines, keys=keys, traffic=traffic, on_ready=ready)
-    made.append(app)
+                     deadlines=deadlines, keys=keys, traffic=traffic, map_when_ready=True,
+                     on_ready=lambda s: print(f"ready: the routing state is built and the writer runs ({s:.1f} s)",
+                                              flush=True))
     # the file is ours now: say where the command line can reach us (`<db>.serving`, serve/http/advert.py)
     secret = advert.new_secret()
     app.state.advert_secret = secret      # (what GET /serving/proof proves: only the file's owner can read it)

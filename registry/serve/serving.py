@@ -53,6 +53,11 @@ class Serving:
         if self._on_ready is not None and self._failed is None:
             self._on_ready(time.perf_counter() - self._started)
 
+    @property
+    def ready(self) -> bool:
+        """The warm-up is done (and did not fail)."""
+        return self._ready.is_set() and self._failed is None
+
     def wait_ready(self) -> None:
         """Until the warm-up is done; its failure, if it failed."""
         self._ready.wait()

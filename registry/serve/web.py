@@ -71,6 +71,9 @@ def _cached(reg, what: str, build, *, depends: str | None = None):
     return value
 
 
+CLOSE_WAIT = 10.0       # seconds a stopping server waits for a map's reads (at ten thousand models: ~1 s)
+
+
 class _MapDrawer:
     """The home page's map, drawn off the request (one per app): a t-SNE of a few hundred models takes seconds, so
     while the registry changes a page shows the newest map drawn, saying so, and the next is drawn in the background,
@@ -83,14 +86,24 @@ class _MapDrawer:
         self.value: dict | None = None
         self.drawing: threading.Thread | None = None
         self.rest_until = 0.0       # (monotonic) no new drawing before
+        self.closed = False         # the server is stopping: no new drawing, no new read
         self.lock = threading.Lock()
+        self.reading = threading.Lock()     # held while a drawing reads the registry
 
     def begin(self, reg) -> None:
         """Start drawing the registry's map now, off any request (a server just warmed up: at ten thousand models
         its first home page would otherwise wait seconds for the map)."""
         with self.lock:
-            if self.value is None and (self.drawing is None or not self.drawing.is_alive()):
+            if self.value is None and not self.closed and (self.drawing is None or not self.drawing.is_alive()):
                 self._start(reg, None)
+
+    def close(self, timeout: float = CLOSE_WAIT) -> None:
+        """No drawing from now on; the reads of one under way are waited for, up to `timeout` (they must end before
+        the registry's connection closes: DuckDB refuses to close a connection a query is running on)."""
+        with self.lock:
+            self.closed = True
+        if self.reading.acquire(timeout=timeout):
+            self.reading.release()
 
     def _start(self, reg, key: tuple | None) -> None:
         self.drawing = threading.Thread(target=self._draw, args=(reg, key), name="map drawing", daemon=True)
@@ -105,7 +118,7 @@ class _MapDrawer:
             idle = self.drawing is None or not self.drawing.is_alive()
             if self.value is not None and (not idle or time.monotonic() < self.rest_until):
                 return self.value, False
-            if idle:
+            if idle and not self.closed:
                 self._start(reg, key)
             drawing, first = self.drawing, self.value is None
         if drawing is not None:
@@ -116,8 +129,12 @@ class _MapDrawer:
     def _draw(self, reg, key: tuple | None) -> None:
         started = time.monotonic()
         try:
-            key = key or _key(reg, "map")
-            value = _map(reg)
+            with self.reading:
+                if self.closed:
+                    return
+                key = key or _key(reg, "map")
+                read = _map_reads(reg)
+            value = _map(*read)
         except Exception:           # (a page then shows the map it has; the next page tries again)
             return
         with self.lock:
@@ -125,16 +142,22 @@ class _MapDrawer:
             self.rest_until = time.monotonic() + 2 * (time.monotonic() - started)
 
 
-def _map(reg) -> dict:
-    """The embedding map as SVG-ready points: {name, x, y, colour, family, label} in a 0..1000 x 0..600 box."""
-    from registry.answers import maps
-
+def _map_reads(reg) -> tuple:
+    """What the map is drawn from: (the pool, or None where nothing is embedded; each model's family)."""
     with reg.store.tx() as tx:
         try:
             p = reg.pool(tx)
         except RegistryError:
-            return {"points": [], "families": [], "method": None}
-        families = dict(tx.sql("SELECT name, family FROM models"))
+            return None, {}
+        return p, dict(tx.sql("SELECT name, family FROM models"))
+
+
+def _map(p, families: dict) -> dict:
+    """The embedding map as SVG-ready points: {name, x, y, colour, family, label} in a 0..1000 x 0..600 box."""
+    from registry.answers import maps
+
+    if p is None:
+        return {"points": [], "families": [], "method": None}
     if len(p.names) > MAP_TSNE_MAX:    # t-SNE of 1,000 points takes half a minute: a page cannot wait for it
         from sklearn.decomposition import PCA
 
@@ -172,6 +195,11 @@ pages = APIRouter(include_in_schema=False)
 def draw_map(app: FastAPI) -> None:
     """Begin the home page's map in the background (`registry serve`, once it is ready)."""
     app.state.map_drawer.begin(app.state.server.registry)
+
+
+def close(app: FastAPI) -> None:
+    """The pages stop drawing, before the registry closes."""
+    app.state.map_drawer.close()
 
 
 def mount(app: FastAPI) -> None:

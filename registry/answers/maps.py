@@ -32,13 +32,23 @@ class MapResult:
     axis_shares: list[float] | None = None     # PCA: the share of the embeddings' variance along each axis
 
 
+def principal_axes(vectors: np.ndarray) -> np.ndarray:
+    """[n, 2] the vectors on their first two principal axes: the centred rows' SVD in numpy (sklearn's PCA gives the
+    same, up to each axis's sign, after a 2 s import), each axis turned so that its largest loading is positive."""
+    x = np.asarray(vectors, dtype=np.float64)
+    x = x - x.mean(axis=0)
+    axes = np.linalg.svd(x, full_matrices=False)[2][:2]                                  # [<=2, D]
+    axes *= np.where(axes[np.arange(len(axes)), np.abs(axes).argmax(axis=1)] < 0, -1.0, 1.0)[:, None]
+    out = np.zeros((len(x), 2))
+    out[:, :len(axes)] = x @ axes.T
+    return out
+
+
 def project(vectors: np.ndarray, seed: int = 0) -> tuple[np.ndarray, str]:
     if len(vectors) < 2:
         return np.zeros((len(vectors), 2)), "single point"
     if len(vectors) <= PCA_MAX:
-        from sklearn.decomposition import PCA
-
-        return PCA(n_components=2, random_state=seed).fit_transform(vectors), "pca"
+        return principal_axes(vectors), "pca"
     from sklearn.manifold import TSNE
 
     perplexity = float(min(30, max(2, (len(vectors) - 1) // 3)))

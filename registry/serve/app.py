@@ -72,7 +72,7 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
     read and where each may go (None: none, so no key is ever sent); on_ready: called with the seconds the warm-up
     took (serving.Serving: /health answers while it warms); traffic: what the proxy keeps of requests and how it
     takes feedback (`keep_texts`, `window_s`, `webhook`: serve/http/traffic.py); map_when_ready: draw the home
-    page's map as soon as the warm-up ends (`serve`), not when the first page asks for it."""
+    page's map in the warm-up (`serve`), not when the first page asks for it."""
     keys = keys or UpstreamKeys({})
     if token is not None and not token.strip():    # nobody could send it: every write would be refused
         raise InputError("the token is blank: give a token of printable characters, or none")
@@ -80,14 +80,9 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
     threads = settings.current().duckdb_threads
     reg.store.limit_duckdb_threads(DUCKDB_THREADS if threads is None else threads)
     reg.store.save_routing_state = False        # its threads build states side by side; it keeps them in memory
-    made: list[FastAPI] = []
-
-    def ready(seconds: float) -> None:
-        if map_when_ready and made:
-            web.draw_map(made[0])
-        if on_ready is not None:
-            on_ready(seconds)
-    serving = Serving(reg, on_ready=ready)      # (the Store's connection keeps the DuckDB file locked while we serve)
+    drawer = web.MapDrawer()
+    # (the Store's connection keeps the DuckDB file locked while we serve)
+    serving = Serving(reg, on_ready=on_ready, warm_also=(lambda: drawer.draw(reg)) if map_when_ready else None)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
@@ -108,10 +103,7 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
     app.add_middleware(listener.Stopping)     # (inside the guards: its 503 gets their headers)
     app.add_middleware(guards.Guards, token=token, max_body=MAX_BODY, hosts=hosts)
     _offline_docs(app)
-    web.mount(app)      # the pages at / (serve/web.py)
-    made.append(app)
-    if map_when_ready and serving.ready:       # (warmed up before the app was made: `ready` could not draw it)
-        web.draw_map(app)
+    web.mount(app, drawer)      # the pages at / (serve/web.py)
     _add_routes(app, web.pages)
     # the OpenAI-compatible routing proxy at /v1 (serve/proxy.py)
     upstream = proxy.mount(app, serving, deadlines, keys)

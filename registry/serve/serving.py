@@ -26,14 +26,17 @@ class Serving:
     query vectors; the writer) are made by a warm-up thread, so that a server answers /health at once and says it is
     warming (`stats`); anything else waits for them."""
 
-    def __init__(self, reg, *, on_ready: Callable[[float], Any] | None = None):
+    def __init__(self, reg, *, on_ready: Callable[[float], Any] | None = None,
+                 warm_also: Callable[[], Any] | None = None):
+        """warm_also: more of the warm-up, best effort (a failure there is only work left for later: the web
+        pages' map)."""
         self.reg = reg
         self._times: dict[str, deque] = {}
         self._ready = threading.Event()
         self._failed: BaseException | None = None
         self.warming: str | None = "building the routing state"    # what the warm-up does (None once ready)
         self._started = time.perf_counter()
-        self._on_ready = on_ready
+        self._on_ready, self._warm_also = on_ready, warm_also
         self._similar_reads: tuple | None = None     # (snapshot, alias groups, answer index): `similar`
         self._warm = threading.Thread(target=self._warm_up, daemon=True, name="registry-warm-up")
         self._warm.start()
@@ -45,6 +48,12 @@ class Serving:
             self._vectors = QueryVectors(self.reg)
             self.warming = "starting the writer"
             self._writer = Writer(self.reg, self._snapshots, on_new_queries=self._vectors.reload)
+            if self._warm_also is not None:
+                self.warming = "drawing the home page's map"
+                try:
+                    self._warm_also()
+                except Exception:
+                    pass
         except BaseException as exc:       # (every request then says why, `_parts`)
             self._failed = exc
         finally:
@@ -52,11 +61,6 @@ class Serving:
             self._ready.set()
         if self._on_ready is not None and self._failed is None:
             self._on_ready(time.perf_counter() - self._started)
-
-    @property
-    def ready(self) -> bool:
-        """The warm-up is done (and did not fail)."""
-        return self._ready.is_set() and self._failed is None
 
     def wait_ready(self) -> None:
         """Until the warm-up is done; its failure, if it failed."""

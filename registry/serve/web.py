@@ -74,7 +74,7 @@ def _cached(reg, what: str, build, *, depends: str | None = None):
 CLOSE_WAIT = 10.0       # seconds a stopping server waits for a map's reads (at ten thousand models: ~1 s)
 
 
-class _MapDrawer:
+class MapDrawer:
     """The home page's map, drawn off the request (one per app): a t-SNE of a few hundred models takes seconds, so
     while the registry changes a page shows the newest map drawn, saying so, and the next is drawn in the background,
     one drawing at a time, and none sooner after the last than twice its time (under a stream of registrations the
@@ -90,12 +90,10 @@ class _MapDrawer:
         self.lock = threading.Lock()
         self.reading = threading.Lock()     # held while a drawing reads the registry
 
-    def begin(self, reg) -> None:
-        """Start drawing the registry's map now, off any request (a server just warmed up: at ten thousand models
-        its first home page would otherwise wait seconds for the map)."""
-        with self.lock:
-            if self.value is None and not self.closed and (self.drawing is None or not self.drawing.is_alive()):
-                self._start(reg, None)
+    def draw(self, reg) -> None:
+        """Draw the registry's map now, in this thread (a server's warm-up: at ten thousand models its first home
+        page would otherwise wait seconds for the map, and drawn beside the first requests, it slowed them)."""
+        self._draw(reg, None)
 
     def close(self, timeout: float = CLOSE_WAIT) -> None:
         """No drawing from now on; the reads of one under way are waited for, up to `timeout` (they must end before
@@ -159,9 +157,7 @@ def _map(p, families: dict) -> dict:
     if p is None:
         return {"points": [], "families": [], "method": None}
     if len(p.names) > MAP_TSNE_MAX:    # t-SNE of 1,000 points takes half a minute: a page cannot wait for it
-        from sklearn.decomposition import PCA
-
-        xy, method = PCA(n_components=2, random_state=0).fit_transform(p.vectors), "pca"
+        xy, method = maps.principal_axes(p.vectors), "pca"
     else:
         xy, method = maps.project(p.vectors, 0)
     lo, hi = xy.min(axis=0), xy.max(axis=0)
@@ -192,20 +188,16 @@ def _needs_token(request: Request) -> bool:
 pages = APIRouter(include_in_schema=False)
 
 
-def draw_map(app: FastAPI) -> None:
-    """Begin the home page's map in the background (`registry serve`, once it is ready)."""
-    app.state.map_drawer.begin(app.state.server.registry)
-
-
 def close(app: FastAPI) -> None:
     """The pages stop drawing, before the registry closes."""
     app.state.map_drawer.close()
 
 
-def mount(app: FastAPI) -> None:
-    """The pages' static files, and HTTP errors under /ui/ answered as pages (the app adds the `pages` themselves)."""
+def mount(app: FastAPI, drawer: MapDrawer | None = None) -> None:
+    """The pages' static files, and HTTP errors under /ui/ answered as pages (the app adds the `pages` themselves);
+    `drawer`: the home page's map, where the app's maker holds it (a server's warm-up draws the first)."""
     app.mount("/static/web", StaticFiles(directory=str(HERE / "static")), name="web")
-    app.state.map_drawer = _MapDrawer()
+    app.state.map_drawer = drawer or MapDrawer()
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):

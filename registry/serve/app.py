@@ -89,7 +89,7 @@ def create_app(db: str, token: str | None = None, probation_min: int | None = No
         yield
         _app.state.server.asking.cancel_all()     # (asking stops first: nothing more is sent or waited for)
         await upstream.aclose()         # the proxy's client
-        web.close(_app)                 # (a map's reads end before the connection closes)
+        drawer.close()                  # (a map's reads end before the connection closes)
         serving.close()                 # the writer commits what it holds first
         reg.close()
         if not dialect.is_url(db):      # (uvicorn ends a SIGTERMed process as soon as `serve` has stopped)

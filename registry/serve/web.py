@@ -103,10 +103,6 @@ class MapDrawer:
         if self.reading.acquire(timeout=timeout):
             self.reading.release()
 
-    def _start(self, reg, key: tuple | None) -> None:
-        self.drawing = threading.Thread(target=self._draw, args=(reg, key), name="map drawing", daemon=True)
-        self.drawing.start()
-
     def get(self, reg) -> tuple[dict, bool]:
         """(the map, whether it is the registry's map now)."""
         key = _key(reg, "map")
@@ -117,7 +113,8 @@ class MapDrawer:
             if self.value is not None and (not idle or time.monotonic() < self.rest_until):
                 return self.value, False
             if idle and not self.closed:
-                self._start(reg, key)
+                self.drawing = threading.Thread(target=self._draw, args=(reg, key), name="map drawing", daemon=True)
+                self.drawing.start()
             drawing, first = self.drawing, self.value is None
         if drawing is not None:
             drawing.join(timeout=None if first else self.WAIT)
@@ -186,11 +183,6 @@ def _needs_token(request: Request) -> bool:
 
 
 pages = APIRouter(include_in_schema=False)
-
-
-def close(app: FastAPI) -> None:
-    """The pages stop drawing, before the registry closes."""
-    app.state.map_drawer.close()
 
 
 def mount(app: FastAPI, drawer: MapDrawer | None = None) -> None:
